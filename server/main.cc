@@ -1,0 +1,78 @@
+// attnserve: multi-head attention as a gRPC service.
+//
+//   attnserve --port=50051 --threads=0
+//
+// Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server reflection until
+// SIGINT or SIGTERM, then lets calls in flight finish and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "attnserve/core/attention_engine.h"
+#include "server.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0", "Address to listen on (IPv4, IPv6 or host name).");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one, printed at start-up.");
+ABSL_FLAG(int, threads, 0, "Compute threads (OpenMP); 0 uses every core the process may use.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest request or response message in bytes (at most 2147483647).");
+ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
+          "Most scratch memory one request's compute may allocate, in bytes.");
+
+namespace {
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after, so that only
+// WaitForTerminationSignal sees them.
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int WaitForTerminationSignal(const sigset_t& signals) {
+  int signal_number = 0;
+  while (sigwait(&signals, &signal_number) != 0) {
+  }
+  return signal_number;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Serves multi-head attention over gRPC. Flags: --helpfull.");
+  absl::ParseCommandLine(argc, argv);
+  const sigset_t signals = BlockTerminationSignals();
+
+  attnserve::ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
+
+  absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
+      attnserve::AttnServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("attnserve listening on %s:%d (%s)\n", options.address.c_str(), (*server)->port(),
+              attnserve::AttentionEngine::RuntimeDescription().c_str());
+  std::fflush(stdout);
+
+  const int signal_number = WaitForTerminationSignal(signals);
+  std::printf("attnserve: signal %d, finishing calls in flight\n", signal_number);
+  std::fflush(stdout);
+  (*server)->Shutdown();
+  return 0;
+}

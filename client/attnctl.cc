@@ -4,7 +4,8 @@
 //   attnctl [--target=...] services
 //   attnctl [--target=...] attend --demo [--batch=1 --heads=8 ... --seed=1]
 //
-// Exits 0 on success, 1 when the call fails (the gRPC status is printed), 2 on a usage error.
+// Exits 0 on success, 1 when the call fails (the gRPC status is printed), 2 on
+// a usage error.
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -22,13 +23,15 @@
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
-ABSL_FLAG(std::string, target, "localhost:50051", "gRPC target of the attnserve server.");
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "gRPC target of the attnserve server.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
 ABSL_FLAG(bool, demo, false, "attend: send random inputs drawn from --seed.");
 ABSL_FLAG(uint64_t, seed, 1, "attend --demo: seed of the random inputs.");
 ABSL_FLAG(int64_t, batch, 1, "attend --demo: B.");
 ABSL_FLAG(int64_t, heads, 8, "attend --demo: H, query heads.");
-ABSL_FLAG(int64_t, kv_heads, 8, "attend --demo: Hkv, key/value heads (divides H).");
+ABSL_FLAG(int64_t, kv_heads, 8,
+          "attend --demo: Hkv, key/value heads (divides H).");
 ABSL_FLAG(int64_t, query_len, 128, "attend --demo: Lq.");
 ABSL_FLAG(int64_t, key_len, 128, "attend --demo: Lk.");
 ABSL_FLAG(int64_t, key_dim, 64, "attend --demo: Dk.");
@@ -45,8 +48,10 @@ constexpr char kUsage[] =
     "attnctl [--target=HOST:PORT] COMMAND\n"
     "  health [SERVICE]   health of the server (or of SERVICE)\n"
     "  services           services the server offers (through reflection)\n"
-    "  attend --demo      attention on random inputs; --batch, --heads, --kv_heads,\n"
-    "                     --query_len, --key_len, --key_dim, --value_dim, --seed";
+    "  attend --demo      attention on random inputs; --batch, --heads, "
+    "--kv_heads,\n"
+    "                     --query_len, --key_len, --key_dim, --value_dim, "
+    "--seed";
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "attnctl: %s\n", status.ToString().c_str());
@@ -57,19 +62,26 @@ int RunHealth(Client& client, const std::string& service) {
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> status =
       client.CheckHealth(service, absl::GetFlag(FLAGS_timeout));
   if (!status.ok()) return Fail(status.status());
-  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status).c_str());
-  return *status == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitCallFailed;
+  std::printf("%s\n",
+              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status)
+                  .c_str());
+  return *status == grpc::health::v1::HealthCheckResponse::SERVING
+             ? kExitOk
+             : kExitCallFailed;
 }
 
 int RunServices(Client& client) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
-  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(client.channel());
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  auto stub =
+      grpc::reflection::v1alpha::ServerReflection::NewStub(client.channel());
   auto stream = stub->ServerReflectionInfo(&context);
   grpc::reflection::v1alpha::ServerReflectionRequest request;
   request.set_list_services("");
   grpc::reflection::v1alpha::ServerReflectionResponse response;
-  if (!stream->Write(request) || !stream->WritesDone() || !stream->Read(&response)) {
+  if (!stream->Write(request) || !stream->WritesDone() ||
+      !stream->Read(&response)) {
     const grpc::Status status = stream->Finish();
     return Fail(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                              status.error_message()));
@@ -90,20 +102,26 @@ std::vector<float> RandomValues(int64_t count, std::mt19937_64& generator) {
 
 int RunAttendDemo(Client& client) {
   const int64_t b = absl::GetFlag(FLAGS_batch), h = absl::GetFlag(FLAGS_heads),
-                hkv = absl::GetFlag(FLAGS_kv_heads), lq = absl::GetFlag(FLAGS_query_len),
-                lk = absl::GetFlag(FLAGS_key_len), dk = absl::GetFlag(FLAGS_key_dim),
+                hkv = absl::GetFlag(FLAGS_kv_heads),
+                lq = absl::GetFlag(FLAGS_query_len),
+                lk = absl::GetFlag(FLAGS_key_len),
+                dk = absl::GetFlag(FLAGS_key_dim),
                 dv = absl::GetFlag(FLAGS_value_dim);
   for (int64_t dim : {b, h, hkv, lq, lk, dk, dv}) {
     if (dim <= 0 || dim > (int64_t{1} << 20)) {
-      std::fprintf(stderr, "attnctl: every --demo dimension must be in [1, 2^20]\n");
+      std::fprintf(stderr,
+                   "attnctl: every --demo dimension must be in [1, 2^20]\n");
       return kExitUsage;
     }
   }
   std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
   v1::AttendRequest request;
-  *request.mutable_query() = MakeFloat32Tensor({b, h, lq, dk}, RandomValues(b * h * lq * dk, generator));
-  *request.mutable_key() = MakeFloat32Tensor({b, hkv, lk, dk}, RandomValues(b * hkv * lk * dk, generator));
-  *request.mutable_value() = MakeFloat32Tensor({b, hkv, lk, dv}, RandomValues(b * hkv * lk * dv, generator));
+  *request.mutable_query() = MakeFloat32Tensor(
+      {b, h, lq, dk}, RandomValues(b * h * lq * dk, generator));
+  *request.mutable_key() = MakeFloat32Tensor(
+      {b, hkv, lk, dk}, RandomValues(b * hkv * lk * dk, generator));
+  *request.mutable_value() = MakeFloat32Tensor(
+      {b, hkv, lk, dv}, RandomValues(b * hkv * lk * dv, generator));
 
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::AttendResponse> response =
@@ -118,7 +136,8 @@ int RunAttendDemo(Client& client) {
     sum += value;
     sum_abs += std::abs(value);
   }
-  std::printf("output shape [%s] %s\n", absl::StrJoin(response->output().shape(), ", ").c_str(),
+  std::printf("output shape [%s] %s\n",
+              absl::StrJoin(response->output().shape(), ", ").c_str(),
               v1::DType_Name(response->output().dtype()).c_str());
   std::printf("checksum sum=%.6f sum_abs=%.6f\n", sum, sum_abs);
   std::printf("server queue_us=%lld compute_us=%lld, round trip %s\n",
@@ -134,7 +153,8 @@ int Run(const std::vector<char*>& args) {
     return kExitUsage;
   }
   const std::string command = args[1];
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(absl::GetFlag(FLAGS_target));
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(absl::GetFlag(FLAGS_target));
   if (!client.ok()) return Fail(client.status());
   if (command == "health" && args.size() <= 3) {
     return RunHealth(**client, args.size() == 3 ? args[2] : "");
@@ -142,7 +162,8 @@ int Run(const std::vector<char*>& args) {
   if (command == "services" && args.size() == 2) return RunServices(**client);
   if (command == "attend" && args.size() == 2) {
     if (!absl::GetFlag(FLAGS_demo)) {
-      std::fprintf(stderr, "attnctl: attend takes its inputs from --demo\n%s\n", kUsage);
+      std::fprintf(stderr, "attnctl: attend takes its inputs from --demo\n%s\n",
+                   kUsage);
       return kExitUsage;
     }
     return RunAttendDemo(**client);

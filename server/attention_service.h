@@ -9,21 +9,25 @@
 
 namespace attnserve {
 
-// Thread-safe, as gRPC requires. Does not own the engine or the executor, which must outlive it
-// and every RPC it has started.
-class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+// Thread-safe, as gRPC requires. Does not own the engine or the executor, which
+// must outlive it and every RPC it has started.
+class AttentionServiceImpl final
+    : public v1::AttentionService::CallbackService {
  public:
-  AttentionServiceImpl(AttentionEngine* engine, ComputeExecutor* executor, RequestLimits limits);
+  AttentionServiceImpl(AttentionEngine* engine, ComputeExecutor* executor,
+                       RequestLimits limits);
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
                                    v1::AttendResponse* response) override;
 
  private:
-  // Runs on the executor: computes a validated request into `response`, unless the caller has
-  // gone or its deadline has passed.
-  absl::Status ComputeAttend(grpc::CallbackServerContext* context, const AttendWork& work,
-                             const v1::AttendRequest& request, v1::AttendResponse* response);
+  // Runs on the executor: computes a validated request into `response`, unless
+  // the caller has gone or its deadline has passed.
+  absl::Status ComputeAttend(grpc::CallbackServerContext* context,
+                             const AttendWork& work,
+                             const v1::AttendRequest& request,
+                             v1::AttendResponse* response);
 
   AttentionEngine* const engine_;
   ComputeExecutor* const executor_;

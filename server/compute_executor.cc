@@ -25,9 +25,10 @@ void ComputeExecutor::RunTasks() {
     {
       absl::MutexLock lock(&mutex_);
       mutex_.Await(absl::Condition(
-          +[](ComputeExecutor* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
-            return self->stopping_ || !self->tasks_.empty();
-          },
+          +[](ComputeExecutor* self)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+                 return self->stopping_ || !self->tasks_.empty();
+               },
           this));
       if (tasks_.empty()) return;  // Stopping, and nothing left to run.
       task = std::move(tasks_.front());

@@ -1,8 +1,10 @@
-// ComputeExecutor: the thread that runs attention compute, apart from gRPC's threads.
+// ComputeExecutor: the thread that runs attention compute, apart from gRPC's
+// threads.
 //
-// gRPC callback handlers must not block, so they validate a request and hand its compute here.
-// One executor runs one task at a time, in submission order, on a thread it owns; the engine's
-// OpenMP team spreads each task over the cores. Thread-safe.
+// gRPC callback handlers must not block, so they validate a request and hand
+// its compute here. One executor runs one task at a time, in submission order,
+// on a thread it owns; the engine's OpenMP team spreads each task over the
+// cores. Thread-safe.
 #ifndef ATTNSERVE_SERVER_COMPUTE_EXECUTOR_H_
 #define ATTNSERVE_SERVER_COMPUTE_EXECUTOR_H_
 
@@ -25,8 +27,8 @@ class ComputeExecutor {
   ComputeExecutor(const ComputeExecutor&) = delete;
   ComputeExecutor& operator=(const ComputeExecutor&) = delete;
 
-  // Queues `task` to run after every task submitted before it. Must not be called once the
-  // destructor has started.
+  // Queues `task` to run after every task submitted before it. Must not be
+  // called once the destructor has started.
   void Submit(absl::AnyInvocable<void() &&> task);
 
  private:

@@ -2,8 +2,9 @@
 //
 //   attnserve --port=50051 --threads=0
 //
-// Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server reflection until
-// SIGINT or SIGTERM, then lets calls in flight finish and exits 0.
+// Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server
+// reflection until SIGINT or SIGTERM, then lets calls in flight finish and
+// exits 0.
 #include <pthread.h>
 #include <signal.h>
 
@@ -18,9 +19,12 @@
 #include "attnserve/core/attention_engine.h"
 #include "server.h"
 
-ABSL_FLAG(std::string, address, "0.0.0.0", "Address to listen on (IPv4, IPv6 or host name).");
-ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one, printed at start-up.");
-ABSL_FLAG(int, threads, 0, "Compute threads (OpenMP); 0 uses every core the process may use.");
+ABSL_FLAG(std::string, address, "0.0.0.0",
+          "Address to listen on (IPv4, IPv6 or host name).");
+ABSL_FLAG(int, port, 50051,
+          "gRPC port; 0 picks a free one, printed at start-up.");
+ABSL_FLAG(int, threads, 0,
+          "Compute threads (OpenMP); 0 uses every core the process may use.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
@@ -28,8 +32,8 @@ ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
 
 namespace {
 
-// Blocks SIGINT and SIGTERM in this thread and every thread started after, so that only
-// WaitForTerminationSignal sees them.
+// Blocks SIGINT and SIGTERM in this thread and every thread started after, so
+// that only WaitForTerminationSignal sees them.
 sigset_t BlockTerminationSignals() {
   sigset_t signals;
   sigemptyset(&signals);
@@ -49,7 +53,8 @@ int WaitForTerminationSignal(const sigset_t& signals) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Serves multi-head attention over gRPC. Flags: --helpfull.");
+  absl::SetProgramUsageMessage(
+      "Serves multi-head attention over gRPC. Flags: --helpfull.");
   absl::ParseCommandLine(argc, argv);
   const sigset_t signals = BlockTerminationSignals();
 
@@ -66,12 +71,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("attnserve listening on %s:%d (%s)\n", options.address.c_str(), (*server)->port(),
+  std::printf("attnserve listening on %s:%d (%s)\n", options.address.c_str(),
+              (*server)->port(),
               attnserve::AttentionEngine::RuntimeDescription().c_str());
   std::fflush(stdout);
 
   const int signal_number = WaitForTerminationSignal(signals);
-  std::printf("attnserve: signal %d, finishing calls in flight\n", signal_number);
+  std::printf("attnserve: signal %d, finishing calls in flight\n",
+              signal_number);
   std::fflush(stdout);
   (*server)->Shutdown();
   return 0;

@@ -32,9 +32,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   }
   if (options.max_message_bytes <= 0 ||
       options.max_message_bytes > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes is ",
-                                                   options.max_message_bytes,
-                                                   ", expected 1 to 2147483647"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes is ", options.max_message_bytes,
+                     ", expected 1 to 2147483647"));
   }
   return absl::OkStatus();
 }
@@ -48,7 +48,8 @@ std::string ListenAddress(const ServerOptions& options) {
 class AttnServerImpl final : public AttnServer {
  public:
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine, RequestLimits limits)
-      : engine_(std::move(engine)), service_(engine_.get(), &executor_, limits) {}
+      : engine_(std::move(engine)),
+        service_(engine_.get(), &executor_, limits) {}
 
   ~AttnServerImpl() override { Shutdown(); }
 
@@ -56,8 +57,13 @@ class AttnServerImpl final : public AttnServer {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(ListenAddress(options), grpc::InsecureServerCredentials(), &port_);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+    builder.AddListeningPort(ListenAddress(options),
+                             grpc::InsecureServerCredentials(), &port_);
+    // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
+    // would start and silently take half the connections instead of failing.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.SetMaxReceiveMessageSize(
+        static_cast<int>(options.max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
@@ -82,8 +88,9 @@ class AttnServerImpl final : public AttnServer {
   }
 
  private:
-  // Declared in the order they are built; destroyed in reverse, so the gRPC server goes first,
-  // then the executor (after its queued tasks), then the engine.
+  // Declared in the order they are built; destroyed in reverse, so the gRPC
+  // server goes first, then the executor (after its queued tasks), then the
+  // engine.
   std::unique_ptr<AttentionEngine> engine_;
   ComputeExecutor executor_;
   AttentionServiceImpl service_;
@@ -95,7 +102,8 @@ class AttnServerImpl final : public AttnServer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
+    const ServerOptions& options) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(options));
   EngineOptions engine_options;
   engine_options.num_threads = options.threads;

@@ -1,7 +1,9 @@
-// AttnServer: the attnserve gRPC server — attention service, health, reflection — in a process.
+// AttnServer: the attnserve gRPC server — attention service, health, reflection
+// — in a process.
 //
-//   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttnServer> server, AttnServer::Start(options));
-//   std::cout << "listening on port " << server->port();
+//   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttnServer> server,
+//   AttnServer::Start(options)); std::cout << "listening on port " <<
+//   server->port();
 //   ...
 //   server->Shutdown();
 #ifndef ATTNSERVE_SERVER_SERVER_H_
@@ -22,7 +24,8 @@ struct ServerOptions {
   int port = 50051;
   // OpenMP threads the compute runs on. 0: every core the process may use.
   int threads = 0;
-  // The largest request or response message, in bytes; at most 2^31 - 1 (gRPC's limit).
+  // The largest request or response message, in bytes; at most 2^31 - 1 (gRPC's
+  // limit).
   int64_t max_message_bytes = int64_t{64} << 20;
   // The most scratch memory one request's compute may allocate.
   int64_t max_workspace_bytes = int64_t{1} << 30;
@@ -31,17 +34,18 @@ struct ServerOptions {
 // A running server. Thread-safe.
 class AttnServer {
  public:
-  // Builds the engine and starts serving. Returns INVALID_ARGUMENT for bad options and
-  // UNAVAILABLE if the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<AttnServer>> Start(const ServerOptions& options);
+  // Builds the engine and starts serving. Returns INVALID_ARGUMENT for bad
+  // options and UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<AttnServer>> Start(
+      const ServerOptions& options);
 
   virtual ~AttnServer() = default;
 
   // The port the server listens on.
   virtual int port() const = 0;
 
-  // Stops accepting calls, lets calls in flight finish (up to a grace period), and returns.
-  // Idempotent. The destructor calls it.
+  // Stops accepting calls, lets calls in flight finish (up to a grace period),
+  // and returns. Idempotent. The destructor calls it.
   virtual void Shutdown() = 0;
 };
 

@@ -10,16 +10,19 @@
 
 namespace attnserve {
 
-// Returns the elements of a validated FLOAT32 `tensor`. The span aliases tensor.data() (no copy)
-// when its bytes are aligned for float, which protobuf's heap strings are; otherwise the values
-// are copied into `*storage`, which must outlive the span. The span is valid while `tensor` is
-// unchanged.
-absl::Span<const float> Float32Elements(const v1::Tensor& tensor, std::vector<float>* storage);
+// Returns the elements of a validated FLOAT32 `tensor`. The span aliases
+// tensor.data() (no copy) when its bytes are aligned for float, which
+// protobuf's heap strings are; otherwise the values are copied into `*storage`,
+// which must outlive the span. The span is valid while `tensor` is unchanged.
+absl::Span<const float> Float32Elements(const v1::Tensor& tensor,
+                                        std::vector<float>* storage);
 
-// Makes `*tensor` a FLOAT32 tensor of `shape` with uninitialised contents and returns a span over
-// its data for the caller to fill. `shape` must have a product that fits in memory: the caller
-// checks its size against the server's limits first.
-absl::Span<float> ResizeFloat32(absl::Span<const int64_t> shape, v1::Tensor* tensor);
+// Makes `*tensor` a FLOAT32 tensor of `shape` with uninitialised contents and
+// returns a span over its data for the caller to fill. `shape` must have a
+// product that fits in memory: the caller checks its size against the server's
+// limits first.
+absl::Span<float> ResizeFloat32(absl::Span<const int64_t> shape,
+                                v1::Tensor* tensor);
 
 }  // namespace attnserve
 

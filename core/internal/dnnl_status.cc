@@ -2,9 +2,11 @@
 
 namespace attnserve::internal {
 
-absl::Status DnnlErrorToStatus(const dnnl::error& error, absl::string_view what) {
+absl::Status DnnlErrorToStatus(const dnnl::error& error,
+                               absl::string_view what) {
   std::string message =
-      absl::StrCat(what, ": oneDNN status ", static_cast<int>(error.status), ": ", error.what());
+      absl::StrCat(what, ": oneDNN status ", static_cast<int>(error.status),
+                   ": ", error.what());
   if (error.status == dnnl_out_of_memory) {
     return absl::ResourceExhaustedError(std::move(message));
   }

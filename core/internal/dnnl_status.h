@@ -13,11 +13,14 @@
 
 namespace attnserve::internal {
 
-// Maps a oneDNN error to a Status: out_of_memory becomes RESOURCE_EXHAUSTED, anything else
-// INTERNAL (the engine validates its inputs first, so a oneDNN error is our bug).
-absl::Status DnnlErrorToStatus(const dnnl::error& error, absl::string_view what);
+// Maps a oneDNN error to a Status: out_of_memory becomes RESOURCE_EXHAUSTED,
+// anything else INTERNAL (the engine validates its inputs first, so a oneDNN
+// error is our bug).
+absl::Status DnnlErrorToStatus(const dnnl::error& error,
+                               absl::string_view what);
 
-// Runs `body` (returning void), converting what it throws into a Status that names `what`.
+// Runs `body` (returning void), converting what it throws into a Status that
+// names `what`.
 template <typename Body>
 absl::Status CallDnnl(absl::string_view what, Body&& body) {
   try {

@@ -1,4 +1,5 @@
-// Overflow-checked integer arithmetic for sizes computed from caller-supplied dimensions.
+// Overflow-checked integer arithmetic for sizes computed from caller-supplied
+// dimensions.
 #ifndef ATTNSERVE_CORE_CHECKED_MATH_H_
 #define ATTNSERVE_CORE_CHECKED_MATH_H_
 
@@ -17,9 +18,10 @@ inline std::optional<int64_t> CheckedMultiply(int64_t a, int64_t b) {
   return product;
 }
 
-// Returns the product of `factors` (1 for none), or nullopt if any partial product overflows
-// int64_t.
-inline std::optional<int64_t> CheckedProduct(absl::Span<const int64_t> factors) {
+// Returns the product of `factors` (1 for none), or nullopt if any partial
+// product overflows int64_t.
+inline std::optional<int64_t> CheckedProduct(
+    absl::Span<const int64_t> factors) {
   int64_t product = 1;
   for (int64_t factor : factors) {
     std::optional<int64_t> next = CheckedMultiply(product, factor);
@@ -29,7 +31,8 @@ inline std::optional<int64_t> CheckedProduct(absl::Span<const int64_t> factors) 
   return product;
 }
 
-inline std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
+inline std::optional<int64_t> CheckedProduct(
+    std::initializer_list<int64_t> factors) {
   return CheckedProduct(absl::MakeConstSpan(factors.begin(), factors.size()));
 }
 

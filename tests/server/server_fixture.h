@@ -1,0 +1,51 @@
+// A real attnserve server on a free loopback port, and a client connected to
+// it.
+#ifndef ATTNSERVE_TESTS_SERVER_SERVER_FIXTURE_H_
+#define ATTNSERVE_TESTS_SERVER_SERVER_FIXTURE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/client/client.h"
+#include "gtest/gtest.h"
+#include "server.h"
+
+namespace attnserve::testing {
+
+class ServerFixture : public ::testing::Test {
+ protected:
+  // Options the server starts with; tests may change them before SetUp runs.
+  static ServerOptions DefaultOptions() {
+    ServerOptions options;
+    options.address = "127.0.0.1";
+    options.port = 0;
+    options.max_message_bytes = 4 << 20;
+    options.max_workspace_bytes = 16 << 20;
+    return options;
+  }
+
+  void StartServer(const ServerOptions& options) {
+    absl::StatusOr<std::unique_ptr<AttnServer>> server =
+        AttnServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    ClientOptions client_options;
+    client_options.max_message_bytes =
+        64 << 20;  // Larger than the server's, to test its limit.
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
+        absl::StrCat("127.0.0.1:", server_->port()), client_options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(client).value();
+  }
+
+  void SetUp() override { StartServer(DefaultOptions()); }
+
+  std::unique_ptr<AttnServer> server_;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace attnserve::testing
+
+#endif  // ATTNSERVE_TESTS_SERVER_SERVER_FIXTURE_H_

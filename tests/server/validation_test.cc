@@ -1,0 +1,211 @@
+// Malformed and oversized requests: each gets the right code and a message
+// naming the field, and the server goes on serving.
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+// Gives `tensor` a new shape with a matching FLOAT32 byte count.
+void Reshape(std::vector<int64_t> shape, v1::Tensor* tensor) {
+  int64_t elements = 1;
+  for (int64_t dim : shape) elements *= dim;
+  *tensor = MakeFloat32Tensor(shape, RandomValues(elements, 7));
+}
+
+// query [2, 4, 5, 8], key [2, 2, 7, 8], value [2, 2, 7, 3].
+v1::AttendRequest ValidRequest() {
+  v1::AttendRequest request;
+  Reshape({2, 4, 5, 8}, request.mutable_query());
+  Reshape({2, 2, 7, 8}, request.mutable_key());
+  Reshape({2, 2, 7, 3}, request.mutable_value());
+  return request;
+}
+
+struct BadRequestCase {
+  const char* name;
+  std::function<void(v1::AttendRequest&)> mutate;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+void PrintTo(const BadRequestCase& test_case, std::ostream* os) {
+  *os << test_case.name;
+}
+
+const std::vector<BadRequestCase>& BadRequestCases() {
+  static const auto* cases = new std::vector<BadRequestCase>{
+      {"MissingQuery",
+       [](v1::AttendRequest& r) { r.clear_query(); },
+       absl::StatusCode::kInvalidArgument,
+       {"query is missing", "[B, H, Lq, Dk]"}},
+      {"MissingValue",
+       [](v1::AttendRequest& r) { r.clear_value(); },
+       absl::StatusCode::kInvalidArgument,
+       {"value is missing", "[B, Hkv, Lk, Dv]"}},
+      {"UnspecifiedDType",
+       [](v1::AttendRequest& r) {
+         r.mutable_query()->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.dtype is DTYPE_UNSPECIFIED, expected FLOAT32"}},
+      {"DTypeNotComputedYet",
+       [](v1::AttendRequest& r) { r.mutable_key()->set_dtype(v1::BFLOAT16); },
+       absl::StatusCode::kInvalidArgument,
+       {"key.dtype is BFLOAT16, expected FLOAT32"}},
+      {"UnknownDType",
+       [](v1::AttendRequest& r) {
+         r.mutable_value()->set_dtype(static_cast<v1::DType>(42));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"value.dtype is 42 (not a DType)"}},
+      {"RankThree",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 4, 40}, r.mutable_query());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape is [2, 4, 40] with 3 dimensions, expected 4"}},
+      {"RankFive",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 2, 7, 8, 1}, r.mutable_key());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"key.shape", "5 dimensions, expected 4"}},
+      {"ZeroDimension",
+       [](v1::AttendRequest& r) { r.mutable_query()->set_shape(2, 0); },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape[2] (Lq) is 0, expected > 0"}},
+      {"NegativeDimension",
+       [](v1::AttendRequest& r) { r.mutable_value()->set_shape(3, -3); },
+       absl::StatusCode::kInvalidArgument,
+       {"value.shape[3] (Dv) is -3, expected > 0"}},
+      {"OverflowingShape",
+       [](v1::AttendRequest& r) {
+         for (int dim = 0; dim < 3; ++dim)
+           r.mutable_query()->set_shape(dim, int64_t{1} << 31);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape is [2147483648", "2^61"}},
+      {"DataOneByteShort",
+       [](v1::AttendRequest& r) {
+         r.mutable_query()->mutable_data()->pop_back();
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.data has 1279 bytes, expected 1280"}},
+      {"DataTooLong",
+       [](v1::AttendRequest& r) {
+         r.mutable_key()->mutable_data()->append(4, 0);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"key.data has 900 bytes, expected 896"}},
+      {"BatchMismatch",
+       [](v1::AttendRequest& r) {
+         Reshape({3, 2, 7, 8}, r.mutable_key());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"key.shape[0] (B) is 3, expected 2 (query.shape[0]"}},
+      {"KeyDimMismatch",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 2, 7, 16}, r.mutable_key());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"key.shape[3] (Dk) is 16, expected 8 (query.shape[3] (Dk))"}},
+      {"ValueHeadsMismatch",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 1, 7, 3}, r.mutable_value());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"value.shape[1] (Hkv) is 1, expected 2"}},
+      {"ValueLengthMismatch",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 2, 6, 3}, r.mutable_value());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"value.shape[2] (Lk) is 6, expected 7 (key.shape[2] (Lk))"}},
+      {"HeadsNotMultipleOfKvHeads",
+       [](v1::AttendRequest& r) {
+         Reshape({2, 3, 5, 8}, r.mutable_query());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape[1] (H) is 3, expected a multiple of 2 (key.shape[1] "
+        "(Hkv))"}},
+      {"NanScale",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_scale(
+             std::numeric_limits<float>::quiet_NaN());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.scale is nan, expected a finite number"}},
+      {"InfiniteScale",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_scale(
+             -std::numeric_limits<float>::infinity());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.scale is -inf"}},
+      {"OutputOverMessageLimit",
+       [](v1::AttendRequest& r) {
+         Reshape({1, 1, 65536, 1}, r.mutable_query());
+         Reshape({1, 1, 1, 1}, r.mutable_key());
+         Reshape({1, 1, 1, 32}, r.mutable_value());
+       },
+       absl::StatusCode::kResourceExhausted,
+       {"output [B, H, Lq, Dv] = [1, 1, 65536, 32]", "8388608 bytes",
+        "max_message_bytes limit of 4194304"}},
+      {"ScoresOverWorkspaceLimit",
+       [](v1::AttendRequest& r) {
+         Reshape({1, 1, 4096, 1}, r.mutable_query());
+         Reshape({1, 1, 2048, 1}, r.mutable_key());
+         Reshape({1, 1, 2048, 1}, r.mutable_value());
+       },
+       absl::StatusCode::kResourceExhausted,
+       {"33554432 bytes", "workspace limit of 16777216"}},
+      {"RequestOverMessageLimit",
+       [](v1::AttendRequest& r) {
+         Reshape({1, 1, 1 << 20, 2}, r.mutable_query());
+       },
+       absl::StatusCode::kResourceExhausted,
+       {"larger than max"}},
+  };
+  return *cases;
+}
+
+class BadRequestTest : public ::attnserve::testing::ServerFixture,
+                       public ::testing::WithParamInterface<BadRequestCase> {};
+
+TEST_P(BadRequestTest, GetsCodeNamingTheFieldAndServerKeepsServing) {
+  const BadRequestCase& test_case = GetParam();
+  v1::AttendRequest request = ValidRequest();
+  test_case.mutate(request);
+  const absl::Status status = client_->Attend(request, kTimeout).status();
+  EXPECT_EQ(status.code(), test_case.code) << status;
+  for (const std::string& part : test_case.message_parts) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+  const absl::StatusOr<v1::AttendResponse> valid =
+      client_->Attend(ValidRequest(), kTimeout);
+  EXPECT_TRUE(valid.ok()) << valid.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadRequestTest, ::testing::ValuesIn(BadRequestCases()),
+    [](const ::testing::TestParamInfo<BadRequestCase>& param) {
+      return std::string(param.param.name);
+    });
+
+}  // namespace
+}  // namespace attnserve

@@ -26,7 +26,8 @@
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target of the attnserve server.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
-ABSL_FLAG(bool, demo, false, "attend: send random inputs drawn from --seed.");
+ABSL_FLAG(bool, demo, false,
+          "attend, mha: send random inputs drawn from --seed.");
 ABSL_FLAG(uint64_t, seed, 1, "attend --demo: seed of the random inputs.");
 ABSL_FLAG(int64_t, batch, 1, "attend --demo: B.");
 ABSL_FLAG(int64_t, heads, 8, "attend --demo: H, query heads.");
@@ -36,6 +37,8 @@ ABSL_FLAG(int64_t, query_len, 128, "attend --demo: Lq.");
 ABSL_FLAG(int64_t, key_len, 128, "attend --demo: Lk.");
 ABSL_FLAG(int64_t, key_dim, 64, "attend --demo: Dk.");
 ABSL_FLAG(int64_t, value_dim, 64, "attend --demo: Dv.");
+ABSL_FLAG(std::string, weights_name, "demo",
+          "mha --demo: the registered weight set to use.");
 
 namespace attnserve {
 namespace {
@@ -51,7 +54,12 @@ constexpr char kUsage[] =
     "  attend --demo      attention on random inputs; --batch, --heads, "
     "--kv_heads,\n"
     "                     --query_len, --key_len, --key_dim, --value_dim, "
-    "--seed";
+    "--seed\n"
+    "  mha --demo         multi-head self-attention on random inputs with a\n"
+    "                     registered weight set; --weights_name (demo), "
+    "--batch,\n"
+    "                     --query_len, --seed\n"
+    "  weights            the registered weight sets";
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "attnctl: %s\n", status.ToString().c_str());
@@ -100,6 +108,9 @@ std::vector<float> RandomValues(int64_t count, std::mt19937_64& generator) {
   return values;
 }
 
+int PrintResult(const v1::Tensor& output_tensor, const v1::ServerTiming& timing,
+                absl::Duration round_trip);
+
 int RunAttendDemo(Client& client) {
   const int64_t b = absl::GetFlag(FLAGS_batch), h = absl::GetFlag(FLAGS_heads),
                 hkv = absl::GetFlag(FLAGS_kv_heads),
@@ -126,25 +137,86 @@ int RunAttendDemo(Client& client) {
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::AttendResponse> response =
       client.Attend(request, absl::GetFlag(FLAGS_timeout));
-  const absl::Duration round_trip = absl::Now() - start;
   if (!response.ok()) return Fail(response.status());
-  absl::StatusOr<std::vector<float>> output = Float32Values(response->output());
-  if (!output.ok()) return Fail(output.status());
+  return PrintResult(response->output(), response->timing(),
+                     absl::Now() - start);
+}
 
+// Prints a result's shape, checksum and the server's timings.
+int PrintResult(const v1::Tensor& output_tensor, const v1::ServerTiming& timing,
+                absl::Duration round_trip) {
+  absl::StatusOr<std::vector<float>> output = FloatValues(output_tensor);
+  if (!output.ok()) return Fail(output.status());
   double sum = 0.0, sum_abs = 0.0;
   for (float value : *output) {
     sum += value;
     sum_abs += std::abs(value);
   }
   std::printf("output shape [%s] %s\n",
-              absl::StrJoin(response->output().shape(), ", ").c_str(),
-              v1::DType_Name(response->output().dtype()).c_str());
+              absl::StrJoin(output_tensor.shape(), ", ").c_str(),
+              v1::DType_Name(output_tensor.dtype()).c_str());
   std::printf("checksum sum=%.6f sum_abs=%.6f\n", sum, sum_abs);
   std::printf("server queue_us=%lld compute_us=%lld, round trip %s\n",
-              static_cast<long long>(response->timing().queue_us()),
-              static_cast<long long>(response->timing().compute_us()),
+              static_cast<long long>(timing.queue_us()),
+              static_cast<long long>(timing.compute_us()),
               absl::FormatDuration(round_trip).c_str());
   return kExitOk;
+}
+
+int RunWeights(Client& client) {
+  absl::StatusOr<v1::ListWeightsResponse> list =
+      client.ListWeights(absl::GetFlag(FLAGS_timeout));
+  if (!list.ok()) return Fail(list.status());
+  for (const v1::WeightsInfo& info : list->weights()) {
+    std::printf(
+        "%s version=%lld E=%lld Ekv=%lld H=%lld Hkv=%lld Dk=%lld Dv=%lld "
+        "bias=%d "
+        "bytes=%lld\n",
+        info.name().c_str(), static_cast<long long>(info.version()),
+        static_cast<long long>(info.embed_dim()),
+        static_cast<long long>(info.kv_embed_dim()),
+        static_cast<long long>(info.num_heads()),
+        static_cast<long long>(info.num_kv_heads()),
+        static_cast<long long>(info.key_dim()),
+        static_cast<long long>(info.value_dim()), info.has_bias() ? 1 : 0,
+        static_cast<long long>(info.bytes()));
+  }
+  return kExitOk;
+}
+
+int RunMultiHeadDemo(Client& client) {
+  const std::string name = absl::GetFlag(FLAGS_weights_name);
+  absl::StatusOr<v1::ListWeightsResponse> list =
+      client.ListWeights(absl::GetFlag(FLAGS_timeout));
+  if (!list.ok()) return Fail(list.status());
+  int64_t embed_dim = 0;
+  for (const v1::WeightsInfo& info : list->weights()) {
+    if (info.name() == name) embed_dim = info.embed_dim();
+  }
+  if (embed_dim == 0) {
+    return Fail(absl::NotFoundError("no weight set named '" + name +
+                                    "' on the server"));
+  }
+  const int64_t b = absl::GetFlag(FLAGS_batch),
+                l = absl::GetFlag(FLAGS_query_len);
+  if (b <= 0 || l <= 0 || b > (int64_t{1} << 20) || l > (int64_t{1} << 20)) {
+    std::fprintf(stderr,
+                 "attnctl: --batch and --query_len must be in [1, 2^20]\n");
+    return kExitUsage;
+  }
+  std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
+  v1::MultiHeadAttentionRequest request;
+  *request.mutable_query_input() = MakeFloat32Tensor(
+      {b, l, embed_dim}, RandomValues(b * l * embed_dim, generator));
+  request.set_weights_name(name);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client.MultiHeadAttention(request, absl::GetFlag(FLAGS_timeout));
+  if (!response.ok()) return Fail(response.status());
+  std::printf("weights %s version %lld\n", name.c_str(),
+              static_cast<long long>(response->weights_version()));
+  return PrintResult(response->output(), response->timing(),
+                     absl::Now() - start);
 }
 
 int Run(const std::vector<char*>& args) {
@@ -168,6 +240,15 @@ int Run(const std::vector<char*>& args) {
     }
     return RunAttendDemo(**client);
   }
+  if (command == "mha" && args.size() == 2) {
+    if (!absl::GetFlag(FLAGS_demo)) {
+      std::fprintf(stderr, "attnctl: mha takes its inputs from --demo\n%s\n",
+                   kUsage);
+      return kExitUsage;
+    }
+    return RunMultiHeadDemo(**client);
+  }
+  if (command == "weights" && args.size() == 2) return RunWeights(**client);
   std::fprintf(stderr, "attnctl: unknown command or arguments\n%s\n", kUsage);
   return kExitUsage;
 }

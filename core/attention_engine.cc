@@ -5,60 +5,36 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/core/checked_math.h"
 #include "attnserve/core/status_macros.h"
 #include "internal/dnnl_status.h"
+#include "internal/linear.h"
 #include "internal/unfused_attention.h"
+#include "internal/validation.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve {
 namespace {
 
+using internal::LinearProblem;
+using internal::PackedStrides;
+using internal::SdpaProblem;
+
 // Scores beyond this many bytes per slab stop paying for themselves: they no
 // longer fit any cache, and a slab this size already gives every core work.
 constexpr int64_t kSlabTargetBytes = int64_t{64} << 20;
 
-absl::Status ValidateShape(const AttentionShape& shape) {
-  const std::pair<const char*, int64_t> dims[] = {
-      {"batch", shape.batch},        {"heads", shape.heads},
-      {"kv_heads", shape.kv_heads},  {"query_len", shape.query_len},
-      {"key_len", shape.key_len},    {"key_dim", shape.key_dim},
-      {"value_dim", shape.value_dim}};
-  for (const auto& [name, value] : dims) {
-    if (value <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape.", name, " is ", value, ", expected > 0"));
-    }
+// Sums byte counts, nullopt if any is nullopt or the sum overflows.
+std::optional<int64_t> CheckedSum(
+    std::initializer_list<std::optional<int64_t>> terms) {
+  int64_t sum = 0;
+  for (const std::optional<int64_t>& term : terms) {
+    if (!term || __builtin_add_overflow(sum, *term, &sum)) return std::nullopt;
   }
-  if (shape.heads % shape.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shape.heads is ", shape.heads,
-        ", expected a multiple of shape.kv_heads (", shape.kv_heads, ")"));
-  }
-  if (!CheckedProduct(
-          {shape.batch, shape.heads, shape.query_len, shape.key_dim}) ||
-      !CheckedProduct(
-          {shape.batch, shape.kv_heads, shape.key_len, shape.key_dim}) ||
-      !CheckedProduct(
-          {shape.batch, shape.kv_heads, shape.key_len, shape.value_dim}) ||
-      !CheckedProduct(
-          {shape.batch, shape.heads, shape.query_len, shape.value_dim})) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape ", shape.DebugString(),
-                     " has more than 2^63 elements in a tensor"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateSpanSize(const char* name, size_t actual,
-                              int64_t expected) {
-  if (static_cast<int64_t>(actual) != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, " has ", actual, " elements, expected ", expected));
-  }
-  return absl::OkStatus();
+  return sum;
 }
 
 class AttentionEngineImpl final : public AttentionEngine {
@@ -71,50 +47,196 @@ class AttentionEngineImpl final : public AttentionEngine {
                       absl::Span<const float> query,
                       absl::Span<const float> key,
                       absl::Span<const float> value,
-                      absl::Span<float> output) override {
-    ATTNSERVE_RETURN_IF_ERROR(ValidateShape(shape));
+                      AttentionOutputs outputs) override {
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(shape));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "query", query.size(), shape.QueryElements()));
     ATTNSERVE_RETURN_IF_ERROR(
-        ValidateSpanSize("query", query.size(), shape.QueryElements()));
-    ATTNSERVE_RETURN_IF_ERROR(
-        ValidateSpanSize("key", key.size(), shape.KeyElements()));
-    ATTNSERVE_RETURN_IF_ERROR(
-        ValidateSpanSize("value", value.size(), shape.ValueElements()));
-    ATTNSERVE_RETURN_IF_ERROR(
-        ValidateSpanSize("output", output.size(), shape.OutputElements()));
-    if (options.scale && !std::isfinite(*options.scale)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "options.scale is ", *options.scale, ", expected a finite number"));
-    }
-    const std::optional<int64_t> workspace = WorkspaceBytes(shape);
-    if (!workspace || *workspace > options_.max_workspace_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "attention scores for shape ", shape.DebugString(), " need ",
-          workspace ? absl::StrCat(*workspace, " bytes")
-                    : std::string("more than 2^63 bytes"),
-          ", over the engine's workspace limit of ",
-          options_.max_workspace_bytes, " bytes"));
-    }
-    const float scale = options.scale.value_or(
-        1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
+        internal::ValidateSpanSize("key", key.size(), shape.KeyElements()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "value", value.size(), shape.ValueElements()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateOptionsAndOutputs(
+        shape, options, outputs, shape.OutputElements()));
+    ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+        absl::StrCat("attention for shape ", shape.DebugString()),
+        internal::UnfusedWorkspaceBytes(shape, options.precision,
+                                        SlabBudget())));
 
+    SdpaProblem problem = MakeProblem(shape, options, outputs);
+    problem.query = query.data();
+    problem.query_strides =
+        PackedStrides(shape.heads, shape.query_len, shape.key_dim);
+    problem.key = key.data();
+    problem.key_strides =
+        PackedStrides(shape.kv_heads, shape.key_len, shape.key_dim);
+    problem.value = value.data();
+    problem.value_strides =
+        PackedStrides(shape.kv_heads, shape.key_len, shape.value_dim);
+    problem.output = outputs.output.data();
+    problem.output_strides =
+        PackedStrides(shape.heads, shape.query_len, shape.value_dim);
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream());
+    return internal::RunUnfusedAttention(engine_, stream, problem,
+                                         SlabBudget());
+  }
+
+  absl::Status MultiHeadAttention(const MultiHeadShape& shape,
+                                  const ProjectionWeights& weights,
+                                  const AttentionOptions& options,
+                                  absl::Span<const float> query_input,
+                                  absl::Span<const float> kv_input,
+                                  AttentionOutputs outputs) override {
+    const bool self_attention = kv_input.empty();
+    ATTNSERVE_RETURN_IF_ERROR(
+        internal::ValidateMultiHead(shape, weights, self_attention));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "query_input", query_input.size(),
+        shape.batch * shape.query_len * shape.embed_dim));
+    if (!self_attention) {
+      ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+          "kv_input", kv_input.size(),
+          shape.batch * shape.key_len * shape.kv_embed_dim));
+    }
+    const AttentionShape heads = shape.Heads();
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateOptionsAndOutputs(
+        heads, options, outputs,
+        shape.batch * shape.query_len * shape.embed_dim));
+
+    const int64_t q_out = shape.heads * shape.key_dim;
+    const int64_t kv_out = shape.kv_heads * (shape.key_dim + shape.value_dim);
+    const int64_t context_out = shape.heads * shape.value_dim;
+    const bool bf16 = options.precision == Precision::kBFloat16;
+    const std::optional<int64_t> largest_weights =
+        CheckedProduct({q_out + kv_out + shape.embed_dim,
+                        std::max(shape.embed_dim, context_out), bf16 ? 2 : 0});
+    const std::optional<int64_t> largest_input = CheckedProduct(
+        {shape.batch, std::max(shape.query_len, shape.key_len),
+         std::max({shape.embed_dim, shape.kv_embed_dim, context_out}),
+         bf16 ? 2 : 0});
+    ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+        absl::StrCat("multi-head attention for heads ", heads.DebugString()),
+        CheckedSum({CheckedProduct(
+                        {shape.batch, shape.query_len, q_out + context_out, 4}),
+                    CheckedProduct({shape.batch, shape.key_len, kv_out, 4}),
+                    largest_weights, largest_input,
+                    internal::UnfusedWorkspaceBytes(heads, options.precision,
+                                                    SlabBudget())})));
+
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream());
+    // Projections, laid out [B, L, heads·D] and read as [B, heads, L, D]
+    // through strides.
+    const int64_t q_rows = shape.batch * shape.query_len;
+    const int64_t kv_rows = shape.batch * shape.key_len;
+    std::vector<float> projected;
+    SdpaProblem problem = MakeProblem(heads, options, outputs);
+    if (self_attention && !weights.w_qkv.empty()) {
+      const int64_t width = q_out + kv_out;
+      projected.resize(static_cast<size_t>(q_rows * width));
+      ATTNSERVE_RETURN_IF_ERROR(
+          RunLinear(stream,
+                    {q_rows, shape.embed_dim, width, query_input.data(),
+                     shape.embed_dim, weights.w_qkv.data(),
+                     OrNull(weights.b_qkv), projected.data(), width},
+                    options.precision));
+      SetProjectedViews(shape, projected.data(), width,
+                        projected.data() + q_out, width, &problem);
+    } else {
+      projected.resize(static_cast<size_t>(q_rows * q_out + kv_rows * kv_out));
+      float* q = projected.data();
+      float* kv = q + q_rows * q_out;
+      const float* kv_source =
+          self_attention ? query_input.data() : kv_input.data();
+      const int64_t k_out = shape.kv_heads * shape.key_dim;
+      const LinearProblem projections[] = {
+          {q_rows, shape.embed_dim, q_out, query_input.data(), shape.embed_dim,
+           weights.w_q.data(), OrNull(weights.b_q), q, q_out},
+          {kv_rows, shape.kv_embed_dim, k_out, kv_source, shape.kv_embed_dim,
+           weights.w_k.data(), OrNull(weights.b_k), kv, kv_out},
+          {kv_rows, shape.kv_embed_dim, kv_out - k_out, kv_source,
+           shape.kv_embed_dim, weights.w_v.data(), OrNull(weights.b_v),
+           kv + k_out, kv_out}};
+      for (const LinearProblem& projection : projections) {
+        ATTNSERVE_RETURN_IF_ERROR(
+            RunLinear(stream, projection, options.precision));
+      }
+      SetProjectedViews(shape, q, q_out, kv, kv_out, &problem);
+    }
+
+    std::vector<float> context(static_cast<size_t>(q_rows * context_out));
+    problem.output = context.data();
+    problem.output_strides = {shape.query_len * context_out, shape.value_dim,
+                              context_out, 1};
+    ATTNSERVE_RETURN_IF_ERROR(
+        internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget()));
+    return RunLinear(stream,
+                     {q_rows, context_out, shape.embed_dim, context.data(),
+                      context_out, weights.w_o.data(), OrNull(weights.b_o),
+                      outputs.output.data(), shape.embed_dim},
+                     options.precision);
+  }
+
+ private:
+  static const float* OrNull(absl::Span<const float> span) {
+    return span.empty() ? nullptr : span.data();
+  }
+
+  // Q at `q` with `q_width` columns per row, K then V at `kv` with `kv_width`
+  // per row.
+  static void SetProjectedViews(const MultiHeadShape& shape, const float* q,
+                                int64_t q_width, const float* kv,
+                                int64_t kv_width, SdpaProblem* problem) {
+    problem->query = q;
+    problem->query_strides = {shape.query_len * q_width, shape.key_dim, q_width,
+                              1};
+    problem->key = kv;
+    problem->key_strides = {shape.key_len * kv_width, shape.key_dim, kv_width,
+                            1};
+    problem->value = kv + shape.kv_heads * shape.key_dim;
+    problem->value_strides = {shape.key_len * kv_width, shape.value_dim,
+                              kv_width, 1};
+  }
+
+  static SdpaProblem MakeProblem(const AttentionShape& shape,
+                                 const AttentionOptions& options,
+                                 const AttentionOutputs& outputs) {
+    SdpaProblem problem;
+    problem.shape = shape;
+    problem.options = &options;
+    problem.scale = options.scale.value_or(
+        1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
+    problem.weights = outputs.weights;
+    problem.lse = outputs.lse;
+    return problem;
+  }
+
+  absl::Status RunLinear(dnnl::stream& stream, const LinearProblem& problem,
+                         Precision precision) {
+    return internal::RunLinear(engine_, stream, problem, precision);
+  }
+
+  int64_t SlabBudget() const {
+    return std::min(options_.max_workspace_bytes, kSlabTargetBytes);
+  }
+
+  absl::Status CheckWorkspace(const std::string& what,
+                              std::optional<int64_t> bytes) const {
+    if (bytes && *bytes <= options_.max_workspace_bytes)
+      return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ",
+        bytes ? absl::StrCat(*bytes, " bytes") : "more than 2^63 bytes",
+        " of scratch, over the engine's workspace limit of ",
+        options_.max_workspace_bytes, " bytes"));
+  }
+
+  absl::StatusOr<dnnl::stream> NewStream() {
     if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
     dnnl::stream stream;
     ATTNSERVE_RETURN_IF_ERROR(internal::CallDnnl(
         "creating a stream", [&] { stream = dnnl::stream(engine_); }));
-    return internal::RunUnfusedAttention(
-        engine_, stream, shape, scale, query.data(), key.data(), value.data(),
-        output.data(),
-        std::min(options_.max_workspace_bytes, kSlabTargetBytes));
+    return stream;
   }
 
-  std::optional<int64_t> WorkspaceBytes(
-      const AttentionShape& shape) const override {
-    if (shape.kv_heads <= 0) return std::nullopt;
-    return CheckedProduct({shape.heads / shape.kv_heads, shape.query_len,
-                           shape.key_len, int64_t{sizeof(float)}});
-  }
-
- private:
   const EngineOptions options_;
   const dnnl::engine engine_;
 };
@@ -125,6 +247,18 @@ std::string AttentionShape::DebugString() const {
   return absl::StrCat("[B=", batch, ", H=", heads, ", Hkv=", kv_heads,
                       ", Lq=", query_len, ", Lk=", key_len, ", Dk=", key_dim,
                       ", Dv=", value_dim, "]");
+}
+
+AttentionShape MultiHeadShape::Heads() const {
+  AttentionShape shape;
+  shape.batch = batch;
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.query_len = query_len;
+  shape.key_len = key_len;
+  shape.key_dim = key_dim;
+  shape.value_dim = value_dim;
+  return shape;
 }
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(

@@ -6,65 +6,220 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/core/status_macros.h"
 #include "grpc_status.h"
 #include "tensor_codec.h"
 
 namespace attnserve {
+namespace {
+
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// The response's weights and lse tensors, created only when the options ask for
+// them.
+template <typename Response>
+v1::Tensor* WeightsTensor(const OptionsPlan& plan, Response* response) {
+  return plan.options.weights == AttentionWeightsMode::kNone
+             ? nullptr
+             : response->mutable_weights();
+}
+
+template <typename Response>
+v1::Tensor* LseTensor(const OptionsPlan& plan, Response* response) {
+  return plan.options.return_lse ? response->mutable_lse() : nullptr;
+}
+
+absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
+                           const v1::AttendRequest& request,
+                           v1::AttendResponse* response) {
+  std::vector<float> query_copy, key_copy, value_copy, mask_copy;
+  const AttentionShape& s = work.shape;
+  const int64_t output_shape[] = {s.batch, s.heads, s.query_len, s.value_dim};
+  AttentionResponseTensors tensors(
+      work.plan, s, output_shape, response->mutable_output(),
+      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  ATTNSERVE_RETURN_IF_ERROR(engine.Attend(
+      s, BindOptions(work.plan, request.options(), &mask_copy),
+      FloatElements(request.query(), &query_copy),
+      FloatElements(request.key(), &key_copy),
+      FloatElements(request.value(), &value_copy), tensors.outputs()));
+  tensors.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status ComputeMultiHead(AttentionEngine& engine,
+                              const MultiHeadWork& work,
+                              const ProjectionWeights& weights,
+                              const v1::MultiHeadAttentionRequest& request,
+                              v1::MultiHeadAttentionResponse* response) {
+  std::vector<float> query_copy, kv_copy, mask_copy;
+  const MultiHeadShape& s = work.shape;
+  const int64_t output_shape[] = {s.batch, s.query_len, s.embed_dim};
+  AttentionResponseTensors tensors(
+      work.plan, s.Heads(), output_shape, response->mutable_output(),
+      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  ATTNSERVE_RETURN_IF_ERROR(engine.MultiHeadAttention(
+      s, weights, BindOptions(work.plan, request.options(), &mask_copy),
+      FloatElements(request.query_input(), &query_copy),
+      work.self_attention ? absl::Span<const float>()
+                          : FloatElements(request.kv_input(), &kv_copy),
+      tensors.outputs()));
+  tensors.Finish();
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
                                            ComputeExecutor* executor,
+                                           WeightsRegistry* registry,
                                            RequestLimits limits)
-    : engine_(engine), executor_(executor), limits_(limits) {}
+    : engine_(engine),
+      executor_(executor),
+      registry_(registry),
+      limits_(limits) {}
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
-    grpc::CallbackServerContext* context, const v1::AttendRequest* request,
-    v1::AttendResponse* response) {
+template <typename Compute>
+grpc::ServerUnaryReactor* AttentionServiceImpl::Submit(
+    grpc::CallbackServerContext* context, v1::ServerTiming* timing,
+    Compute compute) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<AttendWork> work = ValidateAttendRequest(*request, limits_);
-  if (!work.ok()) {
-    reactor->Finish(ToGrpcStatus(work.status()));
-    return reactor;
-  }
   const absl::Time submitted = absl::Now();
-  executor_->Submit([this, context, request, response, reactor, submitted,
-                     work = *std::move(work)] {
-    response->mutable_timing()->set_queue_us(
-        absl::ToInt64Microseconds(absl::Now() - submitted));
-    reactor->Finish(
-        ToGrpcStatus(ComputeAttend(context, work, *request, response)));
+  executor_->Submit([context, timing, reactor, submitted,
+                     compute = std::move(compute)] {
+    const absl::Time started = absl::Now();
+    timing->set_queue_us(absl::ToInt64Microseconds(started - submitted));
+    absl::Status status;
+    if (context->IsCancelled()) {
+      status = absl::CancelledError(
+          "the call was cancelled before its compute started");
+    } else if (context->deadline() < std::chrono::system_clock::now()) {
+      status = absl::DeadlineExceededError(
+          "the deadline passed before the compute started");
+    } else {
+      status = compute();
+      timing->set_compute_us(absl::ToInt64Microseconds(absl::Now() - started));
+    }
+    reactor->Finish(ToGrpcStatus(status));
   });
   return reactor;
 }
 
-absl::Status AttentionServiceImpl::ComputeAttend(
-    grpc::CallbackServerContext* context, const AttendWork& work,
-    const v1::AttendRequest& request, v1::AttendResponse* response) {
-  if (context->IsCancelled()) {
-    return absl::CancelledError(
-        "the call was cancelled before its compute started");
-  }
-  if (context->deadline() < std::chrono::system_clock::now()) {
-    return absl::DeadlineExceededError(
-        "the deadline passed before the compute started");
-  }
-  std::vector<float> query_copy, key_copy, value_copy;
-  const absl::Span<const float> query =
-      Float32Elements(request.query(), &query_copy);
-  const absl::Span<const float> key = Float32Elements(request.key(), &key_copy);
-  const absl::Span<const float> value =
-      Float32Elements(request.value(), &value_copy);
-  const int64_t output_shape[] = {work.shape.batch, work.shape.heads,
-                                  work.shape.query_len, work.shape.value_dim};
-  const absl::Span<float> output =
-      ResizeFloat32(output_shape, response->mutable_output());
+grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
+    grpc::CallbackServerContext* context, const v1::AttendRequest* request,
+    v1::AttendResponse* response) {
+  absl::StatusOr<AttendWork> work = ValidateAttendRequest(*request, limits_);
+  if (!work.ok()) return FinishNow(context, work.status());
+  return Submit(context, response->mutable_timing(),
+                [this, request, response, work = *std::move(work)] {
+                  return ComputeAttend(*engine_, work, *request, response);
+                });
+}
 
-  const absl::Time started = absl::Now();
-  absl::Status status =
-      engine_->Attend(work.shape, work.options, query, key, value, output);
-  response->mutable_timing()->set_compute_us(
-      absl::ToInt64Microseconds(absl::Now() - started));
-  if (!status.ok()) response->clear_output();
-  return status;
+grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
+    grpc::CallbackServerContext* context,
+    const v1::MultiHeadAttentionRequest* request,
+    v1::MultiHeadAttentionResponse* response) {
+  std::shared_ptr<const WeightSet> registered;
+  std::string origin = "weights";
+  WeightsShape weights_shape;
+  if (request->weights_source_case() ==
+      v1::MultiHeadAttentionRequest::kWeightsName) {
+    absl::Status name =
+        ValidateWeightsName("weights_name", request->weights_name());
+    if (!name.ok()) return FinishNow(context, name);
+    absl::StatusOr<WeightsRegistry::Entry> entry =
+        registry_->Get(request->weights_name());
+    if (!entry.ok()) return FinishNow(context, entry.status());
+    registered = entry->weights;
+    response->set_weights_version(entry->version);
+    origin = "weights '" + request->weights_name() + "'";
+    weights_shape = registered->shape();
+  } else if (request->weights_source_case() ==
+             v1::MultiHeadAttentionRequest::kWeights) {
+    absl::StatusOr<WeightsShape> shape =
+        ValidateProjectionWeights(request->weights(), "weights");
+    if (!shape.ok()) return FinishNow(context, shape.status());
+    weights_shape = *shape;
+  } else {
+    return FinishNow(
+        context,
+        absl::InvalidArgumentError(
+            "weights and weights_name are both missing, expected one: "
+            "inline ProjectionWeights or a name registered by PutWeights"));
+  }
+  absl::StatusOr<MultiHeadWork> work =
+      ValidateMultiHeadRequest(*request, weights_shape, origin, limits_);
+  if (!work.ok()) return FinishNow(context, work.status());
+  return Submit(context, response->mutable_timing(),
+                [this, request, response, registered, work = *std::move(work)] {
+                  if (registered != nullptr) {
+                    return ComputeMultiHead(*engine_, work, registered->views(),
+                                            *request, response);
+                  }
+                  const WeightViews inline_weights(request->weights());
+                  return ComputeMultiHead(*engine_, work,
+                                          inline_weights.views(), *request,
+                                          response);
+                });
+}
+
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
+  if (!request.has_weights()) {
+    return absl::InvalidArgumentError(
+        "weights is missing, expected ProjectionWeights");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsShape shape,
+      ValidateProjectionWeights(request.weights(), "weights"));
+  ATTNSERVE_RETURN_IF_ERROR(
+      registry.CheckCapacity(request.name(), WeightSet::BytesFor(shape)));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsRegistry::Entry entry,
+      registry.Put(request.name(),
+                   WeightSet::FromProto(request.weights(), shape)));
+  v1::PutWeightsResponse response;
+  response.set_version(entry.version);
+  response.set_bytes(entry.weights->bytes());
+  return response;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::PutWeights(
+    grpc::CallbackServerContext* context, const v1::PutWeightsRequest* request,
+    v1::PutWeightsResponse* response) {
+  absl::StatusOr<v1::PutWeightsResponse> result =
+      PutWeightsInto(*registry_, *request);
+  if (result.ok()) *response = *std::move(result);
+  return FinishNow(context, result.status());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
+    grpc::CallbackServerContext* context,
+    const v1::ListWeightsRequest* /*request*/,
+    v1::ListWeightsResponse* response) {
+  for (const auto& [name, entry] : registry_->List()) {
+    *response->add_weights() = DescribeWeights(name, entry);
+  }
+  response->set_total_bytes(registry_->total_bytes());
+  return FinishNow(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteWeights(
+    grpc::CallbackServerContext* context,
+    const v1::DeleteWeightsRequest* request,
+    v1::DeleteWeightsResponse* response) {
+  absl::StatusOr<WeightsRegistry::Entry> entry =
+      registry_->Delete(request->name());
+  if (entry.ok())
+    *response->mutable_deleted() = DescribeWeights(request->name(), *entry);
+  return FinishNow(context, entry.status());
 }
 
 }  // namespace attnserve

@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
 #include "attnserve/core/attention_engine.h"
 #include "server.h"
 
@@ -29,6 +30,12 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
           "Most scratch memory one request's compute may allocate, in bytes.");
+ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
+          "Most bytes of registered weights the server holds.");
+ABSL_FLAG(std::string, weights_dir, "",
+          "Folder of weight sets to register at start-up: one folder per name "
+          "holding "
+          "config.txt (num_heads=H) and w_q/w_k/w_v/w_o[/b_*].npy.");
 
 namespace {
 
@@ -64,6 +71,8 @@ int main(int argc, char** argv) {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
+  options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
+  options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
 
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(options);
@@ -74,6 +83,8 @@ int main(int argc, char** argv) {
   std::printf("attnserve listening on %s:%d (%s)\n", options.address.c_str(),
               (*server)->port(),
               attnserve::AttentionEngine::RuntimeDescription().c_str());
+  std::printf("attnserve weights: %s\n",
+              absl::StrJoin((*server)->startup_weights(), ", ").c_str());
   std::fflush(stdout);
 
   const int signal_number = WaitForTerminationSignal(signals);

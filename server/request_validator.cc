@@ -1,144 +1,75 @@
 #include "request_validator.h"
 
-#include <array>
 #include <cmath>
 #include <optional>
-#include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "attnserve/core/checked_math.h"
 #include "attnserve/core/status_macros.h"
+#include "tensor_checks.h"
 
 namespace attnserve {
 namespace {
 
-// The dtypes Attend computes in. BFLOAT16 and FLOAT16 are part of the wire
-// format already and are refused by name until the engine computes in them.
-constexpr v1::DType kComputeDType = v1::FLOAT32;
+using Options = v1::AttentionOptions;
 
-// How a rank-4 SDPA tensor of an AttendRequest must look, and where it is.
-struct TensorSpec {
-  const char* field;
-  std::array<const char*, 4> dim_names;
-  bool (v1::AttendRequest::*has)() const;
-  const v1::Tensor& (v1::AttendRequest::*get)() const;
-};
+constexpr v1::DType kMaskDTypes[] = {v1::BOOL, v1::FLOAT32, v1::BFLOAT16,
+                                     v1::FLOAT16};
 
-constexpr TensorSpec kQuerySpec = {"query",
-                                   {"B", "H", "Lq", "Dk"},
-                                   &v1::AttendRequest::has_query,
-                                   &v1::AttendRequest::query};
-constexpr TensorSpec kKeySpec = {"key",
-                                 {"B", "Hkv", "Lk", "Dk"},
-                                 &v1::AttendRequest::has_key,
-                                 &v1::AttendRequest::key};
-constexpr TensorSpec kValueSpec = {"value",
-                                   {"B", "Hkv", "Lk", "Dv"},
-                                   &v1::AttendRequest::has_value,
-                                   &v1::AttendRequest::value};
-
-// A dimension that must equal a dimension of an earlier tensor.
+// A dimension that must equal a dimension of an earlier tensor of an
+// AttendRequest.
 struct DimensionMatch {
-  const TensorSpec* tensor;
+  const char* field;
   int dim;
-  const TensorSpec* reference;
+  const char* dim_name;
+  const char* reference;
   int reference_dim;
 };
 
 constexpr DimensionMatch kAttendDimensionMatches[] = {
-    {&kKeySpec, 0, &kQuerySpec, 0},  // B
-    {&kKeySpec, 3, &kQuerySpec, 3},  // Dk
-    {&kValueSpec, 0, &kKeySpec, 0},  // B
-    {&kValueSpec, 1, &kKeySpec, 1},  // Hkv
-    {&kValueSpec, 2, &kKeySpec, 2},  // Lk
+    {"key", 0, "B", "query", 0},  {"key", 3, "Dk", "query", 3},
+    {"value", 0, "B", "key", 0},  {"value", 1, "Hkv", "key", 1},
+    {"value", 2, "Lk", "key", 2},
 };
 
-std::string DTypeName(int dtype) {
-  if (v1::DType_IsValid(dtype))
-    return v1::DType_Name(static_cast<v1::DType>(dtype));
-  return absl::StrCat(dtype, " (not a DType)");
+const v1::Tensor& AttendTensor(const v1::AttendRequest& request,
+                               absl::string_view field) {
+  if (field == "query") return request.query();
+  return field == "key" ? request.key() : request.value();
 }
 
-std::string ShapeString(const v1::Tensor& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+absl::Status CheckEnum(const char* field, int value, bool (*is_valid)(int)) {
+  if (is_valid(value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value, ", not a value of its enum"));
 }
 
-std::string DimField(const TensorSpec& spec, int dim) {
-  return absl::StrCat(spec.field, ".shape[", dim, "] (", spec.dim_names[dim],
-                      ")");
-}
-
-absl::Status ValidateTensor(const v1::AttendRequest& request,
-                            const TensorSpec& spec) {
-  const std::string layout =
-      absl::StrCat("[", absl::StrJoin(spec.dim_names, ", "), "]");
-  const v1::Tensor& tensor = (request.*spec.get)();
-  if (!(request.*spec.has)()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.field, " is missing, expected a ", v1::DType_Name(kComputeDType),
-        " tensor of shape ", layout));
-  }
-  if (tensor.dtype() != kComputeDType) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(spec.field, ".dtype is ", DTypeName(tensor.dtype()),
-                     ", expected ", v1::DType_Name(kComputeDType)));
-  }
-  if (tensor.shape_size() != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(spec.field, ".shape is ", ShapeString(tensor), " with ",
-                     tensor.shape_size(), " dimensions, expected 4: ", layout));
-  }
-  for (int dim = 0; dim < 4; ++dim) {
-    if (tensor.shape(dim) <= 0) {
+absl::Status ValidateMask(const v1::Tensor& mask, const AttentionShape& s,
+                          std::array<int64_t, 4>* dims) {
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckTensorOfRank("options.attn_mask", mask, kMaskDTypes, 1, 4));
+  const int64_t full[4] = {s.batch, s.heads, s.query_len, s.key_len};
+  const char* names[4] = {"B", "H", "Lq", "Lk"};
+  const int rank = mask.shape_size();
+  for (int d = 0; d < 4; ++d) {
+    const int mask_dim = d - (4 - rank);
+    (*dims)[d] = mask_dim < 0 ? 1 : mask.shape(mask_dim);
+    if ((*dims)[d] != 1 && (*dims)[d] != full[d]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          DimField(spec, dim), " is ", tensor.shape(dim), ", expected > 0"));
+          "options.attn_mask.shape[", mask_dim, "] is ", (*dims)[d],
+          ", expected 1 or ", full[d], " (", names[d],
+          "): the mask must broadcast to [B, H, Lq, Lk] = [", full[0], ", ",
+          full[1], ", ", full[2], ", ", full[3], "]"));
     }
-  }
-  const std::optional<int64_t> elements = CheckedProduct(
-      absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()));
-  const std::optional<int64_t> bytes =
-      elements ? CheckedMultiply(*elements, sizeof(float)) : std::nullopt;
-  if (!bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(spec.field, ".shape is ", ShapeString(tensor),
-                     ", expected a product below 2^61 elements"));
-  }
-  if (static_cast<int64_t>(tensor.data().size()) != *bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.field, ".data has ", tensor.data().size(), " bytes, expected ",
-        *bytes, " (", *elements, " elements of shape ", ShapeString(tensor),
-        " x ", sizeof(float), " bytes)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateDimensionMatches(const v1::AttendRequest& request) {
-  for (const DimensionMatch& match : kAttendDimensionMatches) {
-    const int64_t actual = (request.*match.tensor->get)().shape(match.dim);
-    const int64_t expected =
-        (request.*match.reference->get)().shape(match.reference_dim);
-    if (actual != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(DimField(*match.tensor, match.dim), " is ", actual,
-                       ", expected ", expected, " (",
-                       DimField(*match.reference, match.reference_dim), ")"));
-    }
-  }
-  const int64_t heads = request.query().shape(1);
-  const int64_t kv_heads = request.key().shape(1);
-  if (heads % kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        DimField(kQuerySpec, 1), " is ", heads, ", expected a multiple of ",
-        kv_heads, " (", DimField(kKeySpec, 1),
-        "): each kv head serves H / Hkv query heads"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<AttentionOptions> ValidateOptions(
-    const v1::AttentionOptions& proto) {
-  AttentionOptions options;
+absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
+                                            const AttentionShape& s,
+                                            v1::DType input_dtype) {
+  OptionsPlan plan;
+  AttentionOptions& options = plan.options;
   if (proto.has_scale()) {
     if (!std::isfinite(proto.scale())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -146,42 +77,191 @@ absl::StatusOr<AttentionOptions> ValidateOptions(
     }
     options.scale = proto.scale();
   }
-  return options;
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.causal_alignment",
+                                      proto.causal_alignment(),
+                                      Options::CausalAlignment_IsValid));
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.return_weights",
+                                      proto.return_weights(),
+                                      Options::ReturnWeights_IsValid));
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.precision", proto.precision(),
+                                      Options::Precision_IsValid));
+  options.causal = proto.causal();
+  options.causal_alignment = proto.causal_alignment() == Options::BOTTOM_RIGHT
+                                 ? CausalAlignment::kBottomRight
+                                 : CausalAlignment::kTopLeft;
+  options.weights = proto.return_weights() == Options::PER_HEAD
+                        ? AttentionWeightsMode::kPerHead
+                    : proto.return_weights() == Options::HEAD_MEAN
+                        ? AttentionWeightsMode::kHeadMean
+                        : AttentionWeightsMode::kNone;
+  options.return_lse = proto.return_lse();
+  options.precision = proto.precision() == Options::BF16 ? Precision::kBFloat16
+                                                         : Precision::kFloat32;
+
+  if (proto.key_lengths_size() > 0) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals("options.key_lengths size",
+                                             proto.key_lengths_size(), s.batch,
+                                             "one entry per batch item, B"));
+    for (int b = 0; b < proto.key_lengths_size(); ++b) {
+      if (proto.key_lengths(b) < 0 || proto.key_lengths(b) > s.key_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "options.key_lengths[", b, "] is ", proto.key_lengths(b),
+            ", expected 0 to ", s.key_len, " (Lk)"));
+      }
+    }
+  }
+  if (proto.has_attn_mask()) {
+    std::array<int64_t, 4> dims;
+    ATTNSERVE_RETURN_IF_ERROR(ValidateMask(proto.attn_mask(), s, &dims));
+    plan.mask_dims = dims;
+  }
+  if (proto.output_dtype() == v1::DTYPE_UNSPECIFIED) {
+    plan.output_dtype = input_dtype;
+  } else if (proto.output_dtype() == v1::FLOAT32 ||
+             proto.output_dtype() == v1::BFLOAT16 ||
+             proto.output_dtype() == v1::FLOAT16) {
+    plan.output_dtype = proto.output_dtype();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.output_dtype is ", DTypeName(proto.output_dtype()),
+        ", expected FLOAT32, BFLOAT16, FLOAT16 or unset (the input's dtype)"));
+  }
+  return plan;
+}
+
+// The response must fit in a message: output, weights and lse together.
+absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
+                               int64_t output_elements,
+                               const RequestLimits& limits) {
+  const int64_t element_bytes = plan.output_dtype == v1::FLOAT32 ? 4 : 2;
+  const int64_t weights_elements =
+      plan.options.weights == AttentionWeightsMode::kPerHead
+          ? s.WeightsElements()
+      : plan.options.weights == AttentionWeightsMode::kHeadMean
+          ? s.HeadMeanWeightsElements()
+          : 0;
+  // Each count is a product of validated dimensions that fits in int64 (checked
+  // above or by the tensors they come from); their sum in bytes is checked
+  // here.
+  int64_t elements = 0;
+  std::optional<int64_t> bytes;
+  if (!__builtin_add_overflow(output_elements, weights_elements, &elements)) {
+    bytes = CheckedProduct({elements, element_bytes});
+  }
+  if (bytes && plan.options.return_lse &&
+      __builtin_add_overflow(*bytes, 4 * s.LseElements(), &*bytes)) {
+    bytes.reset();
+  }
+  if (!bytes || *bytes > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response (output", weights_elements > 0 ? ", weights" : "",
+        plan.options.return_lse ? ", lse" : "", ") would need ",
+        bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
+        ", over the server's max_message_bytes limit of ",
+        limits.max_message_bytes));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<AttendWork> ValidateAttendRequest(
     const v1::AttendRequest& request, const RequestLimits& limits) {
-  for (const TensorSpec* spec : {&kQuerySpec, &kKeySpec, &kValueSpec}) {
-    ATTNSERVE_RETURN_IF_ERROR(ValidateTensor(request, *spec));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("query", request.has_query(),
+                                        request.query(), kFloatDTypes,
+                                        {"B", "H", "Lq", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("key", request.has_key(), request.key(),
+                                        kFloatDTypes,
+                                        {"B", "Hkv", "Lk", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("value", request.has_value(),
+                                        request.value(), kFloatDTypes,
+                                        {"B", "Hkv", "Lk", "Dv"}));
+  for (const DimensionMatch& m : kAttendDimensionMatches) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+        DimField(m.field, m.dim, m.dim_name),
+        AttendTensor(request, m.field).shape(m.dim),
+        AttendTensor(request, m.reference).shape(m.reference_dim),
+        DimField(m.reference, m.reference_dim, m.dim_name)));
   }
-  ATTNSERVE_RETURN_IF_ERROR(ValidateDimensionMatches(request));
-
   AttendWork work;
-  ATTNSERVE_ASSIGN_OR_RETURN(work.options, ValidateOptions(request.options()));
-  const v1::Tensor& query = request.query();
-  const v1::Tensor& value = request.value();
-  work.shape.batch = query.shape(0);
-  work.shape.heads = query.shape(1);
-  work.shape.kv_heads = request.key().shape(1);
-  work.shape.query_len = query.shape(2);
-  work.shape.key_len = request.key().shape(2);
-  work.shape.key_dim = query.shape(3);
-  work.shape.value_dim = value.shape(3);
-
-  const std::optional<int64_t> output_bytes =
-      CheckedProduct({work.shape.batch, work.shape.heads, work.shape.query_len,
-                      work.shape.value_dim, int64_t{sizeof(float)}});
-  if (!output_bytes || *output_bytes > limits.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "output [B, H, Lq, Dv] = [", work.shape.batch, ", ", work.shape.heads,
-        ", ", work.shape.query_len, ", ", work.shape.value_dim, "] would need ",
-        output_bytes ? absl::StrCat(*output_bytes, " bytes")
-                     : std::string("over 2^63 bytes"),
-        ", over the server's max_message_bytes limit of ",
-        limits.max_message_bytes));
+  AttentionShape& s = work.shape;
+  s.batch = request.query().shape(0);
+  s.heads = request.query().shape(1);
+  s.kv_heads = request.key().shape(1);
+  s.query_len = request.query().shape(2);
+  s.key_len = request.key().shape(2);
+  s.key_dim = request.query().shape(3);
+  s.value_dim = request.value().shape(3);
+  if (s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DimField("query", 1, "H"), " is ", s.heads, ", expected a multiple of ",
+        s.kv_heads, " (", DimField("key", 1, "Hkv"),
+        "): each kv head serves H / Hkv query heads"));
   }
+  if (!CheckedProduct(
+          {s.batch, s.heads, s.query_len, s.key_len, s.value_dim})) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", s.DebugString(),
+                     " overflows int64 in its output or weights"));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.plan,
+      ValidateOptions(request.options(), s, request.query().dtype()));
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckResponseSize(s, work.plan, s.OutputElements(), limits));
+  return work;
+}
+
+absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
+    const v1::MultiHeadAttentionRequest& request, const WeightsShape& w,
+    const std::string& weights_origin, const RequestLimits& limits) {
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckTensor("query_input", request.has_query_input(),
+                  request.query_input(), kFloatDTypes, {"B", "Lq", "E"}));
+  const v1::Tensor& query = request.query_input();
+  MultiHeadWork work;
+  work.self_attention = !request.has_kv_input();
+  MultiHeadShape& s = work.shape;
+  s.batch = query.shape(0);
+  s.query_len = query.shape(1);
+  s.embed_dim = query.shape(2);
+  s.key_len = s.query_len;
+  s.kv_embed_dim = s.embed_dim;
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckDimEquals(DimField("query_input", 2, "E"), s.embed_dim, w.embed_dim,
+                     absl::StrCat("E of ", weights_origin)));
+  if (!work.self_attention) {
+    const v1::Tensor& kv = request.kv_input();
+    ATTNSERVE_RETURN_IF_ERROR(
+        CheckTensor("kv_input", true, kv, kFloatDTypes, {"B", "Lk", "Ekv"}));
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField("kv_input", 0, "B"),
+                                             kv.shape(0), s.batch,
+                                             DimField("query_input", 0, "B")));
+    s.key_len = kv.shape(1);
+    s.kv_embed_dim = kv.shape(2);
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+      work.self_attention ? DimField("query_input", 2, "E")
+                          : DimField("kv_input", 2, "Ekv"),
+      s.kv_embed_dim, w.kv_embed_dim,
+      absl::StrCat(
+          "Ekv of ", weights_origin,
+          work.self_attention ? "; self-attention needs Ekv == E" : "")));
+  s.heads = w.heads;
+  s.kv_heads = w.kv_heads;
+  s.key_dim = w.key_dim;
+  s.value_dim = w.value_dim;
+  const AttentionShape heads = s.Heads();
+  if (!CheckedProduct({s.batch, s.heads, s.query_len, s.key_len,
+                       std::max(s.key_dim, s.value_dim)}) ||
+      !CheckedProduct({s.batch, s.query_len, s.embed_dim})) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heads ", heads.DebugString(), " overflow int64 in their tensors"));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.plan, ValidateOptions(request.options(), heads, query.dtype()));
+  ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
+      heads, work.plan, s.batch * s.query_len * s.embed_dim, limits));
   return work;
 }
 

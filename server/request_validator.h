@@ -2,11 +2,15 @@
 // large allocated.
 //
 // Every error names the field and says what was expected and what arrived, e.g.
-//   INVALID_ARGUMENT: key.shape[3] (Dk) is 32, expected 64 (query.shape[3])
+//   INVALID_ARGUMENT: key.shape[3] (Dk) is 32, expected 64 (query.shape[3]
+//   (Dk))
 #ifndef ATTNSERVE_SERVER_REQUEST_VALIDATOR_H_
 #define ATTNSERVE_SERVER_REQUEST_VALIDATOR_H_
 
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "attnserve/core/attention_engine.h"
@@ -20,16 +24,53 @@ struct RequestLimits {
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
-// What a valid Attend request asks the engine for.
-struct AttendWork {
-  AttentionShape shape;
-  AttentionOptions options;
+// Validated options whose data (mask, key lengths) still lives in the request:
+// BindOptions in tensor_codec.h points them at it when the work runs.
+struct OptionsPlan {
+  AttentionOptions options;  // mask and key_lengths unset
+  std::optional<std::array<int64_t, 4>> mask_dims;  // left-padded to rank 4
+  v1::DType output_dtype = v1::FLOAT32;
 };
 
-// Returns the work a request describes, INVALID_ARGUMENT for a malformed field,
-// or RESOURCE_EXHAUSTED if its response would exceed `limits`.
+struct AttendWork {
+  AttentionShape shape;
+  OptionsPlan plan;
+};
+
+// The dimensions a set of projection weights implies.
+struct WeightsShape {
+  int64_t embed_dim = 0, kv_embed_dim = 0, heads = 0, kv_heads = 0, key_dim = 0,
+          value_dim = 0;
+};
+
+struct MultiHeadWork {
+  MultiHeadShape shape;
+  OptionsPlan plan;
+  bool self_attention = true;
+};
+
+// Returns the work an Attend request describes, INVALID_ARGUMENT for a
+// malformed field, or RESOURCE_EXHAUSTED if its response would exceed `limits`.
 absl::StatusOr<AttendWork> ValidateAttendRequest(
     const v1::AttendRequest& request, const RequestLimits& limits);
+
+// Checks projection weights (inline in a request, or being registered) and
+// returns the dimensions they imply. `field` prefixes every field name
+// ("weights").
+absl::StatusOr<WeightsShape> ValidateProjectionWeights(
+    const v1::ProjectionWeights& weights, const std::string& field);
+
+// Returns the work a MultiHeadAttention request describes against weights of
+// `weights_shape`
+// (`weights_origin` names them in messages: "weights" or "weights 'demo'").
+absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
+    const v1::MultiHeadAttentionRequest& request,
+    const WeightsShape& weights_shape, const std::string& weights_origin,
+    const RequestLimits& limits);
+
+// A registered weights name: 1 to 128 characters of [A-Za-z0-9._-].
+absl::Status ValidateWeightsName(const std::string& field,
+                                 const std::string& name);
 
 }  // namespace attnserve
 

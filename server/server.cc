@@ -14,6 +14,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "weights_loader.h"
+#include "weights_registry.h"
 
 namespace attnserve {
 namespace {
@@ -47,9 +49,29 @@ std::string ListenAddress(const ServerOptions& options) {
 
 class AttnServerImpl final : public AttnServer {
  public:
-  AttnServerImpl(std::unique_ptr<AttentionEngine> engine, RequestLimits limits)
+  AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
+                 const ServerOptions& options, RequestLimits limits)
       : engine_(std::move(engine)),
-        service_(engine_.get(), &executor_, limits) {}
+        registry_(options.max_weights_bytes),
+        service_(engine_.get(), &executor_, &registry_, limits) {}
+
+  // Registers the demo weights and those of --weights_dir.
+  absl::Status LoadWeights(const ServerOptions& options) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        PutWeightsInto(registry_, DemoWeights()).status());
+    startup_weights_.push_back(kDemoWeightsName);
+    if (options.weights_dir.empty()) return absl::OkStatus();
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        std::vector<std::string> names,
+        LoadWeightsDir(options.weights_dir, options.max_message_bytes,
+                       registry_));
+    startup_weights_.insert(startup_weights_.end(), names.begin(), names.end());
+    return absl::OkStatus();
+  }
+
+  const std::vector<std::string>& startup_weights() const override {
+    return startup_weights_;
+  }
 
   ~AttnServerImpl() override { Shutdown(); }
 
@@ -92,6 +114,8 @@ class AttnServerImpl final : public AttnServer {
   // server goes first, then the executor (after its queued tasks), then the
   // engine.
   std::unique_ptr<AttentionEngine> engine_;
+  WeightsRegistry registry_;
+  std::vector<std::string> startup_weights_;
   ComputeExecutor executor_;
   AttentionServiceImpl service_;
   int port_ = 0;
@@ -112,7 +136,9 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                              AttentionEngine::Create(engine_options));
   RequestLimits limits;
   limits.max_message_bytes = options.max_message_bytes;
-  auto server = std::make_unique<AttnServerImpl>(std::move(engine), limits);
+  auto server =
+      std::make_unique<AttnServerImpl>(std::move(engine), options, limits);
+  ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   return server;
 }

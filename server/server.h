@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -29,6 +30,12 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
   // The most scratch memory one request's compute may allocate.
   int64_t max_workspace_bytes = int64_t{1} << 30;
+  // The most bytes of registered weights the server holds (PutWeights,
+  // --weights_dir, demo).
+  int64_t max_weights_bytes = int64_t{4} << 30;
+  // A folder of weight sets to register at start-up (format in
+  // weights_loader.h); empty: none.
+  std::string weights_dir;
 };
 
 // A running server. Thread-safe.
@@ -43,6 +50,10 @@ class AttnServer {
 
   // The port the server listens on.
   virtual int port() const = 0;
+
+  // Names of the weight sets registered at start-up: "demo", then
+  // --weights_dir's, sorted.
+  virtual const std::vector<std::string>& startup_weights() const = 0;
 
   // Stops accepting calls, lets calls in flight finish (up to a grace period),
   // and returns. Idempotent. The destructor calls it.

@@ -1,8 +1,14 @@
 #include "internal/unfused_attention.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
 
+#include "attnserve/core/checked_math.h"
+#include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
+#include "internal/score_pass.h"
 
 namespace attnserve::internal {
 namespace {
@@ -10,100 +16,208 @@ namespace {
 using dnnl::memory;
 using Dims = memory::dims;
 
-// The three primitives for a slab of `groups` kv-head groups. The tensors are
-// viewed as 3-D batches over the flattened (batch, kv head) index: query
-// [groups, rows, Dk] where rows = (H / Hkv) · Lq (the query heads of a group
-// are contiguous), key [groups, Lk, Dk] read as Kᵀ through strides, value
-// [groups, Lk, Dv], output [groups, rows, Dv].
+// How many batch items and kv heads one slab covers.
+struct SlabExtent {
+  int64_t batch_count;
+  int64_t kv_head_count;
+  bool operator<(const SlabExtent& other) const {
+    return std::pair(batch_count, kv_head_count) <
+           std::pair(other.batch_count, other.kv_head_count);
+  }
+};
+
+// Slabs are 5-D: [batches, kv heads, H / Hkv, length, feature]. The query heads
+// that share a kv head sit in the third dimension, and keys and values
+// broadcast over it.
+Dims QueryDims(const AttentionShape& s, const SlabExtent& e, int64_t feature) {
+  return {e.batch_count, e.kv_head_count, s.heads / s.kv_heads, s.query_len,
+          feature};
+}
+
+Dims GroupedStrides(const Strides4& st, int64_t group) {
+  return {st[0], st[1] * group, st[1], st[2], st[3]};
+}
+
+// The matmuls of one slab extent, built once and reused for every slab of that
+// extent.
 struct SlabPlan {
-  memory::desc query_md, key_t_md, value_md, scores_md, output_md;
+  memory::desc query_md, key_t_md, value_md, scores_md, probabilities_md,
+      output_md;
   dnnl::matmul scores;
-  dnnl::softmax_forward softmax;
   dnnl::matmul context;
 };
 
-SlabPlan MakeSlabPlan(const dnnl::engine& engine, int64_t groups, int64_t rows,
-                      int64_t key_len, int64_t key_dim, int64_t value_dim,
-                      float scale) {
-  SlabPlan plan;
+// The tensors the matmuls read: f32 views of the caller's memory, or packed
+// bf16 copies.
+struct Operands {
+  memory::data_type type;
+  const void* query;
+  Strides4 query_strides;
+  const void* key;
+  Strides4 key_strides;
+  const void* value;
+  Strides4 value_strides;
+};
+
+SlabPlan MakeSlabPlan(const dnnl::engine& engine, const SdpaProblem& p,
+                      const Operands& in, const SlabExtent& e) {
+  const AttentionShape& s = p.shape;
+  const int64_t group = s.heads / s.kv_heads;
   const auto f32 = memory::data_type::f32;
-  const auto abc = memory::format_tag::abc;
-  plan.query_md = memory::desc({groups, rows, key_dim}, f32, abc);
-  plan.key_t_md = memory::desc({groups, key_dim, key_len}, f32,
-                               Dims{key_len * key_dim, 1, key_dim});
-  plan.value_md = memory::desc({groups, key_len, value_dim}, f32, abc);
-  plan.scores_md = memory::desc({groups, rows, key_len}, f32, abc);
-  plan.output_md = memory::desc({groups, rows, value_dim}, f32, abc);
+  SlabPlan plan;
+  plan.query_md = memory::desc(QueryDims(s, e, s.key_dim), in.type,
+                               GroupedStrides(in.query_strides, group));
+  const Strides4& ks = in.key_strides;
+  plan.key_t_md =
+      memory::desc({e.batch_count, e.kv_head_count, 1, s.key_dim, s.key_len},
+                   in.type, Dims{ks[0], ks[1], ks[1], ks[3], ks[2]});
+  const Strides4& vs = in.value_strides;
+  plan.value_md =
+      memory::desc({e.batch_count, e.kv_head_count, 1, s.key_len, s.value_dim},
+                   in.type, Dims{vs[0], vs[1], vs[1], vs[2], vs[3]});
+  plan.scores_md =
+      memory::desc(QueryDims(s, e, s.key_len), f32, memory::format_tag::abcde);
+  plan.probabilities_md = memory::desc(QueryDims(s, e, s.key_len), in.type,
+                                       memory::format_tag::abcde);
+  plan.output_md = memory::desc(QueryDims(s, e, s.value_dim), f32,
+                                GroupedStrides(p.output_strides, group));
 
   dnnl::primitive_attr scale_attr;
-  scale_attr.set_output_scales(0, {scale});
+  scale_attr.set_output_scales(0, {p.scale});
   plan.scores = dnnl::matmul(dnnl::matmul::primitive_desc(
       dnnl::matmul::desc(plan.query_md, plan.key_t_md, plan.scores_md),
       scale_attr, engine));
-  plan.softmax = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
-      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference,
-                                  plan.scores_md, 2),
-      engine));
   plan.context = dnnl::matmul(dnnl::matmul::primitive_desc(
-      dnnl::matmul::desc(plan.scores_md, plan.value_md, plan.output_md),
+      dnnl::matmul::desc(plan.probabilities_md, plan.value_md, plan.output_md),
       engine));
   return plan;
 }
 
-// oneDNN never writes through a source argument; its memory API just takes
-// void*.
-void* Mutable(const float* data) { return const_cast<float*>(data); }
+SlabExtent FullSlabExtent(const AttentionShape& s, int64_t slab_budget_bytes,
+                          Precision precision) {
+  const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;
+  const int64_t group_bytes =
+      (s.heads / s.kv_heads) * s.query_len * s.key_len * per_score;
+  const int64_t kv_heads =
+      std::clamp<int64_t>(slab_budget_bytes / group_bytes, 1, s.kv_heads);
+  if (kv_heads < s.kv_heads) return {1, kv_heads};
+  const int64_t batches = std::clamp<int64_t>(
+      slab_budget_bytes / (group_bytes * s.kv_heads), 1, s.batch);
+  return {batches, s.kv_heads};
+}
+
+const void* Offset(const void* base, memory::data_type type, int64_t elements) {
+  const int64_t bytes = type == memory::data_type::bf16 ? 2 : 4;
+  return static_cast<const char*>(base) + elements * bytes;
+}
+
+void* Mutable(const void* data) { return const_cast<void*>(data); }
 
 }  // namespace
 
-int64_t GroupScoreElements(const AttentionShape& shape) {
-  return (shape.heads / shape.kv_heads) * shape.query_len * shape.key_len;
+Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim) {
+  return {heads * length * dim, length * dim, dim, 1};
+}
+
+std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
+                                             Precision precision,
+                                             int64_t slab_budget_bytes) {
+  const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;
+  const std::optional<int64_t> group_bytes =
+      CheckedProduct({s.heads / s.kv_heads, s.query_len, s.key_len, per_score});
+  if (!group_bytes) return std::nullopt;
+  const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
+  int64_t total = *group_bytes * full.batch_count * full.kv_head_count;
+  if (precision == Precision::kBFloat16) {
+    // Packed bf16 copies of Q, K and V (products checked by the caller's shape
+    // validation).
+    total += 2 * (s.QueryElements() + s.KeyElements() + s.ValueElements());
+  }
+  return total;
 }
 
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
-                                 dnnl::stream& stream,
-                                 const AttentionShape& shape, float scale,
-                                 const float* query, const float* key,
-                                 const float* value, float* output,
-                                 int64_t slab_workspace_bytes) {
-  const int64_t total_groups = shape.batch * shape.kv_heads;
-  const int64_t rows = (shape.heads / shape.kv_heads) * shape.query_len;
-  const int64_t group_score_bytes =
-      GroupScoreElements(shape) * int64_t{sizeof(float)};
-  const int64_t slab_groups = std::clamp<int64_t>(
-      slab_workspace_bytes / group_score_bytes, 1, total_groups);
-
+                                 dnnl::stream& stream, const SdpaProblem& p,
+                                 int64_t slab_budget_bytes) {
+  const AttentionShape& s = p.shape;
+  const Precision precision = p.options->precision;
+  const bool bf16 = precision == Precision::kBFloat16;
   return CallDnnl("unfused attention", [&] {
-    SlabPlan full = MakeSlabPlan(engine, slab_groups, rows, shape.key_len,
-                                 shape.key_dim, shape.value_dim, scale);
-    memory scores(full.scores_md, engine);
-    for (int64_t first = 0; first < total_groups; first += slab_groups) {
-      const int64_t groups = std::min(slab_groups, total_groups - first);
-      SlabPlan remainder;
-      if (groups != slab_groups) {
-        remainder = MakeSlabPlan(engine, groups, rows, shape.key_len,
-                                 shape.key_dim, shape.value_dim, scale);
-      }
-      const SlabPlan& plan = groups == slab_groups ? full : remainder;
-      memory query_mem(plan.query_md, engine,
-                       Mutable(query + first * rows * shape.key_dim));
-      memory key_mem(plan.key_t_md, engine,
-                     Mutable(key + first * shape.key_len * shape.key_dim));
-      memory value_mem(
-          plan.value_md, engine,
-          Mutable(value + first * shape.key_len * shape.value_dim));
-      memory scores_mem(plan.scores_md, engine, scores.get_data_handle());
-      memory output_mem(plan.output_md, engine,
-                        output + first * rows * shape.value_dim);
+    Bf16Buffer query_bf16, key_bf16, value_bf16;
+    Operands in{memory::data_type::f32, p.query, p.query_strides, p.key,
+                p.key_strides,          p.value, p.value_strides};
+    if (bf16) {
+      query_bf16 = Bf16Buffer::Pack(p.query, s.batch, s.heads, s.query_len,
+                                    s.key_dim, p.query_strides);
+      key_bf16 = Bf16Buffer::Pack(p.key, s.batch, s.kv_heads, s.key_len,
+                                  s.key_dim, p.key_strides);
+      value_bf16 = Bf16Buffer::Pack(p.value, s.batch, s.kv_heads, s.key_len,
+                                    s.value_dim, p.value_strides);
+      in = Operands{memory::data_type::bf16,
+                    query_bf16.data(),
+                    PackedStrides(s.heads, s.query_len, s.key_dim),
+                    key_bf16.data(),
+                    PackedStrides(s.kv_heads, s.key_len, s.key_dim),
+                    value_bf16.data(),
+                    PackedStrides(s.kv_heads, s.key_len, s.value_dim)};
+    }
+    if (p.options->weights == AttentionWeightsMode::kHeadMean) {
+      std::fill(p.weights.begin(), p.weights.end(), 0.0f);
+    }
 
-      plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
-                                   {DNNL_ARG_WEIGHTS, key_mem},
-                                   {DNNL_ARG_DST, scores_mem}});
-      plan.softmax.execute(
-          stream, {{DNNL_ARG_SRC, scores_mem}, {DNNL_ARG_DST, scores_mem}});
-      plan.context.execute(stream, {{DNNL_ARG_SRC, scores_mem},
-                                    {DNNL_ARG_WEIGHTS, value_mem},
-                                    {DNNL_ARG_DST, output_mem}});
+    const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
+    std::map<SlabExtent, SlabPlan> plans;
+    const int64_t slab_scores = (s.heads / s.kv_heads) * s.query_len *
+                                s.key_len * full.batch_count *
+                                full.kv_head_count;
+    std::vector<float> scores(static_cast<size_t>(slab_scores));
+    std::vector<uint16_t> probabilities(bf16 ? static_cast<size_t>(slab_scores)
+                                             : 0);
+
+    for (int64_t b = 0; b < s.batch; b += full.batch_count) {
+      for (int64_t kv = 0; kv < s.kv_heads; kv += full.kv_head_count) {
+        const SlabExtent extent{std::min(full.batch_count, s.batch - b),
+                                std::min(full.kv_head_count, s.kv_heads - kv)};
+        auto plan_it = plans.find(extent);
+        if (plan_it == plans.end()) {
+          plan_it =
+              plans.emplace(extent, MakeSlabPlan(engine, p, in, extent)).first;
+        }
+        const SlabPlan& plan = plan_it->second;
+        const int64_t group = s.heads / s.kv_heads;
+        const Strides4& qs = in.query_strides;
+        const Strides4& ks = in.key_strides;
+        const Strides4& vs = in.value_strides;
+        memory query_mem(
+            plan.query_md, engine,
+            Mutable(Offset(in.query, in.type, b * qs[0] + kv * group * qs[1])));
+        memory key_mem(
+            plan.key_t_md, engine,
+            Mutable(Offset(in.key, in.type, b * ks[0] + kv * ks[1])));
+        memory value_mem(
+            plan.value_md, engine,
+            Mutable(Offset(in.value, in.type, b * vs[0] + kv * vs[1])));
+        memory scores_mem(plan.scores_md, engine, scores.data());
+        memory probabilities_mem(
+            plan.probabilities_md, engine,
+            bf16 ? static_cast<void*>(probabilities.data()) : scores.data());
+        const Strides4& os = p.output_strides;
+        memory output_mem(plan.output_md, engine,
+                          p.output + b * os[0] + kv * group * os[1]);
+
+        plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
+                                     {DNNL_ARG_WEIGHTS, key_mem},
+                                     {DNNL_ARG_DST, scores_mem}});
+        stream.wait();
+        SoftmaxScoreSlab(
+            s, *p.options,
+            ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count},
+            scores.data(), bf16 ? probabilities.data() : nullptr, p.weights,
+            p.lse);
+        plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
+                                      {DNNL_ARG_WEIGHTS, value_mem},
+                                      {DNNL_ARG_DST, output_mem}});
+      }
     }
     stream.wait();
   });

@@ -1,10 +1,11 @@
-// Attention as three oneDNN primitives: scores = scale · Q Kᵀ (matmul), softmax
-// over keys, output = scores V (matmul). It materialises the scores, so it
-// serves as the baseline path until the fused kernel lands, and later where the
-// attention weights themselves are asked for.
+// Attention as two oneDNN matmuls around our score pass: scores = scale · Q Kᵀ,
+// then masks and softmax (internal/score_pass.h), then output = P V. It
+// materialises the scores one slab at a time, so it serves until the fused
+// kernel lands, and later where the weights are asked for.
 #ifndef ATTNSERVE_CORE_INTERNAL_UNFUSED_ATTENTION_H_
 #define ATTNSERVE_CORE_INTERNAL_UNFUSED_ATTENTION_H_
 
+#include <array>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -13,20 +14,44 @@
 
 namespace attnserve::internal {
 
-// The scores of one kv-head group: the H / Hkv query heads that share a kv
-// head, stacked, times the keys. The smallest unit of work of the unfused path,
-// and so the least workspace it needs.
-int64_t GroupScoreElements(const AttentionShape& shape);
+// Element strides of a 4-D tensor indexed [batch, head, position, feature].
+using Strides4 = std::array<int64_t, 4>;
 
-// Computes attention for a validated `shape`. Works through the (batch, kv
-// head) groups in slabs whose scores fit in max(slab_workspace_bytes, one
-// group's scores). Returns INTERNAL or RESOURCE_EXHAUSTED if oneDNN fails.
+// Strides of a packed row-major [batch, heads, length, dim] tensor.
+Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim);
+
+// One SDPA call, with its tensors anywhere in memory: MHA passes views into its
+// projection buffers ([B, L, heads·D] read as [B, heads, L, D]) so that no
+// transpose is ever copied.
+struct SdpaProblem {
+  AttentionShape shape;
+  const AttentionOptions* options = nullptr;
+  float scale = 1.0f;
+  const float* query = nullptr;
+  Strides4 query_strides{};
+  const float* key = nullptr;
+  Strides4 key_strides{};
+  const float* value = nullptr;
+  Strides4 value_strides{};
+  float* output = nullptr;
+  Strides4 output_strides{};
+  absl::Span<float> weights;
+  absl::Span<float> lse;
+};
+
+// The scratch bytes RunUnfusedAttention allocates for `shape` at `precision`
+// with a slab budget, or nullopt on overflow: at least one kv-head group's
+// scores, more as the budget allows.
+std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& shape,
+                                             Precision precision,
+                                             int64_t slab_budget_bytes);
+
+// Computes `problem`, whose shape and options the caller has validated. Returns
+// INTERNAL or RESOURCE_EXHAUSTED if oneDNN fails.
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream,
-                                 const AttentionShape& shape, float scale,
-                                 const float* query, const float* key,
-                                 const float* value, float* output,
-                                 int64_t slab_workspace_bytes);
+                                 const SdpaProblem& problem,
+                                 int64_t slab_budget_bytes);
 
 }  // namespace attnserve::internal
 

@@ -60,6 +60,13 @@ grep -q "^server queue_us=[0-9]* compute_us=[0-9]*" <<<"${demo}" || fail "demo t
          --key_dim=16 --value_dim=8 | grep checksum) == $(grep checksum <<<"${demo}") ]] ||
   fail "demo checksum is not reproducible"
 
+[[ $(ctl weights) == "demo version=1 E=64 Ekv=64 H=8 Hkv=8 Dk=8 Dv=8 bias=1 "* ]] ||
+  fail "the built-in demo weights are not listed: $(ctl weights)"
+mha=$(ctl mha --demo --batch=2 --query_len=5)
+echo "${mha}"
+grep -qx "output shape \[2, 5, 64\] FLOAT32" <<<"${mha}" || fail "mha demo output shape"
+grep -q "^weights demo version 1" <<<"${mha}" || fail "mha demo weights version"
+
 set +e
 bad=$(ctl attend --demo --heads=3 --kv_heads=2 2>&1)
 status=$?

@@ -36,6 +36,13 @@ struct ShapeCase {
   std::optional<float> scale;
 };
 
+::attnserve::testing::ReferenceOptions ReferenceOptionsWithScale(
+    std::optional<float> scale) {
+  ::attnserve::testing::ReferenceOptions options;
+  if (scale) options.scale = *scale;
+  return options;
+}
+
 void PrintTo(const ShapeCase& test_case, std::ostream* os) {
   *os << test_case.name << " " << test_case.shape.DebugString();
 }
@@ -75,10 +82,13 @@ TEST_P(EngineMatchesReference, WithinFloat32Tolerance) {
           ->Attend(shape, options, query, key, value, absl::MakeSpan(output))
           .ok());
 
-  const std::vector<double> expected = ReferenceAttention(
-      ReferenceShape{shape.batch, shape.heads, shape.kv_heads, shape.query_len,
-                     shape.key_len, shape.key_dim, shape.value_dim},
-      query, key, value, test_case.scale);
+  const std::vector<double> expected =
+      ReferenceAttention(
+          ReferenceShape{shape.batch, shape.heads, shape.kv_heads,
+                         shape.query_len, shape.key_len, shape.key_dim,
+                         shape.value_dim},
+          query, key, value, ReferenceOptionsWithScale(test_case.scale))
+          .output;
   ASSERT_EQ(output.size(), expected.size());
   for (size_t i = 0; i < output.size(); ++i) {
     ASSERT_NEAR(
@@ -124,8 +134,10 @@ TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
   ASSERT_TRUE(MakeEngine(options)
                   ->Attend(shape, {}, query, key, value, absl::MakeSpan(output))
                   .ok());
-  const std::vector<double> expected = ReferenceAttention(
-      ReferenceShape{2, 2, 2, 32, 32, 8, 8}, query, key, value);
+  const std::vector<double> expected =
+      ReferenceAttention(ReferenceShape{2, 2, 2, 32, 32, 8, 8}, query, key,
+                         value)
+          .output;
   for (size_t i = 0; i < output.size(); ++i) {
     ASSERT_NEAR(output[i], expected[i],
                 kFloat32AbsTolerance + kFloat32RelTolerance);
@@ -165,7 +177,8 @@ TEST(AttentionEngineTest, RejectsHeadsNotAMultipleOfKvHeads) {
 TEST(AttentionEngineTest, RejectsOverflowingShape) {
   const AttentionShape shape =
       Shape(int64_t{1} << 40, 1, 1, int64_t{1} << 30, 1, 1, 1);
-  const absl::Status status = MakeEngine()->Attend(shape, {}, {}, {}, {}, {});
+  const absl::Status status =
+      MakeEngine()->Attend(shape, {}, {}, {}, {}, absl::Span<float>());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("2^63"));
 }

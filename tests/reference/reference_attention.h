@@ -1,8 +1,8 @@
-// A deliberately naive scaled dot-product attention, for tests only.
+// A deliberately naive attention, for tests only.
 //
-// It shares no code with core/: loops straight from the definition, double
-// accumulation, an explicit max-subtracted softmax. Slow by design; keep test
-// shapes small.
+// It shares no code with core/: loops straight from the definitions in
+// docs/api.md, double accumulation, an explicit max-subtracted softmax, masks
+// applied element by element. Slow by design; keep test shapes small.
 #ifndef ATTNSERVE_TESTS_REFERENCE_REFERENCE_ATTENTION_H_
 #define ATTNSERVE_TESTS_REFERENCE_REFERENCE_ATTENTION_H_
 
@@ -16,13 +16,59 @@ struct ReferenceShape {
   int64_t batch, heads, kv_heads, query_len, key_len, key_dim, value_dim;
 };
 
-// Returns output [B, H, Lq, Dv] for query [B, H, Lq, Dk], key [B, Hkv, Lk, Dk]
-// and value [B, Hkv, Lk, Dv], query head h reading kv head h / (H / Hkv).
-// `scale` defaults to 1 / sqrt(Dk).
-std::vector<double> ReferenceAttention(
-    const ReferenceShape& shape, const std::vector<float>& query,
-    const std::vector<float>& key, const std::vector<float>& value,
-    std::optional<double> scale = std::nullopt);
+// A mask of rank 1 to 4, broadcastable to [B, H, Lq, Lk] (aligned from the
+// right).
+struct ReferenceMask {
+  std::vector<int64_t> shape;
+  std::vector<uint8_t>
+      allowed;              // Boolean mask (nonzero = may attend), or empty.
+  std::vector<float> bias;  // Float mask added to the scores, or empty.
+};
+
+struct ReferenceOptions {
+  std::optional<double> scale;  // Default 1 / sqrt(Dk).
+  bool causal = false;
+  bool bottom_right =
+      false;  // Causal alignment; BOTTOM_RIGHT uses key_lengths[b].
+  std::vector<int64_t> key_lengths;  // Empty: all Lk keys valid.
+  std::optional<ReferenceMask> mask;
+};
+
+struct ReferenceResult {
+  std::vector<double> output;   // SDPA [B, H, Lq, Dv]; MHA [B, Lq, E].
+  std::vector<double> weights;  // [B, H, Lq, Lk]
+  std::vector<double> lse;  // [B, H, Lq]; −inf for a row with no key to attend.
+};
+
+// SDPA: query [B, H, Lq, Dk], key [B, Hkv, Lk, Dk], value [B, Hkv, Lk, Dv];
+// query head h reads kv head h / (H / Hkv).
+ReferenceResult ReferenceAttention(const ReferenceShape& shape,
+                                   const std::vector<float>& query,
+                                   const std::vector<float>& key,
+                                   const std::vector<float>& value,
+                                   const ReferenceOptions& options = {});
+
+// [B, Lq, Lk]: the mean over heads of weights [B, H, Lq, Lk].
+std::vector<double> HeadMean(const std::vector<double>& weights, int64_t batch,
+                             int64_t heads, int64_t query_len, int64_t key_len);
+
+struct ReferenceMhaShape {
+  int64_t batch, query_len, key_len, embed_dim, kv_embed_dim, heads, kv_heads,
+      key_dim, value_dim;
+};
+
+// torch.nn.Linear layout: w [out, in]; empty bias = none.
+struct ReferenceMhaWeights {
+  std::vector<float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o;
+};
+
+// Multi-head attention (batch first): query_input [B, Lq, E], kv_input [B, Lk,
+// Ekv] (empty: self-attention on query_input). Projections are computed in
+// double.
+ReferenceResult ReferenceMultiHeadAttention(
+    const ReferenceMhaShape& shape, const std::vector<float>& query_input,
+    const std::vector<float>& kv_input, const ReferenceMhaWeights& weights,
+    const ReferenceOptions& options = {});
 
 // `count` values uniform in [-1, 1) from a fixed-seed generator.
 std::vector<float> RandomValues(int64_t count, uint64_t seed);

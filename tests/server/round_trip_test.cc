@@ -38,13 +38,12 @@ v1::AttendRequest MakeRequest(const ReferenceShape& s, uint64_t seed) {
 // The reference's answer for a request built by MakeRequest.
 std::vector<double> Expected(const ReferenceShape& s,
                              const v1::AttendRequest& request) {
-  return ReferenceAttention(
-      s, Float32Values(request.query()).value(),
-      Float32Values(request.key()).value(),
-      Float32Values(request.value()).value(),
-      request.options().has_scale()
-          ? std::optional<double>(request.options().scale())
-          : std::nullopt);
+  ::attnserve::testing::ReferenceOptions options;
+  if (request.options().has_scale()) options.scale = request.options().scale();
+  return ReferenceAttention(s, Float32Values(request.query()).value(),
+                            Float32Values(request.key()).value(),
+                            Float32Values(request.value()).value(), options)
+      .output;
 }
 
 void ExpectMatchesReference(const std::vector<float>& actual,
@@ -159,7 +158,7 @@ TEST_F(RoundTripTest, HealthTurnsNotServingOnShutdown) {
 
 TEST_F(RoundTripTest, ExpiredDeadlineIsNotComputed) {
   const v1::AttendRequest request = MakeRequest({1, 1, 1, 1, 1, 1, 1}, 60);
-  EXPECT_EQ(client_->Attend(request, absl::ZeroDuration()).status().code(),
+  EXPECT_EQ(client_->Attend(request, absl::Seconds(-1)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }
 

@@ -63,10 +63,14 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kInvalidArgument,
        {"query.dtype is DTYPE_UNSPECIFIED, expected FLOAT32"}},
-      {"DTypeNotComputedYet",
+      {"MaskDTypeAsValues",
+       [](v1::AttendRequest& r) { r.mutable_key()->set_dtype(v1::BOOL); },
+       absl::StatusCode::kInvalidArgument,
+       {"key.dtype is BOOL, expected FLOAT32 or BFLOAT16 or FLOAT16"}},
+      {"DTypeBytesMismatch",
        [](v1::AttendRequest& r) { r.mutable_key()->set_dtype(v1::BFLOAT16); },
        absl::StatusCode::kInvalidArgument,
-       {"key.dtype is BFLOAT16, expected FLOAT32"}},
+       {"key.data has 896 bytes, expected 448", "BFLOAT16"}},
       {"UnknownDType",
        [](v1::AttendRequest& r) {
          r.mutable_value()->set_dtype(static_cast<v1::DType>(42));
@@ -164,7 +168,7 @@ const std::vector<BadRequestCase>& BadRequestCases() {
          Reshape({1, 1, 1, 32}, r.mutable_value());
        },
        absl::StatusCode::kResourceExhausted,
-       {"output [B, H, Lq, Dv] = [1, 1, 65536, 32]", "8388608 bytes",
+       {"the response (output) would need 8388608 bytes",
         "max_message_bytes limit of 4194304"}},
       {"ScoresOverWorkspaceLimit",
        [](v1::AttendRequest& r) {
@@ -174,6 +178,96 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kResourceExhausted,
        {"33554432 bytes", "workspace limit of 16777216"}},
+      {"MaskNotBroadcastable",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_attn_mask() =
+             MakeFloat32Tensor({5, 6}, RandomValues(30, 8));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.attn_mask.shape[1] is 6, expected 1 or 7 (Lk)"}},
+      {"MaskRankFive",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_attn_mask() =
+             MakeFloat32Tensor({1, 1, 1, 5, 7}, RandomValues(35, 8));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.attn_mask.shape is [1, 1, 1, 5, 7] with 5 dimensions, "
+        "expected 1 to 4"}},
+      {"MaskWithoutDType",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->mutable_attn_mask()->add_shape(7);
+         r.mutable_options()->mutable_attn_mask()->set_data(std::string(7, 1));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.attn_mask.dtype is DTYPE_UNSPECIFIED, expected BOOL or "
+        "FLOAT32"}},
+      {"BoolMaskBytesMismatch",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_attn_mask() =
+             MakeBoolTensor({5, 7}, std::vector<bool>(34, true));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.attn_mask.data has 34 bytes, expected 35"}},
+      {"KeyLengthsSizeNotBatch",
+       [](v1::AttendRequest& r) {
+         for (int64_t length : {1, 2, 3})
+           r.mutable_options()->add_key_lengths(length);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.key_lengths size is 3, expected 2 (one entry per batch item, "
+        "B)"}},
+      {"KeyLengthPastKeys",
+       [](v1::AttendRequest& r) {
+         for (int64_t length : {7, 8})
+           r.mutable_options()->add_key_lengths(length);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.key_lengths[1] is 8, expected 0 to 7 (Lk)"}},
+      {"NegativeKeyLength",
+       [](v1::AttendRequest& r) {
+         for (int64_t length : {-1, 3})
+           r.mutable_options()->add_key_lengths(length);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.key_lengths[0] is -1"}},
+      {"UnknownCausalAlignment",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_causal_alignment(
+             static_cast<v1::AttentionOptions::CausalAlignment>(7));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.causal_alignment is 7"}},
+      {"UnknownReturnWeights",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_return_weights(
+             static_cast<v1::AttentionOptions::ReturnWeights>(9));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.return_weights is 9"}},
+      {"UnknownPrecision",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_precision(
+             static_cast<v1::AttentionOptions::Precision>(5));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.precision is 5"}},
+      {"OutputDTypeBool",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_output_dtype(v1::BOOL);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.output_dtype is BOOL, expected FLOAT32"}},
+      {"WeightsOverMessageLimit",
+       [](v1::AttendRequest& r) {
+         Reshape({1, 1, 1024, 1}, r.mutable_query());
+         Reshape({1, 1, 1100, 1}, r.mutable_key());
+         Reshape({1, 1, 1100, 1}, r.mutable_value());
+         r.mutable_options()->set_return_weights(
+             v1::AttentionOptions::PER_HEAD);
+       },
+       absl::StatusCode::kResourceExhausted,
+       {"the response (output, weights) would need 4509696 bytes",
+        "limit of 4194304"}},
       {"RequestOverMessageLimit",
        [](v1::AttendRequest& r) {
          Reshape({1, 1, 1 << 20, 2}, r.mutable_query());

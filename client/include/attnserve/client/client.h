@@ -50,6 +50,17 @@ class Client {
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
                                             absl::Duration timeout);
 
+  // Calls MultiHeadAttention, waiting at most `timeout`.
+  absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(
+      const v1::MultiHeadAttentionRequest& request, absl::Duration timeout);
+
+  // The weights registry: register or replace, list, delete.
+  absl::StatusOr<v1::PutWeightsResponse> PutWeights(
+      const v1::PutWeightsRequest& request, absl::Duration timeout);
+  absl::StatusOr<v1::ListWeightsResponse> ListWeights(absl::Duration timeout);
+  absl::StatusOr<v1::DeleteWeightsResponse> DeleteWeights(
+      absl::string_view name, absl::Duration timeout);
+
   // Asks grpc.health.v1.Health about `service` ("" for the server as a whole).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
   CheckHealth(absl::string_view service, absl::Duration timeout);
@@ -70,9 +81,23 @@ class Client {
 v1::Tensor MakeFloat32Tensor(absl::Span<const int64_t> shape,
                              absl::Span<const float> values);
 
+// A tensor of `dtype` (FLOAT32, BFLOAT16 or FLOAT16) and `shape` holding
+// `values` rounded to the dtype (to nearest, ties to even).
+v1::Tensor MakeTensor(v1::DType dtype, absl::Span<const int64_t> shape,
+                      absl::Span<const float> values);
+
+// A BOOL tensor of `shape` holding `values` (one byte each).
+v1::Tensor MakeBoolTensor(absl::Span<const int64_t> shape,
+                          const std::vector<bool>& values);
+
 // The elements of a FLOAT32 tensor. INVALID_ARGUMENT if the dtype is not
 // FLOAT32 or the byte count does not match the shape.
 absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor);
+
+// The elements of a FLOAT32, BFLOAT16 or FLOAT16 tensor, widened to float.
+// INVALID_ARGUMENT for another dtype or a byte count that does not match the
+// shape.
+absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor);
 
 }  // namespace attnserve
 

@@ -1,4 +1,5 @@
-// AttentionEngine: scaled dot-product attention on the CPU through oneDNN.
+// AttentionEngine: scaled dot-product and multi-head attention on the CPU
+// through oneDNN.
 //
 //   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
 //                              AttentionEngine::Create(EngineOptions{}));
@@ -7,16 +8,19 @@
 //   shape.query_len = shape.key_len = 128;
 //   shape.key_dim = shape.value_dim = 64;
 //   std::vector<float> output(shape.OutputElements());
-//   ATTNSERVE_RETURN_IF_ERROR(engine->Attend(shape, AttentionOptions{}, query,
-//   key, value,
+//   AttentionOptions options;
+//   options.causal = true;
+//   ATTNSERVE_RETURN_IF_ERROR(engine->Attend(shape, options, query, key, value,
 //                                            absl::MakeSpan(output)));
 //
-// Tensors are packed row-major: query [B, H, Lq, Dk], key [B, Hkv, Lk, Dk],
+// Tensors are packed row-major f32: query [B, H, Lq, Dk], key [B, Hkv, Lk, Dk],
 // value [B, Hkv, Lk, Dv], output [B, H, Lq, Dv]. Query head h reads kv head h /
-// (H / Hkv).
+// (H / Hkv). The semantics are PyTorch's scaled_dot_product_attention(...,
+// enable_gqa=True) and nn.MultiheadAttention; docs/api.md states them in full.
 #ifndef ATTNSERVE_CORE_ATTENTION_ENGINE_H_
 #define ATTNSERVE_CORE_ATTENTION_ENGINE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -40,7 +44,7 @@ struct AttentionShape {
   int64_t value_dim = 1;  // Dv
 
   // Element counts of each tensor. Only meaningful for a shape whose products
-  // fit in int64_t, which Attend checks before using them.
+  // fit in int64_t, which the engine checks before using them.
   int64_t QueryElements() const { return batch * heads * query_len * key_dim; }
   int64_t KeyElements() const { return batch * kv_heads * key_len * key_dim; }
   int64_t ValueElements() const {
@@ -49,29 +53,118 @@ struct AttentionShape {
   int64_t OutputElements() const {
     return batch * heads * query_len * value_dim;
   }
+  int64_t WeightsElements() const {
+    return batch * heads * query_len * key_len;
+  }
+  int64_t HeadMeanWeightsElements() const {
+    return batch * query_len * key_len;
+  }
+  int64_t LseElements() const { return batch * heads * query_len; }
 
   // "[B=1, H=8, Hkv=8, Lq=128, Lk=128, Dk=64, Dv=64]", for messages and logs.
   std::string DebugString() const;
 };
 
-// How one call computes. Fields added later default to PyTorch's behaviour.
+// Which keys a query may see under `causal`: query i sees key j only if j <= i
+// (kTopLeft, PyTorch's is_causal) or j <= i + L − Lq (kBottomRight, the
+// KV-cache convention), where L is the batch item's key length: key_lengths[b]
+// if given, else Lk.
+enum class CausalAlignment { kTopLeft, kBottomRight };
+
+enum class AttentionWeightsMode {
+  kNone,
+  kPerHead,   // [B, H, Lq, Lk]
+  kHeadMean,  // [B, Lq, Lk], the mean over the H heads
+};
+
+enum class Precision {
+  kFloat32,   // f32 everywhere.
+  kBFloat16,  // bf16 inputs to every matmul, f32 accumulation, f32 softmax.
+};
+
+// A mask over the scores, broadcast to [B, H, Lq, Lk] as PyTorch broadcasts.
+struct AttentionMask {
+  // The mask's dims, left-padded with 1 to rank 4; each is 1 or the matching
+  // [B, H, Lq, Lk].
+  std::array<int64_t, 4> dims = {1, 1, 1, 1};
+  // Exactly one is set, holding product(dims) packed row-major elements.
+  const uint8_t* allowed =
+      nullptr;  // Boolean mask: nonzero = the query may attend the key.
+  const float* bias =
+      nullptr;  // Float mask: added to the scaled scores (−inf = masked).
+};
+
+// How one call computes. Defaults are PyTorch's.
 struct AttentionOptions {
-  // Multiplies Q Kᵀ. nullopt: 1 / sqrt(key_dim).
+  // Multiplies Q Kᵀ. nullopt: 1 / sqrt(key_dim). Must be finite.
   std::optional<float> scale;
+  bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::kTopLeft;
+  // Empty, or one entry per batch item in [0, Lk]: keys at or past it are
+  // padding.
+  absl::Span<const int64_t> key_lengths;
+  std::optional<AttentionMask> mask;
+  AttentionWeightsMode weights = AttentionWeightsMode::kNone;
+  bool return_lse = false;
+  Precision precision = Precision::kFloat32;
+};
+
+// Where a call writes. A query row that may attend to no key gets output 0,
+// weights 0 and lse −inf.
+struct AttentionOutputs {
+  AttentionOutputs(absl::Span<float> output_span,
+                   absl::Span<float> weights_span = {},
+                   absl::Span<float> lse_span = {})
+      : output(output_span), weights(weights_span), lse(lse_span) {}
+
+  absl::Span<float> output;   // SDPA [B, H, Lq, Dv]; MHA [B, Lq, E].
+  absl::Span<float> weights;  // Sized as options.weights asks; empty for kNone.
+  absl::Span<float>
+      lse;  // [B, H, Lq] natural-log log-sum-exp of the scores, if asked.
+};
+
+// The dimensions of a multi-head attention (batch first).
+struct MultiHeadShape {
+  int64_t batch = 1;         // B
+  int64_t query_len = 1;     // Lq
+  int64_t key_len = 1;       // Lk; equals Lq for self-attention
+  int64_t embed_dim = 1;     // E, of query_input and of the output
+  int64_t kv_embed_dim = 1;  // Ekv, of kv_input; equals E for self-attention
+  int64_t heads = 1;         // H
+  int64_t kv_heads = 1;      // Hkv, divides H
+  int64_t key_dim = 1;       // Dk per head
+  int64_t value_dim = 1;     // Dv per head
+
+  // The SDPA shape of the projected heads.
+  AttentionShape Heads() const;
+};
+
+// Projection weights in torch.nn.Linear layout (W [out, in], y = x Wᵀ + b),
+// f32, row-major. The spans are borrowed for the duration of a call.
+struct ProjectionWeights {
+  absl::Span<const float> w_q;  // [H·Dk, E]
+  absl::Span<const float> w_k;  // [Hkv·Dk, Ekv]
+  absl::Span<const float> w_v;  // [Hkv·Dv, Ekv]
+  absl::Span<const float> w_o;  // [E, H·Dv]
+  // Biases, each empty (no bias) or of its projection's output size.
+  absl::Span<const float> b_q, b_k, b_v, b_o;
+  // Optional: w_q, w_k, w_v stacked by rows ([H·Dk + Hkv·(Dk + Dv), E]) and
+  // their biases likewise (empty when no projection has a bias), so that
+  // self-attention projects in one GEMM.
+  absl::Span<const float> w_qkv, b_qkv;
 };
 
 struct EngineOptions {
-  // OpenMP threads each Attend call computes with. 0: every core the process
-  // may use.
+  // OpenMP threads each call computes with. 0: every core the process may use.
   int num_threads = 0;
-  // The most scratch memory one Attend call may allocate. A call that would
-  // need more fails with RESOURCE_EXHAUSTED before allocating anything.
+  // The most scratch memory one call may allocate. A call that would need more
+  // fails with RESOURCE_EXHAUSTED before allocating anything.
   int64_t max_workspace_bytes = int64_t{1} << 30;
 };
 
-// Computes attention. Thread-safe: Attend may be called from several threads at
-// once, each call using its own oneDNN stream (though concurrent calls share,
-// and so oversubscribe, the cores).
+// Computes attention. Thread-safe: calls may run concurrently, each with its
+// own oneDNN stream (though concurrent calls share, and so oversubscribe, the
+// cores).
 class AttentionEngine {
  public:
   // Creates an engine on the CPU. Returns INVALID_ARGUMENT for bad options and
@@ -83,22 +176,29 @@ class AttentionEngine {
   AttentionEngine& operator=(const AttentionEngine&) = delete;
   virtual ~AttentionEngine() = default;
 
-  // Writes softmax(scale · Q Kᵀ) V into `output`. The spans must hold exactly
-  // the element counts of `shape`. Returns INVALID_ARGUMENT for an inconsistent
-  // shape, span or option, RESOURCE_EXHAUSTED if the call would need more than
-  // max_workspace_bytes of scratch, and INTERNAL if oneDNN fails. Non-finite
-  // inputs propagate as IEEE arithmetic does.
+  // Writes softmax(scale · Q Kᵀ + mask) V into outputs.output, and the weights
+  // and lse if asked. Spans must hold exactly the element counts of `shape` and
+  // `options`. Returns INVALID_ARGUMENT for an inconsistent shape, span or
+  // option, RESOURCE_EXHAUSTED if the call would need more than
+  // max_workspace_bytes of scratch, INTERNAL if oneDNN fails. Non-finite inputs
+  // propagate as IEEE arithmetic does.
   virtual absl::Status Attend(const AttentionShape& shape,
                               const AttentionOptions& options,
                               absl::Span<const float> query,
                               absl::Span<const float> key,
                               absl::Span<const float> value,
-                              absl::Span<float> output) = 0;
+                              AttentionOutputs outputs) = 0;
 
-  // The bytes of scratch memory Attend needs for `shape`, or nullopt if that
-  // overflows int64_t or kv_heads is not positive.
-  virtual std::optional<int64_t> WorkspaceBytes(
-      const AttentionShape& shape) const = 0;
+  // Multi-head attention: projects query_input [B, Lq, E] to Q and kv_input [B,
+  // Lk, Ekv] (empty for self-attention, which uses query_input) to K and V,
+  // runs SDPA per head, concatenates the heads and projects with w_o into
+  // outputs.output [B, Lq, E]. Errors as for Attend.
+  virtual absl::Status MultiHeadAttention(const MultiHeadShape& shape,
+                                          const ProjectionWeights& weights,
+                                          const AttentionOptions& options,
+                                          absl::Span<const float> query_input,
+                                          absl::Span<const float> kv_input,
+                                          AttentionOutputs outputs) = 0;
 
   // Names of the runtime, for build-info reporting: e.g. "oneDNN 2.6.3 (OMP)".
   static std::string RuntimeDescription();

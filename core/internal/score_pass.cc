@@ -1,0 +1,131 @@
+#include "internal/score_pass.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "attnserve/common/dtype.h"
+
+namespace attnserve::internal {
+namespace {
+
+constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+// Element strides of a mask broadcast to [B, H, Lq, Lk]: 0 along a broadcast
+// dimension.
+struct MaskStrides {
+  int64_t batch, head, query, key;
+};
+
+MaskStrides StridesOf(const AttentionMask& mask) {
+  const auto& d = mask.dims;
+  return {d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
+          d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
+}
+
+// One past the last key query `query` of batch item `batch` may see, before any
+// mask.
+int64_t VisibleKeyEnd(const AttentionShape& shape,
+                      const AttentionOptions& options, int64_t batch,
+                      int64_t query) {
+  const int64_t length =
+      options.key_lengths.empty() ? shape.key_len : options.key_lengths[batch];
+  if (!options.causal) return length;
+  const int64_t causal_end =
+      options.causal_alignment == CausalAlignment::kTopLeft
+          ? query + 1
+          : query + length - shape.query_len + 1;
+  return std::clamp<int64_t>(causal_end, 0, length);
+}
+
+// Softmax of one row in place over keys [0, end), zero past it; returns the
+// log-sum-exp.
+float SoftmaxRow(float* row, int64_t end, int64_t key_len,
+                 const AttentionMask* mask, const uint8_t* allowed_row,
+                 const float* bias_row, int64_t mask_key_stride) {
+  if (mask != nullptr) {
+    for (int64_t j = 0; j < end; ++j) {
+      if (bias_row != nullptr) {
+        row[j] += bias_row[j * mask_key_stride];
+      } else if (allowed_row[j * mask_key_stride] == 0) {
+        row[j] = kNegativeInfinity;
+      }
+    }
+  }
+  float max_score = kNegativeInfinity;
+  for (int64_t j = 0; j < end; ++j) {
+    // A NaN score makes the row NaN, as IEEE arithmetic would, rather than
+    // vanish in max().
+    max_score = std::isnan(row[j]) ? row[j] : std::max(max_score, row[j]);
+  }
+  if (max_score == kNegativeInfinity) {
+    std::fill(row, row + key_len, 0.0f);
+    return kNegativeInfinity;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < end; ++j) {
+    row[j] = std::exp(row[j] - max_score);
+    sum += row[j];
+  }
+  const float inverse = 1.0f / sum;
+  for (int64_t j = 0; j < end; ++j) row[j] *= inverse;
+  std::fill(row + end, row + key_len, 0.0f);
+  return max_score + std::log(sum);
+}
+
+}  // namespace
+
+void SoftmaxScoreSlab(const AttentionShape& shape,
+                      const AttentionOptions& options, const ScoreSlab& slab,
+                      float* scores, uint16_t* probabilities_bf16,
+                      absl::Span<float> weights, absl::Span<float> lse) {
+  const int64_t group = shape.heads / shape.kv_heads;
+  const int64_t lq = shape.query_len;
+  const int64_t lk = shape.key_len;
+  const AttentionMask* mask = options.mask ? &*options.mask : nullptr;
+  const MaskStrides mask_strides =
+      mask ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
+  const float head_mean_factor = 1.0f / static_cast<float>(shape.heads);
+
+  // One (batch item, query) per iteration, all heads of the slab inside it, so
+  // that head-mean weights accumulate without races.
+#pragma omp parallel for schedule(static)
+  for (int64_t item = 0; item < slab.batch_count * lq; ++item) {
+    const int64_t local_batch = item / lq;
+    const int64_t i = item % lq;
+    const int64_t b = slab.first_batch + local_batch;
+    const int64_t end = VisibleKeyEnd(shape, options, b, i);
+    for (int64_t local_kv = 0; local_kv < slab.kv_head_count; ++local_kv) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = (slab.first_kv_head + local_kv) * group + g;
+        const int64_t slab_row =
+            ((local_batch * slab.kv_head_count + local_kv) * group + g) * lq +
+            i;
+        float* row = scores + slab_row * lk;
+        const int64_t mask_offset = mask ? b * mask_strides.batch +
+                                               h * mask_strides.head +
+                                               i * mask_strides.query
+                                         : 0;
+        const float row_lse = SoftmaxRow(
+            row, end, lk, mask,
+            mask && mask->allowed ? mask->allowed + mask_offset : nullptr,
+            mask && mask->bias ? mask->bias + mask_offset : nullptr,
+            mask_strides.key);
+        if (!lse.empty()) lse[(b * shape.heads + h) * lq + i] = row_lse;
+        if (options.weights == AttentionWeightsMode::kPerHead) {
+          std::copy(row, row + lk,
+                    weights.begin() + ((b * shape.heads + h) * lq + i) * lk);
+        } else if (options.weights == AttentionWeightsMode::kHeadMean) {
+          float* mean = weights.data() + (b * lq + i) * lk;
+          for (int64_t j = 0; j < lk; ++j) mean[j] += row[j] * head_mean_factor;
+        }
+        if (probabilities_bf16 != nullptr) {
+          uint16_t* out = probabilities_bf16 + slab_row * lk;
+          for (int64_t j = 0; j < lk; ++j) out[j] = Float32ToBFloat16(row[j]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace attnserve::internal

@@ -1,0 +1,39 @@
+// The pass between the two matmuls of the unfused path: turns one slab of
+// scaled scores into attention probabilities, applying what decides which keys
+// each query sees.
+#ifndef ATTNSERVE_CORE_INTERNAL_SCORE_PASS_H_
+#define ATTNSERVE_CORE_INTERNAL_SCORE_PASS_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "attnserve/core/attention_engine.h"
+
+namespace attnserve::internal {
+
+// A slab: batch items [first_batch, first_batch + batch_count) and kv heads
+// [first_kv_head, first_kv_head + kv_head_count), whose scores are packed as
+// [batch_count, kv_head_count, H / Hkv, Lq, Lk].
+struct ScoreSlab {
+  int64_t first_batch = 0;
+  int64_t batch_count = 0;
+  int64_t first_kv_head = 0;
+  int64_t kv_head_count = 0;
+};
+
+// For every row of `scores` (already multiplied by the scale): adds a float
+// mask, drops keys that a boolean mask, causality or key_lengths exclude, and
+// replaces the row by its softmax. A row with no key left becomes zeros. Writes
+// each row's log-sum-exp to `lse` and the probabilities to `weights` if
+// `options` ask for them (head-mean weights accumulate: the caller zeroes them
+// before the first slab). If `probabilities_bf16` is not null, the
+// probabilities go there as bf16 (same packing) and `scores` is left undefined.
+// Runs on the calling thread's OpenMP team.
+void SoftmaxScoreSlab(const AttentionShape& shape,
+                      const AttentionOptions& options, const ScoreSlab& slab,
+                      float* scores, uint16_t* probabilities_bf16,
+                      absl::Span<float> weights, absl::Span<float> lse);
+
+}  // namespace attnserve::internal
+
+#endif  // ATTNSERVE_CORE_INTERNAL_SCORE_PASS_H_

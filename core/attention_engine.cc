@@ -105,20 +105,13 @@ class AttentionEngineImpl final : public AttentionEngine {
     const int64_t q_out = shape.heads * shape.key_dim;
     const int64_t kv_out = shape.kv_heads * (shape.key_dim + shape.value_dim);
     const int64_t context_out = shape.heads * shape.value_dim;
-    const bool bf16 = options.precision == Precision::kBFloat16;
-    const std::optional<int64_t> largest_weights =
-        CheckedProduct({q_out + kv_out + shape.embed_dim,
-                        std::max(shape.embed_dim, context_out), bf16 ? 2 : 0});
-    const std::optional<int64_t> largest_input = CheckedProduct(
-        {shape.batch, std::max(shape.query_len, shape.key_len),
-         std::max({shape.embed_dim, shape.kv_embed_dim, context_out}),
-         bf16 ? 2 : 0});
+    const bool fused = self_attention && !weights.w_qkv.empty();
     ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
         absl::StrCat("multi-head attention for heads ", heads.DebugString()),
         CheckedSum({CheckedProduct(
                         {shape.batch, shape.query_len, q_out + context_out, 4}),
                     CheckedProduct({shape.batch, shape.key_len, kv_out, 4}),
-                    largest_weights, largest_input,
+                    LargestProjectionWorkspace(shape, fused, options.precision),
                     internal::UnfusedWorkspaceBytes(heads, options.precision,
                                                     SlabBudget())})));
 
@@ -129,7 +122,7 @@ class AttentionEngineImpl final : public AttentionEngine {
     const int64_t kv_rows = shape.batch * shape.key_len;
     std::vector<float> projected;
     SdpaProblem problem = MakeProblem(heads, options, outputs);
-    if (self_attention && !weights.w_qkv.empty()) {
+    if (fused) {
       const int64_t width = q_out + kv_out;
       projected.resize(static_cast<size_t>(q_rows * width));
       ATTNSERVE_RETURN_IF_ERROR(
@@ -176,6 +169,28 @@ class AttentionEngineImpl final : public AttentionEngine {
   }
 
  private:
+  // The most scratch any one of the call's projections needs (they run one at a
+  // time).
+  static int64_t LargestProjectionWorkspace(const MultiHeadShape& s, bool fused,
+                                            Precision precision) {
+    const int64_t q_rows = s.batch * s.query_len, kv_rows = s.batch * s.key_len;
+    const int64_t q_out = s.heads * s.key_dim, k_out = s.kv_heads * s.key_dim,
+                  v_out = s.kv_heads * s.value_dim,
+                  context_out = s.heads * s.value_dim;
+    const LinearProblem fused_qkv[] = {
+        {q_rows, s.embed_dim, q_out + k_out + v_out}};
+    const LinearProblem separate[] = {{q_rows, s.embed_dim, q_out},
+                                      {kv_rows, s.kv_embed_dim, k_out},
+                                      {kv_rows, s.kv_embed_dim, v_out}};
+    int64_t largest = internal::LinearWorkspaceBytes(
+        {q_rows, context_out, s.embed_dim}, precision);
+    for (const LinearProblem& p : fused ? absl::MakeConstSpan(fused_qkv)
+                                        : absl::MakeConstSpan(separate)) {
+      largest = std::max(largest, internal::LinearWorkspaceBytes(p, precision));
+    }
+    return largest;
+  }
+
   static const float* OrNull(absl::Span<const float> span) {
     return span.empty() ? nullptr : span.data();
   }

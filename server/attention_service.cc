@@ -179,8 +179,8 @@ absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
   ATTNSERVE_ASSIGN_OR_RETURN(
       const WeightsShape shape,
       ValidateProjectionWeights(request.weights(), "weights"));
-  ATTNSERVE_RETURN_IF_ERROR(
-      registry.CheckCapacity(request.name(), WeightSet::BytesFor(shape)));
+  ATTNSERVE_RETURN_IF_ERROR(registry.CheckCapacity(
+      request.name(), WeightSet::BytesFor(shape, request.weights())));
   ATTNSERVE_ASSIGN_OR_RETURN(
       const WeightsRegistry::Entry entry,
       registry.Put(request.name(),
@@ -204,10 +204,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
     grpc::CallbackServerContext* context,
     const v1::ListWeightsRequest* /*request*/,
     v1::ListWeightsResponse* response) {
-  for (const auto& [name, entry] : registry_->List()) {
+  const WeightsRegistry::Listing listing = registry_->List();
+  for (const auto& [name, entry] : listing.entries) {
     *response->add_weights() = DescribeWeights(name, entry);
   }
-  response->set_total_bytes(registry_->total_bytes());
+  response->set_total_bytes(listing.total_bytes);
   return FinishNow(context, absl::OkStatus());
 }
 

@@ -63,9 +63,12 @@ class AttnServerImpl final : public AttnServer {
     if (options.weights_dir.empty()) return absl::OkStatus();
     ATTNSERVE_ASSIGN_OR_RETURN(
         std::vector<std::string> names,
-        LoadWeightsDir(options.weights_dir, options.max_message_bytes,
+        LoadWeightsDir(options.weights_dir, options.max_weights_bytes,
                        registry_));
-    startup_weights_.insert(startup_weights_.end(), names.begin(), names.end());
+    for (const std::string& name : names) {
+      // A folder named demo replaces the built-in set; list it once.
+      if (name != kDemoWeightsName) startup_weights_.push_back(name);
+    }
     return absl::OkStatus();
   }
 

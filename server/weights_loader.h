@@ -35,8 +35,9 @@ v1::PutWeightsRequest DemoWeights();
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes);
 
-// Registers every weight set under `directory`; returns their names. Fails on
-// the first folder that does not load, naming it.
+// Registers every weight set under `directory` (a folder named `demo` replaces
+// the built-in set); returns their names. Fails on the first folder that does
+// not load, naming it.
 absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
     const std::string& directory, int64_t max_file_bytes,
     WeightsRegistry& registry);

@@ -21,14 +21,19 @@ absl::Span<const float> View(const std::vector<float>& values) {
 
 }  // namespace
 
-int64_t WeightSet::BytesFor(const WeightsShape& s) {
+int64_t WeightSet::BytesFor(const WeightsShape& s,
+                            const v1::ProjectionWeights& w) {
   const int64_t q = s.heads * s.key_dim, k = s.kv_heads * s.key_dim,
                 v = s.kv_heads * s.value_dim;
   int64_t floats = q * s.embed_dim + (k + v) * s.kv_embed_dim +
-                   s.embed_dim * s.heads * s.value_dim + q + k + v +
-                   s.embed_dim;
-  if (s.embed_dim == s.kv_embed_dim)
-    floats += (q + k + v) * (s.embed_dim + 1);  // Fused copy.
+                   s.embed_dim * s.heads * s.value_dim;
+  const bool qkv_bias = w.has_b_q() || w.has_b_k() || w.has_b_v();
+  floats += (w.has_b_q() ? q : 0) + (w.has_b_k() ? k : 0) +
+            (w.has_b_v() ? v : 0) + (w.has_b_o() ? s.embed_dim : 0);
+  if (s.embed_dim == s.kv_embed_dim) {
+    // The stacked copy for the fused projection, and its stacked bias.
+    floats += (q + k + v) * s.embed_dim + (qkv_bias ? q + k + v : 0);
+  }
   return floats * int64_t{sizeof(float)};
 }
 
@@ -78,7 +83,7 @@ std::shared_ptr<const WeightSet> WeightSet::FromProto(
       views.b_qkv = View(set->b_qkv_);
     }
   }
-  set->bytes_ = BytesFor(shape);
+  set->bytes_ = BytesFor(shape, w);
   return set;
 }
 
@@ -138,15 +143,9 @@ absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Delete(
   return entry;
 }
 
-std::vector<std::pair<std::string, WeightsRegistry::Entry>>
-WeightsRegistry::List() const {
+WeightsRegistry::Listing WeightsRegistry::List() const {
   absl::ReaderMutexLock lock(&mutex_);
-  return {entries_.begin(), entries_.end()};
-}
-
-int64_t WeightsRegistry::total_bytes() const {
-  absl::ReaderMutexLock lock(&mutex_);
-  return total_bytes_;
+  return {{entries_.begin(), entries_.end()}, total_bytes_};
 }
 
 v1::WeightsInfo DescribeWeights(const std::string& name,

@@ -25,9 +25,10 @@ namespace attnserve {
 // fused projection when E == Ekv. Thread-safe (immutable).
 class WeightSet {
  public:
-  // The bytes a set of `shape` (with or without biases) holds, computed before
-  // converting anything so that the registry's limit is checked first.
-  static int64_t BytesFor(const WeightsShape& shape);
+  // The bytes the set `weights` (validated, of `shape`) will hold, computed
+  // before converting anything so that the registry's limit is checked first.
+  static int64_t BytesFor(const WeightsShape& shape,
+                          const v1::ProjectionWeights& weights);
 
   // Converts validated proto weights.
   static std::shared_ptr<const WeightSet> FromProto(
@@ -73,9 +74,12 @@ class WeightsRegistry {
   absl::StatusOr<Entry> Get(const std::string& name) const;
   absl::StatusOr<Entry> Delete(const std::string& name);
 
-  // Every entry, sorted by name.
-  std::vector<std::pair<std::string, Entry>> List() const;
-  int64_t total_bytes() const;
+  // Every entry, sorted by name, and the bytes they hold, read at one instant.
+  struct Listing {
+    std::vector<std::pair<std::string, Entry>> entries;
+    int64_t total_bytes = 0;
+  };
+  Listing List() const;
 
  private:
   absl::Status CheckCapacityLocked(const std::string& name, int64_t bytes) const

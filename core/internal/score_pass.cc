@@ -24,13 +24,15 @@ MaskStrides StridesOf(const AttentionMask& mask) {
           d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
 }
 
-// exp(x) for the shifted scores x = s − max ≤ 0 (NaN passes through), written so that the
-// compiler vectorises the loop around it: Cody–Waite reduction x = n·ln2 + r, |r| ≤ ln2/2,
-// Cephes' degree-6 polynomial for exp(r) (relative error below 2e-7), then 2^n through the
-// exponent bits. Below −87.3 the result would be subnormal; it is flushed to 0, as −inf is.
+// exp(x) for the shifted scores x = s − max ≤ 0 (NaN passes through), written
+// so that the compiler vectorises the loop around it: Cody–Waite reduction x =
+// n·ln2 + r, |r| ≤ ln2/2, Cephes' degree-6 polynomial for exp(r) (relative
+// error below 2e-7), then 2^n through the exponent bits. Below −87.3 the result
+// would be subnormal; it is flushed to 0, as −inf is.
 inline float ExpNonPositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kRoundMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer.
+  constexpr float kRoundMagic =
+      12582912.0f;  // 1.5·2^23: adding it rounds to an integer.
   const float clamped = x < -87.3f ? -87.3f : x;
   const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
   const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;

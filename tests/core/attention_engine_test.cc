@@ -1,5 +1,6 @@
 #include "attnserve/core/attention_engine.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -205,6 +206,167 @@ TEST(AttentionEngineTest, NonFiniteInputsPropagateWithoutCrashing) {
                   .ok());
   EXPECT_TRUE(std::isnan(output[0]));
   EXPECT_TRUE(std::isfinite(output[1]));
+}
+
+// Runs the engine and the reference on the same random inputs and options.
+struct OptionRun {
+  std::vector<float> output, weights, lse;
+  ::attnserve::testing::ReferenceResult expected;
+};
+
+OptionRun RunWithOptions(
+    const AttentionShape& shape, AttentionOptions options,
+    ::attnserve::testing::ReferenceOptions reference_options) {
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 21);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 22);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 23);
+  OptionRun run;
+  run.output.assign(shape.OutputElements(),
+                    std::numeric_limits<float>::quiet_NaN());
+  run.weights.assign(shape.WeightsElements(),
+                     std::numeric_limits<float>::quiet_NaN());
+  run.lse.assign(shape.LseElements(), std::numeric_limits<float>::quiet_NaN());
+  options.weights = AttentionWeightsMode::kPerHead;
+  options.return_lse = true;
+  const absl::Status status = MakeEngine()->Attend(
+      shape, options, query, key, value,
+      AttentionOutputs(absl::MakeSpan(run.output), absl::MakeSpan(run.weights),
+                       absl::MakeSpan(run.lse)));
+  EXPECT_TRUE(status.ok()) << status;
+  run.expected = ReferenceAttention(
+      ReferenceShape{shape.batch, shape.heads, shape.kv_heads, shape.query_len,
+                     shape.key_len, shape.key_dim, shape.value_dim},
+      query, key, value, reference_options);
+  return run;
+}
+
+void ExpectRunMatches(const OptionRun& run) {
+  const auto near = [](const std::vector<float>& actual,
+                       const std::vector<double>& expected, const char* what) {
+    ASSERT_EQ(actual.size(), expected.size()) << what;
+    for (size_t i = 0; i < actual.size(); ++i) {
+      if (std::isinf(expected[i])) {
+        ASSERT_EQ(actual[i], expected[i]) << what << " at " << i;
+      } else {
+        ASSERT_NEAR(actual[i], expected[i], 1e-5 + 1e-5 * std::abs(expected[i]))
+            << what << " at " << i;
+      }
+    }
+  };
+  near(run.output, run.expected.output, "output");
+  near(run.weights, run.expected.weights, "weights");
+  near(run.lse, run.expected.lse, "lse");
+}
+
+TEST(AttentionOptionsTest,
+     CausalTopLeftAndBottomRightDifferWhenQueriesAreFewer) {
+  const AttentionShape shape = Shape(1, 2, 2, 3, 7, 8, 8);
+  for (const bool bottom_right : {false, true}) {
+    SCOPED_TRACE(bottom_right ? "BOTTOM_RIGHT" : "TOP_LEFT");
+    AttentionOptions options;
+    options.causal = true;
+    options.causal_alignment = bottom_right ? CausalAlignment::kBottomRight
+                                            : CausalAlignment::kTopLeft;
+    ::attnserve::testing::ReferenceOptions reference;
+    reference.causal = true;
+    reference.bottom_right = bottom_right;
+    const OptionRun run = RunWithOptions(shape, options, reference);
+    ExpectRunMatches(run);
+    // Query 0 sees key 0 alone under TOP_LEFT, keys 0..4 under BOTTOM_RIGHT (Lk
+    // - Lq = 4).
+    if (bottom_right) {
+      EXPECT_GT(run.weights[4], 0.0f);
+      EXPECT_EQ(run.weights[5], 0.0f);
+    } else {
+      EXPECT_GT(run.weights[0], 0.0f);
+      EXPECT_EQ(run.weights[1], 0.0f);
+    }
+  }
+}
+
+TEST(AttentionOptionsTest, BottomRightAlignsToEachBatchItemsKeyLength) {
+  const AttentionShape shape = Shape(2, 1, 1, 2, 6, 4, 4);
+  AttentionOptions options;
+  options.causal = true;
+  options.causal_alignment = CausalAlignment::kBottomRight;
+  const int64_t lengths[] = {6, 3};
+  options.key_lengths = lengths;
+  ::attnserve::testing::ReferenceOptions reference;
+  reference.causal = reference.bottom_right = true;
+  reference.key_lengths = {6, 3};
+  const OptionRun run = RunWithOptions(shape, options, reference);
+  ExpectRunMatches(run);
+  // Batch 1, query 0: valid length 3, so it sees keys 0..1 (0 + 3 - 2), not
+  // 0..4.
+  const float* row = &run.weights[(1 * 2 + 0) * 6];
+  EXPECT_GT(row[1], 0.0f);
+  EXPECT_EQ(row[2], 0.0f);
+}
+
+TEST(AttentionOptionsTest,
+     RowWithNothingToAttendIsZeroWithNegativeInfinityLse) {
+  const AttentionShape shape = Shape(2, 2, 1, 3, 5, 4, 6);
+  AttentionOptions options;
+  const int64_t lengths[] = {0, 5};
+  options.key_lengths = lengths;
+  ::attnserve::testing::ReferenceOptions reference;
+  reference.key_lengths = {0, 5};
+  const OptionRun run = RunWithOptions(shape, options, reference);
+  ExpectRunMatches(run);
+  for (int64_t i = 0; i < 2 * 3 * 6; ++i) EXPECT_EQ(run.output[i], 0.0f) << i;
+  for (int64_t i = 0; i < 2 * 3; ++i) {
+    EXPECT_EQ(run.lse[i], -std::numeric_limits<float>::infinity()) << i;
+  }
+}
+
+TEST(AttentionOptionsTest, BroadcastMasksMatchReference) {
+  const AttentionShape shape = Shape(2, 4, 2, 5, 7, 8, 3);
+  struct MaskCase {
+    const char* name;
+    std::array<int64_t, 4> dims;
+    bool boolean;
+  };
+  const MaskCase cases[] = {{"LqLkBool", {1, 1, 5, 7}, true},
+                            {"PerBatchKeyBool", {2, 1, 1, 7}, true},
+                            {"FullFloat", {2, 4, 5, 7}, false},
+                            {"PerHeadFloat", {1, 4, 1, 1}, false}};
+  for (const MaskCase& test_case : cases) {
+    SCOPED_TRACE(test_case.name);
+    const int64_t count = test_case.dims[0] * test_case.dims[1] *
+                          test_case.dims[2] * test_case.dims[3];
+    std::vector<float> bias = RandomValues(count, 31);
+    std::vector<uint8_t> allowed(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) allowed[i] = bias[i] > -0.6f ? 1 : 0;
+    AttentionMask mask;
+    mask.dims = test_case.dims;
+    ::attnserve::testing::ReferenceMask reference_mask;
+    reference_mask.shape.assign(test_case.dims.begin(), test_case.dims.end());
+    if (test_case.boolean) {
+      mask.allowed = allowed.data();
+      reference_mask.allowed = allowed;
+    } else {
+      mask.bias = bias.data();
+      reference_mask.bias = bias;
+    }
+    AttentionOptions options;
+    options.mask = mask;
+    ::attnserve::testing::ReferenceOptions reference;
+    reference.mask = reference_mask;
+    ExpectRunMatches(RunWithOptions(shape, options, reference));
+  }
+}
+
+TEST(AttentionOptionsTest, RejectsKeyLengthsOutOfRange) {
+  const AttentionShape shape = Shape(2, 1, 1, 1, 4, 1, 1);
+  std::vector<float> query(2), key(8), value(8), output(2);
+  const int64_t lengths[] = {4, 5};
+  AttentionOptions options;
+  options.key_lengths = lengths;
+  const absl::Status status = MakeEngine()->Attend(
+      shape, options, query, key, value, absl::MakeSpan(output));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("options.key_lengths[1] is 5, expected 0 to 4"));
 }
 
 TEST(AttentionEngineTest, CreateRejectsNegativeThreads) {

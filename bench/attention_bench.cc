@@ -55,8 +55,9 @@ BENCHMARK(BM_OneDnnGemmF32)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// SDPA with B, H (= Hkv), Lq, Lk, D (= Dk = Dv) from the arguments.
-void BM_AttentionF32(benchmark::State& state) {
+// SDPA with B, H (= Hkv), Lq, Lk, D (= Dk = Dv) from the arguments, at
+// `precision`.
+void RunAttention(benchmark::State& state, Precision precision) {
   AttentionShape shape;
   shape.batch = state.range(0);
   shape.heads = shape.kv_heads = state.range(1);
@@ -69,9 +70,11 @@ void BM_AttentionF32(benchmark::State& state) {
   const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
   const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
   std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
+  AttentionOptions options;
+  options.precision = precision;
   for (auto _ : state) {
-    const absl::Status status =
-        engine->Attend(shape, {}, query, key, value, absl::MakeSpan(output));
+    const absl::Status status = engine->Attend(shape, options, query, key,
+                                               value, absl::MakeSpan(output));
     if (!status.ok()) {
       state.SkipWithError(status.ToString().c_str());
       break;
@@ -82,6 +85,20 @@ void BM_AttentionF32(benchmark::State& state) {
   state.counters["FLOPS"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_AttentionF32(benchmark::State& state) {
+  RunAttention(state, Precision::kFloat32);
+}
+void BM_AttentionBF16(benchmark::State& state) {
+  RunAttention(state, Precision::kBFloat16);
+}
+
+BENCHMARK(BM_AttentionBF16)
+    ->ArgNames({"B", "H", "Lq", "Lk", "D"})
+    ->Args({1, 8, 512, 512, 64})
+    ->Args({1, 16, 2048, 2048, 128})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 BENCHMARK(BM_AttentionF32)
     ->ArgNames({"B", "H", "Lq", "Lk", "D"})
     ->Args({4, 16, 128, 128, 64})
@@ -89,6 +106,48 @@ BENCHMARK(BM_AttentionF32)
     ->Args({1, 8, 2048, 2048, 64})
     ->Args({1, 16, 2048, 2048, 128})
     ->Args({8, 32, 1, 4096, 128})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Self-attention MHA with B, L, E, H (Dk = Dv = E / H) from the arguments,
+// weights stacked for the fused QKV projection as the registry keeps them.
+// FLOPs count the projections (2·B·L·E·4E) and the attention (4·B·H·L²·Dk).
+void BM_MultiHeadSelfAttentionF32(benchmark::State& state) {
+  MultiHeadShape shape;
+  shape.batch = state.range(0);
+  shape.query_len = shape.key_len = state.range(1);
+  shape.embed_dim = shape.kv_embed_dim = state.range(2);
+  shape.heads = shape.kv_heads = state.range(3);
+  shape.key_dim = shape.value_dim = shape.embed_dim / shape.heads;
+  const int64_t e = shape.embed_dim;
+  const std::vector<float> w = Filled(e * e, 0.01f),
+                           w_qkv = Filled(3 * e * e, 0.01f);
+  const std::vector<float> input =
+      Filled(shape.batch * shape.query_len * e, 0.5f);
+  std::vector<float> output = Filled(shape.batch * shape.query_len * e, 0.0f);
+  ProjectionWeights weights;
+  weights.w_q = weights.w_k = weights.w_v = weights.w_o = w;
+  weights.w_qkv = w_qkv;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(EngineOptions{}).value();
+  for (auto _ : state) {
+    const absl::Status status = engine->MultiHeadAttention(
+        shape, weights, {}, input, {}, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  const double tokens = static_cast<double>(shape.batch * shape.query_len);
+  const double flops = 2.0 * tokens * e * 4 * e +
+                       4.0 * tokens * shape.query_len * static_cast<double>(e);
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MultiHeadSelfAttentionF32)
+    ->ArgNames({"B", "L", "E", "H"})
+    ->Args({8, 128, 512, 8})
+    ->Args({1, 1024, 1024, 16})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -170,7 +171,9 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     const int64_t slab_scores = (s.heads / s.kv_heads) * s.query_len *
                                 s.key_len * full.batch_count *
                                 full.kv_head_count;
-    std::vector<float> scores(static_cast<size_t>(slab_scores));
+    // Uninitialised: the first matmul writes every score before it is read.
+    std::unique_ptr<float[]> scores(
+        new float[static_cast<size_t>(slab_scores)]);
     std::vector<uint16_t> probabilities(bf16 ? static_cast<size_t>(slab_scores)
                                              : 0);
 
@@ -197,10 +200,10 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         memory value_mem(
             plan.value_md, engine,
             Mutable(Offset(in.value, in.type, b * vs[0] + kv * vs[1])));
-        memory scores_mem(plan.scores_md, engine, scores.data());
+        memory scores_mem(plan.scores_md, engine, scores.get());
         memory probabilities_mem(
             plan.probabilities_md, engine,
-            bf16 ? static_cast<void*>(probabilities.data()) : scores.data());
+            bf16 ? static_cast<void*>(probabilities.data()) : scores.get());
         const Strides4& os = p.output_strides;
         memory output_mem(plan.output_md, engine,
                           p.output + b * os[0] + kv * group * os[1]);
@@ -212,7 +215,7 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         SoftmaxScoreSlab(
             s, *p.options,
             ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count},
-            scores.data(), bf16 ? probabilities.data() : nullptr, p.weights,
+            scores.get(), bf16 ? probabilities.data() : nullptr, p.weights,
             p.lse);
         plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
                                       {DNNL_ARG_WEIGHTS, value_mem},

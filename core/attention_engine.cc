@@ -229,6 +229,44 @@ class AttentionEngineImpl final : public AttentionEngine {
     return internal::RunLinear(engine_, stream, problem, precision);
   }
 
+  RuntimeInfo runtime_info() const override {
+    RuntimeInfo info;
+    const dnnl_version_t* version = dnnl_version();
+    info.onednn_version =
+        absl::StrCat(version->major, ".", version->minor, ".", version->patch);
+    info.threading = version->cpu_runtime == DNNL_RUNTIME_OMP   ? "OMP"
+                     : version->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+                     : version->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
+                                                                : "other";
+    info.cpu_isa = IsaName(dnnl::get_effective_cpu_isa());
+    info.threads =
+        options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
+    return info;
+  }
+
+  static const char* IsaName(dnnl::cpu_isa isa) {
+    switch (isa) {
+      case dnnl::cpu_isa::sse41:
+        return "sse41";
+      case dnnl::cpu_isa::avx:
+        return "avx";
+      case dnnl::cpu_isa::avx2:
+        return "avx2";
+      case dnnl::cpu_isa::avx2_vnni:
+        return "avx2_vnni";
+      case dnnl::cpu_isa::avx512_core:
+        return "avx512_core";
+      case dnnl::cpu_isa::avx512_core_vnni:
+        return "avx512_core_vnni";
+      case dnnl::cpu_isa::avx512_core_bf16:
+        return "avx512_core_bf16";
+      case dnnl::cpu_isa::avx512_core_amx:
+        return "avx512_core_amx";
+      default:
+        return "other";
+    }
+  }
+
   int64_t SlabBudget() const {
     return std::min(options_.max_workspace_bytes, kSlabTargetBytes);
   }
@@ -295,14 +333,9 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
       new AttentionEngineImpl(options, std::move(engine)));
 }
 
-std::string AttentionEngine::RuntimeDescription() {
-  const dnnl_version_t* version = dnnl_version();
-  const char* runtime = version->cpu_runtime == DNNL_RUNTIME_OMP   ? "OMP"
-                        : version->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
-                        : version->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
-                                                                   : "other";
-  return absl::StrCat("oneDNN ", version->major, ".", version->minor, ".",
-                      version->patch, " (", runtime, ")");
+std::string RuntimeInfo::Description() const {
+  return absl::StrCat("oneDNN ", onednn_version, " (", threading, "), ",
+                      cpu_isa, ", ", threads, " threads");
 }
 
 }  // namespace attnserve

@@ -2,21 +2,24 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "compute_executor.h"
+#include "metrics.h"
 #include "request_validator.h"
 #include "weights_registry.h"
 
 namespace attnserve {
 
-// Thread-safe, as gRPC requires. Does not own the engine, executor or registry,
-// which must outlive it and every RPC it has started.
+// Thread-safe, as gRPC requires. Does not own the metrics, engine, executor or
+// registry, which must outlive it and every RPC it has started.
 class AttentionServiceImpl final
     : public v1::AttentionService::CallbackService {
  public:
-  AttentionServiceImpl(AttentionEngine* engine, ComputeExecutor* executor,
-                       WeightsRegistry* registry, RequestLimits limits);
+  AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
+                       ComputeExecutor* executor, WeightsRegistry* registry,
+                       RequestLimits limits);
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -38,15 +41,40 @@ class AttentionServiceImpl final
       const v1::DeleteWeightsRequest* request,
       v1::DeleteWeightsResponse* response) override;
 
- private:
-  // Runs `compute` on the executor unless the caller has gone or its deadline
-  // has passed by then, records the queue wait and compute time in `timing`,
-  // and finishes the call. Returns the call's reactor (a context's
-  // DefaultReactor may be taken only once).
-  template <typename Compute>
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
-                                   v1::ServerTiming* timing, Compute compute);
+  // Sets the weights gauges from the registry (the handlers call it after each
+  // change; the server after loading weights at start-up).
+  void RecordWeightsHeld() const;
 
+ private:
+  // One call in progress: what Finish needs to answer it and record it.
+  struct Call {
+    Rpc rpc;
+    grpc::CallbackServerContext* context;
+    grpc::ServerUnaryReactor*
+        reactor;  // The context's DefaultReactor, taken once.
+    absl::Time started;
+  };
+
+  Call Start(Rpc rpc, grpc::CallbackServerContext* context,
+             const google::protobuf::Message& request) const;
+
+  // Records the call's metrics, then answers it with `status` (and `response`
+  // if OK). Returns the reactor for the handler to return.
+  grpc::ServerUnaryReactor* Finish(
+      const Call& call, const absl::Status& status,
+      const google::protobuf::Message& response) const;
+
+  // Queues `compute` for the executor. When it comes up: unless the caller has
+  // gone or its deadline has passed, runs it, recording the queue wait and
+  // compute time in `timing` and the metrics (`flops` on success); then
+  // finishes the call with `response`.
+  template <typename Compute>
+  grpc::ServerUnaryReactor* Submit(const Call& call, double flops,
+                                   v1::ServerTiming* timing,
+                                   const google::protobuf::Message* response,
+                                   Compute compute);
+
+  ServerMetrics* const metrics_;
   AttentionEngine* const engine_;
   ComputeExecutor* const executor_;
   WeightsRegistry* const registry_;

@@ -17,7 +17,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
-#include "attnserve/core/attention_engine.h"
 #include "server.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0",
@@ -30,6 +29,9 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
           "Most scratch memory one request's compute may allocate, in bytes.");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Port of the Prometheus /metrics endpoint (on --address); 0 turns it "
+          "off.");
 ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
           "Most bytes of registered weights the server holds.");
 ABSL_FLAG(std::string, weights_dir, "",
@@ -73,6 +75,11 @@ int main(int argc, char** argv) {
   options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
   options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
+  if (absl::GetFlag(FLAGS_metrics_port) == 0) {
+    options.metrics_port.reset();
+  } else {
+    options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  }
 
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(options);
@@ -80,9 +87,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("attnserve listening on %s:%d (%s)\n", options.address.c_str(),
-              (*server)->port(),
-              attnserve::AttentionEngine::RuntimeDescription().c_str());
+  std::printf("%s\n", (*server)->Describe().c_str());
   std::printf("attnserve weights: %s\n",
               absl::StrJoin((*server)->startup_weights(), ", ").c_str());
   std::fflush(stdout);

@@ -14,6 +14,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "metrics.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
 #include "weights_loader.h"
 #include "weights_registry.h"
 
@@ -41,19 +44,21 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
-std::string ListenAddress(const ServerOptions& options) {
-  const bool ipv6_literal = absl::StrContains(options.address, ':');
-  return ipv6_literal ? absl::StrCat("[", options.address, "]:", options.port)
-                      : absl::StrCat(options.address, ":", options.port);
+// "host:port", with an IPv6 literal in brackets.
+std::string HostPort(const std::string& host, int port) {
+  return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
+                                      : absl::StrCat(host, ":", port);
 }
 
 class AttnServerImpl final : public AttnServer {
  public:
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
                  const ServerOptions& options, RequestLimits limits)
-      : engine_(std::move(engine)),
+      : options_(options),
+        engine_(std::move(engine)),
+        metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
         registry_(options.max_weights_bytes),
-        service_(engine_.get(), &executor_, &registry_, limits) {}
+        service_(&metrics_, engine_.get(), &executor_, &registry_, limits) {}
 
   // Registers the demo weights and those of --weights_dir.
   absl::Status LoadWeights(const ServerOptions& options) {
@@ -72,6 +77,38 @@ class AttnServerImpl final : public AttnServer {
     return absl::OkStatus();
   }
 
+  // Serves /metrics, if asked.
+  absl::Status ExposeMetrics(const ServerOptions& options) {
+    service_.RecordWeightsHeld();
+    if (!options.metrics_port) return absl::OkStatus();
+    const std::string address =
+        HostPort(options.address, *options.metrics_port);
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& error) {
+      return absl::UnavailableError(absl::StrCat("could not serve metrics on ",
+                                                 address, ": ", error.what()));
+    }
+    exposer_->RegisterCollectable(metrics_.registry());
+    metrics_port_ = exposer_->GetListeningPorts().front();
+    return absl::OkStatus();
+  }
+
+  int metrics_port() const override { return metrics_port_; }
+
+  std::string Describe() const override {
+    return absl::StrCat(
+        "attnserve ", ATTNSERVE_VERSION, " listening on ",
+        HostPort(options_.address, port_), ", metrics ",
+        metrics_port_ > 0 ? absl::StrCat("on :", metrics_port_, "/metrics")
+                          : "off",
+        "; ", engine_->runtime_info().Description(),
+        "; max_message_bytes=", options_.max_message_bytes,
+        " max_workspace_bytes=", options_.max_workspace_bytes,
+        " max_weights_bytes=", options_.max_weights_bytes, " weights_dir=",
+        options_.weights_dir.empty() ? "(none)" : options_.weights_dir);
+  }
+
   const std::vector<std::string>& startup_weights() const override {
     return startup_weights_;
   }
@@ -82,7 +119,7 @@ class AttnServerImpl final : public AttnServer {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(ListenAddress(options),
+    builder.AddListeningPort(HostPort(options.address, options.port),
                              grpc::InsecureServerCredentials(), &port_);
     // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
     // would start and silently take half the connections instead of failing.
@@ -93,9 +130,9 @@ class AttnServerImpl final : public AttnServer {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("could not listen on ", ListenAddress(options),
-                       ": the address is in use or not local to this machine"));
+      return absl::UnavailableError(absl::StrCat(
+          "could not listen on ", HostPort(options.address, options.port),
+          ": the address is in use or not local to this machine"));
     }
     server_->GetHealthCheckService()->SetServingStatus(
         v1::AttentionService::service_full_name(), true);
@@ -116,13 +153,17 @@ class AttnServerImpl final : public AttnServer {
   // Declared in the order they are built; destroyed in reverse, so the gRPC
   // server goes first, then the executor (after its queued tasks), then the
   // engine.
+  const ServerOptions options_;
   std::unique_ptr<AttentionEngine> engine_;
+  ServerMetrics metrics_;
   WeightsRegistry registry_;
   std::vector<std::string> startup_weights_;
   ComputeExecutor executor_;
   AttentionServiceImpl service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // Scrapes read metrics_.
+  int metrics_port_ = 0;
   absl::Mutex shutdown_mutex_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mutex_) = false;
 };
@@ -143,6 +184,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
       std::make_unique<AttnServerImpl>(std::move(engine), options, limits);
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
+  ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));
   return server;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct ServerOptions {
   // The most bytes of registered weights the server holds (PutWeights,
   // --weights_dir, demo).
   int64_t max_weights_bytes = int64_t{4} << 30;
+  // Port of the Prometheus /metrics endpoint, on `address`; 0 picks a free one
+  // (see AttnServer::metrics_port()); nullopt (the default here; the binary's
+  // --metrics_port defaults to 9464) serves no metrics endpoint.
+  std::optional<int> metrics_port;
   // A folder of weight sets to register at start-up (format in
   // weights_loader.h); empty: none.
   std::string weights_dir;
@@ -50,6 +55,13 @@ class AttnServer {
 
   // The port the server listens on.
   virtual int port() const = 0;
+
+  // The port /metrics is served on, or 0 if metrics are off.
+  virtual int metrics_port() const = 0;
+
+  // One line with the effective configuration and runtime, for the start-up
+  // log.
+  virtual std::string Describe() const = 0;
 
   // Names of the weight sets registered at start-up: "demo", then
   // --weights_dir's, sorted.

@@ -154,6 +154,18 @@ struct ProjectionWeights {
   absl::Span<const float> w_qkv, b_qkv;
 };
 
+// The runtime an engine computes with.
+struct RuntimeInfo {
+  std::string onednn_version;  // "2.6.3"
+  std::string
+      cpu_isa;  // oneDNN's effective ISA: "avx512_core_bf16", "avx2", ...
+  std::string threading;  // oneDNN's CPU threading runtime: "OMP", "TBB", "SEQ"
+  int threads = 0;        // threads each call computes with
+
+  // "oneDNN 2.6.3 (OMP), avx512_core_bf16, 2 threads".
+  std::string Description() const;
+};
+
 struct EngineOptions {
   // OpenMP threads each call computes with. 0: every core the process may use.
   int num_threads = 0;
@@ -200,8 +212,8 @@ class AttentionEngine {
                                           absl::Span<const float> kv_input,
                                           AttentionOutputs outputs) = 0;
 
-  // Names of the runtime, for build-info reporting: e.g. "oneDNN 2.6.3 (OMP)".
-  static std::string RuntimeDescription();
+  // What the engine computes with, for logs and build-info metrics.
+  virtual RuntimeInfo runtime_info() const = 0;
 
  protected:
   AttentionEngine() = default;

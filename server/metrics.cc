@@ -1,0 +1,217 @@
+#include "metrics.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace attnserve {
+namespace {
+
+// 50 µs to ~26 s in doublings, then 30 s: latency of tiny and of huge requests
+// alike.
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  prometheus::Histogram::BucketBoundaries buckets;
+  for (double bound = 50e-6; bound < 30.0; bound *= 2) buckets.push_back(bound);
+  buckets.push_back(30.0);
+  return buckets;
+}
+
+const char* StatusCodeName(int code) {
+  static const char* const kNames[kStatusCodeCount] = {"OK",
+                                                       "CANCELLED",
+                                                       "UNKNOWN",
+                                                       "INVALID_ARGUMENT",
+                                                       "DEADLINE_EXCEEDED",
+                                                       "NOT_FOUND",
+                                                       "ALREADY_EXISTS",
+                                                       "PERMISSION_DENIED",
+                                                       "RESOURCE_EXHAUSTED",
+                                                       "FAILED_PRECONDITION",
+                                                       "ABORTED",
+                                                       "OUT_OF_RANGE",
+                                                       "UNIMPLEMENTED",
+                                                       "INTERNAL",
+                                                       "UNAVAILABLE",
+                                                       "DATA_LOSS",
+                                                       "UNAUTHENTICATED"};
+  return kNames[code];
+}
+
+bool IsCompute(Rpc rpc) {
+  return rpc == Rpc::kAttend || rpc == Rpc::kMultiHeadAttention;
+}
+
+}  // namespace
+
+const char* RpcName(Rpc rpc) {
+  static const char* const kNames[kRpcCount] = {"Attend", "MultiHeadAttention",
+                                                "PutWeights", "ListWeights",
+                                                "DeleteWeights"};
+  return kNames[static_cast<int>(rpc)];
+}
+
+ServerMetrics::ServerMetrics(const std::string& version,
+                             const RuntimeInfo& runtime)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("attnserve_requests_total")
+                       .Help(
+                           "Calls of attnserve.v1.AttentionService finished, "
+                           "by RPC and gRPC "
+                           "status code.")
+                       .Register(*registry_);
+  auto& request_duration = prometheus::BuildHistogram()
+                               .Name("attnserve_request_duration_seconds")
+                               .Help(
+                                   "Time from a call's arrival in its handler "
+                                   "to its answer, by RPC.")
+                               .Register(*registry_);
+  auto& queue_wait =
+      prometheus::BuildHistogram()
+          .Name("attnserve_queue_wait_seconds")
+          .Help("Time a validated request waited for a compute executor.")
+          .Register(*registry_);
+  auto& compute = prometheus::BuildHistogram()
+                      .Name("attnserve_compute_seconds")
+                      .Help("Time a request's attention compute took.")
+                      .Register(*registry_);
+  auto& flops = prometheus::BuildCounter()
+                    .Name("attnserve_floating_point_operations_total")
+                    .Help(
+                        "Floating-point operations computed (FlashAttention "
+                        "convention, plus "
+                        "2 per multiply-add of the projections).")
+                    .Register(*registry_);
+  auto& request_bytes =
+      prometheus::BuildCounter()
+          .Name("attnserve_request_bytes_total")
+          .Help("Serialised bytes of requests received, by RPC.")
+          .Register(*registry_);
+  auto& response_bytes =
+      prometheus::BuildCounter()
+          .Name("attnserve_response_bytes_total")
+          .Help("Serialised bytes of successful responses sent, by RPC.")
+          .Register(*registry_);
+  for (int r = 0; r < kRpcCount; ++r) {
+    const Rpc rpc = static_cast<Rpc>(r);
+    PerRpc& per = rpcs_[r];
+    for (int code = 0; code < kStatusCodeCount; ++code) {
+      per.requests[code] = &requests.Add(
+          {{"rpc", RpcName(rpc)}, {"code", StatusCodeName(code)}});
+    }
+    per.request_duration =
+        &request_duration.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+    per.request_bytes = &request_bytes.Add({{"rpc", RpcName(rpc)}});
+    per.response_bytes = &response_bytes.Add({{"rpc", RpcName(rpc)}});
+    if (IsCompute(rpc)) {
+      per.queue_wait =
+          &queue_wait.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+      per.compute = &compute.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+      per.flops = &flops.Add({{"rpc", RpcName(rpc)}});
+    }
+  }
+  batch_size_ = &prometheus::BuildHistogram()
+                     .Name("attnserve_batch_size")
+                     .Help("Requests run together in one compute call.")
+                     .Register(*registry_)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  1, 2, 4, 8, 16, 32, 64, 128});
+  queue_depth_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_queue_depth")
+           .Help("Validated requests waiting for a compute executor.")
+           .Register(*registry_)
+           .Add({});
+  in_flight_ = &prometheus::BuildGauge()
+                    .Name("attnserve_requests_in_flight")
+                    .Help("Calls received and not yet answered.")
+                    .Register(*registry_)
+                    .Add({});
+  weight_sets_ = &prometheus::BuildGauge()
+                      .Name("attnserve_weight_sets")
+                      .Help("Weight sets held by the registry.")
+                      .Register(*registry_)
+                      .Add({});
+  weights_bytes_ = &prometheus::BuildGauge()
+                        .Name("attnserve_weights_bytes")
+                        .Help("Bytes of weights held by the registry.")
+                        .Register(*registry_)
+                        .Add({});
+  prometheus::BuildGauge()
+      .Name("attnserve_build_info")
+      .Help(
+          "Always 1; the labels say what this server runs: attnserve and "
+          "oneDNN versions, the "
+          "CPU ISA oneDNN uses, its threading runtime and the compute threads.")
+      .Register(*registry_)
+      .Add({{"version", version},
+            {"onednn_version", runtime.onednn_version},
+            {"cpu_isa", runtime.cpu_isa},
+            {"threading", runtime.threading},
+            {"threads", absl::StrCat(runtime.threads)}})
+      .Set(1);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::CallStarted(Rpc rpc, int64_t request_bytes) {
+  in_flight_->Increment();
+  rpcs_[static_cast<int>(rpc)].request_bytes->Increment(
+      static_cast<double>(request_bytes));
+}
+
+void ServerMetrics::CallFinished(Rpc rpc, absl::StatusCode code,
+                                 absl::Duration elapsed,
+                                 int64_t response_bytes) {
+  PerRpc& per = rpcs_[static_cast<int>(rpc)];
+  const int index = static_cast<int>(code);
+  per.requests[index >= 0 && index < kStatusCodeCount ? index : 2]
+      ->Increment();  // 2: UNKNOWN
+  per.request_duration->Observe(absl::ToDoubleSeconds(elapsed));
+  per.response_bytes->Increment(static_cast<double>(response_bytes));
+  in_flight_->Decrement();
+}
+
+void ServerMetrics::Enqueued() { queue_depth_->Increment(); }
+
+void ServerMetrics::Dequeued(Rpc rpc, absl::Duration wait) {
+  queue_depth_->Decrement();
+  rpcs_[static_cast<int>(rpc)].queue_wait->Observe(absl::ToDoubleSeconds(wait));
+}
+
+void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
+                             double flops) {
+  PerRpc& per = rpcs_[static_cast<int>(rpc)];
+  per.compute->Observe(absl::ToDoubleSeconds(elapsed));
+  per.flops->Increment(flops);
+  batch_size_->Observe(requests);
+}
+
+void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {
+  weight_sets_->Set(static_cast<double>(sets));
+  weights_bytes_->Set(static_cast<double>(bytes));
+}
+
+double AttentionFlops(const AttentionShape& s, bool causal) {
+  const double flops =
+      2.0 * static_cast<double>(s.batch) * static_cast<double>(s.heads) *
+      static_cast<double>(s.query_len) * static_cast<double>(s.key_len) *
+      static_cast<double>(s.key_dim + s.value_dim);
+  return causal ? flops / 2 : flops;
+}
+
+double MultiHeadFlops(const MultiHeadShape& s, bool causal) {
+  const double q_rows = static_cast<double>(s.batch * s.query_len);
+  const double kv_rows = static_cast<double>(s.batch * s.key_len);
+  const double projections =
+      2.0 * (q_rows * s.embed_dim * s.heads * s.key_dim +
+             kv_rows * s.kv_embed_dim * s.kv_heads * (s.key_dim + s.value_dim) +
+             q_rows * s.heads * s.value_dim * s.embed_dim);
+  return projections + AttentionFlops(s.Heads(), causal);
+}
+
+}  // namespace attnserve

@@ -1,0 +1,100 @@
+// ServerMetrics: attnserve's Prometheus metrics (docs/metrics.md lists them
+// all).
+//
+// Every family and every series is created in the constructor, so recording
+// never allocates or takes the registry's lock, and labels are bounded: rpc (5
+// values) and gRPC code (17 values). Thread-safe.
+#ifndef ATTNSERVE_SERVER_METRICS_H_
+#define ATTNSERVE_SERVER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "attnserve/core/attention_engine.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
+namespace attnserve {
+
+// The RPCs of attnserve.v1.AttentionService, as the `rpc` label names them.
+enum class Rpc {
+  kAttend,
+  kMultiHeadAttention,
+  kPutWeights,
+  kListWeights,
+  kDeleteWeights
+};
+inline constexpr int kRpcCount = 5;
+inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
+
+// The `rpc` label value: "Attend", "MultiHeadAttention", ...
+const char* RpcName(Rpc rpc);
+
+class ServerMetrics {
+ public:
+  // `version` is attnserve's; `runtime` fills the build-info labels.
+  ServerMetrics(const std::string& version, const RuntimeInfo& runtime);
+  ~ServerMetrics();
+
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // The registry to expose (or to serialise in tests).
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // A call arrived with a request of `request_bytes` serialised bytes.
+  void CallStarted(Rpc rpc, int64_t request_bytes);
+  // The call finished with `code` after `elapsed`; `response_bytes` is 0 for a
+  // failed call.
+  void CallFinished(Rpc rpc, absl::StatusCode code, absl::Duration elapsed,
+                    int64_t response_bytes);
+
+  // A compute task entered the executor's queue / left it after `wait`.
+  void Enqueued();
+  void Dequeued(Rpc rpc, absl::Duration wait);
+  // A compute ran `requests` requests in one kernel call for `elapsed`, doing
+  // `flops`.
+  void Computed(Rpc rpc, absl::Duration elapsed, int requests, double flops);
+
+  // The registry now holds `sets` weight sets of `bytes` in all.
+  void SetWeightsHeld(int64_t sets, int64_t bytes);
+
+ private:
+  struct PerRpc {
+    std::array<prometheus::Counter*, kStatusCodeCount> requests{};
+    prometheus::Histogram* request_duration = nullptr;
+    prometheus::Histogram* queue_wait = nullptr;  // Compute RPCs only.
+    prometheus::Histogram* compute = nullptr;     // Compute RPCs only.
+    prometheus::Counter* flops = nullptr;         // Compute RPCs only.
+    prometheus::Counter* request_bytes = nullptr;
+    prometheus::Counter* response_bytes = nullptr;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::array<PerRpc, kRpcCount> rpcs_;
+  prometheus::Histogram* batch_size_ = nullptr;
+  prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* weight_sets_ = nullptr;
+  prometheus::Gauge* weights_bytes_ = nullptr;
+};
+
+// FLOPs of one SDPA call, FlashAttention's convention: 2·B·H·Lq·Lk·(Dk + Dv),
+// halved if causal.
+double AttentionFlops(const AttentionShape& shape, bool causal);
+
+// FLOPs of one MHA call: the attention plus 2·rows·in·out for each projection.
+double MultiHeadFlops(const MultiHeadShape& shape, bool causal);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_METRICS_H_

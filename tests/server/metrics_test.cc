@@ -1,0 +1,204 @@
+// /metrics scraped over HTTP after a known mix of calls: exact counters and
+// histogram counts.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+// GET http://127.0.0.1:port/metrics; the body, or "" on failure.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
+      0) {
+    const std::string request =
+        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) ==
+        static_cast<ssize_t>(request.size())) {
+      char buffer[65536];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0)
+        response.append(buffer, n);
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// Every sample line "name{labels} value" of a text exposition, keyed by
+// "name{labels}".
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> samples;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double value;
+    if (space != absl::string_view::npos &&
+        absl::SimpleAtod(line.substr(space + 1), &value)) {
+      samples[std::string(line.substr(0, space))] = value;
+    }
+  }
+  return samples;
+}
+
+v1::AttendRequest SmallAttend(uint64_t seed) {
+  v1::AttendRequest request;
+  *request.mutable_query() =
+      MakeFloat32Tensor({1, 2, 4, 8}, RandomValues(64, seed));
+  *request.mutable_key() =
+      MakeFloat32Tensor({1, 2, 6, 8}, RandomValues(96, seed + 1));
+  *request.mutable_value() =
+      MakeFloat32Tensor({1, 2, 6, 8}, RandomValues(96, seed + 2));
+  return request;
+}
+
+class MetricsTest : public ::attnserve::testing::ServerFixture {
+ protected:
+  void SetUp() override {
+    ServerOptions options = DefaultOptions();
+    options.metrics_port = 0;
+    StartServer(options);
+  }
+};
+
+TEST_F(MetricsTest, ScrapeCountsAKnownMixOfCalls) {
+  ASSERT_GT(server_->metrics_port(), 0);
+  // 3 good Attend calls (one causal), 2 malformed, 1 MHA on the demo weights, 1
+  // MHA on an unknown name, 1 ListWeights, 1 DeleteWeights of an unknown name.
+  for (uint64_t seed : {1, 2})
+    ASSERT_TRUE(client_->Attend(SmallAttend(seed), kTimeout).ok());
+  v1::AttendRequest causal = SmallAttend(3);
+  causal.mutable_options()->set_causal(true);
+  ASSERT_TRUE(client_->Attend(causal, kTimeout).ok());
+  v1::AttendRequest malformed = SmallAttend(4);
+  malformed.clear_key();
+  EXPECT_FALSE(client_->Attend(malformed, kTimeout).ok());
+  EXPECT_FALSE(client_->Attend(malformed, kTimeout).ok());
+  v1::MultiHeadAttentionRequest mha;
+  *mha.mutable_query_input() =
+      MakeFloat32Tensor({1, 3, 64}, RandomValues(192, 5));
+  mha.set_weights_name("demo");
+  ASSERT_TRUE(client_->MultiHeadAttention(mha, kTimeout).ok());
+  mha.set_weights_name("missing");
+  EXPECT_EQ(client_->MultiHeadAttention(mha, kTimeout).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client_->ListWeights(kTimeout).ok());
+  EXPECT_EQ(client_->DeleteWeights("missing", kTimeout).status().code(),
+            absl::StatusCode::kNotFound);
+
+  const std::string text = Scrape(server_->metrics_port());
+  ASSERT_FALSE(text.empty());
+  const std::map<std::string, double> s = Samples(text);
+  const auto value = [&](const std::string& key) {
+    const auto it = s.find(key);
+    EXPECT_NE(it, s.end()) << "no sample " << key;
+    return it == s.end() ? -1.0 : it->second;
+  };
+  EXPECT_EQ(value(R"(attnserve_requests_total{code="OK",rpc="Attend"})"), 3);
+  EXPECT_EQ(
+      value(
+          R"(attnserve_requests_total{code="INVALID_ARGUMENT",rpc="Attend"})"),
+      2);
+  EXPECT_EQ(
+      value(R"(attnserve_requests_total{code="OK",rpc="MultiHeadAttention"})"),
+      1);
+  EXPECT_EQ(
+      value(
+          R"(attnserve_requests_total{code="NOT_FOUND",rpc="MultiHeadAttention"})"),
+      1);
+  EXPECT_EQ(value(R"(attnserve_requests_total{code="OK",rpc="ListWeights"})"),
+            1);
+  EXPECT_EQ(
+      value(
+          R"(attnserve_requests_total{code="NOT_FOUND",rpc="DeleteWeights"})"),
+      1);
+  EXPECT_EQ(value(R"(attnserve_requests_total{code="OK",rpc="PutWeights"})"),
+            0);
+  EXPECT_EQ(value(R"(attnserve_request_duration_seconds_count{rpc="Attend"})"),
+            5);
+  EXPECT_EQ(
+      value(
+          R"(attnserve_request_duration_seconds_bucket{rpc="Attend",le="+Inf"})"),
+      5);
+  EXPECT_EQ(value(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 3);
+  EXPECT_EQ(value(R"(attnserve_compute_seconds_count{rpc="Attend"})"), 3);
+  EXPECT_EQ(
+      value(R"(attnserve_compute_seconds_count{rpc="MultiHeadAttention"})"), 1);
+  EXPECT_EQ(value("attnserve_batch_size_count"), 4);
+  EXPECT_EQ(value("attnserve_queue_depth"), 0);
+  EXPECT_EQ(value("attnserve_requests_in_flight"), 0);
+  // Attend: 2·B·H·Lq·Lk·(Dk+Dv) = 2·1·2·4·6·16 = 1536, halved when causal.
+  EXPECT_EQ(value(R"(attnserve_floating_point_operations_total{rpc="Attend"})"),
+            1536 + 1536 + 768);
+  // MHA on demo (E=64, H=8, D=8), B=1, L=3: projections 2·3·64·64·4, attention
+  // 2·8·3·3·16.
+  EXPECT_EQ(
+      value(
+          R"(attnserve_floating_point_operations_total{rpc="MultiHeadAttention"})"),
+      2.0 * 3 * 64 * 64 * 4 + 2.0 * 8 * 3 * 3 * 16);
+  EXPECT_EQ(value(R"(attnserve_request_bytes_total{rpc="Attend"})"),
+            2 * SmallAttend(1).ByteSizeLong() + causal.ByteSizeLong() +
+                2 * malformed.ByteSizeLong());
+  EXPECT_GT(value(R"(attnserve_response_bytes_total{rpc="Attend"})"),
+            3 * 4 * 64);
+  EXPECT_EQ(value("attnserve_weight_sets"), 1);
+  EXPECT_GT(value("attnserve_weights_bytes"), 0);
+  EXPECT_THAT(text, HasSubstr("attnserve_build_info{"));
+  EXPECT_THAT(text, HasSubstr(R"(onednn_version="2.6.3")"));
+  EXPECT_THAT(text, HasSubstr("# HELP attnserve_requests_total "));
+  EXPECT_THAT(text,
+              HasSubstr("# TYPE attnserve_request_duration_seconds histogram"));
+}
+
+TEST_F(MetricsTest, WeightGaugesFollowPutAndDelete) {
+  v1::PutWeightsRequest put;
+  put.set_name("copy");
+  v1::ProjectionWeights& w = *put.mutable_weights();
+  w.set_num_heads(2);
+  *w.mutable_w_q() = MakeFloat32Tensor({4, 4}, RandomValues(16, 1));
+  *w.mutable_w_k() = MakeFloat32Tensor({4, 4}, RandomValues(16, 2));
+  *w.mutable_w_v() = MakeFloat32Tensor({4, 4}, RandomValues(16, 3));
+  *w.mutable_w_o() = MakeFloat32Tensor({4, 4}, RandomValues(16, 4));
+  absl::StatusOr<v1::PutWeightsResponse> response =
+      client_->PutWeights(put, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  std::map<std::string, double> s = Samples(Scrape(server_->metrics_port()));
+  EXPECT_EQ(s["attnserve_weight_sets"], 2);
+  const double both = s["attnserve_weights_bytes"];
+  ASSERT_TRUE(client_->DeleteWeights("copy", kTimeout).ok());
+  s = Samples(Scrape(server_->metrics_port()));
+  EXPECT_EQ(s["attnserve_weight_sets"], 1);
+  EXPECT_EQ(s["attnserve_weights_bytes"],
+            both - static_cast<double>(response->bytes()));
+}
+
+}  // namespace
+}  // namespace attnserve

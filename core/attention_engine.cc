@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "attnserve/core/checked_math.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 #include "internal/dnnl_status.h"
 #include "internal/linear.h"
 #include "internal/unfused_attention.h"

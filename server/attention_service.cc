@@ -6,7 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/status_macros.h"
 #include "grpc_status.h"
 #include "metrics.h"
 #include "tensor_codec.h"

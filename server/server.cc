@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_service.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/status_macros.h"
 #include "compute_executor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"

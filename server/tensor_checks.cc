@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/dtype.h"
-#include "attnserve/core/checked_math.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 
 namespace attnserve {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "attnserve/core/checked_math.h"
+#include "attnserve/common/checked_math.h"
 
 static_assert(
     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,

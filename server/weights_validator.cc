@@ -2,8 +2,8 @@
 // request_validator.h.
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "attnserve/core/checked_math.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 #include "request_validator.h"
 #include "tensor_checks.h"
 

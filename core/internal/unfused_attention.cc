@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "attnserve/core/checked_math.h"
+#include "attnserve/common/checked_math.h"
 #include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
 #include "internal/score_pass.h"

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "attnserve/core/checked_math.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 
 namespace attnserve::internal {
 namespace {

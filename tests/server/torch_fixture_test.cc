@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "npy.h"
+#include "attnserve/common/npy.h"
 #include "server/server_fixture.h"
 
 namespace attnserve {

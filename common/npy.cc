@@ -1,4 +1,4 @@
-#include "npy.h"
+#include "attnserve/common/npy.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "attnserve/core/checked_math.h"
-#include "attnserve/core/status_macros.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 
 namespace attnserve {
 namespace {
@@ -33,7 +33,8 @@ constexpr struct {
 } kDescrs[] = {{"<f4", NpyDType::kFloat32}, {"<f2", NpyDType::kFloat16},
                {"<f8", NpyDType::kFloat64}, {"|b1", NpyDType::kBool},
                {"<b1", NpyDType::kBool},    {"=b1", NpyDType::kBool},
-               {">b1", NpyDType::kBool},    {"<i8", NpyDType::kInt64}};
+               {">b1", NpyDType::kBool},    {"<i8", NpyDType::kInt64},
+               {"<u2", NpyDType::kUInt16}};
 
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(".npy ", message));
@@ -212,15 +213,15 @@ absl::StatusOr<NpyDType> DTypeFromDescr(absl::string_view descr) {
                                 "expected little-endian '", little_endian,
                                 "'"));
   }
-  return Invalid(
-      absl::StrCat("'descr' is ", Quoted(descr),
-                   ", expected one of '<f4', '<f2', '<f8', '|b1', '<i8'"));
+  return Invalid(absl::StrCat(
+      "'descr' is ", Quoted(descr),
+      ", expected one of '<f4', '<f2', '<f8', '|b1', '<i8', '<u2'"));
 }
 
 }  // namespace
 
 int64_t NpyElementBytes(NpyDType dtype) {
-  constexpr int64_t kBytes[] = {4, 2, 8, 1, 8};  // In NpyDType's order.
+  constexpr int64_t kBytes[] = {4, 2, 8, 1, 8, 2};  // In NpyDType's order.
   return kBytes[static_cast<int>(dtype)];
 }
 
@@ -329,6 +330,59 @@ absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path,
         absl::StrCat(path, ": ", array.status().message()));
   }
   return array;
+}
+
+std::string SerializeNpy(const NpyArray& array) {
+  const char* descr = "<f4";
+  for (const auto& entry : kDescrs) {
+    if (entry.dtype == array.dtype) {
+      descr = entry.descr.data();
+      break;
+    }
+  }
+  std::string shape = "(";
+  for (int64_t dim : array.shape) absl::StrAppend(&shape, dim, ", ");
+  if (array.shape.size() > 1)
+    shape.resize(shape.size() - 2);  // "(2, 3)", but "(5,)".
+  if (array.shape.size() == 1) shape.resize(shape.size() - 1);
+  shape += ")";
+  std::string header =
+      absl::StrCat("{'descr': '", absl::string_view(descr, 3),
+                   "', 'fortran_order': False, 'shape': ", shape, ", }");
+  // Magic (6) + version (2) + length (2) + header + '\n', padded to 64 bytes.
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string bytes(kMagic);
+  bytes.push_back('\x01');
+  bytes.push_back('\x00');
+  bytes.push_back(static_cast<char>(header.size() & 0xff));
+  bytes.push_back(static_cast<char>(header.size() >> 8));
+  bytes += header;
+  bytes += array.data;
+  return bytes;
+}
+
+absl::Status WriteNpyFile(const std::string& path, const NpyArray& array) {
+  const std::string bytes = SerializeNpy(array);
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      close(fd);
+      return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve

@@ -1,4 +1,4 @@
-#include "npy.h"
+#include "attnserve/common/npy.h"
 
 #include <cstdint>
 #include <cstring>
@@ -312,7 +312,8 @@ std::vector<InvalidCase> InvalidCases() {
       {"RejectsUnsupportedDescr",
        Npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2,)}",
            two_floats),
-       "'descr' is \"<i4\", expected one of '<f4', '<f2', '<f8', '|b1', '<i8'"},
+       "'descr' is \"<i4\", expected one of '<f4', '<f2', '<f8', '|b1', '<i8', "
+       "'<u2'"},
       {"RejectsBigEndianFloat",
        Npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2,)}",
            two_floats),
@@ -440,6 +441,44 @@ TEST(ReadNpyFileTest, RejectsDirectory) {
   EXPECT_EQ(array.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(array.status().message()),
               HasSubstr("expected a regular"));
+}
+
+}  // namespace
+}  // namespace attnserve
+
+namespace attnserve {
+namespace {
+
+TEST(NpyWriteTest, SerializedArraysParseBackUnchanged) {
+  const NpyArray arrays[] = {
+      {NpyDType::kFloat32, {2, 3}, std::string(24, '\x01')},
+      {NpyDType::kFloat16, {5}, std::string(10, '\x02')},
+      {NpyDType::kUInt16, {1, 1, 4}, std::string(8, '\x03')},
+      {NpyDType::kBool, {3}, std::string("\x01\x00\x01", 3)},
+      {NpyDType::kInt64, {}, std::string(8, '\x04')},
+      {NpyDType::kFloat64, {0, 2}, std::string()},
+  };
+  for (const NpyArray& array : arrays) {
+    const std::string bytes = SerializeNpy(array);
+    EXPECT_EQ((bytes.size() - array.data.size()) % 64, 0u)
+        << "header not 64-byte aligned";
+    absl::StatusOr<NpyArray> parsed = ParseNpy(bytes);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->dtype, array.dtype);
+    EXPECT_EQ(parsed->shape, array.shape);
+    EXPECT_EQ(parsed->data, array.data);
+  }
+}
+
+TEST(NpyWriteTest, WrittenFileReadsBack) {
+  const std::string path = ::testing::TempDir() + "/written.npy";
+  const NpyArray array{NpyDType::kFloat32, {2, 2}, std::string(16, '\x07')};
+  ASSERT_TRUE(WriteNpyFile(path, array).ok());
+  absl::StatusOr<NpyArray> read = ReadNpyFile(path, 1 << 20);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->shape, array.shape);
+  EXPECT_EQ(read->data, array.data);
+  EXPECT_FALSE(WriteNpyFile("/nonexistent-dir/x.npy", array).ok());
 }
 
 }  // namespace

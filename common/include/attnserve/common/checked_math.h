@@ -1,7 +1,7 @@
 // Overflow-checked integer arithmetic for sizes computed from caller-supplied
 // dimensions.
-#ifndef ATTNSERVE_CORE_CHECKED_MATH_H_
-#define ATTNSERVE_CORE_CHECKED_MATH_H_
+#ifndef ATTNSERVE_COMMON_CHECKED_MATH_H_
+#define ATTNSERVE_COMMON_CHECKED_MATH_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -38,4 +38,4 @@ inline std::optional<int64_t> CheckedProduct(
 
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_CORE_CHECKED_MATH_H_
+#endif  // ATTNSERVE_COMMON_CHECKED_MATH_H_

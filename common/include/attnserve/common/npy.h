@@ -8,8 +8,8 @@
 //   if (array.ok() && array->dtype == NpyDType::kFloat32) { ... }
 //
 // The functions here are thread-safe.
-#ifndef ATTNSERVE_SERVER_NPY_H_
-#define ATTNSERVE_SERVER_NPY_H_
+#ifndef ATTNSERVE_COMMON_NPY_H_
+#define ATTNSERVE_COMMON_NPY_H_
 
 #include <cstdint>
 #include <string>
@@ -20,11 +20,11 @@
 
 namespace attnserve {
 
-// Element types attnserve reads from .npy files, with the descr each has in a
-// file: '<f4', '<f2', '<f8', '<i8' and '|b1' (a bool's byte-order mark may be
-// any of
-// '|', '=', '<', '>', since one byte has no byte order).
-enum class NpyDType { kFloat32, kFloat16, kFloat64, kBool, kInt64 };
+// Element types attnserve reads and writes in .npy files, with the descr each
+// has in a file: '<f4', '<f2', '<f8', '|b1', '<i8' and '<u2' (bfloat16 bit
+// patterns travel as uint16). A bool's byte-order mark may be any of '|', '=',
+// '<', '>' when read, since one byte has no byte order.
+enum class NpyDType { kFloat32, kFloat16, kFloat64, kBool, kInt64, kUInt16 };
 
 // An array read from a .npy file.
 struct NpyArray {
@@ -53,9 +53,17 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes);
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path,
                                      int64_t max_file_bytes);
 
-// Element size in bytes of `dtype`: 4, 2, 8 and 1.
+// Element size in bytes of `dtype`: 4, 2, 8, 1, 8, 2.
 int64_t NpyElementBytes(NpyDType dtype);
+
+// The bytes of a version 1.0 .npy file holding `array` (whose data must match
+// its shape), as numpy.save writes them: header padded to a multiple of 64.
+std::string SerializeNpy(const NpyArray& array);
+
+// Writes SerializeNpy(array) to `path`, replacing it. The errno's status if
+// the file cannot be written.
+absl::Status WriteNpyFile(const std::string& path, const NpyArray& array);
 
 }  // namespace attnserve
 
-#endif  // ATTNSERVE_SERVER_NPY_H_
+#endif  // ATTNSERVE_COMMON_NPY_H_

@@ -4,8 +4,8 @@
 //   ATTNSERVE_RETURN_IF_ERROR(ValidateShape(shape));
 //   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
 //   Engine::Create(options));
-#ifndef ATTNSERVE_CORE_STATUS_MACROS_H_
-#define ATTNSERVE_CORE_STATUS_MACROS_H_
+#ifndef ATTNSERVE_COMMON_STATUS_MACROS_H_
+#define ATTNSERVE_COMMON_STATUS_MACROS_H_
 
 #include <utility>
 
@@ -36,4 +36,4 @@
   if (!statusor.ok()) return std::move(statusor).status();     \
   lhs = std::move(statusor).value()
 
-#endif  // ATTNSERVE_CORE_STATUS_MACROS_H_
+#endif  // ATTNSERVE_COMMON_STATUS_MACROS_H_

@@ -1,9 +1,13 @@
 #include "attnserve/client/client.h"
 
+#include <algorithm>
 #include <cstring>
+#include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "attnserve/common/dtype.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -17,9 +21,61 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
                       status.error_message());
 }
 
-void SetTimeout(absl::Duration timeout, grpc::ClientContext* context) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+int64_t Milliseconds(absl::Duration duration) {
+  return absl::ToInt64Milliseconds(duration);
 }
+
+absl::Status ValidateOptions(const ClientOptions& options) {
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes is ", options.max_message_bytes, ", expected > 0"));
+  }
+  const RetryPolicy& retry = options.retry;
+  if (retry.max_attempts < 1 || retry.max_attempts > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retry.max_attempts is ", retry.max_attempts, ", expected 1 to 100"));
+  }
+  if (retry.initial_backoff <= absl::ZeroDuration() ||
+      retry.max_backoff < retry.initial_backoff ||
+      retry.backoff_multiplier < 1.0) {
+    return absl::InvalidArgumentError(
+        "retry backoff must have initial_backoff > 0, max_backoff >= "
+        "initial_backoff and "
+        "backoff_multiplier >= 1");
+  }
+  if (options.tls && options.tls->client_certificate.empty() !=
+                         options.tls->client_private_key.empty()) {
+    return absl::InvalidArgumentError(
+        "tls.client_certificate and tls.client_private_key must be given "
+        "together");
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(
+    const ClientOptions& options) {
+  if (!options.tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = options.tls->root_certificates;
+  ssl.pem_cert_chain = options.tls->client_certificate;
+  ssl.pem_private_key = options.tls->client_private_key;
+  return grpc::SslCredentials(ssl);
+}
+
+bool IsRetryable(const RetryPolicy& policy, const grpc::Status& status) {
+  return (policy.retry_unavailable &&
+          status.error_code() == grpc::StatusCode::UNAVAILABLE) ||
+         (policy.retry_resource_exhausted &&
+          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+// One asynchronous call's state, alive until its callback has run.
+template <typename Request, typename Response>
+struct AsyncCall {
+  std::unique_ptr<grpc::ClientContext> context;
+  Request request;
+  Response response;
+};
 
 }  // namespace
 
@@ -29,80 +85,222 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     return absl::InvalidArgumentError(
         "target is empty, expected e.g. \"localhost:50051\"");
   }
-  if (options.max_message_bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_message_bytes is ", options.max_message_bytes, ", expected > 0"));
-  }
+  const absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
-  return std::unique_ptr<Client>(new Client(grpc::CreateCustomChannel(
-      std::string(target), grpc::InsecureChannelCredentials(), arguments)));
+  arguments.SetLoadBalancingPolicyName(options.load_balancing_policy);
+  if (options.keepalive_time > absl::ZeroDuration()) {
+    arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                     static_cast<int>(Milliseconds(options.keepalive_time)));
+    arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                     static_cast<int>(Milliseconds(options.keepalive_timeout)));
+    arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  }
+  if (options.tls && !options.tls->server_name_override.empty()) {
+    arguments.SetSslTargetNameOverride(options.tls->server_name_override);
+  }
+  return std::unique_ptr<Client>(
+      new Client(grpc::CreateCustomChannel(std::string(target),
+                                           Credentials(options), arguments),
+                 options));
 }
 
-Client::Client(std::shared_ptr<grpc::Channel> channel)
-    : channel_(std::move(channel)),
+Client::Client(std::shared_ptr<grpc::Channel> channel,
+               const ClientOptions& options)
+    : options_(options),
+      channel_(std::move(channel)),
       stub_(v1::AttentionService::NewStub(channel_)) {}
 
-// Calls the unary `method` of `stub` with a deadline `timeout` from now.
-template <typename Stub, typename Request, typename Response>
-absl::StatusOr<Response> CallUnary(
-    Stub& stub,
-    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
-                                 Response*),
-    const Request& request, absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetTimeout(timeout, &context);
-  Response response;
-  const grpc::Status status = (stub.*method)(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+std::unique_ptr<grpc::ClientContext> Client::NewContext(
+    absl::Time deadline) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(deadline));
+  if (!options_.bearer_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
+  return context;
+}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::CallWithRetries(
+    grpc::Status (v1::AttentionService::Stub::*method)(grpc::ClientContext*,
+                                                       const Request&,
+                                                       Response*),
+    const Request& request, absl::Duration timeout, bool retryable) {
+  const RetryPolicy& policy = options_.retry;
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = policy.initial_backoff;
+  thread_local std::minstd_rand jitter(std::random_device{}());
+  for (int attempt = 1;; ++attempt) {
+    std::unique_ptr<grpc::ClientContext> context = NewContext(deadline);
+    Response response;
+    const grpc::Status status =
+        ((*stub_).*method)(context.get(), request, &response);
+    if (status.ok()) return response;
+    if (!retryable || attempt >= policy.max_attempts ||
+        !IsRetryable(policy, status)) {
+      return FromGrpcStatus(status);
+    }
+    // Full backoff scaled by a jitter in [0.5, 1): spreads clients that failed
+    // together.
+    const absl::Duration wait =
+        backoff * std::uniform_real_distribution<double>(0.5, 1.0)(jitter);
+    if (absl::Now() + wait >= deadline) return FromGrpcStatus(status);
+    absl::SleepFor(wait);
+    backoff = std::min(backoff * policy.backoff_multiplier, policy.max_backoff);
+  }
 }
 
 absl::StatusOr<v1::AttendResponse> Client::Attend(
     const v1::AttendRequest& request, absl::Duration timeout) {
-  return CallUnary(*stub_, &v1::AttentionService::Stub::Attend, request,
-                   timeout);
+  return CallWithRetries(&v1::AttentionService::Stub::Attend, request, timeout,
+                         true);
 }
 
 absl::StatusOr<v1::MultiHeadAttentionResponse> Client::MultiHeadAttention(
     const v1::MultiHeadAttentionRequest& request, absl::Duration timeout) {
-  return CallUnary(*stub_, &v1::AttentionService::Stub::MultiHeadAttention,
-                   request, timeout);
+  return CallWithRetries(&v1::AttentionService::Stub::MultiHeadAttention,
+                         request, timeout, true);
+}
+
+void Client::AttendAsync(
+    v1::AttendRequest request, absl::Duration timeout,
+    std::function<void(absl::StatusOr<v1::AttendResponse>)> done) {
+  auto call =
+      std::make_shared<AsyncCall<v1::AttendRequest, v1::AttendResponse>>();
+  call->context = NewContext(absl::Now() + timeout);
+  call->request = std::move(request);
+  stub_->async()->Attend(call->context.get(), &call->request, &call->response,
+                         [call, done = std::move(done)](grpc::Status status) {
+                           if (status.ok()) {
+                             done(std::move(call->response));
+                           } else {
+                             done(FromGrpcStatus(status));
+                           }
+                         });
+}
+
+std::future<absl::StatusOr<v1::AttendResponse>> Client::AttendFuture(
+    v1::AttendRequest request, absl::Duration timeout) {
+  auto promise =
+      std::make_shared<std::promise<absl::StatusOr<v1::AttendResponse>>>();
+  std::future<absl::StatusOr<v1::AttendResponse>> future =
+      promise->get_future();
+  AttendAsync(std::move(request), timeout,
+              [promise](absl::StatusOr<v1::AttendResponse> result) {
+                promise->set_value(std::move(result));
+              });
+  return future;
+}
+
+void Client::MultiHeadAttentionAsync(
+    v1::MultiHeadAttentionRequest request, absl::Duration timeout,
+    std::function<void(absl::StatusOr<v1::MultiHeadAttentionResponse>)> done) {
+  auto call = std::make_shared<AsyncCall<v1::MultiHeadAttentionRequest,
+                                         v1::MultiHeadAttentionResponse>>();
+  call->context = NewContext(absl::Now() + timeout);
+  call->request = std::move(request);
+  stub_->async()->MultiHeadAttention(
+      call->context.get(), &call->request, &call->response,
+      [call, done = std::move(done)](grpc::Status status) {
+        if (status.ok()) {
+          done(std::move(call->response));
+        } else {
+          done(FromGrpcStatus(status));
+        }
+      });
+}
+
+std::unique_ptr<AttendSession> Client::OpenAttendSession(
+    absl::Duration timeout) {
+  return std::make_unique<AttendSession>(NewContext(absl::Now() + timeout),
+                                         *stub_);
 }
 
 absl::StatusOr<v1::PutWeightsResponse> Client::PutWeights(
     const v1::PutWeightsRequest& request, absl::Duration timeout) {
-  return CallUnary(*stub_, &v1::AttentionService::Stub::PutWeights, request,
-                   timeout);
+  return CallWithRetries(&v1::AttentionService::Stub::PutWeights, request,
+                         timeout, options_.retry.retry_weight_changes);
 }
 
 absl::StatusOr<v1::ListWeightsResponse> Client::ListWeights(
     absl::Duration timeout) {
-  return CallUnary(*stub_, &v1::AttentionService::Stub::ListWeights,
-                   v1::ListWeightsRequest(), timeout);
+  return CallWithRetries(&v1::AttentionService::Stub::ListWeights,
+                         v1::ListWeightsRequest(), timeout, true);
 }
 
 absl::StatusOr<v1::DeleteWeightsResponse> Client::DeleteWeights(
     absl::string_view name, absl::Duration timeout) {
   v1::DeleteWeightsRequest request;
   request.set_name(std::string(name));
-  return CallUnary(*stub_, &v1::AttentionService::Stub::DeleteWeights, request,
-                   timeout);
+  return CallWithRetries(&v1::AttentionService::Stub::DeleteWeights, request,
+                         timeout, options_.retry.retry_weight_changes);
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
 Client::CheckHealth(absl::string_view service, absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetTimeout(timeout, &context);
+  std::unique_ptr<grpc::ClientContext> context =
+      NewContext(absl::Now() + timeout);
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(std::string(service));
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status =
-      grpc::health::v1::Health::NewStub(channel_)->Check(&context, request,
+      grpc::health::v1::Health::NewStub(channel_)->Check(context.get(), request,
                                                          &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.status();
+}
+
+AttendSession::AttendSession(std::unique_ptr<grpc::ClientContext> context,
+                             v1::AttentionService::Stub& stub)
+    : context_(std::move(context)),
+      stream_(stub.AttendStream(context_.get())) {}
+
+AttendSession::~AttendSession() {
+  if (!finished_) {
+    context_->TryCancel();
+    stream_->Finish();
+  }
+}
+
+absl::Status AttendSession::Send(const v1::AttendRequest& request) {
+  if (send_closed_) {
+    return absl::FailedPreconditionError(
+        "Send after CloseSend on an AttendSession");
+  }
+  if (!stream_->Write(request)) {
+    return absl::UnavailableError("the AttendStream broke; Finish says why");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttendSession::CloseSend() {
+  if (send_closed_) return absl::OkStatus();
+  send_closed_ = true;
+  if (!stream_->WritesDone()) {
+    return absl::UnavailableError("the AttendStream broke; Finish says why");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<v1::AttendStreamResponse>>
+AttendSession::Receive() {
+  v1::AttendStreamResponse answer;
+  if (stream_->Read(&answer))
+    return std::optional<v1::AttendStreamResponse>(std::move(answer));
+  return std::optional<v1::AttendStreamResponse>();
+}
+
+absl::Status AttendSession::Finish() {
+  if (finished_) return absl::FailedPreconditionError("Finish called twice");
+  finished_ = true;
+  if (!send_closed_) CloseSend().IgnoreError();
+  v1::AttendStreamResponse unread;
+  while (stream_->Read(&unread)) {
+  }
+  return FromGrpcStatus(stream_->Finish());
 }
 
 v1::Tensor MakeFloat32Tensor(absl::Span<const int64_t> shape,
@@ -178,6 +376,36 @@ absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor) {
   ConvertToFloat32(type, tensor.data().data(), static_cast<int64_t>(elements),
                    values.data());
   return values;
+}
+
+absl::Status ReadFloatsInto(const v1::Tensor& tensor,
+                            absl::Span<const int64_t> expected_shape,
+                            absl::Span<float> out) {
+  if (!std::equal(tensor.shape().begin(), tensor.shape().end(),
+                  expected_shape.begin(), expected_shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor.shape is [", absl::StrJoin(tensor.shape(), ", "),
+        "], expected [", absl::StrJoin(expected_shape, ", "), "]"));
+  }
+  const int64_t element_bytes = tensor.dtype() == v1::FLOAT32 ? 4 : 2;
+  if (tensor.dtype() != v1::FLOAT32 && tensor.dtype() != v1::BFLOAT16 &&
+      tensor.dtype() != v1::FLOAT16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.dtype is ", tensor.dtype(),
+                     ", expected FLOAT32, BFLOAT16 or FLOAT16"));
+  }
+  if (tensor.data().size() != out.size() * static_cast<size_t>(element_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor.data has ", tensor.data().size(),
+                     " bytes, the output span holds ", out.size(),
+                     " elements of ", element_bytes, " bytes"));
+  }
+  ConvertToFloat32(tensor.dtype() == v1::FLOAT32    ? DataType::kFloat32
+                   : tensor.dtype() == v1::BFLOAT16 ? DataType::kBFloat16
+                                                    : DataType::kFloat16,
+                   tensor.data().data(), static_cast<int64_t>(out.size()),
+                   out.data());
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve

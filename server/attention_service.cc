@@ -6,68 +6,14 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attend_stream.h"
+#include "attention_compute.h"
 #include "attnserve/common/status_macros.h"
 #include "grpc_status.h"
 #include "metrics.h"
 #include "tensor_codec.h"
 
 namespace attnserve {
-namespace {
-
-// The response's weights and lse tensors, created only when the options ask for
-// them.
-template <typename Response>
-v1::Tensor* WeightsTensor(const OptionsPlan& plan, Response* response) {
-  return plan.options.weights == AttentionWeightsMode::kNone
-             ? nullptr
-             : response->mutable_weights();
-}
-
-template <typename Response>
-v1::Tensor* LseTensor(const OptionsPlan& plan, Response* response) {
-  return plan.options.return_lse ? response->mutable_lse() : nullptr;
-}
-
-absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
-                           const v1::AttendRequest& request,
-                           v1::AttendResponse* response) {
-  std::vector<float> query_copy, key_copy, value_copy, mask_copy;
-  const AttentionShape& s = work.shape;
-  const int64_t output_shape[] = {s.batch, s.heads, s.query_len, s.value_dim};
-  AttentionResponseTensors tensors(
-      work.plan, s, output_shape, response->mutable_output(),
-      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
-  ATTNSERVE_RETURN_IF_ERROR(engine.Attend(
-      s, BindOptions(work.plan, request.options(), &mask_copy),
-      FloatElements(request.query(), &query_copy),
-      FloatElements(request.key(), &key_copy),
-      FloatElements(request.value(), &value_copy), tensors.outputs()));
-  tensors.Finish();
-  return absl::OkStatus();
-}
-
-absl::Status ComputeMultiHead(AttentionEngine& engine,
-                              const MultiHeadWork& work,
-                              const ProjectionWeights& weights,
-                              const v1::MultiHeadAttentionRequest& request,
-                              v1::MultiHeadAttentionResponse* response) {
-  std::vector<float> query_copy, kv_copy, mask_copy;
-  const MultiHeadShape& s = work.shape;
-  const int64_t output_shape[] = {s.batch, s.query_len, s.embed_dim};
-  AttentionResponseTensors tensors(
-      work.plan, s.Heads(), output_shape, response->mutable_output(),
-      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
-  ATTNSERVE_RETURN_IF_ERROR(engine.MultiHeadAttention(
-      s, weights, BindOptions(work.plan, request.options(), &mask_copy),
-      FloatElements(request.query_input(), &query_copy),
-      work.self_attention ? absl::Span<const float>()
-                          : FloatElements(request.kv_input(), &kv_copy),
-      tensors.outputs()));
-  tensors.Finish();
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 AttentionServiceImpl::AttentionServiceImpl(ServerMetrics* metrics,
                                            AttentionEngine* engine,
@@ -137,6 +83,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
                 [this, request, response, work = *std::move(work)] {
                   return ComputeAttend(*engine_, work, *request, response);
                 });
+}
+
+grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
+AttentionServiceImpl::AttendStream(grpc::CallbackServerContext* context) {
+  return StartAttendStream(context, {metrics_, engine_, executor_, limits_});
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(

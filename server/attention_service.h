@@ -24,6 +24,8 @@ class AttentionServiceImpl final
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
                                    v1::AttendResponse* response) override;
+  grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
+  AttendStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* MultiHeadAttention(
       grpc::CallbackServerContext* context,
       const v1::MultiHeadAttentionRequest* request,

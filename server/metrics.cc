@@ -42,15 +42,16 @@ const char* StatusCodeName(int code) {
 }
 
 bool IsCompute(Rpc rpc) {
-  return rpc == Rpc::kAttend || rpc == Rpc::kMultiHeadAttention;
+  return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
+         rpc == Rpc::kMultiHeadAttention;
 }
 
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
-  static const char* const kNames[kRpcCount] = {"Attend", "MultiHeadAttention",
-                                                "PutWeights", "ListWeights",
-                                                "DeleteWeights"};
+  static const char* const kNames[kRpcCount] = {
+      "Attend",     "AttendStream", "MultiHeadAttention",
+      "PutWeights", "ListWeights",  "DeleteWeights"};
   return kNames[static_cast<int>(rpc)];
 }
 

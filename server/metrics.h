@@ -28,12 +28,13 @@ namespace attnserve {
 // The RPCs of attnserve.v1.AttentionService, as the `rpc` label names them.
 enum class Rpc {
   kAttend,
+  kAttendStream,  // One per request on the stream.
   kMultiHeadAttention,
   kPutWeights,
   kListWeights,
   kDeleteWeights
 };
-inline constexpr int kRpcCount = 5;
+inline constexpr int kRpcCount = 6;
 inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
 
 // The `rpc` label value: "Attend", "MultiHeadAttention", ...

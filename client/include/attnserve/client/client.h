@@ -4,18 +4,22 @@
 //                              attnserve::Client::Connect("localhost:50051"));
 //   attnserve::v1::AttendRequest request;
 //   *request.mutable_query() = attnserve::MakeFloat32Tensor({1, 8, 128, 64},
-//   query_values);
+//   query);
 //   ...
 //   ATTNSERVE_ASSIGN_OR_RETURN(attnserve::v1::AttendResponse response,
 //                              client->Attend(request, absl::Seconds(5)));
 //
 // Errors come back as absl::Status with the server's gRPC code and message
-// unchanged.
+// unchanged. The library depends on the generated proto code only (plus Abseil
+// and gRPC).
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,31 +32,90 @@
 
 namespace attnserve {
 
-struct ClientOptions {
-  // The largest message the client sends or receives, in bytes; match the
-  // server's
-  // --max_message_bytes.
-  int max_message_bytes = 64 << 20;
+// Retries of the synchronous calls. Only UNAVAILABLE (no server took the call)
+// and RESOURCE_EXHAUSTED (the server refused it before computing) are retried,
+// with exponential backoff and jitter, and never past the call's deadline.
+// Attend, MultiHeadAttention and the read-only weights calls are idempotent;
+// PutWeights and DeleteWeights are retried only if `retry_weight_changes` is
+// set, since a retried put may register a second version.
+struct RetryPolicy {
+  int max_attempts = 1;  // 1: no retries.
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double backoff_multiplier = 2.0;
+  bool retry_unavailable = true;
+  bool retry_resource_exhausted = true;
+  bool retry_weight_changes = false;
 };
 
-// A connection to one attnserve target. Thread-safe: calls may run concurrently
-// on one Client.
+// TLS for the channel: server authentication, and client authentication (mTLS)
+// when a client certificate is given. All PEM text.
+struct TlsOptions {
+  std::string root_certificates;  // CA bundle; empty: gRPC's default roots.
+  std::string client_certificate;
+  std::string client_private_key;
+  // The name the server certificate must carry, when the target is an address.
+  std::string server_name_override;
+};
+
+struct ClientOptions {
+  // The largest message sent or received, in bytes; match the server's
+  // --max_message_bytes.
+  int max_message_bytes = 64 << 20;
+  // Plaintext when unset.
+  std::optional<TlsOptions> tls;
+  // Sent as "authorization: Bearer <token>" on every call when not empty.
+  std::string bearer_token;
+  // The load-balancing policy over the addresses a target resolves to. For
+  // Kubernetes, target a headless Service as
+  // "dns:///attnserve-headless.NAMESPACE.svc:50051" so that every pod is used
+  // (kube-proxy would pin one long-lived HTTP/2 connection to one pod).
+  std::string load_balancing_policy = "round_robin";
+  // HTTP/2 keepalive pings, so idle connections through proxies and NATs stay
+  // open and dead ones are noticed. Zero turns them off.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+  RetryPolicy retry;
+};
+
+class AttendSession;
+
+// A channel to one attnserve target. Thread-safe: calls may run concurrently on
+// one Client.
 class Client {
  public:
   // Returns a client for `target`, a gRPC target string ("localhost:50051",
-  // "dns:///attnserve.default.svc:50051", "unix:/run/attnserve.sock"). Connects
-  // lazily: an unreachable server shows as UNAVAILABLE on the first call.
-  // INVALID_ARGUMENT for an empty target or bad options.
+  // "dns:///attnserve-headless.default.svc:50051", "unix:/run/attnserve.sock").
+  // Connects lazily: an unreachable server shows as UNAVAILABLE on the first
+  // call. INVALID_ARGUMENT for an empty target or bad options.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       absl::string_view target, const ClientOptions& options = {});
 
-  // Calls Attend, waiting at most `timeout` (DEADLINE_EXCEEDED past it).
+  // Calls Attend, waiting at most `timeout` in all (retries included;
+  // DEADLINE_EXCEEDED past it).
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
                                             absl::Duration timeout);
 
   // Calls MultiHeadAttention, waiting at most `timeout`.
   absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(
       const v1::MultiHeadAttentionRequest& request, absl::Duration timeout);
+
+  // Asynchronous Attend: returns at once; `done` runs once, on a gRPC thread,
+  // with the result. No retries. `done` must not block for long.
+  void AttendAsync(
+      v1::AttendRequest request, absl::Duration timeout,
+      std::function<void(absl::StatusOr<v1::AttendResponse>)> done);
+  // As AttendAsync, with the result in a future.
+  std::future<absl::StatusOr<v1::AttendResponse>> AttendFuture(
+      v1::AttendRequest request, absl::Duration timeout);
+  // Asynchronous MultiHeadAttention, as AttendAsync.
+  void MultiHeadAttentionAsync(
+      v1::MultiHeadAttentionRequest request, absl::Duration timeout,
+      std::function<void(absl::StatusOr<v1::MultiHeadAttentionResponse>)> done);
+
+  // Opens an AttendStream session: many requests on one stream, answers in
+  // order. The session lasts at most `timeout`.
+  std::unique_ptr<AttendSession> OpenAttendSession(absl::Duration timeout);
 
   // The weights registry: register or replace, list, delete.
   absl::StatusOr<v1::PutWeightsResponse> PutWeights(
@@ -69,15 +132,57 @@ class Client {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
  private:
-  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
 
+  // A context with the deadline and the bearer token set.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
+
+  // Calls `method` with retries per the policy; `retryable` says whether this
+  // RPC may be.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> CallWithRetries(
+      grpc::Status (v1::AttentionService::Stub::*method)(grpc::ClientContext*,
+                                                         const Request&,
+                                                         Response*),
+      const Request& request, absl::Duration timeout, bool retryable);
+
+  const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 
-// A FLOAT32 tensor of `shape` holding `values` (row-major). The caller keeps
-// the element count consistent with the shape; the server rejects a mismatch by
-// name.
+// An AttendStream call. One thread may Send while another Receives; each method
+// itself is not to be called from two threads at once.
+class AttendSession {
+ public:
+  AttendSession(std::unique_ptr<grpc::ClientContext> context,
+                v1::AttentionService::Stub& stub);
+  ~AttendSession();  // Cancels the stream if it was not finished.
+
+  // Sends one request. FAILED_PRECONDITION after CloseSend; UNAVAILABLE if the
+  // stream broke (Finish then says why).
+  absl::Status Send(const v1::AttendRequest& request);
+  // Tells the server no more requests will come.
+  absl::Status CloseSend();
+  // The next answer, in the order of the requests; nullopt once the server has
+  // answered all of them and closed the stream.
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> Receive();
+  // Ends the call and returns its final status (after every answer has been
+  // received).
+  absl::Status Finish();
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendStreamResponse>>
+      stream_;
+  bool send_closed_ = false;
+  bool finished_ = false;
+};
+
+// A FLOAT32 tensor of `shape` holding `values` (row-major), copied once into
+// the message. The caller keeps the element count consistent with the shape;
+// the server rejects a mismatch by name.
 v1::Tensor MakeFloat32Tensor(absl::Span<const int64_t> shape,
                              absl::Span<const float> values);
 
@@ -98,6 +203,13 @@ absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor);
 // INVALID_ARGUMENT for another dtype or a byte count that does not match the
 // shape.
 absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor);
+
+// Reads a float tensor into `out` (widening BFLOAT16/FLOAT16), checking that
+// its shape is `expected_shape` and `out` holds exactly its elements: no
+// allocation. INVALID_ARGUMENT naming what differs.
+absl::Status ReadFloatsInto(const v1::Tensor& tensor,
+                            absl::Span<const int64_t> expected_shape,
+                            absl::Span<float> out);
 
 }  // namespace attnserve
 

@@ -1,0 +1,262 @@
+#include "attnserve/client/sharded_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+int64_t ElementBytes(const v1::Tensor& tensor) {
+  switch (tensor.dtype()) {
+    case v1::FLOAT32:
+      return 4;
+    case v1::BFLOAT16:
+    case v1::FLOAT16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+int64_t Product(const v1::Tensor& tensor, int from, int to) {
+  int64_t product = 1;
+  for (int d = from; d < to; ++d) product *= tensor.shape(d);
+  return product;
+}
+
+// `tensor` with dimension `dim` cut to [begin, end) (keys sit at dim 2 of [B,
+// Hkv, Lk, D], and last in a mask).
+v1::Tensor Slice(const v1::Tensor& tensor, int dim, int64_t begin,
+                 int64_t end) {
+  const int64_t element = ElementBytes(tensor);
+  const int64_t outer = Product(tensor, 0, dim);
+  const int64_t length = tensor.shape(dim);
+  const int64_t inner = Product(tensor, dim + 1, tensor.shape_size()) * element;
+  v1::Tensor slice;
+  slice.set_dtype(tensor.dtype());
+  slice.mutable_shape()->CopyFrom(tensor.shape());
+  slice.set_shape(dim, end - begin);
+  std::string* data = slice.mutable_data();
+  data->reserve(static_cast<size_t>(outer * (end - begin) * inner));
+  for (int64_t o = 0; o < outer; ++o) {
+    data->append(tensor.data(),
+                 static_cast<size_t>((o * length + begin) * inner),
+                 static_cast<size_t>((end - begin) * inner));
+  }
+  return slice;
+}
+
+// The user's mask broadcast to [B, H, Lq, Lk]: its additive value at (b, h, i,
+// j).
+class MaskReader {
+ public:
+  MaskReader(const v1::Tensor& mask) : mask_(mask) {
+    const int rank = mask.shape_size();
+    for (int d = 0; d < 4; ++d)
+      dims_[d] = d < 4 - rank ? 1 : mask.shape(d - (4 - rank));
+    values_ = FloatValues(mask).value_or(std::vector<float>());
+  }
+
+  double At(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const int64_t at[4] = {b, h, i, j};
+    int64_t index = 0;
+    for (int d = 0; d < 4; ++d)
+      index = index * dims_[d] + (dims_[d] == 1 ? 0 : at[d]);
+    if (mask_.dtype() == v1::BOOL)
+      return mask_.data()[index] != 0 ? 0.0 : -kInfinity;
+    return values_[index];
+  }
+
+ private:
+  const v1::Tensor& mask_;
+  int64_t dims_[4];
+  std::vector<float> values_;
+};
+
+struct Dims {
+  int64_t batch, heads, query_len, key_len, value_dim;
+};
+
+absl::Status Validate(const v1::AttendRequest& request, int shards,
+                      size_t clients) {
+  for (const v1::Tensor* tensor :
+       {&request.query(), &request.key(), &request.value()}) {
+    if (tensor->shape_size() != 4 || ElementBytes(*tensor) == 1 ||
+        static_cast<int64_t>(tensor->data().size()) !=
+            Product(*tensor, 0, 4) * ElementBytes(*tensor)) {
+      return absl::InvalidArgumentError(
+          "query, key and value must be float tensors of rank 4 whose bytes "
+          "match their shapes");
+    }
+  }
+  if (clients == 0)
+    return absl::InvalidArgumentError(
+        "clients is empty, expected at least one");
+  if (shards < 1 || shards > request.key().shape(2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards is ", shards, ", expected 1 to ",
+                     request.key().shape(2), " (Lk)"));
+  }
+  if (request.options().return_weights() != v1::AttentionOptions::NONE) {
+    return absl::InvalidArgumentError(
+        "options.return_weights must be NONE for sharded attention: each shard "
+        "sees only its "
+        "keys");
+  }
+  return absl::OkStatus();
+}
+
+// The request for keys [begin, end).
+v1::AttendRequest ShardRequest(const v1::AttendRequest& request, const Dims& d,
+                               int64_t begin, int64_t end) {
+  const v1::AttentionOptions& options = request.options();
+  v1::AttendRequest shard;
+  *shard.mutable_query() = request.query();
+  *shard.mutable_key() = Slice(request.key(), 2, begin, end);
+  *shard.mutable_value() = Slice(request.value(), 2, begin, end);
+  v1::AttentionOptions& o = *shard.mutable_options();
+  o = options;
+  o.set_return_lse(true);
+  o.set_output_dtype(v1::FLOAT32);
+  o.clear_key_lengths();
+  for (int64_t length : options.key_lengths()) {
+    o.add_key_lengths(std::clamp<int64_t>(length - begin, 0, end - begin));
+  }
+  const int64_t width = end - begin;
+  if (options.causal()) {
+    // Causality by global key position, as a mask over this shard's keys.
+    o.set_causal(false);
+    const bool bottom_right =
+        options.causal_alignment() == v1::AttentionOptions::BOTTOM_RIGHT;
+    const auto visible = [&](int64_t b, int64_t i, int64_t j) {
+      const int64_t length =
+          options.key_lengths_size() > 0 ? options.key_lengths(b) : d.key_len;
+      return bottom_right ? j <= i + length - d.query_len : j <= i;
+    };
+    if (!options.has_attn_mask()) {
+      const int64_t batches =
+          bottom_right && options.key_lengths_size() > 0 ? d.batch : 1;
+      std::vector<bool> allowed;
+      for (int64_t b = 0; b < batches; ++b)
+        for (int64_t i = 0; i < d.query_len; ++i)
+          for (int64_t j = begin; j < end; ++j)
+            allowed.push_back(visible(b, i, j));
+      *o.mutable_attn_mask() =
+          MakeBoolTensor({batches, 1, d.query_len, width}, allowed);
+    } else {
+      const MaskReader mask(options.attn_mask());
+      std::vector<float> values;
+      values.reserve(
+          static_cast<size_t>(d.batch * d.heads * d.query_len * width));
+      for (int64_t b = 0; b < d.batch; ++b)
+        for (int64_t h = 0; h < d.heads; ++h)
+          for (int64_t i = 0; i < d.query_len; ++i)
+            for (int64_t j = begin; j < end; ++j)
+              values.push_back(visible(b, i, j)
+                                   ? static_cast<float>(mask.At(b, h, i, j))
+                                   : -std::numeric_limits<float>::infinity());
+      *o.mutable_attn_mask() =
+          MakeFloat32Tensor({d.batch, d.heads, d.query_len, width}, values);
+    }
+  } else if (options.has_attn_mask()) {
+    const v1::Tensor& mask = options.attn_mask();
+    const int last = mask.shape_size() - 1;
+    if (last >= 0 && mask.shape(last) == d.key_len && d.key_len > 1) {
+      *o.mutable_attn_mask() = Slice(mask, last, begin, end);
+    }
+  }
+  return shard;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AttendResponse> ShardedAttend(
+    absl::Span<Client* const> clients, const v1::AttendRequest& request,
+    int shards, absl::Duration timeout) {
+  const absl::Status valid = Validate(request, shards, clients.size());
+  if (!valid.ok()) return valid;
+  const Dims d{request.query().shape(0), request.query().shape(1),
+               request.query().shape(2), request.key().shape(2),
+               request.value().shape(3)};
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> pending;
+  for (int s = 0; s < shards; ++s) {
+    const int64_t begin = d.key_len * s / shards;
+    const int64_t end = d.key_len * (s + 1) / shards;
+    pending.push_back(clients[s % clients.size()]->AttendFuture(
+        ShardRequest(request, d, begin, end), timeout));
+  }
+  std::vector<v1::AttendResponse> parts;
+  absl::Status first_error;
+  for (auto& future : pending) {
+    absl::StatusOr<v1::AttendResponse> part = future.get();
+    if (!part.ok() && first_error.ok()) first_error = part.status();
+    if (part.ok()) parts.push_back(*std::move(part));
+  }
+  if (!first_error.ok()) return first_error;
+
+  const int64_t rows = d.batch * d.heads * d.query_len;
+  std::vector<std::vector<float>> outputs, lses;
+  v1::ServerTiming timing;
+  for (const v1::AttendResponse& part : parts) {
+    outputs.push_back(
+        FloatValues(part.output()).value_or(std::vector<float>()));
+    lses.push_back(FloatValues(part.lse()).value_or(std::vector<float>()));
+    if (static_cast<int64_t>(outputs.back().size()) != rows * d.value_dim ||
+        static_cast<int64_t>(lses.back().size()) != rows) {
+      return absl::InternalError(
+          "a shard's output or lse does not have the expected size");
+    }
+    timing.set_queue_us(std::max(timing.queue_us(), part.timing().queue_us()));
+    timing.set_compute_us(
+        std::max(timing.compute_us(), part.timing().compute_us()));
+  }
+  std::vector<float> output(static_cast<size_t>(rows * d.value_dim), 0.0f);
+  std::vector<float> lse(static_cast<size_t>(rows));
+  std::vector<double> row(static_cast<size_t>(d.value_dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    double max_lse = -kInfinity;
+    for (const auto& part_lse : lses)
+      max_lse = std::max<double>(max_lse, part_lse[r]);
+    if (max_lse == -kInfinity) {
+      lse[r] = -std::numeric_limits<float>::infinity();
+      continue;  // No key in any shard: output stays 0.
+    }
+    double total = 0.0;
+    std::fill(row.begin(), row.end(), 0.0);
+    for (size_t s = 0; s < parts.size(); ++s) {
+      const double weight = std::exp(lses[s][r] - max_lse);
+      total += weight;
+      for (int64_t v = 0; v < d.value_dim; ++v)
+        row[v] += weight * outputs[s][r * d.value_dim + v];
+    }
+    for (int64_t v = 0; v < d.value_dim; ++v) {
+      output[r * d.value_dim + v] = static_cast<float>(row[v] / total);
+    }
+    lse[r] = static_cast<float>(max_lse + std::log(total));
+  }
+
+  const v1::DType dtype =
+      request.options().output_dtype() == v1::DTYPE_UNSPECIFIED
+          ? request.query().dtype()
+          : request.options().output_dtype();
+  v1::AttendResponse response;
+  *response.mutable_output() =
+      MakeTensor(dtype, {d.batch, d.heads, d.query_len, d.value_dim}, output);
+  if (request.options().return_lse()) {
+    *response.mutable_lse() =
+        MakeFloat32Tensor({d.batch, d.heads, d.query_len}, lse);
+  }
+  *response.mutable_timing() = timing;
+  return response;
+}
+
+}  // namespace attnserve

@@ -1,0 +1,188 @@
+#include "attend_stream.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attention_compute.h"
+
+namespace attnserve {
+namespace {
+
+class AttendStreamReactor final
+    : public grpc::ServerBidiReactor<v1::AttendRequest,
+                                     v1::AttendStreamResponse> {
+ public:
+  AttendStreamReactor(grpc::CallbackServerContext* context,
+                      const StreamDependencies& deps)
+      : context_(context), deps_(deps) {
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mutex_);
+        reading_done_ = true;
+      }
+      Advance();
+      return;
+    }
+    auto slot = std::make_shared<Slot>();
+    slot->request = std::move(incoming_);
+    slot->started = absl::Now();
+    deps_.metrics->CallStarted(
+        Rpc::kAttendStream, static_cast<int64_t>(slot->request.ByteSizeLong()));
+    absl::StatusOr<AttendWork> work =
+        ValidateAttendRequest(slot->request, deps_.limits);
+    bool read_more;
+    {
+      absl::MutexLock lock(&mutex_);
+      slot->answer.set_index(next_index_++);
+      slots_.push_back(slot);
+      if (work.ok()) ++computing_;
+      read_more = static_cast<int>(slots_.size()) < kMaxPendingPerStream;
+      read_paused_ = !read_more;
+    }
+    if (work.ok()) {
+      Compute(slot, *std::move(work));
+    } else {
+      Resolve(*slot, work.status());
+      Advance();
+    }
+    if (read_more) StartRead(&incoming_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool resume_reading = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      writing_ = false;
+      slots_.pop_front();
+      if (!ok) broken_ = true;
+      if (read_paused_ && !reading_done_ && !broken_) {
+        read_paused_ = false;
+        resume_reading = true;
+      }
+    }
+    if (resume_reading) StartRead(&incoming_);
+    Advance();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Slot {
+    v1::AttendRequest request;
+    v1::AttendStreamResponse answer;
+    absl::Time started;
+    bool ready = false;
+  };
+
+  // Runs the request on the executor; its answer becomes ready when done.
+  void Compute(std::shared_ptr<Slot> slot, AttendWork work) {
+    const absl::Time submitted = absl::Now();
+    deps_.metrics->Enqueued();
+    deps_.executor->Submit([this, slot, submitted, work = std::move(work)] {
+      const absl::Time started = absl::Now();
+      deps_.metrics->Dequeued(Rpc::kAttendStream, started - submitted);
+      v1::AttendResponse* response = slot->answer.mutable_response();
+      response->mutable_timing()->set_queue_us(
+          absl::ToInt64Microseconds(started - submitted));
+      absl::Status status;
+      if (context_->IsCancelled()) {
+        status = absl::CancelledError(
+            "the stream was cancelled before this compute started");
+      } else {
+        status = ComputeAttend(*deps_.engine, work, slot->request, response);
+        const absl::Duration elapsed = absl::Now() - started;
+        response->mutable_timing()->set_compute_us(
+            absl::ToInt64Microseconds(elapsed));
+        deps_.metrics->Computed(
+            Rpc::kAttendStream, elapsed, 1,
+            status.ok() ? AttentionFlops(work.shape, work.plan.options.causal)
+                        : 0.0);
+      }
+      Resolve(*slot, status);
+      // The count drops inside Advance's critical section: once it is 0 another
+      // thread may finish the call and free this reactor, so nothing may touch
+      // `this` after that section.
+      Advance(/*computes_done=*/1);
+    });
+  }
+
+  // Fills the slot's answer with `status` (keeping the response if OK), records
+  // it, marks it ready.
+  void Resolve(Slot& slot, const absl::Status& status) {
+    if (!status.ok()) {
+      slot.answer.clear_response();
+      slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));
+      slot.answer.mutable_error()->set_message(std::string(status.message()));
+    }
+    deps_.metrics->CallFinished(
+        Rpc::kAttendStream, status.code(), absl::Now() - slot.started,
+        status.ok() ? static_cast<int64_t>(slot.answer.ByteSizeLong()) : 0);
+    absl::MutexLock lock(&mutex_);
+    slot.ready = true;
+  }
+
+  // Writes the next answer if it is ready and no write is in flight; finishes
+  // the call once everything is answered. gRPC operations start outside the
+  // lock. `computes_done` computes have just ended.
+  void Advance(int computes_done = 0) {
+    v1::AttendStreamResponse* to_write = nullptr;
+    bool finish = false;
+    grpc::Status final_status = grpc::Status::OK;
+    {
+      absl::MutexLock lock(&mutex_);
+      computing_ -= computes_done;
+      if (broken_) {
+        // The client is gone: drop answers as they become ready.
+        while (!writing_ && !slots_.empty() && slots_.front()->ready)
+          slots_.pop_front();
+      } else if (!writing_ && !slots_.empty() && slots_.front()->ready) {
+        writing_ = true;
+        to_write = &slots_.front()->answer;
+      }
+      if (reading_done_ && slots_.empty() && computing_ == 0 && !writing_ &&
+          !finished_) {
+        finished_ = finish = true;
+        if (broken_ || context_->IsCancelled()) {
+          final_status = grpc::Status(
+              grpc::StatusCode::CANCELLED,
+              "the client went away before every answer was written");
+        }
+      }
+    }
+    if (to_write != nullptr) StartWrite(to_write);
+    if (finish) Finish(final_status);
+  }
+
+  grpc::CallbackServerContext* const context_;
+  const StreamDependencies deps_;
+  v1::AttendRequest incoming_;  // Only the read in flight touches it.
+
+  absl::Mutex mutex_;
+  std::deque<std::shared_ptr<Slot>> slots_
+      ABSL_GUARDED_BY(mutex_);  // Unanswered, in order.
+  int64_t next_index_ ABSL_GUARDED_BY(mutex_) = 0;
+  int computing_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool reading_done_ ABSL_GUARDED_BY(mutex_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mutex_) = false;
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool broken_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
+StartAttendStream(grpc::CallbackServerContext* context,
+                  const StreamDependencies& dependencies) {
+  return new AttendStreamReactor(context, dependencies);
+}
+
+}  // namespace attnserve

@@ -1,0 +1,39 @@
+// The AttendStream reactor: many Attend requests on one bidirectional stream.
+//
+// Each request is validated as it arrives and computed on the executor; answers
+// are written in the order the requests came, each carrying its index and
+// either the response or its error, so one bad request fails only its own
+// answer. At most kMaxPendingPerStream requests are held per stream: past that
+// the reactor stops reading until answers drain (flow control reaches the
+// client). The stream ends OK once the client has closed its side and every
+// answer is written.
+#ifndef ATTNSERVE_SERVER_ATTEND_STREAM_H_
+#define ATTNSERVE_SERVER_ATTEND_STREAM_H_
+
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "compute_executor.h"
+#include "metrics.h"
+#include "request_validator.h"
+
+namespace attnserve {
+
+inline constexpr int kMaxPendingPerStream = 32;
+
+// What a stream needs from the service; all must outlive every stream.
+struct StreamDependencies {
+  ServerMetrics* metrics;
+  AttentionEngine* engine;
+  ComputeExecutor* executor;
+  RequestLimits limits;
+};
+
+// Starts serving one AttendStream call. The reactor deletes itself when the
+// call is done.
+grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
+StartAttendStream(grpc::CallbackServerContext* context,
+                  const StreamDependencies& dependencies);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTEND_STREAM_H_

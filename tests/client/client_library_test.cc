@@ -1,0 +1,451 @@
+// attnserve::Client against a fake service (retries, deadlines, TLS, tokens)
+// and against a real server (async calls, streaming sessions, exact sharded
+// attention).
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attnserve/client/client.h"
+#include "attnserve/client/sharded_attention.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+// Answers Attend with the statuses it is given, in order (then OK), recording
+// each call's authorization header.
+class FakeAttentionService final
+    : public v1::AttentionService::CallbackService {
+ public:
+  explicit FakeAttentionService(std::vector<grpc::StatusCode> failures)
+      : failures_(std::move(failures)) {}
+
+  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
+                                   const v1::AttendRequest* /*request*/,
+                                   v1::AttendResponse* response) override {
+    absl::MutexLock lock(&mutex_);
+    const auto token = context->client_metadata().find("authorization");
+    tokens_.push_back(
+        token == context->client_metadata().end()
+            ? ""
+            : std::string(token->second.data(), token->second.size()));
+    const size_t call = calls_++;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (call < failures_.size()) {
+      reactor->Finish(grpc::Status(failures_[call], "injected"));
+    } else {
+      response->mutable_timing()->set_compute_us(7);
+      reactor->Finish(grpc::Status::OK);
+    }
+    return reactor;
+  }
+
+  size_t calls() {
+    absl::MutexLock lock(&mutex_);
+    return calls_;
+  }
+  std::vector<std::string> tokens() {
+    absl::MutexLock lock(&mutex_);
+    return tokens_;
+  }
+
+ private:
+  const std::vector<grpc::StatusCode> failures_;
+  absl::Mutex mutex_;
+  size_t calls_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::vector<std::string> tokens_ ABSL_GUARDED_BY(mutex_);
+};
+
+// A gRPC server on a free loopback port hosting `service`.
+struct FakeServer {
+  FakeServer(grpc::Service* service,
+             std::shared_ptr<grpc::ServerCredentials> credentials =
+                 grpc::InsecureServerCredentials()) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", credentials, &port);
+    builder.RegisterService(service);
+    server = builder.BuildAndStart();
+  }
+  ~FakeServer() { server->Shutdown(); }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port); }
+
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+std::unique_ptr<Client> Connect(const std::string& target,
+                                ClientOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(target, options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return std::move(client).value();
+}
+
+TEST(ClientRetryTest, RetriesUnavailableAndResourceExhaustedWithBackoff) {
+  FakeAttentionService service(
+      {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::RESOURCE_EXHAUSTED});
+  FakeServer server(&service);
+  ClientOptions options;
+  options.retry.max_attempts = 4;
+  options.retry.initial_backoff = absl::Milliseconds(20);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::AttendResponse> response =
+      Connect(server.target(), options)->Attend(v1::AttendRequest(), kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(service.calls(), 3u);
+  EXPECT_GE(absl::Now() - start,
+            absl::Milliseconds(20));  // Two backoffs of ≥ 10 and ≥ 20 ms.
+}
+
+TEST(ClientRetryTest, NeverRetriesOtherCodesOrPastMaxAttempts) {
+  FakeAttentionService invalid({grpc::StatusCode::INVALID_ARGUMENT});
+  FakeServer invalid_server(&invalid);
+  ClientOptions options;
+  options.retry.max_attempts = 5;
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  EXPECT_EQ(Connect(invalid_server.target(), options)
+                ->Attend(v1::AttendRequest(), kTimeout)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(invalid.calls(), 1u);
+
+  FakeAttentionService unavailable(
+      std::vector<grpc::StatusCode>(10, grpc::StatusCode::UNAVAILABLE));
+  FakeServer unavailable_server(&unavailable);
+  options.retry.max_attempts = 3;
+  EXPECT_EQ(Connect(unavailable_server.target(), options)
+                ->Attend(v1::AttendRequest(), kTimeout)
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(unavailable.calls(), 3u);
+}
+
+TEST(ClientRetryTest, RetriesStopAtTheDeadline) {
+  FakeAttentionService service(
+      std::vector<grpc::StatusCode>(100, grpc::StatusCode::UNAVAILABLE));
+  FakeServer server(&service);
+  ClientOptions options;
+  options.retry.max_attempts = 100;
+  options.retry.initial_backoff = options.retry.max_backoff =
+      absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(Connect(server.target(), options)
+                   ->Attend(v1::AttendRequest(), absl::Milliseconds(300))
+                   .ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LE(service.calls(), 7u);
+}
+
+TEST(ClientOptionsTest, SendsTheBearerTokenAndRejectsBadOptions) {
+  FakeAttentionService service({});
+  FakeServer server(&service);
+  ClientOptions options;
+  options.bearer_token = "s3cret";
+  ASSERT_TRUE(Connect(server.target(), options)
+                  ->Attend(v1::AttendRequest(), kTimeout)
+                  .ok());
+  EXPECT_THAT(service.tokens(), ::testing::ElementsAre("Bearer s3cret"));
+
+  ClientOptions bad;
+  bad.retry.max_attempts = 0;
+  EXPECT_EQ(Client::Connect("localhost:1", bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect("").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Certificates made with openssl for this test run: a CA, a server certificate
+// for 127.0.0.1, and a client certificate.
+struct TestCertificates {
+  std::string ca, server_cert, server_key, client_cert, client_key;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::optional<TestCertificates> MakeCertificates() {
+  const std::string dir = ::testing::TempDir() + "/tls";
+  const std::string script = absl::StrCat(
+      "set -e; rm -rf ", dir, "; mkdir -p ", dir, "; cd ", dir, ";",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+      "-keyout ca.key "
+      "-out ca.crt 2>/dev/null;",
+      "for who in server client; do ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key "
+      "-out $who.csr "
+      "2>/dev/null;",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $who.ext;",
+      "openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+      "-days 1 "
+      "-extfile $who.ext -out $who.crt 2>/dev/null; done");
+  const std::string script_path =
+      ::testing::TempDir() + "/make_certificates.sh";
+  std::ofstream(script_path) << script << "\n";
+  if (std::system(("bash " + script_path).c_str()) != 0) return std::nullopt;
+  return TestCertificates{
+      ReadFile(dir + "/ca.crt"), ReadFile(dir + "/server.crt"),
+      ReadFile(dir + "/server.key"), ReadFile(dir + "/client.crt"),
+      ReadFile(dir + "/client.key")};
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerTls(
+    const TestCertificates& certs, bool require_client_certificate) {
+  grpc::SslServerCredentialsOptions ssl(
+      require_client_certificate
+          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  ssl.pem_root_certs = certs.ca;
+  ssl.pem_key_cert_pairs.push_back({certs.server_key, certs.server_cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+TEST(ClientTlsTest, TlsAndMutualTls) {
+  const std::optional<TestCertificates> certs = MakeCertificates();
+  ASSERT_TRUE(certs.has_value()) << "openssl could not make test certificates";
+  FakeAttentionService service({});
+  {
+    FakeServer tls_server(&service, ServerTls(*certs, false));
+    ClientOptions tls;
+    tls.tls = TlsOptions{certs->ca, "", "", ""};
+    EXPECT_TRUE(Connect(tls_server.target(), tls)
+                    ->Attend(v1::AttendRequest(), kTimeout)
+                    .ok());
+    // A plaintext client cannot talk to a TLS server.
+    EXPECT_EQ(Connect(tls_server.target())
+                  ->Attend(v1::AttendRequest(), absl::Seconds(5))
+                  .status()
+                  .code(),
+              absl::StatusCode::kUnavailable);
+  }
+  {
+    FakeServer mtls_server(&service, ServerTls(*certs, true));
+    ClientOptions without_certificate;
+    without_certificate.tls = TlsOptions{certs->ca, "", "", ""};
+    EXPECT_FALSE(Connect(mtls_server.target(), without_certificate)
+                     ->Attend(v1::AttendRequest(), absl::Seconds(5))
+                     .ok());
+    ClientOptions with_certificate;
+    with_certificate.tls =
+        TlsOptions{certs->ca, certs->client_cert, certs->client_key, ""};
+    EXPECT_TRUE(Connect(mtls_server.target(), with_certificate)
+                    ->Attend(v1::AttendRequest(), kTimeout)
+                    .ok());
+  }
+}
+
+v1::AttendRequest RandomRequest(int64_t b, int64_t h, int64_t hkv, int64_t lq,
+                                int64_t lk, int64_t dk, int64_t dv,
+                                uint64_t seed) {
+  v1::AttendRequest request;
+  *request.mutable_query() =
+      MakeFloat32Tensor({b, h, lq, dk}, RandomValues(b * h * lq * dk, seed));
+  *request.mutable_key() = MakeFloat32Tensor(
+      {b, hkv, lk, dk}, RandomValues(b * hkv * lk * dk, seed + 1));
+  *request.mutable_value() = MakeFloat32Tensor(
+      {b, hkv, lk, dv}, RandomValues(b * hkv * lk * dv, seed + 2));
+  return request;
+}
+
+void ExpectClose(const v1::Tensor& actual, const v1::Tensor& expected,
+                 double tolerance) {
+  const std::vector<float> a = FloatValues(actual).value();
+  const std::vector<float> e = FloatValues(expected).value();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(e[i])) {
+      ASSERT_EQ(a[i], e[i]) << i;
+    } else {
+      ASSERT_NEAR(a[i], e[i], tolerance) << i;
+    }
+  }
+}
+
+class ClientServerTest : public ::attnserve::testing::ServerFixture {};
+
+TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
+  struct Case {
+    const char* name;
+    void (*options)(v1::AttendRequest&);
+  };
+  const Case cases[] = {
+      {"Plain", [](v1::AttendRequest&) {}},
+      {"CausalTopLeft",
+       [](v1::AttendRequest& r) { r.mutable_options()->set_causal(true); }},
+      {"CausalBottomRightWithKeyLengths",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_causal(true);
+         r.mutable_options()->set_causal_alignment(
+             v1::AttentionOptions::BOTTOM_RIGHT);
+         r.mutable_options()->add_key_lengths(23);
+         r.mutable_options()->add_key_lengths(4);
+       }},
+      {"BoolMask",
+       [](v1::AttendRequest& r) {
+         std::vector<bool> allowed;
+         for (float v : RandomValues(9 * 23, 5)) allowed.push_back(v > -0.5f);
+         *r.mutable_options()->mutable_attn_mask() =
+             MakeBoolTensor({9, 23}, allowed);
+       }},
+      {"FloatMaskAndCausal",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_attn_mask() =
+             MakeFloat32Tensor({2, 1, 1, 23}, RandomValues(46, 6));
+         r.mutable_options()->set_causal(true);
+       }},
+  };
+  std::vector<Client*> replicas = {client_.get(), client_.get()};
+  for (const Case& test_case : cases) {
+    SCOPED_TRACE(test_case.name);
+    v1::AttendRequest request = RandomRequest(2, 4, 2, 9, 23, 16, 8, 40);
+    test_case.options(request);
+    request.mutable_options()->set_return_lse(true);
+    absl::StatusOr<v1::AttendResponse> single =
+        client_->Attend(request, kTimeout);
+    ASSERT_TRUE(single.ok()) << single.status();
+    for (int shards : {1, 2, 5}) {
+      SCOPED_TRACE(absl::StrCat(shards, " shards"));
+      absl::StatusOr<v1::AttendResponse> merged =
+          ShardedAttend(replicas, request, shards, kTimeout);
+      ASSERT_TRUE(merged.ok()) << merged.status();
+      ExpectClose(merged->output(), single->output(), 2e-6);
+      ExpectClose(merged->lse(), single->lse(), 2e-5);
+    }
+  }
+  v1::AttendRequest weights = RandomRequest(1, 1, 1, 2, 4, 4, 4, 50);
+  weights.mutable_options()->set_return_weights(v1::AttentionOptions::PER_HEAD);
+  EXPECT_EQ(ShardedAttend(replicas, weights, 2, kTimeout).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardedAttend(replicas, RandomRequest(1, 1, 1, 2, 4, 4, 4, 50), 5,
+                          kTimeout)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientServerTest, AsyncAndFutureCallsMatchSyncOnes) {
+  const v1::AttendRequest request = RandomRequest(1, 2, 2, 5, 7, 8, 8, 60);
+  absl::StatusOr<v1::AttendResponse> sync = client_->Attend(request, kTimeout);
+  ASSERT_TRUE(sync.ok());
+  absl::StatusOr<v1::AttendResponse> future =
+      client_->AttendFuture(request, kTimeout).get();
+  ASSERT_TRUE(future.ok()) << future.status();
+  ExpectClose(future->output(), sync->output(), 0);
+
+  std::promise<absl::StatusOr<v1::MultiHeadAttentionResponse>> done;
+  v1::MultiHeadAttentionRequest mha;
+  *mha.mutable_query_input() =
+      MakeFloat32Tensor({1, 3, 64}, RandomValues(192, 61));
+  mha.set_weights_name("demo");
+  client_->MultiHeadAttentionAsync(
+      mha, kTimeout,
+      [&done](absl::StatusOr<v1::MultiHeadAttentionResponse> result) {
+        done.set_value(std::move(result));
+      });
+  absl::StatusOr<v1::MultiHeadAttentionResponse> async =
+      done.get_future().get();
+  ASSERT_TRUE(async.ok()) << async.status();
+  EXPECT_EQ(async->output().shape_size(), 3);
+}
+
+TEST_F(ClientServerTest, DeadlineCutsALongCallShort) {
+  ServerOptions options = DefaultOptions();
+  options.max_message_bytes = 64 << 20;
+  options.max_workspace_bytes = 1 << 30;
+  StartServer(options);
+  const v1::AttendRequest large =
+      RandomRequest(1, 16, 16, 1024, 1024, 64, 64, 70);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(client_->Attend(large, absl::Milliseconds(3)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(ClientServerTest, StreamAnswersInOrderAndSurvivesABadRequest) {
+  std::unique_ptr<AttendSession> session = client_->OpenAttendSession(kTimeout);
+  std::vector<v1::AttendRequest> requests;
+  for (int i = 0; i < 40; ++i)
+    requests.push_back(RandomRequest(1, 2, 1, 3, 5, 4, 4, 100 + i));
+  requests[7].clear_key();  // Fails alone.
+  std::thread sender([&] {
+    for (const v1::AttendRequest& request : requests)
+      ASSERT_TRUE(session->Send(request).ok());
+    ASSERT_TRUE(session->CloseSend().ok());
+  });
+  for (int i = 0; i < 40; ++i) {
+    absl::StatusOr<std::optional<v1::AttendStreamResponse>> answer =
+        session->Receive();
+    ASSERT_TRUE(answer.ok());
+    ASSERT_TRUE(answer->has_value())
+        << "stream ended after " << i << " answers";
+    EXPECT_EQ((*answer)->index(), i);
+    if (i == 7) {
+      EXPECT_EQ((*answer)->error().code(),
+                static_cast<int>(absl::StatusCode::kInvalidArgument));
+      EXPECT_THAT((*answer)->error().message(), HasSubstr("key is missing"));
+      continue;
+    }
+    ASSERT_EQ((*answer)->error().code(), 0) << (*answer)->error().message();
+    absl::StatusOr<v1::AttendResponse> single =
+        client_->Attend(requests[i], kTimeout);
+    ASSERT_TRUE(single.ok());
+    ExpectClose((*answer)->response().output(), single->output(), 0);
+  }
+  sender.join();
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> end =
+      session->Receive();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+  EXPECT_TRUE(session->Finish().ok());
+}
+
+TEST_F(ClientServerTest, AbandonedStreamLeavesTheServerServing) {
+  {
+    std::unique_ptr<AttendSession> session =
+        client_->OpenAttendSession(kTimeout);
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE(
+          session->Send(RandomRequest(1, 1, 1, 2, 2, 2, 2, 200 + i)).ok());
+    }
+  }  // Destroyed unfinished: cancels the call.
+  EXPECT_TRUE(
+      client_->Attend(RandomRequest(1, 1, 1, 2, 2, 2, 2, 300), kTimeout).ok());
+}
+
+TEST(ReadFloatsIntoTest, ChecksShapeAndSize) {
+  const v1::Tensor tensor = MakeTensor(v1::FLOAT16, {2, 3}, {1, 2, 3, 4, 5, 6});
+  std::vector<float> out(6);
+  ASSERT_TRUE(ReadFloatsInto(tensor, {2, 3}, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[5], 6.0f);
+  EXPECT_THAT(
+      std::string(
+          ReadFloatsInto(tensor, {3, 2}, absl::MakeSpan(out)).message()),
+      HasSubstr("tensor.shape is [2, 3], expected [3, 2]"));
+  std::vector<float> small(5);
+  EXPECT_FALSE(ReadFloatsInto(tensor, {2, 3}, absl::MakeSpan(small)).ok());
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -8,6 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attention_compute.h"
+#include "grpc_status.h"
 
 namespace attnserve {
 namespace {
@@ -19,6 +20,11 @@ class AttendStreamReactor final
   AttendStreamReactor(grpc::CallbackServerContext* context,
                       const StreamDependencies& deps)
       : context_(context), deps_(deps) {
+    const absl::Status admitted = deps_.gate->Admit(*context_);
+    if (!admitted.ok()) {
+      Finish(ToGrpcStatus(admitted));
+      return;
+    }
     StartRead(&incoming_);
   }
 
@@ -86,32 +92,41 @@ class AttendStreamReactor final
   void Compute(std::shared_ptr<Slot> slot, AttendWork work) {
     const absl::Time submitted = absl::Now();
     deps_.metrics->Enqueued();
-    deps_.executor->Submit([this, slot, submitted, work = std::move(work)] {
-      const absl::Time started = absl::Now();
-      deps_.metrics->Dequeued(Rpc::kAttendStream, started - submitted);
-      v1::AttendResponse* response = slot->answer.mutable_response();
-      response->mutable_timing()->set_queue_us(
-          absl::ToInt64Microseconds(started - submitted));
-      absl::Status status;
-      if (context_->IsCancelled()) {
-        status = absl::CancelledError(
-            "the stream was cancelled before this compute started");
-      } else {
-        status = ComputeAttend(*deps_.engine, work, slot->request, response);
-        const absl::Duration elapsed = absl::Now() - started;
-        response->mutable_timing()->set_compute_us(
-            absl::ToInt64Microseconds(elapsed));
-        deps_.metrics->Computed(
-            Rpc::kAttendStream, elapsed, 1,
-            status.ok() ? AttentionFlops(work.shape, work.plan.options.causal)
+    const absl::Status queued =
+        deps_.scheduler->Submit(std::make_unique<FunctionJob>(
+            [this, slot, submitted, work = std::move(work)] {
+              const absl::Time started = absl::Now();
+              deps_.metrics->Dequeued(Rpc::kAttendStream, started - submitted);
+              v1::AttendResponse* response = slot->answer.mutable_response();
+              response->mutable_timing()->set_queue_us(
+                  absl::ToInt64Microseconds(started - submitted));
+              absl::Status status;
+              if (context_->IsCancelled()) {
+                status = absl::CancelledError(
+                    "the stream was cancelled before this compute started");
+              } else {
+                status =
+                    ComputeAttend(*deps_.engine, work, slot->request, response);
+                const absl::Duration elapsed = absl::Now() - started;
+                response->mutable_timing()->set_compute_us(
+                    absl::ToInt64Microseconds(elapsed));
+                deps_.metrics->Computed(
+                    Rpc::kAttendStream, elapsed, 1,
+                    status.ok()
+                        ? AttentionFlops(work.shape, work.plan.options.causal)
                         : 0.0);
-      }
-      Resolve(*slot, status);
-      // The count drops inside Advance's critical section: once it is 0 another
-      // thread may finish the call and free this reactor, so nothing may touch
-      // `this` after that section.
+              }
+              Resolve(*slot, status);
+              // The count drops inside Advance's critical section: once it is 0
+              // another thread may finish the call and free this reactor, so
+              // nothing may touch `this` after that section.
+              Advance(/*computes_done=*/1);
+            }));
+    if (!queued.ok()) {
+      deps_.metrics->Dequeued(Rpc::kAttendStream, absl::ZeroDuration());
+      Resolve(*slot, queued);
       Advance(/*computes_done=*/1);
-    });
+    }
   }
 
   // Fills the slot's answer with `status` (keeping the response if OK), records

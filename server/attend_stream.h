@@ -12,9 +12,10 @@
 
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/v1/attention.grpc.pb.h"
-#include "compute_executor.h"
+#include "call_gate.h"
 #include "metrics.h"
 #include "request_validator.h"
+#include "scheduler.h"
 
 namespace attnserve {
 
@@ -24,7 +25,8 @@ inline constexpr int kMaxPendingPerStream = 32;
 struct StreamDependencies {
   ServerMetrics* metrics;
   AttentionEngine* engine;
-  ComputeExecutor* executor;
+  Scheduler* scheduler;
+  const CallGate* gate;
   RequestLimits limits;
 };
 

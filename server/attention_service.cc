@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attend_batch.h"
 #include "attend_stream.h"
 #include "attention_compute.h"
 #include "attnserve/common/status_macros.h"
@@ -15,22 +16,118 @@
 
 namespace attnserve {
 
-AttentionServiceImpl::AttentionServiceImpl(ServerMetrics* metrics,
-                                           AttentionEngine* engine,
-                                           ComputeExecutor* executor,
-                                           WeightsRegistry* registry,
-                                           RequestLimits limits)
+// A unary call's compute, run alone.
+class AttentionServiceImpl::UnaryJob final : public Job {
+ public:
+  UnaryJob(const AttentionServiceImpl* service, const Call& call, double flops,
+           v1::ServerTiming* timing, const google::protobuf::Message* response,
+           absl::AnyInvocable<absl::Status() &&> compute)
+      : service_(service),
+        call_(call),
+        flops_(flops),
+        timing_(timing),
+        response_(response),
+        compute_(std::move(compute)) {}
+
+  void Run(absl::Span<Job* const> /*batch*/) override {
+    absl::Status status = service_->Dequeue(call_, enqueued(), timing_);
+    if (status.ok()) {
+      const absl::Time started = absl::Now();
+      status = std::move(compute_)();
+      const absl::Duration elapsed = absl::Now() - started;
+      timing_->set_compute_us(absl::ToInt64Microseconds(elapsed));
+      service_->metrics_->Computed(call_.rpc, elapsed, 1,
+                                   status.ok() ? flops_ : 0.0);
+    }
+    service_->Finish(call_, status, *response_);
+  }
+
+ private:
+  const AttentionServiceImpl* const service_;
+  const Call call_;
+  const double flops_;
+  v1::ServerTiming* const timing_;
+  const google::protobuf::Message* const response_;
+  absl::AnyInvocable<absl::Status() &&> compute_;
+};
+
+// An Attend call's compute, which may share a batch with others alike.
+class AttentionServiceImpl::AttendJob final : public Job {
+ public:
+  AttendJob(const AttentionServiceImpl* service, const Call& call,
+            AttendWork work, const v1::AttendRequest* request,
+            v1::AttendResponse* response, bool batching)
+      : service_(service),
+        call_(call),
+        work_(std::move(work)),
+        request_(request),
+        response_(response),
+        key_(batching ? AttendBatchKey(*request, work_) : "") {}
+
+  const std::string& batch_key() const override { return key_; }
+
+  void Run(absl::Span<Job* const> batch) override {
+    std::vector<AttendJob*> live;
+    std::vector<AttendBatchItem> items;
+    for (Job* job : batch) {
+      auto* attend = static_cast<AttendJob*>(job);
+      const absl::Status admitted =
+          service_->Dequeue(attend->call_, attend->enqueued(),
+                            attend->response_->mutable_timing());
+      if (!admitted.ok()) {
+        service_->Finish(attend->call_, admitted, *attend->response_);
+        continue;
+      }
+      live.push_back(attend);
+      items.push_back({&attend->work_, attend->request_, attend->response_});
+    }
+    if (live.empty()) return;
+    const absl::Time started = absl::Now();
+    const absl::Status status =
+        live.size() == 1 ? ComputeAttend(*service_->engine_, live[0]->work_,
+                                         *live[0]->request_, live[0]->response_)
+                         : ComputeAttendBatch(*service_->engine_, items);
+    const absl::Duration elapsed = absl::Now() - started;
+    double flops = 0;
+    for (const AttendJob* attend : live) {
+      flops += AttentionFlops(attend->work_.shape,
+                              attend->work_.plan.options.causal);
+    }
+    service_->metrics_->Computed(Rpc::kAttend, elapsed,
+                                 static_cast<int>(live.size()),
+                                 status.ok() ? flops : 0.0);
+    for (AttendJob* attend : live) {
+      attend->response_->mutable_timing()->set_compute_us(
+          absl::ToInt64Microseconds(elapsed));
+      service_->Finish(attend->call_, status, *attend->response_);
+    }
+  }
+
+ private:
+  const AttentionServiceImpl* const service_;
+  const Call call_;
+  const AttendWork work_;
+  const v1::AttendRequest* const request_;
+  v1::AttendResponse* const response_;
+  const std::string key_;
+};
+
+AttentionServiceImpl::AttentionServiceImpl(
+    ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
+    WeightsRegistry* registry, const CallGate* gate, RequestLimits limits)
     : metrics_(metrics),
       engine_(engine),
-      executor_(executor),
+      scheduler_(scheduler),
       registry_(registry),
+      gate_(gate),
       limits_(limits) {}
 
 AttentionServiceImpl::Call AttentionServiceImpl::Start(
     Rpc rpc, grpc::CallbackServerContext* context,
     const google::protobuf::Message& request) const {
   metrics_->CallStarted(rpc, static_cast<int64_t>(request.ByteSizeLong()));
-  return Call{rpc, context, context->DefaultReactor(), absl::Now()};
+  return Call{rpc, context, context->DefaultReactor(), absl::Now(),
+              gate_->Admit(*context)};
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
@@ -43,51 +140,53 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
   return call.reactor;
 }
 
-template <typename Compute>
-grpc::ServerUnaryReactor* AttentionServiceImpl::Submit(
-    const Call& call, double flops, v1::ServerTiming* timing,
-    const google::protobuf::Message* response, Compute compute) {
-  const absl::Time submitted = absl::Now();
+grpc::ServerUnaryReactor* AttentionServiceImpl::Enqueue(
+    const Call& call, std::unique_ptr<Job> job,
+    const google::protobuf::Message& response) {
   metrics_->Enqueued();
-  executor_->Submit([this, call, flops, timing, response, submitted,
-                     compute = std::move(compute)] {
-    const absl::Time started = absl::Now();
-    metrics_->Dequeued(call.rpc, started - submitted);
-    timing->set_queue_us(absl::ToInt64Microseconds(started - submitted));
-    absl::Status status;
-    if (call.context->IsCancelled()) {
-      status = absl::CancelledError(
-          "the call was cancelled before its compute started");
-    } else if (call.context->deadline() < std::chrono::system_clock::now()) {
-      status = absl::DeadlineExceededError(
-          "the deadline passed before the compute started");
-    } else {
-      status = compute();
-      const absl::Duration elapsed = absl::Now() - started;
-      timing->set_compute_us(absl::ToInt64Microseconds(elapsed));
-      metrics_->Computed(call.rpc, elapsed, 1, status.ok() ? flops : 0.0);
-    }
-    Finish(call, status, *response);
-  });
+  const absl::Status queued = scheduler_->Submit(std::move(job));
+  if (!queued.ok()) {
+    metrics_->Dequeued(call.rpc, absl::ZeroDuration());
+    return Finish(call, queued, response);
+  }
   return call.reactor;
+}
+
+absl::Status AttentionServiceImpl::Dequeue(const Call& call,
+                                           absl::Time enqueued,
+                                           v1::ServerTiming* timing) const {
+  const absl::Duration waited = absl::Now() - enqueued;
+  metrics_->Dequeued(call.rpc, waited);
+  timing->set_queue_us(absl::ToInt64Microseconds(waited));
+  if (call.context->IsCancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled before its compute started");
+  }
+  if (call.context->deadline() < std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the compute started");
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
     grpc::CallbackServerContext* context, const v1::AttendRequest* request,
     v1::AttendResponse* response) {
   const Call call = Start(Rpc::kAttend, context, *request);
+  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(*request, limits_);
   if (!work.ok()) return Finish(call, work.status(), *response);
-  const double flops = AttentionFlops(work->shape, work->plan.options.causal);
-  return Submit(call, flops, response->mutable_timing(), response,
-                [this, request, response, work = *std::move(work)] {
-                  return ComputeAttend(*engine_, work, *request, response);
-                });
+  return Enqueue(call,
+                 std::make_unique<AttendJob>(
+                     this, call, *std::move(work), request, response,
+                     scheduler_->options().max_batch > 1),
+                 *response);
 }
 
 grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
 AttentionServiceImpl::AttendStream(grpc::CallbackServerContext* context) {
-  return StartAttendStream(context, {metrics_, engine_, executor_, limits_});
+  return StartAttendStream(context,
+                           {metrics_, engine_, scheduler_, gate_, limits_});
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
@@ -95,6 +194,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
     const v1::MultiHeadAttentionRequest* request,
     v1::MultiHeadAttentionResponse* response) {
   const Call call = Start(Rpc::kMultiHeadAttention, context, *request);
+  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   std::shared_ptr<const WeightSet> registered;
   std::string origin = "weights";
   WeightsShape weights_shape;
@@ -128,17 +228,21 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
       ValidateMultiHeadRequest(*request, weights_shape, origin, limits_);
   if (!work.ok()) return Finish(call, work.status(), *response);
   const double flops = MultiHeadFlops(work->shape, work->plan.options.causal);
-  return Submit(call, flops, response->mutable_timing(), response,
-                [this, request, response, registered, work = *std::move(work)] {
-                  if (registered != nullptr) {
-                    return ComputeMultiHead(*engine_, work, registered->views(),
-                                            *request, response);
-                  }
-                  const WeightViews inline_weights(request->weights());
-                  return ComputeMultiHead(*engine_, work,
-                                          inline_weights.views(), *request,
-                                          response);
-                });
+  auto compute = [this, request, response, registered,
+                  work = *std::move(work)] {
+    if (registered != nullptr) {
+      return ComputeMultiHead(*engine_, work, registered->views(), *request,
+                              response);
+    }
+    const WeightViews inline_weights(request->weights());
+    return ComputeMultiHead(*engine_, work, inline_weights.views(), *request,
+                            response);
+  };
+  return Enqueue(
+      call,
+      std::make_unique<UnaryJob>(this, call, flops, response->mutable_timing(),
+                                 response, std::move(compute)),
+      *response);
 }
 
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
@@ -167,6 +271,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::PutWeights(
     grpc::CallbackServerContext* context, const v1::PutWeightsRequest* request,
     v1::PutWeightsResponse* response) {
   const Call call = Start(Rpc::kPutWeights, context, *request);
+  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   absl::StatusOr<v1::PutWeightsResponse> result =
       PutWeightsInto(*registry_, *request);
   if (result.ok()) *response = *std::move(result);
@@ -178,6 +283,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
     grpc::CallbackServerContext* context, const v1::ListWeightsRequest* request,
     v1::ListWeightsResponse* response) {
   const Call call = Start(Rpc::kListWeights, context, *request);
+  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   const WeightsRegistry::Listing listing = registry_->List();
   for (const auto& [name, entry] : listing.entries) {
     *response->add_weights() = DescribeWeights(name, entry);
@@ -191,6 +297,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteWeights(
     const v1::DeleteWeightsRequest* request,
     v1::DeleteWeightsResponse* response) {
   const Call call = Start(Rpc::kDeleteWeights, context, *request);
+  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   absl::StatusOr<WeightsRegistry::Entry> entry =
       registry_->Delete(request->name());
   if (entry.ok()) {

@@ -5,21 +5,22 @@
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/v1/attention.grpc.pb.h"
-#include "compute_executor.h"
+#include "call_gate.h"
 #include "metrics.h"
 #include "request_validator.h"
+#include "scheduler.h"
 #include "weights_registry.h"
 
 namespace attnserve {
 
-// Thread-safe, as gRPC requires. Does not own the metrics, engine, executor or
-// registry, which must outlive it and every RPC it has started.
+// Thread-safe, as gRPC requires. Does not own its dependencies, which must
+// outlive it and every RPC it has started.
 class AttentionServiceImpl final
     : public v1::AttentionService::CallbackService {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
-                       ComputeExecutor* executor, WeightsRegistry* registry,
-                       RequestLimits limits);
+                       Scheduler* scheduler, WeightsRegistry* registry,
+                       const CallGate* gate, RequestLimits limits);
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -48,6 +49,9 @@ class AttentionServiceImpl final
   void RecordWeightsHeld() const;
 
  private:
+  class UnaryJob;
+  class AttendJob;
+
   // One call in progress: what Finish needs to answer it and record it.
   struct Call {
     Rpc rpc;
@@ -55,6 +59,8 @@ class AttentionServiceImpl final
     grpc::ServerUnaryReactor*
         reactor;  // The context's DefaultReactor, taken once.
     absl::Time started;
+    absl::Status
+        admitted;  // The gate's verdict: not OK means answer at once with it.
   };
 
   Call Start(Rpc rpc, grpc::CallbackServerContext* context,
@@ -66,20 +72,22 @@ class AttentionServiceImpl final
       const Call& call, const absl::Status& status,
       const google::protobuf::Message& response) const;
 
-  // Queues `compute` for the executor. When it comes up: unless the caller has
-  // gone or its deadline has passed, runs it, recording the queue wait and
-  // compute time in `timing` and the metrics (`flops` on success); then
-  // finishes the call with `response`.
-  template <typename Compute>
-  grpc::ServerUnaryReactor* Submit(const Call& call, double flops,
-                                   v1::ServerTiming* timing,
-                                   const google::protobuf::Message* response,
-                                   Compute compute);
+  // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
+  // is full.
+  grpc::ServerUnaryReactor* Enqueue(const Call& call, std::unique_ptr<Job> job,
+                                    const google::protobuf::Message& response);
+
+  // On a job's way out of the queue: records the wait in the metrics and
+  // `timing`; CANCELLED or DEADLINE_EXCEEDED if the caller has gone or its
+  // deadline has passed (nothing computed).
+  absl::Status Dequeue(const Call& call, absl::Time enqueued,
+                       v1::ServerTiming* timing) const;
 
   ServerMetrics* const metrics_;
   AttentionEngine* const engine_;
-  ComputeExecutor* const executor_;
+  Scheduler* const scheduler_;
   WeightsRegistry* const registry_;
+  const CallGate* const gate_;
   const RequestLimits limits_;
 };
 

@@ -3,20 +3,25 @@
 //   attnserve --port=50051 --threads=0
 //
 // Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server
-// reflection until SIGINT or SIGTERM, then lets calls in flight finish and
-// exits 0.
+// reflection until SIGINT or SIGTERM, then drains (see --drain_grace_seconds)
+// and exits 0. Every flag can also come from the environment as ATTNSERVE_<FLAG
+// IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "server.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0",
@@ -24,22 +29,96 @@ ABSL_FLAG(std::string, address, "0.0.0.0",
 ABSL_FLAG(int, port, 50051,
           "gRPC port; 0 picks a free one, printed at start-up.");
 ABSL_FLAG(int, threads, 0,
-          "Compute threads (OpenMP); 0 uses every core the process may use.");
+          "OpenMP threads per executor; 0: the cores the process may use, "
+          "divided among the "
+          "executors.");
+ABSL_FLAG(
+    int, executors, 1,
+    "Compute executors: requests computed at once, each on --threads threads.");
+ABSL_FLAG(int, max_queue, 1024,
+          "Requests waiting for an executor; past it new ones get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_batch, 8,
+          "Most Attend requests (alike but for B) computed together in one "
+          "call; 1 turns "
+          "dynamic batching off.");
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+          "How long the first request of a possible batch waits for partners, "
+          "in µs; 0 "
+          "batches only what is already queued (no added latency).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
+ABSL_FLAG(int64_t, max_elements, int64_t{1} << 28,
+          "Most elements of any one tensor.");
+ABSL_FLAG(int64_t, max_request_memory_bytes, int64_t{4} << 30,
+          "Most memory one request's compute may allocate (outputs, weights, "
+          "conversions, "
+          "scratch), in bytes.");
 ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
-          "Most scratch memory one request's compute may allocate, in bytes.");
-ABSL_FLAG(int, metrics_port, 9464,
-          "Port of the Prometheus /metrics endpoint (on --address); 0 turns it "
-          "off.");
+          "Most scratch memory the attention kernel may allocate for one "
+          "request, in bytes.");
+ABSL_FLAG(
+    int, metrics_port, 9464,
+    "Port of the Prometheus /metrics endpoint (on --address); 0 turns it off.");
 ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
           "Most bytes of registered weights the server holds.");
 ABSL_FLAG(std::string, weights_dir, "",
           "Folder of weight sets to register at start-up: one folder per name "
           "holding "
           "config.txt (num_heads=H) and w_q/w_k/w_v/w_o[/b_*].npy.");
+ABSL_FLAG(double, drain_grace_seconds, 5,
+          "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
+          "new calls "
+          "with UNAVAILABLE; then queued and running work finishes and the "
+          "process exits 0.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS; empty: plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate it "
+          "signed (mTLS).");
+ABSL_FLAG(
+    std::string, auth_token_file, "",
+    "File holding a bearer token every call except health checks must carry as "
+    "\"authorization: Bearer <token>\"; empty: no token.");
 
 namespace {
+
+constexpr const char* kFlagNames[] = {"address",
+                                      "port",
+                                      "threads",
+                                      "executors",
+                                      "max_queue",
+                                      "max_batch",
+                                      "max_queue_delay_us",
+                                      "max_message_bytes",
+                                      "max_elements",
+                                      "max_request_memory_bytes",
+                                      "max_workspace_bytes",
+                                      "metrics_port",
+                                      "max_weights_bytes",
+                                      "weights_dir",
+                                      "drain_grace_seconds",
+                                      "tls_cert",
+                                      "tls_key",
+                                      "tls_client_ca",
+                                      "auth_token_file"};
+
+// argv with "--flag=value" for each ATTNSERVE_FLAG in the environment inserted
+// before the command line's own arguments, so that those win.
+std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
+                                            std::vector<std::string>* storage) {
+  for (const char* name : kFlagNames) {
+    const char* value =
+        std::getenv(("ATTNSERVE_" + absl::AsciiStrToUpper(name)).c_str());
+    if (value != nullptr)
+      storage->push_back(std::string("--") + name + "=" + value);
+  }
+  std::vector<char*> arguments = {argv[0]};
+  for (std::string& argument : *storage) arguments.push_back(argument.data());
+  for (int i = 1; i < argc; ++i) arguments.push_back(argv[i]);
+  return arguments;
+}
 
 // Blocks SIGINT and SIGTERM in this thread and every thread started after, so
 // that only WaitForTerminationSignal sees them.
@@ -59,28 +138,48 @@ int WaitForTerminationSignal(const sigset_t& signals) {
   return signal_number;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves multi-head attention over gRPC. Flags: --helpfull.");
-  absl::ParseCommandLine(argc, argv);
-  const sigset_t signals = BlockTerminationSignals();
-
+attnserve::ServerOptions OptionsFromFlags() {
   attnserve::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.port = absl::GetFlag(FLAGS_port);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.executors = absl::GetFlag(FLAGS_executors);
+  options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  options.max_queue_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_elements = absl::GetFlag(FLAGS_max_elements);
+  options.max_request_memory_bytes =
+      absl::GetFlag(FLAGS_max_request_memory_bytes);
   options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
   options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
-  if (absl::GetFlag(FLAGS_metrics_port) == 0) {
-    options.metrics_port.reset();
-  } else {
+  options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }
+  return options;
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves multi-head attention over gRPC. Every flag also reads "
+      "ATTNSERVE_<FLAG> from the "
+      "environment (the command line wins). Flags: --helpfull.");
+  std::vector<std::string> environment;
+  std::vector<char*> arguments =
+      ArgumentsWithEnvironment(argc, argv, &environment);
+  absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
+  const sigset_t signals = BlockTerminationSignals();
+
+  const attnserve::ServerOptions options = OptionsFromFlags();
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(options);
   if (!server.ok()) {
@@ -93,9 +192,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   const int signal_number = WaitForTerminationSignal(signals);
-  std::printf("attnserve: signal %d, finishing calls in flight\n",
-              signal_number);
+  std::printf("attnserve: signal %d, draining\n", signal_number);
   std::fflush(stdout);
   (*server)->Shutdown();
+  std::printf("attnserve: drained, exiting\n");
   return 0;
 }

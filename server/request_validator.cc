@@ -163,6 +163,81 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
   return absl::OkStatus();
 }
 
+// RESOURCE_EXHAUSTED if `tensor` has more elements than the limit.
+absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
+                           const RequestLimits& limits) {
+  const int64_t elements =
+      CheckedProduct(
+          absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()))
+          .value_or(0);
+  if (elements <= limits.max_elements) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, " has ", elements, " elements, over the --max_elements limit of ",
+      limits.max_elements));
+}
+
+// The scratch the engine's unfused path allocates: one slab of scores, at most
+// 64 MiB unless a single kv-head group needs more (bf16 adds a bf16 copy of the
+// probabilities).
+int64_t ScoresBytes(const AttentionShape& s, const AttentionOptions& options) {
+  const int64_t per_score = options.precision == Precision::kBFloat16 ? 6 : 4;
+  const double group =
+      static_cast<double>(s.heads / s.kv_heads) * s.query_len * s.key_len;
+  const double all = group * s.batch * s.kv_heads;
+  const double slab =
+      std::min(all, std::max(group, (64.0 * (1 << 20)) / per_score));
+  return static_cast<int64_t>(slab * per_score);
+}
+
+// RESOURCE_EXHAUSTED if the compute would allocate more than the limit.
+// `extra_bytes` covers what the caller knows beyond SDPA (MHA's projections).
+absl::Status CheckRequestMemory(const AttentionShape& s,
+                                const OptionsPlan& plan,
+                                int64_t output_elements, double extra_bytes,
+                                double converted_input_elements,
+                                const RequestLimits& limits) {
+  const AttentionOptions& options = plan.options;
+  const double weights_elements =
+      options.weights == AttentionWeightsMode::kPerHead
+          ? static_cast<double>(s.WeightsElements())
+      : options.weights == AttentionWeightsMode::kHeadMean
+          ? static_cast<double>(s.HeadMeanWeightsElements())
+          : 0.0;
+  const double lse_elements =
+      options.return_lse ? static_cast<double>(s.LseElements()) : 0.0;
+  const double bf16_copies =
+      options.precision == Precision::kBFloat16
+          ? 2.0 * (static_cast<double>(s.QueryElements()) + s.KeyElements() +
+                   s.ValueElements())
+          : 0.0;
+  const double bytes =
+      4.0 * (output_elements + weights_elements + lse_elements +
+             converted_input_elements) +
+      bf16_copies + static_cast<double>(ScoresBytes(s, options)) + extra_bytes;
+  if (bytes <= static_cast<double>(limits.max_request_memory_bytes))
+    return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the request would allocate about ", static_cast<int64_t>(bytes),
+      " bytes (outputs, weights, conversions, scratch), over the "
+      "--max_request_memory_bytes "
+      "limit of ",
+      limits.max_request_memory_bytes));
+}
+
+// Elements that arrive as BFLOAT16/FLOAT16 and are widened to f32 on the
+// server.
+double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
+  double elements = 0;
+  for (const v1::Tensor* tensor : tensors) {
+    if (tensor->dtype() == v1::BFLOAT16 || tensor->dtype() == v1::FLOAT16) {
+      double count = 1;
+      for (int64_t dim : tensor->shape()) count *= static_cast<double>(dim);
+      elements += count;
+    }
+  }
+  return elements;
+}
+
 }  // namespace
 
 absl::StatusOr<AttendWork> ValidateAttendRequest(
@@ -176,6 +251,9 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
   ATTNSERVE_RETURN_IF_ERROR(CheckTensor("value", request.has_value(),
                                         request.value(), kFloatDTypes,
                                         {"B", "Hkv", "Lk", "Dv"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query", request.query(), limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("key", request.key(), limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("value", request.value(), limits));
   for (const DimensionMatch& m : kAttendDimensionMatches) {
     ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
         DimField(m.field, m.dim, m.dim_name),
@@ -209,6 +287,15 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
       ValidateOptions(request.options(), s, request.query().dtype()));
   ATTNSERVE_RETURN_IF_ERROR(
       CheckResponseSize(s, work.plan, s.OutputElements(), limits));
+  if (request.options().has_attn_mask()) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckElements(
+        "options.attn_mask", request.options().attn_mask(), limits));
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckRequestMemory(
+      s, work.plan, s.OutputElements(), 0.0,
+      ConvertedElements({&request.query(), &request.key(), &request.value(),
+                         &request.options().attn_mask()}),
+      limits));
   return work;
 }
 
@@ -262,6 +349,23 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
       work.plan, ValidateOptions(request.options(), heads, query.dtype()));
   ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
       heads, work.plan, s.batch * s.query_len * s.embed_dim, limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, limits));
+  if (!work.self_attention) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        CheckElements("kv_input", request.kv_input(), limits));
+  }
+  // Projections: Q and the attention context per query row, K and V per key
+  // row.
+  const double projection_bytes =
+      4.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
+                 (s.key_dim + s.value_dim) +
+             static_cast<double>(s.batch * s.key_len) * s.kv_heads *
+                 (s.key_dim + s.value_dim));
+  ATTNSERVE_RETURN_IF_ERROR(CheckRequestMemory(
+      heads, work.plan, s.batch * s.query_len * s.embed_dim, projection_bytes,
+      ConvertedElements(
+          {&query, &request.kv_input(), &request.options().attn_mask()}),
+      limits));
   return work;
 }
 

@@ -22,6 +22,11 @@ struct RequestLimits {
   // The largest message the server receives or sends. A response that would be
   // larger is refused with RESOURCE_EXHAUSTED before it is computed.
   int64_t max_message_bytes = int64_t{64} << 20;
+  // The most elements any one tensor may have.
+  int64_t max_elements = int64_t{1} << 28;
+  // The most memory a request's compute may allocate: outputs, weights, lse,
+  // f32 copies of non-f32 inputs, projections, and the attention's scratch.
+  int64_t max_request_memory_bytes = int64_t{4} << 30;
 };
 
 // Validated options whose data (mask, key lengths) still lives in the request:

@@ -1,22 +1,28 @@
 #include "server.h"
 
+#include <algorithm>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention_service.h"
 #include "attnserve/common/status_macros.h"
-#include "compute_executor.h"
+#include "call_gate.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "metrics.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "scheduler.h"
 #include "weights_loader.h"
 #include "weights_registry.h"
 
@@ -44,6 +50,60 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+// The whole of a small text file (certificates, keys, tokens).
+absl::StatusOr<std::string> ReadTextFile(const std::string& what,
+                                         const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat(what, " file ", path, " cannot be read"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string cert,
+                             ReadTextFile("tls_cert", options.tls_cert_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string key,
+                             ReadTextFile("tls_key", options.tls_key_file));
+  const bool mutual = !options.tls_client_ca_file.empty();
+  grpc::SslServerCredentialsOptions ssl(
+      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (mutual) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        ssl.pem_root_certs,
+        ReadTextFile("tls_client_ca", options.tls_client_ca_file));
+  }
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::string> BearerToken(const ServerOptions& options) {
+  if (options.auth_token_file.empty()) return std::string();
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      std::string token, ReadTextFile("auth_token", options.auth_token_file));
+  token = std::string(absl::StripAsciiWhitespace(token));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth_token file ", options.auth_token_file, " is empty"));
+  }
+  return token;
+}
+
+SchedulerOptions SchedulingOf(const ServerOptions& options) {
+  SchedulerOptions scheduling;
+  scheduling.executors = options.executors;
+  scheduling.max_queue = options.max_queue;
+  scheduling.max_batch = options.max_batch;
+  scheduling.max_queue_delay = options.max_queue_delay;
+  return scheduling;
+}
+
 // "host:port", with an IPv6 literal in brackets.
 std::string HostPort(const std::string& host, int port) {
   return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
@@ -53,12 +113,16 @@ std::string HostPort(const std::string& host, int port) {
 class AttnServerImpl final : public AttnServer {
  public:
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
-                 const ServerOptions& options, RequestLimits limits)
+                 const ServerOptions& options, RequestLimits limits,
+                 std::string bearer_token)
       : options_(options),
         engine_(std::move(engine)),
         metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
         registry_(options.max_weights_bytes),
-        service_(&metrics_, engine_.get(), &executor_, &registry_, limits) {}
+        gate_(std::move(bearer_token)),
+        scheduler_(SchedulingOf(options)),
+        service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
+                 limits) {}
 
   // Registers the demo weights and those of --weights_dir.
   absl::Status LoadWeights(const ServerOptions& options) {
@@ -105,7 +169,18 @@ class AttnServerImpl final : public AttnServer {
         "; ", engine_->runtime_info().Description(),
         "; max_message_bytes=", options_.max_message_bytes,
         " max_workspace_bytes=", options_.max_workspace_bytes,
-        " max_weights_bytes=", options_.max_weights_bytes, " weights_dir=",
+        " max_weights_bytes=", options_.max_weights_bytes,
+        " max_elements=", options_.max_elements,
+        " max_request_memory_bytes=", options_.max_request_memory_bytes,
+        "; executors=", options_.executors, " max_queue=", options_.max_queue,
+        " max_batch=", options_.max_batch,
+        " max_queue_delay=", absl::FormatDuration(options_.max_queue_delay),
+        " drain_grace=", absl::FormatDuration(options_.drain_grace), "; tls=",
+        options_.tls_cert_file.empty()
+            ? "off"
+            : (options_.tls_client_ca_file.empty() ? "on" : "mutual"),
+        " auth_token=", options_.auth_token_file.empty() ? "off" : "on",
+        " weights_dir=",
         options_.weights_dir.empty() ? "(none)" : options_.weights_dir);
   }
 
@@ -116,11 +191,14 @@ class AttnServerImpl final : public AttnServer {
   ~AttnServerImpl() override { Shutdown(); }
 
   absl::Status Listen(const ServerOptions& options) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::ServerCredentials> credentials,
+        Credentials(options));
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(HostPort(options.address, options.port),
-                             grpc::InsecureServerCredentials(), &port_);
+                             credentials, &port_);
     // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
     // would start and silently take half the connections instead of failing.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -146,19 +224,24 @@ class AttnServerImpl final : public AttnServer {
     if (server_ == nullptr || shut_down_) return;
     shut_down_ = true;
     server_->GetHealthCheckService()->SetServingStatus(false);
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+    absl::SleepFor(options_.drain_grace);
+    gate_.Close();
+    const absl::Time deadline = absl::Now() + kShutdownGrace;
+    scheduler_.WaitIdle(kShutdownGrace);
+    server_->Shutdown(absl::ToChronoTime(deadline));
   }
 
  private:
-  // Declared in the order they are built; destroyed in reverse, so the gRPC
-  // server goes first, then the executor (after its queued tasks), then the
-  // engine.
+  // Declared in the order they are built; destroyed in reverse: the exposer,
+  // the gRPC server (after Shutdown has answered every call), the service, the
+  // scheduler (its queue empty by then), the registry, the engine.
   const ServerOptions options_;
   std::unique_ptr<AttentionEngine> engine_;
   ServerMetrics metrics_;
   WeightsRegistry registry_;
   std::vector<std::string> startup_weights_;
-  ComputeExecutor executor_;
+  CallGate gate_;
+  Scheduler scheduler_;
   AttentionServiceImpl service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -174,14 +257,21 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& options) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(options));
   EngineOptions engine_options;
-  engine_options.num_threads = options.threads;
+  // Executors share the cores unless told otherwise.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  engine_options.num_threads = options.threads > 0 || options.executors == 1
+                                   ? options.threads
+                                   : std::max(1, cores / options.executors);
   engine_options.max_workspace_bytes = options.max_workspace_bytes;
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
                              AttentionEngine::Create(engine_options));
   RequestLimits limits;
   limits.max_message_bytes = options.max_message_bytes;
-  auto server =
-      std::make_unique<AttnServerImpl>(std::move(engine), options, limits);
+  limits.max_elements = options.max_elements;
+  limits.max_request_memory_bytes = options.max_request_memory_bytes;
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerToken(options));
+  auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
+                                                 limits, std::move(token));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));

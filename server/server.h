@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace attnserve {
 
@@ -38,6 +39,34 @@ struct ServerOptions {
   // (see AttnServer::metrics_port()); nullopt (the default here; the binary's
   // --metrics_port defaults to 9464) serves no metrics endpoint.
   std::optional<int> metrics_port;
+  // Compute executors: worker threads, each running one batch at a time with
+  // `threads` OpenMP threads (0: the cores divided among the executors).
+  int executors = 1;
+  // Requests waiting for an executor; past it new ones get RESOURCE_EXHAUSTED.
+  int max_queue = 1024;
+  // Dynamic batching: Attend requests alike but for B run together, up to
+  // max_batch of them; the first waits up to max_queue_delay for partners (0:
+  // takes what is already queued).
+  int max_batch = 1;
+  absl::Duration max_queue_delay = absl::ZeroDuration();
+  // Per-request limits, checked before anything is allocated: elements of any
+  // one tensor, and the memory a request's compute would allocate (outputs,
+  // weights, conversions, scratch).
+  int64_t max_elements = int64_t{1} << 28;
+  int64_t max_request_memory_bytes = int64_t{4} << 30;
+  // On Shutdown: how long the server keeps taking calls after health turns
+  // NOT_SERVING, so that load balancers stop sending first; then new calls get
+  // UNAVAILABLE while queued and running work finishes.
+  absl::Duration drain_grace = absl::ZeroDuration();
+  // TLS: PEM files of the server's certificate chain and key; with a client CA,
+  // clients must present a certificate it signed (mutual TLS). Empty:
+  // plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // A file holding the bearer token every call but health checks must carry;
+  // empty: none.
+  std::string auth_token_file;
   // A folder of weight sets to register at start-up (format in
   // weights_loader.h); empty: none.
   std::string weights_dir;
@@ -67,8 +96,10 @@ class AttnServer {
   // --weights_dir's, sorted.
   virtual const std::vector<std::string>& startup_weights() const = 0;
 
-  // Stops accepting calls, lets calls in flight finish (up to a grace period),
-  // and returns. Idempotent. The destructor calls it.
+  // Drains and stops: health turns NOT_SERVING at once; after drain_grace new
+  // calls get UNAVAILABLE; queued and running work finishes and every accepted
+  // call is answered (up to 30 s more); then the server stops. Idempotent. The
+  // destructor calls it.
   virtual void Shutdown() = 0;
 };
 

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "attnserve/common/dtype.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/common/status_macros.h"
 
 namespace attnserve {

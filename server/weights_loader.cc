@@ -11,8 +11,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "attention_service.h"
-#include "attnserve/common/status_macros.h"
 #include "attnserve/common/npy.h"
+#include "attnserve/common/status_macros.h"
 
 namespace attnserve {
 namespace {

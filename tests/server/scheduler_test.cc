@@ -1,0 +1,168 @@
+#include "scheduler.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::ElementsAre;
+
+// Records the batches it runs in: each run appends the ids of its batch.
+class RecordingJob final : public Job {
+ public:
+  RecordingJob(int id, std::string key, std::vector<std::vector<int>>* batches,
+               absl::Mutex* mutex, absl::Notification* gate = nullptr)
+      : id_(id),
+        key_(std::move(key)),
+        batches_(batches),
+        mutex_(mutex),
+        gate_(gate) {}
+
+  const std::string& batch_key() const override { return key_; }
+
+  void Run(absl::Span<Job* const> batch) override {
+    if (gate_ != nullptr) gate_->WaitForNotification();
+    std::vector<int> ids;
+    for (Job* job : batch) ids.push_back(static_cast<RecordingJob*>(job)->id_);
+    absl::MutexLock lock(mutex_);
+    batches_->push_back(ids);
+  }
+
+ private:
+  const int id_;
+  const std::string key_;
+  std::vector<std::vector<int>>* const batches_;
+  absl::Mutex* const mutex_;
+  absl::Notification* const gate_;
+};
+
+TEST(SchedulerTest, RunsJobsInArrivalOrderWithoutBatching) {
+  absl::Mutex mutex;
+  std::vector<std::vector<int>> batches;
+  {
+    Scheduler scheduler(SchedulerOptions{});
+    for (int id = 0; id < 5; ++id) {
+      ASSERT_TRUE(
+          scheduler
+              .Submit(std::make_unique<RecordingJob>(id, "k", &batches, &mutex))
+              .ok());
+    }
+  }
+  EXPECT_THAT(batches,
+              ElementsAre(ElementsAre(0), ElementsAre(1), ElementsAre(2),
+                          ElementsAre(3), ElementsAre(4)));
+}
+
+TEST(SchedulerTest, BatchesQueuedJobsWithTheSameKeyUpToMaxBatch) {
+  absl::Mutex mutex;
+  std::vector<std::vector<int>> batches;
+  absl::Notification release;
+  SchedulerOptions options;
+  options.max_batch = 3;
+  {
+    Scheduler scheduler(options);
+    // Job 0 holds the only executor while the rest queue up behind it.
+    ASSERT_TRUE(scheduler
+                    .Submit(std::make_unique<RecordingJob>(0, "", &batches,
+                                                           &mutex, &release))
+                    .ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    const char* keys[] = {"a", "b", "a", "a", "a", ""};
+    for (int id = 1; id <= 6; ++id) {
+      ASSERT_TRUE(scheduler
+                      .Submit(std::make_unique<RecordingJob>(id, keys[id - 1],
+                                                             &batches, &mutex))
+                      .ok());
+    }
+    release.Notify();
+  }
+  // "a" jobs 1, 3, 4 form a batch (max 3); then b alone; then a's 5; then the
+  // keyless 6.
+  EXPECT_THAT(batches,
+              ElementsAre(ElementsAre(0), ElementsAre(1, 3, 4), ElementsAre(2),
+                          ElementsAre(5), ElementsAre(6)));
+}
+
+TEST(SchedulerTest, WaitsUpToTheQueueDelayForPartners) {
+  absl::Mutex mutex;
+  std::vector<std::vector<int>> batches;
+  SchedulerOptions options;
+  options.max_batch = 4;
+  options.max_queue_delay = absl::Milliseconds(300);
+  {
+    Scheduler scheduler(options);
+    ASSERT_TRUE(
+        scheduler
+            .Submit(std::make_unique<RecordingJob>(0, "a", &batches, &mutex))
+            .ok());
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(
+        scheduler
+            .Submit(std::make_unique<RecordingJob>(1, "a", &batches, &mutex))
+            .ok());
+  }
+  EXPECT_THAT(batches, ElementsAre(ElementsAre(0, 1)));
+}
+
+TEST(SchedulerTest, RefusesJobsPastMaxQueueNamingTheLimit) {
+  absl::Mutex mutex;
+  std::vector<std::vector<int>> batches;
+  absl::Notification release;
+  SchedulerOptions options;
+  options.max_queue = 2;
+  Scheduler scheduler(options);
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<RecordingJob>(0, "", &batches,
+                                                         &mutex, &release))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(50));  // Job 0 is running, not queued.
+  ASSERT_TRUE(
+      scheduler.Submit(std::make_unique<RecordingJob>(1, "", &batches, &mutex))
+          .ok());
+  ASSERT_TRUE(
+      scheduler.Submit(std::make_unique<RecordingJob>(2, "", &batches, &mutex))
+          .ok());
+  const absl::Status full =
+      scheduler.Submit(std::make_unique<RecordingJob>(3, "", &batches, &mutex));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              ::testing::HasSubstr("--max_queue limit is 2"));
+  EXPECT_FALSE(scheduler.WaitIdle(absl::Milliseconds(10)));
+  release.Notify();
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+}
+
+TEST(SchedulerTest, SeveralExecutorsRunJobsAtOnce) {
+  SchedulerOptions options;
+  options.executors = 3;
+  std::atomic<int> running{0}, most{0};
+  {
+    Scheduler scheduler(options);
+    for (int i = 0; i < 6; ++i) {
+      ASSERT_TRUE(scheduler
+                      .Submit(std::make_unique<FunctionJob>([&] {
+                        const int now = ++running;
+                        int seen = most.load();
+                        while (now > seen &&
+                               !most.compare_exchange_weak(seen, now)) {
+                        }
+                        absl::SleepFor(absl::Milliseconds(50));
+                        --running;
+                      }))
+                      .ok());
+    }
+  }
+  EXPECT_GE(most.load(), 2);
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -197,6 +197,16 @@ absl::Status CheckRequestMemory(const AttentionShape& s,
                                 double converted_input_elements,
                                 const RequestLimits& limits) {
   const AttentionOptions& options = plan.options;
+  const int64_t per_score = options.precision == Precision::kBFloat16 ? 6 : 4;
+  const double group_bytes = static_cast<double>(s.heads / s.kv_heads) *
+                             s.query_len * s.key_len * per_score;
+  if (group_bytes > static_cast<double>(limits.max_workspace_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "attention for shape ", s.DebugString(), " needs ",
+        static_cast<int64_t>(group_bytes),
+        " bytes of scratch, over the engine's workspace limit of ",
+        limits.max_workspace_bytes, " bytes (--max_workspace_bytes)"));
+  }
   const double weights_elements =
       options.weights == AttentionWeightsMode::kPerHead
           ? static_cast<double>(s.WeightsElements())

@@ -27,6 +27,10 @@ struct RequestLimits {
   // The most memory a request's compute may allocate: outputs, weights, lse,
   // f32 copies of non-f32 inputs, projections, and the attention's scratch.
   int64_t max_request_memory_bytes = int64_t{4} << 30;
+  // The attention kernel's scratch limit (the engine's max_workspace_bytes): a
+  // request whose smallest unit of scores exceeds it is refused here rather
+  // than after queueing.
+  int64_t max_workspace_bytes = int64_t{1} << 30;
 };
 
 // Validated options whose data (mask, key lengths) still lives in the request:

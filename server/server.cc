@@ -269,6 +269,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_message_bytes = options.max_message_bytes;
   limits.max_elements = options.max_elements;
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
+  limits.max_workspace_bytes = options.max_workspace_bytes;
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerToken(options));
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
                                                  limits, std::move(token));

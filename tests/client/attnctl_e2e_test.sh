@@ -26,13 +26,14 @@ fail() {
   exit 1
 }
 
+: >"${workdir}/server.log"  # Exists before the server writes it, for the port wait below.
 "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 --threads=2 \
   >"${workdir}/server.log" 2>&1 &
 server_pid=$!
 
 port=""
 for _ in $(seq 1 100); do
-  port=$(sed -n 's/^attnserve [^ ]* listening on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "${workdir}/server.log")
+  port=$(sed -n 's/^attnserve [^ ]* listening on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "${workdir}/server.log" || true)
   [[ -n ${port} ]] && break
   kill -0 "${server_pid}" 2>/dev/null || fail "attnserve exited during start-up"
   sleep 0.1

@@ -20,11 +20,14 @@
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "server/server_fixture.h"
+#include "server/test_certificates.h"
 
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::MakeCertificates;
 using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::TestCertificates;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
@@ -171,44 +174,6 @@ TEST(ClientOptionsTest, SendsTheBearerTokenAndRejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Client::Connect("").status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-// Certificates made with openssl for this test run: a CA, a server certificate
-// for 127.0.0.1, and a client certificate.
-struct TestCertificates {
-  std::string ca, server_cert, server_key, client_cert, client_key;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-std::optional<TestCertificates> MakeCertificates() {
-  const std::string dir = ::testing::TempDir() + "/tls";
-  const std::string script = absl::StrCat(
-      "set -e; rm -rf ", dir, "; mkdir -p ", dir, "; cd ", dir, ";",
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
-      "-keyout ca.key "
-      "-out ca.crt 2>/dev/null;",
-      "for who in server client; do ",
-      "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key "
-      "-out $who.csr "
-      "2>/dev/null;",
-      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $who.ext;",
-      "openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
-      "-days 1 "
-      "-extfile $who.ext -out $who.crt 2>/dev/null; done");
-  const std::string script_path =
-      ::testing::TempDir() + "/make_certificates.sh";
-  std::ofstream(script_path) << script << "\n";
-  if (std::system(("bash " + script_path).c_str()) != 0) return std::nullopt;
-  return TestCertificates{
-      ReadFile(dir + "/ca.crt"), ReadFile(dir + "/server.crt"),
-      ReadFile(dir + "/server.key"), ReadFile(dir + "/client.crt"),
-      ReadFile(dir + "/client.key")};
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerTls(

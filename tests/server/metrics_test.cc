@@ -1,10 +1,5 @@
 // /metrics scraped over HTTP after a known mix of calls: exact counters and
 // histogram counts.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <map>
 #include <string>
 
@@ -15,59 +10,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
+#include "server/metrics_scrape.h"
 #include "server/server_fixture.h"
 
 namespace attnserve {
 namespace {
 
 using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::Samples;
+using ::attnserve::testing::Scrape;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-
-// GET http://127.0.0.1:port/metrics; the body, or "" on failure.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-      0) {
-    const std::string request =
-        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) ==
-        static_cast<ssize_t>(request.size())) {
-      char buffer[65536];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0)
-        response.append(buffer, n);
-    }
-  }
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// Every sample line "name{labels} value" of a text exposition, keyed by
-// "name{labels}".
-std::map<std::string, double> Samples(const std::string& text) {
-  std::map<std::string, double> samples;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    double value;
-    if (space != absl::string_view::npos &&
-        absl::SimpleAtod(line.substr(space + 1), &value)) {
-      samples[std::string(line.substr(0, space))] = value;
-    }
-  }
-  return samples;
-}
 
 v1::AttendRequest SmallAttend(uint64_t seed) {
   v1::AttendRequest request;

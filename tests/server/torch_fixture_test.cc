@@ -10,8 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "gtest/gtest.h"
 #include "attnserve/common/npy.h"
+#include "gtest/gtest.h"
 #include "server/server_fixture.h"
 
 namespace attnserve {

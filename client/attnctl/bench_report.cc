@@ -1,0 +1,140 @@
+#include "bench_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace attnserve {
+namespace {
+
+// Bucket k holds latencies in [kGrowth^k, kGrowth^(k+1)) nanoseconds.
+constexpr double kGrowth = 1.01;
+// ceil(ln(1e12) / ln(1.01)): up to 1000 s.
+constexpr int kBuckets = 2777;
+
+int BucketOf(absl::Duration latency) {
+  const double nanoseconds = std::max(1.0, absl::ToDoubleNanoseconds(latency));
+  const int bucket =
+      static_cast<int>(std::floor(std::log(nanoseconds) / std::log(kGrowth)));
+  return std::clamp(bucket, 0, kBuckets - 1);
+}
+
+double Milliseconds(absl::Duration duration) {
+  return absl::ToDoubleMilliseconds(duration);
+}
+
+}  // namespace
+
+LatencyHistogram::LatencyHistogram() : buckets_(kBuckets, 0) {}
+
+void LatencyHistogram::Record(absl::Duration latency) {
+  ++buckets_[BucketOf(latency)];
+  ++count_;
+  sum_ += latency;
+  min_ = std::min(min_, latency);
+  max_ = std::max(max_, latency);
+}
+
+void LatencyHistogram::Merge(const LatencyHistogram& other) {
+  for (int k = 0; k < kBuckets; ++k) buckets_[k] += other.buckets_[k];
+  count_ += other.count_;
+  sum_ += other.sum_;
+  min_ = std::min(min_, other.min_);
+  max_ = std::max(max_, other.max_);
+}
+
+absl::Duration LatencyHistogram::mean() const {
+  return count_ == 0 ? absl::ZeroDuration() : sum_ / count_;
+}
+
+absl::Duration LatencyHistogram::Percentile(double quantile) const {
+  if (count_ == 0) return absl::ZeroDuration();
+  const int64_t rank = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(quantile * static_cast<double>(count_))),
+      1, count_);
+  if (rank == 1) return min_;
+  if (rank == count_) return max_;
+  int64_t seen = 0;
+  int bucket = 0;
+  for (; bucket < kBuckets; ++bucket) {
+    seen += buckets_[bucket];
+    if (seen >= rank) break;
+  }
+  const absl::Duration middle =
+      absl::Nanoseconds(std::pow(kGrowth, bucket + 0.5));
+  return std::clamp(middle, min_, max_);
+}
+
+int64_t BenchReport::error_count() const {
+  int64_t total = 0;
+  for (const auto& [code, count] : errors) total += count;
+  return total;
+}
+
+double BenchReport::throughput() const {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0 ? static_cast<double>(requests) / seconds : 0.0;
+}
+
+double BenchReport::gflops_per_second() const {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0 ? static_cast<double>(latencies.count()) *
+                           flops_per_request / seconds / 1e9
+                     : 0.0;
+}
+
+std::string FormatBenchText(const BenchReport& report) {
+  std::string text = absl::StrFormat(
+      "bench %s %s %s, concurrency %d, warm-up %s (%d requests)\n"
+      "requests %d ok %d errors %d in %s\n"
+      "throughput %.1f req/s, %.3f GFLOP/s\n"
+      "latency p50 %.3fms p90 %.3fms p99 %.3fms max %.3fms mean %.3fms\n",
+      report.rpc, report.shape, report.input_dtype, report.concurrency,
+      absl::FormatDuration(report.warmup), report.warmup_requests,
+      report.requests, report.latencies.count(), report.error_count(),
+      absl::FormatDuration(report.elapsed), report.throughput(),
+      report.gflops_per_second(),
+      Milliseconds(report.latencies.Percentile(0.50)),
+      Milliseconds(report.latencies.Percentile(0.90)),
+      Milliseconds(report.latencies.Percentile(0.99)),
+      Milliseconds(report.latencies.max()),
+      Milliseconds(report.latencies.mean()));
+  if (!report.errors.empty()) {
+    text += "errors by code:";
+    for (const auto& [code, count] : report.errors) {
+      absl::StrAppend(&text, " ", absl::StatusCodeToString(code), "=", count);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+std::string FormatBenchJson(const BenchReport& report) {
+  std::string errors;
+  for (const auto& [code, count] : report.errors) {
+    absl::StrAppend(&errors, errors.empty() ? "" : ",", "\"",
+                    absl::StatusCodeToString(code), "\":", count);
+  }
+  // The strings are attnctl's own (names, digits, '=', spaces): no escaping.
+  return absl::StrFormat(
+      "{\"rpc\":\"%s\",\"shape\":\"%s\",\"input_dtype\":\"%s\","
+      "\"concurrency\":%d,\"warmup_s\":%.6f,\"warmup_requests\":%d,"
+      "\"requests\":%d,\"ok\":%d,\"error_count\":%d,\"errors\":{%s},"
+      "\"elapsed_s\":%.6f,\"throughput_rps\":%.3f,\"flops_per_request\":%.0f,"
+      "\"gflops_per_s\":%.6f,\"latency_ms\":{\"p50\":%.6f,\"p90\":%.6f,"
+      "\"p99\":%.6f,\"max\":%.6f,\"mean\":%.6f}}\n",
+      report.rpc, report.shape, report.input_dtype, report.concurrency,
+      absl::ToDoubleSeconds(report.warmup), report.warmup_requests,
+      report.requests, report.latencies.count(), report.error_count(), errors,
+      absl::ToDoubleSeconds(report.elapsed), report.throughput(),
+      report.flops_per_request, report.gflops_per_second(),
+      Milliseconds(report.latencies.Percentile(0.50)),
+      Milliseconds(report.latencies.Percentile(0.90)),
+      Milliseconds(report.latencies.Percentile(0.99)),
+      Milliseconds(report.latencies.max()),
+      Milliseconds(report.latencies.mean()));
+}
+
+}  // namespace attnserve

@@ -1,0 +1,336 @@
+#include "request_flags.h"
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "attnserve/client/client.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
+#include "cli.h"
+#include "weights.h"
+
+// Random inputs.
+ABSL_FLAG(bool, demo, false,
+          "attend, mha, grid: send random inputs drawn from --seed.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of random inputs.");
+ABSL_FLAG(int64_t, batch, 1, "Random inputs: B.");
+ABSL_FLAG(int64_t, heads, 8, "Random inputs: H, query heads.");
+ABSL_FLAG(int64_t, kv_heads, 8,
+          "Random inputs: Hkv, key/value heads (divides H).");
+ABSL_FLAG(int64_t, query_len, 128, "Random inputs: Lq.");
+ABSL_FLAG(int64_t, key_len, 128, "Random inputs: Lk.");
+ABSL_FLAG(int64_t, key_dim, 64, "Random inputs: Dk.");
+ABSL_FLAG(int64_t, value_dim, 64, "Random inputs: Dv.");
+ABSL_FLAG(std::string, input_dtype, "float32",
+          "Random inputs: float32, bfloat16 or float16.");
+
+// Inputs from .npy files.
+ABSL_FLAG(std::string, query, "", "attend, grid: query [B, H, Lq, Dk] .npy.");
+ABSL_FLAG(std::string, key, "", "attend, grid: key [B, Hkv, Lk, Dk] .npy.");
+ABSL_FLAG(std::string, value, "", "attend, grid: value [B, Hkv, Lk, Dv] .npy.");
+ABSL_FLAG(std::string, query_input, "", "mha: query_input [B, Lq, E] .npy.");
+ABSL_FLAG(std::string, kv_input, "",
+          "mha: kv_input [B, Lk, Ekv] .npy; absent: self-attention.");
+ABSL_FLAG(std::string, weights_name, "",
+          "mha, bench --rpc=mha: registered weight set (default demo).");
+ABSL_FLAG(std::string, weights_dir, "",
+          "mha, bench --rpc=mha: send the weight set in this folder inline.");
+ABSL_FLAG(bool, bf16_as_uint16, false,
+          "Read uint16 ('<u2') .npy files as bfloat16 bit patterns.");
+
+// AttentionOptions.
+ABSL_FLAG(std::string, scale, "",
+          "Multiplies Q K^T; empty: 1/sqrt(Dk) (the server's default).");
+ABSL_FLAG(bool, causal, false, "Causal masking.");
+ABSL_FLAG(std::string, causal_alignment, "top_left",
+          "top_left or bottom_right.");
+ABSL_FLAG(std::vector<std::string>, key_lengths, {},
+          "Valid keys per batch item, comma-separated (e.g. 5,7).");
+ABSL_FLAG(std::string, attn_mask, "",
+          ".npy mask: bool (true = may attend) or float (added to scores).");
+ABSL_FLAG(std::string, return_weights, "none", "none, per_head or head_mean.");
+ABSL_FLAG(bool, return_lse, false, "Ask for lse [B, H, Lq].");
+ABSL_FLAG(std::string, precision, "f32", "f32 or bf16.");
+ABSL_FLAG(std::string, output_dtype, "",
+          "float32, bfloat16 or float16; empty: the input's dtype.");
+
+namespace attnserve {
+namespace {
+
+constexpr int64_t kMaxRandomDim = int64_t{1} << 20;
+
+// The value `choices` maps the flag's `text` to, compared case-insensitively.
+template <typename T>
+absl::StatusOr<T> ParseChoice(
+    const char* flag, const std::string& text,
+    std::initializer_list<std::pair<const char*, T>> choices) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  std::string names;
+  for (const auto& [name, value] : choices) {
+    if (lower == name) return value;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " is '", text, "', expected one of ", names));
+}
+
+// FLOAT32, BFLOAT16 or FLOAT16 from the flag's lower-case name.
+absl::StatusOr<v1::DType> ParseFloatDType(const char* flag,
+                                          const std::string& text) {
+  return ParseChoice<v1::DType>(flag, text,
+                                {{"float32", v1::FLOAT32},
+                                 {"bfloat16", v1::BFLOAT16},
+                                 {"float16", v1::FLOAT16}});
+}
+
+absl::StatusOr<v1::DType> InputDType() {
+  return ParseFloatDType("input_dtype", absl::GetFlag(FLAGS_input_dtype));
+}
+
+absl::Status CheckRandomDims(std::initializer_list<int64_t> dims) {
+  for (int64_t dim : dims) {
+    if (dim <= 0 || dim > kMaxRandomDim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "random input dimension ", dim,
+          " is out of range: --batch, --heads, --kv_heads, --query_len, "
+          "--key_len, --key_dim and --value_dim must be in [1, 2^20]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A tensor of `shape` filled with values uniform in [-1, 1) from `generator`.
+// INVALID_ARGUMENT if it would not fit in --max_message_bytes.
+absl::StatusOr<v1::Tensor> RandomTensor(v1::DType dtype,
+                                        std::initializer_list<int64_t> shape,
+                                        std::mt19937_64& generator) {
+  const int64_t element_bytes = dtype == v1::FLOAT32 ? 4 : 2;
+  const std::optional<int64_t> count = CheckedProduct(shape);
+  if (!count || *count > MaxMessageBytes() / element_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a random input of shape [", absl::StrJoin(shape, ", "),
+        "] would not fit in --max_message_bytes=", MaxMessageBytes()));
+  }
+  std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(*count));
+  for (float& value : values) value = distribution(generator);
+  return MakeTensor(dtype, shape, values);
+}
+
+absl::Status SetRandomAttendInputs(v1::AttendRequest* request) {
+  const int64_t b = absl::GetFlag(FLAGS_batch), h = absl::GetFlag(FLAGS_heads),
+                hkv = absl::GetFlag(FLAGS_kv_heads),
+                lq = absl::GetFlag(FLAGS_query_len),
+                lk = absl::GetFlag(FLAGS_key_len),
+                dk = absl::GetFlag(FLAGS_key_dim),
+                dv = absl::GetFlag(FLAGS_value_dim);
+  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({b, h, hkv, lq, lk, dk, dv}));
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
+  std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
+  ATTNSERVE_ASSIGN_OR_RETURN(*request->mutable_query(),
+                             RandomTensor(dtype, {b, h, lq, dk}, generator));
+  ATTNSERVE_ASSIGN_OR_RETURN(*request->mutable_key(),
+                             RandomTensor(dtype, {b, hkv, lk, dk}, generator));
+  ATTNSERVE_ASSIGN_OR_RETURN(*request->mutable_value(),
+                             RandomTensor(dtype, {b, hkv, lk, dv}, generator));
+  return absl::OkStatus();
+}
+
+// Whether the inputs are random (true) or read from files (false), given
+// whether any input file flag is set.
+absl::StatusOr<bool> UseRandomInputs(InputMode mode, bool any_file,
+                                     const char* file_flags) {
+  const bool demo = absl::GetFlag(FLAGS_demo);
+  if (demo && any_file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--demo and ", file_flags, " exclude each other"));
+  }
+  if (!demo && !any_file && mode == InputMode::kFilesOrDemo) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inputs come from ", file_flags, " or --demo"));
+  }
+  return !any_file;
+}
+
+// --scale (empty: unset) and --key_lengths.
+absl::Status SetScaleAndKeyLengths(v1::AttentionOptions* options) {
+  const std::string scale = absl::GetFlag(FLAGS_scale);
+  if (!scale.empty()) {
+    float value = 0.0f;
+    if (!absl::SimpleAtof(scale, &value) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--scale is '", scale, "', expected a finite number"));
+    }
+    options->set_scale(value);
+  }
+  for (const std::string& text : absl::GetFlag(FLAGS_key_lengths)) {
+    int64_t length = 0;
+    if (!absl::SimpleAtoi(text, &length)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--key_lengths has '", text, "', expected integers like 5,7"));
+    }
+    options->add_key_lengths(length);
+  }
+  return absl::OkStatus();
+}
+
+// --causal_alignment, --return_weights, --precision and --output_dtype.
+absl::Status SetChoices(v1::AttentionOptions* options) {
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const v1::AttentionOptions::CausalAlignment alignment,
+      ParseChoice<v1::AttentionOptions::CausalAlignment>(
+          "causal_alignment", absl::GetFlag(FLAGS_causal_alignment),
+          {{"top_left", v1::AttentionOptions::TOP_LEFT},
+           {"bottom_right", v1::AttentionOptions::BOTTOM_RIGHT}}));
+  options->set_causal_alignment(alignment);
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const v1::AttentionOptions::ReturnWeights return_weights,
+      ParseChoice<v1::AttentionOptions::ReturnWeights>(
+          "return_weights", absl::GetFlag(FLAGS_return_weights),
+          {{"none", v1::AttentionOptions::NONE},
+           {"per_head", v1::AttentionOptions::PER_HEAD},
+           {"head_mean", v1::AttentionOptions::HEAD_MEAN}}));
+  options->set_return_weights(return_weights);
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::AttentionOptions::Precision precision,
+                             ParseChoice<v1::AttentionOptions::Precision>(
+                                 "precision", absl::GetFlag(FLAGS_precision),
+                                 {{"f32", v1::AttentionOptions::F32},
+                                  {"bf16", v1::AttentionOptions::BF16}}));
+  options->set_precision(precision);
+  const std::string output_dtype = absl::GetFlag(FLAGS_output_dtype);
+  if (!output_dtype.empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype,
+                               ParseFloatDType("output_dtype", output_dtype));
+    options->set_output_dtype(dtype);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TensorReadOptions InputReadOptions() {
+  TensorReadOptions options;
+  options.bf16_as_uint16 = absl::GetFlag(FLAGS_bf16_as_uint16);
+  options.max_file_bytes = MaxInputFileBytes();
+  return options;
+}
+
+absl::StatusOr<v1::AttentionOptions> AttentionOptionsFromFlags() {
+  v1::AttentionOptions options;
+  ATTNSERVE_RETURN_IF_ERROR(SetScaleAndKeyLengths(&options));
+  ATTNSERVE_RETURN_IF_ERROR(SetChoices(&options));
+  options.set_causal(absl::GetFlag(FLAGS_causal));
+  options.set_return_lse(absl::GetFlag(FLAGS_return_lse));
+  const std::string mask_path = absl::GetFlag(FLAGS_attn_mask);
+  if (!mask_path.empty()) {
+    TensorReadOptions read_options = InputReadOptions();
+    read_options.allow_bool = true;
+    ATTNSERVE_ASSIGN_OR_RETURN(*options.mutable_attn_mask(),
+                               ReadTensorFile(mask_path, read_options));
+  }
+  return options;
+}
+
+absl::StatusOr<v1::AttendRequest> AttendRequestFromFlags(InputMode mode) {
+  const std::string paths[] = {absl::GetFlag(FLAGS_query),
+                               absl::GetFlag(FLAGS_key),
+                               absl::GetFlag(FLAGS_value)};
+  const bool any_file =
+      !paths[0].empty() || !paths[1].empty() || !paths[2].empty();
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const bool random,
+      UseRandomInputs(mode, any_file, "--query/--key/--value"));
+  v1::AttendRequest request;
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_options(),
+                             AttentionOptionsFromFlags());
+  if (random) {
+    ATTNSERVE_RETURN_IF_ERROR(SetRandomAttendInputs(&request));
+    return request;
+  }
+  if (paths[0].empty() || paths[1].empty() || paths[2].empty()) {
+    return absl::InvalidArgumentError(
+        "--query, --key and --value are needed together");
+  }
+  const TensorReadOptions read_options = InputReadOptions();
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_query(),
+                             ReadTensorFile(paths[0], read_options));
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_key(),
+                             ReadTensorFile(paths[1], read_options));
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_value(),
+                             ReadTensorFile(paths[2], read_options));
+  return request;
+}
+
+absl::StatusOr<MultiHeadDraft> MultiHeadDraftFromFlags(InputMode mode) {
+  const std::string query_path = absl::GetFlag(FLAGS_query_input);
+  const std::string kv_path = absl::GetFlag(FLAGS_kv_input);
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const bool random,
+      UseRandomInputs(mode, !query_path.empty() || !kv_path.empty(),
+                      "--query_input/--kv_input"));
+  MultiHeadDraft draft;
+  draft.needs_random_inputs = random;
+  v1::MultiHeadAttentionRequest& request = draft.request;
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_options(),
+                             AttentionOptionsFromFlags());
+
+  const std::string name = absl::GetFlag(FLAGS_weights_name);
+  const std::string folder = absl::GetFlag(FLAGS_weights_dir);
+  const TensorReadOptions read_options = InputReadOptions();
+  if (!name.empty() && !folder.empty()) {
+    return absl::InvalidArgumentError(
+        "--weights_name and --weights_dir exclude each other");
+  }
+  if (!folder.empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_weights(),
+                               ReadWeightsFolder(folder, read_options));
+  } else {
+    request.set_weights_name(name.empty() ? "demo" : name);
+  }
+
+  if (random) return draft;
+  if (query_path.empty()) {
+    return absl::InvalidArgumentError("--kv_input needs --query_input");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_query_input(),
+                             ReadTensorFile(query_path, read_options));
+  if (!kv_path.empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_kv_input(),
+                               ReadTensorFile(kv_path, read_options));
+  }
+  return draft;
+}
+
+absl::Status AddRandomMultiHeadInputs(const v1::WeightsInfo& weights,
+                                      v1::MultiHeadAttentionRequest* request) {
+  const int64_t b = absl::GetFlag(FLAGS_batch),
+                lq = absl::GetFlag(FLAGS_query_len),
+                lk = absl::GetFlag(FLAGS_key_len);
+  const bool cross = weights.kv_embed_dim() != weights.embed_dim();
+  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims(
+      {b, lq, cross ? lk : 1, weights.embed_dim(), weights.kv_embed_dim()}));
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
+  std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      *request->mutable_query_input(),
+      RandomTensor(dtype, {b, lq, weights.embed_dim()}, generator));
+  if (cross) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        *request->mutable_kv_input(),
+        RandomTensor(dtype, {b, lk, weights.kv_embed_dim()}, generator));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve

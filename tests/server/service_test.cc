@@ -1,0 +1,324 @@
+// The production behaviours of the service: dynamic batching, the bounded
+// queue, requests dropped when their caller goes, limits, draining, TLS and
+// tokens.
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/metrics_scrape.h"
+#include "server/server_fixture.h"
+#include "server/test_certificates.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::ReferenceAttention;
+using ::attnserve::testing::ReferenceShape;
+using ::attnserve::testing::Samples;
+using ::attnserve::testing::Scrape;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+v1::AttendRequest Request(const ReferenceShape& s, uint64_t seed) {
+  v1::AttendRequest request;
+  *request.mutable_query() = MakeFloat32Tensor(
+      {s.batch, s.heads, s.query_len, s.key_dim},
+      RandomValues(s.batch * s.heads * s.query_len * s.key_dim, seed));
+  *request.mutable_key() = MakeFloat32Tensor(
+      {s.batch, s.kv_heads, s.key_len, s.key_dim},
+      RandomValues(s.batch * s.kv_heads * s.key_len * s.key_dim, seed + 1));
+  *request.mutable_value() = MakeFloat32Tensor(
+      {s.batch, s.kv_heads, s.key_len, s.value_dim},
+      RandomValues(s.batch * s.kv_heads * s.key_len * s.value_dim, seed + 2));
+  return request;
+}
+
+// A request whose compute takes a while (~0.25 s on 2 cores), to hold an
+// executor.
+v1::AttendRequest SlowRequest() {
+  return Request({1, 16, 16, 2048, 4096, 64, 64}, 999);
+}
+
+void ExpectMatchesReference(const ReferenceShape& s,
+                            const v1::AttendRequest& request,
+                            const v1::AttendResponse& response) {
+  ::attnserve::testing::ReferenceOptions options;
+  if (request.options().causal()) options.causal = true;
+  const std::vector<double> expected =
+      ReferenceAttention(s, FloatValues(request.query()).value(),
+                         FloatValues(request.key()).value(),
+                         FloatValues(request.value()).value(), options)
+          .output;
+  const std::vector<float> actual = FloatValues(response.output()).value();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 1e-5) << i;
+  }
+}
+
+class ServiceTest : public ::attnserve::testing::ServerFixture {
+ protected:
+  void SetUp() override {}  // Each test starts its own server.
+
+  void Start(ServerOptions options) {
+    options.metrics_port = 0;
+    options.max_message_bytes = 64 << 20;
+    options.max_workspace_bytes = 1 << 30;
+    StartServer(options);
+  }
+
+  double Metric(const std::string& key) {
+    const auto samples = Samples(Scrape(server_->metrics_port()));
+    const auto it = samples.find(key);
+    return it == samples.end() ? -1 : it->second;
+  }
+};
+
+TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
+  ServerOptions options = DefaultOptions();
+  options.max_batch = 8;
+  options.max_queue_delay = absl::Milliseconds(200);
+  Start(options);
+  const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
+  std::vector<v1::AttendRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    requests.push_back(Request(s, 10 * i));
+    requests.back().mutable_options()->set_causal(true);
+  }
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
+  for (const v1::AttendRequest& request : requests) {
+    answers.push_back(client_->AttendFuture(request, kTimeout));
+  }
+  for (size_t i = 0; i < answers.size(); ++i) {
+    absl::StatusOr<v1::AttendResponse> answer = answers[i].get();
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ExpectMatchesReference(s, requests[i], *answer);
+  }
+  // 8 requests in fewer compute calls than 8.
+  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"),
+            Metric("attnserve_batch_size_count"));
+  EXPECT_LT(Metric("attnserve_batch_size_count"), 8);
+  EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+}
+
+TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
+  ServerOptions options = DefaultOptions();
+  options.max_queue = 1;
+  options.max_batch = 1;
+  Start(options);
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
+  for (int i = 0; i < 4; ++i)
+    answers.push_back(client_->AttendFuture(SlowRequest(), kTimeout));
+  int refused = 0, served = 0;
+  for (auto& answer : answers) {
+    absl::StatusOr<v1::AttendResponse> result = answer.get();
+    if (result.ok()) {
+      ++served;
+    } else {
+      EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(std::string(result.status().message()),
+                  HasSubstr("--max_queue limit is 1"));
+      ++refused;
+    }
+  }
+  EXPECT_GE(served, 2);  // One running, one queued.
+  EXPECT_GE(refused, 1);
+}
+
+TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
+  ServerOptions options = DefaultOptions();
+  options.max_batch = 1;
+  Start(options);
+  auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
+  absl::SleepFor(
+      absl::Milliseconds(100));  // The slow one holds the only executor.
+  const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
+  // Three that time out while queued...
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> expiring;
+  for (int i = 0; i < 3; ++i) {
+    expiring.push_back(client_->AttendFuture(small, absl::Milliseconds(60)));
+  }
+  // ...and one whose caller cancels.
+  grpc::ClientContext context;
+  v1::AttendResponse cancelled_response;
+  std::promise<grpc::Status> cancelled;
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  stub->async()->Attend(
+      &context, &small, &cancelled_response,
+      [&cancelled](grpc::Status status) { cancelled.set_value(status); });
+  absl::SleepFor(absl::Milliseconds(30));
+  context.TryCancel();
+  for (auto& answer : expiring) {
+    EXPECT_EQ(answer.get().status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+  }
+  EXPECT_EQ(cancelled.get_future().get().error_code(),
+            grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(slow.get().ok());
+  // The dropped requests leave the queue once the slow one is done.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 5 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // Only the slow request was computed.
+  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"), 1);
+  EXPECT_EQ(Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 5);
+}
+
+TEST_F(ServiceTest, LimitsAnswerResourceExhaustedBeforeAllocating) {
+  ServerOptions options = DefaultOptions();
+  options.max_elements = 5000;
+  options.max_request_memory_bytes = 1 << 20;
+  Start(options);
+  absl::Status status =
+      client_->Attend(Request({1, 1, 1, 80, 80, 64, 64}, 1), kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      std::string(status.message()),
+      HasSubstr(
+          "query has 5120 elements, over the --max_elements limit of 5000"));
+  // 4·4·128·256 weights of 4 bytes: 2 MiB.
+  v1::AttendRequest weights = Request({4, 4, 4, 128, 256, 1, 1}, 2);
+  weights.mutable_options()->set_return_weights(v1::AttentionOptions::PER_HEAD);
+  status = client_->Attend(weights, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("--max_request_memory_bytes limit of 1048576"));
+  EXPECT_TRUE(
+      client_->Attend(Request({1, 1, 1, 4, 4, 4, 4}, 3), kTimeout).ok());
+}
+
+TEST_F(ServiceTest, DrainingAnswersEveryAcceptedCallThenRefuses) {
+  ServerOptions options = DefaultOptions();
+  options.drain_grace = absl::Milliseconds(300);
+  options.executors = 2;
+  Start(options);
+  const ReferenceShape s = {1, 4, 4, 64, 256, 32, 32};
+  const v1::AttendRequest request = Request(s, 7);
+  std::atomic<bool> stop{false};
+  absl::Mutex mutex;
+  std::map<absl::StatusCode, int> codes;
+  int wrong_answers = 0;
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] {
+      const absl::Time end = absl::Now() + absl::Seconds(20);
+      for (int n = 0; n < 2000 && !stop && absl::Now() < end; ++n) {
+        absl::StatusOr<v1::AttendResponse> answer =
+            client_->Attend(request, kTimeout);
+        absl::MutexLock lock(&mutex);
+        ++codes[answer.status().code()];
+
+        if (answer.ok() &&
+            FloatValues(answer->output()).value().size() !=
+                static_cast<size_t>(s.heads * s.query_len * s.value_dim)) {
+          ++wrong_answers;
+        }
+        if (answer.status().code() == absl::StatusCode::kUnavailable)
+          break;  // Go elsewhere.
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  std::thread shutdown([&] { server_->Shutdown(); });
+  absl::SleepFor(absl::Milliseconds(50));
+  // Health turns at once, while calls are still admitted.
+  EXPECT_EQ(client_->CheckHealth("", absl::Seconds(5))
+                .value_or(grpc::health::v1::HealthCheckResponse::UNKNOWN),
+            grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  absl::SleepFor(
+      absl::Milliseconds(600));  // Past the grace: calls are refused.
+  stop = true;
+  for (std::thread& caller : callers) caller.join();
+  shutdown.join();
+  absl::MutexLock lock(&mutex);
+  EXPECT_EQ(wrong_answers, 0);
+  EXPECT_GT(codes[absl::StatusCode::kOk], 0);
+  EXPECT_GT(codes[absl::StatusCode::kUnavailable], 0);
+  // Every call the service took was answered in full (OK) or refused
+  // (UNAVAILABLE); a call racing the very end may be cancelled by gRPC before
+  // it reaches the service.
+  for (const auto& [code, count] : codes) {
+    EXPECT_TRUE(code == absl::StatusCode::kOk ||
+                code == absl::StatusCode::kUnavailable ||
+                code == absl::StatusCode::kCancelled)
+        << absl::StatusCodeToString(code) << " x" << count;
+  }
+  // The service's own count: it answered only OK or UNAVAILABLE, and every OK
+  // the callers saw.
+  const auto served = Samples(Scrape(server_->metrics_port()));
+  for (const auto& [key, value] : served) {
+    if (key.rfind("attnserve_requests_total{", 0) != 0 || value == 0) continue;
+    EXPECT_TRUE(key.find(R"(code="OK")") != std::string::npos ||
+                key.find(R"(code="UNAVAILABLE")") != std::string::npos)
+        << key << " " << value;
+  }
+  EXPECT_EQ(served.at(R"(attnserve_requests_total{code="OK",rpc="Attend"})"),
+            codes[absl::StatusCode::kOk]);
+}
+
+TEST_F(ServiceTest, TlsMutualTlsAndTokens) {
+  const std::optional<::attnserve::testing::TestCertificates> certs =
+      ::attnserve::testing::MakeCertificates();
+  ASSERT_TRUE(certs.has_value());
+  const std::string token_file = ::testing::TempDir() + "/token";
+  std::ofstream(token_file) << "open-sesame\n";
+  ServerOptions options = DefaultOptions();
+  options.tls_cert_file = certs->directory + "/server.crt";
+  options.tls_key_file = certs->directory + "/server.key";
+  options.tls_client_ca_file = certs->directory + "/ca.crt";
+  options.auth_token_file = token_file;
+  options.port = 0;
+  absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  const v1::AttendRequest small = Request({1, 1, 1, 2, 2, 2, 2}, 1);
+
+  const auto attend = [&](ClientOptions client_options) {
+    return Client::Connect(target, client_options)
+        .value()
+        ->Attend(small, absl::Seconds(5))
+        .status();
+  };
+  ClientOptions good;
+  good.tls = TlsOptions{certs->ca, certs->client_cert, certs->client_key, ""};
+  good.bearer_token = "open-sesame";
+  EXPECT_TRUE(attend(good).ok());
+
+  ClientOptions wrong_token = good;
+  wrong_token.bearer_token = "guess";
+  EXPECT_EQ(attend(wrong_token).code(), absl::StatusCode::kUnauthenticated);
+  ClientOptions no_token = good;
+  no_token.bearer_token.clear();
+  EXPECT_EQ(attend(no_token).code(), absl::StatusCode::kUnauthenticated);
+  // Health needs no token.
+  EXPECT_TRUE(Client::Connect(target, no_token)
+                  .value()
+                  ->CheckHealth("", absl::Seconds(5))
+                  .ok());
+
+  ClientOptions no_client_certificate = good;
+  no_client_certificate.tls = TlsOptions{certs->ca, "", "", ""};
+  EXPECT_EQ(attend(no_client_certificate).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(attend(ClientOptions{}).code(),
+            absl::StatusCode::kUnavailable);  // Plaintext.
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,58 @@
+// TLS certificates made with openssl for one test run.
+#ifndef ATTNSERVE_TESTS_SERVER_TEST_CERTIFICATES_H_
+#define ATTNSERVE_TESTS_SERVER_TEST_CERTIFICATES_H_
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace attnserve::testing {
+
+// Certificates made with openssl for this test run: a CA, a server certificate
+// for 127.0.0.1, and a client certificate, as PEM text, and the folder holding
+// them as files (ca.crt, server.crt, server.key, client.crt, client.key).
+struct TestCertificates {
+  std::string ca, server_cert, server_key, client_cert, client_key;
+  std::string directory;
+};
+
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+inline std::optional<TestCertificates> MakeCertificates() {
+  const std::string dir = ::testing::TempDir() + "/tls";
+  const std::string script = absl::StrCat(
+      "set -e; rm -rf ", dir, "; mkdir -p ", dir, "; cd ", dir, ";",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+      "-keyout ca.key "
+      "-out ca.crt 2>/dev/null;",
+      "for who in server client; do ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key "
+      "-out $who.csr "
+      "2>/dev/null;",
+      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $who.ext;",
+      "openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+      "-days 1 "
+      "-extfile $who.ext -out $who.crt 2>/dev/null; done");
+  const std::string script_path =
+      ::testing::TempDir() + "/make_certificates.sh";
+  std::ofstream(script_path) << script << "\n";
+  if (std::system(("bash " + script_path).c_str()) != 0) return std::nullopt;
+  return TestCertificates{
+      ReadFile(dir + "/ca.crt"),     ReadFile(dir + "/server.crt"),
+      ReadFile(dir + "/server.key"), ReadFile(dir + "/client.crt"),
+      ReadFile(dir + "/client.key"), dir};
+}
+
+}  // namespace attnserve::testing
+
+#endif  // ATTNSERVE_TESTS_SERVER_TEST_CERTIFICATES_H_

@@ -132,7 +132,10 @@ class AttendStreamReactor final
   // Fills the slot's answer with `status` (keeping the response if OK), records
   // it, marks it ready.
   void Resolve(Slot& slot, const absl::Status& status) {
-    if (!status.ok()) {
+    if (status.ok()) {
+      slot.answer.mutable_response()->mutable_timing()->set_server_us(
+          absl::ToInt64Microseconds(absl::Now() - slot.started));
+    } else {
       slot.answer.clear_response();
       slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));
       slot.answer.mutable_error()->set_message(std::string(status.message()));

@@ -39,6 +39,8 @@ class AttentionServiceImpl::UnaryJob final : public Job {
       service_->metrics_->Computed(call_.rpc, elapsed, 1,
                                    status.ok() ? flops_ : 0.0);
     }
+    timing_->set_server_us(
+        absl::ToInt64Microseconds(absl::Now() - call_.started));
     service_->Finish(call_, status, *response_);
   }
 
@@ -99,6 +101,8 @@ class AttentionServiceImpl::AttendJob final : public Job {
     for (AttendJob* attend : live) {
       attend->response_->mutable_timing()->set_compute_us(
           absl::ToInt64Microseconds(elapsed));
+      attend->response_->mutable_timing()->set_server_us(
+          absl::ToInt64Microseconds(absl::Now() - attend->call_.started));
       service_->Finish(attend->call_, status, *attend->response_);
     }
   }

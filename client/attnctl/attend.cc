@@ -56,10 +56,12 @@ int PrintResult(const v1::Tensor& output_tensor, const v1::ServerTiming& timing,
   }
   std::printf("output shape %s\n", Describe(output_tensor).c_str());
   std::printf("checksum sum=%.6f sum_abs=%.6f\n", sum, sum_abs);
-  std::printf("server queue_us=%lld compute_us=%lld, round trip %s\n",
-              static_cast<long long>(timing.queue_us()),
-              static_cast<long long>(timing.compute_us()),
-              absl::FormatDuration(round_trip).c_str());
+  std::printf(
+      "server queue_us=%lld compute_us=%lld server_us=%lld, round trip %s\n",
+      static_cast<long long>(timing.queue_us()),
+      static_cast<long long>(timing.compute_us()),
+      static_cast<long long>(timing.server_us()),
+      absl::FormatDuration(round_trip).c_str());
   return kExitOk;
 }
 

@@ -101,6 +101,7 @@ TEST_F(RoundTripTest, ResponseCarriesServerTimings) {
   EXPECT_TRUE(response->has_timing());
   EXPECT_GE(response->timing().queue_us(), 0);
   EXPECT_GT(response->timing().compute_us(), 0);
+  EXPECT_GE(response->timing().server_us(), response->timing().compute_us());
 }
 
 TEST_F(RoundTripTest, ConcurrentCallersEachGetTheirOwnAnswer) {

@@ -143,8 +143,13 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   options.max_batch = 1;
   Start(options);
   auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
-  absl::SleepFor(
-      absl::Milliseconds(100));  // The slow one holds the only executor.
+  // Wait until the slow one has left the queue: it holds the only executor from
+  // then on.
+  const absl::Time running_by = absl::Now() + absl::Seconds(30);
+  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 1 &&
+         absl::Now() < running_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
   // Three that time out while queued...
   std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> expiring;

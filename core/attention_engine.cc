@@ -76,8 +76,8 @@ class AttentionEngineImpl final : public AttentionEngine {
     problem.output_strides =
         PackedStrides(shape.heads, shape.query_len, shape.value_dim);
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream());
-    return internal::RunUnfusedAttention(engine_, stream, problem,
-                                         SlabBudget());
+    return internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget(),
+                                         plans_);
   }
 
   absl::Status MultiHeadAttention(const MultiHeadShape& shape,
@@ -159,8 +159,8 @@ class AttentionEngineImpl final : public AttentionEngine {
     problem.output = context.data();
     problem.output_strides = {shape.query_len * context_out, shape.value_dim,
                               context_out, 1};
-    ATTNSERVE_RETURN_IF_ERROR(
-        internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::RunUnfusedAttention(
+        engine_, stream, problem, SlabBudget(), plans_));
     return RunLinear(stream,
                      {q_rows, context_out, shape.embed_dim, context.data(),
                       context_out, weights.w_o.data(), OrNull(weights.b_o),
@@ -292,6 +292,8 @@ class AttentionEngineImpl final : public AttentionEngine {
 
   const EngineOptions options_;
   const dnnl::engine engine_;
+  // Built matmuls by shape, kept across calls (64 shapes at most).
+  internal::SlabPlanCache plans_{64};
 };
 
 }  // namespace

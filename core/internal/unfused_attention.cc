@@ -1,11 +1,13 @@
 #include "internal/unfused_attention.h"
 
 #include <algorithm>
-#include <map>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
 #include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
@@ -38,15 +40,6 @@ Dims QueryDims(const AttentionShape& s, const SlabExtent& e, int64_t feature) {
 Dims GroupedStrides(const Strides4& st, int64_t group) {
   return {st[0], st[1] * group, st[1], st[2], st[3]};
 }
-
-// The matmuls of one slab extent, built once and reused for every slab of that
-// extent.
-struct SlabPlan {
-  memory::desc query_md, key_t_md, value_md, scores_md, probabilities_md,
-      output_md;
-  dnnl::matmul scores;
-  dnnl::matmul context;
-};
 
 // The tensors the matmuls read: f32 views of the caller's memory, or packed
 // bf16 copies.
@@ -94,6 +87,21 @@ SlabPlan MakeSlabPlan(const dnnl::engine& engine, const SdpaProblem& p,
   return plan;
 }
 
+// Everything MakeSlabPlan's primitives depend on.
+std::string PlanKey(const SdpaProblem& p, const Operands& in,
+                    const SlabExtent& e) {
+  const AttentionShape& s = p.shape;
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &p.scale, sizeof(scale_bits));
+  return absl::StrCat(
+      e.batch_count, ",", e.kv_head_count, ":", s.heads, ",", s.kv_heads, ",",
+      s.query_len, ",", s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
+      static_cast<int>(in.type), ":", absl::StrJoin(in.query_strides, ","), ":",
+      absl::StrJoin(in.key_strides, ","), ":",
+      absl::StrJoin(in.value_strides, ","), ":",
+      absl::StrJoin(p.output_strides, ","), ":", scale_bits);
+}
+
 SlabExtent FullSlabExtent(const AttentionShape& s, int64_t slab_budget_bytes,
                           Precision precision) {
   const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;
@@ -139,7 +147,8 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
 
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream, const SdpaProblem& p,
-                                 int64_t slab_budget_bytes) {
+                                 int64_t slab_budget_bytes,
+                                 SlabPlanCache& cache) {
   const AttentionShape& s = p.shape;
   const Precision precision = p.options->precision;
   const bool bf16 = precision == Precision::kBFloat16;
@@ -167,7 +176,6 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     }
 
     const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
-    std::map<SlabExtent, SlabPlan> plans;
     const int64_t slab_scores = (s.heads / s.kv_heads) * s.query_len *
                                 s.key_len * full.batch_count *
                                 full.kv_head_count;
@@ -181,12 +189,10 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
       for (int64_t kv = 0; kv < s.kv_heads; kv += full.kv_head_count) {
         const SlabExtent extent{std::min(full.batch_count, s.batch - b),
                                 std::min(full.kv_head_count, s.kv_heads - kv)};
-        auto plan_it = plans.find(extent);
-        if (plan_it == plans.end()) {
-          plan_it =
-              plans.emplace(extent, MakeSlabPlan(engine, p, in, extent)).first;
-        }
-        const SlabPlan& plan = plan_it->second;
+        const std::shared_ptr<const SlabPlan> cached = cache.GetOrCreate(
+            PlanKey(p, in, extent),
+            [&] { return MakeSlabPlan(engine, p, in, extent); });
+        const SlabPlan& plan = *cached;
         const int64_t group = s.heads / s.kv_heads;
         const Strides4& qs = in.query_strides;
         const Strides4& ks = in.key_strides;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "attnserve/core/attention_engine.h"
+#include "internal/plan_cache.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {
@@ -39,6 +40,16 @@ struct SdpaProblem {
   absl::Span<float> lse;
 };
 
+// The matmuls of one slab extent (scores = scale · Q Kᵀ, output = P V), reused
+// for every slab of that extent and, through the cache, across calls.
+struct SlabPlan {
+  dnnl::memory::desc query_md, key_t_md, value_md, scores_md, probabilities_md,
+      output_md;
+  dnnl::matmul scores;
+  dnnl::matmul context;
+};
+using SlabPlanCache = PlanCache<SlabPlan>;
+
 // The scratch bytes RunUnfusedAttention allocates for `shape` at `precision`
 // with a slab budget, or nullopt on overflow: at least one kv-head group's
 // scores, more as the budget allows.
@@ -51,7 +62,8 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& shape,
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream,
                                  const SdpaProblem& problem,
-                                 int64_t slab_budget_bytes);
+                                 int64_t slab_budget_bytes,
+                                 SlabPlanCache& cache);
 
 }  // namespace attnserve::internal
 

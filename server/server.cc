@@ -47,6 +47,42 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         absl::StrCat("max_message_bytes is ", options.max_message_bytes,
                      ", expected 1 to 2147483647"));
   }
+  const std::pair<const char*, int64_t> positive[] = {
+      {"executors", options.executors},
+      {"max_queue", options.max_queue},
+      {"max_batch", options.max_batch},
+      {"max_elements", options.max_elements},
+      {"max_request_memory_bytes", options.max_request_memory_bytes}};
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value, ", expected > 0"));
+    }
+  }
+  if (options.executors > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executors is ", options.executors, ", expected at most 256"));
+  }
+  if (options.max_queue_delay < absl::ZeroDuration() ||
+      options.drain_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "max_queue_delay and drain_grace must not be negative");
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty() ||
+      (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty())) {
+    return absl::InvalidArgumentError(
+        "tls_cert_file and tls_key_file go together, and tls_client_ca_file "
+        "needs them");
+  }
+  if (options.metrics_port &&
+      (*options.metrics_port < 0 || *options.metrics_port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port is ", *options.metrics_port, ", expected 0 to 65535"));
+  }
+  if (options.max_weights_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_weights_bytes is ", options.max_weights_bytes, ", expected >= 0"));
+  }
   return absl::OkStatus();
 }
 

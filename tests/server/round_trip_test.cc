@@ -175,6 +175,12 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
        [](ServerOptions& o) { o.max_message_bytes = int64_t{1} << 31; }},
       {"max_workspace_bytes",
        [](ServerOptions& o) { o.max_workspace_bytes = 0; }},
+      {"max_batch", [](ServerOptions& o) { o.max_batch = 0; }},
+      {"executors", [](ServerOptions& o) { o.executors = 0; }},
+      {"max_queue", [](ServerOptions& o) { o.max_queue = -1; }},
+      {"metrics_port", [](ServerOptions& o) { o.metrics_port = 70000; }},
+      {"tls_cert_file", [](ServerOptions& o) { o.tls_cert_file = "x.pem"; }},
+      {"max_weights_bytes", [](ServerOptions& o) { o.max_weights_bytes = -1; }},
   };
   for (const Case& test_case : cases) {
     SCOPED_TRACE(test_case.field);

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# attnserve's configuration: every flag reads ATTNSERVE_<FLAG> from the environment, the command
+# line wins, --help documents each flag, and the start-up line shows the effective values.
+#
+# usage: config_env_test.sh ATTNSERVE
+set -euo pipefail
+attnserve=$1
+workdir=$(mktemp -d)
+trap 'pkill -KILL -f "${workdir}/marker" 2>/dev/null || true; rm -rf "${workdir}"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Starts attnserve with the given environment and arguments; prints its start-up line.
+startup_line() {
+  local log="${workdir}/log.$RANDOM"
+  : >"${log}"
+  env "$@" --address=127.0.0.1 --port=0 --metrics_port=0 --drain_grace_seconds=0 \
+    --weights_dir= >"${log}" 2>&1 &
+  local pid=$!
+  local line=""
+  for _ in $(seq 1 100); do
+    line=$(grep -m1 "listening on" "${log}" || true)
+    [[ -n ${line} ]] && break
+    kill -0 "${pid}" 2>/dev/null || { cat "${log}" >&2; return 1; }
+    sleep 0.1
+  done
+  kill -TERM "${pid}"
+  wait "${pid}" || fail "attnserve exited non-zero after SIGTERM"
+  echo "${line}"
+}
+
+line=$(startup_line ATTNSERVE_MAX_QUEUE=7 ATTNSERVE_EXECUTORS=2 "${attnserve}")
+[[ ${line} == *"executors=2 max_queue=7 "* ]] || fail "environment not read: ${line}"
+
+line=$(startup_line ATTNSERVE_MAX_QUEUE=7 "${attnserve}" --max_queue=9)
+[[ ${line} == *"max_queue=9 "* ]] || fail "the command line must win: ${line}"
+
+set +e
+ATTNSERVE_MAX_BATCH=0 "${attnserve}" --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
+status=$?
+set -e
+[[ ${status} -ne 0 ]] || fail "max_batch=0 from the environment was accepted"
+grep -q "max_batch is 0, expected > 0" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+
+help=$("${attnserve}" --helpfull 2>&1 || true)
+for flag in address port threads executors max_queue max_batch max_queue_delay_us \
+            max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
+            metrics_port max_weights_bytes weights_dir drain_grace_seconds tls_cert tls_key \
+            tls_client_ca auth_token_file; do
+  grep -q -- "-${flag} " <<<"${help}" || fail "--helpfull does not document --${flag}"
+done
+grep -q "ATTNSERVE_" <<<"${help}" || fail "--helpfull does not mention ATTNSERVE_ variables"
+echo PASS

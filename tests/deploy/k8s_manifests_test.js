@@ -1,0 +1,513 @@
+// Validates rendered kustomizations of deploy/k8s (k8s_manifests_test.sh renders them):
+//   1. every object against its Kubernetes API schema (kubernetes-models: core, apps,
+//      autoscaling, policy, networking; @kubernetes-models/prometheus-operator: ServiceMonitor);
+//   2. the invariants the deployment depends on (INVARIANTS below): probes and ports agree with
+//      the flags in the ConfigMap, the grace period outlasts preStop plus the server's drain,
+//      the pod is non-root with a read-only root and no privileges, resources are set and hold
+//      the flags' memory budgets, and Services, HPA, PDB, NetworkPolicy and ServiceMonitor all
+//      point at the Deployment's pods and ports;
+//   3. that each invariant catches what it guards: MUTATIONS break a valid rendering one way
+//      each, and the named invariant must fail.
+// Writes each rendering's flag file (the ConfigMap's) beside it as NAME.flags, for the shell
+// test to start attnserve with. Exits 1 on any failure.
+//
+// usage: NODE_PATH=.../node_modules node k8s_manifests_test.js DOCKERFILE RENDERED.yaml...
+"use strict";
+
+const fs = require("fs");
+const path = require("path");
+const YAML = require("yaml");
+
+const MODEL_MODULES = {
+  "v1": "kubernetes-models/v1",
+  "apps/v1": "kubernetes-models/apps/v1",
+  "autoscaling/v2": "kubernetes-models/autoscaling/v2",
+  "policy/v1": "kubernetes-models/policy/v1",
+  "networking.k8s.io/v1": "kubernetes-models/networking.k8s.io/v1",
+  "monitoring.coreos.com/v1": "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1",
+};
+
+// After SIGTERM attnserve keeps taking calls for --drain_grace_seconds, then lets work in
+// flight finish for at most this long (server/server.cc kShutdownGrace) and exits.
+const IN_FLIGHT_GRACE_SECONDS = 30;
+// attnserve's flag defaults (server/main.cc), for flags the flag file leaves out.
+const FLAG_DEFAULTS = {
+  address: "0.0.0.0",
+  port: "50051",
+  metrics_port: "9464",
+  executors: "1",
+  max_batch: "8",
+  max_queue: "1024",
+  max_message_bytes: String(64 * 2 ** 20),
+  max_request_memory_bytes: String(4 * 2 ** 30),
+  max_weights_bytes: String(4 * 2 ** 30),
+  drain_grace_seconds: "5",
+};
+// Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC buffers.
+const BASE_MEMORY_BYTES = 256 * 2 ** 20;
+const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
+
+// --- Helpers
+
+function schemaErrors(object) {
+  const modulePath = MODEL_MODULES[object.apiVersion];
+  const Model = modulePath && require(modulePath)[object.kind];
+  if (!Model) return [`no schema for ${object.apiVersion} ${object.kind}`];
+  try {
+    new Model(object).validate();
+    return [];
+  } catch (error) {
+    return [`${object.kind}/${object.metadata && object.metadata.name}: ${error.message}`];
+  }
+}
+
+// Kubernetes quantity ("2", "500m", "2Gi", "1G") to a number (CPUs or bytes).
+function quantity(value) {
+  const match = /^([0-9.]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$/.exec(String(value));
+  if (!match) throw new Error(`not a quantity: ${value}`);
+  const scale = {
+    m: 1e-3, k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, E: 1e18,
+    Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50, Ei: 2 ** 60,
+  };
+  return Number(match[1]) * (match[2] ? scale[match[2]] : 1);
+}
+
+function labelsMatch(selector, labels) {
+  return Object.entries(selector || {}).every(([key, value]) => (labels || {})[key] === value);
+}
+
+// The attnserve flags the container runs with: args in order, --flagfile expanded in place
+// from the ConfigMap mounted at its folder (as absl does), over attnserve's defaults.
+function containerFlags(pod, container, configMaps) {
+  const flags = { ...FLAG_DEFAULTS };
+  let flagFileText = null;
+  const apply = (argument) => {
+    const match = /^--?([a-z_]+)=(.*)$/.exec(argument.trim());
+    if (!match) throw new Error(`cannot read flag '${argument}'`);
+    if (match[1] !== "flagfile") {
+      flags[match[1]] = match[2];
+      return;
+    }
+    const file = match[2];
+    const mount = (container.volumeMounts || []).find((m) => m.mountPath === path.dirname(file));
+    const volume = mount && (pod.volumes || []).find((v) => v.name === mount.name);
+    const configMap = volume && volume.configMap &&
+        configMaps.find((c) => c.metadata.name === volume.configMap.name);
+    const text = configMap && configMap.data && configMap.data[path.basename(file)];
+    if (text === undefined) throw new Error(`${file} is not a key of a mounted ConfigMap`);
+    flagFileText = text;
+    for (const line of text.split("\n")) {
+      if (line.trim() !== "" && !line.trim().startsWith("#")) apply(line);
+    }
+  };
+  for (const argument of container.args || []) apply(argument);
+  return { flags, flagFileText };
+}
+
+function preStopSeconds(container) {
+  const preStop = container.lifecycle && container.lifecycle.preStop;
+  if (!preStop) return 0;
+  if (preStop.sleep) return Number(preStop.sleep.seconds);
+  const command = (preStop.exec && preStop.exec.command) || [];
+  if (command.length === 2 && /(^|\/)sleep$/.test(command[0])) return Number(command[1]);
+  throw new Error(`cannot tell how long preStop ${JSON.stringify(preStop)} takes`);
+}
+
+// A Service or NetworkPolicy port (name or number) to the container port it reaches.
+function containerPort(container, port) {
+  const found = (container.ports || []).find((p) => p.name === port || p.containerPort === port);
+  return found ? found.containerPort : undefined;
+}
+
+// --- The rendering, indexed
+
+function index(objects, dockerUid) {
+  const ofKind = (kind) => objects.filter((o) => o.kind === kind);
+  const deployment = ofKind("Deployment")[0];
+  const pod = deployment && deployment.spec.template.spec;
+  const container = pod && pod.containers.find((c) => c.name === "attnserve");
+  const services = ofKind("Service");
+  return {
+    objects, ofKind, deployment, pod, container, services, dockerUid,
+    podLabels: deployment && deployment.spec.template.metadata.labels,
+    headless: services.filter((s) => s.spec.clusterIP === "None"),
+    clusterIp: services.filter((s) => s.spec.clusterIP !== "None"),
+    hpa: ofKind("HorizontalPodAutoscaler")[0],
+    pdb: ofKind("PodDisruptionBudget")[0],
+    networkPolicy: ofKind("NetworkPolicy")[0],
+    serviceMonitor: ofKind("ServiceMonitor")[0],
+    namespace: ofKind("Namespace")[0],
+    flags: () => containerFlags(pod, container, ofKind("ConfigMap")).flags,
+  };
+}
+
+// --- Invariants: [name, function(rendering) -> list of failures]
+
+const INVARIANTS = [
+  ["objects match the Kubernetes API schemas", (r) => r.objects.flatMap(schemaErrors)],
+
+  ["one of each object, two Services", (r) => {
+    const expected = {
+      Deployment: 1, Service: 2, HorizontalPodAutoscaler: 1, PodDisruptionBudget: 1,
+      NetworkPolicy: 1, ServiceMonitor: 1, ConfigMap: 1,
+    };
+    const failures = Object.entries(expected)
+      .filter(([kind, count]) => r.ofKind(kind).length !== count)
+      .map(([kind, count]) => `${r.ofKind(kind).length} ${kind}, expected ${count}`);
+    const extra = r.objects.filter((o) => !(o.kind in expected) && o.kind !== "Namespace");
+    return failures.concat(extra.map((o) => `unexpected ${o.kind}/${o.metadata.name}`));
+  }],
+
+  ["one namespace, with the restricted Pod Security Standard if the rendering makes it", (r) => {
+    const namespaces = new Set(r.objects.filter((o) => o.kind !== "Namespace")
+      .map((o) => o.metadata.namespace || "(current)"));
+    const failures = namespaces.size === 1 ? [] : [`objects span ${[...namespaces]}`];
+    if (r.namespace) {
+      if (!namespaces.has(r.namespace.metadata.name)) failures.push("objects outside Namespace");
+      const enforce = (r.namespace.metadata.labels || {})["pod-security.kubernetes.io/enforce"];
+      if (enforce !== "restricted") failures.push(`Pod Security enforce is ${enforce}`);
+    }
+    return failures;
+  }],
+
+  ["flags come from the ConfigMap and listen on every address", (r) => {
+    const address = r.flags().address;
+    return WILDCARD_ADDRESSES.includes(address) ? [] :
+        [`--address=${address}: probes and Services reach the pod IP, not it`];
+  }],
+
+  ["container ports are --port (grpc) and --metrics_port (metrics)", (r) => {
+    const flags = r.flags();
+    const failures = [];
+    if (containerPort(r.container, "grpc") !== Number(flags.port)) {
+      failures.push(`port grpc is ${containerPort(r.container, "grpc")}, --port=${flags.port}`);
+    }
+    if (containerPort(r.container, "metrics") !== Number(flags.metrics_port)) {
+      failures.push(`port metrics is ${containerPort(r.container, "metrics")}, ` +
+                    `--metrics_port=${flags.metrics_port}`);
+    }
+    return failures;
+  }],
+
+  ["startup, readiness and liveness are gRPC health probes on --port", (r) => {
+    const port = Number(r.flags().port);
+    return ["startupProbe", "readinessProbe", "livenessProbe"].flatMap((name) => {
+      const probe = r.container[name];
+      if (!probe) return [`no ${name}`];
+      if (!probe.grpc) return [`${name} is not a grpc probe`];
+      const failures = probe.grpc.port === port ? [] :
+          [`${name} checks port ${probe.grpc.port}, --port=${port}`];
+      if (probe.grpc.service) failures.push(`${name} checks service ${probe.grpc.service}`);
+      if (!probe.timeoutSeconds) failures.push(`${name} has no timeoutSeconds`);
+      return failures;
+    });
+  }],
+
+  ["terminationGracePeriodSeconds outlasts preStop plus the server's whole drain", (r) => {
+    const drain = Number(r.flags().drain_grace_seconds) + IN_FLIGHT_GRACE_SECONDS;
+    const preStop = preStopSeconds(r.container);
+    const grace = r.pod.terminationGracePeriodSeconds;
+    return grace > preStop + drain ? [] :
+        [`terminationGracePeriodSeconds ${grace} <= preStop ${preStop} + drain ${drain} s`];
+  }],
+
+  ["requests and limits set; CPU limit whole CPUs (the OpenMP team)", (r) => {
+    return r.pod.containers.flatMap((container) => {
+      const resources = container.resources || {};
+      return ["cpu", "memory"].flatMap((resource) => {
+        const request = (resources.requests || {})[resource];
+        const limit = (resources.limits || {})[resource];
+        if (request === undefined || limit === undefined) {
+          return [`${container.name}: ${resource} request ${request}, limit ${limit}`];
+        }
+        const failures = quantity(request) <= quantity(limit) ? [] :
+            [`${container.name}: ${resource} request ${request} > limit ${limit}`];
+        if (resource === "cpu" && !(Number.isInteger(quantity(limit)) && quantity(limit) >= 1)) {
+          failures.push(`${container.name}: cpu limit ${limit} is not a whole number of CPUs`);
+        }
+        return failures;
+      });
+    });
+  }],
+
+  ["memory limit holds weights + executors x batch x request + queue x message + 256 MiB",
+    (r) => {
+      const flag = (name) => Number(r.flags()[name]);
+      const needed = flag("max_weights_bytes") +
+          flag("executors") * flag("max_batch") * flag("max_request_memory_bytes") +
+          flag("max_queue") * flag("max_message_bytes") + BASE_MEMORY_BYTES;
+      const limit = quantity(r.container.resources.limits.memory);
+      return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
+    }],
+
+  ["non-root (the image's uid), read-only root, no escalation, no capabilities", (r) => {
+    const pod = r.pod.securityContext || {};
+    const failures = [];
+    for (const container of r.pod.containers) {
+      const own = container.securityContext || {};
+      const effective = (field) => (own[field] !== undefined ? own[field] : pod[field]);
+      const fail = (message) => failures.push(`${container.name}: ${message}`);
+      if (effective("runAsNonRoot") !== true) fail("runAsNonRoot is not true");
+      if (effective("runAsUser") !== r.dockerUid) {
+        fail(`runAsUser ${effective("runAsUser")}, the image's USER is ${r.dockerUid}`);
+      }
+      if (own.allowPrivilegeEscalation !== false) fail("allowPrivilegeEscalation is not false");
+      if (own.readOnlyRootFilesystem !== true) fail("readOnlyRootFilesystem is not true");
+      if (own.privileged === true) fail("privileged");
+      const capabilities = own.capabilities || {};
+      if (!(capabilities.drop || []).includes("ALL")) fail("capabilities not dropped (ALL)");
+      if ((capabilities.add || []).length > 0) fail(`capabilities added: ${capabilities.add}`);
+      const seccomp = effective("seccompProfile");
+      if (!seccomp || !["RuntimeDefault", "Localhost"].includes(seccomp.type)) {
+        fail("no RuntimeDefault or Localhost seccomp profile");
+      }
+    }
+    for (const field of ["hostNetwork", "hostPID", "hostIPC"]) {
+      if (r.pod[field]) failures.push(`${field} is set`);
+    }
+    if (r.pod.automountServiceAccountToken !== false) {
+      failures.push("automountServiceAccountToken is not false");
+    }
+    return failures;
+  }],
+
+  ["a writable emptyDir /tmp under the read-only root", (r) => {
+    const mount = (r.container.volumeMounts || []).find((m) => m.mountPath === "/tmp");
+    const volume = mount && r.pod.volumes.find((v) => v.name === mount.name);
+    return volume && volume.emptyDir && !mount.readOnly ? [] : ["no writable emptyDir at /tmp"];
+  }],
+
+  ["the image has a pinned tag or digest", (r) => {
+    const image = r.container.image;
+    const pinned = /@sha256:[0-9a-f]{64}$/.test(image) ||
+        (/:[^/:]+$/.test(image) && !image.endsWith(":latest"));
+    return pinned ? [] : [`image ${image} is not pinned`];
+  }],
+
+  ["no replicas in the Deployment: the HPA owns the count", (r) => {
+    return r.deployment.spec.replicas === undefined ? [] :
+        [`spec.replicas is ${r.deployment.spec.replicas}`];
+  }],
+
+  ["Services select the pods; ports reach grpc and metrics; one is headless", (r) => {
+    const failures = [];
+    for (const service of r.services) {
+      const name = `Service/${service.metadata.name}`;
+      if (!service.spec.selector || !labelsMatch(service.spec.selector, r.podLabels)) {
+        failures.push(`${name} does not select the pods`);
+      }
+      for (const port of service.spec.ports) {
+        if (containerPort(r.container, port.targetPort) === undefined) {
+          failures.push(`${name} port ${port.name} targets ${port.targetPort}, no such port`);
+        }
+      }
+    }
+    const reaches = (service, name) => service.spec.ports.some((p) =>
+      containerPort(r.container, p.targetPort) === containerPort(r.container, name));
+    if (r.headless.length !== 1) return failures.concat(`${r.headless.length} headless`);
+    const [headless] = r.headless;
+    if (!reaches(headless, "grpc")) failures.push("headless Service has no gRPC port");
+    if (headless.spec.publishNotReadyAddresses) failures.push("headless publishes unready pods");
+    for (const service of r.clusterIp) {
+      for (const port of ["grpc", "metrics"]) {
+        if (!reaches(service, port)) failures.push(`Service/${service.metadata.name}: no ${port}`);
+      }
+    }
+    return failures;
+  }],
+
+  ["HPA scales the Deployment on CPU, from at least 2 replicas", (r) => {
+    const { scaleTargetRef: target, minReplicas, maxReplicas, metrics } = r.hpa.spec;
+    const failures = [];
+    if (target.apiVersion !== "apps/v1" || target.kind !== "Deployment" ||
+        target.name !== r.deployment.metadata.name) {
+      failures.push(`scaleTargetRef ${JSON.stringify(target)} is not the Deployment`);
+    }
+    if (!(minReplicas >= 2)) failures.push(`minReplicas ${minReplicas} < 2`);
+    if (!(maxReplicas >= minReplicas)) failures.push(`maxReplicas ${maxReplicas} < min`);
+    if (!(metrics || []).some((m) => m.type === "Resource" && m.resource.name === "cpu")) {
+      failures.push("no CPU metric");
+    }
+    return failures;
+  }],
+
+  ["PDB selects the pods and lets drains proceed", (r) => {
+    const { selector, minAvailable, maxUnavailable } = r.pdb.spec;
+    const failures = labelsMatch(selector.matchLabels, r.podLabels) &&
+        Object.keys(selector.matchLabels || {}).length > 0 ? [] : ["does not select the pods"];
+    if ((minAvailable === undefined) === (maxUnavailable === undefined)) {
+      failures.push("needs exactly one of minAvailable and maxUnavailable");
+    }
+    if (Number.isInteger(minAvailable) && minAvailable >= r.hpa.spec.minReplicas) {
+      failures.push(`minAvailable ${minAvailable} blocks every drain at minReplicas`);
+    }
+    if (maxUnavailable === 0 || maxUnavailable === "0%") failures.push("maxUnavailable 0");
+    return failures;
+  }],
+
+  ["NetworkPolicy covers the pods and admits gRPC and metrics", (r) => {
+    const policy = r.networkPolicy.spec;
+    const failures = labelsMatch(policy.podSelector.matchLabels, r.podLabels) ? [] :
+        ["podSelector does not select the pods"];
+    if (!(policy.policyTypes || []).includes("Ingress")) failures.push("no Ingress policy");
+    const admitted = new Set();
+    for (const rule of policy.ingress || []) {
+      for (const port of rule.ports || []) {
+        const number = containerPort(r.container, port.port);
+        if (number === undefined) failures.push(`ingress port ${port.port}: no container port`);
+        admitted.add(number);
+      }
+    }
+    for (const name of ["grpc", "metrics"]) {
+      if (!admitted.has(containerPort(r.container, name))) failures.push(`${name} not admitted`);
+    }
+    return failures;
+  }],
+
+  ["ServiceMonitor scrapes /metrics through exactly one Service", (r) => {
+    const { selector, endpoints, namespaceSelector } = r.serviceMonitor.spec;
+    const selected = r.services.filter((s) => labelsMatch(selector.matchLabels, s.metadata.labels));
+    if (selected.length !== 1) return [`selects ${selected.length} Services`];
+    if (namespaceSelector && !namespaceSelector.any && namespaceSelector.matchNames &&
+        !namespaceSelector.matchNames.includes(selected[0].metadata.namespace)) {
+      return ["namespaceSelector misses the Service's namespace"];
+    }
+    const metricsPort = containerPort(r.container, "metrics");
+    return (endpoints || []).length === 0 ? ["no endpoints"] : endpoints.flatMap((endpoint) => {
+      const port = selected[0].spec.ports.find((p) => p.name === endpoint.port);
+      const failures = [];
+      if (!port || containerPort(r.container, port.targetPort) !== metricsPort) {
+        failures.push(`endpoint port ${endpoint.port} does not reach the metrics port`);
+      }
+      if ((endpoint.path || "/metrics") !== "/metrics") failures.push(`path ${endpoint.path}`);
+      return failures;
+    });
+  }],
+
+  ["Prometheus scrape annotations name --metrics_port and /metrics", (r) => {
+    const annotations = r.deployment.spec.template.metadata.annotations || {};
+    const expected = {
+      "prometheus.io/scrape": "true",
+      "prometheus.io/port": r.flags().metrics_port,
+      "prometheus.io/path": "/metrics",
+    };
+    return Object.entries(expected).filter(([key, value]) => annotations[key] !== value)
+      .map(([key, value]) => `${key} is ${annotations[key]}, expected ${value}`);
+  }],
+];
+
+// --- Mutations: each breaks a valid rendering one way; the named invariant must catch it.
+
+const find = (objects, kind) => objects.find((o) => o.kind === kind);
+const podOf = (objects) => find(objects, "Deployment").spec.template.spec;
+const containerOf = (objects) => podOf(objects).containers[0];
+const replaceFlag = (objects, flag, value) => {
+  const data = find(objects, "ConfigMap").data;
+  const key = Object.keys(data)[0];
+  data[key] = data[key].replace(new RegExp(`^--${flag}=.*$`, "m"), `--${flag}=${value}`);
+};
+
+const MUTATIONS = [
+  ["readiness probe on another port", "gRPC health probes",
+    (o) => { containerOf(o).readinessProbe.grpc.port = 50052; }],
+  ["no startup probe", "gRPC health probes", (o) => { delete containerOf(o).startupProbe; }],
+  ["liveness over HTTP", "gRPC health probes",
+    (o) => { containerOf(o).livenessProbe = { httpGet: { port: 9464, path: "/" } }; }],
+  ["--port moved, manifests not", "container ports are", (o) => replaceFlag(o, "port", "50052")],
+  ["--address loopback", "listen on every address",
+    (o) => replaceFlag(o, "address", "127.0.0.1")],
+  ["grace period equal to the drain", "terminationGracePeriodSeconds outlasts",
+    (o) => { podOf(o).terminationGracePeriodSeconds = 40; }],
+  ["longer drain grace, same grace period", "terminationGracePeriodSeconds outlasts",
+    (o) => replaceFlag(o, "drain_grace_seconds", "30")],
+  ["a preStop sleep eating the margin", "terminationGracePeriodSeconds outlasts",
+    (o) => { containerOf(o).lifecycle = { preStop: { exec: { command: ["sleep", "15"] } } }; }],
+  ["runs as root allowed", "non-root", (o) => { podOf(o).securityContext.runAsNonRoot = false; }],
+  ["another uid than the image's", "non-root",
+    (o) => { podOf(o).securityContext.runAsUser = 1000; }],
+  ["writable root", "non-root",
+    (o) => { containerOf(o).securityContext.readOnlyRootFilesystem = false; }],
+  ["capabilities kept", "non-root",
+    (o) => { containerOf(o).securityContext.capabilities.drop = []; }],
+  ["escalation allowed", "non-root",
+    (o) => { delete containerOf(o).securityContext.allowPrivilegeEscalation; }],
+  ["no memory limit", "requests and limits",
+    (o) => { delete containerOf(o).resources.limits.memory; }],
+  ["fractional CPU limit", "requests and limits",
+    (o) => { containerOf(o).resources.limits.cpu = "1500m"; }],
+  ["weights budget over the memory limit", "memory limit holds",
+    (o) => replaceFlag(o, "max_weights_bytes", String(64 * 2 ** 30))],
+  ["a deeper queue, same memory", "memory limit holds",
+    (o) => replaceFlag(o, "max_queue", "1024")],
+  ["replicas fixed", "no replicas", (o) => { find(o, "Deployment").spec.replicas = 3; }],
+  ["Service selects nothing", "Services select",
+    (o) => { find(o, "Service").spec.selector = { app: "other" }; }],
+  ["HPA targets another Deployment", "HPA scales",
+    (o) => { find(o, "HorizontalPodAutoscaler").spec.scaleTargetRef.name = "other"; }],
+  ["PDB blocks drains", "PDB selects",
+    (o) => {
+      const spec = find(o, "PodDisruptionBudget").spec;
+      delete spec.maxUnavailable;
+      spec.minAvailable = 10;
+    }],
+  ["NetworkPolicy shuts gRPC out", "NetworkPolicy covers",
+    (o) => { find(o, "NetworkPolicy").spec.ingress.shift(); }],
+  ["ServiceMonitor on a port the Service lacks", "ServiceMonitor scrapes",
+    (o) => { find(o, "ServiceMonitor").spec.endpoints[0].port = "web"; }],
+  ["annotation on another port", "Prometheus scrape annotations",
+    (o) => { find(o, "Deployment").spec.template.metadata.annotations["prometheus.io/port"] =
+      "8080"; }],
+  ["containerPort as a string", "API schemas",
+    (o) => { containerOf(o).ports[0].containerPort = "50051"; }],
+  ["probe period as a string", "API schemas",
+    (o) => { containerOf(o).livenessProbe.periodSeconds = "often"; }],
+];
+
+function evaluate(objects, dockerUid) {
+  const rendering = index(objects, dockerUid);
+  return INVARIANTS.map(([name, check]) => {
+    try {
+      return { name, failures: check(rendering) };
+    } catch (error) {
+      return { name, failures: [`cannot check: ${error.message}`] };
+    }
+  });
+}
+
+function main() {
+  const [dockerfile, ...renderings] = process.argv.slice(2);
+  const user = /^USER\s+(\d+)/m.exec(fs.readFileSync(dockerfile, "utf8"));
+  if (!user) throw new Error(`${dockerfile} has no numeric USER`);
+  const dockerUid = Number(user[1]);
+  let failed = 0;
+  for (const file of renderings) {
+    const name = path.basename(file, ".yaml");
+    const objects = YAML.parseAllDocuments(fs.readFileSync(file, "utf8"))
+      .map((document) => document.toJSON()).filter(Boolean);
+    console.log(`== ${name}: ${objects.map((o) => `${o.kind}/${o.metadata.name}`).join(" ")}`);
+    for (const { name: invariant, failures } of evaluate(objects, dockerUid)) {
+      console.log(`${failures.length ? "FAIL" : "ok  "} ${invariant}`);
+      for (const failure of failures) console.log(`       ${failure}`);
+      failed += failures.length ? 1 : 0;
+    }
+    for (const [mutation, invariant, mutate] of MUTATIONS) {
+      const mutated = structuredClone(objects);
+      mutate(mutated);
+      const caught = evaluate(mutated, dockerUid)
+        .filter((result) => result.failures.length > 0).map((result) => result.name);
+      const ok = caught.some((caughtName) => caughtName.includes(invariant));
+      console.log(`${ok ? "ok  " : "FAIL"} mutation "${mutation}" caught by "${invariant}"` +
+                  (ok ? "" : ` (failed instead: ${caught.join("; ") || "nothing"})`));
+      failed += ok ? 0 : 1;
+    }
+    const deployment = objects.find((o) => o.kind === "Deployment");
+    const pod = deployment.spec.template.spec;
+    const { flagFileText } = containerFlags(pod, pod.containers[0],
+                                            objects.filter((o) => o.kind === "ConfigMap"));
+    fs.writeFileSync(file.replace(/\.yaml$/, ".flags"), flagFileText);
+  }
+  console.log(failed ? `FAIL: ${failed} check(s)` : "all checks passed");
+  process.exit(failed ? 1 : 0);
+}
+
+main();

@@ -177,9 +177,15 @@ attnserve::ServerOptions OptionsFromFlags() {
 // unless the environment already chose (set ACTIVE on dedicated cores).
 void PreferPassiveOpenMpThreads(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  // The real path, not /proc/self/exe, so that the process keeps its name (ps,
+  // pkill).
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-  // Not re-executed (no /proc): go on with the default policy.
+  execv(path, argv);
+  // Not re-executed: go on with the default policy.
 }
 
 int main(int argc, char** argv) {

@@ -6,41 +6,9 @@
 # usage: attnctl_e2e_test.sh ATTNSERVE ATTNCTL
 set -euo pipefail
 
-attnserve=$1
-attnctl=$2
-workdir=$(mktemp -d)
-server_pid=""
-
-cleanup() {
-  if [[ -n ${server_pid} ]] && kill -0 "${server_pid}" 2>/dev/null; then
-    kill -KILL "${server_pid}" 2>/dev/null || true
-  fi
-  rm -rf "${workdir}"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- server log" >&2
-  cat "${workdir}/server.log" >&2 || true
-  exit 1
-}
-
-: >"${workdir}/server.log"  # Exists before the server writes it, for the port wait below.
-"${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 --threads=2 \
-  >"${workdir}/server.log" 2>&1 &
-server_pid=$!
-
-port=""
-for _ in $(seq 1 100); do
-  port=$(sed -n 's/^attnserve [^ ]* listening on 127\.0\.0\.1:\([0-9]*\),.*/\1/p' "${workdir}/server.log" || true)
-  [[ -n ${port} ]] && break
-  kill -0 "${server_pid}" 2>/dev/null || fail "attnserve exited during start-up"
-  sleep 0.1
-done
-[[ -n ${port} ]] || fail "attnserve did not report its port within 10 s"
-target="127.0.0.1:${port}"
-ctl() { timeout 60 "${attnctl}" --target="${target}" --timeout=30s "$@"; }
+here=$(dirname "$(realpath "$0")")
+source "${here}/attnctl_test_lib.sh"
+start_server "$1" "$2"
 
 [[ $(ctl health) == SERVING ]] || fail "health is not SERVING"
 [[ $(ctl health attnserve.v1.AttentionService) == SERVING ]] || fail "service health"
@@ -69,29 +37,10 @@ echo "${mha}"
 grep -qx "output shape \[2, 5, 64\] FLOAT32" <<<"${mha}" || fail "mha demo output shape"
 grep -q "^weights demo version 1" <<<"${mha}" || fail "mha demo weights version"
 
-set +e
-bad=$(ctl attend --demo --heads=3 --kv_heads=2 2>&1)
-status=$?
-set -e
-[[ ${status} -eq 1 ]] || fail "a bad request exited ${status}, expected 1"
-grep -q "INVALID_ARGUMENT: query.shape\[1\] (H) is 3" <<<"${bad}" || fail "bad request: ${bad}"
+expect_exit 1 "INVALID_ARGUMENT: query.shape\[1\] (H) is 3" ctl attend --demo --heads=3 --kv_heads=2
 [[ $(ctl health) == SERVING ]] || fail "server not serving after a bad request"
 
-set +e
-"${attnctl}" >/dev/null 2>&1
-[[ $? -eq 2 ]] || fail "attnctl without a command must exit 2"
-set -e
+expect_exit 2 "COMMAND" "${attnctl}"  # No command: usage, exit 2.
 
-kill -TERM "${server_pid}"
-for _ in $(seq 1 300); do
-  kill -0 "${server_pid}" 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 "${server_pid}" 2>/dev/null && fail "attnserve still running 30 s after SIGTERM"
-set +e
-wait "${server_pid}"
-exit_status=$?
-set -e
-server_pid=""
-[[ ${exit_status} -eq 0 ]] || fail "attnserve exited ${exit_status} after SIGTERM, expected 0"
+stop_server  # SIGTERM; fails unless attnserve exits 0.
 echo "PASS"

@@ -34,7 +34,7 @@ start_server() {
   local attnserve
   attnserve=$(realpath "$1")
   : >"${workdir}/server.log"
-  "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 --threads=2 \
+  "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 --threads=2 --drain_grace_seconds=0 \
     >"${workdir}/server.log" 2>&1 &
   server_pid=$!
   local port=""

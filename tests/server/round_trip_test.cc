@@ -22,17 +22,7 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 
 v1::AttendRequest MakeRequest(const ReferenceShape& s, uint64_t seed) {
-  v1::AttendRequest request;
-  *request.mutable_query() = MakeFloat32Tensor(
-      {s.batch, s.heads, s.query_len, s.key_dim},
-      RandomValues(s.batch * s.heads * s.query_len * s.key_dim, seed));
-  *request.mutable_key() = MakeFloat32Tensor(
-      {s.batch, s.kv_heads, s.key_len, s.key_dim},
-      RandomValues(s.batch * s.kv_heads * s.key_len * s.key_dim, seed + 1));
-  *request.mutable_value() = MakeFloat32Tensor(
-      {s.batch, s.kv_heads, s.key_len, s.value_dim},
-      RandomValues(s.batch * s.kv_heads * s.key_len * s.value_dim, seed + 2));
-  return request;
+  return ::attnserve::testing::RandomAttendRequest(s, seed);
 }
 
 // The reference's answer for a request built by MakeRequest.

@@ -10,9 +10,27 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/client/client.h"
 #include "gtest/gtest.h"
+#include "reference/reference_attention.h"
 #include "server.h"
 
 namespace attnserve::testing {
+
+// An FLOAT32 Attend request of shape `s` with inputs uniform in [-1, 1) drawn
+// from `seed`.
+inline v1::AttendRequest RandomAttendRequest(const ReferenceShape& s,
+                                             uint64_t seed) {
+  v1::AttendRequest request;
+  *request.mutable_query() = MakeFloat32Tensor(
+      {s.batch, s.heads, s.query_len, s.key_dim},
+      RandomValues(s.batch * s.heads * s.query_len * s.key_dim, seed));
+  *request.mutable_key() = MakeFloat32Tensor(
+      {s.batch, s.kv_heads, s.key_len, s.key_dim},
+      RandomValues(s.batch * s.kv_heads * s.key_len * s.key_dim, seed + 1));
+  *request.mutable_value() = MakeFloat32Tensor(
+      {s.batch, s.kv_heads, s.key_len, s.value_dim},
+      RandomValues(s.batch * s.kv_heads * s.key_len * s.value_dim, seed + 2));
+  return request;
+}
 
 class ServerFixture : public ::testing::Test {
  protected:

@@ -2,10 +2,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target of the attnserve server.");
@@ -14,7 +17,36 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest message the client sends or receives; match the server's "
           "--max_message_bytes.");
 
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify the server with; setting any --tls_* flag "
+          "turns TLS on.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate, for mutual TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(
+    std::string, tls_server_name, "",
+    "The name the server certificate must carry, when --target is an address.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token to send as \"authorization: Bearer "
+          "<token>\".");
+
 namespace attnserve {
+namespace {
+
+// The contents of a small file named by a flag; empty for an empty path.
+absl::StatusOr<std::string> ReadFlagFile(const char* flag,
+                                         const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream file(path);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " file ", path, " cannot be read"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+}  // namespace
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "attnctl: %s\n", status.ToString().c_str());
@@ -37,6 +69,26 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   }
   ClientOptions options;
   options.max_message_bytes = static_cast<int>(max_message_bytes);
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca),
+                    cert = absl::GetFlag(FLAGS_tls_cert),
+                    key = absl::GetFlag(FLAGS_tls_key),
+                    server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (!ca.empty() || !cert.empty() || !key.empty() || !server_name.empty()) {
+    TlsOptions tls;
+    absl::StatusOr<std::string> text = ReadFlagFile("tls_ca", ca);
+    if (!text.ok()) return text.status();
+    tls.root_certificates = *text;
+    if (!(text = ReadFlagFile("tls_cert", cert)).ok()) return text.status();
+    tls.client_certificate = *text;
+    if (!(text = ReadFlagFile("tls_key", key)).ok()) return text.status();
+    tls.client_private_key = *text;
+    tls.server_name_override = server_name;
+    options.tls = tls;
+  }
+  absl::StatusOr<std::string> token =
+      ReadFlagFile("auth_token_file", absl::GetFlag(FLAGS_auth_token_file));
+  if (!token.ok()) return token.status();
+  options.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
   return Client::Connect(absl::GetFlag(FLAGS_target), options);
 }
 

@@ -97,6 +97,15 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        [](v1::AttendRequest& r) { r.mutable_value()->set_shape(3, -3); },
        absl::StatusCode::kInvalidArgument,
        {"value.shape[3] (Dv) is -3, expected > 0"}},
+      // Claims a billion keys without sending them: refused on the byte count,
+      // before anything is allocated for that many keys.
+      {"HugeClaimedKeyLength",
+       [](v1::AttendRequest& r) {
+         r.mutable_key()->set_shape(2, 1000000000);
+         r.mutable_value()->set_shape(2, 1000000000);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"key.data has 896 bytes, expected 128000000000"}},
       {"OverflowingShape",
        [](v1::AttendRequest& r) {
          for (int dim = 0; dim < 3; ++dim)

@@ -27,6 +27,15 @@ using internal::SdpaProblem;
 // longer fit any cache, and a slab this size already gives every core work.
 constexpr int64_t kSlabTargetBytes = int64_t{64} << 20;
 
+// Calls with fewer FLOPs run on one thread.
+constexpr double kParallelFlops = 1 << 20;
+
+double AttentionFlops(const AttentionShape& s) {
+  return 2.0 * static_cast<double>(s.batch * s.heads) *
+         static_cast<double>(s.query_len) * static_cast<double>(s.key_len) *
+         static_cast<double>(s.key_dim + s.value_dim);
+}
+
 // Sums byte counts, nullopt if any is nullopt or the sum overflows.
 std::optional<int64_t> CheckedSum(
     std::initializer_list<std::optional<int64_t>> terms) {
@@ -40,7 +49,10 @@ std::optional<int64_t> CheckedSum(
 class AttentionEngineImpl final : public AttentionEngine {
  public:
   AttentionEngineImpl(const EngineOptions& options, dnnl::engine engine)
-      : options_(options), engine_(std::move(engine)) {}
+      : options_(options),
+        engine_(std::move(engine)),
+        threads_(options.num_threads > 0 ? options.num_threads
+                                         : omp_get_max_threads()) {}
 
   absl::Status Attend(const AttentionShape& shape,
                       const AttentionOptions& options,
@@ -75,7 +87,8 @@ class AttentionEngineImpl final : public AttentionEngine {
     problem.output = outputs.output.data();
     problem.output_strides =
         PackedStrides(shape.heads, shape.query_len, shape.value_dim);
-    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream());
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
+                               NewStream(AttentionFlops(shape)));
     return internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget(),
                                          plans_);
   }
@@ -115,7 +128,12 @@ class AttentionEngineImpl final : public AttentionEngine {
                     internal::UnfusedWorkspaceBytes(heads, options.precision,
                                                     SlabBudget())})));
 
-    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream());
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        dnnl::stream stream,
+        NewStream(AttentionFlops(heads) +
+                  2.0 * static_cast<double>(shape.batch * shape.query_len) *
+                      static_cast<double>(shape.embed_dim) *
+                      (q_out + kv_out + context_out)));
     // Projections, laid out [B, L, heads·D] and read as [B, heads, L, D]
     // through strides.
     const int64_t q_rows = shape.batch * shape.query_len;
@@ -239,8 +257,7 @@ class AttentionEngineImpl final : public AttentionEngine {
                      : version->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
                                                                 : "other";
     info.cpu_isa = IsaName(dnnl::get_effective_cpu_isa());
-    info.threads =
-        options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
+    info.threads = threads_;
     return info;
   }
 
@@ -282,8 +299,12 @@ class AttentionEngineImpl final : public AttentionEngine {
         options_.max_workspace_bytes, " bytes"));
   }
 
-  absl::StatusOr<dnnl::stream> NewStream() {
-    if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
+  // A stream for one call, with the calling thread's OpenMP team sized for
+  // `flops`: a call too small to share (under kParallelFlops) runs on the
+  // calling thread alone, since waking a team for each parallel region costs
+  // more than its arithmetic.
+  absl::StatusOr<dnnl::stream> NewStream(double flops) {
+    omp_set_num_threads(flops < kParallelFlops ? 1 : threads_);
     dnnl::stream stream;
     ATTNSERVE_RETURN_IF_ERROR(internal::CallDnnl(
         "creating a stream", [&] { stream = dnnl::stream(engine_); }));
@@ -292,6 +313,7 @@ class AttentionEngineImpl final : public AttentionEngine {
 
   const EngineOptions options_;
   const dnnl::engine engine_;
+  const int threads_;  // The team size of calls big enough to share.
   // Built matmuls by shape, kept across calls (64 shapes at most).
   internal::SlabPlanCache plans_{64};
 };

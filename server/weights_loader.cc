@@ -3,16 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "attention_service.h"
 #include "attnserve/common/npy.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/common/weights_config.h"
 
 namespace attnserve {
 namespace {
@@ -66,35 +63,6 @@ absl::StatusOr<v1::Tensor> NpyToTensor(NpyArray array,
   }
 }
 
-absl::Status ReadConfig(const std::string& path,
-                        v1::ProjectionWeights* weights) {
-  std::ifstream file(path);
-  if (!file)
-    return absl::NotFoundError(
-        absl::StrCat(path, " is missing, expected num_heads=H"));
-  std::string line;
-  while (std::getline(file, line)) {
-    const absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    const std::pair<std::string, std::string> entry = absl::StrSplit(text, '=');
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(entry.second, &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": '", text, "' is not key=integer"));
-    }
-    if (entry.first == "num_heads") {
-      weights->set_num_heads(value);
-    } else if (entry.first == "num_kv_heads") {
-      weights->set_num_kv_heads(value);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": unknown key '", entry.first,
-                       "', expected num_heads or num_kv_heads"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 v1::PutWeightsRequest DemoWeights() {
@@ -127,7 +95,10 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
   v1::PutWeightsRequest request;
   request.set_name(std::filesystem::path(folder).filename().string());
   v1::ProjectionWeights& w = *request.mutable_weights();
-  ATTNSERVE_RETURN_IF_ERROR(ReadConfig(folder + "/config.txt", &w));
+  ATTNSERVE_ASSIGN_OR_RETURN(const WeightsConfig config,
+                             ReadWeightsConfig(folder + "/config.txt"));
+  w.set_num_heads(config.num_heads);
+  w.set_num_kv_heads(config.num_kv_heads);
   const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
       files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
                  {"w_k", &v1::ProjectionWeights::mutable_w_k},

@@ -2,49 +2,15 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/common/weights_config.h"
 #include "cli.h"
 
 namespace attnserve {
 namespace {
-
-absl::Status ReadConfig(const std::string& path,
-                        v1::ProjectionWeights* weights) {
-  std::ifstream file(path);
-  if (!file) {
-    return absl::NotFoundError(
-        absl::StrCat(path, " is missing, expected num_heads=H"));
-  }
-  std::string line;
-  while (std::getline(file, line)) {
-    const absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    const std::pair<std::string, std::string> entry =
-        absl::StrSplit(text, absl::MaxSplits('=', 1));
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(entry.second, &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": '", text, "' is not key=integer"));
-    }
-    if (entry.first == "num_heads") {
-      weights->set_num_heads(value);
-    } else if (entry.first == "num_kv_heads") {
-      weights->set_num_kv_heads(value);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": unknown key '", entry.first,
-                       "', expected num_heads or num_kv_heads"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 int RunList(Client& client) {
   absl::StatusOr<v1::ListWeightsResponse> list =
@@ -86,7 +52,10 @@ int RunDelete(Client& client, const std::string& name) {
 absl::StatusOr<v1::ProjectionWeights> ReadWeightsFolder(
     const std::string& folder, const TensorReadOptions& options) {
   v1::ProjectionWeights weights;
-  ATTNSERVE_RETURN_IF_ERROR(ReadConfig(folder + "/config.txt", &weights));
+  ATTNSERVE_ASSIGN_OR_RETURN(const WeightsConfig config,
+                             ReadWeightsConfig(folder + "/config.txt"));
+  weights.set_num_heads(config.num_heads);
+  weights.set_num_kv_heads(config.num_kv_heads);
   const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
       files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
                  {"w_k", &v1::ProjectionWeights::mutable_w_k},

@@ -1,0 +1,28 @@
+// The config.txt of a weights folder (docs/api.md, "Weights registry"): one
+// key=value a line, `num_heads=H` and optionally `num_kv_heads=Hkv`; blank
+// lines and lines starting with '#' are ignored. Read by the server's
+// --weights_dir loader and by `attnctl weights put`.
+#ifndef ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_
+#define ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace attnserve {
+
+struct WeightsConfig {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // 0: the same as num_heads.
+};
+
+// Reads the file at `path`. NOT_FOUND if it is missing; INVALID_ARGUMENT,
+// naming the file and the line, for a line that is not key=integer or an
+// unknown key. The values themselves are checked where the weights are
+// (ValidateProjectionWeights).
+absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_

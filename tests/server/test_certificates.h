@@ -2,6 +2,8 @@
 #ifndef ATTNSERVE_TESTS_SERVER_TEST_CERTIFICATES_H_
 #define ATTNSERVE_TESTS_SERVER_TEST_CERTIFICATES_H_
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -29,7 +31,9 @@ inline std::string ReadFile(const std::string& path) {
 }
 
 inline std::optional<TestCertificates> MakeCertificates() {
-  const std::string dir = ::testing::TempDir() + "/tls";
+  // Per process: tests that make certificates may run at the same time.
+  const std::string dir =
+      ::testing::TempDir() + "/tls-" + std::to_string(getpid());
   const std::string script = absl::StrCat(
       "set -e; rm -rf ", dir, "; mkdir -p ", dir, "; cd ", dir, ";",
       "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
@@ -43,8 +47,7 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
       "-days 1 "
       "-extfile $who.ext -out $who.crt 2>/dev/null; done");
-  const std::string script_path =
-      ::testing::TempDir() + "/make_certificates.sh";
+  const std::string script_path = dir + ".sh";
   std::ofstream(script_path) << script << "\n";
   if (std::system(("bash " + script_path).c_str()) != 0) return std::nullopt;
   return TestCertificates{

@@ -28,12 +28,14 @@ MaskStrides StridesOf(const AttentionMask& mask) {
 // so that the compiler vectorises the loop around it: Cody–Waite reduction x =
 // n·ln2 + r, |r| ≤ ln2/2, Cephes' degree-6 polynomial for exp(r) (relative
 // error below 2e-7), then 2^n through the exponent bits. Below −87.3 the result
-// would be subnormal; it is flushed to 0, as −inf is.
+// would be subnormal; it is flushed to 0, as −inf is. NaN takes the clamp too,
+// so that n is always finite when it is converted to an integer (converting NaN
+// is undefined behaviour), and is returned as it came.
 inline float ExpNonPositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kRoundMagic =
       12582912.0f;  // 1.5·2^23: adding it rounds to an integer.
-  const float clamped = x < -87.3f ? -87.3f : x;
+  const float clamped = x >= -87.3f ? x : -87.3f;
   const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
   const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -46,7 +48,7 @@ inline float ExpNonPositive(float x) {
   const int32_t exponent_bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &exponent_bits, sizeof(scale));
-  return x < -87.3f ? 0.0f : p * scale;
+  return x >= -87.3f ? p * scale : x < -87.3f ? 0.0f : x;
 }
 
 // One past the last key query `query` of batch item `batch` may see, before any
@@ -83,17 +85,22 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float SoftmaxRow(
   }
   float max_score = kNegativeInfinity;
   int nan_count = 0;
-#pragma omp simd reduction(max : max_score) reduction(+ : nan_count)
+  int visible_count = 0;
+#pragma omp simd reduction(max : max_score) reduction(+ : nan_count, visible_count)
   for (int64_t j = 0; j < end; ++j) {
     max_score = std::max(max_score, row[j]);
     nan_count += row[j] != row[j] ? 1 : 0;
+    visible_count += row[j] != kNegativeInfinity ? 1 : 0;
   }
   if (nan_count > 0) {
     // A NaN score makes the row NaN, as IEEE arithmetic would.
     std::fill(row, row + key_len, std::numeric_limits<float>::quiet_NaN());
     return std::numeric_limits<float>::quiet_NaN();
   }
-  if (max_score == kNegativeInfinity) {
+  // A row that sees no key is told by its count, not by max_score: OpenMP
+  // starts each lane of a max reduction at the type's least value, which clang
+  // takes as −FLT_MAX (GCC as −inf), so max_score may not be −inf here.
+  if (visible_count == 0) {
     std::fill(row, row + key_len, 0.0f);
     return kNegativeInfinity;
   }

@@ -197,13 +197,15 @@ absl::Status AttentionServiceImpl::Dequeue(const Call& call,
   const absl::Duration waited = absl::Now() - enqueued;
   metrics_->Dequeued(call.rpc, waited);
   timing->set_queue_us(absl::ToInt64Microseconds(waited));
-  if (call.context->IsCancelled()) {
-    return absl::CancelledError(
-        "the call was cancelled before its compute started");
-  }
+  // A passed deadline also cancels the call: it is checked first, so that the
+  // metrics tell the two apart.
   if (call.context->deadline() < std::chrono::system_clock::now()) {
     return absl::DeadlineExceededError(
         "the deadline passed before the compute started");
+  }
+  if (call.context->IsCancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled before its compute started");
   }
   return absl::OkStatus();
 }

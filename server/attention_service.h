@@ -111,8 +111,8 @@ class AttentionServiceImpl final : public RawAttentionService {
                                     const google::protobuf::Message& response);
 
   // On a job's way out of the queue: records the wait in the metrics and
-  // `timing`; CANCELLED or DEADLINE_EXCEEDED if the caller has gone or its
-  // deadline has passed (nothing computed).
+  // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED
+  // if the caller has gone (nothing computed).
   absl::Status Dequeue(const Call& call, absl::Time enqueued,
                        v1::ServerTiming* timing) const;
 

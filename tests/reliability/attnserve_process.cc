@@ -13,30 +13,16 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "server/metrics_scrape.h"
 
 namespace attnserve::testing {
 namespace {
-
-// A loopback TCP socket connected to `port`, or -1.
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) !=
-      0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // A loopback port that was free a moment ago (the kernel's pick for port 0).
 int FreePort() {
@@ -139,28 +125,12 @@ absl::StatusOr<int64_t> AttnserveProcess::RssKilobytes() const {
 }
 
 absl::StatusOr<std::string> AttnserveProcess::ScrapeMetrics() const {
-  const int fd = Connect(metrics_port_);
-  if (fd < 0)
-    return absl::UnavailableError("cannot connect to the metrics port");
-  const std::string request =
-      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  if (write(fd, request.data(), request.size()) !=
-      static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("cannot send the metrics request");
-  }
-  std::string response;
-  char buffer[16384];
-  ssize_t got;
-  while ((got = read(fd, buffer, sizeof(buffer))) > 0)
-    response.append(buffer, got);
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos) {
+  std::string metrics = Scrape(metrics_port_);
+  if (metrics.empty()) {
     return absl::UnavailableError(
-        absl::StrCat("bad metrics response: ", response));
+        absl::StrCat("no metrics on port ", metrics_port_));
   }
-  return response.substr(body + 4);
+  return metrics;
 }
 
 void AttnserveProcess::Signal(int signal_number) const {
@@ -191,30 +161,17 @@ std::string AttnserveProcess::Log() const { return ReadFile(log_path_); }
 double MetricSum(const std::string& metrics, const std::string& name,
                  const std::map<std::string, std::string>& labels) {
   double sum = 0;
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::ConsumePrefix(&line, name)) continue;
-    std::map<std::string, std::string> found;
-    if (absl::ConsumePrefix(&line, "{")) {
-      const size_t close = line.find('}');
-      if (close == absl::string_view::npos) continue;
-      for (absl::string_view pair :
-           absl::StrSplit(line.substr(0, close), ',')) {
-        const std::pair<std::string, std::string> kv =
-            absl::StrSplit(pair, '=');
-        found[kv.first] = std::string(
-            absl::StripPrefix(absl::StripSuffix(kv.second, "\""), "\""));
-      }
-      line.remove_prefix(close + 1);
-    }
-    if (!absl::ConsumePrefix(&line, " "))
-      continue;  // Another metric with this prefix.
+  for (const auto& [series, value] : Samples(metrics)) {
+    absl::string_view labels_text = series;
+    if (!absl::ConsumePrefix(&labels_text, name)) continue;
+    if (!labels_text.empty() && labels_text.front() != '{') continue;
     bool match = true;
-    for (const auto& [label, value] : labels) {
-      const auto it = found.find(label);
-      match = match && it != found.end() && it->second == value;
+    for (const auto& [label, label_value] : labels) {
+      const std::string pair = absl::StrCat(label, "=\"", label_value, "\"");
+      match = match && (absl::StrContains(labels_text, "{" + pair) ||
+                        absl::StrContains(labels_text, "," + pair));
     }
-    double value = 0;
-    if (match && absl::SimpleAtod(line, &value)) sum += value;
+    if (match) sum += value;
   }
   return sum;
 }

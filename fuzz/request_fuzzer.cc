@@ -30,6 +30,7 @@
 #include "attention_service.h"
 #include "attnserve/core/attention_engine.h"
 #include "fuzz_requests.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "metrics.h"
@@ -46,12 +47,13 @@ namespace {
 constexpr double kMaxComputeFlops = double{1 << 22};
 constexpr int64_t kMaxWeightsBytes = int64_t{1} << 20;
 
+// Small enough that inputs of a few KiB reach every limit.
 RequestLimits FuzzLimits() {
   RequestLimits limits;
-  limits.max_message_bytes = int64_t{1} << 20;
-  limits.max_elements = int64_t{1} << 16;
-  limits.max_request_memory_bytes = int64_t{16} << 20;
-  limits.max_workspace_bytes = int64_t{1} << 20;
+  limits.max_message_bytes = int64_t{64} << 10;
+  limits.max_elements = 1024;
+  limits.max_request_memory_bytes = int64_t{1} << 20;
+  limits.max_workspace_bytes = int64_t{256} << 10;
   return limits;
 }
 
@@ -237,6 +239,13 @@ void FuzzPutWeights(const v1::PutWeightsRequest& request) {
 
 }  // namespace
 }  // namespace attnserve::fuzz
+
+// libprotobuf logs every string field that is not UTF-8 as an error; the
+// refusal is checked instead, and the log would fill the disk.
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::fuzz;  // NOLINT(build/namespaces)

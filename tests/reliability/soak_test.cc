@@ -231,10 +231,18 @@ void ExpectConsistentCounts(const std::string& before, const std::string& after,
             attend_ok +
                 tally.Calls(SoakMix::kDeadline, Code::DEADLINE_EXCEEDED) +
                 tally.Calls(SoakMix::kCancel, Code::CANCELLED));
+  // A deadline the client's clock reaches first arrives at the server as a
+  // cancellation (the client resets the stream before the server's own timer,
+  // started later, fires), so the server's CANCELLED may include calls the
+  // client saw as DEADLINE_EXCEEDED; slow builds (sanitizers) show it.
+  const int64_t client_dropped =
+      tally.Calls(SoakMix::kDeadline, Code::DEADLINE_EXCEEDED) +
+      tally.Calls(SoakMix::kCancel, Code::CANCELLED);
   EXPECT_LE(Served(before, after, "Attend", "DEADLINE_EXCEEDED"),
             tally.Calls(SoakMix::kDeadline, Code::DEADLINE_EXCEEDED));
-  EXPECT_LE(Served(before, after, "Attend", "CANCELLED"),
-            tally.Calls(SoakMix::kCancel, Code::CANCELLED));
+  EXPECT_LE(Served(before, after, "Attend", "CANCELLED") +
+                Served(before, after, "Attend", "DEADLINE_EXCEEDED"),
+            client_dropped);
 }
 
 TEST(SoakTest, MixedLoadWithFaultsThenSigtermUnderLoad) {

@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/status_macros.h"
-#include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
 #include "internal/visibility.h"
 
@@ -208,6 +207,29 @@ class FusedRun {
                    TilePlanCache& cache);
 
  private:
+  // Copies the [B, Hkv, Lk, dim] tensor at `source` (with `strides`) into
+  // `out` as dense rows of the matmuls' type, on the calling thread's team.
+  void Pack(const float* source, const Strides4& strides, int64_t dim,
+            char* out) const {
+    const int64_t element = g_.bf16 ? 2 : 4;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      for (int64_t h = 0; h < s_.kv_heads; ++h) {
+        for (int64_t j = 0; j < s_.key_len; ++j) {
+          const float* row =
+              source + b * strides[0] + h * strides[1] + j * strides[2];
+          char* dst =
+              out + ((b * s_.kv_heads + h) * s_.key_len + j) * dim * element;
+          if (g_.bf16) {
+            kernels_.to_bf16(row, dim, reinterpret_cast<uint16_t*>(dst));
+          } else {
+            std::memcpy(dst, row, static_cast<size_t>(dim) * 4);
+          }
+        }
+      }
+    }
+  }
+
   // Computes tile `tile` (all splits if `split` < 0, else that one) on the
   // calling thread. Returns a oneDNN status.
   dnnl_status_t RunTile(int64_t tile, int64_t split, ThreadContext& context);
@@ -227,8 +249,7 @@ class FusedRun {
   // Keys and values as the tiles read them: dense rows, f32 or bf16.
   const void* key_ = nullptr;
   const void* value_ = nullptr;
-  std::vector<float> key_f32_, value_f32_;
-  Bf16Buffer key_bf16_, value_bf16_;
+  std::unique_ptr<char[]> packed_key_, packed_value_;
   std::unique_ptr<char, AlignedFree> workspace_;
   char* partials_ = nullptr;
 };
@@ -236,35 +257,16 @@ class FusedRun {
 absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
                            TilePlanCache& cache) {
   // Keys and values with dense rows, in the matmuls' type.
-  const Strides4& ks = p_.key_strides;
-  const Strides4& vs = p_.value_strides;
-  if (g_.bf16) {
-    key_bf16_ = Bf16Buffer::Pack(p_.key, s_.batch, s_.kv_heads, s_.key_len,
-                                 s_.key_dim, ks);
-    value_bf16_ = Bf16Buffer::Pack(p_.value, s_.batch, s_.kv_heads, s_.key_len,
-                                   s_.value_dim, vs);
-    key_ = key_bf16_.data();
-    value_ = value_bf16_.data();
-  } else if (!KeyValuePacked(p_)) {
-    key_f32_.resize(static_cast<size_t>(s_.KeyElements()));
-    value_f32_.resize(static_cast<size_t>(s_.ValueElements()));
-    auto pack = [this](const float* source, const Strides4& st, int64_t dim,
-                       float* out) {
-#pragma omp parallel for collapse(2) schedule(static)
-      for (int64_t b = 0; b < s_.batch; ++b) {
-        for (int64_t h = 0; h < s_.kv_heads; ++h) {
-          for (int64_t j = 0; j < s_.key_len; ++j) {
-            std::memcpy(out + ((b * s_.kv_heads + h) * s_.key_len + j) * dim,
-                        source + b * st[0] + h * st[1] + j * st[2],
-                        static_cast<size_t>(dim) * 4);
-          }
-        }
-      }
-    };
-    pack(p_.key, ks, s_.key_dim, key_f32_.data());
-    pack(p_.value, vs, s_.value_dim, value_f32_.data());
-    key_ = key_f32_.data();
-    value_ = value_f32_.data();
+  if (g_.bf16 || !KeyValuePacked(p_)) {
+    const int64_t element = g_.bf16 ? 2 : 4;
+    packed_key_.reset(
+        new char[static_cast<size_t>(s_.KeyElements() * element)]);
+    packed_value_.reset(
+        new char[static_cast<size_t>(s_.ValueElements() * element)]);
+    Pack(p_.key, p_.key_strides, s_.key_dim, packed_key_.get());
+    Pack(p_.value, p_.value_strides, s_.value_dim, packed_value_.get());
+    key_ = packed_key_.get();
+    value_ = packed_value_.get();
   } else {
     key_ = p_.key;
     value_ = p_.value;
@@ -473,9 +475,10 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       }
       float* row_scores = scores + r * n;
       const float alpha = kernels_.softmax_block(
-          row_scores, n, visible, p_.scale, row_mask, &states[r],
-          g_.bf16 && !g_.small ? nullptr : row_scores,
-          g_.bf16 && !g_.small ? probabilities + r * n : nullptr);
+          row_scores, n, visible, p_.scale, row_mask, &states[r]);
+      if (g_.bf16 && !g_.small) {
+        kernels_.to_bf16(row_scores, n, probabilities + r * n);
+      }
       if (alpha != 1.0f) {
         float* out = output + r * s_.value_dim;
         for (int64_t c = 0; c < s_.value_dim; ++c) out[c] *= alpha;

@@ -29,8 +29,9 @@ float AdvanceMax(float block_max, RowState* state, float* shift) {
   const float new_max = std::max(state->max, block_max);
   *shift = new_max;
   if (new_max == kNegativeInfinity) return 1.0f;
-  const float alpha =
-      state->max == kNegativeInfinity ? 0.0f : std::exp(state->max - new_max);
+  const float alpha = state->max == kNegativeInfinity
+                          ? 0.0f
+                          : ExpNonPositive(state->max - new_max);
   state->max = new_max;
   state->sum *= alpha;
   return alpha;
@@ -39,8 +40,7 @@ float AdvanceMax(float block_max, RowState* state, float* shift) {
 // ---------------------------------------------------------------- portable
 
 float SoftmaxBlockPortable(float* s, int64_t n, int64_t visible, float scale,
-                           const RowMask& mask, RowState* state, float* p32,
-                           uint16_t* p16) {
+                           const RowMask& mask, RowState* state) {
   float block_max = kNegativeInfinity;
   for (int64_t j = 0; j < n; ++j) {
     float x = kNegativeInfinity;
@@ -61,8 +61,7 @@ float SoftmaxBlockPortable(float* s, int64_t n, int64_t visible, float scale,
     const float p =
         shift == kNegativeInfinity ? 0.0f : ExpNonPositive(s[j] - shift);
     sum += p;
-    if (p32 != nullptr) p32[j] = p;
-    if (p16 != nullptr) p16[j] = Float32ToBFloat16(p);
+    s[j] = p;
   }
   state->sum += sum;
   return alpha;
@@ -135,10 +134,10 @@ ATTNSERVE_AVX512 inline __mmask16 FirstLanes(int64_t count) {
   return static_cast<__mmask16>((1u << count) - 1);
 }
 
-// ExpNonPositive on 16 lanes, with FMA and the exponent applied by scalef.
+// ExpNonPositive on 16 lanes, with FMA and the exponent applied by scalef;
+// x below −87.3 (a masked key's −inf among them) gives exactly 0.
 ATTNSERVE_AVX512 inline __m512 Exp512(__m512 x) {
   const __m512 floor = _mm512_set1_ps(-87.3f);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
   const __m512 clamped = _mm512_max_ps(x, floor);
   const __m512 n = _mm512_roundscale_ps(
       _mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
@@ -153,8 +152,26 @@ ATTNSERVE_AVX512 inline __m512 Exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
   p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
                              _mm512_scalef_ps(p, n));
+}
+
+// 2^x on 16 lanes for any x (−inf excepted): x = n + r with n an integer and
+// |r| ≤ 1/2, 2^r by its degree-6 Taylor polynomial (relative error below
+// 1.3e-7), 2^n by scalef, which gives 0 once n is below the subnormals.
+ATTNSERVE_AVX512 inline __m512 Exp2_512(__m512 x) {
+  const __m512 n =
+      _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
 }
 
 // bf16 bits of 16 finite floats, rounded to nearest even.
@@ -178,51 +195,84 @@ ATTNSERVE_AVX512 inline __m512 LoadF32x16(const float* p, __mmask16 lanes) {
 
 ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
                                           float scale, const RowMask& mask,
-                                          RowState* state, float* p32,
-                                          uint16_t* p16) {
+                                          RowState* state) {
   const __m512 minus_inf = _mm512_set1_ps(kNegativeInfinity);
   const __m512 scale_v = _mm512_set1_ps(scale);
-  __m512 max_v = minus_inf;
   __mmask16 nan_lanes = 0;
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 lanes = FirstLanes(n - j);
-    const __mmask16 seen = FirstLanes(visible - j);
-    __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale_v);
-    if (mask.bias != nullptr) {
-      x = _mm512_add_ps(x, mask.bias_stride == 0
-                               ? _mm512_set1_ps(mask.bias[0])
-                               : _mm512_maskz_loadu_ps(seen, mask.bias + j));
+  float block_max;
+  // A block with every key visible and no mask (most blocks): the max of the
+  // scaled scores is the scaled max (or min, for a negative scale) of the raw
+  // ones, so the first pass only reads.
+  const bool plain =
+      mask.bias == nullptr && mask.allowed == nullptr && visible >= n;
+  if (plain) {
+    __m512 high = minus_inf, low = _mm512_set1_ps(-kNegativeInfinity);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, s + j);
+      high = _mm512_mask_max_ps(high, lanes, high, v);
+      low = _mm512_mask_min_ps(low, lanes, low, v);
+      nan_lanes |= _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_UNORD_Q);
     }
-    __mmask16 keep = seen;
-    if (mask.allowed != nullptr) {
-      if (mask.allowed_stride == 0) {
-        if (mask.allowed[0] == 0) keep = 0;
-      } else {
-        const __m128i bytes = _mm_maskz_loadu_epi8(seen, mask.allowed + j);
-        keep &= _mm_test_epi8_mask(bytes, bytes);
+    block_max = scale >= 0.0f ? scale * _mm512_reduce_max_ps(high)
+                              : scale * _mm512_reduce_min_ps(low);
+  } else {
+    __m512 max_v = minus_inf;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __mmask16 seen = FirstLanes(visible - j);
+      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale_v);
+      if (mask.bias != nullptr) {
+        x = _mm512_add_ps(x, mask.bias_stride == 0
+                                 ? _mm512_set1_ps(mask.bias[0])
+                                 : _mm512_maskz_loadu_ps(seen, mask.bias + j));
       }
+      __mmask16 keep = seen;
+      if (mask.allowed != nullptr) {
+        if (mask.allowed_stride == 0) {
+          if (mask.allowed[0] == 0) keep = 0;
+        } else {
+          const __m128i bytes = _mm_maskz_loadu_epi8(seen, mask.allowed + j);
+          keep &= _mm_test_epi8_mask(bytes, bytes);
+        }
+      }
+      x = _mm512_mask_mov_ps(minus_inf, keep, x);
+      nan_lanes |= _mm512_mask_cmp_ps_mask(lanes, x, x, _CMP_UNORD_Q);
+      max_v = _mm512_mask_max_ps(max_v, lanes, max_v, x);
+      _mm512_mask_storeu_ps(s + j, lanes, x);
     }
-    x = _mm512_mask_mov_ps(minus_inf, keep, x);
-    nan_lanes |= _mm512_mask_cmp_ps_mask(lanes, x, x, _CMP_UNORD_Q);
-    max_v = _mm512_mask_max_ps(max_v, lanes, max_v, x);
-    _mm512_mask_storeu_ps(s + j, lanes, x);
+    block_max = _mm512_reduce_max_ps(max_v);
   }
   if (nan_lanes != 0) state->nan = true;
   float shift;
-  const float alpha = AdvanceMax(_mm512_reduce_max_ps(max_v), state, &shift);
+  const float alpha = AdvanceMax(block_max, state, &shift);
   __m512 sum_v = _mm512_setzero_ps();
   const __m512 shift_v = _mm512_set1_ps(shift);
-  const bool nothing_seen = shift == kNegativeInfinity;
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 lanes = FirstLanes(n - j);
-    const __m512 p = nothing_seen
-                         ? _mm512_setzero_ps()
-                         : Exp512(_mm512_sub_ps(
-                               _mm512_maskz_loadu_ps(lanes, s + j), shift_v));
-    sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
-    if (p32 != nullptr) _mm512_mask_storeu_ps(p32 + j, lanes, p);
-    if (p16 != nullptr) {
-      _mm256_mask_storeu_epi16(p16 + j, lanes, ToBf16x16(p));
+  if (shift == kNegativeInfinity) {
+    // Nothing seen yet: every probability is 0.
+    for (int64_t j = 0; j < n; j += 16) {
+      _mm512_mask_storeu_ps(s + j, FirstLanes(n - j), _mm512_setzero_ps());
+    }
+  } else if (plain) {
+    // exp(scale·s − shift) as 2^(s·scale·log2e − shift·log2e): one FMA
+    // before the power of two, and no clamp since every s is finite or NaN.
+    constexpr float kLog2e = 1.44269504088896341f;
+    const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
+    const __m512 shift2 = _mm512_set1_ps(shift * kLog2e);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 p = Exp2_512(
+          _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale2, shift2));
+      sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+      _mm512_mask_storeu_ps(s + j, lanes, p);
+    }
+  } else {
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 p =
+          Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), shift_v));
+      sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+      _mm512_mask_storeu_ps(s + j, lanes, p);
     }
   }
   state->sum += _mm512_reduce_add_ps(sum_v);
@@ -348,7 +398,25 @@ ATTNSERVE_AVX512 void ToBf16Avx512(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+// With AVX512_BF16 the conversion is one instruction: round to nearest even
+// and NaN made quiet, as Float32ToBFloat16 does, but subnormal inputs (below
+// 1.2e-38) become zero.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void
+ToBf16Avx512Bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = FirstLanes(n - i);
+    const __m256i bits = reinterpret_cast<__m256i>(
+        _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, src + i)));
+    _mm256_mask_storeu_epi16(dst + i, lanes, bits);
+  }
+}
+
 #undef ATTNSERVE_AVX512
+
+bool CpuHasAvx512Bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
 
 bool CpuHasAvx512() {
   __builtin_cpu_init();
@@ -381,7 +449,7 @@ const TileKernels& SelectTileKernels(bool portable_only) {
       SmallScoresBf16Avx512,
       SmallAccumulateF32Avx512,
       SmallAccumulateBf16Avx512,
-      ToBf16Avx512,
+      CpuHasAvx512Bf16() ? ToBf16Avx512Bf16 : ToBf16Avx512,
   };
   static const bool has_avx512 = CpuHasAvx512();
   return has_avx512 && !portable_only ? kAvx512 : PortableTileKernels();

@@ -34,14 +34,12 @@ struct TileKernels {
   const char* name;  // "avx512" or "portable"
 
   // Folds one block of raw scores s[0, n) of a row into `state`: x_j = scale ·
-  // s_j (+ bias_j), or −inf for j ≥ visible or a disallowed key; then p_j =
-  // exp(x_j − new max), written over s (p32) or as bf16 to p16, whichever is
-  // not null, and state->sum grows by Σ p_j. Returns the factor exp(old max −
-  // new max) by which the row's accumulated output must be multiplied (1 while
-  // the row has seen no key). s is overwritten in either case.
+  // s_j (+ bias_j), or −inf for j ≥ visible or a disallowed key; then writes
+  // p_j = exp(x_j − new max) over s_j, and state->sum grows by Σ p_j. Returns
+  // the factor exp(old max − new max) by which the row's accumulated output
+  // must be multiplied (1 while the row has seen no key).
   float (*softmax_block)(float* s, int64_t n, int64_t visible, float scale,
-                         const RowMask& mask, RowState* state, float* p32,
-                         uint16_t* p16);
+                         const RowMask& mask, RowState* state);
 
   // s[r · lds + j] = Σ_d q[r · d_len + d] · k[j · d_len + d] for r < m, j < n:
   // the scores of a few query rows against a block of f32 or bf16 keys.

@@ -17,7 +17,9 @@ inline float ExpNonPositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kRoundMagic =
       12582912.0f;  // 1.5·2^23: adding it rounds to an integer.
-  const float clamped = x < -87.3f ? -87.3f : x;
+  // NaN, like x below −87.3, computes exp(−87.3) below (keeping the integer
+  // conversion defined) and is put back at the end.
+  const float clamped = x >= -87.3f ? x : -87.3f;
   const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
   const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -30,7 +32,7 @@ inline float ExpNonPositive(float x) {
   const int32_t exponent_bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &exponent_bits, sizeof(scale));
-  return x < -87.3f ? 0.0f : p * scale;
+  return x >= -87.3f ? p * scale : (x != x ? x : 0.0f);
 }
 
 }  // namespace attnserve::internal

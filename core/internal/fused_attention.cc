@@ -166,16 +166,57 @@ TilePlan MakeTilePlan(const dnnl::engine& engine, int64_t m, int64_t n,
   return plan;
 }
 
-// One thread's oneDNN handles on a tile plan: memory objects whose data
-// handles move from block to block.
-struct TileBinding {
-  const TilePlan* plan = nullptr;
-  memory query, key_t, scores, probabilities, value, output, scores_scratchpad,
-      context_scratchpad;
+// A oneDNN memory object held through the C API, whose calls report errors
+// as statuses: the tile loop runs inside an OpenMP region, where nothing may
+// throw.
+class MemoryHandle {
+ public:
+  MemoryHandle() = default;
+  MemoryHandle(const MemoryHandle&) = delete;
+  MemoryHandle& operator=(const MemoryHandle&) = delete;
+  ~MemoryHandle() {
+    if (handle_ != nullptr) dnnl_memory_destroy(handle_);
+  }
+
+  dnnl_status_t Create(const memory::desc& md, dnnl_engine_t engine,
+                       void* data) {
+    return dnnl_memory_create(&handle_, &md.data, engine, data);
+  }
+  dnnl_memory_t get() const { return handle_; }
+
+ private:
+  dnnl_memory_t handle_ = nullptr;
 };
 
-// Everything a thread needs, set up before the parallel region so that
-// nothing inside it throws.
+// One thread's handles on a tile plan, made on first use: memory objects
+// whose data pointers move from block to block.
+struct TileBinding {
+  const TilePlan* plan = nullptr;
+  MemoryHandle query, key_t, scores, probabilities, value, output,
+      scores_scratchpad, context_scratchpad;
+
+  dnnl_status_t Bind(const TilePlan& tile_plan, dnnl_engine_t engine,
+                     char* scratchpad) {
+    // Placeholder data pointers until each execution sets the real ones.
+    const std::pair<MemoryHandle*, const memory::desc*> handles[] = {
+        {&query, &tile_plan.query_md},
+        {&key_t, &tile_plan.key_t_md},
+        {&scores, &tile_plan.scores_md},
+        {&probabilities, &tile_plan.probabilities_md},
+        {&value, &tile_plan.value_md},
+        {&output, &tile_plan.output_md},
+        {&scores_scratchpad, &tile_plan.scores_scratchpad_md},
+        {&context_scratchpad, &tile_plan.context_scratchpad_md}};
+    for (const auto& [handle, md] : handles) {
+      const dnnl_status_t status = handle->Create(*md, engine, scratchpad);
+      if (status != dnnl_success) return status;
+    }
+    plan = &tile_plan;
+    return dnnl_success;
+  }
+};
+
+// What one thread computes with during a call.
 struct ThreadContext {
   char* buffer = nullptr;
   dnnl::stream stream;
@@ -184,12 +225,12 @@ struct ThreadContext {
 };
 
 dnnl_status_t Execute(const dnnl::matmul& matmul, const dnnl::stream& stream,
-                      const memory& src, const memory& weights,
-                      const memory& dst, const memory& scratchpad) {
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, src.get()},
-                             {DNNL_ARG_WEIGHTS, weights.get()},
-                             {DNNL_ARG_DST, dst.get()},
-                             {DNNL_ARG_SCRATCHPAD, scratchpad.get()}};
+                      dnnl_memory_t src, dnnl_memory_t weights,
+                      dnnl_memory_t dst, dnnl_memory_t scratchpad) {
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, src},
+                             {DNNL_ARG_WEIGHTS, weights},
+                             {DNNL_ARG_DST, dst},
+                             {DNNL_ARG_SCRATCHPAD, scratchpad}};
   return dnnl_primitive_execute(matmul.get(), stream.get(), 4, args);
 }
 
@@ -251,6 +292,10 @@ class FusedRun {
   const void* value_ = nullptr;
   std::unique_ptr<char[]> packed_key_, packed_value_;
   std::unique_ptr<char, AlignedFree> workspace_;
+  // The tile plans by [m is full or last][n is full or last], and the engine
+  // to bind them on.
+  const TilePlan* plans_[2][2] = {};
+  dnnl_engine_t engine_ = nullptr;
   char* partials_ = nullptr;
 };
 
@@ -313,34 +358,17 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   partials_ = workspace_.get() + layout_.total * threads;
 
   std::vector<ThreadContext> contexts(static_cast<size_t>(threads));
-  ATTNSERVE_RETURN_IF_ERROR(CallDnnl("binding tile matmuls", [&] {
+  ATTNSERVE_RETURN_IF_ERROR(CallDnnl("creating streams", [&] {
     for (int t = 0; t < threads; ++t) {
       ThreadContext& context = contexts[static_cast<size_t>(t)];
       context.buffer = workspace_.get() + layout_.total * t;
       context.stream = dnnl::stream(engine);
-      if (g_.small) continue;
-      char* scratchpad = context.buffer + layout_.scratchpad;
-      for (int a = 0; a < 2; ++a) {
-        for (int c = 0; c < 2; ++c) {
-          const TilePlan& plan = *plans[a][c];
-          TileBinding& binding = context.bindings[a][c];
-          binding.plan = &plan;
-          // Placeholder handles: every execution sets the real ones first.
-          char* any = context.buffer;
-          binding.query = memory(plan.query_md, engine, any);
-          binding.key_t = memory(plan.key_t_md, engine, any);
-          binding.scores = memory(plan.scores_md, engine, any);
-          binding.probabilities = memory(plan.probabilities_md, engine, any);
-          binding.value = memory(plan.value_md, engine, any);
-          binding.output = memory(plan.output_md, engine, any);
-          binding.scores_scratchpad =
-              memory(plan.scores_scratchpad_md, engine, scratchpad);
-          binding.context_scratchpad =
-              memory(plan.context_scratchpad_md, engine, scratchpad);
-        }
-      }
     }
   }));
+  engine_ = engine.get();
+  for (int a = 0; a < 2; ++a) {
+    for (int c = 0; c < 2; ++c) plans_[a][c] = plans[a][c].get();
+  }
 
   // Heaviest tiles first (under causality, the last query blocks see the most
   // keys), handed out one at a time.
@@ -445,13 +473,19 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       }
     } else {
       TileBinding& binding = context.bindings[mi][ni];
+      if (binding.plan == nullptr) {
+        const dnnl_status_t status =
+            binding.Bind(*plans_[mi][ni], engine_, buffer + layout_.scratchpad);
+        if (status != dnnl_success) return status;
+      }
       dnnl_memory_set_data_handle(binding.query.get(), buffer + layout_.query);
       dnnl_memory_set_data_handle(binding.key_t.get(),
                                   const_cast<char*>(key_block));
       dnnl_memory_set_data_handle(binding.scores.get(), scores);
       const dnnl_status_t status =
-          Execute(binding.plan->scores, context.stream, binding.query,
-                  binding.key_t, binding.scores, binding.scores_scratchpad);
+          Execute(binding.plan->scores, context.stream, binding.query.get(),
+                  binding.key_t.get(), binding.scores.get(),
+                  binding.scores_scratchpad.get());
       if (status != dnnl_success) return status;
     }
 
@@ -504,8 +538,9 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
                                   const_cast<char*>(value_block));
       dnnl_memory_set_data_handle(binding.output.get(), output);
       const dnnl_status_t status =
-          Execute(binding.plan->context, context.stream, binding.probabilities,
-                  binding.value, binding.output, binding.context_scratchpad);
+          Execute(binding.plan->context, context.stream,
+                  binding.probabilities.get(), binding.value.get(),
+                  binding.output.get(), binding.context_scratchpad.get());
       if (status != dnnl_success) return status;
     }
   }

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/common/status_macros.h"
 #include "internal/dnnl_status.h"
 #include "internal/visibility.h"
@@ -124,8 +125,9 @@ int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
 // Bytes of the packed key and value copies.
 int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
                             bool key_value_packed) {
-  if (!g.bf16 && key_value_packed) return 0;
-  return (s.KeyElements() + s.ValueElements()) * (g.bf16 ? 2 : 4);
+  const bool bf16_matmuls = g.bf16 && !g.small;
+  if (!bf16_matmuls && key_value_packed) return 0;
+  return (s.KeyElements() + s.ValueElements()) * (bf16_matmuls ? 2 : 4);
 }
 
 std::string TileKey(int64_t m, int64_t n, const AttentionShape& s, bool bf16) {
@@ -248,11 +250,15 @@ class FusedRun {
                    TilePlanCache& cache);
 
  private:
+  // Bytes per element of the keys and values the tiles read: bf16 for the
+  // matmuls of bf16 precision, else f32.
+  int64_t PackedElementBytes() const { return g_.bf16 && !g_.small ? 2 : 4; }
+
   // Copies the [B, Hkv, Lk, dim] tensor at `source` (with `strides`) into
   // `out` as dense rows of the matmuls' type, on the calling thread's team.
   void Pack(const float* source, const Strides4& strides, int64_t dim,
             char* out) const {
-    const int64_t element = g_.bf16 ? 2 : 4;
+    const int64_t element = PackedElementBytes();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < s_.batch; ++b) {
       for (int64_t h = 0; h < s_.kv_heads; ++h) {
@@ -261,7 +267,7 @@ class FusedRun {
               source + b * strides[0] + h * strides[1] + j * strides[2];
           char* dst =
               out + ((b * s_.kv_heads + h) * s_.key_len + j) * dim * element;
-          if (g_.bf16) {
+          if (element == 2) {
             kernels_.to_bf16(row, dim, reinterpret_cast<uint16_t*>(dst));
           } else {
             std::memcpy(dst, row, static_cast<size_t>(dim) * 4);
@@ -301,9 +307,10 @@ class FusedRun {
 
 absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
                            TilePlanCache& cache) {
-  // Keys and values with dense rows, in the matmuls' type.
-  if (g_.bf16 || !KeyValuePacked(p_)) {
-    const int64_t element = g_.bf16 ? 2 : 4;
+  // Keys and values with dense rows, in the matmuls' type (decode tiles
+  // round f32 to bf16 as they read, so they only need dense rows).
+  if ((g_.bf16 && !g_.small) || !KeyValuePacked(p_)) {
+    const int64_t element = PackedElementBytes();
     packed_key_.reset(
         new char[static_cast<size_t>(s_.KeyElements() * element)]);
     packed_value_.reset(
@@ -439,6 +446,12 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     const float* row = p_.query + b * qs[0] + h * qs[1] + (q0 + r % qn) * qs[2];
     if (g_.bf16 && !g_.small) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
+    } else if (g_.bf16) {
+      // Decode tiles keep f32 rows holding bf16 values.
+      float* out = query_f32 + r * s_.key_dim;
+      for (int64_t d = 0; d < s_.key_dim; ++d) {
+        out[d] = BFloat16ToFloat32(Float32ToBFloat16(row[d]));
+      }
     } else {
       std::memcpy(query_f32 + r * s_.key_dim, row,
                   static_cast<size_t>(s_.key_dim) * 4);
@@ -450,7 +463,7 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   const AttentionMask* mask = p_.options->mask ? &*p_.options->mask : nullptr;
   const MaskStrides mask_strides =
       mask != nullptr ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
-  const int64_t element = g_.bf16 ? 2 : 4;
+  const int64_t element = PackedElementBytes();
   const int64_t kv_offset = (b * s_.kv_heads + kv_head) * s_.key_len;
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t k0 = block * g_.k_block;
@@ -464,8 +477,8 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     if (g_.small) {
       if (g_.bf16) {
         kernels_.small_scores_bf16(query_f32, m, s_.key_dim,
-                                   reinterpret_cast<const uint16_t*>(key_block),
-                                   n, scores, n);
+                                   reinterpret_cast<const float*>(key_block), n,
+                                   scores, n);
       } else {
         kernels_.small_scores_f32(query_f32, m, s_.key_dim,
                                   reinterpret_cast<const float*>(key_block), n,
@@ -522,7 +535,7 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     if (g_.small) {
       if (g_.bf16) {
         kernels_.small_accumulate_bf16(
-            scores, n, m, n, reinterpret_cast<const uint16_t*>(value_block),
+            scores, n, m, n, reinterpret_cast<const float*>(value_block),
             s_.value_dim, output);
       } else {
         kernels_.small_accumulate_f32(

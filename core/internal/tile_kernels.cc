@@ -85,11 +85,13 @@ void SmallScoresF32Portable(const float* q, int64_t m, int64_t d_len,
   SmallScoresPortable(q, m, d_len, n, s, lds, [k](int64_t i) { return k[i]; });
 }
 
+// x rounded to bf16 and back.
+float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
+
 void SmallScoresBf16Portable(const float* q, int64_t m, int64_t d_len,
-                             const uint16_t* k, int64_t n, float* s,
-                             int64_t lds) {
+                             const float* k, int64_t n, float* s, int64_t lds) {
   SmallScoresPortable(q, m, d_len, n, s, lds,
-                      [k](int64_t i) { return BFloat16ToFloat32(k[i]); });
+                      [k](int64_t i) { return RoundToBf16(k[i]); });
 }
 
 template <typename ValueLoad>
@@ -112,10 +114,10 @@ void SmallAccumulateF32Portable(const float* p, int64_t ldp, int64_t m,
 }
 
 void SmallAccumulateBf16Portable(const float* p, int64_t ldp, int64_t m,
-                                 int64_t n, const uint16_t* v, int64_t dv,
+                                 int64_t n, const float* v, int64_t dv,
                                  float* o) {
   SmallAccumulatePortable(p, ldp, m, n, dv, o,
-                          [v](int64_t i) { return BFloat16ToFloat32(v[i]); });
+                          [v](int64_t i) { return RoundToBf16(v[i]); });
 }
 
 void ToBf16Portable(const float* src, int64_t n, uint16_t* dst) {
@@ -184,9 +186,18 @@ ATTNSERVE_AVX512 inline __m256i ToBf16x16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
-ATTNSERVE_AVX512 inline __m512 LoadBf16x16(const uint16_t* p, __mmask16 lanes) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, p)), 16));
+// 16 floats rounded to bf16 (nearest even) and widened back, for the decode
+// tiles of bf16 precision, which read f32 keys and values once rather than
+// packing them first. Finite inputs only matter: a NaN stays a NaN.
+ATTNSERVE_AVX512 inline __m512 LoadRoundedBf16x16(const float* p,
+                                                  __mmask16 lanes) {
+  const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes, p));
+  const __m512i odd =
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(
+      rounded, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 ATTNSERVE_AVX512 inline __m512 LoadF32x16(const float* p, __mmask16 lanes) {
@@ -326,9 +337,9 @@ ATTNSERVE_AVX512 void SmallScoresF32Avx512(const float* q, int64_t m,
 }
 
 ATTNSERVE_AVX512 void SmallScoresBf16Avx512(const float* q, int64_t m,
-                                            int64_t d_len, const uint16_t* k,
+                                            int64_t d_len, const float* k,
                                             int64_t n, float* s, int64_t lds) {
-  SmallScoresAvx512(q, m, d_len, k, n, s, lds, LoadBf16x16);
+  SmallScoresAvx512(q, m, d_len, k, n, s, lds, LoadRoundedBf16x16);
 }
 
 // Accumulates p · V into up to 128 columns of a row at a time, held in
@@ -378,9 +389,9 @@ ATTNSERVE_AVX512 void SmallAccumulateF32Avx512(const float* p, int64_t ldp,
 
 ATTNSERVE_AVX512 void SmallAccumulateBf16Avx512(const float* p, int64_t ldp,
                                                 int64_t m, int64_t n,
-                                                const uint16_t* v, int64_t dv,
+                                                const float* v, int64_t dv,
                                                 float* o) {
-  SmallAccumulateAvx512(p, ldp, m, n, v, dv, o, LoadBf16x16);
+  SmallAccumulateAvx512(p, ldp, m, n, v, dv, o, LoadRoundedBf16x16);
 }
 
 ATTNSERVE_AVX512 void ToBf16Avx512(const float* src, int64_t n, uint16_t* dst) {

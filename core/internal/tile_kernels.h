@@ -42,18 +42,19 @@ struct TileKernels {
                          const RowMask& mask, RowState* state);
 
   // s[r · lds + j] = Σ_d q[r · d_len + d] · k[j · d_len + d] for r < m, j < n:
-  // the scores of a few query rows against a block of f32 or bf16 keys.
+  // the scores of a few query rows against a block of keys. The bf16 variant
+  // rounds each key element to bf16 as it reads it (bf16 precision).
   void (*small_scores_f32)(const float* q, int64_t m, int64_t d_len,
                            const float* k, int64_t n, float* s, int64_t lds);
   void (*small_scores_bf16)(const float* q, int64_t m, int64_t d_len,
-                            const uint16_t* k, int64_t n, float* s,
-                            int64_t lds);
+                            const float* k, int64_t n, float* s, int64_t lds);
 
-  // o[r · dv + c] += Σ_j p[r · ldp + j] · v[j · dv + c] for r < m, c < dv.
+  // o[r · dv + c] += Σ_j p[r · ldp + j] · v[j · dv + c] for r < m, c < dv;
+  // the bf16 variant rounds each value element to bf16 as it reads it.
   void (*small_accumulate_f32)(const float* p, int64_t ldp, int64_t m,
                                int64_t n, const float* v, int64_t dv, float* o);
   void (*small_accumulate_bf16)(const float* p, int64_t ldp, int64_t m,
-                                int64_t n, const uint16_t* v, int64_t dv,
+                                int64_t n, const float* v, int64_t dv,
                                 float* o);
 
   // dst[i] = bf16(src[i]), rounding to nearest even.

@@ -9,13 +9,13 @@
 #include "absl/time/clock.h"
 #include "attention_compute.h"
 #include "grpc_status.h"
+#include "wire_messages.h"
 
 namespace attnserve {
 namespace {
 
 class AttendStreamReactor final
-    : public grpc::ServerBidiReactor<v1::AttendRequest,
-                                     v1::AttendStreamResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   AttendStreamReactor(grpc::CallbackServerContext* context,
                       const StreamDependencies& deps)
@@ -38,12 +38,14 @@ class AttendStreamReactor final
       return;
     }
     auto slot = std::make_shared<Slot>();
-    slot->request = std::move(incoming_);
     slot->started = absl::Now();
-    deps_.metrics->CallStarted(
-        Rpc::kAttendStream, static_cast<int64_t>(slot->request.ByteSizeLong()));
+    deps_.metrics->CallStarted(Rpc::kAttendStream,
+                               static_cast<int64_t>(incoming_.Length()));
+    // A message that is not an AttendRequest fails only its own answer.
+    const absl::Status parsed = ParseWire(&incoming_, &slot->request);
     absl::StatusOr<AttendWork> work =
-        ValidateAttendRequest(slot->request, deps_.limits);
+        parsed.ok() ? ValidateAttendRequest(slot->request, deps_.limits)
+                    : absl::StatusOr<AttendWork>(parsed);
     bool read_more;
     {
       absl::MutexLock lock(&mutex_);
@@ -84,6 +86,7 @@ class AttendStreamReactor final
   struct Slot {
     v1::AttendRequest request;
     v1::AttendStreamResponse answer;
+    grpc::ByteBuffer wire_answer;  // `answer` serialised, while it is written.
     absl::Time started;
     bool ready = false;
   };
@@ -147,11 +150,24 @@ class AttendStreamReactor final
     slot.ready = true;
   }
 
+  // Serialises a ready answer for writing; an answer protobuf cannot serialise
+  // (none the size limits let through) becomes its error.
+  static void Serialize(Slot& slot) {
+    const absl::Status serialized =
+        SerializeWire(slot.answer, &slot.wire_answer);
+    if (serialized.ok()) return;
+    slot.answer.clear_response();
+    slot.answer.mutable_error()->set_code(static_cast<int>(serialized.code()));
+    slot.answer.mutable_error()->set_message(std::string(serialized.message()));
+    // An error answer is small enough to serialise.
+    SerializeWire(slot.answer, &slot.wire_answer).IgnoreError();
+  }
+
   // Writes the next answer if it is ready and no write is in flight; finishes
   // the call once everything is answered. gRPC operations start outside the
   // lock. `computes_done` computes have just ended.
   void Advance(int computes_done = 0) {
-    v1::AttendStreamResponse* to_write = nullptr;
+    Slot* to_write = nullptr;
     bool finish = false;
     grpc::Status final_status = grpc::Status::OK;
     {
@@ -163,7 +179,7 @@ class AttendStreamReactor final
           slots_.pop_front();
       } else if (!writing_ && !slots_.empty() && slots_.front()->ready) {
         writing_ = true;
-        to_write = &slots_.front()->answer;
+        to_write = slots_.front().get();
       }
       if (reading_done_ && slots_.empty() && computing_ == 0 && !writing_ &&
           !finished_) {
@@ -175,13 +191,16 @@ class AttendStreamReactor final
         }
       }
     }
-    if (to_write != nullptr) StartWrite(to_write);
+    if (to_write != nullptr) {
+      Serialize(*to_write);
+      StartWrite(&to_write->wire_answer);
+    }
     if (finish) Finish(final_status);
   }
 
   grpc::CallbackServerContext* const context_;
   const StreamDependencies deps_;
-  v1::AttendRequest incoming_;  // Only the read in flight touches it.
+  grpc::ByteBuffer incoming_;  // Only the read in flight touches it.
 
   absl::Mutex mutex_;
   std::deque<std::shared_ptr<Slot>> slots_
@@ -197,9 +216,9 @@ class AttendStreamReactor final
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
-StartAttendStream(grpc::CallbackServerContext* context,
-                  const StreamDependencies& dependencies) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttendStream(
+    grpc::CallbackServerContext* context,
+    const StreamDependencies& dependencies) {
   return new AttendStreamReactor(context, dependencies);
 }
 

@@ -30,11 +30,13 @@ struct StreamDependencies {
   RequestLimits limits;
 };
 
-// Starts serving one AttendStream call. The reactor deletes itself when the
-// call is done.
-grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
-StartAttendStream(grpc::CallbackServerContext* context,
-                  const StreamDependencies& dependencies);
+// Starts serving one AttendStream call, whose messages are AttendRequests and
+// AttendStreamResponses on the wire: a message that is not a valid
+// AttendRequest gets an INVALID_ARGUMENT answer of its own, like any malformed
+// request. The reactor deletes itself when the call is done.
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttendStream(
+    grpc::CallbackServerContext* context,
+    const StreamDependencies& dependencies);
 
 }  // namespace attnserve
 

@@ -13,6 +13,7 @@
 #include "grpc_status.h"
 #include "metrics.h"
 #include "tensor_codec.h"
+#include "wire_messages.h"
 
 namespace attnserve {
 
@@ -126,21 +127,55 @@ AttentionServiceImpl::AttentionServiceImpl(
       gate_(gate),
       limits_(limits) {}
 
-AttentionServiceImpl::Call AttentionServiceImpl::Start(
+namespace {
+
+// gRPC hands a unary handler an empty, invalid buffer when the call ended
+// before its request arrived (a request of no bytes is a valid, empty buffer).
+absl::Status Received(const grpc::CallbackServerContext& context,
+                      const grpc::ByteBuffer& wire_request) {
+  if (wire_request.Valid()) return absl::OkStatus();
+  if (context.deadline() < std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the request arrived");
+  }
+  return absl::CancelledError("the call ended before its request arrived");
+}
+
+}  // namespace
+
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(
     Rpc rpc, grpc::CallbackServerContext* context,
-    const google::protobuf::Message& request) const {
-  metrics_->CallStarted(rpc, static_cast<int64_t>(request.ByteSizeLong()));
-  return Call{rpc, context, context->DefaultReactor(), absl::Now(),
-              gate_->Admit(*context)};
+    const grpc::ByteBuffer& wire_request, grpc::ByteBuffer* wire_response,
+    grpc::ServerUnaryReactor* (AttentionServiceImpl::*handler)(const Call&,
+                                                               const Request&,
+                                                               Response*)) {
+  auto* reactor = new WireUnaryReactor<Request, Response>();
+  metrics_->CallStarted(rpc, static_cast<int64_t>(wire_request.Length()));
+  Call call{rpc,           context,     reactor,
+            wire_response, absl::Now(), gate_->Admit(*context)};
+  if (call.admitted.ok()) call.admitted = Received(*context, wire_request);
+  if (call.admitted.ok()) {
+    // gRPC keeps the request's buffer until the call ends and hands it to the
+    // handler, which owns the call until then, as const only by its signature:
+    // the parse consumes it, so that the request is not held twice.
+    call.admitted = ParseWire(const_cast<grpc::ByteBuffer*>(&wire_request),
+                              &reactor->request);
+  }
+  if (!call.admitted.ok())
+    return Finish(call, call.admitted, reactor->response);
+  return (this->*handler)(call, reactor->request, &reactor->response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
     const Call& call, const absl::Status& status,
     const google::protobuf::Message& response) const {
+  absl::Status answer = status;
+  if (answer.ok()) answer = SerializeWire(response, call.wire_response);
   metrics_->CallFinished(
-      call.rpc, status.code(), absl::Now() - call.started,
-      status.ok() ? static_cast<int64_t>(response.ByteSizeLong()) : 0);
-  call.reactor->Finish(ToGrpcStatus(status));
+      call.rpc, answer.code(), absl::Now() - call.started,
+      answer.ok() ? static_cast<int64_t>(call.wire_response->Length()) : 0);
+  call.reactor->Finish(ToGrpcStatus(answer));
   return call.reactor;
 }
 
@@ -162,62 +197,94 @@ absl::Status AttentionServiceImpl::Dequeue(const Call& call,
   const absl::Duration waited = absl::Now() - enqueued;
   metrics_->Dequeued(call.rpc, waited);
   timing->set_queue_us(absl::ToInt64Microseconds(waited));
-  if (call.context->IsCancelled()) {
-    return absl::CancelledError(
-        "the call was cancelled before its compute started");
-  }
+  // A passed deadline also cancels the call: it is checked first, so that the
+  // metrics tell the two apart.
   if (call.context->deadline() < std::chrono::system_clock::now()) {
     return absl::DeadlineExceededError(
         "the deadline passed before the compute started");
+  }
+  if (call.context->IsCancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled before its compute started");
   }
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
-    grpc::CallbackServerContext* context, const v1::AttendRequest* request,
-    v1::AttendResponse* response) {
-  const Call call = Start(Rpc::kAttend, context, *request);
-  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
-  absl::StatusOr<AttendWork> work = ValidateAttendRequest(*request, limits_);
-  if (!work.ok()) return Finish(call, work.status(), *response);
-  return Enqueue(call,
-                 std::make_unique<AttendJob>(
-                     this, call, *std::move(work), request, response,
-                     scheduler_->options().max_batch > 1),
-                 *response);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Serve(Rpc::kAttend, context, *request, response,
+               &AttentionServiceImpl::ServeAttend);
 }
 
-grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AttentionServiceImpl::AttendStream(grpc::CallbackServerContext* context) {
   return StartAttendStream(context,
                            {metrics_, engine_, scheduler_, gate_, limits_});
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
-    grpc::CallbackServerContext* context,
-    const v1::MultiHeadAttentionRequest* request,
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Serve(Rpc::kMultiHeadAttention, context, *request, response,
+               &AttentionServiceImpl::ServeMultiHeadAttention);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::PutWeights(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Serve(Rpc::kPutWeights, context, *request, response,
+               &AttentionServiceImpl::ServePutWeights);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Serve(Rpc::kListWeights, context, *request, response,
+               &AttentionServiceImpl::ServeListWeights);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteWeights(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Serve(Rpc::kDeleteWeights, context, *request, response,
+               &AttentionServiceImpl::ServeDeleteWeights);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
+    const Call& call, const v1::AttendRequest& request,
+    v1::AttendResponse* response) {
+  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
+  if (!work.ok()) return Finish(call, work.status(), *response);
+  return Enqueue(call,
+                 std::make_unique<AttendJob>(
+                     this, call, *std::move(work), &request, response,
+                     scheduler_->options().max_batch > 1),
+                 *response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
+    const Call& call, const v1::MultiHeadAttentionRequest& request,
     v1::MultiHeadAttentionResponse* response) {
-  const Call call = Start(Rpc::kMultiHeadAttention, context, *request);
-  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   std::shared_ptr<const WeightSet> registered;
   std::string origin = "weights";
   WeightsShape weights_shape;
-  if (request->weights_source_case() ==
+  if (request.weights_source_case() ==
       v1::MultiHeadAttentionRequest::kWeightsName) {
     absl::Status name =
-        ValidateWeightsName("weights_name", request->weights_name());
+        ValidateWeightsName("weights_name", request.weights_name());
     if (!name.ok()) return Finish(call, name, *response);
     absl::StatusOr<WeightsRegistry::Entry> entry =
-        registry_->Get(request->weights_name());
+        registry_->Get(request.weights_name());
     if (!entry.ok()) return Finish(call, entry.status(), *response);
     registered = entry->weights;
     response->set_weights_version(entry->version);
-    origin = "weights '" + request->weights_name() + "'";
+    origin = "weights '" + request.weights_name() + "'";
     weights_shape = registered->shape();
-  } else if (request->weights_source_case() ==
+  } else if (request.weights_source_case() ==
              v1::MultiHeadAttentionRequest::kWeights) {
     absl::StatusOr<WeightsShape> shape =
-        ValidateProjectionWeights(request->weights(), "weights");
+        ValidateProjectionWeights(request.weights(), "weights");
     if (!shape.ok()) return Finish(call, shape.status(), *response);
     weights_shape = *shape;
   } else {
@@ -229,10 +296,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
         *response);
   }
   absl::StatusOr<MultiHeadWork> work =
-      ValidateMultiHeadRequest(*request, weights_shape, origin, limits_);
+      ValidateMultiHeadRequest(request, weights_shape, origin, limits_);
   if (!work.ok()) return Finish(call, work.status(), *response);
   const double flops = MultiHeadFlops(work->shape, work->plan.options.causal);
-  auto compute = [this, request, response, registered,
+  auto compute = [this, request = &request, response, registered,
                   work = *std::move(work)] {
     if (registered != nullptr) {
       return ComputeMultiHead(*engine_, work, registered->views(), *request,
@@ -271,23 +338,19 @@ absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
   return response;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::PutWeights(
-    grpc::CallbackServerContext* context, const v1::PutWeightsRequest* request,
+grpc::ServerUnaryReactor* AttentionServiceImpl::ServePutWeights(
+    const Call& call, const v1::PutWeightsRequest& request,
     v1::PutWeightsResponse* response) {
-  const Call call = Start(Rpc::kPutWeights, context, *request);
-  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   absl::StatusOr<v1::PutWeightsResponse> result =
-      PutWeightsInto(*registry_, *request);
+      PutWeightsInto(*registry_, request);
   if (result.ok()) *response = *std::move(result);
   RecordWeightsHeld();
   return Finish(call, result.status(), *response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
-    grpc::CallbackServerContext* context, const v1::ListWeightsRequest* request,
+grpc::ServerUnaryReactor* AttentionServiceImpl::ServeListWeights(
+    const Call& call, const v1::ListWeightsRequest& /*request*/,
     v1::ListWeightsResponse* response) {
-  const Call call = Start(Rpc::kListWeights, context, *request);
-  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   const WeightsRegistry::Listing listing = registry_->List();
   for (const auto& [name, entry] : listing.entries) {
     *response->add_weights() = DescribeWeights(name, entry);
@@ -296,16 +359,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
   return Finish(call, absl::OkStatus(), *response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteWeights(
-    grpc::CallbackServerContext* context,
-    const v1::DeleteWeightsRequest* request,
+grpc::ServerUnaryReactor* AttentionServiceImpl::ServeDeleteWeights(
+    const Call& call, const v1::DeleteWeightsRequest& request,
     v1::DeleteWeightsResponse* response) {
-  const Call call = Start(Rpc::kDeleteWeights, context, *request);
-  if (!call.admitted.ok()) return Finish(call, call.admitted, *response);
   absl::StatusOr<WeightsRegistry::Entry> entry =
-      registry_->Delete(request->name());
+      registry_->Delete(request.name());
   if (entry.ok()) {
-    *response->mutable_deleted() = DescribeWeights(request->name(), *entry);
+    *response->mutable_deleted() = DescribeWeights(request.name(), *entry);
   }
   RecordWeightsHeld();
   return Finish(call, entry.status(), *response);

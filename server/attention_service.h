@@ -13,36 +13,45 @@
 
 namespace attnserve {
 
+// AttentionService with every method registered raw: the handlers parse each
+// request and serialise each response themselves (wire_messages.h), so that
+// bytes that are not a valid request get INVALID_ARGUMENT like any other
+// malformed request.
+using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Attend<
+    v1::AttentionService::WithRawCallbackMethod_AttendStream<
+        v1::AttentionService::WithRawCallbackMethod_MultiHeadAttention<
+            v1::AttentionService::WithRawCallbackMethod_PutWeights<
+                v1::AttentionService::WithRawCallbackMethod_ListWeights<
+                    v1::AttentionService::WithRawCallbackMethod_DeleteWeights<
+                        v1::AttentionService::Service>>>>>>;
+
 // Thread-safe, as gRPC requires. Does not own its dependencies, which must
 // outlive it and every RPC it has started.
-class AttentionServiceImpl final
-    : public v1::AttentionService::CallbackService {
+class AttentionServiceImpl final : public RawAttentionService {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
                        const CallGate* gate, RequestLimits limits);
 
+  // Each takes the request's wire bytes (an attnserve.v1.<Method>Request) and
+  // answers with the response's.
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const v1::AttendRequest* request,
-                                   v1::AttendResponse* response) override;
-  grpc::ServerBidiReactor<v1::AttendRequest, v1::AttendStreamResponse>*
-  AttendStream(grpc::CallbackServerContext* context) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttendStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* MultiHeadAttention(
-      grpc::CallbackServerContext* context,
-      const v1::MultiHeadAttentionRequest* request,
-      v1::MultiHeadAttentionResponse* response) override;
-  grpc::ServerUnaryReactor* PutWeights(
-      grpc::CallbackServerContext* context,
-      const v1::PutWeightsRequest* request,
-      v1::PutWeightsResponse* response) override;
-  grpc::ServerUnaryReactor* ListWeights(
-      grpc::CallbackServerContext* context,
-      const v1::ListWeightsRequest* request,
-      v1::ListWeightsResponse* response) override;
-  grpc::ServerUnaryReactor* DeleteWeights(
-      grpc::CallbackServerContext* context,
-      const v1::DeleteWeightsRequest* request,
-      v1::DeleteWeightsResponse* response) override;
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PutWeights(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListWeights(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* DeleteWeights(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
   // Sets the weights gauges from the registry (the handlers call it after each
   // change; the server after loading weights at start-up).
@@ -56,18 +65,42 @@ class AttentionServiceImpl final
   struct Call {
     Rpc rpc;
     grpc::CallbackServerContext* context;
-    grpc::ServerUnaryReactor*
-        reactor;  // The context's DefaultReactor, taken once.
+    grpc::ServerUnaryReactor* reactor;  // Owns the request and the response.
+    grpc::ByteBuffer* wire_response;    // Where Finish serialises the response.
     absl::Time started;
-    absl::Status
-        admitted;  // The gate's verdict: not OK means answer at once with it.
+    absl::Status admitted;  // The gate's verdict, then the parse's: not OK
+                            // means answer at once with it.
   };
 
-  Call Start(Rpc rpc, grpc::CallbackServerContext* context,
-             const google::protobuf::Message& request) const;
+  // Serves one unary call: makes its reactor, parses the request, and hands a
+  // call that passed the gate and the parse to `handler`.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Serve(
+      Rpc rpc, grpc::CallbackServerContext* context,
+      const grpc::ByteBuffer& wire_request, grpc::ByteBuffer* wire_response,
+      grpc::ServerUnaryReactor* (AttentionServiceImpl::*handler)(const Call&,
+                                                                 const Request&,
+                                                                 Response*));
 
-  // Records the call's metrics, then answers it with `status` (and `response`
-  // if OK). Returns the reactor for the handler to return.
+  grpc::ServerUnaryReactor* ServeAttend(const Call& call,
+                                        const v1::AttendRequest& request,
+                                        v1::AttendResponse* response);
+  grpc::ServerUnaryReactor* ServeMultiHeadAttention(
+      const Call& call, const v1::MultiHeadAttentionRequest& request,
+      v1::MultiHeadAttentionResponse* response);
+  grpc::ServerUnaryReactor* ServePutWeights(
+      const Call& call, const v1::PutWeightsRequest& request,
+      v1::PutWeightsResponse* response);
+  grpc::ServerUnaryReactor* ServeListWeights(
+      const Call& call, const v1::ListWeightsRequest& request,
+      v1::ListWeightsResponse* response);
+  grpc::ServerUnaryReactor* ServeDeleteWeights(
+      const Call& call, const v1::DeleteWeightsRequest& request,
+      v1::DeleteWeightsResponse* response);
+
+  // Records the call's metrics, then answers it with `status` (and `response`,
+  // serialised, if OK). Returns the reactor for the handler to return. The
+  // reactor, request and response may be gone once it returns.
   grpc::ServerUnaryReactor* Finish(
       const Call& call, const absl::Status& status,
       const google::protobuf::Message& response) const;
@@ -78,8 +111,8 @@ class AttentionServiceImpl final
                                     const google::protobuf::Message& response);
 
   // On a job's way out of the queue: records the wait in the metrics and
-  // `timing`; CANCELLED or DEADLINE_EXCEEDED if the caller has gone or its
-  // deadline has passed (nothing computed).
+  // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED
+  // if the caller has gone (nothing computed).
   absl::Status Dequeue(const Call& call, absl::Time enqueued,
                        v1::ServerTiming* timing) const;
 

@@ -32,17 +32,22 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float SoftmaxRow(
   }
   float max_score = kNegativeInfinity;
   int nan_count = 0;
-#pragma omp simd reduction(max : max_score) reduction(+ : nan_count)
+  int visible_count = 0;
+#pragma omp simd reduction(max : max_score) reduction(+ : nan_count, visible_count)
   for (int64_t j = 0; j < end; ++j) {
     max_score = std::max(max_score, row[j]);
     nan_count += row[j] != row[j] ? 1 : 0;
+    visible_count += row[j] != kNegativeInfinity ? 1 : 0;
   }
   if (nan_count > 0) {
     // A NaN score makes the row NaN, as IEEE arithmetic would.
     std::fill(row, row + key_len, std::numeric_limits<float>::quiet_NaN());
     return std::numeric_limits<float>::quiet_NaN();
   }
-  if (max_score == kNegativeInfinity) {
+  // A row that sees no key is told by its count, not by max_score: OpenMP
+  // starts each lane of a max reduction at the type's least value, which clang
+  // takes as −FLT_MAX (GCC as −inf), so max_score may not be −inf here.
+  if (visible_count == 0) {
     std::fill(row, row + key_len, 0.0f);
     return kNegativeInfinity;
   }

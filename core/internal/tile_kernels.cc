@@ -3,8 +3,10 @@
 // GCC 12 reports the deliberately undefined pass-through operand of its own
 // AVX-512 intrinsics (_mm512_undefined_*) as uninitialised once they inline
 // into a function with a target attribute (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 

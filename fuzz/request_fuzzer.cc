@@ -1,0 +1,254 @@
+// libFuzzer target: raw protobuf bytes through the server's request path.
+//
+// The input (fuzz_requests.h) is parsed as an AttendRequest,
+// MultiHeadAttentionRequest or PutWeightsRequest and taken through exactly
+// what the service does before its compute: ValidateAttendRequest (and the
+// batch key), the weights name and registry lookup or
+// ValidateProjectionWeights, ValidateMultiHeadRequest, PutWeightsInto. A
+// request that validates is then converted and computed (ComputeAttend,
+// ComputeAttendBatch, ComputeMultiHead) when it is tiny. Besides the
+// sanitizers' findings, it traps when
+//   - validation fails with a code other than INVALID_ARGUMENT, NOT_FOUND or
+//     RESOURCE_EXHAUSTED, or with an empty message (INTERNAL is never the
+//     answer to bad input);
+//   - a request that validated fails in its compute (the validator let through
+//     something the engine refuses);
+//   - a response tensor's bytes do not match its shape and dtype.
+// With ATTNSERVE_FUZZ_VERBOSE set it prints what became of each input (to see
+// what a corpus reaches: build-fuzz/fuzz/request_fuzzer -runs=0 CORPUS).
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "attend_batch.h"
+#include "attention_compute.h"
+#include "attention_service.h"
+#include "attnserve/core/attention_engine.h"
+#include "fuzz_requests.h"
+#include "metrics.h"
+#include "request_validator.h"
+#include "tensor_codec.h"
+#include "weights_loader.h"
+#include "weights_registry.h"
+
+namespace attnserve::fuzz {
+namespace {
+
+// Small enough that anything that validates computes in about a millisecond.
+constexpr double kMaxComputeFlops = double{1 << 22};
+constexpr int64_t kMaxWeightsBytes = int64_t{1} << 20;
+
+RequestLimits FuzzLimits() {
+  RequestLimits limits;
+  limits.max_message_bytes = int64_t{1} << 20;
+  limits.max_elements = int64_t{1} << 16;
+  limits.max_request_memory_bytes = int64_t{16} << 20;
+  limits.max_workspace_bytes = int64_t{1} << 20;
+  return limits;
+}
+
+void Note(const char* what, const absl::Status& status) {
+  static const bool verbose = std::getenv("ATTNSERVE_FUZZ_VERBOSE") != nullptr;
+  if (verbose) {
+    std::fprintf(stderr, "request_fuzzer: %s: %s\n", what,
+                 status.ToString().substr(0, 200).c_str());
+  }
+}
+
+void Fail(const char* what, const absl::Status& status) {
+  std::fprintf(stderr, "request_fuzzer: %s: %s\n", what,
+               status.ToString().c_str());
+  __builtin_trap();
+}
+
+void Require(const char* what, const absl::Status& status) {
+  if (!status.ok()) Fail(what, status);
+}
+
+// A refusal must be one a caller can act on, and say why.
+void CheckRefusal(const absl::Status& status) {
+  Note("refused", status);
+  const absl::StatusCode code = status.code();
+  if (code != absl::StatusCode::kInvalidArgument &&
+      code != absl::StatusCode::kNotFound &&
+      code != absl::StatusCode::kResourceExhausted) {
+    Fail("a malformed request got an unexpected code", status);
+  }
+  if (status.message().empty()) Fail("a refusal without a message", status);
+}
+
+int64_t ElementBytes(v1::DType dtype) {
+  return dtype == v1::FLOAT32 ? 4 : dtype == v1::BOOL ? 1 : 2;
+}
+
+void CheckResponseTensor(const char* field, const v1::Tensor& tensor) {
+  int64_t elements = 1;
+  for (int64_t dim : tensor.shape()) elements *= dim;
+  if (static_cast<int64_t>(tensor.data().size()) !=
+      elements * ElementBytes(tensor.dtype())) {
+    Fail(field, absl::InternalError("data does not match shape and dtype"));
+  }
+}
+
+template <typename Response>
+void CheckResponse(const Response& response) {
+  CheckResponseTensor("output", response.output());
+  if (response.has_weights())
+    CheckResponseTensor("weights", response.weights());
+  if (response.has_lse()) CheckResponseTensor("lse", response.lse());
+}
+
+// What every input shares: the engine and the registered weights, which no
+// input changes (PutWeights goes to a registry of its own).
+struct Fixture {
+  std::unique_ptr<AttentionEngine> engine;
+  WeightsRegistry registry{kMaxWeightsBytes};
+
+  Fixture() {
+    EngineOptions options;
+    options.num_threads = 1;
+    options.max_workspace_bytes = FuzzLimits().max_workspace_bytes;
+    absl::StatusOr<std::unique_ptr<AttentionEngine>> created =
+        AttentionEngine::Create(options);
+    Require("AttentionEngine::Create", created.status());
+    engine = *std::move(created);
+    Require("PutWeights demo",
+            PutWeightsInto(registry, DemoWeights()).status());
+    Require("PutWeights tiny",
+            PutWeightsInto(registry, TinyWeights()).status());
+  }
+};
+
+Fixture& TheFixture() {
+  static Fixture* const fixture = new Fixture();
+  return *fixture;
+}
+
+void FuzzAttend(const v1::AttendRequest& request) {
+  const absl::StatusOr<AttendWork> work =
+      ValidateAttendRequest(request, FuzzLimits());
+  if (!work.ok()) return CheckRefusal(work.status());
+  const std::string batch_key = AttendBatchKey(request, *work);
+  if (AttentionFlops(work->shape, work->plan.options.causal) >
+      kMaxComputeFlops) {
+    return Note("valid, too large to compute", absl::OkStatus());
+  }
+  Fixture& fixture = TheFixture();
+  v1::AttendResponse response;
+  Require("ComputeAttend of a validated request",
+          ComputeAttend(*fixture.engine, *work, request, &response));
+  CheckResponse(response);
+  Note("Attend computed", absl::OkStatus());
+  if (batch_key.empty()) return;
+  // The scheduler may batch a request with others of its key: here, itself.
+  v1::AttendResponse batched[2];
+  const AttendBatchItem items[] = {{&*work, &request, &batched[0]},
+                                   {&*work, &request, &batched[1]}};
+  Require("ComputeAttendBatch of a validated request",
+          ComputeAttendBatch(*fixture.engine, items));
+  for (const v1::AttendResponse& one : batched) CheckResponse(one);
+}
+
+// As AttentionServiceImpl::MultiHeadAttention, less the scheduler.
+void FuzzMultiHead(const v1::MultiHeadAttentionRequest& request) {
+  Fixture& fixture = TheFixture();
+  std::shared_ptr<const WeightSet> registered;
+  std::string origin = "weights";
+  WeightsShape weights_shape;
+  if (request.weights_source_case() ==
+      v1::MultiHeadAttentionRequest::kWeightsName) {
+    const absl::Status name =
+        ValidateWeightsName("weights_name", request.weights_name());
+    if (!name.ok()) return CheckRefusal(name);
+    const absl::StatusOr<WeightsRegistry::Entry> entry =
+        fixture.registry.Get(request.weights_name());
+    if (!entry.ok()) return CheckRefusal(entry.status());
+    registered = entry->weights;
+    origin = "weights '" + request.weights_name() + "'";
+    weights_shape = registered->shape();
+  } else if (request.weights_source_case() ==
+             v1::MultiHeadAttentionRequest::kWeights) {
+    const absl::StatusOr<WeightsShape> shape =
+        ValidateProjectionWeights(request.weights(), "weights");
+    if (!shape.ok()) return CheckRefusal(shape.status());
+    weights_shape = *shape;
+  } else {
+    return;  // The service refuses it before any check.
+  }
+  const absl::StatusOr<MultiHeadWork> work =
+      ValidateMultiHeadRequest(request, weights_shape, origin, FuzzLimits());
+  if (!work.ok()) return CheckRefusal(work.status());
+  if (MultiHeadFlops(work->shape, work->plan.options.causal) >
+      kMaxComputeFlops) {
+    return Note("valid, too large to compute", absl::OkStatus());
+  }
+  v1::MultiHeadAttentionResponse response;
+  if (registered != nullptr) {
+    Require("ComputeMultiHead with registered weights",
+            ComputeMultiHead(*fixture.engine, *work, registered->views(),
+                             request, &response));
+  } else {
+    const WeightViews inline_weights(request.weights());
+    Require("ComputeMultiHead with inline weights",
+            ComputeMultiHead(*fixture.engine, *work, inline_weights.views(),
+                             request, &response));
+  }
+  CheckResponse(response);
+  Note("MultiHeadAttention computed", absl::OkStatus());
+}
+
+void FuzzPutWeights(const v1::PutWeightsRequest& request) {
+  WeightsRegistry registry(kMaxWeightsBytes);
+  const absl::StatusOr<v1::PutWeightsResponse> put =
+      PutWeightsInto(registry, request);
+  if (!put.ok()) return CheckRefusal(put.status());
+  const WeightsRegistry::Listing listing = registry.List();
+  if (listing.entries.size() != 1 || listing.total_bytes != put->bytes()) {
+    Fail("the registry after one put",
+         absl::InternalError("holds other than the set put"));
+  }
+  const v1::WeightsInfo info =
+      DescribeWeights(listing.entries[0].first, listing.entries[0].second);
+  if (info.name() != request.name()) {
+    Fail("DescribeWeights", absl::InternalError("names another set"));
+  }
+  Require("DeleteWeights", registry.Delete(request.name()).status());
+  Note("PutWeights registered", absl::OkStatus());
+}
+
+}  // namespace
+}  // namespace attnserve::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace attnserve::fuzz;  // NOLINT(build/namespaces)
+  if (size < 1) return 0;
+  const auto kind = static_cast<RequestKind>(data[0] % kRequestKinds);
+  const uint8_t* message = data + 1;
+  const int message_size = static_cast<int>(size - 1);
+  switch (kind) {
+    case RequestKind::kAttend: {
+      attnserve::v1::AttendRequest request;
+      if (request.ParseFromArray(message, message_size)) FuzzAttend(request);
+      break;
+    }
+    case RequestKind::kMultiHead: {
+      attnserve::v1::MultiHeadAttentionRequest request;
+      if (request.ParseFromArray(message, message_size)) {
+        FuzzMultiHead(request);
+      }
+      break;
+    }
+    case RequestKind::kPutWeights: {
+      attnserve::v1::PutWeightsRequest request;
+      if (request.ParseFromArray(message, message_size)) {
+        FuzzPutWeights(request);
+      }
+      break;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,200 @@
+// Writes the seed corpus of the fuzz targets (committed in fuzz/corpus/):
+//
+//   build-fuzz/fuzz/seed_corpus_generator fuzz/corpus
+//
+// request_fuzzer/: valid and subtly invalid Attend, MultiHeadAttention and
+// PutWeights requests that cover every option and dtype, in the format of
+// fuzz_requests.h. attention_options_fuzzer/: fixed-seed random bytes of a few
+// lengths (that target decodes any bytes into a case). Deterministic: a rerun
+// writes the same files. Inputs that once found a bug are kept beside them by
+// hand, as regression_*.
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnserve/common/dtype.h"
+#include "attnserve/v1/attention.pb.h"
+#include "fuzz_requests.h"
+
+namespace attnserve::fuzz {
+namespace {
+
+using Options = v1::AttentionOptions;
+
+// A tensor of `dtype` and `shape` with values cycling through [-1, 1).
+v1::Tensor Tensor(v1::DType dtype, std::initializer_list<int64_t> shape) {
+  v1::Tensor tensor = SineTensor(shape);
+  if (dtype == v1::FLOAT32) return tensor;
+  const auto* values = reinterpret_cast<const float*>(tensor.data().data());
+  const int64_t count = static_cast<int64_t>(tensor.data().size() / 4);
+  std::string bytes(static_cast<size_t>(count * 2), '\0');
+  ConvertFromFloat32(
+      values, count,
+      dtype == v1::BFLOAT16 ? DataType::kBFloat16 : DataType::kFloat16,
+      bytes.data());
+  tensor.set_dtype(dtype);
+  tensor.set_data(bytes);
+  return tensor;
+}
+
+v1::Tensor BoolTensor(std::initializer_list<int64_t> shape) {
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::BOOL);
+  std::string bytes;
+  for (int64_t dim : shape) tensor.add_shape(dim);
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  for (int64_t i = 0; i < count; ++i) bytes.push_back(i % 3 != 1 ? 1 : 0);
+  tensor.set_data(bytes);
+  return tensor;
+}
+
+v1::AttendRequest Attend(v1::DType dtype, int64_t b, int64_t h, int64_t hkv,
+                         int64_t lq, int64_t lk, int64_t dk, int64_t dv) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Tensor(dtype, {b, h, lq, dk});
+  *request.mutable_key() = Tensor(dtype, {b, hkv, lk, dk});
+  *request.mutable_value() = Tensor(dtype, {b, hkv, lk, dv});
+  return request;
+}
+
+void Write(const std::string& folder, const std::string& name, RequestKind kind,
+           const google::protobuf::Message& message) {
+  std::string bytes(1, static_cast<char>(kind));
+  message.AppendToString(&bytes);
+  std::ofstream(folder + "/" + name, std::ios::binary) << bytes;
+}
+
+void WriteAttendSeeds(const std::string& folder) {
+  const auto write = [&](const std::string& name,
+                         const v1::AttendRequest& request) {
+    Write(folder, "attend_" + name, RequestKind::kAttend, request);
+  };
+  write("f32_plain", Attend(v1::FLOAT32, 1, 2, 2, 3, 4, 4, 3));
+
+  v1::AttendRequest r = Attend(v1::BFLOAT16, 2, 4, 2, 3, 5, 2, 2);
+  r.mutable_options()->set_causal(true);
+  r.mutable_options()->set_scale(0.5f);
+  write("bf16_gqa_causal", r);
+
+  r = Attend(v1::FLOAT16, 2, 3, 1, 2, 6, 3, 4);
+  Options* o = r.mutable_options();
+  o->set_causal(true);
+  o->set_causal_alignment(Options::BOTTOM_RIGHT);
+  o->add_key_lengths(4);
+  o->add_key_lengths(0);
+  o->set_return_lse(true);
+  write("f16_mqa_bottom_right_key_lengths", r);
+
+  r = Attend(v1::FLOAT32, 1, 2, 2, 3, 4, 2, 2);
+  *r.mutable_options()->mutable_attn_mask() = BoolTensor({3, 4});
+  r.mutable_options()->set_return_weights(Options::PER_HEAD);
+  r.mutable_options()->set_output_dtype(v1::BFLOAT16);
+  write("bool_mask_per_head_weights", r);
+
+  r = Attend(v1::FLOAT32, 2, 2, 1, 2, 3, 2, 2);
+  *r.mutable_options()->mutable_attn_mask() = Tensor(v1::FLOAT16, {2, 1, 1, 3});
+  r.mutable_options()->set_return_weights(Options::HEAD_MEAN);
+  r.mutable_options()->set_precision(Options::BF16);
+  r.mutable_options()->set_output_dtype(v1::FLOAT16);
+  write("float_mask_head_mean_bf16", r);
+
+  r = Attend(v1::FLOAT32, 1, 1, 1, 2, 2, 2, 2);
+  r.mutable_query()->mutable_data()->pop_back();
+  write("invalid_query_bytes", r);
+
+  r = Attend(v1::FLOAT32, 1, 2, 2, 2, 3, 2, 2);
+  *r.mutable_options()->mutable_attn_mask() = BoolTensor({2, 2});
+  write("invalid_mask_broadcast", r);
+
+  r = Attend(v1::FLOAT32, 1, 3, 2, 2, 2, 2, 2);
+  r.mutable_options()->add_key_lengths(3);
+  write("invalid_heads_and_key_lengths", r);
+}
+
+void WriteMultiHeadSeeds(const std::string& folder) {
+  const auto write = [&](const std::string& name,
+                         const v1::MultiHeadAttentionRequest& request) {
+    Write(folder, "mha_" + name, RequestKind::kMultiHead, request);
+  };
+  v1::MultiHeadAttentionRequest r;
+  *r.mutable_query_input() = Tensor(v1::FLOAT32, {2, 3, 4});
+  r.set_weights_name(kTinyWeightsName);
+  r.mutable_options()->set_causal(true);
+  write("tiny_self", r);
+
+  r.Clear();
+  *r.mutable_query_input() = Tensor(v1::BFLOAT16, {1, 2, 64});
+  r.set_weights_name("demo");
+  r.mutable_options()->set_return_weights(Options::HEAD_MEAN);
+  r.mutable_options()->set_return_lse(true);
+  write("demo_bf16_weights_lse", r);
+
+  r.Clear();
+  *r.mutable_query_input() = Tensor(v1::FLOAT16, {2, 2, 4});
+  *r.mutable_kv_input() = Tensor(v1::FLOAT32, {2, 3, 5});
+  v1::ProjectionWeights& w = *r.mutable_weights();
+  w.set_num_heads(2);
+  w.set_num_kv_heads(1);
+  *w.mutable_w_q() = Tensor(v1::FLOAT32, {4, 4});
+  *w.mutable_w_k() = Tensor(v1::BFLOAT16, {2, 5});
+  *w.mutable_w_v() = Tensor(v1::FLOAT16, {3, 5});
+  *w.mutable_w_o() = Tensor(v1::FLOAT32, {4, 6});
+  *w.mutable_b_o() = Tensor(v1::FLOAT32, {4});
+  *r.mutable_options()->mutable_attn_mask() = BoolTensor({2, 3});
+  r.mutable_options()->add_key_lengths(2);
+  r.mutable_options()->add_key_lengths(3);
+  r.mutable_options()->set_precision(Options::BF16);
+  write("inline_cross_gqa_mask", r);
+
+  r.Clear();
+  *r.mutable_query_input() = Tensor(v1::FLOAT32, {1, 2, 4});
+  r.set_weights_name("missing");
+  write("unknown_weights_name", r);
+}
+
+void WritePutWeightsSeeds(const std::string& folder) {
+  Write(folder, "put_tiny", RequestKind::kPutWeights, TinyWeights());
+  v1::PutWeightsRequest r = TinyWeights();
+  r.set_name("gqa.set-1");
+  r.mutable_weights()->clear_b_k();
+  *r.mutable_weights()->mutable_w_v() = Tensor(v1::FLOAT16, {3, 4});
+  Write(folder, "put_gqa_f16", RequestKind::kPutWeights, r);
+  r.mutable_weights()->set_num_kv_heads(3);
+  Write(folder, "put_invalid_kv_heads", RequestKind::kPutWeights, r);
+}
+
+void WriteOptionsSeeds(const std::string& folder) {
+  std::mt19937 generator(20261130);
+  int n = 0;
+  for (size_t length : {16, 64, 256, 512, 1024, 2048}) {
+    std::string bytes(length, '\0');
+    for (char& c : bytes) c = static_cast<char>(generator());
+    std::ofstream(folder + "/random_" + std::to_string(n++), std::ios::binary)
+        << bytes;
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::fuzz
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR (e.g. fuzz/corpus)\n", argv[0]);
+    return 2;
+  }
+  const std::string root = argv[1];
+  for (const char* target : {"request_fuzzer", "attention_options_fuzzer"}) {
+    std::filesystem::create_directories(root + "/" + target);
+  }
+  attnserve::fuzz::WriteAttendSeeds(root + "/request_fuzzer");
+  attnserve::fuzz::WriteMultiHeadSeeds(root + "/request_fuzzer");
+  attnserve::fuzz::WritePutWeightsSeeds(root + "/request_fuzzer");
+  attnserve::fuzz::WriteOptionsSeeds(root + "/attention_options_fuzzer");
+  return 0;
+}

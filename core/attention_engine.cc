@@ -200,7 +200,7 @@ class AttentionEngineImpl final : public AttentionEngine {
                                            key_value_packed);
     }
     return internal::UnfusedWorkspaceBytes(shape, options.precision,
-                                           SlabBudget());
+                                           SlabBudget(), key_value_packed);
   }
 
   // The attention itself, by the path the options call for.

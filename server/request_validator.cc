@@ -378,11 +378,12 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
         CheckElements("kv_input", request.kv_input(), limits));
   }
   // Projections: Q and the attention context per query row, K and V per key
-  // row, twice (the fused kernel packs K and V out of the projections' rows).
+  // row, twice (the attention packs what it reads out of the projections'
+  // rows).
   const double projection_bytes =
-      4.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
+      8.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
                  (s.key_dim + s.value_dim) +
-             2.0 * static_cast<double>(s.batch * s.key_len) * s.kv_heads *
+             static_cast<double>(s.batch * s.key_len) * s.kv_heads *
                  (s.key_dim + s.value_dim));
   ATTNSERVE_RETURN_IF_ERROR(CheckRequestMemory(
       heads, work.plan, s.batch * s.query_len * s.embed_dim, projection_bytes,

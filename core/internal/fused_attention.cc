@@ -377,8 +377,9 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
     for (int c = 0; c < 2; ++c) plans_[a][c] = plans[a][c].get();
   }
 
-  // Heaviest tiles first (under causality, the last query blocks see the most
-  // keys), handed out one at a time.
+  // Tiles handed out one at a time, a head's in a row so that its keys and
+  // values stay in cache from one tile to the next, and within a head the
+  // heaviest first (under causality the last query blocks see the most keys).
   const int64_t items = g_.tiles * g_.splits;
   std::atomic<int> failure{dnnl_success};
 #pragma omp parallel for num_threads(threads) \
@@ -387,9 +388,8 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
     if (failure.load(std::memory_order_relaxed) != dnnl_success) continue;
     const int64_t split = item % g_.splits;
     const int64_t order = item / g_.splits;
-    const int64_t heads = s_.batch * s_.kv_heads;
-    const int64_t q_block = g_.q_blocks - 1 - order / heads;
-    const int64_t tile = (order % heads) * g_.q_blocks + q_block;
+    const int64_t q_block = g_.q_blocks - 1 - order % g_.q_blocks;
+    const int64_t tile = (order / g_.q_blocks) * g_.q_blocks + q_block;
     const dnnl_status_t status =
         RunTile(tile, g_.splits == 1 ? -1 : split,
                 contexts[static_cast<size_t>(omp_get_thread_num())]);

@@ -87,7 +87,7 @@ ReferenceMask DecodeMask(FuzzedDataProvider& data, const ReferenceShape& s) {
     for (int64_t i = 0; i < count; ++i) {
       const uint8_t byte = data.ConsumeIntegral<uint8_t>();
       mask.bias.push_back(byte == 0 ? -std::numeric_limits<float>::infinity()
-                                    : (byte - 128) / 32.0f);
+                                    : (byte - 128) / 64.0f);
     }
   }
   return mask;

@@ -1,8 +1,9 @@
 // libFuzzer target: raw protobuf bytes through the server's request path.
 //
 // The input (fuzz_requests.h) is parsed as an AttendRequest,
-// MultiHeadAttentionRequest or PutWeightsRequest and taken through exactly
-// what the service does before its compute: ValidateAttendRequest (and the
+// MultiHeadAttentionRequest or PutWeightsRequest as the service parses it
+// (ParseWire on a grpc::ByteBuffer) and taken through exactly what the service
+// does before its compute: ValidateAttendRequest (and the
 // batch key), the weights name and registry lookup or
 // ValidateProjectionWeights, ValidateMultiHeadRequest, PutWeightsInto. A
 // request that validates is then converted and computed (ComputeAttend,
@@ -29,11 +30,15 @@
 #include "attention_service.h"
 #include "attnserve/core/attention_engine.h"
 #include "fuzz_requests.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "metrics.h"
 #include "request_validator.h"
 #include "tensor_codec.h"
 #include "weights_loader.h"
 #include "weights_registry.h"
+#include "wire_messages.h"
 
 namespace attnserve::fuzz {
 namespace {
@@ -42,12 +47,13 @@ namespace {
 constexpr double kMaxComputeFlops = double{1 << 22};
 constexpr int64_t kMaxWeightsBytes = int64_t{1} << 20;
 
+// Small enough that inputs of a few KiB reach every limit.
 RequestLimits FuzzLimits() {
   RequestLimits limits;
-  limits.max_message_bytes = int64_t{1} << 20;
-  limits.max_elements = int64_t{1} << 16;
-  limits.max_request_memory_bytes = int64_t{16} << 20;
-  limits.max_workspace_bytes = int64_t{1} << 20;
+  limits.max_message_bytes = int64_t{64} << 10;
+  limits.max_elements = 1024;
+  limits.max_request_memory_bytes = int64_t{1} << 20;
+  limits.max_workspace_bytes = int64_t{256} << 10;
   return limits;
 }
 
@@ -126,6 +132,17 @@ struct Fixture {
 Fixture& TheFixture() {
   static Fixture* const fixture = new Fixture();
   return *fixture;
+}
+
+// Parses `size` bytes at `data` as the service parses a request's bytes;
+// false, with the refusal checked, if they are not a valid `Request`.
+template <typename Request>
+bool Parse(const uint8_t* data, size_t size, Request* request) {
+  grpc::Slice slice(data, size);
+  grpc::ByteBuffer wire(&slice, 1);
+  const absl::Status parsed = ParseWire(&wire, request);
+  if (!parsed.ok()) CheckRefusal(parsed);
+  return parsed.ok();
 }
 
 void FuzzAttend(const v1::AttendRequest& request) {
@@ -223,30 +240,31 @@ void FuzzPutWeights(const v1::PutWeightsRequest& request) {
 }  // namespace
 }  // namespace attnserve::fuzz
 
+// libprotobuf logs every string field that is not UTF-8 as an error; the
+// refusal is checked instead, and the log would fill the disk.
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::fuzz;  // NOLINT(build/namespaces)
   if (size < 1) return 0;
   const auto kind = static_cast<RequestKind>(data[0] % kRequestKinds);
-  const uint8_t* message = data + 1;
-  const int message_size = static_cast<int>(size - 1);
   switch (kind) {
     case RequestKind::kAttend: {
       attnserve::v1::AttendRequest request;
-      if (request.ParseFromArray(message, message_size)) FuzzAttend(request);
+      if (Parse(data + 1, size - 1, &request)) FuzzAttend(request);
       break;
     }
     case RequestKind::kMultiHead: {
       attnserve::v1::MultiHeadAttentionRequest request;
-      if (request.ParseFromArray(message, message_size)) {
-        FuzzMultiHead(request);
-      }
+      if (Parse(data + 1, size - 1, &request)) FuzzMultiHead(request);
       break;
     }
     case RequestKind::kPutWeights: {
       attnserve::v1::PutWeightsRequest request;
-      if (request.ParseFromArray(message, message_size)) {
-        FuzzPutWeights(request);
-      }
+      if (Parse(data + 1, size - 1, &request)) FuzzPutWeights(request);
       break;
     }
   }

@@ -115,6 +115,12 @@ void WriteAttendSeeds(const std::string& folder) {
   r = Attend(v1::FLOAT32, 1, 3, 2, 2, 2, 2, 2);
   r.mutable_options()->add_key_lengths(3);
   write("invalid_heads_and_key_lengths", r);
+
+  // Over request_fuzzer's limits: 1024 elements, 64 KiB responses.
+  write("over_max_elements", Attend(v1::FLOAT16, 1, 1, 1, 1, 1100, 1, 1));
+  r = Attend(v1::FLOAT16, 1, 1, 1, 64, 600, 1, 1);
+  r.mutable_options()->set_return_weights(Options::PER_HEAD);
+  write("weights_over_max_message", r);
 }
 
 void WriteMultiHeadSeeds(const std::string& folder) {

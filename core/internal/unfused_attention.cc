@@ -79,12 +79,21 @@ SlabPlan MakeSlabPlan(const dnnl::engine& engine, const SdpaProblem& p,
 
   dnnl::primitive_attr scale_attr;
   scale_attr.set_output_scales(0, {p.scale});
-  plan.scores = dnnl::matmul(dnnl::matmul::primitive_desc(
+  scale_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::primitive_attr context_attr;
+  context_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::matmul::primitive_desc scores_pd(
       dnnl::matmul::desc(plan.query_md, plan.key_t_md, plan.scores_md),
-      scale_attr, engine));
-  plan.context = dnnl::matmul(dnnl::matmul::primitive_desc(
+      scale_attr, engine);
+  const dnnl::matmul::primitive_desc context_pd(
       dnnl::matmul::desc(plan.probabilities_md, plan.value_md, plan.output_md),
-      engine));
+      context_attr, engine);
+  plan.scores = dnnl::matmul(scores_pd);
+  plan.context = dnnl::matmul(context_pd);
+  plan.scratchpad_md = scores_pd.scratchpad_desc().get_size() >=
+                               context_pd.scratchpad_desc().get_size()
+                           ? scores_pd.scratchpad_desc()
+                           : context_pd.scratchpad_desc();
   return plan;
 }
 
@@ -266,10 +275,12 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         const Strides4& os = p.output_strides;
         memory output_mem(plan.output_md, engine,
                           p.output + b * os[0] + kv * group * os[1]);
+        const memory scratchpad_mem(plan.scratchpad_md, engine);
 
         plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
                                      {DNNL_ARG_WEIGHTS, key_mem},
-                                     {DNNL_ARG_DST, scores_mem}});
+                                     {DNNL_ARG_DST, scores_mem},
+                                     {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
         stream.wait();
         SoftmaxScoreSlab(
             s, *p.options,
@@ -278,7 +289,8 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
             p.lse);
         plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
                                       {DNNL_ARG_WEIGHTS, value_mem},
-                                      {DNNL_ARG_DST, output_mem}});
+                                      {DNNL_ARG_DST, output_mem},
+                                      {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
       }
     }
     stream.wait();

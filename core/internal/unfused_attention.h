@@ -47,10 +47,15 @@ struct SdpaProblem {
 };
 
 // The matmuls of one slab extent (scores = scale · Q Kᵀ, output = P V), reused
-// for every slab of that extent and, through the cache, across calls.
+// for every slab of that extent and, through the cache, across calls and
+// threads. So their scratchpad is the caller's (scratchpad_mode::user), one per
+// execution, scratchpad_md bytes: oneDNN's own is a buffer of the thread that
+// built the primitive, which two threads executing cached primitives at once
+// would share, and which that thread frees when it builds a primitive needing a
+// larger one.
 struct SlabPlan {
   dnnl::memory::desc query_md, key_t_md, value_md, scores_md, probabilities_md,
-      output_md;
+      output_md, scratchpad_md;
   dnnl::matmul scores;
   dnnl::matmul context;
 };

@@ -208,7 +208,7 @@ class AttentionEngineImpl final : public AttentionEngine {
                        double flops) {
     if (UseFused(*problem.options)) {
       return internal::RunFusedAttention(engine_, problem, TeamSize(flops),
-                                         kernels_, tile_plans_);
+                                         kernels_, tile_plans_, scratch_);
     }
     return internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget(),
                                          plans_);
@@ -346,6 +346,9 @@ class AttentionEngineImpl final : public AttentionEngine {
   // Built matmuls by shape, kept across calls (64 shapes at most each).
   internal::SlabPlanCache plans_{64};
   internal::TilePlanCache tile_plans_{64};
+  // The fused kernel's scratch, kept between calls: up to 4 buffers of at most
+  // 64 MiB each.
+  internal::ScratchPool scratch_{4, int64_t{64} << 20};
 };
 
 }  // namespace

@@ -236,10 +236,6 @@ dnnl_status_t Execute(const dnnl::matmul& matmul, const dnnl::stream& stream,
   return dnnl_primitive_execute(matmul.get(), stream.get(), 4, args);
 }
 
-struct AlignedFree {
-  void operator()(char* p) const { std::free(p); }
-};
-
 // The running computation of one call.
 class FusedRun {
  public:
@@ -247,7 +243,7 @@ class FusedRun {
       : p_(p), s_(p.shape), g_(g), kernels_(kernels) {}
 
   absl::Status Run(const dnnl::engine& engine, int threads,
-                   TilePlanCache& cache);
+                   TilePlanCache& cache, ScratchPool& pool);
 
  private:
   // Bytes per element of the keys and values the tiles read: bf16 for the
@@ -296,8 +292,8 @@ class FusedRun {
   // Keys and values as the tiles read them: dense rows, f32 or bf16.
   const void* key_ = nullptr;
   const void* value_ = nullptr;
-  std::unique_ptr<char[]> packed_key_, packed_value_;
-  std::unique_ptr<char, AlignedFree> workspace_;
+  ScratchPool::Lease packed_;
+  ScratchPool::Lease workspace_;
   // The tile plans by [m is full or last][n is full or last], and the engine
   // to bind them on.
   const TilePlan* plans_[2][2] = {};
@@ -306,19 +302,21 @@ class FusedRun {
 };
 
 absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
-                           TilePlanCache& cache) {
+                           TilePlanCache& cache, ScratchPool& pool) {
   // Keys and values with dense rows, in the matmuls' type (decode tiles
   // round f32 to bf16 as they read, so they only need dense rows).
   if ((g_.bf16 && !g_.small) || !KeyValuePacked(p_)) {
     const int64_t element = PackedElementBytes();
-    packed_key_.reset(
-        new char[static_cast<size_t>(s_.KeyElements() * element)]);
-    packed_value_.reset(
-        new char[static_cast<size_t>(s_.ValueElements() * element)]);
-    Pack(p_.key, p_.key_strides, s_.key_dim, packed_key_.get());
-    Pack(p_.value, p_.value_strides, s_.value_dim, packed_value_.get());
-    key_ = packed_key_.get();
-    value_ = packed_value_.get();
+    const int64_t key_bytes = AlignUp(s_.KeyElements() * element);
+    packed_ = pool.Acquire(key_bytes + s_.ValueElements() * element);
+    if (packed_.get() == nullptr) {
+      return absl::ResourceExhaustedError(
+          "fused attention: cannot allocate packed keys and values");
+    }
+    Pack(p_.key, p_.key_strides, s_.key_dim, packed_.get());
+    Pack(p_.value, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
+    key_ = packed_.get();
+    value_ = packed_.get() + key_bytes;
   } else {
     key_ = p_.key;
     value_ = p_.value;
@@ -356,9 +354,8 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   layout_ = MakeThreadLayout(s_, g_, scratchpad_bytes);
   const int64_t partial_bytes = PartialBytes(s_, g_);
   const int64_t total = layout_.total * threads + AlignUp(partial_bytes);
-  workspace_.reset(static_cast<char*>(
-      std::aligned_alloc(kAlign, static_cast<size_t>(AlignUp(total)))));
-  if (workspace_ == nullptr) {
+  workspace_ = pool.Acquire(total);
+  if (workspace_.get() == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "fused attention: cannot allocate ", total, " bytes of workspace"));
   }
@@ -669,12 +666,12 @@ std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
 
 absl::Status RunFusedAttention(const dnnl::engine& engine,
                                const SdpaProblem& problem, int threads,
-                               const TileKernels& kernels,
-                               TilePlanCache& cache) {
+                               const TileKernels& kernels, TilePlanCache& cache,
+                               ScratchPool& pool) {
   const Geometry geometry =
       MakeGeometry(problem.shape, problem.options->precision, threads);
   FusedRun run(problem, geometry, kernels);
-  return run.Run(engine, threads, cache);
+  return run.Run(engine, threads, cache, pool);
 }
 
 }  // namespace attnserve::internal

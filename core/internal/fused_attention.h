@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "attnserve/core/attention_engine.h"
 #include "internal/plan_cache.h"
+#include "internal/scratch_pool.h"
 #include "internal/tile_kernels.h"
 #include "internal/unfused_attention.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -53,12 +54,12 @@ std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& shape,
 bool KeyValuePacked(const SdpaProblem& problem);
 
 // Computes `problem` (validated by the caller, weights not asked for) with
-// `threads` OpenMP threads. Returns INTERNAL or RESOURCE_EXHAUSTED if oneDNN
-// fails.
+// `threads` OpenMP threads, its scratch from `pool`. Returns INTERNAL or
+// RESOURCE_EXHAUSTED if oneDNN fails.
 absl::Status RunFusedAttention(const dnnl::engine& engine,
                                const SdpaProblem& problem, int threads,
-                               const TileKernels& kernels,
-                               TilePlanCache& cache);
+                               const TileKernels& kernels, TilePlanCache& cache,
+                               ScratchPool& pool);
 
 }  // namespace attnserve::internal
 

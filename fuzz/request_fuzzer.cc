@@ -3,12 +3,11 @@
 // The input (fuzz_requests.h) is parsed as an AttendRequest,
 // MultiHeadAttentionRequest or PutWeightsRequest as the service parses it
 // (ParseWire on a grpc::ByteBuffer) and taken through exactly what the service
-// does before its compute: ValidateAttendRequest (and the
-// batch key), the weights name and registry lookup or
-// ValidateProjectionWeights, ValidateMultiHeadRequest, PutWeightsInto. A
-// request that validates is then converted and computed (ComputeAttend,
-// ComputeAttendBatch, ComputeMultiHead) when it is tiny. Besides the
-// sanitizers' findings, it traps when
+// does before its compute: ValidateAttendRequest (and the batch key), the
+// weights name and registry lookup or ValidateProjectionWeights, then
+// ValidateMultiHeadRequest, or PutWeightsInto. A request that validates is then
+// converted and computed (ComputeAttend, ComputeAttendBatch, ComputeMultiHead)
+// when it is tiny. Besides the sanitizers' findings, it traps when
 //   - validation fails with a code other than INVALID_ARGUMENT, NOT_FOUND or
 //     RESOURCE_EXHAUSTED, or with an empty message (INTERNAL is never the
 //     answer to bad input);

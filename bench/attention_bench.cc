@@ -4,10 +4,15 @@
 //   [--benchmark_repetitions=N]
 //
 // Each benchmark reports FLOP/s: a GEMM counts 2·M·N·K, attention 4·B·H·Lq·Lk·D
-// (the FlashAttention convention, D = (Dk + Dv) / 2). After the runs, a summary
-// prints each attention shape's median rate as a ratio of the median f32 GEMM
-// rate, the practical ceiling on this machine. Absolute rates drift on shared
-// machines; the ratios are what BENCHMARKS.md records.
+// (the FlashAttention convention, D = (Dk + Dv) / 2; half that when causal).
+// After the runs, a summary prints each attention run's median rate as a ratio
+// of the same run's median GEMM rate at its precision (the practical ceiling
+// on this machine), fused against unfused, causal time against non-causal
+// time, and decode's K/V bytes per second against a plain streaming read.
+// Absolute rates drift on shared machines; the ratios are what BENCHMARKS.md
+// records.
+#include <omp.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -15,14 +20,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "attnserve/core/attention_engine.h"
 #include "benchmark/benchmark.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve {
 namespace {
-
-constexpr char kGemmName[] = "BM_OneDnnGemmF32";
 
 std::vector<float> Filled(int64_t count, float value) {
   return std::vector<float>(static_cast<size_t>(count), value);
@@ -55,23 +63,100 @@ BENCHMARK(BM_OneDnnGemmF32)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// SDPA with B, H (= Hkv), Lq, Lk, D (= Dk = Dv) from the arguments, at
-// `precision`.
-void RunAttention(benchmark::State& state, Precision precision) {
+// The bf16 ceiling: the same matmul with bf16 inputs and f32 output, as the
+// bf16-precision tiles run.
+void BM_OneDnnGemmBF16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const auto tag = dnnl::memory::format_tag::ab;
+  const dnnl::memory::desc in_md({n, n}, dnnl::memory::data_type::bf16, tag);
+  const dnnl::memory::desc out_md({n, n}, dnnl::memory::data_type::f32, tag);
+  std::vector<uint16_t> a(static_cast<size_t>(n * n), 0x3f00),
+      b(static_cast<size_t>(n * n), 0x3e80);
+  std::vector<float> c = Filled(n * n, 0.0f);
+  dnnl::memory a_mem(in_md, engine, a.data()), b_mem(in_md, engine, b.data()),
+      c_mem(out_md, engine, c.data());
+  dnnl::matmul matmul(dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(in_md, in_md, out_md), engine));
+  for (auto _ : state) {
+    matmul.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                            {DNNL_ARG_WEIGHTS, b_mem},
+                            {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_OneDnnGemmBF16)
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Sums n floats with eight independent vector accumulators (so that the adds
+// never wait on each other and only memory bounds the loop), AVX-512 where the
+// CPU has it.
+__attribute__((target_clones("avx512f", "default"))) float SumFloats(
+    const float* data, int64_t n) {
+  float lanes[8][16] = {};
+  for (int64_t i = 0; i + 128 <= n; i += 128) {
+    for (int a = 0; a < 8; ++a) {
+#pragma omp simd
+      for (int l = 0; l < 16; ++l) lanes[a][l] += data[i + a * 16 + l];
+    }
+  }
+  float sum = 0.0f;
+  for (const auto& accumulator : lanes) {
+    for (float v : accumulator) sum += v;
+  }
+  return sum;
+}
+
+// The memory ceiling for decode: every thread sums its share of a buffer far
+// larger than the caches, as decode streams K and V once.
+void BM_StreamRead(benchmark::State& state) {
+  const int64_t floats = int64_t{1} << 28;  // 1 GiB
+  std::vector<float> buffer = Filled(floats, 1.0f);
+  float total = 0.0f;
+  for (auto _ : state) {
+    float sum = 0.0f;
+#pragma omp parallel reduction(+ : sum)
+    {
+      const int64_t share = floats / omp_get_num_threads();
+      sum += SumFloats(buffer.data() + share * omp_get_thread_num(), share);
+    }
+    total += sum;
+  }
+  benchmark::DoNotOptimize(total);
+  state.counters["BYTES"] = benchmark::Counter(
+      4.0 * floats, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_StreamRead)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// SDPA with B, H, Hkv, Lq, Lk, D (= Dk = Dv), causal, bf16 precision and the
+// unfused kernel from the arguments. Counts FLOPs by the FlashAttention
+// convention (4·B·H·Lq·Lk·D, halved when causal) and the bytes of K and V.
+void BM_Attention(benchmark::State& state) {
   AttentionShape shape;
   shape.batch = state.range(0);
-  shape.heads = shape.kv_heads = state.range(1);
-  shape.query_len = state.range(2);
-  shape.key_len = state.range(3);
-  shape.key_dim = shape.value_dim = state.range(4);
+  shape.heads = state.range(1);
+  shape.kv_heads = state.range(2);
+  shape.query_len = state.range(3);
+  shape.key_len = state.range(4);
+  shape.key_dim = shape.value_dim = state.range(5);
+  AttentionOptions options;
+  options.causal = state.range(6) != 0;
+  options.precision =
+      state.range(7) != 0 ? Precision::kBFloat16 : Precision::kFloat32;
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  if (state.range(8) != 0) engine_options.kernel = AttentionKernel::kUnfused;
   std::unique_ptr<AttentionEngine> engine =
-      AttentionEngine::Create(EngineOptions{}).value();
+      AttentionEngine::Create(engine_options).value();
   const std::vector<float> query = Filled(shape.QueryElements(), 0.01f);
   const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
   const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
   std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
-  AttentionOptions options;
-  options.precision = precision;
   for (auto _ : state) {
     const absl::Status status = engine->Attend(shape, options, query, key,
                                                value, absl::MakeSpan(output));
@@ -80,32 +165,46 @@ void RunAttention(benchmark::State& state, Precision precision) {
       break;
     }
   }
-  const double flops = 4.0 * shape.batch * shape.heads * shape.query_len *
-                       shape.key_len * static_cast<double>(shape.key_dim);
+  double flops = 4.0 * shape.batch * shape.heads * shape.query_len *
+                 shape.key_len * static_cast<double>(shape.key_dim);
+  if (options.causal) flops /= 2;
   state.counters["FLOPS"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-}
-void BM_AttentionF32(benchmark::State& state) {
-  RunAttention(state, Precision::kFloat32);
-}
-void BM_AttentionBF16(benchmark::State& state) {
-  RunAttention(state, Precision::kBFloat16);
+  state.counters["BYTES"] = benchmark::Counter(
+      4.0 * static_cast<double>(shape.KeyElements() + shape.ValueElements()),
+      benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_AttentionBF16)
-    ->ArgNames({"B", "H", "Lq", "Lk", "D"})
-    ->Args({1, 8, 512, 512, 64})
-    ->Args({1, 16, 2048, 2048, 128})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-BENCHMARK(BM_AttentionF32)
-    ->ArgNames({"B", "H", "Lq", "Lk", "D"})
-    ->Args({4, 16, 128, 128, 64})
-    ->Args({1, 8, 512, 512, 64})
-    ->Args({1, 8, 2048, 2048, 64})
-    ->Args({1, 16, 2048, 2048, 128})
-    ->Args({8, 32, 1, 4096, 128})
+// Each shape fused, non-causal and causal, f32 and bf16, then unfused
+// non-causal as the baseline.
+void AttentionTable(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "H", "Hkv", "Lq", "Lk", "D", "causal", "bf16", "unfused"});
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 16, 16, 2048, 2048, 64}, {1, 16, 16, 1024, 1024, 128},
+      {4, 8, 8, 512, 512, 64},     {1, 32, 32, 4096, 4096, 64},
+      {1, 32, 8, 2048, 2048, 128},  // GQA
+  };
+  for (const std::vector<int64_t>& shape : shapes) {
+    for (int64_t bf16 : {0, 1}) {
+      for (int64_t causal : {0, 1}) {
+        std::vector<int64_t> args = shape;
+        args.insert(args.end(), {causal, bf16, 0});
+        b->Args(args);
+      }
+      std::vector<int64_t> args = shape;
+      args.insert(args.end(), {0, bf16, 1});
+      b->Args(args);
+    }
+  }
+  // Decode: one query per head against a long cache.
+  for (int64_t bf16 : {0, 1}) {
+    for (int64_t unfused : {0, 1}) {
+      b->Args({8, 32, 32, 1, 4096, 128, 0, bf16, unfused});
+    }
+  }
+}
+BENCHMARK(BM_Attention)
+    ->Apply(AttentionTable)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -151,8 +250,10 @@ BENCHMARK(BM_MultiHeadSelfAttentionF32)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// Prints the console table as usual and keeps each benchmark's median FLOP/s
-// for the summary.
+// Prints the console table as usual and keeps each benchmark's median
+// counters, then a summary: each attention run's rate as a ratio of the same
+// run's GEMM rate at its precision, fused against unfused, causal time against
+// non-causal time, and decode's K/V read rate against the streaming read.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
@@ -162,30 +263,103 @@ class RatioReporter : public benchmark::ConsoleReporter {
           run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
       const bool single =
           run.run_type == Run::RT_Iteration && run.repetitions <= 1;
-      auto flops = run.counters.find("FLOPS");
-      if ((is_median || single) && flops != run.counters.end() &&
-          !run.error_occurred) {
-        medians_[run.run_name.str()] = flops->second.value;
-      }
+      if (!(is_median || single) || run.error_occurred) continue;
+      Medians& m = medians_[run.run_name.str()];
+      if (auto it = run.counters.find("FLOPS"); it != run.counters.end())
+        m.flops = it->second.value;
+      if (auto it = run.counters.find("BYTES"); it != run.counters.end())
+        m.bytes = it->second.value;
     }
   }
 
   void PrintSummary() const {
-    double gemm = 0.0;
-    for (const auto& [name, rate] : medians_) {
-      if (name.rfind(kGemmName, 0) == 0) gemm = rate;
-    }
-    std::printf("\n%-58s %12s %14s\n", "median of repetitions", "GFLOP/s",
-                "ratio to GEMM");
-    for (const auto& [name, rate] : medians_) {
-      std::printf(
-          "%-58s %12.1f %14s\n", name.c_str(), rate / 1e9,
-          gemm > 0 ? std::to_string(rate / gemm).substr(0, 5).c_str() : "n/a");
+    const double gemm_f32 = Rate("BM_OneDnnGemmF32", &Medians::flops);
+    const double gemm_bf16 = Rate("BM_OneDnnGemmBF16", &Medians::flops);
+    const double stream = Rate("BM_StreamRead", &Medians::bytes);
+    std::printf(
+        "\nGEMM f32 %.1f GFLOP/s, GEMM bf16 %.1f GFLOP/s, streaming "
+        "read %.1f GB/s (medians)\n",
+        gemm_f32 / 1e9, gemm_bf16 / 1e9, stream / 1e9);
+    std::printf("%-44s %5s %6s %9s %8s %9s %8s %8s\n",
+                "attention (B,H,Hkv,Lq,Lk,D)", "prec", "causal", "GFLOP/s",
+                "/GEMM", "/unfused", "time/nc", "KV/read");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("BM_Attention/", 0) != 0) continue;
+      const std::map<std::string, int64_t> a = Args(name);
+      const bool bf16 = a.at("bf16") != 0, causal = a.at("causal") != 0,
+                 unfused = a.at("unfused") != 0;
+      const double gemm = bf16 ? gemm_bf16 : gemm_f32;
+      const std::string shape = absl::StrCat(
+          "(", a.at("B"), ",", a.at("H"), ",", a.at("Hkv"), ",", a.at("Lq"),
+          ",", a.at("Lk"), ",", a.at("D"), ")", unfused ? " unfused" : "");
+      std::string vs_unfused = "", causal_time = "", kv_read = "";
+      if (!unfused) {
+        const double baseline =
+            Lookup(WithArg(name, "causal", 0), "unfused", 1);
+        if (baseline > 0) {
+          // Causal runs count half the FLOPs; compare work done per second.
+          vs_unfused = Ratio(m.flops / baseline);
+        }
+        if (causal) {
+          const double full = Lookup(name, "causal", 0);
+          // Time ratio: (flops/2 / rate_causal) / (flops / rate_full).
+          if (full > 0) causal_time = Ratio(0.5 * full / m.flops);
+        }
+      }
+      if (a.at("Lq") == 1 && stream > 0) kv_read = Ratio(m.bytes / stream);
+      std::printf("%-44s %5s %6s %9.1f %8s %9s %8s %8s\n", shape.c_str(),
+                  bf16 ? "bf16" : "f32", causal ? "yes" : "no", m.flops / 1e9,
+                  gemm > 0 ? Ratio(m.flops / gemm).c_str() : "n/a",
+                  vs_unfused.c_str(), causal_time.c_str(), kv_read.c_str());
     }
   }
 
  private:
-  std::map<std::string, double> medians_;
+  struct Medians {
+    double flops = 0, bytes = 0;
+  };
+
+  static std::string Ratio(double r) { return absl::StrFormat("%.3f", r); }
+
+  // "BM_Attention/B:1/H:16/.../unfused:0/real_time" → {"B": 1, ...}.
+  static std::map<std::string, int64_t> Args(const std::string& name) {
+    std::map<std::string, int64_t> args;
+    for (absl::string_view part : absl::StrSplit(name, '/')) {
+      const size_t colon = part.find(':');
+      if (colon == absl::string_view::npos) continue;
+      int64_t value = 0;
+      if (absl::SimpleAtoi(part.substr(colon + 1), &value)) {
+        args[std::string(part.substr(0, colon))] = value;
+      }
+    }
+    return args;
+  }
+
+  // `name` with argument `arg` set to `value`.
+  static std::string WithArg(const std::string& name, const std::string& arg,
+                             int64_t value) {
+    std::vector<std::string> parts = absl::StrSplit(name, '/');
+    for (std::string& part : parts) {
+      if (part.rfind(arg + ":", 0) == 0) part = absl::StrCat(arg, ":", value);
+    }
+    return absl::StrJoin(parts, "/");
+  }
+
+  // The FLOP rate of `name` with `arg` set to `value`, 0 if absent.
+  double Lookup(const std::string& name, const std::string& arg,
+                int64_t value) const {
+    auto it = medians_.find(WithArg(name, arg, value));
+    return it == medians_.end() ? 0.0 : it->second.flops;
+  }
+
+  double Rate(const std::string& prefix, double Medians::*counter) const {
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind(prefix, 0) == 0) return m.*counter;
+    }
+    return 0.0;
+  }
+
+  std::map<std::string, Medians> medians_;
 };
 
 }  // namespace

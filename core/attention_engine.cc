@@ -11,6 +11,7 @@
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/status_macros.h"
 #include "internal/dnnl_status.h"
+#include "internal/fused_attention.h"
 #include "internal/linear.h"
 #include "internal/unfused_attention.h"
 #include "internal/validation.h"
@@ -36,23 +37,14 @@ double AttentionFlops(const AttentionShape& s) {
          static_cast<double>(s.key_dim + s.value_dim);
 }
 
-// Sums byte counts, nullopt if any is nullopt or the sum overflows.
-std::optional<int64_t> CheckedSum(
-    std::initializer_list<std::optional<int64_t>> terms) {
-  int64_t sum = 0;
-  for (const std::optional<int64_t>& term : terms) {
-    if (!term || __builtin_add_overflow(sum, *term, &sum)) return std::nullopt;
-  }
-  return sum;
-}
-
 class AttentionEngineImpl final : public AttentionEngine {
  public:
   AttentionEngineImpl(const EngineOptions& options, dnnl::engine engine)
       : options_(options),
         engine_(std::move(engine)),
         threads_(options.num_threads > 0 ? options.num_threads
-                                         : omp_get_max_threads()) {}
+                                         : omp_get_max_threads()),
+        kernels_(internal::SelectTileKernels(options.portable_kernels)) {}
 
   absl::Status Attend(const AttentionShape& shape,
                       const AttentionOptions& options,
@@ -71,8 +63,7 @@ class AttentionEngineImpl final : public AttentionEngine {
         shape, options, outputs, shape.OutputElements()));
     ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
         absl::StrCat("attention for shape ", shape.DebugString()),
-        internal::UnfusedWorkspaceBytes(shape, options.precision,
-                                        SlabBudget())));
+        AttendWorkspaceBytes(shape, options)));
 
     SdpaProblem problem = MakeProblem(shape, options, outputs);
     problem.query = query.data();
@@ -89,8 +80,13 @@ class AttentionEngineImpl final : public AttentionEngine {
         PackedStrides(shape.heads, shape.query_len, shape.value_dim);
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                                NewStream(AttentionFlops(shape)));
-    return internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget(),
-                                         plans_);
+    return RunSdpa(stream, problem, AttentionFlops(shape));
+  }
+
+  std::optional<int64_t> AttendWorkspaceBytes(
+      const AttentionShape& shape,
+      const AttentionOptions& options) const override {
+    return SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
   }
 
   absl::Status MultiHeadAttention(const MultiHeadShape& shape,
@@ -125,15 +121,15 @@ class AttentionEngineImpl final : public AttentionEngine {
                         {shape.batch, shape.query_len, q_out + context_out, 4}),
                     CheckedProduct({shape.batch, shape.key_len, kv_out, 4}),
                     LargestProjectionWorkspace(shape, fused, options.precision),
-                    internal::UnfusedWorkspaceBytes(heads, options.precision,
-                                                    SlabBudget())})));
+                    SdpaWorkspaceBytes(heads, options,
+                                       /*key_value_packed=*/false)})));
 
-    ATTNSERVE_ASSIGN_OR_RETURN(
-        dnnl::stream stream,
-        NewStream(AttentionFlops(heads) +
-                  2.0 * static_cast<double>(shape.batch * shape.query_len) *
-                      static_cast<double>(shape.embed_dim) *
-                      (q_out + kv_out + context_out)));
+    const double flops =
+        AttentionFlops(heads) +
+        2.0 * static_cast<double>(shape.batch * shape.query_len) *
+            static_cast<double>(shape.embed_dim) *
+            (q_out + kv_out + context_out);
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream(flops));
     // Projections, laid out [B, L, heads·D] and read as [B, heads, L, D]
     // through strides.
     const int64_t q_rows = shape.batch * shape.query_len;
@@ -177,8 +173,7 @@ class AttentionEngineImpl final : public AttentionEngine {
     problem.output = context.data();
     problem.output_strides = {shape.query_len * context_out, shape.value_dim,
                               context_out, 1};
-    ATTNSERVE_RETURN_IF_ERROR(internal::RunUnfusedAttention(
-        engine_, stream, problem, SlabBudget(), plans_));
+    ATTNSERVE_RETURN_IF_ERROR(RunSdpa(stream, problem, flops));
     return RunLinear(stream,
                      {q_rows, context_out, shape.embed_dim, context.data(),
                       context_out, weights.w_o.data(), OrNull(weights.b_o),
@@ -187,6 +182,38 @@ class AttentionEngineImpl final : public AttentionEngine {
   }
 
  private:
+  bool UseFused(const AttentionOptions& options) const {
+    return options_.kernel == AttentionKernel::kAuto &&
+           options.weights == AttentionWeightsMode::kNone;
+  }
+
+  // The team size of a call of `flops` (see NewStream).
+  int TeamSize(double flops) const {
+    return flops < kParallelFlops ? 1 : threads_;
+  }
+
+  std::optional<int64_t> SdpaWorkspaceBytes(const AttentionShape& shape,
+                                            const AttentionOptions& options,
+                                            bool key_value_packed) const {
+    if (UseFused(options)) {
+      return internal::FusedWorkspaceBytes(shape, options.precision, threads_,
+                                           key_value_packed);
+    }
+    return internal::UnfusedWorkspaceBytes(shape, options.precision,
+                                           SlabBudget(), key_value_packed);
+  }
+
+  // The attention itself, by the path the options call for.
+  absl::Status RunSdpa(dnnl::stream& stream, const SdpaProblem& problem,
+                       double flops) {
+    if (UseFused(*problem.options)) {
+      return internal::RunFusedAttention(engine_, problem, TeamSize(flops),
+                                         kernels_, tile_plans_, scratch_);
+    }
+    return internal::RunUnfusedAttention(engine_, stream, problem, SlabBudget(),
+                                         plans_);
+  }
+
   // The most scratch any one of the call's projections needs (they run one at a
   // time).
   static int64_t LargestProjectionWorkspace(const MultiHeadShape& s, bool fused,
@@ -258,6 +285,7 @@ class AttentionEngineImpl final : public AttentionEngine {
                                                                 : "other";
     info.cpu_isa = IsaName(dnnl::get_effective_cpu_isa());
     info.threads = threads_;
+    info.kernels = kernels_.name;
     return info;
   }
 
@@ -304,7 +332,7 @@ class AttentionEngineImpl final : public AttentionEngine {
   // calling thread alone, since waking a team for each parallel region costs
   // more than its arithmetic.
   absl::StatusOr<dnnl::stream> NewStream(double flops) {
-    omp_set_num_threads(flops < kParallelFlops ? 1 : threads_);
+    omp_set_num_threads(TeamSize(flops));
     dnnl::stream stream;
     ATTNSERVE_RETURN_IF_ERROR(internal::CallDnnl(
         "creating a stream", [&] { stream = dnnl::stream(engine_); }));
@@ -314,8 +342,13 @@ class AttentionEngineImpl final : public AttentionEngine {
   const EngineOptions options_;
   const dnnl::engine engine_;
   const int threads_;  // The team size of calls big enough to share.
-  // Built matmuls by shape, kept across calls (64 shapes at most).
+  const internal::TileKernels& kernels_;
+  // Built matmuls by shape, kept across calls (64 shapes at most each).
   internal::SlabPlanCache plans_{64};
+  internal::TilePlanCache tile_plans_{64};
+  // The fused kernel's scratch, kept between calls: up to 4 buffers of at most
+  // 64 MiB each.
+  internal::ScratchPool scratch_{4, int64_t{64} << 20};
 };
 
 }  // namespace
@@ -359,7 +392,8 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
 
 std::string RuntimeInfo::Description() const {
   return absl::StrCat("oneDNN ", onednn_version, " (", threading, "), ",
-                      cpu_isa, ", ", threads, " threads");
+                      cpu_isa, ", ", threads, " threads, ", kernels,
+                      " kernels");
 }
 
 }  // namespace attnserve

@@ -20,7 +20,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "server.h"
@@ -61,6 +63,14 @@ ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
 ABSL_FLAG(
     int, metrics_port, 9464,
     "Port of the Prometheus /metrics endpoint (on --address); 0 turns it off.");
+ABSL_FLAG(std::string, attention_kernel, "fused",
+          "SDPA's path: \"fused\" (the tiled kernel, which never holds the "
+          "Lq x Lk scores; requests asking for attention weights still take "
+          "the unfused path) or \"unfused\" (always materialise the scores, "
+          "for comparisons).");
+ABSL_FLAG(bool, portable_kernels, false,
+          "Run the fused kernel's portable C++ code even on a CPU with "
+          "AVX-512 (for comparisons and to rule the vector code out).");
 ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
           "Most bytes of registered weights the server holds.");
 ABSL_FLAG(std::string, weights_dir, "",
@@ -96,6 +106,8 @@ constexpr const char* kFlagNames[] = {"address",
                                       "max_elements",
                                       "max_request_memory_bytes",
                                       "max_workspace_bytes",
+                                      "attention_kernel",
+                                      "portable_kernels",
                                       "metrics_port",
                                       "max_weights_bytes",
                                       "weights_dir",
@@ -139,7 +151,7 @@ int WaitForTerminationSignal(const sigset_t& signals) {
   return signal_number;
 }
 
-attnserve::ServerOptions OptionsFromFlags() {
+absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   attnserve::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.port = absl::GetFlag(FLAGS_port);
@@ -154,6 +166,16 @@ attnserve::ServerOptions OptionsFromFlags() {
   options.max_request_memory_bytes =
       absl::GetFlag(FLAGS_max_request_memory_bytes);
   options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
+  const std::string kernel = absl::GetFlag(FLAGS_attention_kernel);
+  if (kernel == "fused") {
+    options.attention_kernel = attnserve::AttentionKernel::kAuto;
+  } else if (kernel == "unfused") {
+    options.attention_kernel = attnserve::AttentionKernel::kUnfused;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_kernel is \"", kernel, "\", expected fused or unfused"));
+  }
+  options.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
   options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
   options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
@@ -200,9 +222,14 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
   const sigset_t signals = BlockTerminationSignals();
 
-  const attnserve::ServerOptions options = OptionsFromFlags();
+  const absl::StatusOr<attnserve::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n",
+                 options.status().ToString().c_str());
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
-      attnserve::AttnServer::Start(options);
+      attnserve::AttnServer::Start(*options);
   if (!server.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
     return 1;

@@ -1,7 +1,10 @@
 #include "request_validator.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
@@ -178,15 +181,32 @@ absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
 
 // The scratch the engine's unfused path allocates: one slab of scores, at most
 // 64 MiB unless a single kv-head group needs more (bf16 adds a bf16 copy of the
-// probabilities).
-int64_t ScoresBytes(const AttentionShape& s, const AttentionOptions& options) {
-  const int64_t per_score = options.precision == Precision::kBFloat16 ? 6 : 4;
+// probabilities, and of the inputs).
+double UnfusedScratchBytes(const AttentionShape& s,
+                           const AttentionOptions& options) {
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  const double per_score = bf16 ? 6 : 4;
   const double group =
       static_cast<double>(s.heads / s.kv_heads) * s.query_len * s.key_len;
   const double all = group * s.batch * s.kv_heads;
   const double slab =
       std::min(all, std::max(group, (64.0 * (1 << 20)) / per_score));
-  return static_cast<int64_t>(slab * per_score);
+  const double bf16_copies =
+      bf16 ? 2.0 * (static_cast<double>(s.QueryElements()) + s.KeyElements() +
+                    s.ValueElements())
+           : 0.0;
+  return slab * per_score + bf16_copies;
+}
+
+// The attention's scratch bytes: the engine's own figure (which depends on
+// its kernel and threads), or the unfused path's without an engine.
+double ScratchBytes(const AttentionShape& s, const AttentionOptions& options,
+                    const RequestLimits& limits) {
+  if (limits.engine == nullptr) return UnfusedScratchBytes(s, options);
+  const std::optional<int64_t> bytes =
+      limits.engine->AttendWorkspaceBytes(s, options);
+  return bytes ? static_cast<double>(*bytes)
+               : std::numeric_limits<double>::infinity();
 }
 
 // RESOURCE_EXHAUSTED if the compute would allocate more than the limit.
@@ -197,13 +217,12 @@ absl::Status CheckRequestMemory(const AttentionShape& s,
                                 double converted_input_elements,
                                 const RequestLimits& limits) {
   const AttentionOptions& options = plan.options;
-  const int64_t per_score = options.precision == Precision::kBFloat16 ? 6 : 4;
-  const double group_bytes = static_cast<double>(s.heads / s.kv_heads) *
-                             s.query_len * s.key_len * per_score;
-  if (group_bytes > static_cast<double>(limits.max_workspace_bytes)) {
+  const double scratch_bytes = ScratchBytes(s, options, limits);
+  if (scratch_bytes > static_cast<double>(limits.max_workspace_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "attention for shape ", s.DebugString(), " needs ",
-        static_cast<int64_t>(group_bytes),
+        scratch_bytes < 9e18 ? absl::StrCat(static_cast<int64_t>(scratch_bytes))
+                             : std::string("more than 2^63"),
         " bytes of scratch, over the engine's workspace limit of ",
         limits.max_workspace_bytes, " bytes (--max_workspace_bytes)"));
   }
@@ -215,15 +234,9 @@ absl::Status CheckRequestMemory(const AttentionShape& s,
           : 0.0;
   const double lse_elements =
       options.return_lse ? static_cast<double>(s.LseElements()) : 0.0;
-  const double bf16_copies =
-      options.precision == Precision::kBFloat16
-          ? 2.0 * (static_cast<double>(s.QueryElements()) + s.KeyElements() +
-                   s.ValueElements())
-          : 0.0;
-  const double bytes =
-      4.0 * (output_elements + weights_elements + lse_elements +
-             converted_input_elements) +
-      bf16_copies + static_cast<double>(ScoresBytes(s, options)) + extra_bytes;
+  const double bytes = 4.0 * (output_elements + weights_elements +
+                              lse_elements + converted_input_elements) +
+                       scratch_bytes + extra_bytes;
   if (bytes <= static_cast<double>(limits.max_request_memory_bytes))
     return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -365,9 +378,10 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
         CheckElements("kv_input", request.kv_input(), limits));
   }
   // Projections: Q and the attention context per query row, K and V per key
-  // row.
+  // row, twice (the attention packs what it reads out of the projections'
+  // rows).
   const double projection_bytes =
-      4.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
+      8.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
                  (s.key_dim + s.value_dim) +
              static_cast<double>(s.batch * s.key_len) * s.kv_heads *
                  (s.key_dim + s.value_dim));

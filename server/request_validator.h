@@ -28,9 +28,13 @@ struct RequestLimits {
   // f32 copies of non-f32 inputs, projections, and the attention's scratch.
   int64_t max_request_memory_bytes = int64_t{4} << 30;
   // The attention kernel's scratch limit (the engine's max_workspace_bytes): a
-  // request whose smallest unit of scores exceeds it is refused here rather
-  // than after queueing.
+  // request whose scratch would exceed it is refused here rather than after
+  // queueing.
   int64_t max_workspace_bytes = int64_t{1} << 30;
+  // The engine that will compute, which knows its own scratch needs (they
+  // depend on its kernel and thread count). Null: validation alone, the
+  // scratch is estimated as the unfused path's.
+  const AttentionEngine* engine = nullptr;
 };
 
 // Validated options whose data (mask, key lengths) still lives in the request:

@@ -202,8 +202,10 @@ class AttnServerImpl final : public AttnServer {
         HostPort(options_.address, port_), ", metrics ",
         metrics_port_ > 0 ? absl::StrCat("on :", metrics_port_, "/metrics")
                           : "off",
-        "; ", engine_->runtime_info().Description(),
-        "; max_message_bytes=", options_.max_message_bytes,
+        "; ", engine_->runtime_info().Description(), ", ",
+        options_.attention_kernel == AttentionKernel::kAuto ? "fused"
+                                                            : "unfused",
+        " attention", "; max_message_bytes=", options_.max_message_bytes,
         " max_workspace_bytes=", options_.max_workspace_bytes,
         " max_weights_bytes=", options_.max_weights_bytes,
         " max_elements=", options_.max_elements,
@@ -299,6 +301,8 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                                    ? options.threads
                                    : std::max(1, cores / options.executors);
   engine_options.max_workspace_bytes = options.max_workspace_bytes;
+  engine_options.kernel = options.attention_kernel;
+  engine_options.portable_kernels = options.portable_kernels;
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
                              AttentionEngine::Create(engine_options));
   RequestLimits limits;
@@ -306,6 +310,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_elements = options.max_elements;
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
   limits.max_workspace_bytes = options.max_workspace_bytes;
+  limits.engine = engine.get();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerToken(options));
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
                                                  limits, std::move(token));

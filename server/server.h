@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "attnserve/core/attention_engine.h"
 
 namespace attnserve {
 
@@ -32,6 +33,11 @@ struct ServerOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
   // The most scratch memory one request's compute may allocate.
   int64_t max_workspace_bytes = int64_t{1} << 30;
+  // SDPA's path: kAuto is the fused kernel unless weights are asked for;
+  // kUnfused always materialises the scores (for comparisons).
+  AttentionKernel attention_kernel = AttentionKernel::kAuto;
+  // The fused kernel's portable code even on an AVX-512 CPU.
+  bool portable_kernels = false;
   // The most bytes of registered weights the server holds (PutWeights,
   // --weights_dir, demo).
   int64_t max_weights_bytes = int64_t{4} << 30;

@@ -2,69 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "attnserve/common/dtype.h"
+#include "internal/fast_exp.h"
+#include "internal/visibility.h"
 
 namespace attnserve::internal {
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-
-// Element strides of a mask broadcast to [B, H, Lq, Lk]: 0 along a broadcast
-// dimension.
-struct MaskStrides {
-  int64_t batch, head, query, key;
-};
-
-MaskStrides StridesOf(const AttentionMask& mask) {
-  const auto& d = mask.dims;
-  return {d[0] == 1 ? 0 : d[1] * d[2] * d[3], d[1] == 1 ? 0 : d[2] * d[3],
-          d[2] == 1 ? 0 : d[3], d[3] == 1 ? 0 : 1};
-}
-
-// exp(x) for the shifted scores x = s − max ≤ 0 (NaN passes through), written
-// so that the compiler vectorises the loop around it: Cody–Waite reduction x =
-// n·ln2 + r, |r| ≤ ln2/2, Cephes' degree-6 polynomial for exp(r) (relative
-// error below 2e-7), then 2^n through the exponent bits. Below −87.3 the result
-// would be subnormal; it is flushed to 0, as −inf is. NaN takes the clamp too,
-// so that n is always finite when it is converted to an integer (converting NaN
-// is undefined behaviour), and is returned as it came.
-inline float ExpNonPositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kRoundMagic =
-      12582912.0f;  // 1.5·2^23: adding it rounds to an integer.
-  const float clamped = x >= -87.3f ? x : -87.3f;
-  const float n = (clamped * kLog2e + kRoundMagic) - kRoundMagic;
-  const float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t exponent_bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &exponent_bits, sizeof(scale));
-  return x >= -87.3f ? p * scale : x < -87.3f ? 0.0f : x;
-}
-
-// One past the last key query `query` of batch item `batch` may see, before any
-// mask.
-int64_t VisibleKeyEnd(const AttentionShape& shape,
-                      const AttentionOptions& options, int64_t batch,
-                      int64_t query) {
-  const int64_t length =
-      options.key_lengths.empty() ? shape.key_len : options.key_lengths[batch];
-  if (!options.causal) return length;
-  const int64_t causal_end =
-      options.causal_alignment == CausalAlignment::kTopLeft
-          ? query + 1
-          : query + length - shape.query_len + 1;
-  return std::clamp<int64_t>(causal_end, 0, length);
-}
 
 // Softmax of one row in place over keys [0, end), zero past it; returns the
 // log-sum-exp. Compiled for AVX-512, AVX2 and baseline x86-64, picked at load

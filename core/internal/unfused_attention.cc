@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
 #include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
 #include "internal/score_pass.h"
@@ -137,9 +138,24 @@ Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim) {
   return {heads * length * dim, length * dim, dim, 1};
 }
 
+void CopyTensor4(const float* src, const Strides4& from, float* dst,
+                 const Strides4& to, const std::array<int64_t, 4>& dims) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i0 = 0; i0 < dims[0]; ++i0) {
+    for (int64_t i1 = 0; i1 < dims[1]; ++i1) {
+      for (int64_t i2 = 0; i2 < dims[2]; ++i2) {
+        std::memcpy(dst + i0 * to[0] + i1 * to[1] + i2 * to[2],
+                    src + i0 * from[0] + i1 * from[1] + i2 * from[2],
+                    static_cast<size_t>(dims[3]) * sizeof(float));
+      }
+    }
+  }
+}
+
 std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
                                              Precision precision,
-                                             int64_t slab_budget_bytes) {
+                                             int64_t slab_budget_bytes,
+                                             bool packed) {
   const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;
   const std::optional<int64_t> group_bytes =
       CheckedProduct({s.heads / s.kv_heads, s.query_len, s.key_len, per_score});
@@ -151,6 +167,10 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
     // validation).
     total += 2 * (s.QueryElements() + s.KeyElements() + s.ValueElements());
   }
+  if (!packed) {
+    total += 4 * (s.QueryElements() + s.KeyElements() + s.ValueElements() +
+                  s.OutputElements());
+  }
   return total;
 }
 
@@ -159,6 +179,39 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  int64_t slab_budget_bytes,
                                  SlabPlanCache& cache) {
   const AttentionShape& s = p.shape;
+  const Strides4 query_packed = PackedStrides(s.heads, s.query_len, s.key_dim);
+  const Strides4 key_packed = PackedStrides(s.kv_heads, s.key_len, s.key_dim);
+  const Strides4 value_packed =
+      PackedStrides(s.kv_heads, s.key_len, s.value_dim);
+  const Strides4 output_packed =
+      PackedStrides(s.heads, s.query_len, s.value_dim);
+  if (p.query_strides != query_packed || p.key_strides != key_packed ||
+      p.value_strides != value_packed || p.output_strides != output_packed) {
+    std::vector<float> query(static_cast<size_t>(s.QueryElements())),
+        key(static_cast<size_t>(s.KeyElements())),
+        value(static_cast<size_t>(s.ValueElements())),
+        output(static_cast<size_t>(s.OutputElements()));
+    CopyTensor4(p.query, p.query_strides, query.data(), query_packed,
+                {s.batch, s.heads, s.query_len, s.key_dim});
+    CopyTensor4(p.key, p.key_strides, key.data(), key_packed,
+                {s.batch, s.kv_heads, s.key_len, s.key_dim});
+    CopyTensor4(p.value, p.value_strides, value.data(), value_packed,
+                {s.batch, s.kv_heads, s.key_len, s.value_dim});
+    SdpaProblem packed = p;
+    packed.query = query.data();
+    packed.query_strides = query_packed;
+    packed.key = key.data();
+    packed.key_strides = key_packed;
+    packed.value = value.data();
+    packed.value_strides = value_packed;
+    packed.output = output.data();
+    packed.output_strides = output_packed;
+    ATTNSERVE_RETURN_IF_ERROR(
+        RunUnfusedAttention(engine, stream, packed, slab_budget_bytes, cache));
+    CopyTensor4(output.data(), output_packed, p.output, p.output_strides,
+                {s.batch, s.heads, s.query_len, s.value_dim});
+    return absl::OkStatus();
+  }
   const Precision precision = p.options->precision;
   const bool bf16 = precision == Precision::kBFloat16;
   return CallDnnl("unfused attention", [&] {

@@ -21,6 +21,12 @@ using Strides4 = std::array<int64_t, 4>;
 // Strides of a packed row-major [batch, heads, length, dim] tensor.
 Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim);
 
+// Copies the [d0, d1, d2, d3] tensor at `src` with element strides `from` to
+// `dst` with strides `to` (both with unit stride along d3), on the calling
+// thread's OpenMP team.
+void CopyTensor4(const float* src, const Strides4& from, float* dst,
+                 const Strides4& to, const std::array<int64_t, 4>& dims);
+
 // One SDPA call, with its tensors anywhere in memory: MHA passes views into its
 // projection buffers ([B, L, heads·D] read as [B, heads, L, D]) so that no
 // transpose is ever copied.
@@ -57,12 +63,16 @@ using SlabPlanCache = PlanCache<SlabPlan>;
 
 // The scratch bytes RunUnfusedAttention allocates for `shape` at `precision`
 // with a slab budget, or nullopt on overflow: at least one kv-head group's
-// scores, more as the budget allows.
+// scores, more as the budget allows; plus packed copies of Q, K, V and the
+// output when the problem's tensors are strided views (`packed` false).
 std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& shape,
                                              Precision precision,
-                                             int64_t slab_budget_bytes);
+                                             int64_t slab_budget_bytes,
+                                             bool packed = true);
 
-// Computes `problem`, whose shape and options the caller has validated. Returns
+// Computes `problem`, whose shape and options the caller has validated. Strided
+// views (MHA's projections) are first packed: oneDNN 2.6 runs 5-D strided
+// matmul operands on its slow gemm:jit kernel, packed ones on brgemm. Returns
 // INTERNAL or RESOURCE_EXHAUSTED if oneDNN fails.
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream,

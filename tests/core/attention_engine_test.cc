@@ -123,10 +123,11 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
-  // 4 groups of 32x32 scores need 16 KiB; a 5 KiB limit fits one group (4 KiB)
-  // per slab.
+  // Unfused, 4 groups of 32x32 scores need 16 KiB; a 5 KiB limit fits one
+  // group (4 KiB) per slab.
   const AttentionShape shape = Shape(2, 2, 2, 32, 32, 8, 8);
   EngineOptions options;
+  options.kernel = AttentionKernel::kUnfused;
   options.max_workspace_bytes = 5 << 10;
   const std::vector<float> query = RandomValues(shape.QueryElements(), 4);
   const std::vector<float> key = RandomValues(shape.KeyElements(), 5);
@@ -146,8 +147,10 @@ TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
 }
 
 TEST(AttentionEngineTest, RejectsWorkspaceOverLimitBeforeComputing) {
+  // Unfused, the 64x64 scores need 16 KiB.
   const AttentionShape shape = Shape(1, 1, 1, 64, 64, 1, 1);
   EngineOptions options;
+  options.kernel = AttentionKernel::kUnfused;
   options.max_workspace_bytes = 64 * 64 * 4 - 1;
   std::vector<float> query(64), key(64), value(64), output(64);
   const absl::Status status = MakeEngine(options)->Attend(

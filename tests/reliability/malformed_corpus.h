@@ -25,7 +25,7 @@ namespace attnserve::testing {
 inline constexpr int64_t kCorpusMaxMessageBytes = 4 << 20;
 inline constexpr int64_t kCorpusMaxWorkspaceBytes = 16 << 20;
 inline constexpr int64_t kCorpusMaxElements = 200000;
-inline constexpr int64_t kCorpusMaxRequestMemoryBytes = 48 << 20;
+inline constexpr int64_t kCorpusMaxRequestMemoryBytes = 16 << 20;
 
 struct MalformedCase {
   std::string name;

@@ -385,12 +385,13 @@ std::vector<MalformedCase> LimitCases() {
              kExhausted,
              {"needs 33554432 bytes of scratch",
               "workspace limit of 16777216 bytes (--max_workspace_bytes)"}),
+      // A 16 MiB slab of scores (the workspace's worth) plus the output.
       Attend("ComputeOverRequestMemoryLimit",
              [](Request& r) {
                Shapes(r, {16, 1, 1024, 1}, {16, 1, 1024, 1}, {16, 1, 1024, 1});
              },
              kExhausted,
-             {"over the --max_request_memory_bytes limit of 50331648"}),
+             {"over the --max_request_memory_bytes limit of 16777216"}),
       Attend("QueryOverElementLimit",
              [](Request& r) {
                Shapes(r, {1, 1, 50001, 4}, {1, 1, 7, 4}, {1, 1, 7, 3});

@@ -46,7 +46,7 @@ help=$("${attnserve}" --helpfull 2>&1 || true)
 for flag in address port threads executors max_queue max_batch max_queue_delay_us \
             max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
             metrics_port max_weights_bytes weights_dir drain_grace_seconds tls_cert tls_key \
-            tls_client_ca auth_token_file; do
+            tls_client_ca auth_token_file attention_kernel portable_kernels; do
   grep -q -- "-${flag} " <<<"${help}" || fail "--helpfull does not document --${flag}"
 done
 grep -q "ATTNSERVE_" <<<"${help}" || fail "--helpfull does not mention ATTNSERVE_ variables"

@@ -1,7 +1,8 @@
 // Property test: random Attend configurations — shapes with 1 and odd sizes,
 // every option, every dtype and precision — through the server, against the
-// double-precision reference, within the tolerances docs/api.md documents. A
-// failure prints the seed that reproduces it:
+// double-precision reference, within the tolerances docs/api.md documents, on
+// each SDPA path (fused, its portable fallback, unfused). A failure prints the
+// seed that reproduces it:
 //   ATTNSERVE_PROPERTY_SEED=<seed> build/tests/property_test
 #include <cmath>
 #include <cstdlib>
@@ -83,8 +84,15 @@ Configuration Draw(uint64_t seed) {
   s.batch = Pick<int64_t>(rng, {1, 2, 3});
   s.kv_heads = Pick<int64_t>(rng, {1, 2, 3});
   s.heads = s.kv_heads * Pick<int64_t>(rng, {1, 2, 3});
-  s.query_len = Pick<int64_t>(rng, {1, 2, 3, 5, 17, 33});
-  s.key_len = Pick<int64_t>(rng, {1, 2, 3, 7, 17, 40});
+  // Mostly small; sometimes across the fused kernel's tile boundaries (query
+  // blocks of 64 rows per kv-head group, key blocks of 256).
+  if (Chance(rng, 0.2)) {
+    s.query_len = Pick<int64_t>(rng, {31, 32, 33, 63, 64, 65});
+    s.key_len = Pick<int64_t>(rng, {255, 256, 257, 511, 513});
+  } else {
+    s.query_len = Pick<int64_t>(rng, {1, 2, 3, 5, 17, 33});
+    s.key_len = Pick<int64_t>(rng, {1, 2, 3, 7, 17, 40});
+  }
   s.key_dim = Pick<int64_t>(rng, {1, 3, 8, 16, 33});
   s.value_dim = Pick<int64_t>(rng, {1, 4, 8, 17});
   const v1::DType dtype = Pick(rng, {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16});
@@ -184,9 +192,26 @@ void ExpectNear(const char* what, const std::vector<float>& actual,
   }
 }
 
-class PropertyTest : public ::attnserve::testing::ServerFixture {};
+// The server's SDPA path: the fused kernel (AVX-512 where the CPU has it), its
+// portable fallback, or the unfused path.
+struct Path {
+  const char* name;
+  AttentionKernel kernel;
+  bool portable;
+};
 
-TEST_F(PropertyTest, RandomConfigurationsMatchReference) {
+class PropertyTest : public ::attnserve::testing::ServerFixture,
+                     public ::testing::WithParamInterface<Path> {
+ protected:
+  void SetUp() override {
+    ServerOptions options = DefaultOptions();
+    options.attention_kernel = GetParam().kernel;
+    options.portable_kernels = GetParam().portable;
+    StartServer(options);
+  }
+};
+
+TEST_P(PropertyTest, RandomConfigurationsMatchReference) {
   uint64_t first_seed = 1000;
   int count = kConfigurations;
   if (const char* seed = std::getenv("ATTNSERVE_PROPERTY_SEED")) {
@@ -234,6 +259,15 @@ TEST_F(PropertyTest, RandomConfigurationsMatchReference) {
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, PropertyTest,
+    ::testing::Values(Path{"Fused", AttentionKernel::kAuto, false},
+                      Path{"FusedPortable", AttentionKernel::kAuto, true},
+                      Path{"Unfused", AttentionKernel::kUnfused, false}),
+    [](const ::testing::TestParamInfo<Path>& param) {
+      return param.param.name;
+    });
 
 }  // namespace
 }  // namespace attnserve

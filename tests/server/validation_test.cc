@@ -179,14 +179,6 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        absl::StatusCode::kResourceExhausted,
        {"the response (output) would need 8388608 bytes",
         "max_message_bytes limit of 4194304"}},
-      {"ScoresOverWorkspaceLimit",
-       [](v1::AttendRequest& r) {
-         Reshape({1, 1, 4096, 1}, r.mutable_query());
-         Reshape({1, 1, 2048, 1}, r.mutable_key());
-         Reshape({1, 1, 2048, 1}, r.mutable_value());
-       },
-       absl::StatusCode::kResourceExhausted,
-       {"33554432 bytes", "workspace limit of 16777216"}},
       {"MaskNotBroadcastable",
        [](v1::AttendRequest& r) {
          *r.mutable_options()->mutable_attn_mask() =
@@ -309,6 +301,56 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadRequestCase>& param) {
       return std::string(param.param.name);
     });
+
+// The fused kernel's scratch does not grow with the scores; the unfused
+// path's does, and a request whose scores would not fit the workspace is
+// refused before it is queued.
+class UnfusedWorkspaceTest : public ::attnserve::testing::ServerFixture {
+ protected:
+  void SetUp() override {
+    ServerOptions options = DefaultOptions();
+    options.attention_kernel = AttentionKernel::kUnfused;
+    StartServer(options);
+  }
+};
+
+// 4096 x 2048 scores: 32 MiB, over the fixture's 16 MiB workspace.
+v1::AttendRequest LargeScoresRequest() {
+  v1::AttendRequest request;
+  Reshape({1, 1, 4096, 1}, request.mutable_query());
+  Reshape({1, 1, 2048, 1}, request.mutable_key());
+  Reshape({1, 1, 2048, 1}, request.mutable_value());
+  return request;
+}
+
+TEST_F(UnfusedWorkspaceTest, ScoresOverWorkspaceLimitAreRefused) {
+  const absl::Status status =
+      client_->Attend(LargeScoresRequest(), kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("33554432 bytes"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("workspace limit of 16777216"));
+}
+
+class FusedWorkspaceTest : public ::attnserve::testing::ServerFixture {};
+
+TEST_F(FusedWorkspaceTest, SameRequestFitsTheFusedKernel) {
+  const v1::AttendRequest request = LargeScoresRequest();
+  const absl::StatusOr<v1::AttendResponse> response =
+      client_->Attend(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  const std::vector<double> expected =
+      ::attnserve::testing::ReferenceAttention(
+          {1, 1, 1, 4096, 2048, 1, 1}, FloatValues(request.query()).value(),
+          FloatValues(request.key()).value(),
+          FloatValues(request.value()).value())
+          .output;
+  const std::vector<float> output = FloatValues(response->output()).value();
+  ASSERT_EQ(output.size(), expected.size());
+  for (size_t i = 0; i < output.size(); i += 97) {
+    EXPECT_NEAR(output[i], expected[i], 1e-5) << i;
+  }
+}
 
 }  // namespace
 }  // namespace attnserve

@@ -36,6 +36,16 @@ inline std::optional<int64_t> CheckedProduct(
   return CheckedProduct(absl::MakeConstSpan(factors.begin(), factors.size()));
 }
 
+// Sums byte counts: nullopt if any term is nullopt or the sum overflows.
+inline std::optional<int64_t> CheckedSum(
+    std::initializer_list<std::optional<int64_t>> terms) {
+  int64_t sum = 0;
+  for (const std::optional<int64_t>& term : terms) {
+    if (!term || __builtin_add_overflow(sum, *term, &sum)) return std::nullopt;
+  }
+  return sum;
+}
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_COMMON_CHECKED_MATH_H_

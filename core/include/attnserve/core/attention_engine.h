@@ -161,14 +161,29 @@ struct RuntimeInfo {
       cpu_isa;  // oneDNN's effective ISA: "avx512_core_bf16", "avx2", ...
   std::string threading;  // oneDNN's CPU threading runtime: "OMP", "TBB", "SEQ"
   int threads = 0;        // threads each call computes with
+  std::string kernels;    // the fused kernel's code: "avx512" or "portable"
 
-  // "oneDNN 2.6.3 (OMP), avx512_core_bf16, 2 threads".
+  // "oneDNN 2.6.3 (OMP), avx512_core_bf16, 2 threads, avx512 kernels".
   std::string Description() const;
+};
+
+// The two ways SDPA is computed.
+enum class AttentionKernel {
+  // The fused tiled kernel, which never holds the Lq×Lk scores, unless the
+  // call asks for the attention weights (which are those scores' softmax).
+  kAuto,
+  // Always materialise the scores (in slabs): a baseline for benchmarks and
+  // tests.
+  kUnfused,
 };
 
 struct EngineOptions {
   // OpenMP threads each call computes with. 0: every core the process may use.
   int num_threads = 0;
+  AttentionKernel kernel = AttentionKernel::kAuto;
+  // Run the fused kernel's portable C++ code even where the CPU has AVX-512
+  // (tests cover the fallback with it on any machine).
+  bool portable_kernels = false;
   // The most scratch memory one call may allocate. A call that would need more
   // fails with RESOURCE_EXHAUSTED before allocating anything.
   int64_t max_workspace_bytes = int64_t{1} << 30;
@@ -211,6 +226,12 @@ class AttentionEngine {
                                           absl::Span<const float> query_input,
                                           absl::Span<const float> kv_input,
                                           AttentionOutputs outputs) = 0;
+
+  // The scratch bytes an Attend of `shape` with `options` would allocate
+  // (beyond its inputs and outputs), nullopt if more than int64_t holds. The
+  // shape must be valid. Servers check it before queueing a request.
+  virtual std::optional<int64_t> AttendWorkspaceBytes(
+      const AttentionShape& shape, const AttentionOptions& options) const = 0;
 
   // What the engine computes with, for logs and build-info metrics.
   virtual RuntimeInfo runtime_info() const = 0;

@@ -1,0 +1,471 @@
+#include "internal/tile_kernels.h"
+
+// GCC 12 reports the deliberately undefined pass-through operand of its own
+// AVX-512 intrinsics (_mm512_undefined_*) as uninitialised once they inline
+// into a function with a target attribute (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "attnserve/common/dtype.h"
+#include "internal/fast_exp.h"
+
+namespace attnserve::internal {
+namespace {
+
+constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+// What a block did to a row's state, given the block's largest score.
+// Returns the factor for the accumulated output, and sets *shift to the max
+// the block's probabilities subtract (−inf: the row has seen no key yet, and
+// every probability of the block is 0).
+float AdvanceMax(float block_max, RowState* state, float* shift) {
+  const float new_max = std::max(state->max, block_max);
+  *shift = new_max;
+  if (new_max == kNegativeInfinity) return 1.0f;
+  const float alpha = state->max == kNegativeInfinity
+                          ? 0.0f
+                          : ExpNonPositive(state->max - new_max);
+  state->max = new_max;
+  state->sum *= alpha;
+  return alpha;
+}
+
+// ---------------------------------------------------------------- portable
+
+float SoftmaxBlockPortable(float* s, int64_t n, int64_t visible, float scale,
+                           const RowMask& mask, RowState* state) {
+  float block_max = kNegativeInfinity;
+  for (int64_t j = 0; j < n; ++j) {
+    float x = kNegativeInfinity;
+    if (j < visible) {
+      x = s[j] * scale;
+      if (mask.bias != nullptr) x += mask.bias[j * mask.bias_stride];
+      if (mask.allowed != nullptr && mask.allowed[j * mask.allowed_stride] == 0)
+        x = kNegativeInfinity;
+    }
+    if (x != x) state->nan = true;
+    block_max = std::max(block_max, x);
+    s[j] = x;
+  }
+  float shift;
+  const float alpha = AdvanceMax(block_max, state, &shift);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float p =
+        shift == kNegativeInfinity ? 0.0f : ExpNonPositive(s[j] - shift);
+    sum += p;
+    s[j] = p;
+  }
+  state->sum += sum;
+  return alpha;
+}
+
+template <typename KeyLoad>
+void SmallScoresPortable(const float* q, int64_t m, int64_t d_len, int64_t n,
+                         float* s, int64_t lds, KeyLoad key) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* q_row = q + r * d_len;
+    for (int64_t j = 0; j < n; ++j) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < d_len; ++d) dot += q_row[d] * key(j * d_len + d);
+      s[r * lds + j] = dot;
+    }
+  }
+}
+
+void SmallScoresF32Portable(const float* q, int64_t m, int64_t d_len,
+                            const float* k, int64_t n, float* s, int64_t lds) {
+  SmallScoresPortable(q, m, d_len, n, s, lds, [k](int64_t i) { return k[i]; });
+}
+
+// x rounded to bf16 and back.
+float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
+
+void SmallScoresBf16Portable(const float* q, int64_t m, int64_t d_len,
+                             const float* k, int64_t n, float* s, int64_t lds) {
+  SmallScoresPortable(q, m, d_len, n, s, lds,
+                      [k](int64_t i) { return RoundToBf16(k[i]); });
+}
+
+template <typename ValueLoad>
+void SmallAccumulatePortable(const float* p, int64_t ldp, int64_t m, int64_t n,
+                             int64_t dv, float* o, ValueLoad value) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* o_row = o + r * dv;
+    for (int64_t j = 0; j < n; ++j) {
+      const float weight = p[r * ldp + j];
+      if (weight == 0.0f) continue;
+      for (int64_t c = 0; c < dv; ++c) o_row[c] += weight * value(j * dv + c);
+    }
+  }
+}
+
+void SmallAccumulateF32Portable(const float* p, int64_t ldp, int64_t m,
+                                int64_t n, const float* v, int64_t dv,
+                                float* o) {
+  SmallAccumulatePortable(p, ldp, m, n, dv, o, [v](int64_t i) { return v[i]; });
+}
+
+void SmallAccumulateBf16Portable(const float* p, int64_t ldp, int64_t m,
+                                 int64_t n, const float* v, int64_t dv,
+                                 float* o) {
+  SmallAccumulatePortable(p, ldp, m, n, dv, o,
+                          [v](int64_t i) { return RoundToBf16(v[i]); });
+}
+
+void ToBf16Portable(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Float32ToBFloat16(src[i]);
+}
+
+// ----------------------------------------------------------------- AVX-512
+
+#define ATTNSERVE_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+// Lanes [0, count) of a 16-lane vector, count clamped to [0, 16].
+ATTNSERVE_AVX512 inline __mmask16 FirstLanes(int64_t count) {
+  if (count >= 16) return 0xffff;
+  if (count <= 0) return 0;
+  return static_cast<__mmask16>((1u << count) - 1);
+}
+
+// ExpNonPositive on 16 lanes, with FMA and the exponent applied by scalef;
+// x below −87.3 (a masked key's −inf among them) gives exactly 0.
+ATTNSERVE_AVX512 inline __m512 Exp512(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.3f);
+  const __m512 clamped = _mm512_max_ps(x, floor);
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
+                             _mm512_scalef_ps(p, n));
+}
+
+// 2^x on 16 lanes for any x (−inf excepted): x = n + r with n an integer and
+// |r| ≤ 1/2, 2^r by its degree-6 Taylor polynomial (relative error below
+// 1.3e-7), 2^n by scalef, which gives 0 once n is below the subnormals.
+ATTNSERVE_AVX512 inline __m512 Exp2_512(__m512 x) {
+  const __m512 n =
+      _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108665e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022650696e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718056e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// bf16 bits of 16 finite floats, rounded to nearest even.
+ATTNSERVE_AVX512 inline __m256i ToBf16x16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd =
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// 16 floats rounded to bf16 (nearest even) and widened back, for the decode
+// tiles of bf16 precision, which read f32 keys and values once rather than
+// packing them first. Finite inputs only matter: a NaN stays a NaN.
+ATTNSERVE_AVX512 inline __m512 LoadRoundedBf16x16(const float* p,
+                                                  __mmask16 lanes) {
+  const __m512i bits = _mm512_castps_si512(_mm512_maskz_loadu_ps(lanes, p));
+  const __m512i odd =
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(
+      rounded, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+ATTNSERVE_AVX512 inline __m512 LoadF32x16(const float* p, __mmask16 lanes) {
+  return _mm512_maskz_loadu_ps(lanes, p);
+}
+
+ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
+                                          float scale, const RowMask& mask,
+                                          RowState* state) {
+  const __m512 minus_inf = _mm512_set1_ps(kNegativeInfinity);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  __mmask16 nan_lanes = 0;
+  float block_max;
+  // A block with every key visible and no mask (most blocks): the max of the
+  // scaled scores is the scaled max (or min, for a negative scale) of the raw
+  // ones, so the first pass only reads.
+  const bool plain =
+      mask.bias == nullptr && mask.allowed == nullptr && visible >= n;
+  if (plain) {
+    __m512 high = minus_inf, low = _mm512_set1_ps(-kNegativeInfinity);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, s + j);
+      high = _mm512_mask_max_ps(high, lanes, high, v);
+      low = _mm512_mask_min_ps(low, lanes, low, v);
+      nan_lanes |= _mm512_mask_cmp_ps_mask(lanes, v, v, _CMP_UNORD_Q);
+    }
+    block_max = scale >= 0.0f ? scale * _mm512_reduce_max_ps(high)
+                              : scale * _mm512_reduce_min_ps(low);
+  } else {
+    __m512 max_v = minus_inf;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __mmask16 seen = FirstLanes(visible - j);
+      __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale_v);
+      if (mask.bias != nullptr) {
+        x = _mm512_add_ps(x, mask.bias_stride == 0
+                                 ? _mm512_set1_ps(mask.bias[0])
+                                 : _mm512_maskz_loadu_ps(seen, mask.bias + j));
+      }
+      __mmask16 keep = seen;
+      if (mask.allowed != nullptr) {
+        if (mask.allowed_stride == 0) {
+          if (mask.allowed[0] == 0) keep = 0;
+        } else {
+          const __m128i bytes = _mm_maskz_loadu_epi8(seen, mask.allowed + j);
+          keep &= _mm_test_epi8_mask(bytes, bytes);
+        }
+      }
+      x = _mm512_mask_mov_ps(minus_inf, keep, x);
+      nan_lanes |= _mm512_mask_cmp_ps_mask(lanes, x, x, _CMP_UNORD_Q);
+      max_v = _mm512_mask_max_ps(max_v, lanes, max_v, x);
+      _mm512_mask_storeu_ps(s + j, lanes, x);
+    }
+    block_max = _mm512_reduce_max_ps(max_v);
+  }
+  if (nan_lanes != 0) state->nan = true;
+  float shift;
+  const float alpha = AdvanceMax(block_max, state, &shift);
+  __m512 sum_v = _mm512_setzero_ps();
+  const __m512 shift_v = _mm512_set1_ps(shift);
+  if (shift == kNegativeInfinity) {
+    // Nothing seen yet: every probability is 0.
+    for (int64_t j = 0; j < n; j += 16) {
+      _mm512_mask_storeu_ps(s + j, FirstLanes(n - j), _mm512_setzero_ps());
+    }
+  } else if (plain) {
+    // exp(scale·s − shift) as 2^(s·scale·log2e − shift·log2e): one FMA
+    // before the power of two, and no clamp since every s is finite or NaN.
+    constexpr float kLog2e = 1.44269504088896341f;
+    const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
+    const __m512 shift2 = _mm512_set1_ps(shift * kLog2e);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 p = Exp2_512(
+          _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale2, shift2));
+      sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+      _mm512_mask_storeu_ps(s + j, lanes, p);
+    }
+  } else {
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = FirstLanes(n - j);
+      const __m512 p =
+          Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), shift_v));
+      sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+      _mm512_mask_storeu_ps(s + j, lanes, p);
+    }
+  }
+  state->sum += _mm512_reduce_add_ps(sum_v);
+  return alpha;
+}
+
+// Scores of m query rows against n keys, four keys at a time so that four
+// independent FMA chains hide each other's latency.
+template <typename Load, typename Key>
+ATTNSERVE_AVX512 inline void SmallScoresAvx512(const float* q, int64_t m,
+                                               int64_t d_len, const Key* k,
+                                               int64_t n, float* s, int64_t lds,
+                                               Load load) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* q_row = q + r * d_len;
+    float* s_row = s + r * lds;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(),
+             acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+      const Key* k0 = k + j * d_len;
+      for (int64_t d = 0; d < d_len; d += 16) {
+        const __mmask16 lanes = FirstLanes(d_len - d);
+        const __m512 qv = _mm512_maskz_loadu_ps(lanes, q_row + d);
+        acc0 = _mm512_fmadd_ps(qv, load(k0 + d, lanes), acc0);
+        acc1 = _mm512_fmadd_ps(qv, load(k0 + d_len + d, lanes), acc1);
+        acc2 = _mm512_fmadd_ps(qv, load(k0 + 2 * d_len + d, lanes), acc2);
+        acc3 = _mm512_fmadd_ps(qv, load(k0 + 3 * d_len + d, lanes), acc3);
+      }
+      s_row[j] = _mm512_reduce_add_ps(acc0);
+      s_row[j + 1] = _mm512_reduce_add_ps(acc1);
+      s_row[j + 2] = _mm512_reduce_add_ps(acc2);
+      s_row[j + 3] = _mm512_reduce_add_ps(acc3);
+    }
+    for (; j < n; ++j) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < d_len; d += 16) {
+        const __mmask16 lanes = FirstLanes(d_len - d);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, q_row + d),
+                              load(k + j * d_len + d, lanes), acc);
+      }
+      s_row[j] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+ATTNSERVE_AVX512 void SmallScoresF32Avx512(const float* q, int64_t m,
+                                           int64_t d_len, const float* k,
+                                           int64_t n, float* s, int64_t lds) {
+  SmallScoresAvx512(q, m, d_len, k, n, s, lds, LoadF32x16);
+}
+
+ATTNSERVE_AVX512 void SmallScoresBf16Avx512(const float* q, int64_t m,
+                                            int64_t d_len, const float* k,
+                                            int64_t n, float* s, int64_t lds) {
+  SmallScoresAvx512(q, m, d_len, k, n, s, lds, LoadRoundedBf16x16);
+}
+
+// Accumulates p · V into up to 128 columns of a row at a time, held in
+// registers across the block's keys.
+template <typename Load, typename Value>
+ATTNSERVE_AVX512 inline void SmallAccumulateAvx512(const float* p, int64_t ldp,
+                                                   int64_t m, int64_t n,
+                                                   const Value* v, int64_t dv,
+                                                   float* o, Load load) {
+  constexpr int kVectors = 8;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* p_row = p + r * ldp;
+    for (int64_t c0 = 0; c0 < dv; c0 += 16 * kVectors) {
+      __mmask16 lanes[kVectors];
+      __m512 acc[kVectors];
+#pragma GCC unroll 8
+      for (int u = 0; u < kVectors; ++u) {
+        lanes[u] = FirstLanes(dv - c0 - 16 * u);
+        acc[u] = _mm512_maskz_loadu_ps(lanes[u], o + r * dv + c0 + 16 * u);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        if (p_row[j] == 0.0f) continue;
+        const __m512 weight = _mm512_set1_ps(p_row[j]);
+        const Value* v_row = v + j * dv + c0;
+#pragma GCC unroll 8
+        for (int u = 0; u < kVectors; ++u) {
+          if (lanes[u] != 0) {
+            acc[u] =
+                _mm512_fmadd_ps(weight, load(v_row + 16 * u, lanes[u]), acc[u]);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int u = 0; u < kVectors; ++u) {
+        _mm512_mask_storeu_ps(o + r * dv + c0 + 16 * u, lanes[u], acc[u]);
+      }
+    }
+  }
+}
+
+ATTNSERVE_AVX512 void SmallAccumulateF32Avx512(const float* p, int64_t ldp,
+                                               int64_t m, int64_t n,
+                                               const float* v, int64_t dv,
+                                               float* o) {
+  SmallAccumulateAvx512(p, ldp, m, n, v, dv, o, LoadF32x16);
+}
+
+ATTNSERVE_AVX512 void SmallAccumulateBf16Avx512(const float* p, int64_t ldp,
+                                                int64_t m, int64_t n,
+                                                const float* v, int64_t dv,
+                                                float* o) {
+  SmallAccumulateAvx512(p, ldp, m, n, v, dv, o, LoadRoundedBf16x16);
+}
+
+ATTNSERVE_AVX512 void ToBf16Avx512(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = FirstLanes(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, src + i);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    // A NaN is truncated and made quiet (sign kept), as Float32ToBFloat16
+    // does, rather than rounded.
+    const __m256i quiet = _mm512_cvtepi32_epi16(
+        _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 16),
+                        _mm512_set1_epi32(0x40)));
+    _mm256_mask_storeu_epi16(dst + i, lanes,
+                             _mm256_mask_mov_epi16(ToBf16x16(x), nan, quiet));
+  }
+}
+
+// With AVX512_BF16 the conversion is one instruction: round to nearest even
+// and NaN made quiet, as Float32ToBFloat16 does, but subnormal inputs (below
+// 1.2e-38) become zero.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void
+ToBf16Avx512Bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = FirstLanes(n - i);
+    const __m256i bits = reinterpret_cast<__m256i>(
+        _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, src + i)));
+    _mm256_mask_storeu_epi16(dst + i, lanes, bits);
+  }
+}
+
+#undef ATTNSERVE_AVX512
+
+bool CpuHasAvx512Bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
+bool CpuHasAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
+
+const TileKernels& PortableTileKernels() {
+  static const TileKernels kernels = {
+      "portable",
+      SoftmaxBlockPortable,
+      SmallScoresF32Portable,
+      SmallScoresBf16Portable,
+      SmallAccumulateF32Portable,
+      SmallAccumulateBf16Portable,
+      ToBf16Portable,
+  };
+  return kernels;
+}
+
+const TileKernels& SelectTileKernels(bool portable_only) {
+  static const TileKernels kAvx512 = {
+      "avx512",
+      SoftmaxBlockAvx512,
+      SmallScoresF32Avx512,
+      SmallScoresBf16Avx512,
+      SmallAccumulateF32Avx512,
+      SmallAccumulateBf16Avx512,
+      CpuHasAvx512Bf16() ? ToBf16Avx512Bf16 : ToBf16Avx512,
+  };
+  static const bool has_avx512 = CpuHasAvx512();
+  return has_avx512 && !portable_only ? kAvx512 : PortableTileKernels();
+}
+
+}  // namespace attnserve::internal

@@ -1,0 +1,73 @@
+// The element-wise and small-matrix code of the fused attention kernel: the
+// online-softmax update of a row of scores, the products of a few query rows
+// with a block of keys or values (where a oneDNN matmul is too thin to pay),
+// and bf16 packing. Each comes as AVX-512 code and as portable C++; the engine
+// picks one set per process from what the CPU supports (or the portable set on
+// request, which tests use to cover it on any machine).
+#ifndef ATTNSERVE_CORE_INTERNAL_TILE_KERNELS_H_
+#define ATTNSERVE_CORE_INTERNAL_TILE_KERNELS_H_
+
+#include <cstdint>
+
+namespace attnserve::internal {
+
+// The mask entries of one query row, starting at the block's first key, with
+// their stride along the keys (0 when the mask broadcasts over keys, else 1).
+// At most one of `bias` and `allowed` is set.
+struct RowMask {
+  const float* bias = nullptr;
+  int64_t bias_stride = 0;
+  const uint8_t* allowed = nullptr;
+  int64_t allowed_stride = 0;
+};
+
+// A query row's online-softmax state across key blocks: the largest scaled
+// score so far, the sum of exp(score − max) so far, and whether a NaN score
+// appeared (which makes the row NaN, as IEEE arithmetic would).
+struct RowState {
+  float max;
+  float sum;
+  bool nan;
+};
+
+struct TileKernels {
+  const char* name;  // "avx512" or "portable"
+
+  // Folds one block of raw scores s[0, n) of a row into `state`: x_j = scale ·
+  // s_j (+ bias_j), or −inf for j ≥ visible or a disallowed key; then writes
+  // p_j = exp(x_j − new max) over s_j, and state->sum grows by Σ p_j. Returns
+  // the factor exp(old max − new max) by which the row's accumulated output
+  // must be multiplied (1 while the row has seen no key).
+  float (*softmax_block)(float* s, int64_t n, int64_t visible, float scale,
+                         const RowMask& mask, RowState* state);
+
+  // s[r · lds + j] = Σ_d q[r · d_len + d] · k[j · d_len + d] for r < m, j < n:
+  // the scores of a few query rows against a block of keys. The bf16 variant
+  // rounds each key element to bf16 as it reads it (bf16 precision).
+  void (*small_scores_f32)(const float* q, int64_t m, int64_t d_len,
+                           const float* k, int64_t n, float* s, int64_t lds);
+  void (*small_scores_bf16)(const float* q, int64_t m, int64_t d_len,
+                            const float* k, int64_t n, float* s, int64_t lds);
+
+  // o[r · dv + c] += Σ_j p[r · ldp + j] · v[j · dv + c] for r < m, c < dv;
+  // the bf16 variant rounds each value element to bf16 as it reads it.
+  void (*small_accumulate_f32)(const float* p, int64_t ldp, int64_t m,
+                               int64_t n, const float* v, int64_t dv, float* o);
+  void (*small_accumulate_bf16)(const float* p, int64_t ldp, int64_t m,
+                                int64_t n, const float* v, int64_t dv,
+                                float* o);
+
+  // dst[i] = bf16(src[i]), rounding to nearest even.
+  void (*to_bf16)(const float* src, int64_t n, uint16_t* dst);
+};
+
+// The portable set, correct on any CPU.
+const TileKernels& PortableTileKernels();
+
+// The AVX-512 set if this CPU has AVX-512 F, BW, VL and DQ, else the portable
+// set; the portable set whenever `portable_only`.
+const TileKernels& SelectTileKernels(bool portable_only);
+
+}  // namespace attnserve::internal
+
+#endif  // ATTNSERVE_CORE_INTERNAL_TILE_KERNELS_H_

@@ -1,0 +1,377 @@
+// The fused kernel against the double-precision reference: random shapes that
+// straddle the tile boundaries (query blocks of 64 rows per kv-head group, key
+// blocks of 256), every option the fused path serves, both precisions, one and
+// two threads (two threads with few tiles split the keys), on the AVX-512 code
+// and on the portable fallback; the unfused path runs the same draws. A failure
+// prints the seed that reproduces it:
+//   ATTNSERVE_FUSED_SEED=<seed> build/tests/fused_attention_test
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/core/attention_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::ReferenceAttention;
+using ::attnserve::testing::ReferenceMask;
+using ::attnserve::testing::ReferenceOptions;
+using ::attnserve::testing::ReferenceResult;
+using ::attnserve::testing::ReferenceShape;
+
+constexpr int kDraws = 120;
+// Keeps the reference (B·H·Lq·Lk·(Dk + Dv) multiply-adds in double) quick.
+constexpr double kMaxReferenceWork = 6e6;
+
+// docs/api.md, "Numerics".
+struct Tolerance {
+  double abs, rel;
+};
+constexpr Tolerance kOutputF32 = {1e-5, 1e-5};
+constexpr Tolerance kOutputBf16 = {2e-2, 2e-2};
+constexpr Tolerance kLseF32 = {1e-4, 1e-5};
+constexpr Tolerance kLseBf16 = {5e-2, 1e-2};
+
+struct Variant {
+  const char* name;
+  AttentionKernel kernel;
+  bool portable;
+  int threads;
+};
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+std::unique_ptr<AttentionEngine> MakeEngine(const Variant& v) {
+  EngineOptions options;
+  options.kernel = v.kernel;
+  options.portable_kernels = v.portable;
+  options.num_threads = v.threads;
+  absl::StatusOr<std::unique_ptr<AttentionEngine>> engine =
+      AttentionEngine::Create(options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+template <typename T>
+T Pick(std::mt19937_64& rng, std::initializer_list<T> choices) {
+  std::uniform_int_distribution<size_t> index(0, choices.size() - 1);
+  return *(choices.begin() + index(rng));
+}
+
+bool Chance(std::mt19937_64& rng, double p) {
+  return std::uniform_real_distribution<double>(0, 1)(rng) < p;
+}
+
+// One random call: shape, engine options and the reference's view of them.
+struct Draw {
+  AttentionShape shape;
+  ReferenceShape ref_shape;
+  AttentionOptions options;
+  ReferenceOptions reference;
+  std::vector<int64_t> key_lengths;
+  std::vector<uint8_t> allowed;
+  std::vector<float> bias;
+  std::vector<float> query, key, value;
+  std::string description;
+};
+
+Draw MakeDraw(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Draw d;
+  AttentionShape& s = d.shape;
+  do {
+    s.batch = Pick<int64_t>(rng, {1, 1, 2, 3});
+    s.kv_heads = Pick<int64_t>(rng, {1, 1, 2});
+    s.heads = s.kv_heads * Pick<int64_t>(rng, {1, 1, 2, 3, 4, 8});
+    s.query_len = Pick<int64_t>(
+        rng, {1, 1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130});
+    s.key_len = Pick<int64_t>(
+        rng, {1, 2, 7, 63, 64, 65, 255, 256, 257, 511, 512, 513, 769});
+    s.key_dim = Pick<int64_t>(rng, {1, 3, 16, 33, 64, 80, 128});
+    s.value_dim = Pick<int64_t>(rng, {1, 4, 17, 64, 128});
+  } while (static_cast<double>(s.batch * s.heads) * s.query_len * s.key_len *
+               (s.key_dim + s.value_dim) >
+           kMaxReferenceWork);
+  d.ref_shape = {s.batch,   s.heads,   s.kv_heads, s.query_len,
+                 s.key_len, s.key_dim, s.value_dim};
+  d.query = RandomValues(s.QueryElements(), seed * 3 + 1);
+  d.key = RandomValues(s.KeyElements(), seed * 3 + 2);
+  d.value = RandomValues(s.ValueElements(), seed * 3 + 3);
+
+  AttentionOptions& o = d.options;
+  ReferenceOptions& ref = d.reference;
+  if (Chance(rng, 0.3)) {
+    o.scale = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng) /
+              std::sqrt(static_cast<float>(s.key_dim));
+    ref.scale = *o.scale;
+  }
+  if (Chance(rng, 0.45)) {
+    o.causal = ref.causal = true;
+    ref.bottom_right = Chance(rng, 0.5);
+    o.causal_alignment = ref.bottom_right ? CausalAlignment::kBottomRight
+                                          : CausalAlignment::kTopLeft;
+  }
+  if (Chance(rng, 0.35)) {
+    for (int64_t b = 0; b < s.batch; ++b) {
+      d.key_lengths.push_back(
+          std::uniform_int_distribution<int64_t>(0, s.key_len)(rng));
+    }
+    ref.key_lengths = d.key_lengths;
+  }
+  if (Chance(rng, 0.35)) {
+    std::array<int64_t, 4> dims = {
+        Chance(rng, 0.5) ? s.batch : 1, Chance(rng, 0.5) ? s.heads : 1,
+        Chance(rng, 0.6) ? s.query_len : 1, Chance(rng, 0.8) ? s.key_len : 1};
+    int64_t count = dims[0] * dims[1] * dims[2] * dims[3];
+    ReferenceMask mask;
+    mask.shape.assign(dims.begin(), dims.end());
+    AttentionMask engine_mask;
+    engine_mask.dims = dims;
+    if (Chance(rng, 0.5)) {
+      for (int64_t i = 0; i < count; ++i)
+        d.allowed.push_back(Chance(rng, 0.8) ? 1 : 0);
+      mask.allowed = d.allowed;
+      engine_mask.allowed = d.allowed.data();
+    } else {
+      std::uniform_real_distribution<float> bias(-2.0f, 2.0f);
+      for (int64_t i = 0; i < count; ++i) {
+        d.bias.push_back(Chance(rng, 0.1)
+                             ? -std::numeric_limits<float>::infinity()
+                             : bias(rng));
+      }
+      mask.bias = d.bias;
+      engine_mask.bias = d.bias.data();
+    }
+    ref.mask = mask;
+    o.mask = engine_mask;
+  }
+  o.key_lengths = d.key_lengths;
+  o.return_lse = Chance(rng, 0.5);
+  if (Chance(rng, 0.3)) o.precision = Precision::kBFloat16;
+
+  std::ostringstream text;
+  text << "seed " << seed << ": " << s.DebugString()
+       << (o.causal ? (ref.bottom_right ? " causal bottom-right" : " causal")
+                    : "")
+       << (d.key_lengths.empty() ? "" : " key_lengths")
+       << (d.allowed.empty() ? "" : " bool-mask")
+       << (d.bias.empty() ? "" : " float-mask")
+       << (o.precision == Precision::kBFloat16 ? " bf16" : "")
+       << (o.return_lse ? " lse" : "");
+  d.description = text.str();
+  return d;
+}
+
+void ExpectNear(const char* what, const std::vector<float>& actual,
+                const std::vector<double>& expected, Tolerance t) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::isinf(expected[i])) {
+      ASSERT_EQ(actual[i], expected[i]) << what << " at " << i;
+      continue;
+    }
+    ASSERT_NEAR(actual[i], expected[i], t.abs + t.rel * std::abs(expected[i]))
+        << what << " at flat index " << i;
+  }
+}
+
+class FusedMatchesReference : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(FusedMatchesReference, RandomDraws) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(GetParam());
+  uint64_t first_seed = 1;
+  int count = kDraws;
+  if (const char* seed = std::getenv("ATTNSERVE_FUSED_SEED")) {
+    first_seed = std::strtoull(seed, nullptr, 10);
+    count = 1;
+  }
+  for (int n = 0; n < count; ++n) {
+    const Draw d = MakeDraw(first_seed + static_cast<uint64_t>(n));
+    SCOPED_TRACE(d.description);
+    const AttentionShape& s = d.shape;
+    std::vector<float> output(s.OutputElements(),
+                              std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> lse(d.options.return_lse ? s.LseElements() : 0);
+    const absl::Status status = engine->Attend(
+        s, d.options, d.query, d.key, d.value,
+        AttentionOutputs(absl::MakeSpan(output), {}, absl::MakeSpan(lse)));
+    ASSERT_TRUE(status.ok()) << status;
+    const ReferenceResult expected =
+        ReferenceAttention(d.ref_shape, d.query, d.key, d.value, d.reference);
+    const bool bf16 = d.options.precision == Precision::kBFloat16;
+    ExpectNear("output", output, expected.output,
+               bf16 ? kOutputBf16 : kOutputF32);
+    if (d.options.return_lse) {
+      ExpectNear("lse", lse, expected.lse, bf16 ? kLseBf16 : kLseF32);
+    }
+    if (HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, FusedMatchesReference,
+    ::testing::Values(
+        Variant{"FusedAvx512OneThread", AttentionKernel::kAuto, false, 1},
+        Variant{"FusedAvx512TwoThreads", AttentionKernel::kAuto, false, 2},
+        Variant{"FusedPortableOneThread", AttentionKernel::kAuto, true, 1},
+        Variant{"FusedPortableTwoThreads", AttentionKernel::kAuto, true, 2},
+        Variant{"Unfused", AttentionKernel::kUnfused, false, 2}),
+    [](const ::testing::TestParamInfo<Variant>& param) {
+      return param.param.name;
+    });
+
+AttentionShape Shape(int64_t b, int64_t h, int64_t hkv, int64_t lq, int64_t lk,
+                     int64_t d) {
+  AttentionShape shape;
+  shape.batch = b;
+  shape.heads = h;
+  shape.kv_heads = hkv;
+  shape.query_len = lq;
+  shape.key_len = lk;
+  shape.key_dim = shape.value_dim = d;
+  return shape;
+}
+
+TEST(FusedAttentionTest, ScratchDoesNotGrowWithTheScores) {
+  // B=1, H=8, L=32768, D=64: the scores would be 32 GiB; the fused kernel's
+  // scratch is a few tiles per thread.
+  const AttentionShape shape = Shape(1, 8, 8, 32768, 32768, 64);
+  std::unique_ptr<AttentionEngine> fused =
+      MakeEngine({"fused", AttentionKernel::kAuto, false, 2});
+  const std::optional<int64_t> bytes =
+      fused->AttendWorkspaceBytes(shape, AttentionOptions{});
+  ASSERT_TRUE(bytes.has_value());
+  EXPECT_LT(*bytes, int64_t{4} << 20);
+  // Asking for the weights needs the scores, hence the unfused path's slabs.
+  AttentionOptions weights;
+  weights.weights = AttentionWeightsMode::kPerHead;
+  EXPECT_GE(fused->AttendWorkspaceBytes(shape, weights).value(),
+            int64_t{64} << 20);
+}
+
+TEST(FusedAttentionTest, RowsThatSeeNoKeyGetZerosAndMinusInfinityLse) {
+  // Batch item 0 has no keys; under bottom-right causality with 3 keys, the
+  // first 2 of 5 queries of item 1 see none.
+  const AttentionShape shape = Shape(2, 2, 1, 5, 300, 16);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 7);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 8);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 9);
+  const std::vector<int64_t> key_lengths = {0, 3};
+  AttentionOptions options;
+  options.key_lengths = key_lengths;
+  options.causal = true;
+  options.causal_alignment = CausalAlignment::kBottomRight;
+  options.return_lse = true;
+  for (const bool portable : {false, true}) {
+    SCOPED_TRACE(portable ? "portable" : "avx512");
+    std::vector<float> output(shape.OutputElements(), 5.0f);
+    std::vector<float> lse(shape.LseElements(), 5.0f);
+    ASSERT_TRUE(MakeEngine({"fused", AttentionKernel::kAuto, portable, 2})
+                    ->Attend(shape, options, query, key, value,
+                             AttentionOutputs(absl::MakeSpan(output), {},
+                                              absl::MakeSpan(lse)))
+                    .ok());
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 5; ++i) {
+        const bool sees_none = i < 2;
+        EXPECT_EQ(lse[static_cast<size_t>(h * 5 + i)], minus_inf);
+        const float item1_lse = lse[static_cast<size_t>((2 + h) * 5 + i)];
+        if (sees_none) {
+          EXPECT_EQ(item1_lse, minus_inf);
+        } else {
+          EXPECT_TRUE(std::isfinite(item1_lse));
+        }
+        for (int64_t c = 0; c < 16; ++c) {
+          EXPECT_EQ(output[static_cast<size_t>((h * 5 + i) * 16 + c)], 0.0f);
+          if (sees_none) {
+            EXPECT_EQ(output[static_cast<size_t>(((2 + h) * 5 + i) * 16 + c)],
+                      0.0f);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedAttentionTest, NaNInAKeyMakesOnlyTheRowsThatSeeItNaN) {
+  // Key 550 of 600 is NaN: under bottom-right causality query i sees keys up
+  // to i + 500, so queries 0..49 stay finite and 50..99 are NaN. Two threads
+  // and two tiles split the keys, so the merge must carry the NaN too.
+  const AttentionShape shape = Shape(1, 1, 1, 100, 600, 8);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 1);
+  std::vector<float> key = RandomValues(shape.KeyElements(), 2);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 3);
+  key[550 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();
+  AttentionOptions options;
+  options.causal = true;
+  options.causal_alignment = CausalAlignment::kBottomRight;
+  for (const int threads : {1, 2}) {
+    for (const bool portable : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(portable ? "portable" : "avx512", ", threads ",
+                                threads));
+      std::vector<float> output(shape.OutputElements());
+      ASSERT_TRUE(
+          MakeEngine({"fused", AttentionKernel::kAuto, portable, threads})
+              ->Attend(shape, options, query, key, value,
+                       absl::MakeSpan(output))
+              .ok());
+      for (int64_t i = 0; i < 100; ++i) {
+        EXPECT_EQ(std::isnan(output[static_cast<size_t>(i * 8)]), i >= 50)
+            << "query " << i;
+      }
+    }
+  }
+}
+
+TEST(FusedAttentionTest, DecodeSplitsKeysAndMergesExactly) {
+  // One query row and 4097 keys: with two threads the single tile's keys are
+  // split into chunks, whose merge must match one pass within f32 rounding.
+  const AttentionShape shape = Shape(1, 1, 1, 1, 4097, 64);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 11);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 12);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 13);
+  AttentionOptions options;
+  options.return_lse = true;
+  std::vector<float> split_output(64), one_output(64), split_lse(1), one_lse(1);
+  ASSERT_TRUE(MakeEngine({"two", AttentionKernel::kAuto, false, 2})
+                  ->Attend(shape, options, query, key, value,
+                           AttentionOutputs(absl::MakeSpan(split_output), {},
+                                            absl::MakeSpan(split_lse)))
+                  .ok());
+  ASSERT_TRUE(MakeEngine({"one", AttentionKernel::kAuto, false, 1})
+                  ->Attend(shape, options, query, key, value,
+                           AttentionOutputs(absl::MakeSpan(one_output), {},
+                                            absl::MakeSpan(one_lse)))
+                  .ok());
+  for (size_t c = 0; c < 64; ++c) {
+    EXPECT_NEAR(split_output[c], one_output[c], 1e-6) << c;
+  }
+  EXPECT_NEAR(split_lse[0], one_lse[0], 1e-5);
+}
+
+TEST(FusedAttentionTest, ReportsWhichKernelsRun) {
+  EXPECT_EQ(MakeEngine({"portable", AttentionKernel::kAuto, true, 1})
+                ->runtime_info()
+                .kernels,
+            "portable");
+  EXPECT_THAT(MakeEngine({"auto", AttentionKernel::kAuto, false, 1})
+                  ->runtime_info()
+                  .kernels,
+              ::testing::AnyOf("avx512", "portable"));
+}
+
+}  // namespace
+}  // namespace attnserve

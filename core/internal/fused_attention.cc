@@ -34,6 +34,14 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int64_t kTileRows = 64;
 // Keys per block.
 constexpr int64_t kKeyBlock = 256;
+// Under causality or key_lengths, a tile's last block stops at the first
+// multiple of this many keys past the last key any of its rows sees, rather
+// than at a whole block: causal tiles at short lengths would otherwise compute
+// up to a block of keys nobody sees.
+constexpr int64_t kKeyGranule = 64;
+// Key-block widths a call may use: each multiple of kKeyGranule up to
+// kKeyBlock, and the ragged last block of the keys.
+constexpr int kKeyWidths = kKeyBlock / kKeyGranule + 1;
 // Tiles of fewer rows use our own vector code, not oneDNN.
 constexpr int64_t kSmallRows = 8;
 // Split the keys of each tile when there are fewer tiles than this many per
@@ -222,8 +230,8 @@ struct TileBinding {
 struct ThreadContext {
   char* buffer = nullptr;
   dnnl::stream stream;
-  // [m is full or last][n is full or last].
-  TileBinding bindings[2][2];
+  // [m is full or last][KeyWidthIndex(n)].
+  TileBinding bindings[2][kKeyWidths];
 };
 
 dnnl_status_t Execute(const dnnl::matmul& matmul, const dnnl::stream& stream,
@@ -246,6 +254,23 @@ class FusedRun {
                    TilePlanCache& cache, ScratchPool& pool);
 
  private:
+  // Keys in the last block of the keys (a whole block or fewer).
+  int64_t LastKeys() const {
+    return s_.key_len - (g_.k_blocks - 1) * g_.k_block;
+  }
+
+  // Whether a tile's last block may stop short of a whole block.
+  bool ShortensLastBlock() const {
+    return p_.options->causal || !p_.options->key_lengths.empty();
+  }
+
+  // The slot of a key-block width: multiples of kKeyGranule by size, the
+  // ragged last block of the keys after them.
+  static int KeyWidthIndex(int64_t n) {
+    return n % kKeyGranule == 0 ? static_cast<int>(n / kKeyGranule) - 1
+                                : kKeyWidths - 1;
+  }
+
   // Bytes per element of the keys and values the tiles read: bf16 for the
   // matmuls of bf16 precision, else f32.
   int64_t PackedElementBytes() const { return g_.bf16 && !g_.small ? 2 : 4; }
@@ -294,9 +319,9 @@ class FusedRun {
   const void* value_ = nullptr;
   ScratchPool::Lease packed_;
   ScratchPool::Lease workspace_;
-  // The tile plans by [m is full or last][n is full or last], and the engine
+  // The tile plans by [m is full or last][KeyWidthIndex(n)], and the engine
   // to bind them on.
-  const TilePlan* plans_[2][2] = {};
+  const TilePlan* plans_[2][kKeyWidths] = {};
   dnnl_engine_t engine_ = nullptr;
   char* partials_ = nullptr;
 };
@@ -325,25 +350,30 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   // Tile plans, built single-threaded and shared through the cache.
   const int64_t last_rows =
       g_.group * (s_.query_len - (g_.q_blocks - 1) * g_.q_block);
-  const int64_t last_keys = s_.key_len - (g_.k_blocks - 1) * g_.k_block;
   const int64_t ms[2] = {g_.rows, last_rows};
-  const int64_t ns[2] = {g_.k_block, last_keys};
-  std::shared_ptr<const TilePlan> plans[2][2];
+  // The key-block widths this call can use.
+  std::vector<int64_t> ns = {g_.k_block, LastKeys()};
+  if (ShortensLastBlock()) {
+    for (int64_t n = kKeyGranule; n < g_.k_block; n += kKeyGranule) {
+      ns.push_back(n);
+    }
+  }
+  std::shared_ptr<const TilePlan> plans[2][kKeyWidths];
   int64_t scratchpad_bytes = 0;
   if (!g_.small) {
     omp_set_num_threads(1);
     const absl::Status built = CallDnnl("building tile matmuls", [&] {
       for (int a = 0; a < 2; ++a) {
-        for (int c = 0; c < 2; ++c) {
-          plans[a][c] = cache.GetOrCreate(
-              TileKey(ms[a], ns[c], s_, g_.bf16),
-              [&] { return MakeTilePlan(engine, ms[a], ns[c], s_, g_.bf16); });
+        for (const int64_t n : ns) {
+          std::shared_ptr<const TilePlan>& plan = plans[a][KeyWidthIndex(n)];
+          if (plan != nullptr) continue;
+          plan = cache.GetOrCreate(TileKey(ms[a], n, s_, g_.bf16), [&] {
+            return MakeTilePlan(engine, ms[a], n, s_, g_.bf16);
+          });
           scratchpad_bytes = std::max<int64_t>(
               {scratchpad_bytes,
-               static_cast<int64_t>(
-                   plans[a][c]->scores_scratchpad_md.get_size()),
-               static_cast<int64_t>(
-                   plans[a][c]->context_scratchpad_md.get_size())});
+               static_cast<int64_t>(plan->scores_scratchpad_md.get_size()),
+               static_cast<int64_t>(plan->context_scratchpad_md.get_size())});
         }
       }
     });
@@ -371,7 +401,7 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   }));
   engine_ = engine.get();
   for (int a = 0; a < 2; ++a) {
-    for (int c = 0; c < 2; ++c) plans_[a][c] = plans[a][c].get();
+    for (int c = 0; c < kKeyWidths; ++c) plans_[a][c] = plans[a][c].get();
   }
 
   // Tiles handed out one at a time, a head's in a row so that its keys and
@@ -464,8 +494,11 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   const int64_t kv_offset = (b * s_.kv_heads + kv_head) * s_.key_len;
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t k0 = block * g_.k_block;
-    const int64_t n = std::min(g_.k_block, s_.key_len - k0);
-    const int ni = n == g_.k_block ? 0 : 1;
+    int64_t n = std::min(g_.k_block, s_.key_len - k0);
+    if (ShortensLastBlock() && tile_end - k0 < n) {
+      n = std::min(n, CeilDiv(tile_end - k0, kKeyGranule) * kKeyGranule);
+    }
+    const int ni = KeyWidthIndex(n);
     const char* key_block = static_cast<const char*>(key_) +
                             (kv_offset + k0) * s_.key_dim * element;
     const char* value_block = static_cast<const char*>(value_) +

@@ -552,10 +552,8 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       }
       float* row_scores = scores + r * n;
       const float alpha = kernels_.softmax_block(
-          row_scores, n, visible, p_.scale, row_mask, &states[r]);
-      if (g_.bf16 && !g_.small) {
-        kernels_.to_bf16(row_scores, n, probabilities + r * n);
-      }
+          row_scores, n, visible, p_.scale, row_mask, &states[r],
+          g_.bf16 && !g_.small ? probabilities + r * n : nullptr);
       if (alpha != 1.0f) {
         float* out = output + r * s_.value_dim;
         for (int64_t c = 0; c < s_.value_dim; ++c) out[c] *= alpha;

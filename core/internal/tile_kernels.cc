@@ -42,7 +42,8 @@ float AdvanceMax(float block_max, RowState* state, float* shift) {
 // ---------------------------------------------------------------- portable
 
 float SoftmaxBlockPortable(float* s, int64_t n, int64_t visible, float scale,
-                           const RowMask& mask, RowState* state) {
+                           const RowMask& mask, RowState* state,
+                           uint16_t* p16) {
   float block_max = kNegativeInfinity;
   for (int64_t j = 0; j < n; ++j) {
     float x = kNegativeInfinity;
@@ -63,7 +64,11 @@ float SoftmaxBlockPortable(float* s, int64_t n, int64_t visible, float scale,
     const float p =
         shift == kNegativeInfinity ? 0.0f : ExpNonPositive(s[j] - shift);
     sum += p;
-    s[j] = p;
+    if (p16 != nullptr) {
+      p16[j] = Float32ToBFloat16(p);
+    } else {
+      s[j] = p;
+    }
   }
   state->sum += sum;
   return alpha;
@@ -206,9 +211,21 @@ ATTNSERVE_AVX512 inline __m512 LoadF32x16(const float* p, __mmask16 lanes) {
   return _mm512_maskz_loadu_ps(lanes, p);
 }
 
+// Writes 16 probabilities at key j as f32 over the scores s, or as bf16 to
+// p16 if it is not null.
+ATTNSERVE_AVX512 inline void StoreProbabilities(float* s, uint16_t* p16,
+                                                int64_t j, __mmask16 lanes,
+                                                __m512 p) {
+  if (p16 != nullptr) {
+    _mm256_mask_storeu_epi16(p16 + j, lanes, ToBf16x16(p));
+  } else {
+    _mm512_mask_storeu_ps(s + j, lanes, p);
+  }
+}
+
 ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
                                           float scale, const RowMask& mask,
-                                          RowState* state) {
+                                          RowState* state, uint16_t* p16) {
   const __m512 minus_inf = _mm512_set1_ps(kNegativeInfinity);
   const __m512 scale_v = _mm512_set1_ps(scale);
   __mmask16 nan_lanes = 0;
@@ -264,7 +281,7 @@ ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
   if (shift == kNegativeInfinity) {
     // Nothing seen yet: every probability is 0.
     for (int64_t j = 0; j < n; j += 16) {
-      _mm512_mask_storeu_ps(s + j, FirstLanes(n - j), _mm512_setzero_ps());
+      StoreProbabilities(s, p16, j, FirstLanes(n - j), _mm512_setzero_ps());
     }
   } else if (plain) {
     // exp(scale·s − shift) as 2^(s·scale·log2e − shift·log2e): one FMA
@@ -277,7 +294,7 @@ ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
       const __m512 p = Exp2_512(
           _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale2, shift2));
       sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
-      _mm512_mask_storeu_ps(s + j, lanes, p);
+      StoreProbabilities(s, p16, j, lanes, p);
     }
   } else {
     for (int64_t j = 0; j < n; j += 16) {
@@ -285,7 +302,7 @@ ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
       const __m512 p =
           Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), shift_v));
       sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
-      _mm512_mask_storeu_ps(s + j, lanes, p);
+      StoreProbabilities(s, p16, j, lanes, p);
     }
   }
   state->sum += _mm512_reduce_add_ps(sum_v);

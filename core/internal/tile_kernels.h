@@ -35,11 +35,12 @@ struct TileKernels {
 
   // Folds one block of raw scores s[0, n) of a row into `state`: x_j = scale ·
   // s_j (+ bias_j), or −inf for j ≥ visible or a disallowed key; then writes
-  // p_j = exp(x_j − new max) over s_j, and state->sum grows by Σ p_j. Returns
-  // the factor exp(old max − new max) by which the row's accumulated output
-  // must be multiplied (1 while the row has seen no key).
+  // p_j = exp(x_j − new max) over s_j (or as bf16 to p16 if not null; s is
+  // then left undefined), and state->sum grows by Σ p_j (the f32 values).
+  // Returns the factor exp(old max − new max) by which the row's accumulated
+  // output must be multiplied (1 while the row has seen no key).
   float (*softmax_block)(float* s, int64_t n, int64_t visible, float scale,
-                         const RowMask& mask, RowState* state);
+                         const RowMask& mask, RowState* state, uint16_t* p16);
 
   // s[r · lds + j] = Σ_d q[r · d_len + d] · k[j · d_len + d] for r < m, j < n:
   // the scores of a few query rows against a block of keys. The bf16 variant

@@ -36,47 +36,27 @@ std::vector<float> Filled(int64_t count, float value) {
   return std::vector<float>(static_cast<size_t>(count), value);
 }
 
-// The ceiling: one square f32 matmul through oneDNN, primitive built once.
-void BM_OneDnnGemmF32(benchmark::State& state) {
+// One square n×n matmul through oneDNN, primitive built once: `in` inputs
+// (f32, or bf16 as the bf16-precision tiles take them), f32 output.
+void RunOneDnnGemm(benchmark::State& state, dnnl::memory::data_type in) {
   const int64_t n = state.range(0);
-  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
-  const dnnl::memory::desc md({n, n}, dnnl::memory::data_type::f32,
-                              dnnl::memory::format_tag::ab);
-  std::vector<float> a = Filled(n * n, 0.5f), b = Filled(n * n, 0.25f),
-                     c = Filled(n * n, 0.0f);
-  dnnl::memory a_mem(md, engine, a.data()), b_mem(md, engine, b.data()),
-      c_mem(md, engine, c.data());
-  dnnl::matmul matmul(
-      dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), engine));
-  for (auto _ : state) {
-    matmul.execute(stream, {{DNNL_ARG_SRC, a_mem},
-                            {DNNL_ARG_WEIGHTS, b_mem},
-                            {DNNL_ARG_DST, c_mem}});
-    stream.wait();
-  }
-  state.counters["FLOPS"] = benchmark::Counter(
-      2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(BM_OneDnnGemmF32)
-    ->Arg(2048)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
-// The bf16 ceiling: the same matmul with bf16 inputs and f32 output, as the
-// bf16-precision tiles run.
-void BM_OneDnnGemmBF16(benchmark::State& state) {
-  const int64_t n = state.range(0);
+  const size_t count = static_cast<size_t>(n * n);
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
   const auto tag = dnnl::memory::format_tag::ab;
-  const dnnl::memory::desc in_md({n, n}, dnnl::memory::data_type::bf16, tag);
+  const dnnl::memory::desc in_md({n, n}, in, tag);
   const dnnl::memory::desc out_md({n, n}, dnnl::memory::data_type::f32, tag);
-  std::vector<uint16_t> a(static_cast<size_t>(n * n), 0x3f00),
-      b(static_cast<size_t>(n * n), 0x3e80);
-  std::vector<float> c = Filled(n * n, 0.0f);
-  dnnl::memory a_mem(in_md, engine, a.data()), b_mem(in_md, engine, b.data()),
-      c_mem(out_md, engine, c.data());
+  // 0.5 and 0.25, in whichever type the inputs take.
+  const bool bf16 = in == dnnl::memory::data_type::bf16;
+  std::vector<float> a(bf16 ? 0 : count, 0.5f), b(bf16 ? 0 : count, 0.25f);
+  std::vector<uint16_t> a16(bf16 ? count : 0, 0x3f00),
+      b16(bf16 ? count : 0, 0x3e80);
+  std::vector<float> c(count, 0.0f);
+  dnnl::memory a_mem(in_md, engine,
+                     bf16 ? static_cast<void*>(a16.data()) : a.data());
+  dnnl::memory b_mem(in_md, engine,
+                     bf16 ? static_cast<void*>(b16.data()) : b.data());
+  dnnl::memory c_mem(out_md, engine, c.data());
   dnnl::matmul matmul(dnnl::matmul::primitive_desc(
       dnnl::matmul::desc(in_md, in_md, out_md), engine));
   for (auto _ : state) {
@@ -88,6 +68,18 @@ void BM_OneDnnGemmBF16(benchmark::State& state) {
   state.counters["FLOPS"] = benchmark::Counter(
       2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// The ceilings: f32, and bf16 in with f32 out.
+void BM_OneDnnGemmF32(benchmark::State& state) {
+  RunOneDnnGemm(state, dnnl::memory::data_type::f32);
+}
+void BM_OneDnnGemmBF16(benchmark::State& state) {
+  RunOneDnnGemm(state, dnnl::memory::data_type::bf16);
+}
+BENCHMARK(BM_OneDnnGemmF32)
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_OneDnnGemmBF16)
     ->Arg(2048)
     ->Unit(benchmark::kMillisecond)

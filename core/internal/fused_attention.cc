@@ -122,12 +122,16 @@ ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
   return t;
 }
 
-// Bytes of the partial results of split tiles.
+// The partial results of split tiles: every split's output rows, then (from
+// this offset) their row states.
+int64_t PartialStatesOffset(const AttentionShape& s, const Geometry& g) {
+  return AlignUp(g.tiles * g.splits * g.rows * s.value_dim * 4);
+}
+
 int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
   if (g.splits == 1) return 0;
-  const int64_t rows = g.tiles * g.splits * g.rows;
-  return AlignUp(rows * s.value_dim * 4) +
-         rows * static_cast<int64_t>(sizeof(RowState));
+  return PartialStatesOffset(s, g) +
+         g.tiles * g.splits * g.rows * static_cast<int64_t>(sizeof(RowState));
 }
 
 // Bytes of the packed key and value copies.
@@ -279,20 +283,20 @@ class FusedRun {
   // `out` as dense rows of the matmuls' type, on the calling thread's team.
   void Pack(const float* source, const Strides4& strides, int64_t dim,
             char* out) const {
-    const int64_t element = PackedElementBytes();
+    if (PackedElementBytes() == 4) {
+      CopyTensor4(source, strides, reinterpret_cast<float*>(out),
+                  PackedStrides(s_.kv_heads, s_.key_len, dim),
+                  {s_.batch, s_.kv_heads, s_.key_len, dim});
+      return;
+    }
+    uint16_t* packed = reinterpret_cast<uint16_t*>(out);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < s_.batch; ++b) {
       for (int64_t h = 0; h < s_.kv_heads; ++h) {
         for (int64_t j = 0; j < s_.key_len; ++j) {
-          const float* row =
-              source + b * strides[0] + h * strides[1] + j * strides[2];
-          char* dst =
-              out + ((b * s_.kv_heads + h) * s_.key_len + j) * dim * element;
-          if (element == 2) {
-            kernels_.to_bf16(row, dim, reinterpret_cast<uint16_t*>(dst));
-          } else {
-            std::memcpy(dst, row, static_cast<size_t>(dim) * 4);
-          }
+          kernels_.to_bf16(
+              source + b * strides[0] + h * strides[1] + j * strides[2], dim,
+              packed + ((b * s_.kv_heads + h) * s_.key_len + j) * dim);
         }
       }
     }
@@ -303,8 +307,6 @@ class FusedRun {
   dnnl_status_t RunTile(int64_t tile, int64_t split, ThreadContext& context);
   // Merges the splits of every tile into the output.
   void MergeSplits(int threads);
-  // Where the partial row states start in the partials buffer.
-  int64_t PartialStatesOffset() const;
   // Writes one row's output and lse from its accumulated state.
   void WriteRow(int64_t b, int64_t h, int64_t i, const float* accumulated,
                 const RowState& state);
@@ -592,7 +594,8 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     float* partial_output =
         reinterpret_cast<float*>(partials_) + slot * s_.value_dim;
     RowState* partial_states =
-        reinterpret_cast<RowState*>(partials_ + PartialStatesOffset()) + slot;
+        reinterpret_cast<RowState*>(partials_ + PartialStatesOffset(s_, g_)) +
+        slot;
     std::memcpy(partial_output, output,
                 static_cast<size_t>(m * s_.value_dim) * 4);
     std::copy(states, states + m, partial_states);
@@ -605,15 +608,10 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   return dnnl_success;
 }
 
-int64_t FusedRun::PartialStatesOffset() const {
-  // As PartialBytes lays them out: outputs, then states.
-  return AlignUp(g_.tiles * g_.splits * g_.rows * s_.value_dim * 4);
-}
-
 void FusedRun::MergeSplits(int threads) {
   const float* partial_outputs = reinterpret_cast<const float*>(partials_);
-  const RowState* partial_states =
-      reinterpret_cast<const RowState*>(partials_ + PartialStatesOffset());
+  const RowState* partial_states = reinterpret_cast<const RowState*>(
+      partials_ + PartialStatesOffset(s_, g_));
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     std::vector<float> merged(static_cast<size_t>(s_.value_dim));

@@ -17,32 +17,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/core/attention_engine.h"
+#include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
+#include "reference/tolerance.h"
 
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::kLseBf16;
+using ::attnserve::testing::kLseF32;
+using ::attnserve::testing::kOutputBf16;
+using ::attnserve::testing::kOutputF32;
 using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceMask;
 using ::attnserve::testing::ReferenceOptions;
 using ::attnserve::testing::ReferenceResult;
 using ::attnserve::testing::ReferenceShape;
+using ::attnserve::testing::SdpaShape;
 
 constexpr int kDraws = 120;
 // Keeps the reference (B·H·Lq·Lk·(Dk + Dv) multiply-adds in double) quick.
 constexpr double kMaxReferenceWork = 6e6;
-
-// docs/api.md, "Numerics".
-struct Tolerance {
-  double abs, rel;
-};
-constexpr Tolerance kOutputF32 = {1e-5, 1e-5};
-constexpr Tolerance kOutputBf16 = {2e-2, 2e-2};
-constexpr Tolerance kLseF32 = {1e-4, 1e-5};
-constexpr Tolerance kLseBf16 = {5e-2, 1e-2};
 
 struct Variant {
   const char* name;
@@ -174,19 +173,6 @@ Draw MakeDraw(uint64_t seed) {
   return d;
 }
 
-void ExpectNear(const char* what, const std::vector<float>& actual,
-                const std::vector<double>& expected, Tolerance t) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    if (std::isinf(expected[i])) {
-      ASSERT_EQ(actual[i], expected[i]) << what << " at " << i;
-      continue;
-    }
-    ASSERT_NEAR(actual[i], expected[i], t.abs + t.rel * std::abs(expected[i]))
-        << what << " at flat index " << i;
-  }
-}
-
 class FusedMatchesReference : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(FusedMatchesReference, RandomDraws) {
@@ -232,22 +218,10 @@ INSTANTIATE_TEST_SUITE_P(
       return param.param.name;
     });
 
-AttentionShape Shape(int64_t b, int64_t h, int64_t hkv, int64_t lq, int64_t lk,
-                     int64_t d) {
-  AttentionShape shape;
-  shape.batch = b;
-  shape.heads = h;
-  shape.kv_heads = hkv;
-  shape.query_len = lq;
-  shape.key_len = lk;
-  shape.key_dim = shape.value_dim = d;
-  return shape;
-}
-
 TEST(FusedAttentionTest, ScratchDoesNotGrowWithTheScores) {
   // B=1, H=8, L=32768, D=64: the scores would be 32 GiB; the fused kernel's
   // scratch is a few tiles per thread.
-  const AttentionShape shape = Shape(1, 8, 8, 32768, 32768, 64);
+  const AttentionShape shape = SdpaShape(1, 8, 8, 32768, 32768, 64);
   std::unique_ptr<AttentionEngine> fused =
       MakeEngine({"fused", AttentionKernel::kAuto, false, 2});
   const std::optional<int64_t> bytes =
@@ -264,7 +238,7 @@ TEST(FusedAttentionTest, ScratchDoesNotGrowWithTheScores) {
 TEST(FusedAttentionTest, RowsThatSeeNoKeyGetZerosAndMinusInfinityLse) {
   // Batch item 0 has no keys; under bottom-right causality with 3 keys, the
   // first 2 of 5 queries of item 1 see none.
-  const AttentionShape shape = Shape(2, 2, 1, 5, 300, 16);
+  const AttentionShape shape = SdpaShape(2, 2, 1, 5, 300, 16);
   const std::vector<float> query = RandomValues(shape.QueryElements(), 7);
   const std::vector<float> key = RandomValues(shape.KeyElements(), 8);
   const std::vector<float> value = RandomValues(shape.ValueElements(), 9);
@@ -310,7 +284,7 @@ TEST(FusedAttentionTest, NaNInAKeyMakesOnlyTheRowsThatSeeItNaN) {
   // Key 550 of 600 is NaN: under bottom-right causality query i sees keys up
   // to i + 500, so queries 0..49 stay finite and 50..99 are NaN. Two threads
   // and two tiles split the keys, so the merge must carry the NaN too.
-  const AttentionShape shape = Shape(1, 1, 1, 100, 600, 8);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 100, 600, 8);
   const std::vector<float> query = RandomValues(shape.QueryElements(), 1);
   std::vector<float> key = RandomValues(shape.KeyElements(), 2);
   const std::vector<float> value = RandomValues(shape.ValueElements(), 3);
@@ -339,7 +313,7 @@ TEST(FusedAttentionTest, NaNInAKeyMakesOnlyTheRowsThatSeeItNaN) {
 TEST(FusedAttentionTest, DecodeSplitsKeysAndMergesExactly) {
   // One query row and 4097 keys: with two threads the single tile's keys are
   // split into chunks, whose merge must match one pass within f32 rounding.
-  const AttentionShape shape = Shape(1, 1, 1, 1, 4097, 64);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 1, 4097, 64);
   const std::vector<float> query = RandomValues(shape.QueryElements(), 11);
   const std::vector<float> key = RandomValues(shape.KeyElements(), 12);
   const std::vector<float> value = RandomValues(shape.ValueElements(), 13);

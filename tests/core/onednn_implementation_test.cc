@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnserve/core/attention_engine.h"
+#include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.h"
@@ -19,18 +20,7 @@ namespace attnserve {
 namespace {
 
 using ::attnserve::testing::RandomValues;
-
-AttentionShape Shape(int64_t b, int64_t h, int64_t hkv, int64_t lq, int64_t lk,
-                     int64_t d) {
-  AttentionShape shape;
-  shape.batch = b;
-  shape.heads = h;
-  shape.kv_heads = hkv;
-  shape.query_len = lq;
-  shape.key_len = lk;
-  shape.key_dim = shape.value_dim = d;
-  return shape;
-}
+using ::attnserve::testing::SdpaShape;
 
 // The implementation names of the primitives `body` executes, one per line.
 template <typename Body>
@@ -70,7 +60,7 @@ TEST_P(OneDnnImplementationTest, SdpaOnBothPaths) {
   std::unique_ptr<AttentionEngine> engine =
       AttentionEngine::Create(EngineOptions{}).value();
   for (const AttentionShape& shape :
-       {Shape(2, 4, 4, 300, 300, 64), Shape(1, 8, 2, 130, 520, 128)}) {
+       {SdpaShape(2, 4, 4, 300, 300, 64), SdpaShape(1, 8, 2, 130, 520, 128)}) {
     SCOPED_TRACE(shape.DebugString());
     const std::vector<float> query = RandomValues(shape.QueryElements(), 1);
     const std::vector<float> key = RandomValues(shape.KeyElements(), 2);

@@ -16,39 +16,38 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
+#include "reference/tolerance.h"
 #include "server/server_fixture.h"
 
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::kLseBf16;
+using ::attnserve::testing::kLseF32;
+using ::attnserve::testing::kOutputBf16;
+using ::attnserve::testing::kOutputF32;
 using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceMask;
 using ::attnserve::testing::ReferenceOptions;
 using ::attnserve::testing::ReferenceResult;
 using ::attnserve::testing::ReferenceShape;
+using ::attnserve::testing::Tolerance;
 
 constexpr int kConfigurations = 240;
-
-// docs/api.md, "Numerics": |actual − expected| ≤ abs + rel·|expected|.
-struct Tolerance {
-  double abs, rel;
-};
 
 // The compute's error, by precision; then the rounding of the result to its
 // dtype.
 Tolerance ToleranceFor(v1::AttentionOptions::Precision precision,
                        v1::DType output_dtype) {
-  Tolerance t = precision == v1::AttentionOptions::BF16 ? Tolerance{2e-2, 2e-2}
-                                                        : Tolerance{1e-5, 1e-5};
+  Tolerance t =
+      precision == v1::AttentionOptions::BF16 ? kOutputBf16 : kOutputF32;
   if (output_dtype == v1::BFLOAT16) t.rel += 1.0 / 256;  // 8 significant bits.
   if (output_dtype == v1::FLOAT16) t.rel += 1.0 / 2048;  // 11 significant bits.
   if (output_dtype != v1::FLOAT32)
     t.abs += 1e-4;  // f16 subnormal steps near 0.
   return t;
 }
-
-constexpr Tolerance kLseF32 = {1e-4, 1e-5};
-constexpr Tolerance kLseBf16 = {5e-2, 1e-2};
 
 struct Configuration {
   ReferenceShape shape;
@@ -177,19 +176,6 @@ Configuration Draw(uint64_t seed) {
     << o.ShortDebugString().substr(0, 300) << "}";
   c.description = d.str();
   return c;
-}
-
-void ExpectNear(const char* what, const std::vector<float>& actual,
-                const std::vector<double>& expected, Tolerance t) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    if (std::isinf(expected[i])) {
-      ASSERT_EQ(actual[i], expected[i]) << what << " at " << i;
-      continue;
-    }
-    ASSERT_NEAR(actual[i], expected[i], t.abs + t.rel * std::abs(expected[i]))
-        << what << " at flat index " << i;
-  }
 }
 
 // The server's SDPA path: the fused kernel (AVX-512 where the CPU has it), its

@@ -86,6 +86,33 @@ BENCHMARK(BM_TinyAttendLatency)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// The floor under the tiny call: a request the handler refuses at once
+// (INVALID_ARGUMENT, no tensors), so no queue, compute or tensor bytes.
+void BM_RefusedAttendLatency(benchmark::State& state) {
+  Served served = Serve(1);
+  const v1::AttendRequest request;
+  for (int i = 0; i < 200; ++i)
+    served.client->Attend(request, kTimeout).IgnoreError();  // Warm.
+  std::vector<double> latencies;
+  for (auto _ : state) {
+    const absl::Time start = absl::Now();
+    const absl::Status status =
+        served.client->Attend(request, kTimeout).status();
+    latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    if (status.code() != absl::StatusCode::kInvalidArgument) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  if (latencies.empty()) return;
+  state.counters["p50_us"] = Percentile(latencies, 0.5);
+  state.counters["p99_us"] = Percentile(latencies, 0.99);
+}
+BENCHMARK(BM_RefusedAttendLatency)
+    ->Iterations(3000)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void BM_LargeAttendOverhead(benchmark::State& state) {
   Served served = Serve(1);
   const v1::AttendRequest request = Request(1, 16, 2048, 64);

@@ -89,6 +89,10 @@ class AttentionEngineImpl final : public AttentionEngine {
     return SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
   }
 
+  bool AttendRunsOnCallingThread(const AttentionShape& shape) const override {
+    return AttentionFlops(shape) < kParallelFlops;
+  }
+
   absl::Status MultiHeadAttention(const MultiHeadShape& shape,
                                   const ProjectionWeights& weights,
                                   const AttentionOptions& options,

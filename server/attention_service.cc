@@ -59,15 +59,17 @@ class AttentionServiceImpl::AttendJob final : public Job {
  public:
   AttendJob(const AttentionServiceImpl* service, const Call& call,
             AttendWork work, const v1::AttendRequest* request,
-            v1::AttendResponse* response, bool batching)
+            v1::AttendResponse* response, bool batching, bool runs_inline)
       : service_(service),
         call_(call),
         work_(std::move(work)),
         request_(request),
         response_(response),
-        key_(batching ? AttendBatchKey(*request, work_) : "") {}
+        key_(batching ? AttendBatchKey(*request, work_) : ""),
+        runs_inline_(runs_inline) {}
 
   const std::string& batch_key() const override { return key_; }
+  bool runs_inline() const override { return runs_inline_; }
 
   void Run(absl::Span<Job* const> batch) override {
     std::vector<AttendJob*> live;
@@ -115,6 +117,7 @@ class AttentionServiceImpl::AttendJob final : public Job {
   const v1::AttendRequest* const request_;
   v1::AttendResponse* const response_;
   const std::string key_;
+  const bool runs_inline_;
 };
 
 AttentionServiceImpl::AttentionServiceImpl(
@@ -256,11 +259,18 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
     v1::AttendResponse* response) {
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
   if (!work.ok()) return Finish(call, work.status(), *response);
-  return Enqueue(call,
-                 std::make_unique<AttendJob>(
-                     this, call, *std::move(work), &request, response,
-                     scheduler_->options().max_batch > 1),
-                 *response);
+  const SchedulerOptions& scheduling = scheduler_->options();
+  const bool batching = scheduling.max_batch > 1;
+  // A call the engine runs on one thread anyway runs here when an executor is
+  // idle, unless it should wait for batch partners.
+  const bool runs_inline =
+      engine_->AttendRunsOnCallingThread(work->shape) &&
+      (!batching || scheduling.max_queue_delay <= absl::ZeroDuration());
+  return Enqueue(
+      call,
+      std::make_unique<AttendJob>(this, call, *std::move(work), &request,
+                                  response, batching, runs_inline),
+      *response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(

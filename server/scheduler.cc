@@ -23,15 +23,27 @@ Scheduler::~Scheduler() {
 }
 
 absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
-  absl::MutexLock lock(&mutex_);
-  if (static_cast<int>(queue_.size()) >= options_.max_queue) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the compute queue is full: ", queue_.size(),
-        " requests wait, the --max_queue limit is ", options_.max_queue));
+  {
+    absl::MutexLock lock(&mutex_);
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the compute queue is full: ", queue_.size(),
+          " requests wait, the --max_queue limit is ", options_.max_queue));
+    }
+    job->enqueued_ = absl::Now();
+    ++submitted_;
+    if (!job->runs_inline() || !queue_.empty() ||
+        running_ >= options_.executors || stopping_) {
+      queue_.push_back(std::move(job));
+      return absl::OkStatus();
+    }
+    ++running_;  // Takes an idle executor's turn.
   }
-  job->enqueued_ = absl::Now();
-  queue_.push_back(std::move(job));
-  ++submitted_;
+  Job* const jobs[] = {job.get()};
+  job->Run(jobs);
+  job.reset();
+  absl::MutexLock lock(&mutex_);
+  --running_;
   return absl::OkStatus();
 }
 
@@ -48,9 +60,13 @@ bool Scheduler::WaitIdle(absl::Duration timeout) {
 
 std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
   while (true) {
+    // A queued job waits for a free turn: an inline job may hold one while
+    // this executor is idle.
     mutex_.Await(absl::Condition(
         +[](Scheduler* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
-          return self->stopping_ || !self->queue_.empty();
+          return self->queue_.empty()
+                     ? self->stopping_
+                     : self->running_ < self->options_.executors;
         },
         this));
     if (queue_.empty()) return {};  // Stopping, nothing left.

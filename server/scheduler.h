@@ -4,7 +4,11 @@
 // Handlers validate a request and Submit a Job. Worker threads (the executors)
 // take jobs in arrival order; a job with a batch key waits up to
 // max_queue_delay for queued jobs with the same key and runs with up to
-// max_batch - 1 of them in one call. Thread-safe.
+// max_batch - 1 of them in one call. A job small enough to run inline runs on
+// the submitting thread when an executor is idle and nothing waits: handing it
+// to a sleeping executor would cost more than its compute (waking a thread is
+// tens of µs on a virtual machine). Either way at most `executors` jobs run at
+// once. Thread-safe.
 #ifndef ATTNSERVE_SERVER_SCHEDULER_H_
 #define ATTNSERVE_SERVER_SCHEDULER_H_
 
@@ -31,8 +35,13 @@ class Job {
   // Jobs with the same non-empty key may run together; empty: always alone.
   virtual const std::string& batch_key() const { return no_key_; }
 
+  // Whether the job may run on the submitting thread: a compute too short to
+  // be worth a hand-over, on that thread alone (no OpenMP team).
+  virtual bool runs_inline() const { return false; }
+
   // Runs `batch` (this job first; every job shares its key) and answers each of
-  // them. Called once per batch, on a worker thread.
+  // them. Called once per batch, on a worker thread or, for a job that
+  // runs_inline(), on the thread that submitted it.
   virtual void Run(absl::Span<Job* const> batch) = 0;
 
   // When the job entered the queue.
@@ -75,8 +84,9 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues `job`. RESOURCE_EXHAUSTED naming --max_queue if that many jobs
-  // already wait.
+  // Queues `job`, or runs it before returning if it runs_inline(), nothing is
+  // queued and fewer than `executors` jobs run. RESOURCE_EXHAUSTED naming
+  // --max_queue if that many jobs already wait.
   absl::Status Submit(std::unique_ptr<Job> job);
 
   // Blocks until no job is queued or running, or `timeout` passes; returns
@@ -96,6 +106,7 @@ class Scheduler {
   absl::Mutex mutex_;
   std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mutex_);
   int64_t submitted_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Batches running, on executors or inline; never more than `executors`.
   int running_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;

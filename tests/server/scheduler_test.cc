@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -162,6 +163,78 @@ TEST(SchedulerTest, SeveralExecutorsRunJobsAtOnce) {
     }
   }
   EXPECT_GE(most.load(), 2);
+}
+
+// Runs a function on whichever thread runs it; may run inline.
+class InlineJob final : public Job {
+ public:
+  explicit InlineJob(absl::AnyInvocable<void()> function)
+      : function_(std::move(function)) {}
+  bool runs_inline() const override { return true; }
+  void Run(absl::Span<Job* const> /*batch*/) override { function_(); }
+
+ private:
+  absl::AnyInvocable<void()> function_;
+};
+
+TEST(SchedulerTest, RunsAnInlineJobOnTheSubmittingThreadWhenIdle) {
+  Scheduler scheduler(SchedulerOptions{});
+  std::thread::id ran_on;
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<InlineJob>(
+                      [&] { ran_on = std::this_thread::get_id(); }))
+                  .ok());
+  // Submit returned after the run: no wait needed.
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+}
+
+TEST(SchedulerTest, QueuesAnInlineJobBehindBusyExecutorsAndQueuedJobs) {
+  absl::Mutex mutex;
+  std::vector<std::vector<int>> batches;
+  absl::Notification release;
+  Scheduler scheduler(SchedulerOptions{});  // One executor.
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<RecordingJob>(0, "", &batches,
+                                                         &mutex, &release))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(50));  // Job 0 holds the executor.
+  std::atomic<bool> ran_here{false};
+  std::atomic<int> runs{0};
+  const std::thread::id submitter = std::this_thread::get_id();
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<InlineJob>([&] {
+                    ran_here = std::this_thread::get_id() == submitter;
+                    ++runs;
+                  }))
+                  .ok());
+  EXPECT_EQ(runs.load(), 0);  // Queued, not run past the busy executor.
+  release.Notify();
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_FALSE(ran_here.load());
+}
+
+TEST(SchedulerTest, AnInlineJobTakesAnExecutorsTurn) {
+  // One executor: while an inline job runs, a queued job waits for it.
+  Scheduler scheduler(SchedulerOptions{});
+  std::atomic<int> running{0}, most{0};
+  auto track = [&] {
+    const int now = ++running;
+    int seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+    --running;
+  };
+  std::thread inline_submitter([&] {
+    EXPECT_TRUE(scheduler.Submit(std::make_unique<InlineJob>(track)).ok());
+  });
+  while (running.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(scheduler.Submit(std::make_unique<FunctionJob>(track)).ok());
+  inline_submitter.join();
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(most.load(), 1);
 }
 
 }  // namespace

@@ -233,6 +233,12 @@ class AttentionEngine {
   virtual std::optional<int64_t> AttendWorkspaceBytes(
       const AttentionShape& shape, const AttentionOptions& options) const = 0;
 
+  // Whether an Attend of `shape` runs on the calling thread alone (no OpenMP
+  // team): calls under 2^20 FLOPs do, since waking a team costs more than their
+  // arithmetic. The shape must be valid. Servers run such calls without
+  // handing them to another thread.
+  virtual bool AttendRunsOnCallingThread(const AttentionShape& shape) const = 0;
+
   // What the engine computes with, for logs and build-info metrics.
   virtual RuntimeInfo runtime_info() const = 0;
 

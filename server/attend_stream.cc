@@ -154,13 +154,13 @@ class AttendStreamReactor final
   // (none the size limits let through) becomes its error.
   static void Serialize(Slot& slot) {
     const absl::Status serialized =
-        SerializeWire(slot.answer, &slot.wire_answer);
+        SerializeWire(&slot.answer, &slot.wire_answer);
     if (serialized.ok()) return;
     slot.answer.clear_response();
     slot.answer.mutable_error()->set_code(static_cast<int>(serialized.code()));
     slot.answer.mutable_error()->set_message(std::string(serialized.message()));
     // An error answer is small enough to serialise.
-    SerializeWire(slot.answer, &slot.wire_answer).IgnoreError();
+    SerializeWire(&slot.answer, &slot.wire_answer).IgnoreError();
   }
 
   // Writes the next answer if it is ready and no write is in flight; finishes

@@ -21,7 +21,7 @@ namespace attnserve {
 class AttentionServiceImpl::UnaryJob final : public Job {
  public:
   UnaryJob(const AttentionServiceImpl* service, const Call& call, double flops,
-           v1::ServerTiming* timing, const google::protobuf::Message* response,
+           v1::ServerTiming* timing, google::protobuf::Message* response,
            absl::AnyInvocable<absl::Status() &&> compute)
       : service_(service),
         call_(call),
@@ -42,7 +42,7 @@ class AttentionServiceImpl::UnaryJob final : public Job {
     }
     timing_->set_server_us(
         absl::ToInt64Microseconds(absl::Now() - call_.started));
-    service_->Finish(call_, status, *response_);
+    service_->Finish(call_, status, response_);
   }
 
  private:
@@ -50,7 +50,7 @@ class AttentionServiceImpl::UnaryJob final : public Job {
   const Call call_;
   const double flops_;
   v1::ServerTiming* const timing_;
-  const google::protobuf::Message* const response_;
+  google::protobuf::Message* const response_;
   absl::AnyInvocable<absl::Status() &&> compute_;
 };
 
@@ -80,7 +80,7 @@ class AttentionServiceImpl::AttendJob final : public Job {
           service_->Dequeue(attend->call_, attend->enqueued(),
                             attend->response_->mutable_timing());
       if (!admitted.ok()) {
-        service_->Finish(attend->call_, admitted, *attend->response_);
+        service_->Finish(attend->call_, admitted, attend->response_);
         continue;
       }
       live.push_back(attend);
@@ -106,7 +106,7 @@ class AttentionServiceImpl::AttendJob final : public Job {
           absl::ToInt64Microseconds(elapsed));
       attend->response_->mutable_timing()->set_server_us(
           absl::ToInt64Microseconds(absl::Now() - attend->call_.started));
-      service_->Finish(attend->call_, status, *attend->response_);
+      service_->Finish(attend->call_, status, attend->response_);
     }
   }
 
@@ -122,13 +122,15 @@ class AttentionServiceImpl::AttendJob final : public Job {
 
 AttentionServiceImpl::AttentionServiceImpl(
     ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
-    WeightsRegistry* registry, const CallGate* gate, RequestLimits limits)
+    WeightsRegistry* registry, const CallGate* gate, RequestLimits limits,
+    std::shared_ptr<BytesPool> pool)
     : metrics_(metrics),
       engine_(engine),
       scheduler_(scheduler),
       registry_(registry),
       gate_(gate),
-      limits_(limits) {}
+      limits_(limits),
+      pool_(std::move(pool)) {}
 
 namespace {
 
@@ -153,7 +155,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(
     grpc::ServerUnaryReactor* (AttentionServiceImpl::*handler)(const Call&,
                                                                const Request&,
                                                                Response*)) {
-  auto* reactor = new WireUnaryReactor<Request, Response>();
+  auto* reactor = new WireUnaryReactor<Request, Response>(pool_);
   metrics_->CallStarted(rpc, static_cast<int64_t>(wire_request.Length()));
   Call call{rpc,           context,     reactor,
             wire_response, absl::Now(), gate_->Admit(*context)};
@@ -163,18 +165,18 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(
     // handler, which owns the call until then, as const only by its signature:
     // the parse consumes it, so that the request is not held twice.
     call.admitted = ParseWire(const_cast<grpc::ByteBuffer*>(&wire_request),
-                              &reactor->request);
+                              &reactor->request, pool_.get());
   }
   if (!call.admitted.ok())
-    return Finish(call, call.admitted, reactor->response);
+    return Finish(call, call.admitted, &reactor->response);
   return (this->*handler)(call, reactor->request, &reactor->response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
     const Call& call, const absl::Status& status,
-    const google::protobuf::Message& response) const {
+    google::protobuf::Message* response) const {
   absl::Status answer = status;
-  if (answer.ok()) answer = SerializeWire(response, call.wire_response);
+  if (answer.ok()) answer = SerializeWire(response, call.wire_response, pool_);
   metrics_->CallFinished(
       call.rpc, answer.code(), absl::Now() - call.started,
       answer.ok() ? static_cast<int64_t>(call.wire_response->Length()) : 0);
@@ -184,7 +186,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Enqueue(
     const Call& call, std::unique_ptr<Job> job,
-    const google::protobuf::Message& response) {
+    google::protobuf::Message* response) {
   metrics_->Enqueued();
   const absl::Status queued = scheduler_->Submit(std::move(job));
   if (!queued.ok()) {
@@ -258,7 +260,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
     const Call& call, const v1::AttendRequest& request,
     v1::AttendResponse* response) {
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
-  if (!work.ok()) return Finish(call, work.status(), *response);
+  if (!work.ok()) return Finish(call, work.status(), response);
   const SchedulerOptions& scheduling = scheduler_->options();
   const bool batching = scheduling.max_batch > 1;
   // A call the engine runs on one thread anyway runs here when an executor is
@@ -266,11 +268,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
   const bool runs_inline =
       engine_->AttendRunsOnCallingThread(work->shape) &&
       (!batching || scheduling.max_queue_delay <= absl::ZeroDuration());
+  SeedOutput(work->shape.OutputElements(), work->plan.output_dtype,
+             response->mutable_output());
   return Enqueue(
       call,
       std::make_unique<AttendJob>(this, call, *std::move(work), &request,
                                   response, batching, runs_inline),
-      *response);
+      response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
@@ -283,10 +287,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
       v1::MultiHeadAttentionRequest::kWeightsName) {
     absl::Status name =
         ValidateWeightsName("weights_name", request.weights_name());
-    if (!name.ok()) return Finish(call, name, *response);
+    if (!name.ok()) return Finish(call, name, response);
     absl::StatusOr<WeightsRegistry::Entry> entry =
         registry_->Get(request.weights_name());
-    if (!entry.ok()) return Finish(call, entry.status(), *response);
+    if (!entry.ok()) return Finish(call, entry.status(), response);
     registered = entry->weights;
     response->set_weights_version(entry->version);
     origin = "weights '" + request.weights_name() + "'";
@@ -295,7 +299,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
              v1::MultiHeadAttentionRequest::kWeights) {
     absl::StatusOr<WeightsShape> shape =
         ValidateProjectionWeights(request.weights(), "weights");
-    if (!shape.ok()) return Finish(call, shape.status(), *response);
+    if (!shape.ok()) return Finish(call, shape.status(), response);
     weights_shape = *shape;
   } else {
     return Finish(
@@ -303,12 +307,14 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
         absl::InvalidArgumentError(
             "weights and weights_name are both missing, expected one: "
             "inline ProjectionWeights or a name registered by PutWeights"),
-        *response);
+        response);
   }
   absl::StatusOr<MultiHeadWork> work =
       ValidateMultiHeadRequest(request, weights_shape, origin, limits_);
-  if (!work.ok()) return Finish(call, work.status(), *response);
+  if (!work.ok()) return Finish(call, work.status(), response);
   const double flops = MultiHeadFlops(work->shape, work->plan.options.causal);
+  SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
+             work->plan.output_dtype, response->mutable_output());
   auto compute = [this, request = &request, response, registered,
                   work = *std::move(work)] {
     if (registered != nullptr) {
@@ -323,7 +329,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
       call,
       std::make_unique<UnaryJob>(this, call, flops, response->mutable_timing(),
                                  response, std::move(compute)),
-      *response);
+      response);
 }
 
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
@@ -355,7 +361,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServePutWeights(
       PutWeightsInto(*registry_, request);
   if (result.ok()) *response = *std::move(result);
   RecordWeightsHeld();
-  return Finish(call, result.status(), *response);
+  return Finish(call, result.status(), response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ServeListWeights(
@@ -366,7 +372,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeListWeights(
     *response->add_weights() = DescribeWeights(name, entry);
   }
   response->set_total_bytes(listing.total_bytes);
-  return Finish(call, absl::OkStatus(), *response);
+  return Finish(call, absl::OkStatus(), response);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ServeDeleteWeights(
@@ -378,7 +384,14 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeDeleteWeights(
     *response->mutable_deleted() = DescribeWeights(request.name(), *entry);
   }
   RecordWeightsHeld();
-  return Finish(call, entry.status(), *response);
+  return Finish(call, entry.status(), response);
+}
+
+void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,
+                                      v1::Tensor* output) const {
+  const size_t bytes = static_cast<size_t>(elements) *
+                       static_cast<size_t>(DataTypeBytes(ToDataType(dtype)));
+  if (bytes >= pool_->min_bytes()) *output->mutable_data() = pool_->Take(bytes);
 }
 
 void AttentionServiceImpl::RecordWeightsHeld() const {

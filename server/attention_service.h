@@ -2,9 +2,12 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include <memory>
+
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "bytes_pool.h"
 #include "call_gate.h"
 #include "metrics.h"
 #include "request_validator.h"
@@ -31,7 +34,8 @@ class AttentionServiceImpl final : public RawAttentionService {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
-                       const CallGate* gate, RequestLimits limits);
+                       const CallGate* gate, RequestLimits limits,
+                       std::shared_ptr<BytesPool> pool);
 
   // Each takes the request's wire bytes (an attnserve.v1.<Method>Request) and
   // answers with the response's.
@@ -98,17 +102,20 @@ class AttentionServiceImpl final : public RawAttentionService {
       const Call& call, const v1::DeleteWeightsRequest& request,
       v1::DeleteWeightsResponse* response);
 
+  // Gives a response tensor that will hold `elements` of `dtype` kept memory
+  // of that size, if the pool has some.
+  void SeedOutput(int64_t elements, v1::DType dtype, v1::Tensor* output) const;
+
   // Records the call's metrics, then answers it with `status` (and `response`,
   // serialised, if OK). Returns the reactor for the handler to return. The
   // reactor, request and response may be gone once it returns.
-  grpc::ServerUnaryReactor* Finish(
-      const Call& call, const absl::Status& status,
-      const google::protobuf::Message& response) const;
+  grpc::ServerUnaryReactor* Finish(const Call& call, const absl::Status& status,
+                                   google::protobuf::Message* response) const;
 
   // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
   // is full.
   grpc::ServerUnaryReactor* Enqueue(const Call& call, std::unique_ptr<Job> job,
-                                    const google::protobuf::Message& response);
+                                    google::protobuf::Message* response);
 
   // On a job's way out of the queue: records the wait in the metrics and
   // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED
@@ -122,6 +129,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   WeightsRegistry* const registry_;
   const CallGate* const gate_;
   const RequestLimits limits_;
+  // Where requests' and responses' tensor bytes are kept between calls.
+  const std::shared_ptr<BytesPool> pool_;
 };
 
 // Validates, converts and registers `request` (shared by PutWeights and the

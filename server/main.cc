@@ -73,6 +73,10 @@ ABSL_FLAG(bool, portable_kernels, false,
           "AVX-512 (for comparisons and to rule the vector code out).");
 ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
           "Most bytes of registered weights the server holds.");
+ABSL_FLAG(int64_t, buffer_pool_bytes, int64_t{256} << 20,
+          "Memory kept between calls for tensor bytes (requests parsed into "
+          "it, responses sent from it), so that large tensors do not fault in "
+          "fresh pages; 0 keeps none.");
 ABSL_FLAG(std::string, weights_dir, "",
           "Folder of weight sets to register at start-up: one folder per name "
           "holding "
@@ -110,6 +114,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "portable_kernels",
                                       "metrics_port",
                                       "max_weights_bytes",
+                                      "buffer_pool_bytes",
                                       "weights_dir",
                                       "drain_grace_seconds",
                                       "tls_cert",
@@ -177,6 +182,7 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   }
   options.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
   options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
+  options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
   options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);

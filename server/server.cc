@@ -79,6 +79,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port is ", *options.metrics_port, ", expected 0 to 65535"));
   }
+  if (options.buffer_pool_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffer_pool_bytes is ", options.buffer_pool_bytes, ", expected >= 0"));
+  }
   if (options.max_weights_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_weights_bytes is ", options.max_weights_bytes, ", expected >= 0"));
@@ -158,7 +162,8 @@ class AttnServerImpl final : public AttnServer {
         gate_(std::move(bearer_token)),
         scheduler_(SchedulingOf(options)),
         service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
-                 limits) {}
+                 limits,
+                 std::make_shared<BytesPool>(options.buffer_pool_bytes)) {}
 
   // Registers the demo weights and those of --weights_dir.
   absl::Status LoadWeights(const ServerOptions& options) {
@@ -208,6 +213,7 @@ class AttnServerImpl final : public AttnServer {
         " attention", "; max_message_bytes=", options_.max_message_bytes,
         " max_workspace_bytes=", options_.max_workspace_bytes,
         " max_weights_bytes=", options_.max_weights_bytes,
+        " buffer_pool_bytes=", options_.buffer_pool_bytes,
         " max_elements=", options_.max_elements,
         " max_request_memory_bytes=", options_.max_request_memory_bytes,
         "; executors=", options_.executors, " max_queue=", options_.max_queue,

@@ -41,6 +41,10 @@ struct ServerOptions {
   // The most bytes of registered weights the server holds (PutWeights,
   // --weights_dir, demo).
   int64_t max_weights_bytes = int64_t{4} << 30;
+  // Memory kept between calls for requests' and responses' tensor bytes, so
+  // that large tensors are read and written into pages already mapped; 0
+  // keeps none.
+  int64_t buffer_pool_bytes = int64_t{256} << 20;
   // Port of the Prometheus /metrics endpoint, on `address`; 0 picks a free one
   // (see AttnServer::metrics_port()); nullopt (the default here; the binary's
   // --metrics_port defaults to 9464) serves no metrics endpoint.

@@ -5,16 +5,25 @@
 // unary request UNIMPLEMENTED with an empty message, and an unparsable message
 // on a stream reads as the client closing its side.)
 //
+// With a BytesPool, the tensors' bytes (the `data` of the message's own Tensor
+// fields) are parsed into kept memory, and a response's are sent without a
+// copy: the wire refers to them, and they go back to the pool once gRPC has
+// sent them.
+//
 //   auto* reactor = new WireUnaryReactor<v1::AttendRequest,
-//   v1::AttendResponse>; absl::Status parsed = ParseWire(wire_request,
-//   &reactor->request);
+//                                        v1::AttendResponse>(pool);
+//   absl::Status parsed = ParseWire(wire_request, &reactor->request, pool);
 //   ...
-//   absl::Status serialised = SerializeWire(reactor->response, wire_response);
+//   absl::Status serialised =
+//       SerializeWire(&reactor->response, wire_response, pool);
 //   reactor->Finish(...);  // Deletes itself, request and response, when done.
 #ifndef ATTNSERVE_SERVER_WIRE_MESSAGES_H_
 #define ATTNSERVE_SERVER_WIRE_MESSAGES_H_
 
+#include <memory>
+
 #include "absl/status/status.h"
+#include "bytes_pool.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
@@ -22,27 +31,49 @@
 namespace attnserve {
 
 // Parses `wire` into `message`, consuming the bytes (`wire` is left empty, so a
-// request is not held twice). INVALID_ARGUMENT naming the message type and the
-// byte count when the bytes are not a valid message (truncated, not protobuf
-// wire format, a string that is not UTF-8).
+// request is not held twice). With a pool, `message` must be empty, and the
+// data of each of its Tensor fields is read into a string taken from the pool.
+// INVALID_ARGUMENT naming the message type and the byte count when the bytes
+// are not a valid message (truncated, not protobuf wire format, a string that
+// is not UTF-8).
 absl::Status ParseWire(grpc::ByteBuffer* wire,
-                       google::protobuf::Message* message);
+                       google::protobuf::Message* message,
+                       BytesPool* pool = nullptr);
 
-// Serialises `message` into `wire`. INTERNAL if protobuf cannot (a message over
-// 2 GiB, which the response size limits rule out).
-absl::Status SerializeWire(const google::protobuf::Message& message,
-                           grpc::ByteBuffer* wire);
+// Serialises `message` into `wire`. With a pool, the data of each of its Tensor
+// fields of at least the pool's min_bytes() leaves `message` and is sent in
+// place (as a second occurrence of the Tensor field holding only the data,
+// which protobuf parsers merge into the first), then given to the pool.
+// INTERNAL if protobuf cannot (a message over 2 GiB, which the response size
+// limits rule out).
+absl::Status SerializeWire(google::protobuf::Message* message,
+                           grpc::ByteBuffer* wire,
+                           const std::shared_ptr<BytesPool>& pool = nullptr);
+
+// Gives the data of `message`'s Tensor fields to `pool`.
+void GiveTensorBytes(google::protobuf::Message* message, BytesPool* pool);
 
 // The reactor of one unary call; it owns the call's request and response until
-// gRPC is done with the call, then deletes itself. Thread-compatible: the
-// handler and the job that answers the call hand it over, never share it.
+// gRPC is done with the call, then gives their tensors' bytes to the pool (if
+// any) and deletes itself. Thread-compatible: the handler and the job that
+// answers the call hand it over, never share it.
 template <typename Request, typename Response>
 class WireUnaryReactor final : public grpc::ServerUnaryReactor {
  public:
+  explicit WireUnaryReactor(std::shared_ptr<BytesPool> kept = nullptr)
+      : pool(std::move(kept)) {}
+
+  const std::shared_ptr<BytesPool> pool;
   Request request;
   Response response;
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (pool != nullptr) {
+      GiveTensorBytes(&request, pool.get());
+      GiveTensorBytes(&response, pool.get());
+    }
+    delete this;
+  }
 };
 
 }  // namespace attnserve

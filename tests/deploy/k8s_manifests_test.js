@@ -41,6 +41,7 @@ const FLAG_DEFAULTS = {
   max_message_bytes: String(64 * 2 ** 20),
   max_request_memory_bytes: String(4 * 2 ** 30),
   max_weights_bytes: String(4 * 2 ** 30),
+  buffer_pool_bytes: String(256 * 2 ** 20),
   drain_grace_seconds: "5",
 };
 // Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC buffers.
@@ -230,12 +231,13 @@ const INVARIANTS = [
     });
   }],
 
-  ["memory limit holds weights + executors x batch x request + queue x message + 256 MiB",
+  ["memory limit holds weights + executors x batch x request + queue x message + pool + 256 MiB",
     (r) => {
       const flag = (name) => Number(r.flags()[name]);
       const needed = flag("max_weights_bytes") +
           flag("executors") * flag("max_batch") * flag("max_request_memory_bytes") +
-          flag("max_queue") * flag("max_message_bytes") + BASE_MEMORY_BYTES;
+          flag("max_queue") * flag("max_message_bytes") + flag("buffer_pool_bytes") +
+          BASE_MEMORY_BYTES;
       const limit = quantity(r.container.resources.limits.memory);
       return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
     }],

@@ -1,0 +1,204 @@
+#include "wire_messages.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnserve/v1/attention.pb.h"
+#include "bytes_pool.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+// A tensor of `count` f32 elements with distinct bytes.
+v1::Tensor Floats(int64_t count, float start) {
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::FLOAT32);
+  tensor.add_shape(count);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = start + 0.5f * i;
+  tensor.set_data(values.data(), values.size() * sizeof(float));
+  return tensor;
+}
+
+// `bytes` as gRPC hands a request over: in slices of `slice_bytes`.
+grpc::ByteBuffer Sliced(const std::string& bytes, size_t slice_bytes) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += slice_bytes) {
+    slices.emplace_back(bytes.data() + at,
+                        std::min(slice_bytes, bytes.size() - at));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return bytes;
+}
+
+v1::AttendRequest LargeRequest() {
+  v1::AttendRequest request;
+  *request.mutable_query() = Floats(70000, 1.0f);  // 280 kB
+  *request.mutable_key() = Floats(20000, 2.0f);    // 80 kB
+  *request.mutable_value() = Floats(100, 3.0f);    // Under kMinBytes.
+  request.mutable_options()->set_causal(true);
+  request.mutable_options()->add_key_lengths(7);
+  return request;
+}
+
+TEST(BytesPoolTest, TakesTheSmallestKeptStringThatFits) {
+  BytesPool pool(int64_t{64} << 20);
+  std::string small(size_t{100} << 10, 'a'), large(size_t{1} << 20, 'b');
+  const char* large_storage = large.data();
+  pool.Give(std::move(small));
+  pool.Give(std::move(large));
+  EXPECT_EQ(pool.held_bytes(),
+            static_cast<int64_t>((size_t{100} << 10) + (size_t{1} << 20)));
+  const std::string taken = pool.Take(size_t{200} << 10);
+  EXPECT_EQ(taken.data(), large_storage);  // The 100 kB one does not fit.
+  EXPECT_TRUE(taken.empty());
+  EXPECT_GE(taken.capacity(), size_t{1} << 20);
+  EXPECT_EQ(pool.Take(size_t{2} << 20).capacity(), std::string().capacity());
+}
+
+TEST(BytesPoolTest, KeepsNothingSmallAndStaysWithinItsBudget) {
+  BytesPool pool(int64_t{3} << 20);
+  pool.Give(std::string(1000, 'x'));  // Under kMinBytes: freed.
+  EXPECT_EQ(pool.held_bytes(), 0);
+  for (int i = 0; i < 5; ++i) pool.Give(std::string(size_t{1} << 20, 'x'));
+  EXPECT_LE(pool.held_bytes(), int64_t{3} << 20);
+  EXPECT_GE(pool.held_bytes(), int64_t{2} << 20);
+  pool.Give(std::string(size_t{4} << 20, 'x'));  // Over the whole budget.
+  EXPECT_LE(pool.held_bytes(), int64_t{3} << 20);
+  BytesPool small(int64_t{64} << 20, 1);
+  for (size_t i = 0; i < 2 * BytesPool::kMaxStrings; ++i) {
+    small.Give(std::string(100, 'x'));
+  }
+  EXPECT_LE(small.held_bytes(),
+            static_cast<int64_t>(BytesPool::kMaxStrings * 200));
+  BytesPool none(0);
+  none.Give(std::string(size_t{1} << 20, 'x'));
+  EXPECT_EQ(none.held_bytes(), 0);
+}
+
+TEST(WireMessagesTest, ParsesIntoKeptStringsWhatAPlainParseGives) {
+  const v1::AttendRequest original = LargeRequest();
+  const std::string bytes = original.SerializeAsString();
+  BytesPool pool(int64_t{64} << 20);
+  std::string kept;
+  kept.reserve(size_t{1} << 20);
+  const char* kept_storage = kept.data();
+  pool.Give(std::move(kept));
+
+  grpc::ByteBuffer wire = Sliced(bytes, 4096);
+  v1::AttendRequest pooled;
+  ASSERT_TRUE(ParseWire(&wire, &pooled, &pool).ok());
+  EXPECT_EQ(wire.Length(), 0u);  // Consumed.
+  EXPECT_TRUE(MessageDifferencer::Equals(pooled, original));
+  // The largest tensor went into the kept string; the rest were new.
+  EXPECT_EQ(pooled.query().data().data(), kept_storage);
+  EXPECT_EQ(pool.held_bytes(), 0);
+
+  GiveTensorBytes(&pooled, &pool);  // The two of at least kMinBytes.
+  EXPECT_GE(pool.held_bytes(), static_cast<int64_t>((size_t{1} << 20) + 80000));
+}
+
+TEST(WireMessagesTest, ParsesATensorFieldThatRepeatsAsProtobufMerges) {
+  const v1::AttendRequest first = LargeRequest();
+  v1::AttendRequest second;
+  *second.mutable_query() = Floats(90000, 9.0f);
+  const std::string bytes =
+      first.SerializeAsString() + second.SerializeAsString();
+  v1::AttendRequest expected;
+  ASSERT_TRUE(expected.ParseFromString(bytes));
+  BytesPool pool(int64_t{64} << 20);
+  grpc::ByteBuffer wire = Sliced(bytes, 1000);
+  v1::AttendRequest pooled;
+  ASSERT_TRUE(ParseWire(&wire, &pooled, &pool).ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(pooled, expected));
+}
+
+TEST(WireMessagesTest, RefusesTruncatedBytesWithOrWithoutAPool) {
+  const std::string bytes = LargeRequest().SerializeAsString();
+  for (const size_t cut :
+       {size_t{1}, size_t{5}, bytes.size() / 2, bytes.size() - 1}) {
+    BytesPool pool(int64_t{64} << 20);
+    for (BytesPool* with : {&pool, static_cast<BytesPool*>(nullptr)}) {
+      grpc::ByteBuffer wire = Sliced(bytes.substr(0, cut), 4096);
+      v1::AttendRequest request;
+      const absl::Status parsed = ParseWire(&wire, &request, with);
+      EXPECT_EQ(parsed.code(), absl::StatusCode::kInvalidArgument) << cut;
+      EXPECT_NE(parsed.message().find("attnserve.v1.AttendRequest"),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(WireMessagesTest, RefusesAStrayEndGroupTagAsProtobufDoes) {
+  // An end-group tag (field 1, wire type 4) ends a merge early but is not a
+  // whole message (found by request_fuzzer).
+  const std::string bytes = LargeRequest().SerializeAsString() + "\x0c";
+  v1::AttendRequest plain;
+  ASSERT_FALSE(plain.ParseFromString(bytes));
+  BytesPool pool(int64_t{64} << 20, 1);
+  grpc::ByteBuffer wire = Sliced(bytes, 4096);
+  v1::AttendRequest request;
+  EXPECT_EQ(ParseWire(&wire, &request, &pool).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireMessagesTest, SendsLargeTensorsInPlaceAndGivesThemBack) {
+  v1::AttendResponse response;
+  *response.mutable_output() = Floats(50000, 4.0f);  // 200 kB: sent in place.
+  response.mutable_output()->add_shape(1);
+  *response.mutable_lse() = Floats(10, 5.0f);  // Small: serialised.
+  response.mutable_timing()->set_compute_us(42);
+  const v1::AttendResponse original = response;
+  const char* output_storage = response.output().data().data();
+
+  auto pool = std::make_shared<BytesPool>(int64_t{64} << 20);
+  {
+    grpc::ByteBuffer wire;
+    ASSERT_TRUE(SerializeWire(&response, &wire, pool).ok());
+    EXPECT_TRUE(response.output().data().empty());  // Moved to the wire.
+    // The output's field tag and length once more, around its data alone.
+    EXPECT_GT(wire.Length(), original.ByteSizeLong());
+    EXPECT_LE(wire.Length(), original.ByteSizeLong() + 8);
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(wire.Dump(&slices).ok());
+    bool in_place = false;
+    for (const grpc::Slice& slice : slices) {
+      in_place |=
+          reinterpret_cast<const char*>(slice.begin()) == output_storage;
+    }
+    EXPECT_TRUE(in_place);
+    v1::AttendResponse parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(wire)));
+    EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
+    EXPECT_EQ(pool->held_bytes(), 0);  // gRPC still holds the bytes.
+  }
+  EXPECT_GE(pool->held_bytes(), 200000);  // Back once the wire is gone.
+  EXPECT_EQ(pool->Take(200000).data(), output_storage);
+}
+
+TEST(WireMessagesTest, SerialisesWithoutAPoolAsProtobufDoes) {
+  v1::AttendResponse response;
+  *response.mutable_output() = Floats(50000, 4.0f);
+  grpc::ByteBuffer wire;
+  ASSERT_TRUE(SerializeWire(&response, &wire).ok());
+  EXPECT_EQ(Flatten(wire), response.SerializeAsString());
+  EXPECT_FALSE(response.output().data().empty());
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -194,6 +194,13 @@ void AttentionTable(benchmark::internal::Benchmark* b) {
       b->Args({8, 32, 32, 1, 4096, 128, 0, bf16, unfused});
     }
   }
+  // The service benchmark's small Attend alone and as a batch of 32 (dynamic
+  // batching), f32.
+  for (int64_t batch : {1, 32}) {
+    for (int64_t unfused : {0, 1}) {
+      b->Args({batch, 8, 8, 128, 128, 64, 0, 0, unfused});
+    }
+  }
 }
 BENCHMARK(BM_Attention)
     ->Apply(AttentionTable)

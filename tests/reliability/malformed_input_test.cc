@@ -19,6 +19,7 @@
 #include "reference/reference_attention.h"
 #include "reliability/malformed_corpus.h"
 #include "server.h"
+#include "server/byte_buffers.h"
 
 namespace attnserve::testing {
 namespace {
@@ -26,21 +27,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kService[] = "/attnserve.v1.AttentionService/";
-
-grpc::ByteBuffer ToByteBuffer(const std::string& bytes) {
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
-std::string ToString(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return bytes;
-}
 
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(30);

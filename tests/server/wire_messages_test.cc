@@ -9,6 +9,7 @@
 #include "bytes_pool.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "server/byte_buffers.h"
 
 namespace attnserve {
 namespace {
@@ -26,24 +27,8 @@ v1::Tensor Floats(int64_t count, float start) {
   return tensor;
 }
 
-// `bytes` as gRPC hands a request over: in slices of `slice_bytes`.
 grpc::ByteBuffer Sliced(const std::string& bytes, size_t slice_bytes) {
-  std::vector<grpc::Slice> slices;
-  for (size_t at = 0; at < bytes.size(); at += slice_bytes) {
-    slices.emplace_back(bytes.data() + at,
-                        std::min(slice_bytes, bytes.size() - at));
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(buffer.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return bytes;
+  return testing::ToByteBuffer(bytes, slice_bytes);
 }
 
 v1::AttendRequest LargeRequest() {
@@ -183,7 +168,7 @@ TEST(WireMessagesTest, SendsLargeTensorsInPlaceAndGivesThemBack) {
     }
     EXPECT_TRUE(in_place);
     v1::AttendResponse parsed;
-    ASSERT_TRUE(parsed.ParseFromString(Flatten(wire)));
+    ASSERT_TRUE(parsed.ParseFromString(testing::ToString(wire)));
     EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
     EXPECT_EQ(pool->held_bytes(), 0);  // gRPC still holds the bytes.
   }
@@ -196,7 +181,7 @@ TEST(WireMessagesTest, SerialisesWithoutAPoolAsProtobufDoes) {
   *response.mutable_output() = Floats(50000, 4.0f);
   grpc::ByteBuffer wire;
   ASSERT_TRUE(SerializeWire(&response, &wire).ok());
-  EXPECT_EQ(Flatten(wire), response.SerializeAsString());
+  EXPECT_EQ(testing::ToString(wire), response.SerializeAsString());
   EXPECT_FALSE(response.output().data().empty());
 }
 

@@ -117,9 +117,11 @@ absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
                        BytesPool* pool) {
   const size_t bytes = wire->Length();
   bool parsed = false;
-  if (pool != nullptr) {
-    // Give each tensor the field will be parsed into a kept string that fits
-    // its data (a tensor the bytes carry is set after the parse in any case).
+  bool seeded = false;  // Some tensor holds a kept string.
+  // A message under min_bytes carries no tensor worth a kept string.
+  if (pool != nullptr && bytes >= pool->min_bytes()) {
+    // Give each tensor the bytes carry a kept string that fits its data (a
+    // tensor the bytes carry is set after the parse in any case).
     for (const auto& [field, size] :
          TensorDataSizes(wire, *message->GetDescriptor())) {
       if (size < pool->min_bytes()) continue;
@@ -129,12 +131,13 @@ absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
         pool->Give(std::move(*tensor->mutable_data()));
         *tensor->mutable_data() = pool->Take(size);
       }
+      seeded = true;
     }
   }
   {
     grpc::ProtoBufferReader reader(wire);
-    // Merging into an empty message is a parse that keeps the strings above.
-    if (reader.status().ok() && pool != nullptr) {
+    if (reader.status().ok() && seeded) {
+      // Merging into the empty message is a parse that keeps those strings.
       CodedInputStream in(&reader);
       in.SetTotalBytesLimit(std::numeric_limits<int>::max());
       // Stopping at an end-group tag is a valid merge but not a whole

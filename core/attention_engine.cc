@@ -89,6 +89,71 @@ class AttentionEngineImpl final : public AttentionEngine {
     return SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
   }
 
+  absl::Status AttendBatch(const AttentionShape& shape,
+                           const AttentionOptions& options,
+                           absl::Span<const AttendPart> parts) override {
+    if (!AttendBatchable(options)) {
+      return absl::InvalidArgumentError(
+          "AttendBatch takes options without weights, key_lengths or a mask "
+          "over the batch, on the fused kernel");
+    }
+    if (parts.empty()) {
+      return absl::InvalidArgumentError("AttendBatch has no parts, expected 1+");
+    }
+    AttentionShape total = shape;
+    total.batch = 0;
+    std::vector<internal::BatchTensors> batches;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const AttendPart& part = parts[i];
+      AttentionShape one = shape;
+      one.batch = part.batch;
+      const absl::Status valid = ValidatePart(one, options, part);
+      if (!valid.ok()) {
+        return absl::Status(valid.code(), absl::StrCat("AttendBatch part ", i,
+                                                       ": ", valid.message()));
+      }
+      if (__builtin_add_overflow(total.batch, part.batch, &total.batch)) {
+        return absl::InvalidArgumentError("AttendBatch: B overflows int64");
+      }
+      for (int64_t b = 0; b < part.batch; ++b) {
+        internal::BatchTensors entry;
+        entry.query = part.query.data() + b * one.QueryElements() / one.batch;
+        entry.key = part.key.data() + b * one.KeyElements() / one.batch;
+        entry.value = part.value.data() + b * one.ValueElements() / one.batch;
+        entry.output =
+            part.outputs.output.data() + b * one.OutputElements() / one.batch;
+        if (options.return_lse) {
+          entry.lse = part.outputs.lse.data() + b * shape.heads * shape.query_len;
+        }
+        batches.push_back(entry);
+      }
+    }
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(total));
+    ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+        absl::StrCat("attention for shape ", total.DebugString()),
+        AttendWorkspaceBytes(total, options)));
+
+    SdpaProblem problem =
+        MakeProblem(total, options, AttentionOutputs(absl::Span<float>()));
+    problem.query_strides =
+        PackedStrides(total.heads, total.query_len, total.key_dim);
+    problem.key_strides =
+        PackedStrides(total.kv_heads, total.key_len, total.key_dim);
+    problem.value_strides =
+        PackedStrides(total.kv_heads, total.key_len, total.value_dim);
+    problem.output_strides =
+        PackedStrides(total.heads, total.query_len, total.value_dim);
+    problem.batches = batches;
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
+                               NewStream(AttentionFlops(total)));
+    return RunSdpa(stream, problem, AttentionFlops(total));
+  }
+
+  bool AttendBatchable(const AttentionOptions& options) const override {
+    return UseFused(options) && options.key_lengths.empty() &&
+           (!options.mask || options.mask->dims[0] == 1);
+  }
+
   bool AttendRunsOnCallingThread(const AttentionShape& shape) const override {
     return AttentionFlops(shape) < kParallelFlops;
   }
@@ -189,6 +254,21 @@ class AttentionEngineImpl final : public AttentionEngine {
   bool UseFused(const AttentionOptions& options) const {
     return options_.kernel == AttentionKernel::kAuto &&
            options.weights == AttentionWeightsMode::kNone;
+  }
+
+  // Validates one part of an AttendBatch, `shape` holding its batch.
+  static absl::Status ValidatePart(const AttentionShape& shape,
+                                   const AttentionOptions& options,
+                                   const AttendPart& part) {
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(shape));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "query", part.query.size(), shape.QueryElements()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "key", part.key.size(), shape.KeyElements()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
+        "value", part.value.size(), shape.ValueElements()));
+    return internal::ValidateOptionsAndOutputs(shape, options, part.outputs,
+                                               shape.OutputElements());
   }
 
   // The team size of a call of `flops` (see NewStream).

@@ -165,7 +165,8 @@ void FuzzAttend(const v1::AttendRequest& request) {
   const absl::StatusOr<AttendWork> work =
       ValidateAttendRequest(request, FuzzLimits());
   if (!work.ok()) return CheckRefusal(work.status());
-  const std::string batch_key = AttendBatchKey(request, *work);
+  const std::string batch_key =
+      AttendBatchKey(*TheFixture().engine, request, *work);
   if (AttentionFlops(work->shape, work->plan.options.causal) >
       kMaxComputeFlops) {
     return Note("valid, too large to compute", absl::OkStatus());

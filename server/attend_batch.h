@@ -1,6 +1,6 @@
 // Dynamic batching of Attend: requests alike in everything but their batch size
-// B run as one engine call over the concatenated batch, and the result is split
-// back.
+// B run as one engine call (AttentionEngine::AttendBatch) that reads each
+// request's tensors and writes each response's output where they are.
 #ifndef ATTNSERVE_SERVER_ATTEND_BATCH_H_
 #define ATTNSERVE_SERVER_ATTEND_BATCH_H_
 
@@ -16,9 +16,11 @@ namespace attnserve {
 
 // The key under which a validated Attend may share a batch: equal for requests
 // with equal dtypes, equal shapes apart from B, and equal options. Empty (never
-// batched) when the options depend on the batch item: key_lengths, or a mask
-// with a batch dimension.
-std::string AttendBatchKey(const v1::AttendRequest& request,
+// batched) when the options depend on the batch item (key_lengths, or a mask
+// with a batch dimension) or the engine cannot batch them in place (weights
+// asked for, or the unfused kernel forced).
+std::string AttendBatchKey(const AttentionEngine& engine,
+                           const v1::AttendRequest& request,
                            const AttendWork& work);
 
 // One Attend of a batch.
@@ -29,8 +31,7 @@ struct AttendBatchItem {
 };
 
 // Computes `items`, which share a batch key, in one engine call and writes each
-// response's output (and weights and lse). Errors are the engine's, for the
-// whole batch.
+// response's output (and lse). Errors are the engine's, for the whole batch.
 absl::Status ComputeAttendBatch(AttentionEngine& engine,
                                 absl::Span<const AttendBatchItem> items);
 

@@ -65,7 +65,8 @@ class AttentionServiceImpl::AttendJob final : public Job {
         work_(std::move(work)),
         request_(request),
         response_(response),
-        key_(batching ? AttendBatchKey(*request, work_) : ""),
+        key_(batching ? AttendBatchKey(*service->engine_, *request, work_)
+                      : ""),
         runs_inline_(runs_inline) {}
 
   const std::string& batch_key() const override { return key_; }

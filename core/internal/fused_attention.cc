@@ -279,14 +279,19 @@ class FusedRun {
   // matmuls of bf16 precision, else f32.
   int64_t PackedElementBytes() const { return g_.bf16 && !g_.small ? 2 : 4; }
 
-  // Copies the [B, Hkv, Lk, dim] tensor at `source` (with `strides`) into
-  // `out` as dense rows of the matmuls' type, on the calling thread's team.
-  void Pack(const float* source, const Strides4& strides, int64_t dim,
-            char* out) const {
+  // Copies the [B, Hkv, Lk, dim] tensor whose batch entry b starts at
+  // `of(p_, b)` (with `strides`) into `out` as dense rows of the matmuls' type,
+  // on the calling thread's team.
+  void Pack(const float* (*of)(const SdpaProblem&, int64_t),
+            const Strides4& strides, int64_t dim, char* out) const {
+    const int64_t entry = s_.kv_heads * s_.key_len * dim;  // Elements.
     if (PackedElementBytes() == 4) {
-      CopyTensor4(source, strides, reinterpret_cast<float*>(out),
-                  PackedStrides(s_.kv_heads, s_.key_len, dim),
-                  {s_.batch, s_.kv_heads, s_.key_len, dim});
+      for (int64_t b = 0; b < s_.batch; ++b) {
+        CopyTensor4(of(p_, b), strides,
+                    reinterpret_cast<float*>(out) + b * entry,
+                    PackedStrides(s_.kv_heads, s_.key_len, dim),
+                    {1, s_.kv_heads, s_.key_len, dim});
+      }
       return;
     }
     uint16_t* packed = reinterpret_cast<uint16_t*>(out);
@@ -294,12 +299,31 @@ class FusedRun {
     for (int64_t b = 0; b < s_.batch; ++b) {
       for (int64_t h = 0; h < s_.kv_heads; ++h) {
         for (int64_t j = 0; j < s_.key_len; ++j) {
-          kernels_.to_bf16(
-              source + b * strides[0] + h * strides[1] + j * strides[2], dim,
-              packed + ((b * s_.kv_heads + h) * s_.key_len + j) * dim);
+          kernels_.to_bf16(of(p_, b) + h * strides[1] + j * strides[2], dim,
+                           packed + b * entry + (h * s_.key_len + j) * dim);
         }
       }
     }
+  }
+
+  // The first key and value rows of (batch entry b, kv head h), as the tiles
+  // read them.
+  const char* KeyRows(int64_t b, int64_t h) const {
+    if (packed_.get() != nullptr) {
+      return static_cast<const char*>(key_) +
+             (b * s_.kv_heads + h) * s_.key_len * s_.key_dim *
+                 PackedElementBytes();
+    }
+    return reinterpret_cast<const char*>(KeyOf(p_, b) + h * p_.key_strides[1]);
+  }
+  const char* ValueRows(int64_t b, int64_t h) const {
+    if (packed_.get() != nullptr) {
+      return static_cast<const char*>(value_) +
+             (b * s_.kv_heads + h) * s_.key_len * s_.value_dim *
+                 PackedElementBytes();
+    }
+    return reinterpret_cast<const char*>(ValueOf(p_, b) +
+                                         h * p_.value_strides[1]);
   }
 
   // Computes tile `tile` (all splits if `split` < 0, else that one) on the
@@ -316,7 +340,7 @@ class FusedRun {
   const Geometry& g_;
   const TileKernels& kernels_;
   ThreadLayout layout_{};
-  // Keys and values as the tiles read them: dense rows, f32 or bf16.
+  // Packed keys and values, if the tiles read those: dense rows, f32 or bf16.
   const void* key_ = nullptr;
   const void* value_ = nullptr;
   ScratchPool::Lease packed_;
@@ -340,14 +364,11 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
       return absl::ResourceExhaustedError(
           "fused attention: cannot allocate packed keys and values");
     }
-    Pack(p_.key, p_.key_strides, s_.key_dim, packed_.get());
-    Pack(p_.value, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
+    Pack(&KeyOf, p_.key_strides, s_.key_dim, packed_.get());
+    Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
     key_ = packed_.get();
     value_ = packed_.get() + key_bytes;
-  } else {
-    key_ = p_.key;
-    value_ = p_.value;
-  }
+  }  // Else the tiles read them in place (KeyRows, ValueRows).
 
   // Tile plans, built single-threaded and shared through the cache.
   const int64_t last_rows =
@@ -472,7 +493,7 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffer + layout_.query);
   for (int64_t r = 0; r < m; ++r) {
     const int64_t h = kv_head * g_.group + r / qn;
-    const float* row = p_.query + b * qs[0] + h * qs[1] + (q0 + r % qn) * qs[2];
+    const float* row = QueryOf(p_, b) + h * qs[1] + (q0 + r % qn) * qs[2];
     if (g_.bf16 && !g_.small) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
     } else if (g_.bf16) {
@@ -493,7 +514,8 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   const MaskStrides mask_strides =
       mask != nullptr ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
   const int64_t element = PackedElementBytes();
-  const int64_t kv_offset = (b * s_.kv_heads + kv_head) * s_.key_len;
+  const char* const key_rows = KeyRows(b, kv_head);
+  const char* const value_rows = ValueRows(b, kv_head);
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t k0 = block * g_.k_block;
     int64_t n = std::min(g_.k_block, s_.key_len - k0);
@@ -501,10 +523,8 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       n = std::min(n, CeilDiv(tile_end - k0, kKeyGranule) * kKeyGranule);
     }
     const int ni = KeyWidthIndex(n);
-    const char* key_block = static_cast<const char*>(key_) +
-                            (kv_offset + k0) * s_.key_dim * element;
-    const char* value_block = static_cast<const char*>(value_) +
-                              (kv_offset + k0) * s_.value_dim * element;
+    const char* key_block = key_rows + k0 * s_.key_dim * element;
+    const char* value_block = value_rows + k0 * s_.value_dim * element;
 
     if (g_.small) {
       if (g_.bf16) {
@@ -655,7 +675,7 @@ void FusedRun::MergeSplits(int threads) {
 void FusedRun::WriteRow(int64_t b, int64_t h, int64_t i,
                         const float* accumulated, const RowState& state) {
   const Strides4& os = p_.output_strides;
-  float* out = p_.output + b * os[0] + h * os[1] + i * os[2];
+  float* out = OutputOf(p_, b) + h * os[1] + i * os[2];
   float lse;
   if (state.nan) {
     std::fill(out, out + s_.value_dim, kNaN);
@@ -670,7 +690,7 @@ void FusedRun::WriteRow(int64_t b, int64_t h, int64_t i,
       out[c] = accumulated[c] * inverse;
     lse = state.max + std::log(state.sum);
   }
-  if (!p_.lse.empty()) p_.lse[(b * s_.heads + h) * s_.query_len + i] = lse;
+  if (float* slot = LseOf(p_, b, h, i); slot != nullptr) *slot = lse;
 }
 
 }  // namespace

@@ -178,6 +178,11 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream, const SdpaProblem& p,
                                  int64_t slab_budget_bytes,
                                  SlabPlanCache& cache) {
+  if (!p.batches.empty()) {
+    return absl::InternalError(
+        "the unfused path does not take batch entries apart; the engine "
+        "should have sent this call to the fused kernel");
+  }
   const AttentionShape& s = p.shape;
   const Strides4 query_packed = PackedStrides(s.heads, s.query_len, s.key_dim);
   const Strides4 key_packed = PackedStrides(s.kv_heads, s.key_len, s.key_dim);

@@ -6,9 +6,11 @@
 #define ATTNSERVE_CORE_INTERNAL_UNFUSED_ATTENTION_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "attnserve/core/attention_engine.h"
 #include "internal/plan_cache.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -27,6 +29,17 @@ Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim);
 void CopyTensor4(const float* src, const Strides4& from, float* dst,
                  const Strides4& to, const std::array<int64_t, 4>& dims);
 
+// Where one batch entry's tensors start, for a call whose batch entries lie
+// apart (a dynamically batched call reads each request in place). `lse` is null
+// when lse is not asked for.
+struct BatchTensors {
+  const float* query = nullptr;
+  const float* key = nullptr;
+  const float* value = nullptr;
+  float* output = nullptr;
+  float* lse = nullptr;
+};
+
 // One SDPA call, with its tensors anywhere in memory: MHA passes views into its
 // projection buffers ([B, L, heads·D] read as [B, heads, L, D]) so that no
 // transpose is ever copied.
@@ -44,7 +57,39 @@ struct SdpaProblem {
   Strides4 output_strides{};
   absl::Span<float> weights;
   absl::Span<float> lse;
+  // If not empty, batch entry b's tensors start at batches[b] (strides[0] and
+  // the pointers above unused, lse among them; weights not allowed). The fused
+  // kernel only.
+  absl::Span<const BatchTensors> batches;
 };
+
+// The first element of batch entry `b` of each tensor of `p`.
+inline const float* QueryOf(const SdpaProblem& p, int64_t b) {
+  return p.batches.empty() ? p.query + b * p.query_strides[0]
+                           : p.batches[static_cast<size_t>(b)].query;
+}
+inline const float* KeyOf(const SdpaProblem& p, int64_t b) {
+  return p.batches.empty() ? p.key + b * p.key_strides[0]
+                           : p.batches[static_cast<size_t>(b)].key;
+}
+inline const float* ValueOf(const SdpaProblem& p, int64_t b) {
+  return p.batches.empty() ? p.value + b * p.value_strides[0]
+                           : p.batches[static_cast<size_t>(b)].value;
+}
+inline float* OutputOf(const SdpaProblem& p, int64_t b) {
+  return p.batches.empty() ? p.output + b * p.output_strides[0]
+                           : p.batches[static_cast<size_t>(b)].output;
+}
+// Where row (b, h, i)'s lse goes, or null if lse is not asked for.
+inline float* LseOf(const SdpaProblem& p, int64_t b, int64_t h, int64_t i) {
+  const AttentionShape& s = p.shape;
+  if (p.batches.empty()) {
+    return p.lse.empty() ? nullptr
+                         : p.lse.data() + (b * s.heads + h) * s.query_len + i;
+  }
+  float* lse = p.batches[static_cast<size_t>(b)].lse;
+  return lse == nullptr ? nullptr : lse + h * s.query_len + i;
+}
 
 // The matmuls of one slab extent (scores = scale · Q Kᵀ, output = P V), reused
 // for every slab of that extent and, through the cache, across calls and

@@ -206,6 +206,118 @@ TEST_P(FusedMatchesReference, RandomDraws) {
   }
 }
 
+// Dynamic batching: the draws' batches cut into parts that lie apart in memory
+// (B=3 as 1 + 2, B=2 as 1 + 1), computed by one AttendBatch.
+TEST_P(FusedMatchesReference, BatchedPartsInPlace) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(GetParam());
+  int tested = 0;
+  for (uint64_t seed = 1; tested < kDraws / 3 && seed < 10 * kDraws; ++seed) {
+    Draw d = MakeDraw(seed);
+    const AttentionShape& s = d.shape;
+    if (s.batch == 1 || !d.key_lengths.empty() ||
+        (d.options.mask && d.options.mask->dims[0] != 1)) {
+      continue;
+    }
+    ++tested;
+    SCOPED_TRACE(d.description);
+    if (!engine->AttendBatchable(d.options)) {
+      ASSERT_EQ(GetParam().kernel, AttentionKernel::kUnfused);
+      AttendPart part;
+      EXPECT_EQ(engine->AttendBatch(s, d.options, {&part, 1}).code(),
+                absl::StatusCode::kInvalidArgument);
+      continue;
+    }
+    const std::vector<int64_t> sizes =
+        s.batch == 3 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 1};
+    const int64_t q = s.QueryElements() / s.batch,
+                  k = s.KeyElements() / s.batch,
+                  v = s.ValueElements() / s.batch,
+                  o = s.OutputElements() / s.batch,
+                  l = s.LseElements() / s.batch;
+    // Each part's tensors in vectors of their own.
+    std::vector<std::vector<float>> queries, keys, values, outputs, lses;
+    std::vector<AttendPart> parts;
+    int64_t first = 0;
+    for (const int64_t size : sizes) {
+      auto slice = [&](const std::vector<float>& all, int64_t per) {
+        return std::vector<float>(all.begin() + first * per,
+                                  all.begin() + (first + size) * per);
+      };
+      queries.push_back(slice(d.query, q));
+      keys.push_back(slice(d.key, k));
+      values.push_back(slice(d.value, v));
+      outputs.emplace_back(size * o, std::numeric_limits<float>::quiet_NaN());
+      lses.emplace_back(d.options.return_lse ? size * l : 0);
+      first += size;
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      AttendPart part;
+      part.batch = sizes[i];
+      part.query = queries[i];
+      part.key = keys[i];
+      part.value = values[i];
+      part.outputs = AttentionOutputs(absl::MakeSpan(outputs[i]), {},
+                                      absl::MakeSpan(lses[i]));
+      parts.push_back(part);
+    }
+    const absl::Status status = engine->AttendBatch(s, d.options, parts);
+    ASSERT_TRUE(status.ok()) << status;
+    const ReferenceResult expected =
+        ReferenceAttention(d.ref_shape, d.query, d.key, d.value, d.reference);
+    const bool bf16 = d.options.precision == Precision::kBFloat16;
+    first = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("part ", i));
+      ExpectNear(
+          "output", outputs[i],
+          std::vector<double>(expected.output.begin() + first * o,
+                              expected.output.begin() + (first + sizes[i]) * o),
+          bf16 ? kOutputBf16 : kOutputF32);
+      if (d.options.return_lse) {
+        ExpectNear(
+            "lse", lses[i],
+            std::vector<double>(expected.lse.begin() + first * l,
+                                expected.lse.begin() + (first + sizes[i]) * l),
+            bf16 ? kLseBf16 : kLseF32);
+      }
+      first += sizes[i];
+    }
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GE(tested, 10);
+}
+
+TEST(FusedAttentionTest, AttendBatchRefusesWhatItCannotBatch) {
+  std::unique_ptr<AttentionEngine> engine =
+      MakeEngine({"fused", AttentionKernel::kAuto, false, 2});
+  const AttentionShape shape = SdpaShape(1, 2, 2, 4, 4, 8);
+  std::vector<float> values(static_cast<size_t>(shape.QueryElements()), 0.5f);
+  std::vector<float> output(static_cast<size_t>(shape.OutputElements()));
+  AttendPart part;
+  part.query = part.key = part.value = values;
+  part.outputs = AttentionOutputs(absl::MakeSpan(output));
+  ASSERT_TRUE(engine->AttendBatch(shape, {}, {&part, 1}).ok());
+
+  AttentionOptions weights;
+  weights.weights = AttentionWeightsMode::kPerHead;
+  const int64_t key_lengths[] = {2};
+  AttentionOptions lengths;
+  lengths.key_lengths = key_lengths;
+  for (const AttentionOptions& options : {weights, lengths}) {
+    EXPECT_FALSE(engine->AttendBatchable(options));
+    EXPECT_EQ(engine->AttendBatch(shape, options, {&part, 1}).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  AttendPart short_part = part;
+  short_part.key = absl::MakeConstSpan(values).subspan(1);
+  const AttendPart two[] = {part, short_part};
+  const absl::Status status = engine->AttendBatch(shape, {}, two);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("part 1"));
+  EXPECT_EQ(engine->AttendBatch(shape, {}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Kernels, FusedMatchesReference,
     ::testing::Values(

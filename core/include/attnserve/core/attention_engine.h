@@ -123,6 +123,14 @@ struct AttentionOutputs {
       lse;  // [B, H, Lq] natural-log log-sum-exp of the scores, if asked.
 };
 
+// One request of a batched Attend (AttentionEngine::AttendBatch): its batch
+// size and its tensors, sized for the batch's shape with that batch size.
+struct AttendPart {
+  int64_t batch = 1;
+  absl::Span<const float> query, key, value;
+  AttentionOutputs outputs{absl::Span<float>()};
+};
+
 // The dimensions of a multi-head attention (batch first).
 struct MultiHeadShape {
   int64_t batch = 1;         // B
@@ -215,6 +223,20 @@ class AttentionEngine {
                               absl::Span<const float> key,
                               absl::Span<const float> value,
                               AttentionOutputs outputs) = 0;
+
+  // Computes several Attends alike but for B in one kernel call (dynamic
+  // batching), reading and writing each part's tensors where they are: as
+  // Attend over the parts' batches in order, `shape.batch` ignored. `options`
+  // must be AttendBatchable. Errors as for Attend, and INVALID_ARGUMENT naming
+  // the part whose spans do not fit.
+  virtual absl::Status AttendBatch(const AttentionShape& shape,
+                                   const AttentionOptions& options,
+                                   absl::Span<const AttendPart> parts) = 0;
+
+  // Whether AttendBatch takes `options`: the fused kernel's options (no weights
+  // asked, the kernel not forced unfused), no key_lengths, and a mask, if any,
+  // with no batch dimension (the parts share it).
+  virtual bool AttendBatchable(const AttentionOptions& options) const = 0;
 
   // Multi-head attention: projects query_input [B, Lq, E] to Q and kv_input [B,
   // Lk, Ekv] (empty for self-attention, which uses query_input) to K and V,

@@ -181,6 +181,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
   metrics_->CallFinished(
       call.rpc, answer.code(), absl::Now() - call.started,
       answer.ok() ? static_cast<int64_t>(call.wire_response->Length()) : 0);
+  metrics_->SetBufferPoolBytes(pool_->held_bytes());
   call.reactor->Finish(ToGrpcStatus(answer));
   return call.reactor;
 }

@@ -142,6 +142,14 @@ ServerMetrics::ServerMetrics(const std::string& version,
                         .Help("Bytes of weights held by the registry.")
                         .Register(*registry_)
                         .Add({});
+  buffer_pool_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_buffer_pool_bytes")
+           .Help(
+               "Bytes of tensor buffers kept for reuse between calls "
+               "(--buffer_pool_bytes), as of the last call answered.")
+           .Register(*registry_)
+           .Add({});
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help(
@@ -190,6 +198,10 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
   per.compute->Observe(absl::ToDoubleSeconds(elapsed));
   per.flops->Increment(flops);
   batch_size_->Observe(requests);
+}
+
+void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {
+  buffer_pool_bytes_->Set(static_cast<double>(bytes));
 }
 
 void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {

@@ -69,6 +69,9 @@ class ServerMetrics {
   // The registry now holds `sets` weight sets of `bytes` in all.
   void SetWeightsHeld(int64_t sets, int64_t bytes);
 
+  // The buffer pool keeps `bytes` for reuse.
+  void SetBufferPoolBytes(int64_t bytes);
+
  private:
   struct PerRpc {
     std::array<prometheus::Counter*, kStatusCodeCount> requests{};
@@ -87,6 +90,7 @@ class ServerMetrics {
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* weight_sets_ = nullptr;
   prometheus::Gauge* weights_bytes_ = nullptr;
+  prometheus::Gauge* buffer_pool_bytes_ = nullptr;
 };
 
 // FLOPs of one SDPA call, FlashAttention's convention: 2·B·H·Lq·Lk·(Dk + Dv),

@@ -154,5 +154,28 @@ TEST_F(MetricsTest, WeightGaugesFollowPutAndDelete) {
             both - static_cast<double>(response->bytes()));
 }
 
+TEST_F(MetricsTest, BufferPoolGaugeShowsTheBytesKeptBetweenCalls) {
+  // Tensors of 128 KiB (over the pool's 64 KiB floor) are kept once their call
+  // ends; the gauge reads the pool as each later call is answered.
+  v1::AttendRequest large;
+  *large.mutable_query() =
+      MakeFloat32Tensor({1, 1, 512, 64}, RandomValues(512 * 64, 1));
+  *large.mutable_key() =
+      MakeFloat32Tensor({1, 1, 512, 64}, RandomValues(512 * 64, 2));
+  *large.mutable_value() =
+      MakeFloat32Tensor({1, 1, 512, 64}, RandomValues(512 * 64, 3));
+  ASSERT_TRUE(client_->Attend(large, kTimeout).ok());
+  double kept = 0;
+  // The call's request returns to the pool when gRPC is done with the call,
+  // which may be just after its answer arrives: a few small calls, bounded.
+  for (int i = 0; i < 50 && kept == 0; ++i) {
+    ASSERT_TRUE(client_->Attend(SmallAttend(10 + i), kTimeout).ok());
+    kept =
+        Samples(Scrape(server_->metrics_port()))["attnserve_buffer_pool_bytes"];
+  }
+  EXPECT_GE(kept, 3 * 512 * 64 * 4);
+  EXPECT_LE(kept, 256 << 20);  // --buffer_pool_bytes' default.
+}
+
 }  // namespace
 }  // namespace attnserve

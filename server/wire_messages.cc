@@ -44,9 +44,10 @@ std::vector<v1::Tensor*> SetTensors(Message* message) {
   return tensors;
 }
 
-// The data sizes of the Tensor fields of a `type` message that `wire` carries
-// (the largest, if a field repeats). Best effort: it stops at the first thing
-// it cannot read, and the parse then says what is wrong.
+// The data sizes of the Tensor fields of a `type` message that `wire` carries,
+// one entry per occurrence. Best effort: it stops at the first thing it cannot
+// read, and the parse then says what is wrong. The sizes are claims, not yet
+// checked: they only choose among strings the pool already holds.
 std::vector<std::pair<const FieldDescriptor*, uint32_t>> TensorDataSizes(
     grpc::ByteBuffer* wire, const google::protobuf::Descriptor& type) {
   std::vector<std::pair<const FieldDescriptor*, uint32_t>> sizes;

@@ -303,16 +303,6 @@ absl::Status AttendSession::Finish() {
   return FromGrpcStatus(stream_->Finish());
 }
 
-v1::Tensor MakeFloat32Tensor(absl::Span<const int64_t> shape,
-                             absl::Span<const float> values) {
-  v1::Tensor tensor;
-  tensor.set_dtype(v1::FLOAT32);
-  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
-  tensor.set_data(reinterpret_cast<const char*>(values.data()),
-                  values.size() * sizeof(float));
-  return tensor;
-}
-
 v1::Tensor MakeTensor(v1::DType dtype, absl::Span<const int64_t> shape,
                       absl::Span<const float> values) {
   if (dtype == v1::FLOAT32) return MakeFloat32Tensor(shape, values);

@@ -9,23 +9,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/proto/tensors.h"
 
 namespace attnserve {
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
-int64_t ElementBytes(const v1::Tensor& tensor) {
-  switch (tensor.dtype()) {
-    case v1::FLOAT32:
-      return 4;
-    case v1::BFLOAT16:
-    case v1::FLOAT16:
-      return 2;
-    default:
-      return 1;
-  }
-}
 
 int64_t Product(const v1::Tensor& tensor, int from, int to) {
   int64_t product = 1;
@@ -37,7 +26,7 @@ int64_t Product(const v1::Tensor& tensor, int from, int to) {
 // Hkv, Lk, D], and last in a mask).
 v1::Tensor Slice(const v1::Tensor& tensor, int dim, int64_t begin,
                  int64_t end) {
-  const int64_t element = ElementBytes(tensor);
+  const int64_t element = DTypeBytes(tensor.dtype());
   const int64_t outer = Product(tensor, 0, dim);
   const int64_t length = tensor.shape(dim);
   const int64_t inner = Product(tensor, dim + 1, tensor.shape_size()) * element;
@@ -90,9 +79,9 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
                       size_t clients) {
   for (const v1::Tensor* tensor :
        {&request.query(), &request.key(), &request.value()}) {
-    if (tensor->shape_size() != 4 || ElementBytes(*tensor) == 1 ||
+    if (tensor->shape_size() != 4 || DTypeBytes(tensor->dtype()) == 1 ||
         static_cast<int64_t>(tensor->data().size()) !=
-            Product(*tensor, 0, 4) * ElementBytes(*tensor)) {
+            Product(*tensor, 0, 4) * DTypeBytes(tensor->dtype())) {
       return absl::InvalidArgumentError(
           "query, key and value must be float tensors of rank 4 whose bytes "
           "match their shapes");

@@ -28,6 +28,7 @@
 #include "attention_compute.h"
 #include "attention_service.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/proto/tensors.h"
 #include "fuzz_requests.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -86,15 +87,11 @@ void CheckRefusal(const absl::Status& status) {
   if (status.message().empty()) Fail("a refusal without a message", status);
 }
 
-int64_t ElementBytes(v1::DType dtype) {
-  return dtype == v1::FLOAT32 ? 4 : dtype == v1::BOOL ? 1 : 2;
-}
-
 void CheckResponseTensor(const char* field, const v1::Tensor& tensor) {
   int64_t elements = 1;
   for (int64_t dim : tensor.shape()) elements *= dim;
   if (static_cast<int64_t>(tensor.data().size()) !=
-      elements * ElementBytes(tensor.dtype())) {
+      elements * DTypeBytes(tensor.dtype())) {
     Fail(field, absl::InternalError("data does not match shape and dtype"));
   }
 }

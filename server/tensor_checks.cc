@@ -7,21 +7,10 @@
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/proto/tensors.h"
 
 namespace attnserve {
 namespace {
-
-int64_t ElementBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::FLOAT32:
-      return 4;
-    case v1::BFLOAT16:
-    case v1::FLOAT16:
-      return 2;
-    default:
-      return 1;  // BOOL
-  }
-}
 
 absl::Status CheckDType(absl::string_view field, const v1::Tensor& tensor,
                         absl::Span<const v1::DType> dtypes) {
@@ -48,7 +37,7 @@ absl::Status CheckDimsAndBytes(absl::string_view field,
           " is ", tensor.shape(dim), ", expected > 0"));
     }
   }
-  const int64_t element_bytes = ElementBytes(tensor.dtype());
+  const int64_t element_bytes = DTypeBytes(tensor.dtype());
   const std::optional<int64_t> elements = CheckedProduct(
       absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()));
   const std::optional<int64_t> bytes =

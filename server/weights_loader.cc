@@ -9,7 +9,8 @@
 #include "attention_service.h"
 #include "attnserve/common/npy.h"
 #include "attnserve/common/status_macros.h"
-#include "attnserve/common/weights_config.h"
+#include "attnserve/proto/tensors.h"
+#include "attnserve/proto/weights_folder.h"
 
 namespace attnserve {
 namespace {
@@ -21,12 +22,7 @@ v1::Tensor RandomTensor(std::vector<int64_t> shape, float bound,
   for (int64_t dim : shape) count *= dim;
   std::vector<float> values(static_cast<size_t>(count));
   for (float& value : values) value = distribution(generator);
-  v1::Tensor tensor;
-  tensor.set_dtype(v1::FLOAT32);
-  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
-  tensor.set_data(reinterpret_cast<const char*>(values.data()),
-                  values.size() * sizeof(float));
-  return tensor;
+  return MakeFloat32Tensor(shape, values);
 }
 
 absl::StatusOr<v1::Tensor> NpyToTensor(NpyArray array,
@@ -94,29 +90,16 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes) {
   v1::PutWeightsRequest request;
   request.set_name(std::filesystem::path(folder).filename().string());
-  v1::ProjectionWeights& w = *request.mutable_weights();
-  ATTNSERVE_ASSIGN_OR_RETURN(const WeightsConfig config,
-                             ReadWeightsConfig(folder + "/config.txt"));
-  w.set_num_heads(config.num_heads);
-  w.set_num_kv_heads(config.num_kv_heads);
-  const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
-      files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
-                 {"w_k", &v1::ProjectionWeights::mutable_w_k},
-                 {"w_v", &v1::ProjectionWeights::mutable_w_v},
-                 {"w_o", &v1::ProjectionWeights::mutable_w_o},
-                 {"b_q", &v1::ProjectionWeights::mutable_b_q},
-                 {"b_k", &v1::ProjectionWeights::mutable_b_k},
-                 {"b_v", &v1::ProjectionWeights::mutable_b_v},
-                 {"b_o", &v1::ProjectionWeights::mutable_b_o}};
-  for (const auto& [name, mutable_tensor] : files) {
-    const std::string path = absl::StrCat(folder, "/", name, ".npy");
-    const bool optional = name[0] == 'b';
-    if (optional && !std::filesystem::exists(path)) continue;
-    ATTNSERVE_ASSIGN_OR_RETURN(NpyArray array,
-                               ReadNpyFile(path, max_file_bytes));
-    ATTNSERVE_ASSIGN_OR_RETURN(*(w.*mutable_tensor)(),
-                               NpyToTensor(std::move(array), path));
-  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      *request.mutable_weights(),
+      ReadWeightsFolderWith(
+          folder,
+          [max_file_bytes](
+              const std::string& path) -> absl::StatusOr<v1::Tensor> {
+            ATTNSERVE_ASSIGN_OR_RETURN(NpyArray array,
+                                       ReadNpyFile(path, max_file_bytes));
+            return NpyToTensor(std::move(array), path);
+          }));
   return request;
 }
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/status_macros.h"
-#include "attnserve/common/weights_config.h"
+#include "attnserve/proto/weights_folder.h"
 #include "cli.h"
 
 namespace attnserve {
@@ -51,28 +51,9 @@ int RunDelete(Client& client, const std::string& name) {
 
 absl::StatusOr<v1::ProjectionWeights> ReadWeightsFolder(
     const std::string& folder, const TensorReadOptions& options) {
-  v1::ProjectionWeights weights;
-  ATTNSERVE_ASSIGN_OR_RETURN(const WeightsConfig config,
-                             ReadWeightsConfig(folder + "/config.txt"));
-  weights.set_num_heads(config.num_heads);
-  weights.set_num_kv_heads(config.num_kv_heads);
-  const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
-      files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
-                 {"w_k", &v1::ProjectionWeights::mutable_w_k},
-                 {"w_v", &v1::ProjectionWeights::mutable_w_v},
-                 {"w_o", &v1::ProjectionWeights::mutable_w_o},
-                 {"b_q", &v1::ProjectionWeights::mutable_b_q},
-                 {"b_k", &v1::ProjectionWeights::mutable_b_k},
-                 {"b_v", &v1::ProjectionWeights::mutable_b_v},
-                 {"b_o", &v1::ProjectionWeights::mutable_b_o}};
-  for (const auto& [name, mutable_tensor] : files) {
-    const std::string path = absl::StrCat(folder, "/", name, ".npy");
-    const bool optional = name[0] == 'b';
-    if (optional && !std::filesystem::exists(path)) continue;
-    ATTNSERVE_ASSIGN_OR_RETURN(*(weights.*mutable_tensor)(),
-                               ReadTensorFile(path, options));
-  }
-  return weights;
+  return ReadWeightsFolderWith(folder, [&options](const std::string& path) {
+    return ReadTensorFile(path, options);
+  });
 }
 
 absl::StatusOr<v1::WeightsInfo> DescribeWeights(

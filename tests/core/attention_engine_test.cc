@@ -7,12 +7,15 @@
 #include <ostream>
 #include <vector>
 
+#include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 
 namespace attnserve {
 namespace {
+
+using ::attnserve::testing::SdpaShape;
 
 using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::ReferenceAttention;
@@ -46,19 +49,6 @@ struct ShapeCase {
 
 void PrintTo(const ShapeCase& test_case, std::ostream* os) {
   *os << test_case.name << " " << test_case.shape.DebugString();
-}
-
-AttentionShape Shape(int64_t b, int64_t h, int64_t hkv, int64_t lq, int64_t lk,
-                     int64_t dk, int64_t dv) {
-  AttentionShape shape;
-  shape.batch = b;
-  shape.heads = h;
-  shape.kv_heads = hkv;
-  shape.query_len = lq;
-  shape.key_len = lk;
-  shape.key_dim = dk;
-  shape.value_dim = dv;
-  return shape;
 }
 
 class EngineMatchesReference : public ::testing::TestWithParam<ShapeCase> {};
@@ -102,22 +92,27 @@ TEST_P(EngineMatchesReference, WithinFloat32Tolerance) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, EngineMatchesReference,
     ::testing::Values(
-        ShapeCase{"AllOnes", Shape(1, 1, 1, 1, 1, 1, 1), std::nullopt},
-        ShapeCase{"SingleKey", Shape(2, 3, 3, 5, 1, 8, 8), std::nullopt},
-        ShapeCase{"SingleQuery", Shape(1, 2, 2, 1, 129, 16, 16), std::nullopt},
-        ShapeCase{"OddSizes", Shape(3, 3, 3, 17, 17, 3, 3), std::nullopt},
-        ShapeCase{"QueryLongerThanKeys", Shape(1, 2, 2, 129, 17, 32, 32),
+        ShapeCase{"AllOnes", SdpaShape(1, 1, 1, 1, 1, 1, 1), std::nullopt},
+        ShapeCase{"SingleKey", SdpaShape(2, 3, 3, 5, 1, 8, 8), std::nullopt},
+        ShapeCase{"SingleQuery", SdpaShape(1, 2, 2, 1, 129, 16, 16),
                   std::nullopt},
-        ShapeCase{"KeysLongerThanQuery", Shape(2, 1, 1, 3, 129, 17, 17),
+        ShapeCase{"OddSizes", SdpaShape(3, 3, 3, 17, 17, 3, 3), std::nullopt},
+        ShapeCase{"QueryLongerThanKeys", SdpaShape(1, 2, 2, 129, 17, 32, 32),
                   std::nullopt},
-        ShapeCase{"ValueDimDiffers", Shape(1, 4, 4, 17, 33, 64, 3),
+        ShapeCase{"KeysLongerThanQuery", SdpaShape(2, 1, 1, 3, 129, 17, 17),
                   std::nullopt},
-        ShapeCase{"KeyDimDiffers", Shape(2, 2, 2, 9, 9, 1, 129), std::nullopt},
-        ShapeCase{"Typical", Shape(2, 8, 8, 128, 128, 64, 64), std::nullopt},
-        ShapeCase{"GroupedQuery", Shape(2, 6, 2, 17, 33, 16, 8), std::nullopt},
-        ShapeCase{"MultiQuery", Shape(1, 4, 1, 3, 129, 32, 17), std::nullopt},
-        ShapeCase{"CustomScale", Shape(1, 2, 2, 17, 17, 16, 16), 0.5f},
-        ShapeCase{"LargeScale", Shape(1, 1, 1, 9, 65, 16, 16), 8.0f}),
+        ShapeCase{"ValueDimDiffers", SdpaShape(1, 4, 4, 17, 33, 64, 3),
+                  std::nullopt},
+        ShapeCase{"KeyDimDiffers", SdpaShape(2, 2, 2, 9, 9, 1, 129),
+                  std::nullopt},
+        ShapeCase{"Typical", SdpaShape(2, 8, 8, 128, 128, 64, 64),
+                  std::nullopt},
+        ShapeCase{"GroupedQuery", SdpaShape(2, 6, 2, 17, 33, 16, 8),
+                  std::nullopt},
+        ShapeCase{"MultiQuery", SdpaShape(1, 4, 1, 3, 129, 32, 17),
+                  std::nullopt},
+        ShapeCase{"CustomScale", SdpaShape(1, 2, 2, 17, 17, 16, 16), 0.5f},
+        ShapeCase{"LargeScale", SdpaShape(1, 1, 1, 9, 65, 16, 16), 8.0f}),
     [](const ::testing::TestParamInfo<ShapeCase>& param) {
       return param.param.name;
     });
@@ -125,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
   // Unfused, 4 groups of 32x32 scores need 16 KiB; a 5 KiB limit fits one
   // group (4 KiB) per slab.
-  const AttentionShape shape = Shape(2, 2, 2, 32, 32, 8, 8);
+  const AttentionShape shape = SdpaShape(2, 2, 2, 32, 32, 8, 8);
   EngineOptions options;
   options.kernel = AttentionKernel::kUnfused;
   options.max_workspace_bytes = 5 << 10;
@@ -148,7 +143,7 @@ TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
 
 TEST(AttentionEngineTest, RejectsWorkspaceOverLimitBeforeComputing) {
   // Unfused, the 64x64 scores need 16 KiB.
-  const AttentionShape shape = Shape(1, 1, 1, 64, 64, 1, 1);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 64, 64, 1, 1);
   EngineOptions options;
   options.kernel = AttentionKernel::kUnfused;
   options.max_workspace_bytes = 64 * 64 * 4 - 1;
@@ -161,7 +156,7 @@ TEST(AttentionEngineTest, RejectsWorkspaceOverLimitBeforeComputing) {
 }
 
 TEST(AttentionEngineTest, RejectsSpansThatDoNotMatchTheShape) {
-  const AttentionShape shape = Shape(1, 1, 1, 2, 2, 2, 2);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 2, 2, 2, 2);
   std::vector<float> query(4), key(3), value(4), output(4);
   const absl::Status status = MakeEngine()->Attend(shape, {}, query, key, value,
                                                    absl::MakeSpan(output));
@@ -170,7 +165,7 @@ TEST(AttentionEngineTest, RejectsSpansThatDoNotMatchTheShape) {
 }
 
 TEST(AttentionEngineTest, RejectsHeadsNotAMultipleOfKvHeads) {
-  const AttentionShape shape = Shape(1, 3, 2, 1, 1, 1, 1);
+  const AttentionShape shape = SdpaShape(1, 3, 2, 1, 1, 1, 1);
   std::vector<float> query(3), key(2), value(2), output(3);
   const absl::Status status = MakeEngine()->Attend(shape, {}, query, key, value,
                                                    absl::MakeSpan(output));
@@ -180,7 +175,7 @@ TEST(AttentionEngineTest, RejectsHeadsNotAMultipleOfKvHeads) {
 
 TEST(AttentionEngineTest, RejectsOverflowingShape) {
   const AttentionShape shape =
-      Shape(int64_t{1} << 40, 1, 1, int64_t{1} << 30, 1, 1, 1);
+      SdpaShape(int64_t{1} << 40, 1, 1, int64_t{1} << 30, 1, 1, 1);
   const absl::Status status =
       MakeEngine()->Attend(shape, {}, {}, {}, {}, absl::Span<float>());
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -188,7 +183,7 @@ TEST(AttentionEngineTest, RejectsOverflowingShape) {
 }
 
 TEST(AttentionEngineTest, RejectsNonFiniteScale) {
-  const AttentionShape shape = Shape(1, 1, 1, 1, 1, 1, 1);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 1, 1, 1, 1);
   std::vector<float> one(1), output(1);
   AttentionOptions options;
   options.scale = std::numeric_limits<float>::infinity();
@@ -199,7 +194,7 @@ TEST(AttentionEngineTest, RejectsNonFiniteScale) {
 }
 
 TEST(AttentionEngineTest, NonFiniteInputsPropagateWithoutCrashing) {
-  const AttentionShape shape = Shape(1, 1, 1, 2, 2, 1, 1);
+  const AttentionShape shape = SdpaShape(1, 1, 1, 2, 2, 1, 1);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> query = {nan, 0.5f}, key = {0.25f, -0.25f},
                      value = {1.0f, 2.0f};
@@ -263,7 +258,7 @@ void ExpectRunMatches(const OptionRun& run) {
 
 TEST(AttentionOptionsTest,
      CausalTopLeftAndBottomRightDifferWhenQueriesAreFewer) {
-  const AttentionShape shape = Shape(1, 2, 2, 3, 7, 8, 8);
+  const AttentionShape shape = SdpaShape(1, 2, 2, 3, 7, 8, 8);
   for (const bool bottom_right : {false, true}) {
     SCOPED_TRACE(bottom_right ? "BOTTOM_RIGHT" : "TOP_LEFT");
     AttentionOptions options;
@@ -288,7 +283,7 @@ TEST(AttentionOptionsTest,
 }
 
 TEST(AttentionOptionsTest, BottomRightAlignsToEachBatchItemsKeyLength) {
-  const AttentionShape shape = Shape(2, 1, 1, 2, 6, 4, 4);
+  const AttentionShape shape = SdpaShape(2, 1, 1, 2, 6, 4, 4);
   AttentionOptions options;
   options.causal = true;
   options.causal_alignment = CausalAlignment::kBottomRight;
@@ -308,7 +303,7 @@ TEST(AttentionOptionsTest, BottomRightAlignsToEachBatchItemsKeyLength) {
 
 TEST(AttentionOptionsTest,
      RowWithNothingToAttendIsZeroWithNegativeInfinityLse) {
-  const AttentionShape shape = Shape(2, 2, 1, 3, 5, 4, 6);
+  const AttentionShape shape = SdpaShape(2, 2, 1, 3, 5, 4, 6);
   AttentionOptions options;
   const int64_t lengths[] = {0, 5};
   options.key_lengths = lengths;
@@ -323,7 +318,7 @@ TEST(AttentionOptionsTest,
 }
 
 TEST(AttentionOptionsTest, BroadcastMasksMatchReference) {
-  const AttentionShape shape = Shape(2, 4, 2, 5, 7, 8, 3);
+  const AttentionShape shape = SdpaShape(2, 4, 2, 5, 7, 8, 3);
   struct MaskCase {
     const char* name;
     std::array<int64_t, 4> dims;
@@ -360,7 +355,7 @@ TEST(AttentionOptionsTest, BroadcastMasksMatchReference) {
 }
 
 TEST(AttentionOptionsTest, RejectsKeyLengthsOutOfRange) {
-  const AttentionShape shape = Shape(2, 1, 1, 1, 4, 1, 1);
+  const AttentionShape shape = SdpaShape(2, 1, 1, 1, 4, 1, 1);
   std::vector<float> query(2), key(8), value(8), output(2);
   const int64_t lengths[] = {4, 5};
   AttentionOptions options;

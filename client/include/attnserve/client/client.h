@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "attnserve/proto/tensors.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpc/health/v1/health.pb.h"
 
@@ -180,11 +181,7 @@ class AttendSession {
   bool finished_ = false;
 };
 
-// A FLOAT32 tensor of `shape` holding `values` (row-major), copied once into
-// the message. The caller keeps the element count consistent with the shape;
-// the server rejects a mismatch by name.
-v1::Tensor MakeFloat32Tensor(absl::Span<const int64_t> shape,
-                             absl::Span<const float> values);
+// MakeFloat32Tensor(shape, values): attnserve/proto/tensors.h, included above.
 
 // A tensor of `dtype` (FLOAT32, BFLOAT16 or FLOAT16) and `shape` holding
 // `values` rounded to the dtype (to nearest, ties to even).

@@ -110,23 +110,29 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   options.max_queue = 1;
   options.max_batch = 1;
   Start(options);
-  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
-  for (int i = 0; i < 4; ++i)
-    answers.push_back(client_->AttendFuture(SlowRequest(), kTimeout));
-  int refused = 0, served = 0;
-  for (auto& answer : answers) {
-    absl::StatusOr<v1::AttendResponse> result = answer.get();
-    if (result.ok()) {
-      ++served;
-    } else {
-      EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
-      EXPECT_THAT(std::string(result.status().message()),
-                  HasSubstr("--max_queue limit is 1"));
-      ++refused;
-    }
+  // The slow request holds the only executor; then one small request fills
+  // the queue and the next is refused. Each step waits for the server's gauges,
+  // so that no arrival order is assumed (small requests, quick to send, keep
+  // the steps well inside the slow compute).
+  auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 1 &&
+         absl::Now() < by) {
+    absl::SleepFor(absl::Milliseconds(5));
   }
-  EXPECT_GE(served, 2);  // One running, one queued.
-  EXPECT_GE(refused, 1);
+  const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
+  auto queued = client_->AttendFuture(small, kTimeout);
+  while (Metric("attnserve_queue_depth") < 1 && absl::Now() < by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const absl::StatusOr<v1::AttendResponse> refused =
+      client_->AttendFuture(small, kTimeout).get();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("--max_queue limit is 1"));
+  EXPECT_TRUE(slow.get().ok());
+  EXPECT_TRUE(queued.get().ok());
 }
 
 TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {

@@ -98,7 +98,8 @@ class AttentionEngineImpl final : public AttentionEngine {
           "over the batch, on the fused kernel");
     }
     if (parts.empty()) {
-      return absl::InvalidArgumentError("AttendBatch has no parts, expected 1+");
+      return absl::InvalidArgumentError(
+          "AttendBatch has no parts, expected 1+");
     }
     AttentionShape total = shape;
     total.batch = 0;
@@ -123,7 +124,8 @@ class AttentionEngineImpl final : public AttentionEngine {
         entry.output =
             part.outputs.output.data() + b * one.OutputElements() / one.batch;
         if (options.return_lse) {
-          entry.lse = part.outputs.lse.data() + b * shape.heads * shape.query_len;
+          entry.lse =
+              part.outputs.lse.data() + b * shape.heads * shape.query_len;
         }
         batches.push_back(entry);
       }
@@ -263,8 +265,8 @@ class AttentionEngineImpl final : public AttentionEngine {
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(shape));
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
         "query", part.query.size(), shape.QueryElements()));
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
-        "key", part.key.size(), shape.KeyElements()));
+    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize("key", part.key.size(),
+                                                         shape.KeyElements()));
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
         "value", part.value.size(), shape.ValueElements()));
     return internal::ValidateOptionsAndOutputs(shape, options, part.outputs,

@@ -310,17 +310,17 @@ class FusedRun {
   // read them.
   const char* KeyRows(int64_t b, int64_t h) const {
     if (packed_.get() != nullptr) {
-      return static_cast<const char*>(key_) +
-             (b * s_.kv_heads + h) * s_.key_len * s_.key_dim *
-                 PackedElementBytes();
+      return static_cast<const char*>(key_) + (b * s_.kv_heads + h) *
+                                                  s_.key_len * s_.key_dim *
+                                                  PackedElementBytes();
     }
     return reinterpret_cast<const char*>(KeyOf(p_, b) + h * p_.key_strides[1]);
   }
   const char* ValueRows(int64_t b, int64_t h) const {
     if (packed_.get() != nullptr) {
-      return static_cast<const char*>(value_) +
-             (b * s_.kv_heads + h) * s_.key_len * s_.value_dim *
-                 PackedElementBytes();
+      return static_cast<const char*>(value_) + (b * s_.kv_heads + h) *
+                                                    s_.key_len * s_.value_dim *
+                                                    PackedElementBytes();
     }
     return reinterpret_cast<const char*>(ValueOf(p_, b) +
                                          h * p_.value_strides[1]);

@@ -52,32 +52,17 @@ class AttentionEngineImpl final : public AttentionEngine {
                       absl::Span<const float> key,
                       absl::Span<const float> value,
                       AttentionOutputs outputs) override {
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(shape));
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
-        "query", query.size(), shape.QueryElements()));
     ATTNSERVE_RETURN_IF_ERROR(
-        internal::ValidateSpanSize("key", key.size(), shape.KeyElements()));
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
-        "value", value.size(), shape.ValueElements()));
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateOptionsAndOutputs(
-        shape, options, outputs, shape.OutputElements()));
+        ValidateInputs(shape, options, query, key, value, outputs));
     ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
         absl::StrCat("attention for shape ", shape.DebugString()),
         AttendWorkspaceBytes(shape, options)));
 
     SdpaProblem problem = MakeProblem(shape, options, outputs);
     problem.query = query.data();
-    problem.query_strides =
-        PackedStrides(shape.heads, shape.query_len, shape.key_dim);
     problem.key = key.data();
-    problem.key_strides =
-        PackedStrides(shape.kv_heads, shape.key_len, shape.key_dim);
     problem.value = value.data();
-    problem.value_strides =
-        PackedStrides(shape.kv_heads, shape.key_len, shape.value_dim);
     problem.output = outputs.output.data();
-    problem.output_strides =
-        PackedStrides(shape.heads, shape.query_len, shape.value_dim);
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                                NewStream(AttentionFlops(shape)));
     return RunSdpa(stream, problem, AttentionFlops(shape));
@@ -103,12 +88,15 @@ class AttentionEngineImpl final : public AttentionEngine {
     }
     AttentionShape total = shape;
     total.batch = 0;
+    AttentionShape entry_shape = shape;  // One batch entry.
+    entry_shape.batch = 1;
     std::vector<internal::BatchTensors> batches;
     for (size_t i = 0; i < parts.size(); ++i) {
       const AttendPart& part = parts[i];
-      AttentionShape one = shape;
-      one.batch = part.batch;
-      const absl::Status valid = ValidatePart(one, options, part);
+      AttentionShape part_shape = shape;
+      part_shape.batch = part.batch;
+      const absl::Status valid = ValidateInputs(
+          part_shape, options, part.query, part.key, part.value, part.outputs);
       if (!valid.ok()) {
         return absl::Status(valid.code(), absl::StrCat("AttendBatch part ", i,
                                                        ": ", valid.message()));
@@ -118,14 +106,13 @@ class AttentionEngineImpl final : public AttentionEngine {
       }
       for (int64_t b = 0; b < part.batch; ++b) {
         internal::BatchTensors entry;
-        entry.query = part.query.data() + b * one.QueryElements() / one.batch;
-        entry.key = part.key.data() + b * one.KeyElements() / one.batch;
-        entry.value = part.value.data() + b * one.ValueElements() / one.batch;
+        entry.query = part.query.data() + b * entry_shape.QueryElements();
+        entry.key = part.key.data() + b * entry_shape.KeyElements();
+        entry.value = part.value.data() + b * entry_shape.ValueElements();
         entry.output =
-            part.outputs.output.data() + b * one.OutputElements() / one.batch;
+            part.outputs.output.data() + b * entry_shape.OutputElements();
         if (options.return_lse) {
-          entry.lse =
-              part.outputs.lse.data() + b * shape.heads * shape.query_len;
+          entry.lse = part.outputs.lse.data() + b * entry_shape.LseElements();
         }
         batches.push_back(entry);
       }
@@ -137,14 +124,6 @@ class AttentionEngineImpl final : public AttentionEngine {
 
     SdpaProblem problem =
         MakeProblem(total, options, AttentionOutputs(absl::Span<float>()));
-    problem.query_strides =
-        PackedStrides(total.heads, total.query_len, total.key_dim);
-    problem.key_strides =
-        PackedStrides(total.kv_heads, total.key_len, total.key_dim);
-    problem.value_strides =
-        PackedStrides(total.kv_heads, total.key_len, total.value_dim);
-    problem.output_strides =
-        PackedStrides(total.heads, total.query_len, total.value_dim);
     problem.batches = batches;
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                                NewStream(AttentionFlops(total)));
@@ -258,18 +237,21 @@ class AttentionEngineImpl final : public AttentionEngine {
            options.weights == AttentionWeightsMode::kNone;
   }
 
-  // Validates one part of an AttendBatch, `shape` holding its batch.
-  static absl::Status ValidatePart(const AttentionShape& shape,
-                                   const AttentionOptions& options,
-                                   const AttendPart& part) {
+  // Validates an Attend's (or an AttendBatch part's) shape, spans and options.
+  static absl::Status ValidateInputs(const AttentionShape& shape,
+                                     const AttentionOptions& options,
+                                     absl::Span<const float> query,
+                                     absl::Span<const float> key,
+                                     absl::Span<const float> value,
+                                     const AttentionOutputs& outputs) {
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateShape(shape));
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
-        "query", part.query.size(), shape.QueryElements()));
-    ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize("key", part.key.size(),
-                                                         shape.KeyElements()));
+        "query", query.size(), shape.QueryElements()));
+    ATTNSERVE_RETURN_IF_ERROR(
+        internal::ValidateSpanSize("key", key.size(), shape.KeyElements()));
     ATTNSERVE_RETURN_IF_ERROR(internal::ValidateSpanSize(
-        "value", part.value.size(), shape.ValueElements()));
-    return internal::ValidateOptionsAndOutputs(shape, options, part.outputs,
+        "value", value.size(), shape.ValueElements()));
+    return internal::ValidateOptionsAndOutputs(shape, options, outputs,
                                                shape.OutputElements());
   }
 
@@ -352,6 +334,15 @@ class AttentionEngineImpl final : public AttentionEngine {
         1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
     problem.weights = outputs.weights;
     problem.lse = outputs.lse;
+    // Packed [B, heads, L, D] tensors, unless the caller sets its views'.
+    problem.query_strides =
+        PackedStrides(shape.heads, shape.query_len, shape.key_dim);
+    problem.key_strides =
+        PackedStrides(shape.kv_heads, shape.key_len, shape.key_dim);
+    problem.value_strides =
+        PackedStrides(shape.kv_heads, shape.key_len, shape.value_dim);
+    problem.output_strides =
+        PackedStrides(shape.heads, shape.query_len, shape.value_dim);
     return problem;
   }
 

@@ -10,6 +10,7 @@
 #include "attend_stream.h"
 #include "attention_compute.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/proto/tensors.h"
 #include "grpc_status.h"
 #include "metrics.h"
 #include "tensor_codec.h"
@@ -391,8 +392,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeDeleteWeights(
 
 void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,
                                       v1::Tensor* output) const {
-  const size_t bytes = static_cast<size_t>(elements) *
-                       static_cast<size_t>(DataTypeBytes(ToDataType(dtype)));
+  const size_t bytes =
+      static_cast<size_t>(elements) * static_cast<size_t>(DTypeBytes(dtype));
   if (bytes >= pool_->min_bytes()) *output->mutable_data() = pool_->Take(bytes);
 }
 

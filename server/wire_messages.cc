@@ -29,16 +29,17 @@ bool IsTensorField(const FieldDescriptor& field) {
          field.message_type() == v1::Tensor::descriptor();
 }
 
-// The message's Tensor fields that are set.
-std::vector<v1::Tensor*> SetTensors(Message* message) {
-  std::vector<v1::Tensor*> tensors;
+// The message's Tensor fields that are set, with their field numbers.
+std::vector<std::pair<int, v1::Tensor*>> SetTensors(Message* message) {
+  std::vector<std::pair<int, v1::Tensor*>> tensors;
   const google::protobuf::Descriptor* type = message->GetDescriptor();
   const google::protobuf::Reflection* reflection = message->GetReflection();
   for (int i = 0; i < type->field_count(); ++i) {
     const FieldDescriptor& field = *type->field(i);
     if (IsTensorField(field) && reflection->HasField(*message, &field)) {
-      tensors.push_back(static_cast<v1::Tensor*>(
-          reflection->MutableMessage(message, &field)));
+      tensors.emplace_back(field.number(),
+                           static_cast<v1::Tensor*>(
+                               reflection->MutableMessage(message, &field)));
     }
   }
   return tensors;
@@ -168,17 +169,10 @@ absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
   }
   // Take the large tensors' data out, serialise the rest, then append each as
   // its Tensor field again holding only `data`, by reference.
-  const google::protobuf::Descriptor* type = message->GetDescriptor();
-  const google::protobuf::Reflection* reflection = message->GetReflection();
   std::vector<std::pair<int, SentBytes*>> sent;
-  for (int i = 0; i < type->field_count(); ++i) {
-    const FieldDescriptor& field = *type->field(i);
-    if (!IsTensorField(field) || !reflection->HasField(*message, &field))
-      continue;
-    auto* tensor =
-        static_cast<v1::Tensor*>(reflection->MutableMessage(message, &field));
+  for (const auto& [number, tensor] : SetTensors(message)) {
     if (tensor->data().size() < pool->min_bytes()) continue;
-    sent.emplace_back(field.number(),
+    sent.emplace_back(number,
                       new SentBytes{std::move(*tensor->mutable_data()), pool});
   }
   std::string head;
@@ -212,7 +206,7 @@ absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
 }
 
 void GiveTensorBytes(Message* message, BytesPool* pool) {
-  for (v1::Tensor* tensor : SetTensors(message)) {
+  for (const auto& [number, tensor] : SetTensors(message)) {
     pool->Give(std::move(*tensor->mutable_data()));
   }
 }

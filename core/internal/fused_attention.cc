@@ -306,24 +306,18 @@ class FusedRun {
     }
   }
 
-  // The first key and value rows of (batch entry b, kv head h), as the tiles
-  // read them.
-  const char* KeyRows(int64_t b, int64_t h) const {
+  // The first rows of (batch entry b, kv head h) of the keys or the values
+  // (`packed`, `of`, `strides`, `dim` naming which), as the tiles read them: in
+  // the packed copy if there is one, else in place.
+  const char* Rows(const void* packed,
+                   const float* (*of)(const SdpaProblem&, int64_t),
+                   const Strides4& strides, int64_t dim, int64_t b,
+                   int64_t h) const {
     if (packed_.get() != nullptr) {
-      return static_cast<const char*>(key_) + (b * s_.kv_heads + h) *
-                                                  s_.key_len * s_.key_dim *
-                                                  PackedElementBytes();
+      return static_cast<const char*>(packed) +
+             (b * s_.kv_heads + h) * s_.key_len * dim * PackedElementBytes();
     }
-    return reinterpret_cast<const char*>(KeyOf(p_, b) + h * p_.key_strides[1]);
-  }
-  const char* ValueRows(int64_t b, int64_t h) const {
-    if (packed_.get() != nullptr) {
-      return static_cast<const char*>(value_) + (b * s_.kv_heads + h) *
-                                                    s_.key_len * s_.value_dim *
-                                                    PackedElementBytes();
-    }
-    return reinterpret_cast<const char*>(ValueOf(p_, b) +
-                                         h * p_.value_strides[1]);
+    return reinterpret_cast<const char*>(of(p_, b) + h * strides[1]);
   }
 
   // Computes tile `tile` (all splits if `split` < 0, else that one) on the
@@ -368,7 +362,7 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
     Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
     key_ = packed_.get();
     value_ = packed_.get() + key_bytes;
-  }  // Else the tiles read them in place (KeyRows, ValueRows).
+  }  // Else the tiles read them in place (Rows).
 
   // Tile plans, built single-threaded and shared through the cache.
   const int64_t last_rows =
@@ -514,8 +508,10 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   const MaskStrides mask_strides =
       mask != nullptr ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
   const int64_t element = PackedElementBytes();
-  const char* const key_rows = KeyRows(b, kv_head);
-  const char* const value_rows = ValueRows(b, kv_head);
+  const char* const key_rows =
+      Rows(key_, &KeyOf, p_.key_strides, s_.key_dim, b, kv_head);
+  const char* const value_rows =
+      Rows(value_, &ValueOf, p_.value_strides, s_.value_dim, b, kv_head);
   for (int64_t block = first_block; block < last_block; ++block) {
     const int64_t k0 = block * g_.k_block;
     int64_t n = std::min(g_.k_block, s_.key_len - k0);

@@ -76,6 +76,22 @@ class ServiceTest : public ::attnserve::testing::ServerFixture {
     const auto it = samples.find(key);
     return it == samples.end() ? -1 : it->second;
   }
+
+  // Waits, up to 30 s, until metric `key` reaches `value`.
+  void AwaitMetric(const std::string& key, double value) {
+    const absl::Time by = absl::Now() + absl::Seconds(30);
+    while (Metric(key) < value && absl::Now() < by) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+
+  // Sends SlowRequest and waits until it has left the queue: it holds the only
+  // executor from then on.
+  std::future<absl::StatusOr<v1::AttendResponse>> StartSlowRequest() {
+    auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
+    AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 1);
+    return slow;
+  }
 };
 
 TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
@@ -114,17 +130,10 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   // the queue and the next is refused. Each step waits for the server's gauges,
   // so that no arrival order is assumed (small requests, quick to send, keep
   // the steps well inside the slow compute).
-  auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
-  const absl::Time by = absl::Now() + absl::Seconds(30);
-  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 1 &&
-         absl::Now() < by) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  auto slow = StartSlowRequest();
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
   auto queued = client_->AttendFuture(small, kTimeout);
-  while (Metric("attnserve_queue_depth") < 1 && absl::Now() < by) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitMetric("attnserve_queue_depth", 1);
   const absl::StatusOr<v1::AttendResponse> refused =
       client_->AttendFuture(small, kTimeout).get();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
@@ -139,14 +148,7 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   ServerOptions options = DefaultOptions();
   options.max_batch = 1;
   Start(options);
-  auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
-  // Wait until the slow one has left the queue: it holds the only executor from
-  // then on.
-  const absl::Time running_by = absl::Now() + absl::Seconds(30);
-  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 1 &&
-         absl::Now() < running_by) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  auto slow = StartSlowRequest();
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
   // Three that time out while queued...
   std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> expiring;

@@ -36,7 +36,11 @@ assert report["ok"] > 0, "no call was answered before the drain"
 assert errors.get("UNAVAILABLE", 0) > 0, "no call was refused after the drain grace"
 unexpected = {code: n for code, n in errors.items() if code not in ("UNAVAILABLE", "CANCELLED")}
 assert not unexpected, f"unexpected errors: {unexpected}"
-assert errors.get("CANCELLED", 0) <= 8, "more calls cancelled than were in flight"
+# gRPC cancels calls that reach it during its own shutdown, after the service stopped taking
+# calls and drained its queue; the bench re-sends at once after each refusal, so each of its 8
+# workers may see that more than once (an ASan run saw 14). That no accepted call is cut is
+# checked per client by the soak test, whose clients stop at their first refusal.
+assert errors.get("CANCELLED", 0) <= 4 * 8, "more cancelled calls than 4 per worker"
 PY
 grep -q "attnserve: drained, exiting" "${workdir}/server.log" || fail "no drain message"
 echo PASS

@@ -165,21 +165,55 @@ absl::StatusOr<v1::MultiHeadAttentionResponse> Client::MultiHeadAttention(
                          request, timeout, true);
 }
 
+Client::~Client() {
+  absl::MutexLock lock(&calls_mutex_);
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
+  calls_mutex_.Await(absl::Condition(
+      +[](int* in_flight) { return *in_flight == 0; }, &calls_in_flight_));
+}
+
+template <typename Request, typename Response, typename Start>
+void Client::CallAsync(Request request, absl::Duration timeout, Start start,
+                       std::function<void(absl::StatusOr<Response>)> done) {
+  auto call = std::make_shared<AsyncCall<Request, Response>>();
+  call->context = NewContext(absl::Now() + timeout);
+  call->request = std::move(request);
+  {
+    absl::MutexLock lock(&calls_mutex_);
+    calls_.insert(call->context.get());
+    ++calls_in_flight_;
+  }
+  start(call->context.get(), &call->request, &call->response,
+        [this, call, done = std::move(done)](grpc::Status status) {
+          {
+            absl::MutexLock lock(&calls_mutex_);
+            calls_.erase(call->context.get());
+          }
+          call->context.reset();  // Its reference to the channel goes here.
+          {
+            absl::MutexLock lock(&calls_mutex_);
+            --calls_in_flight_;
+          }
+          // The client may be gone from here on.
+          if (status.ok()) {
+            done(std::move(call->response));
+          } else {
+            done(FromGrpcStatus(status));
+          }
+        });
+}
+
 void Client::AttendAsync(
     v1::AttendRequest request, absl::Duration timeout,
     std::function<void(absl::StatusOr<v1::AttendResponse>)> done) {
-  auto call =
-      std::make_shared<AsyncCall<v1::AttendRequest, v1::AttendResponse>>();
-  call->context = NewContext(absl::Now() + timeout);
-  call->request = std::move(request);
-  stub_->async()->Attend(call->context.get(), &call->request, &call->response,
-                         [call, done = std::move(done)](grpc::Status status) {
-                           if (status.ok()) {
-                             done(std::move(call->response));
-                           } else {
-                             done(FromGrpcStatus(status));
-                           }
-                         });
+  CallAsync<v1::AttendRequest, v1::AttendResponse>(
+      std::move(request), timeout,
+      [this](grpc::ClientContext* context, const v1::AttendRequest* in,
+             v1::AttendResponse* out,
+             std::function<void(grpc::Status)> callback) {
+        stub_->async()->Attend(context, in, out, std::move(callback));
+      },
+      std::move(done));
 }
 
 std::future<absl::StatusOr<v1::AttendResponse>> Client::AttendFuture(
@@ -198,19 +232,16 @@ std::future<absl::StatusOr<v1::AttendResponse>> Client::AttendFuture(
 void Client::MultiHeadAttentionAsync(
     v1::MultiHeadAttentionRequest request, absl::Duration timeout,
     std::function<void(absl::StatusOr<v1::MultiHeadAttentionResponse>)> done) {
-  auto call = std::make_shared<AsyncCall<v1::MultiHeadAttentionRequest,
-                                         v1::MultiHeadAttentionResponse>>();
-  call->context = NewContext(absl::Now() + timeout);
-  call->request = std::move(request);
-  stub_->async()->MultiHeadAttention(
-      call->context.get(), &call->request, &call->response,
-      [call, done = std::move(done)](grpc::Status status) {
-        if (status.ok()) {
-          done(std::move(call->response));
-        } else {
-          done(FromGrpcStatus(status));
-        }
-      });
+  CallAsync<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
+      std::move(request), timeout,
+      [this](grpc::ClientContext* context,
+             const v1::MultiHeadAttentionRequest* in,
+             v1::MultiHeadAttentionResponse* out,
+             std::function<void(grpc::Status)> callback) {
+        stub_->async()->MultiHeadAttention(context, in, out,
+                                           std::move(callback));
+      },
+      std::move(done));
 }
 
 std::unique_ptr<AttendSession> Client::OpenAttendSession(

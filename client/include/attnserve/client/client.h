@@ -20,11 +20,14 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attnserve/proto/tensors.h"
@@ -101,6 +104,10 @@ class Client {
   absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(
       const v1::MultiHeadAttentionRequest& request, absl::Duration timeout);
 
+  // Cancels the asynchronous calls still in flight and waits until they have
+  // let go of the channel (their `done` may still be running).
+  ~Client();
+
   // Asynchronous Attend: returns at once; `done` runs once, on a gRPC thread,
   // with the result. No retries. `done` must not block for long.
   void AttendAsync(
@@ -129,14 +136,15 @@ class Client {
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
   CheckHealth(absl::string_view service, absl::Duration timeout);
 
-  // The channel, for calling services this class does not wrap.
+  // The channel, for calling services this class does not wrap (reflection,
+  // for one), with contexts from NewContext.
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+
+  // A context with `deadline` and the client's bearer token set.
+  std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
-
-  // A context with the deadline and the bearer token set.
-  std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
   // Calls `method` with retries per the policy; `retryable` says whether this
   // RPC may be.
@@ -147,9 +155,24 @@ class Client {
                                                          Response*),
       const Request& request, absl::Duration timeout, bool retryable);
 
+  // Starts an asynchronous call: `start` calls the stub's async method with
+  // the context, request, response and callback it is given.
+  template <typename Request, typename Response, typename Start>
+  void CallAsync(Request request, absl::Duration timeout, Start start,
+                 std::function<void(absl::StatusOr<Response>)> done);
+
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
+
+  // Asynchronous calls in flight: their contexts, which hold references to the
+  // channel. The last reference to a channel must not go on a gRPC callback
+  // thread (the channel's destructor would shut down and join the very
+  // threads that run callbacks, a double free in gRPC 1.51), so each call lets
+  // go of its context before it counts as done, and the destructor waits.
+  absl::Mutex calls_mutex_;
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mutex_);
+  int calls_in_flight_ ABSL_GUARDED_BY(calls_mutex_) = 0;
 };
 
 // An AttendStream call. One thread may Send while another Receives; each method

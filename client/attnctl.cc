@@ -68,11 +68,12 @@ int RunHealth(Client& client, const std::string& service) {
 }
 
 int RunServices(Client& client) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + CallTimeout()));
+  // Reflection asks for the token like every RPC but health.
+  std::unique_ptr<grpc::ClientContext> context =
+      client.NewContext(absl::Now() + CallTimeout());
   auto stub =
       grpc::reflection::v1alpha::ServerReflection::NewStub(client.channel());
-  auto stream = stub->ServerReflectionInfo(&context);
+  auto stream = stub->ServerReflectionInfo(context.get());
   grpc::reflection::v1alpha::ServerReflectionRequest request;
   request.set_list_services("");
   grpc::reflection::v1alpha::ServerReflectionResponse response;

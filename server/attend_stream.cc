@@ -14,13 +14,13 @@
 namespace attnserve {
 namespace {
 
-class AttendStreamReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class AttendStreamCall final : public ServerCall {
  public:
-  AttendStreamReactor(grpc::CallbackServerContext* context,
-                      const StreamDependencies& deps)
-      : context_(context), deps_(deps) {
-    const absl::Status admitted = deps_.gate->Admit(*context_);
+  explicit AttendStreamCall(const StreamDependencies& deps) : deps_(deps) {}
+
+ private:
+  void OnStart() override {
+    const absl::Status admitted = deps_.gate->Admit(context());
     if (!admitted.ok()) {
       Finish(ToGrpcStatus(admitted));
       return;
@@ -80,9 +80,6 @@ class AttendStreamReactor final
     Advance();
   }
 
-  void OnDone() override { delete this; }
-
- private:
   struct Slot {
     v1::AttendRequest request;
     v1::AttendStreamResponse answer;
@@ -104,7 +101,7 @@ class AttendStreamReactor final
               response->mutable_timing()->set_queue_us(
                   absl::ToInt64Microseconds(started - submitted));
               absl::Status status;
-              if (context_->IsCancelled()) {
+              if (cancelled()) {
                 status = absl::CancelledError(
                     "the stream was cancelled before this compute started");
               } else {
@@ -121,7 +118,7 @@ class AttendStreamReactor final
               }
               Resolve(*slot, status);
               // The count drops inside Advance's critical section: once it is 0
-              // another thread may finish the call and free this reactor, so
+              // another thread may finish the call and free this handler, so
               // nothing may touch `this` after that section.
               Advance(/*computes_done=*/1);
             }));
@@ -184,7 +181,7 @@ class AttendStreamReactor final
       if (reading_done_ && slots_.empty() && computing_ == 0 && !writing_ &&
           !finished_) {
         finished_ = finish = true;
-        if (broken_ || context_->IsCancelled()) {
+        if (broken_ || cancelled()) {
           final_status = grpc::Status(
               grpc::StatusCode::CANCELLED,
               "the client went away before every answer was written");
@@ -193,12 +190,11 @@ class AttendStreamReactor final
     }
     if (to_write != nullptr) {
       Serialize(*to_write);
-      StartWrite(&to_write->wire_answer);
+      StartWrite(to_write->wire_answer);
     }
     if (finish) Finish(final_status);
   }
 
-  grpc::CallbackServerContext* const context_;
   const StreamDependencies deps_;
   grpc::ByteBuffer incoming_;  // Only the read in flight touches it.
 
@@ -216,10 +212,9 @@ class AttendStreamReactor final
 
 }  // namespace
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttendStream(
-    grpc::CallbackServerContext* context,
+std::unique_ptr<ServerCall> MakeAttendStreamCall(
     const StreamDependencies& dependencies) {
-  return new AttendStreamReactor(context, dependencies);
+  return std::make_unique<AttendStreamCall>(dependencies);
 }
 
 }  // namespace attnserve

@@ -1,18 +1,21 @@
-// The AttendStream reactor: many Attend requests on one bidirectional stream.
+// The AttendStream handler: many Attend requests on one bidirectional stream.
 //
 // Each request is validated as it arrives and computed on the executor; answers
 // are written in the order the requests came, each carrying its index and
 // either the response or its error, so one bad request fails only its own
 // answer. At most kMaxPendingPerStream requests are held per stream: past that
-// the reactor stops reading until answers drain (flow control reaches the
+// the call stops reading until answers drain (flow control reaches the
 // client). The stream ends OK once the client has closed its side and every
 // answer is written.
 #ifndef ATTNSERVE_SERVER_ATTEND_STREAM_H_
 #define ATTNSERVE_SERVER_ATTEND_STREAM_H_
 
+#include <memory>
+
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "call_gate.h"
+#include "call_loop.h"
 #include "metrics.h"
 #include "request_validator.h"
 #include "scheduler.h"
@@ -30,12 +33,11 @@ struct StreamDependencies {
   RequestLimits limits;
 };
 
-// Starts serving one AttendStream call, whose messages are AttendRequests and
+// The handler of one AttendStream call, whose messages are AttendRequests and
 // AttendStreamResponses on the wire: a message that is not a valid
 // AttendRequest gets an INVALID_ARGUMENT answer of its own, like any malformed
-// request. The reactor deletes itself when the call is done.
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttendStream(
-    grpc::CallbackServerContext* context,
+// request.
+std::unique_ptr<ServerCall> MakeAttendStreamCall(
     const StreamDependencies& dependencies);
 
 }  // namespace attnserve

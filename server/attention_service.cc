@@ -136,11 +136,8 @@ AttentionServiceImpl::AttentionServiceImpl(
 
 namespace {
 
-// gRPC hands a unary handler an empty, invalid buffer when the call ended
-// before its request arrived (a request of no bytes is a valid, empty buffer).
-absl::Status Received(const grpc::CallbackServerContext& context,
-                      const grpc::ByteBuffer& wire_request) {
-  if (wire_request.Valid()) return absl::OkStatus();
+// Why a unary call's request never arrived.
+absl::Status NotReceived(const grpc::ServerContextBase& context) {
   if (context.deadline() < std::chrono::system_clock::now()) {
     return absl::DeadlineExceededError(
         "the deadline passed before the request arrived");
@@ -151,52 +148,107 @@ absl::Status Received(const grpc::CallbackServerContext& context,
 }  // namespace
 
 template <typename Request, typename Response>
-grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(
-    Rpc rpc, grpc::CallbackServerContext* context,
-    const grpc::ByteBuffer& wire_request, grpc::ByteBuffer* wire_response,
-    grpc::ServerUnaryReactor* (AttentionServiceImpl::*handler)(const Call&,
-                                                               const Request&,
-                                                               Response*)) {
-  auto* reactor = new WireUnaryReactor<Request, Response>(pool_);
-  metrics_->CallStarted(rpc, static_cast<int64_t>(wire_request.Length()));
-  Call call{rpc,           context,     reactor,
-            wire_response, absl::Now(), gate_->Admit(*context)};
-  if (call.admitted.ok()) call.admitted = Received(*context, wire_request);
-  if (call.admitted.ok()) {
-    // gRPC keeps the request's buffer until the call ends and hands it to the
-    // handler, which owns the call until then, as const only by its signature:
-    // the parse consumes it, so that the request is not held twice.
-    call.admitted = ParseWire(const_cast<grpc::ByteBuffer*>(&wire_request),
-                              &reactor->request, pool_.get());
+class AttentionServiceImpl::WireCall final
+    : public AttentionServiceImpl::UnaryCall {
+ public:
+  WireCall(AttentionServiceImpl* service, Rpc rpc,
+           Handler<Request, Response> handler)
+      : service_(service), rpc_(rpc), handler_(handler) {}
+
+  Request request;
+  Response response;
+
+ private:
+  void OnStart() override { StartRead(&wire_request_); }
+
+  void OnReadDone(bool ok) override {
+    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, handler_);
   }
-  if (!call.admitted.ok())
-    return Finish(call, call.admitted, &reactor->response);
-  return (this->*handler)(call, reactor->request, &reactor->response);
+
+  void OnDone() override {
+    GiveTensorBytes(&request, service_->pool_.get());
+    GiveTensorBytes(&response, service_->pool_.get());
+  }
+
+  AttentionServiceImpl* const service_;
+  const Rpc rpc_;
+  const Handler<Request, Response> handler_;
+  grpc::ByteBuffer wire_request_;
+};
+
+template <typename Request, typename Response>
+void AttentionServiceImpl::HandleMethod(CallLoop& loop, const char* method,
+                                        Rpc rpc,
+                                        Handler<Request, Response> handler) {
+  loop.Handle(
+      absl::StrCat("/", v1::AttentionService::service_full_name(), "/", method),
+      [this, rpc, handler] {
+        return std::make_unique<WireCall<Request, Response>>(this, rpc,
+                                                             handler);
+      });
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Finish(
-    const Call& call, const absl::Status& status,
-    google::protobuf::Message* response) const {
+void AttentionServiceImpl::AddTo(CallLoop& loop) {
+  HandleMethod(loop, "Attend", Rpc::kAttend,
+               &AttentionServiceImpl::ServeAttend);
+  HandleMethod(loop, "MultiHeadAttention", Rpc::kMultiHeadAttention,
+               &AttentionServiceImpl::ServeMultiHeadAttention);
+  HandleMethod(loop, "PutWeights", Rpc::kPutWeights,
+               &AttentionServiceImpl::ServePutWeights);
+  HandleMethod(loop, "ListWeights", Rpc::kListWeights,
+               &AttentionServiceImpl::ServeListWeights);
+  HandleMethod(loop, "DeleteWeights", Rpc::kDeleteWeights,
+               &AttentionServiceImpl::ServeDeleteWeights);
+  loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
+                           "/AttendStream"),
+              [this] {
+                return MakeAttendStreamCall(
+                    {metrics_, engine_, scheduler_, gate_, limits_});
+              });
+}
+
+template <typename Request, typename Response>
+void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
+                                 grpc::ByteBuffer* wire_request,
+                                 Handler<Request, Response> serve) {
+  metrics_->CallStarted(rpc,
+                        wire_request == nullptr
+                            ? 0
+                            : static_cast<int64_t>(wire_request->Length()));
+  Call call{rpc, handler, absl::Now(), gate_->Admit(handler->context())};
+  if (call.admitted.ok() && wire_request == nullptr) {
+    call.admitted = NotReceived(handler->context());
+  }
+  if (call.admitted.ok()) {
+    // The parse consumes the request's bytes, so that they are not held twice.
+    call.admitted = ParseWire(wire_request, &handler->request, pool_.get());
+  }
+  if (!call.admitted.ok()) {
+    return Finish(call, call.admitted, &handler->response);
+  }
+  (this->*serve)(call, handler->request, &handler->response);
+}
+
+void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
+                                  google::protobuf::Message* response) const {
   absl::Status answer = status;
-  if (answer.ok()) answer = SerializeWire(response, call.wire_response, pool_);
+  grpc::ByteBuffer* wire_response = &call.handler->wire_response;
+  if (answer.ok()) answer = SerializeWire(response, wire_response, pool_);
   metrics_->CallFinished(
       call.rpc, answer.code(), absl::Now() - call.started,
-      answer.ok() ? static_cast<int64_t>(call.wire_response->Length()) : 0);
+      answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0);
   metrics_->SetBufferPoolBytes(pool_->held_bytes());
-  call.reactor->Finish(ToGrpcStatus(answer));
-  return call.reactor;
+  call.handler->Answer(ToGrpcStatus(answer));
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Enqueue(
-    const Call& call, std::unique_ptr<Job> job,
-    google::protobuf::Message* response) {
+void AttentionServiceImpl::Enqueue(const Call& call, std::unique_ptr<Job> job,
+                                   google::protobuf::Message* response) {
   metrics_->Enqueued();
   const absl::Status queued = scheduler_->Submit(std::move(job));
   if (!queued.ok()) {
     metrics_->Dequeued(call.rpc, absl::ZeroDuration());
-    return Finish(call, queued, response);
+    Finish(call, queued, response);
   }
-  return call.reactor;
 }
 
 absl::Status AttentionServiceImpl::Dequeue(const Call& call,
@@ -207,61 +259,20 @@ absl::Status AttentionServiceImpl::Dequeue(const Call& call,
   timing->set_queue_us(absl::ToInt64Microseconds(waited));
   // A passed deadline also cancels the call: it is checked first, so that the
   // metrics tell the two apart.
-  if (call.context->deadline() < std::chrono::system_clock::now()) {
+  if (call.handler->context().deadline() < std::chrono::system_clock::now()) {
     return absl::DeadlineExceededError(
         "the deadline passed before the compute started");
   }
-  if (call.context->IsCancelled()) {
+  if (call.handler->cancelled()) {
     return absl::CancelledError(
         "the call was cancelled before its compute started");
   }
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Serve(Rpc::kAttend, context, *request, response,
-               &AttentionServiceImpl::ServeAttend);
-}
-
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-AttentionServiceImpl::AttendStream(grpc::CallbackServerContext* context) {
-  return StartAttendStream(context,
-                           {metrics_, engine_, scheduler_, gate_, limits_});
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::MultiHeadAttention(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Serve(Rpc::kMultiHeadAttention, context, *request, response,
-               &AttentionServiceImpl::ServeMultiHeadAttention);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::PutWeights(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Serve(Rpc::kPutWeights, context, *request, response,
-               &AttentionServiceImpl::ServePutWeights);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListWeights(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Serve(Rpc::kListWeights, context, *request, response,
-               &AttentionServiceImpl::ServeListWeights);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::DeleteWeights(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response) {
-  return Serve(Rpc::kDeleteWeights, context, *request, response,
-               &AttentionServiceImpl::ServeDeleteWeights);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
-    const Call& call, const v1::AttendRequest& request,
-    v1::AttendResponse* response) {
+void AttentionServiceImpl::ServeAttend(const Call& call,
+                                       const v1::AttendRequest& request,
+                                       v1::AttendResponse* response) {
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
   if (!work.ok()) return Finish(call, work.status(), response);
   const SchedulerOptions& scheduling = scheduler_->options();
@@ -280,7 +291,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeAttend(
       response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ServeMultiHeadAttention(
+void AttentionServiceImpl::ServeMultiHeadAttention(
     const Call& call, const v1::MultiHeadAttentionRequest& request,
     v1::MultiHeadAttentionResponse* response) {
   std::shared_ptr<const WeightSet> registered;
@@ -357,9 +368,9 @@ absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
   return response;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ServePutWeights(
-    const Call& call, const v1::PutWeightsRequest& request,
-    v1::PutWeightsResponse* response) {
+void AttentionServiceImpl::ServePutWeights(const Call& call,
+                                           const v1::PutWeightsRequest& request,
+                                           v1::PutWeightsResponse* response) {
   absl::StatusOr<v1::PutWeightsResponse> result =
       PutWeightsInto(*registry_, request);
   if (result.ok()) *response = *std::move(result);
@@ -367,7 +378,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServePutWeights(
   return Finish(call, result.status(), response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ServeListWeights(
+void AttentionServiceImpl::ServeListWeights(
     const Call& call, const v1::ListWeightsRequest& /*request*/,
     v1::ListWeightsResponse* response) {
   const WeightsRegistry::Listing listing = registry_->List();
@@ -378,7 +389,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ServeListWeights(
   return Finish(call, absl::OkStatus(), response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ServeDeleteWeights(
+void AttentionServiceImpl::ServeDeleteWeights(
     const Call& call, const v1::DeleteWeightsRequest& request,
     v1::DeleteWeightsResponse* response) {
   absl::StatusOr<WeightsRegistry::Entry> entry =

@@ -9,6 +9,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "bytes_pool.h"
 #include "call_gate.h"
+#include "call_loop.h"
 #include "metrics.h"
 #include "request_validator.h"
 #include "scheduler.h"
@@ -16,46 +17,22 @@
 
 namespace attnserve {
 
-// AttentionService with every method registered raw: the handlers parse each
-// request and serialise each response themselves (wire_messages.h), so that
-// bytes that are not a valid request get INVALID_ARGUMENT like any other
-// malformed request.
-using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Attend<
-    v1::AttentionService::WithRawCallbackMethod_AttendStream<
-        v1::AttentionService::WithRawCallbackMethod_MultiHeadAttention<
-            v1::AttentionService::WithRawCallbackMethod_PutWeights<
-                v1::AttentionService::WithRawCallbackMethod_ListWeights<
-                    v1::AttentionService::WithRawCallbackMethod_DeleteWeights<
-                        v1::AttentionService::Service>>>>>>;
-
-// Thread-safe, as gRPC requires. Does not own its dependencies, which must
-// outlive it and every RPC it has started.
-class AttentionServiceImpl final : public RawAttentionService {
+// attnserve.v1.AttentionService, served on the CallLoop. The handlers parse
+// each request and serialise each response themselves (wire_messages.h), so
+// that bytes that are not a valid request get INVALID_ARGUMENT like any other
+// malformed request, and tensors' bytes are kept between calls.
+//
+// Thread-safe. Does not own its dependencies, which must outlive it and every
+// call it has started.
+class AttentionServiceImpl final {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
                        const CallGate* gate, RequestLimits limits,
                        std::shared_ptr<BytesPool> pool);
 
-  // Each takes the request's wire bytes (an attnserve.v1.<Method>Request) and
-  // answers with the response's.
-  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttendStream(
-      grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* MultiHeadAttention(
-      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
-      grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* PutWeights(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer* request,
-                                       grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* ListWeights(grpc::CallbackServerContext* context,
-                                        const grpc::ByteBuffer* request,
-                                        grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* DeleteWeights(grpc::CallbackServerContext* context,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response) override;
+  // Serves every method of the service on `loop`.
+  void AddTo(CallLoop& loop);
 
   // Sets the weights gauges from the registry (the handlers call it after each
   // change; the server after loading weights at start-up).
@@ -65,57 +42,79 @@ class AttentionServiceImpl final : public RawAttentionService {
   class UnaryJob;
   class AttendJob;
 
+  // The handler of one unary call: what Finish answers.
+  class UnaryCall : public ServerCall {
+   public:
+    grpc::ByteBuffer wire_response;  // Where Finish serialises the response.
+
+    // Ends the call with `status`, and with wire_response if OK.
+    void Answer(const grpc::Status& status) {
+      if (status.ok()) {
+        FinishWithMessage(wire_response, status);
+      } else {
+        Finish(status);
+      }
+    }
+  };
+  // A unary call of one method: reads its request, then hands it to the
+  // service; owns the request and the response until the call is done, then
+  // gives their tensors' bytes to the pool.
+  template <typename Request, typename Response>
+  class WireCall;
+
   // One call in progress: what Finish needs to answer it and record it.
   struct Call {
     Rpc rpc;
-    grpc::CallbackServerContext* context;
-    grpc::ServerUnaryReactor* reactor;  // Owns the request and the response.
-    grpc::ByteBuffer* wire_response;    // Where Finish serialises the response.
+    UnaryCall* handler;  // Owns the request and the response.
     absl::Time started;
     absl::Status admitted;  // The gate's verdict, then the parse's: not OK
                             // means answer at once with it.
   };
 
-  // Serves one unary call: makes its reactor, parses the request, and hands a
-  // call that passed the gate and the parse to `handler`.
   template <typename Request, typename Response>
-  grpc::ServerUnaryReactor* Serve(
-      Rpc rpc, grpc::CallbackServerContext* context,
-      const grpc::ByteBuffer& wire_request, grpc::ByteBuffer* wire_response,
-      grpc::ServerUnaryReactor* (AttentionServiceImpl::*handler)(const Call&,
-                                                                 const Request&,
-                                                                 Response*));
+  using Handler = void (AttentionServiceImpl::*)(const Call&, const Request&,
+                                                 Response*);
 
-  grpc::ServerUnaryReactor* ServeAttend(const Call& call,
-                                        const v1::AttendRequest& request,
-                                        v1::AttendResponse* response);
-  grpc::ServerUnaryReactor* ServeMultiHeadAttention(
-      const Call& call, const v1::MultiHeadAttentionRequest& request,
-      v1::MultiHeadAttentionResponse* response);
-  grpc::ServerUnaryReactor* ServePutWeights(
-      const Call& call, const v1::PutWeightsRequest& request,
-      v1::PutWeightsResponse* response);
-  grpc::ServerUnaryReactor* ServeListWeights(
-      const Call& call, const v1::ListWeightsRequest& request,
-      v1::ListWeightsResponse* response);
-  grpc::ServerUnaryReactor* ServeDeleteWeights(
-      const Call& call, const v1::DeleteWeightsRequest& request,
-      v1::DeleteWeightsResponse* response);
+  // Registers `method`'s calls, served by `handler`.
+  template <typename Request, typename Response>
+  void HandleMethod(CallLoop& loop, const char* method, Rpc rpc,
+                    Handler<Request, Response> handler);
+
+  // Serves one unary call whose request has arrived (nullptr: the call ended
+  // before it did): parses it and hands a call that passed the gate and the
+  // parse to `handler`.
+  template <typename Request, typename Response>
+  void Serve(Rpc rpc, WireCall<Request, Response>* call,
+             grpc::ByteBuffer* wire_request,
+             Handler<Request, Response> handler);
+
+  void ServeAttend(const Call& call, const v1::AttendRequest& request,
+                   v1::AttendResponse* response);
+  void ServeMultiHeadAttention(const Call& call,
+                               const v1::MultiHeadAttentionRequest& request,
+                               v1::MultiHeadAttentionResponse* response);
+  void ServePutWeights(const Call& call, const v1::PutWeightsRequest& request,
+                       v1::PutWeightsResponse* response);
+  void ServeListWeights(const Call& call, const v1::ListWeightsRequest& request,
+                        v1::ListWeightsResponse* response);
+  void ServeDeleteWeights(const Call& call,
+                          const v1::DeleteWeightsRequest& request,
+                          v1::DeleteWeightsResponse* response);
 
   // Gives a response tensor that will hold `elements` of `dtype` kept memory
   // of that size, if the pool has some.
   void SeedOutput(int64_t elements, v1::DType dtype, v1::Tensor* output) const;
 
   // Records the call's metrics, then answers it with `status` (and `response`,
-  // serialised, if OK). Returns the reactor for the handler to return. The
-  // reactor, request and response may be gone once it returns.
-  grpc::ServerUnaryReactor* Finish(const Call& call, const absl::Status& status,
-                                   google::protobuf::Message* response) const;
+  // serialised, if OK). The call, request and response may be gone once it
+  // returns.
+  void Finish(const Call& call, const absl::Status& status,
+              google::protobuf::Message* response) const;
 
   // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
   // is full.
-  grpc::ServerUnaryReactor* Enqueue(const Call& call, std::unique_ptr<Job> job,
-                                    google::protobuf::Message* response);
+  void Enqueue(const Call& call, std::unique_ptr<Job> job,
+               google::protobuf::Message* response);
 
   // On a job's way out of the queue: records the wait in the metrics and
   // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED

@@ -16,7 +16,7 @@ bool ConstantTimeEquals(const std::string& expected, grpc::string_ref actual) {
 
 }  // namespace
 
-absl::Status CallGate::Admit(const grpc::CallbackServerContext& context) const {
+absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   if (closed_.load()) {
     return absl::UnavailableError(
         "the server is shutting down; retry on another replica");

@@ -21,7 +21,7 @@ class CallGate {
 
   // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without
   // "authorization: Bearer <token>" when a token is configured.
-  absl::Status Admit(const grpc::CallbackServerContext& context) const;
+  absl::Status Admit(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).
   void Close() { closed_.store(true); }

@@ -39,6 +39,11 @@ ABSL_FLAG(int, threads, 0,
 ABSL_FLAG(
     int, executors, 1,
     "Compute executors: requests computed at once, each on --threads threads.");
+ABSL_FLAG(
+    int, io_threads, 0,
+    "Threads that poll gRPC and run the handlers (parse, validate, "
+    "serialise, and calls too small to hand to an executor); 0: one per 8 "
+    "compute cores (--threads x --executors), at least 1, at most 8.");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for an executor; past it new ones get "
           "RESOURCE_EXHAUSTED.");
@@ -104,6 +109,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "port",
                                       "threads",
                                       "executors",
+                                      "io_threads",
                                       "max_queue",
                                       "max_batch",
                                       "max_queue_delay_us",
@@ -163,6 +169,7 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   options.port = absl::GetFlag(FLAGS_port);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.executors = absl::GetFlag(FLAGS_executors);
+  options.io_threads = absl::GetFlag(FLAGS_io_threads);
   options.max_queue = absl::GetFlag(FLAGS_max_queue);
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.max_queue_delay =

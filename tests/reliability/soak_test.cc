@@ -110,9 +110,12 @@ class Load {
   std::vector<std::thread> threads_;
 };
 
-// The server's RSS every 500 calls. Single samples swing by several MB with
-// the requests in flight, so warm-up (calls 5,000 to 9,999) and end (the last
-// 5,000 calls) are each the mean of 10 samples. Thread-safe.
+// The server's RSS every 500 calls, less the tensor buffers it keeps between
+// calls (attnserve_buffer_pool_bytes: a cache bounded by --buffer_pool_bytes
+// that fills as concurrent requests need more buffers, which is not a leak).
+// Single samples swing by several MB with the requests in flight, so warm-up
+// (calls 5,000 to 9,999) and end (the last 5,000 calls) are each the median of
+// 10 samples. Thread-safe.
 class RssSampler {
  public:
   explicit RssSampler(const AttnserveProcess& server) : server_(server) {}
@@ -120,51 +123,64 @@ class RssSampler {
   void Sample(int64_t calls) {
     if (calls % 500 != 0) return;
     const int64_t rss = server_.RssKilobytes().value_or(0);
+    const absl::StatusOr<std::string> metrics = server_.ScrapeMetrics();
+    const int64_t kept =
+        metrics.ok()
+            ? static_cast<int64_t>(
+                  MetricSum(*metrics, "attnserve_buffer_pool_bytes") / 1024)
+            : 0;
     absl::MutexLock lock(&mutex_);
-    samples_.emplace_back(calls, rss);
+    samples_.push_back({calls, rss, kept});
   }
 
-  double WarmMean() const {
-    absl::MutexLock lock(&mutex_);
-    double sum = 0;
-    int count = 0;
-    for (const auto& [calls, rss] : samples_) {
-      if (calls >= kWarmUpCalls && calls < 2 * kWarmUpCalls) {
-        sum += rss;
-        ++count;
-      }
-    }
-    return count > 0 ? sum / count : 0;
-  }
-
-  double EndMean() const {
-    absl::MutexLock lock(&mutex_);
-    std::vector<std::pair<int64_t, int64_t>> sorted = samples_;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t count = std::min<size_t>(10, sorted.size());
-    double sum = 0;
-    for (size_t i = sorted.size() - count; i < sorted.size(); ++i) {
-      sum += sorted[i].second;
-    }
-    return count > 0 ? sum / count : 0;
-  }
+  // Medians over warm-up and end: RSS less the kept buffers, and the kept
+  // buffers alone.
+  double Warm() const { return Median(/*end=*/false, /*kept=*/false); }
+  double End() const { return Median(/*end=*/true, /*kept=*/false); }
+  double WarmKept() const { return Median(/*end=*/false, /*kept=*/true); }
+  double EndKept() const { return Median(/*end=*/true, /*kept=*/true); }
 
   double GrowthPercent() const {
-    const double warm = WarmMean();
-    return warm > 0 ? 100.0 * (EndMean() - warm) / warm : 0;
+    const double warm = Warm();
+    return warm > 0 ? 100.0 * (End() - warm) / warm : 0;
   }
 
   int64_t Peak() const {
     absl::MutexLock lock(&mutex_);
     int64_t peak = 0;
-    for (const auto& sample : samples_) peak = std::max(peak, sample.second);
+    for (const Reading& sample : samples_) peak = std::max(peak, sample.rss);
     return peak;
   }
 
  private:
+  struct Reading {
+    int64_t calls;
+    int64_t rss;   // kB
+    int64_t kept;  // kB
+  };
+
+  double Median(bool end, bool kept) const {
+    absl::MutexLock lock(&mutex_);
+    std::vector<Reading> sorted = samples_;
+    std::sort(
+        sorted.begin(), sorted.end(),
+        [](const Reading& a, const Reading& b) { return a.calls < b.calls; });
+    std::vector<double> values;
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      const bool in_window = end ? i + 10 >= sorted.size()
+                                 : sorted[i].calls >= kWarmUpCalls &&
+                                       sorted[i].calls < 2 * kWarmUpCalls;
+      if (!in_window) continue;
+      values.push_back(kept ? sorted[i].kept : sorted[i].rss - sorted[i].kept);
+    }
+    if (values.empty()) return 0;
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  }
+
   const AttnserveProcess& server_;
   mutable absl::Mutex mutex_;
-  std::vector<std::pair<int64_t, int64_t>> samples_ ABSL_GUARDED_BY(mutex_);
+  std::vector<Reading> samples_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Polls /metrics until nothing is in flight or queued (cancelled calls may
@@ -275,9 +291,10 @@ TEST(SoakTest, MixedLoadWithFaultsThenSigtermUnderLoad) {
       tally.requests() / absl::ToDoubleSeconds(soak_time),
       static_cast<long long>(tally.unexpected()), tally.Report().c_str());
   std::printf(
-      "soak: RSS %.0f kB over calls 5000-9999, %.0f kB over the last 5000 "
-      "calls (%+.1f%%), peak %lld kB, %lld kB once idle\n",
-      rss.WarmMean(), rss.EndMean(), rss.GrowthPercent(),
+      "soak: RSS less kept buffers %.0f kB over calls 5000-9999, %.0f kB over "
+      "the last 5000 calls (%+.1f%%); kept buffers %.0f then %.0f kB; peak RSS "
+      "%lld kB, %lld kB once idle\n",
+      rss.Warm(), rss.End(), rss.GrowthPercent(), rss.WarmKept(), rss.EndKept(),
       static_cast<long long>(rss.Peak()), static_cast<long long>(quiet_rss));
   EXPECT_GE(tally.requests(), target);
   EXPECT_EQ(tally.unexpected(), 0) << tally.Report();

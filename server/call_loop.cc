@@ -1,0 +1,270 @@
+#include "call_loop.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+namespace internal {
+
+// One call, from the request for it to the end: the gRPC context and stream,
+// the tags of its operations, and its handler once it has arrived. Deletes
+// itself once the handler has finished and every operation has completed.
+class CallSlot {
+ public:
+  enum class Op { kArrive, kRead, kWrite, kFinish, kDone };
+
+  explicit CallSlot(CallLoop* loop) : loop_(loop) {
+    for (int i = 0; i < kOps; ++i) {
+      tags_[i] = Tag{this, static_cast<Op>(i)};
+    }
+    // gRPC delivers this tag when the call ends or is cancelled, and only for
+    // a call that has arrived.
+    context_.AsyncNotifyWhenDone(TagOf(Op::kDone));
+  }
+
+  // What the completion queue hands back.
+  struct Tag {
+    CallSlot* slot;
+    Op op;
+  };
+
+  void Request(grpc::AsyncGenericService& service,
+               grpc::ServerCompletionQueue* queue) {
+    service.RequestCall(&context_, &stream_, queue, queue, TagOf(Op::kArrive));
+  }
+
+  void Complete(Op op, bool ok) {
+    bool cancel = false;
+    switch (op) {
+      case Op::kArrive:
+        if (!ok) {  // The server is shutting down; the call never came.
+          delete this;
+          return;
+        }
+        loop_->RequestCall();
+        loop_->CallArrived();
+        handler_ = loop_->MakeCall(context_.method());
+        handler_->slot_ = this;
+        handler_->OnStart();
+        {
+          absl::MutexLock lock(&arrival_mutex_);
+          arrived_ = true;
+          cancel = cancel_waiting_;
+        }
+        if (cancel) handler_->OnCancel();
+        break;
+      case Op::kRead:
+        handler_->OnReadDone(ok);
+        break;
+      case Op::kWrite:
+        handler_->OnWriteDone(ok);
+        break;
+      case Op::kFinish:
+        break;
+      case Op::kDone:
+        if (context_.IsCancelled()) {
+          cancelled_.store(true);
+          // Another thread may still be taking the arrival of this call.
+          absl::MutexLock lock(&arrival_mutex_);
+          cancel = arrived_;
+          cancel_waiting_ = !arrived_;
+        }
+        if (cancel) handler_->OnCancel();
+        break;
+    }
+    Release();
+  }
+
+  grpc::GenericServerContext& context() { return context_; }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Operations on a queue that has shut down would abort gRPC: they are not
+  // started (the loop has given up on the call by then; see Shutdown).
+  void StartRead(grpc::ByteBuffer* message) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(1);
+    stream_.Read(message, TagOf(Op::kRead));
+  }
+
+  void StartWrite(const grpc::ByteBuffer& message) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(1);
+    stream_.Write(message, TagOf(Op::kWrite));
+  }
+
+  // The finish operation carries the handler's count.
+  void Finish(const grpc::Status& status) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    stream_.Finish(status, TagOf(Op::kFinish));
+  }
+
+  void FinishWithMessage(const grpc::ByteBuffer& message,
+                         const grpc::Status& status) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    stream_.WriteAndFinish(message, grpc::WriteOptions(), status,
+                           TagOf(Op::kFinish));
+  }
+
+ private:
+  static constexpr int kOps = 5;
+
+  void* TagOf(Op op) { return &tags_[static_cast<int>(op)]; }
+
+  void Release() {
+    if (pending_.fetch_sub(1) != 1) return;
+    handler_->OnDone();
+    loop_->CallEnded();
+    delete this;
+  }
+
+  CallLoop* const loop_;
+  Tag tags_[kOps];
+  grpc::GenericServerContext context_;
+  grpc::GenericServerAsyncReaderWriter stream_{&context_};
+  std::unique_ptr<ServerCall> handler_;  // Set on arrival.
+  // One count until the handler finishes, one until gRPC reports the call
+  // done, one for OnStart (released after it), during which the call may
+  // already finish on another thread; one per read or write in flight.
+  std::atomic<int> pending_{3};
+  std::atomic<bool> cancelled_{false};
+  // gRPC may hand one thread the call's cancellation while another takes its
+  // arrival: OnCancel then waits until OnStart has returned.
+  absl::Mutex arrival_mutex_;
+  bool arrived_ ABSL_GUARDED_BY(arrival_mutex_) = false;
+  bool cancel_waiting_ ABSL_GUARDED_BY(arrival_mutex_) = false;
+};
+
+}  // namespace internal
+
+namespace {
+
+// Answers a method the server does not serve, as gRPC would.
+class UnimplementedCall final : public ServerCall {
+ private:
+  void OnStart() override {
+    Finish(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("method ", context().method(),
+                     " is not served here; `attnctl services` lists those "
+                     "that are")));
+  }
+};
+
+// Calls started in advance, so that a burst of arriving calls does not wait
+// for the loop to ask for each.
+constexpr int kCallsRequested = 32;
+
+// How long Shutdown waits for the handlers of cancelled calls to finish.
+constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
+
+}  // namespace
+
+grpc::GenericServerContext& ServerCall::context() const {
+  return slot_->context();
+}
+
+bool ServerCall::cancelled() const { return slot_->cancelled(); }
+
+void ServerCall::StartRead(grpc::ByteBuffer* message) {
+  slot_->StartRead(message);
+}
+
+void ServerCall::StartWrite(const grpc::ByteBuffer& message) {
+  slot_->StartWrite(message);
+}
+
+void ServerCall::Finish(const grpc::Status& status) { slot_->Finish(status); }
+
+void ServerCall::FinishWithMessage(const grpc::ByteBuffer& message,
+                                   const grpc::Status& status) {
+  slot_->FinishWithMessage(message, status);
+}
+
+CallLoop::CallLoop() = default;
+
+CallLoop::~CallLoop() { Shutdown(); }
+
+void CallLoop::Handle(const std::string& method, Factory factory) {
+  factories_[method] = std::move(factory);
+}
+
+void CallLoop::AddTo(grpc::ServerBuilder& builder) {
+  builder.RegisterAsyncGenericService(&service_);
+  queue_ = builder.AddCompletionQueue();
+}
+
+void CallLoop::Start(int threads) {
+  for (int i = 0; i < kCallsRequested; ++i) RequestCall();
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Poll(); });
+}
+
+void CallLoop::Shutdown() {
+  {
+    absl::ReaderMutexLock lock(&queue_mutex_);
+    if (queue_ == nullptr || shut_down_) return;
+  }
+  // The server has shut down, so every call has ended or been cancelled and
+  // its handler finishes promptly: the threads keep polling until then.
+  {
+    absl::MutexLock lock(&calls_mutex_);
+    calls_mutex_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int* live) { return *live == 0; }, &live_calls_),
+        kFinishTimeout);
+  }
+  {
+    absl::WriterMutexLock lock(&queue_mutex_);
+    shut_down_ = true;
+    queue_->Shutdown();
+  }
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  // Without threads (Start never called) the queue still has to be drained.
+  void* tag;
+  bool ok;
+  while (queue_->Next(&tag, &ok)) {
+    auto* done = static_cast<internal::CallSlot::Tag*>(tag);
+    done->slot->Complete(done->op, ok);
+  }
+}
+
+void CallLoop::CallArrived() {
+  absl::MutexLock lock(&calls_mutex_);
+  ++live_calls_;
+}
+
+void CallLoop::CallEnded() {
+  absl::MutexLock lock(&calls_mutex_);
+  --live_calls_;
+  ++calls_ended_;
+}
+
+void CallLoop::RequestCall() {
+  absl::ReaderMutexLock lock(&queue_mutex_);
+  if (shut_down_) return;
+  (new internal::CallSlot(this))->Request(service_, queue_.get());
+}
+
+std::unique_ptr<ServerCall> CallLoop::MakeCall(
+    const std::string& method) const {
+  const auto factory = factories_.find(method);
+  if (factory == factories_.end()) return std::make_unique<UnimplementedCall>();
+  return factory->second();
+}
+
+void CallLoop::Poll() {
+  void* tag;
+  bool ok;
+  while (queue_->Next(&tag, &ok)) {
+    auto* done = static_cast<internal::CallSlot::Tag*>(tag);
+    done->slot->Complete(done->op, ok);
+  }
+}
+
+}  // namespace attnserve

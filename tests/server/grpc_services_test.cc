@@ -1,0 +1,240 @@
+// The standard gRPC services attnserve serves on its own call loop — health
+// (Check and Watch) and reflection — and its answer to methods it does not
+// serve.
+
+#include <fstream>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/client/client.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/server_fixture.h"
+
+namespace attnserve {
+namespace {
+
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using grpc::reflection::v1alpha::ServerReflection;
+using grpc::reflection::v1alpha::ServerReflectionRequest;
+using grpc::reflection::v1alpha::ServerReflectionResponse;
+
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+
+std::unique_ptr<grpc::ClientContext> ContextWithDeadline() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+  return context;
+}
+
+class GrpcServicesTest : public ::attnserve::testing::ServerFixture {
+ protected:
+  // Sends each request on one reflection stream and returns the answers.
+  std::vector<ServerReflectionResponse> Reflect(
+      const std::vector<ServerReflectionRequest>& requests,
+      grpc::Status* status) {
+    std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+    auto stream = ServerReflection::NewStub(client_->channel())
+                      ->ServerReflectionInfo(context.get());
+    std::vector<ServerReflectionResponse> responses;
+    for (const ServerReflectionRequest& request : requests) {
+      ServerReflectionResponse response;
+      if (!stream->Write(request) || !stream->Read(&response)) break;
+      responses.push_back(response);
+    }
+    stream->WritesDone();
+    *status = stream->Finish();
+    return responses;
+  }
+};
+
+TEST_F(GrpcServicesTest, WatchHearsServingThenNotServingThenEndsAtShutdown) {
+  ServerOptions options = DefaultOptions();
+  options.drain_grace = absl::Seconds(2);
+  StartServer(options);
+  std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+  HealthCheckRequest request;
+  request.set_service("attnserve.v1.AttentionService");
+  auto watch =
+      Health::NewStub(client_->channel())->Watch(context.get(), request);
+  HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
+
+  std::thread shutdown([this] { server_->Shutdown(); });
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::NOT_SERVING);
+  // Heard at once: calls are still taken during the drain grace.
+  EXPECT_TRUE(client_
+                  ->Attend(::attnserve::testing::RandomAttendRequest(
+                               {1, 1, 1, 2, 2, 2, 2}, 1),
+                           kTimeout)
+                  .ok());
+  EXPECT_FALSE(watch->Read(&response));
+  const grpc::Status ended = watch->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << ended.error_message();
+  shutdown.join();
+}
+
+TEST_F(GrpcServicesTest, WatchOfAnUnknownServiceStaysOpenUntilCancelled) {
+  std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+  HealthCheckRequest request;
+  request.set_service("no.such.Service");
+  auto watch =
+      Health::NewStub(client_->channel())->Watch(context.get(), request);
+  HealthCheckResponse response;
+  ASSERT_TRUE(watch->Read(&response));
+  EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  context->TryCancel();
+  EXPECT_FALSE(watch->Read(&response));
+  EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The server goes on serving.
+  EXPECT_EQ(
+      client_->CheckHealth("", kTimeout).value_or(HealthCheckResponse::UNKNOWN),
+      HealthCheckResponse::SERVING);
+}
+
+TEST_F(GrpcServicesTest, CheckOfAnUnknownServiceNamesTheKnownOnes) {
+  absl::StatusOr<HealthCheckResponse::ServingStatus> status =
+      client_->CheckHealth("no.such.Service", kTimeout);
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.status().message().find("attnserve.v1.AttentionService"),
+            absl::string_view::npos)
+      << status.status();
+}
+
+TEST_F(GrpcServicesTest, ReflectionListsServicesAndServesDescriptors) {
+  std::vector<ServerReflectionRequest> requests(6);
+  requests[0].set_list_services("");
+  requests[1].set_file_containing_symbol(
+      "attnserve.v1.AttentionService.Attend");
+  requests[2].set_file_by_filename("grpc/health/v1/health.proto");
+  requests[3].set_file_containing_symbol("no.such.Symbol");
+  requests[4].set_all_extension_numbers_of_type("attnserve.v1.Tensor");
+  // requests[5] asks for nothing.
+  grpc::Status status;
+  const std::vector<ServerReflectionResponse> responses =
+      Reflect(requests, &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(responses.size(), requests.size());
+
+  std::set<std::string> services;
+  for (const auto& service : responses[0].list_services_response().service()) {
+    services.insert(service.name());
+  }
+  EXPECT_EQ(services,
+            (std::set<std::string>{"attnserve.v1.AttentionService",
+                                   "grpc.health.v1.Health",
+                                   "grpc.reflection.v1alpha.ServerReflection",
+                                   "grpc.reflection.v1.ServerReflection"}));
+
+  const auto& files = responses[1].file_descriptor_response();
+  ASSERT_GE(files.file_descriptor_proto_size(), 1);
+  google::protobuf::FileDescriptorProto attention;
+  ASSERT_TRUE(attention.ParseFromString(files.file_descriptor_proto(0)));
+  EXPECT_EQ(attention.name(), "attnserve/v1/attention.proto");
+  ASSERT_EQ(attention.service_size(), 1);
+  std::set<std::string> methods;
+  for (const auto& method : attention.service(0).method()) {
+    methods.insert(method.name());
+  }
+  EXPECT_EQ(methods, (std::set<std::string>{"Attend", "AttendStream",
+                                            "MultiHeadAttention", "PutWeights",
+                                            "ListWeights", "DeleteWeights"}));
+  // Every file it imports comes with it, once.
+  std::set<std::string> sent;
+  for (const std::string& bytes : files.file_descriptor_proto()) {
+    google::protobuf::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    EXPECT_TRUE(sent.insert(file.name()).second) << file.name();
+  }
+  for (const std::string& dependency : attention.dependency()) {
+    EXPECT_EQ(sent.count(dependency), 1u) << dependency;
+  }
+
+  google::protobuf::FileDescriptorProto health;
+  ASSERT_EQ(
+      responses[2].file_descriptor_response().file_descriptor_proto_size(), 1);
+  ASSERT_TRUE(health.ParseFromString(
+      responses[2].file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(health.package(), "grpc.health.v1");
+
+  EXPECT_EQ(responses[3].error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_NE(
+      responses[3].error_response().error_message().find("no.such.Symbol"),
+      std::string::npos);
+  EXPECT_EQ(responses[4].all_extension_numbers_response().base_type_name(),
+            "attnserve.v1.Tensor");
+  EXPECT_EQ(responses[5].error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  // Each answer echoes its request.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(responses[i].original_request().SerializeAsString(),
+              requests[i].SerializeAsString());
+  }
+}
+
+TEST_F(GrpcServicesTest, ReflectionNeedsTheTokenHealthDoesNot) {
+  const std::string token_file = ::testing::TempDir() + "/reflection_token";
+  std::ofstream(token_file) << "open-sesame\n";
+  ServerOptions options = DefaultOptions();
+  options.auth_token_file = token_file;
+  StartServer(options);
+  std::vector<ServerReflectionRequest> list(1);
+  list[0].set_list_services("");
+  grpc::Status status;
+  EXPECT_TRUE(Reflect(list, &status).empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(client_->CheckHealth("", kTimeout).ok());
+
+  ClientOptions with_token;
+  with_token.bearer_token = "open-sesame";
+  std::unique_ptr<Client> client =
+      Client::Connect(absl::StrCat("127.0.0.1:", server_->port()), with_token)
+          .value();
+  std::unique_ptr<grpc::ClientContext> context =
+      client->NewContext(absl::Now() + kTimeout);
+  auto stream = ServerReflection::NewStub(client->channel())
+                    ->ServerReflectionInfo(context.get());
+  ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Write(list[0]));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_GE(response.list_services_response().service_size(), 4);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(GrpcServicesTest, MethodsNotServedAreUnimplemented) {
+  grpc::GenericStub stub(client_->channel());
+  for (const char* method : {"/attnserve.v1.AttentionService/NoSuchMethod",
+                             "/no.such.Service/Method"}) {
+    std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1);  // An empty message, valid.
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(context.get(), method, grpc::StubOptions(), &request,
+                   &response,
+                   [&done](grpc::Status status) { done.set_value(status); });
+    const grpc::Status status = done.get_future().get();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
+    EXPECT_NE(status.error_message().find(method), std::string::npos)
+        << status.error_message();
+  }
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -32,10 +32,18 @@ class CallSlot {
 
   void Request(grpc::AsyncGenericService& service,
                grpc::ServerCompletionQueue* queue) {
+    pending_.fetch_add(0);  // Publishes the slot; see Complete.
     service.RequestCall(&context_, &stream_, queue, queue, TagOf(Op::kArrive));
   }
 
   void Complete(Op op, bool ok) {
+    // Every operation is started after an update of `pending_` (Request,
+    // StartRead, StartWrite, Finish), and completes after it started: this
+    // load orders what the starting thread did to the call (the handler it
+    // made, the handler's state) before what this thread does, for the
+    // memory model and for TSan, not only through gRPC's (uninstrumented)
+    // completion queue.
+    pending_.load(std::memory_order_acquire);
     bool cancel = false;
     switch (op) {
       case Op::kArrive:
@@ -96,10 +104,14 @@ class CallSlot {
     stream_.Write(message, TagOf(Op::kWrite));
   }
 
-  // The finish operation carries the handler's count.
+  // The finish operation carries the handler's count. The thread that
+  // finishes (often an executor) publishes what it did to the call through
+  // `finished_`, which Release acquires before OnDone: ordered for the memory
+  // model and for TSan, not only through gRPC's (uninstrumented) queue.
   void Finish(const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
+    finished_.store(true, std::memory_order_release);
     stream_.Finish(status, TagOf(Op::kFinish));
   }
 
@@ -107,6 +119,7 @@ class CallSlot {
                          const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
+    finished_.store(true, std::memory_order_release);
     stream_.WriteAndFinish(message, grpc::WriteOptions(), status,
                            TagOf(Op::kFinish));
   }
@@ -118,6 +131,7 @@ class CallSlot {
 
   void Release() {
     if (pending_.fetch_sub(1) != 1) return;
+    finished_.load(std::memory_order_acquire);  // See Finish.
     handler_->OnDone();
     loop_->CallEnded();
     delete this;
@@ -133,6 +147,7 @@ class CallSlot {
   // already finish on another thread; one per read or write in flight.
   std::atomic<int> pending_{3};
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
   // gRPC may hand one thread the call's cancellation while another takes its
   // arrival: OnCancel then waits until OnStart has returned.
   absl::Mutex arrival_mutex_;

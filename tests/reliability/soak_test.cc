@@ -264,7 +264,10 @@ void ExpectConsistentCounts(const std::string& before, const std::string& after,
 TEST(SoakTest, MixedLoadWithFaultsThenSigtermUnderLoad) {
   const absl::Time test_started = absl::Now();
   absl::StatusOr<std::unique_ptr<AttnserveProcess>> started =
-      AttnserveProcess::Start(ATTNSERVE_BINARY, {"--drain_grace_seconds=1"});
+      AttnserveProcess::Start(ATTNSERVE_BINARY,
+                              // Two io threads: a call's events may reach its
+                              // handler on either (the default here is one).
+                              {"--drain_grace_seconds=1", "--io_threads=2"});
   ASSERT_TRUE(started.ok()) << started.status();
   AttnserveProcess& server = **started;
   auto stubs = Stubs(server.target());

@@ -41,6 +41,9 @@ class ServerFixture : public ::testing::Test {
     options.port = 0;
     options.max_message_bytes = 4 << 20;
     options.max_workspace_bytes = 16 << 20;
+    // More than the default of one on a small machine, so that a call's
+    // events reach its handler on different threads, as on a large one.
+    options.io_threads = 3;
     return options;
   }
 

@@ -169,7 +169,8 @@ Client::~Client() {
   absl::MutexLock lock(&calls_mutex_);
   for (grpc::ClientContext* context : calls_) context->TryCancel();
   calls_mutex_.Await(absl::Condition(
-      +[](int* in_flight) { return *in_flight == 0; }, &calls_in_flight_));
+      +[](std::set<grpc::ClientContext*>* calls) { return calls->empty(); },
+      &calls_));
 }
 
 template <typename Request, typename Response, typename Start>
@@ -181,18 +182,13 @@ void Client::CallAsync(Request request, absl::Duration timeout, Start start,
   {
     absl::MutexLock lock(&calls_mutex_);
     calls_.insert(call->context.get());
-    ++calls_in_flight_;
   }
   start(call->context.get(), &call->request, &call->response,
         [this, call, done = std::move(done)](grpc::Status status) {
           {
             absl::MutexLock lock(&calls_mutex_);
             calls_.erase(call->context.get());
-          }
-          call->context.reset();  // Its reference to the channel goes here.
-          {
-            absl::MutexLock lock(&calls_mutex_);
-            --calls_in_flight_;
+            call->context.reset();  // Its reference to the channel goes here.
           }
           // The client may be gone from here on.
           if (status.ok()) {

@@ -104,14 +104,13 @@ class CallSlot {
     stream_.Write(message, TagOf(Op::kWrite));
   }
 
-  // The finish operation carries the handler's count. The thread that
-  // finishes (often an executor) publishes what it did to the call through
-  // `finished_`, which Release acquires before OnDone: ordered for the memory
-  // model and for TSan, not only through gRPC's (uninstrumented) queue.
+  // The finish operation carries the handler's count; the update of
+  // `pending_` publishes what the finishing thread (often an executor) did
+  // to the call, as for every operation (see Complete).
   void Finish(const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
-    finished_.store(true, std::memory_order_release);
+    pending_.fetch_add(0);
     stream_.Finish(status, TagOf(Op::kFinish));
   }
 
@@ -119,7 +118,7 @@ class CallSlot {
                          const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
-    finished_.store(true, std::memory_order_release);
+    pending_.fetch_add(0);
     stream_.WriteAndFinish(message, grpc::WriteOptions(), status,
                            TagOf(Op::kFinish));
   }
@@ -131,7 +130,6 @@ class CallSlot {
 
   void Release() {
     if (pending_.fetch_sub(1) != 1) return;
-    finished_.load(std::memory_order_acquire);  // See Finish.
     handler_->OnDone();
     loop_->CallEnded();
     delete this;
@@ -147,7 +145,6 @@ class CallSlot {
   // already finish on another thread; one per read or write in flight.
   std::atomic<int> pending_{3};
   std::atomic<bool> cancelled_{false};
-  std::atomic<bool> finished_{false};
   // gRPC may hand one thread the call's cancellation while another takes its
   // arrival: OnCancel then waits until OnStart has returned.
   absl::Mutex arrival_mutex_;
@@ -240,13 +237,7 @@ void CallLoop::Shutdown() {
   }
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
-  // Without threads (Start never called) the queue still has to be drained.
-  void* tag;
-  bool ok;
-  while (queue_->Next(&tag, &ok)) {
-    auto* done = static_cast<internal::CallSlot::Tag*>(tag);
-    done->slot->Complete(done->op, ok);
-  }
+  Poll();  // Without threads (Start never called) the queue still needs it.
 }
 
 void CallLoop::CallArrived() {

@@ -14,14 +14,19 @@ using grpc::health::v1::HealthCheckResponse;
 
 constexpr char kService[] = "/grpc.health.v1.Health/";
 
-grpc::Status NoRequest() {
-  return grpc::Status(grpc::StatusCode::CANCELLED,
-                      "the call ended before its request arrived");
-}
-
-grpc::Status NotARequest() {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      "the request is not a grpc.health.v1.HealthCheckRequest");
+// Parses the request a read brought (`read` false: none came).
+grpc::Status ReadRequest(bool read, grpc::ByteBuffer* wire,
+                         HealthCheckRequest* request) {
+  if (!read) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the call ended before its request arrived");
+  }
+  if (!ParseWire(wire, request).ok()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "the request is not a grpc.health.v1.HealthCheckRequest");
+  }
+  return grpc::Status::OK;
 }
 
 grpc::ByteBuffer Serialized(HealthCheckResponse response) {
@@ -42,8 +47,8 @@ class HealthService::CheckCall final : public ServerCall {
 
   void OnReadDone(bool ok) override {
     HealthCheckRequest request;
-    if (!ok) return Finish(NoRequest());
-    if (!ParseWire(&wire_request_, &request).ok()) return Finish(NotARequest());
+    const grpc::Status read = ReadRequest(ok, &wire_request_, &request);
+    if (!read.ok()) return Finish(read);
     HealthCheckResponse response;
     {
       absl::MutexLock lock(&health_->mutex_);
@@ -91,8 +96,8 @@ class HealthService::WatchCall final : public ServerCall {
 
   void OnReadDone(bool ok) override {
     HealthCheckRequest request;
-    if (!ok) return End(NoRequest());
-    if (!ParseWire(&wire_request_, &request).ok()) return End(NotARequest());
+    const grpc::Status read = ReadRequest(ok, &wire_request_, &request);
+    if (!read.ok()) return End(read);
     service_ = request.service();
     health_->AddWatcher(this);
   }

@@ -29,108 +29,98 @@ void SetError(grpc::StatusCode code, const std::string& message,
   response->mutable_error_response()->set_error_message(message);
 }
 
-// The answer to one request.
-class Answerer {
- public:
-  explicit Answerer(const std::vector<std::string>* services)
-      : services_(services) {}
+// `file` and the files it imports, each once per response (as gRPC's own
+// reflection sends them); NOT_FOUND naming `what` if there is no such file.
+void AddFile(const FileDescriptor* file, const std::string& what,
+             ServerReflectionResponse* response) {
+  if (file == nullptr) {
+    SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat(what, " is not known"),
+             response);
+    return;
+  }
+  std::set<std::string> sent;
+  std::vector<const FileDescriptor*> pending = {file};
+  while (!pending.empty()) {
+    const FileDescriptor* next = pending.back();
+    pending.pop_back();
+    if (!sent.insert(next->name()).second) continue;
+    google::protobuf::FileDescriptorProto proto;
+    next->CopyTo(&proto);
+    proto.SerializeToString(response->mutable_file_descriptor_response()
+                                ->add_file_descriptor_proto());
+    for (int i = 0; i < next->dependency_count(); ++i) {
+      pending.push_back(next->dependency(i));
+    }
+  }
+}
 
-  ServerReflectionResponse Answer(const ServerReflectionRequest& request) {
-    sent_.clear();
-    const DescriptorPool& pool = *DescriptorPool::generated_pool();
-    ServerReflectionResponse response;
-    response.set_valid_host(request.host());
-    *response.mutable_original_request() = request;
-    switch (request.message_request_case()) {
-      case ServerReflectionRequest::kListServices:
-        for (const std::string& name : *services_) {
-          response.mutable_list_services_response()->add_service()->set_name(
-              name);
-        }
-        break;
-      case ServerReflectionRequest::kFileByFilename:
-        AddFile(pool.FindFileByName(request.file_by_filename()),
-                absl::StrCat("file ", request.file_by_filename()), &response);
-        break;
-      case ServerReflectionRequest::kFileContainingSymbol:
-        AddFile(pool.FindFileContainingSymbol(request.file_containing_symbol()),
-                absl::StrCat("symbol ", request.file_containing_symbol()),
-                &response);
-        break;
-      case ServerReflectionRequest::kFileContainingExtension: {
-        const auto& wanted = request.file_containing_extension();
-        const google::protobuf::Descriptor* type =
-            pool.FindMessageTypeByName(wanted.containing_type());
-        const google::protobuf::FieldDescriptor* extension =
-            type == nullptr
-                ? nullptr
-                : pool.FindExtensionByNumber(type, wanted.extension_number());
-        AddFile(extension == nullptr ? nullptr : extension->file(),
-                absl::StrCat("extension ", wanted.extension_number(), " of ",
-                             wanted.containing_type()),
-                &response);
-        break;
+// The answer to one request.
+ServerReflectionResponse Answer(const ServerReflectionRequest& request,
+                                const std::vector<std::string>& services) {
+  const DescriptorPool& pool = *DescriptorPool::generated_pool();
+  ServerReflectionResponse response;
+  response.set_valid_host(request.host());
+  *response.mutable_original_request() = request;
+  switch (request.message_request_case()) {
+    case ServerReflectionRequest::kListServices:
+      for (const std::string& name : services) {
+        response.mutable_list_services_response()->add_service()->set_name(
+            name);
       }
-      case ServerReflectionRequest::kAllExtensionNumbersOfType: {
-        const google::protobuf::Descriptor* type =
-            pool.FindMessageTypeByName(request.all_extension_numbers_of_type());
-        if (type == nullptr) {
-          SetError(
-              grpc::StatusCode::NOT_FOUND,
-              absl::StrCat("type ", request.all_extension_numbers_of_type(),
-                           " is not known"),
+      break;
+    case ServerReflectionRequest::kFileByFilename:
+      AddFile(pool.FindFileByName(request.file_by_filename()),
+              absl::StrCat("file ", request.file_by_filename()), &response);
+      break;
+    case ServerReflectionRequest::kFileContainingSymbol:
+      AddFile(pool.FindFileContainingSymbol(request.file_containing_symbol()),
+              absl::StrCat("symbol ", request.file_containing_symbol()),
               &response);
-          break;
-        }
-        std::vector<const google::protobuf::FieldDescriptor*> extensions;
-        pool.FindAllExtensions(type, &extensions);
-        auto* numbers = response.mutable_all_extension_numbers_response();
-        numbers->set_base_type_name(type->full_name());
-        for (const auto* extension : extensions) {
-          numbers->add_extension_number(extension->number());
-        }
-        break;
-      }
-      case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
-        SetError(grpc::StatusCode::INVALID_ARGUMENT,
-                 "message_request is not set, expected one of "
-                 "file_by_filename, file_containing_symbol, "
-                 "file_containing_extension, all_extension_numbers_of_type, "
-                 "list_services",
+      break;
+    case ServerReflectionRequest::kFileContainingExtension: {
+      const auto& wanted = request.file_containing_extension();
+      const google::protobuf::Descriptor* type =
+          pool.FindMessageTypeByName(wanted.containing_type());
+      const google::protobuf::FieldDescriptor* extension =
+          type == nullptr
+              ? nullptr
+              : pool.FindExtensionByNumber(type, wanted.extension_number());
+      AddFile(extension == nullptr ? nullptr : extension->file(),
+              absl::StrCat("extension ", wanted.extension_number(), " of ",
+                           wanted.containing_type()),
+              &response);
+      break;
+    }
+    case ServerReflectionRequest::kAllExtensionNumbersOfType: {
+      const google::protobuf::Descriptor* type =
+          pool.FindMessageTypeByName(request.all_extension_numbers_of_type());
+      if (type == nullptr) {
+        SetError(grpc::StatusCode::NOT_FOUND,
+                 absl::StrCat("type ", request.all_extension_numbers_of_type(),
+                              " is not known"),
                  &response);
         break;
-    }
-    return response;
-  }
-
- private:
-  // `file` and the files it imports, each once per response (as gRPC's own
-  // reflection sends them); NOT_FOUND naming `what` if there is no such file.
-  void AddFile(const FileDescriptor* file, const std::string& what,
-               ServerReflectionResponse* response) {
-    if (file == nullptr) {
-      SetError(grpc::StatusCode::NOT_FOUND, absl::StrCat(what, " is not known"),
-               response);
-      return;
-    }
-    std::vector<const FileDescriptor*> pending = {file};
-    while (!pending.empty()) {
-      const FileDescriptor* next = pending.back();
-      pending.pop_back();
-      if (!sent_.insert(next->name()).second) continue;
-      google::protobuf::FileDescriptorProto proto;
-      next->CopyTo(&proto);
-      proto.SerializeToString(response->mutable_file_descriptor_response()
-                                  ->add_file_descriptor_proto());
-      for (int i = 0; i < next->dependency_count(); ++i) {
-        pending.push_back(next->dependency(i));
       }
+      std::vector<const google::protobuf::FieldDescriptor*> extensions;
+      pool.FindAllExtensions(type, &extensions);
+      auto* numbers = response.mutable_all_extension_numbers_response();
+      numbers->set_base_type_name(type->full_name());
+      for (const auto* extension : extensions) {
+        numbers->add_extension_number(extension->number());
+      }
+      break;
     }
+    case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
+      SetError(grpc::StatusCode::INVALID_ARGUMENT,
+               "message_request is not set, expected one of "
+               "file_by_filename, file_containing_symbol, "
+               "file_containing_extension, all_extension_numbers_of_type, "
+               "list_services",
+               &response);
+      break;
   }
-
-  const std::vector<std::string>* const services_;
-  std::set<std::string> sent_;
-};
+  return response;
+}
 
 }  // namespace
 
@@ -138,8 +128,7 @@ class Answerer {
 // next is read.
 class ReflectionService::InfoCall final : public ServerCall {
  public:
-  explicit InfoCall(const ReflectionService* service)
-      : service_(service), answerer_(&service->services_) {}
+  explicit InfoCall(const ReflectionService* service) : service_(service) {}
 
  private:
   void OnStart() override {
@@ -156,7 +145,7 @@ class ReflectionService::InfoCall final : public ServerCall {
           grpc::StatusCode::INVALID_ARGUMENT,
           "a request is not a grpc.reflection ServerReflectionRequest"));
     }
-    ServerReflectionResponse response = answerer_.Answer(request);
+    ServerReflectionResponse response = Answer(request, service_->services_);
     grpc::ByteBuffer wire_response;
     const absl::Status serialized = SerializeWire(&response, &wire_response);
     if (!serialized.ok()) return Finish(ToGrpcStatus(serialized));
@@ -172,7 +161,6 @@ class ReflectionService::InfoCall final : public ServerCall {
   }
 
   const ReflectionService* const service_;
-  Answerer answerer_;
   grpc::ByteBuffer wire_request_;
 };
 

@@ -311,15 +311,18 @@ class AttnServerImpl final : public AttnServer {
   // for the container's memory limit and for leak checks.
   void TrimMemory() {
     int64_t trimmed_at = 0;
-    absl::MutexLock lock(&trim_mutex_);
-    while (!trim_mutex_.AwaitWithTimeout(absl::Condition(&stop_trimming_),
+    while (true) {
+      {
+        absl::MutexLock lock(&trim_mutex_);
+        if (trim_mutex_.AwaitWithTimeout(absl::Condition(&stop_trimming_),
                                          kTrimPeriod)) {
+          return;
+        }
+      }
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
-      trim_mutex_.Unlock();
       malloc_trim(0);
-      trim_mutex_.Lock();
     }
   }
 

@@ -54,9 +54,10 @@ struct ServerOptions {
   int executors = 1;
   // Threads that poll gRPC and run the handlers (parse, validate, serialise,
   // and calls too small to hand to an executor). 0: one per 8 of the cores the
-  // executors compute on, at least 1, at most 8. Each thread past the first hands the poller over on every
-  // call (about 2.7 context switches a call each, measured on 2 cores), so
-  // more only help when many large requests arrive at once.
+  // executors compute on, at least 1, at most 8. Each thread past the first
+  // hands the poller over on every call (about 2.7 context switches a call
+  // each, measured on 2 cores), so more only help when many large requests
+  // arrive at once.
   int io_threads = 0;
   // Requests waiting for an executor; past it new ones get RESOURCE_EXHAUSTED.
   int max_queue = 1024;

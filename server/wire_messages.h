@@ -10,13 +10,12 @@
 // copy: the wire refers to them, and they go back to the pool once gRPC has
 // sent them.
 //
-//   auto* reactor = new WireUnaryReactor<v1::AttendRequest,
-//                                        v1::AttendResponse>(pool);
-//   absl::Status parsed = ParseWire(wire_request, &reactor->request, pool);
+//   absl::Status parsed = ParseWire(&wire_request, &request, pool.get());
 //   ...
-//   absl::Status serialised =
-//       SerializeWire(&reactor->response, wire_response, pool);
-//   reactor->Finish(...);  // Deletes itself, request and response, when done.
+//   absl::Status serialised = SerializeWire(&response, &wire_response, pool);
+//   ...  // Once the call is done:
+//   GiveTensorBytes(&request, pool.get());
+//   GiveTensorBytes(&response, pool.get());
 #ifndef ATTNSERVE_SERVER_WIRE_MESSAGES_H_
 #define ATTNSERVE_SERVER_WIRE_MESSAGES_H_
 
@@ -26,7 +25,6 @@
 #include "bytes_pool.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/server_callback.h"
 
 namespace attnserve {
 
@@ -52,29 +50,6 @@ absl::Status SerializeWire(google::protobuf::Message* message,
 
 // Gives the data of `message`'s Tensor fields to `pool`.
 void GiveTensorBytes(google::protobuf::Message* message, BytesPool* pool);
-
-// The reactor of one unary call; it owns the call's request and response until
-// gRPC is done with the call, then gives their tensors' bytes to the pool (if
-// any) and deletes itself. Thread-compatible: the handler and the job that
-// answers the call hand it over, never share it.
-template <typename Request, typename Response>
-class WireUnaryReactor final : public grpc::ServerUnaryReactor {
- public:
-  explicit WireUnaryReactor(std::shared_ptr<BytesPool> kept = nullptr)
-      : pool(std::move(kept)) {}
-
-  const std::shared_ptr<BytesPool> pool;
-  Request request;
-  Response response;
-
-  void OnDone() override {
-    if (pool != nullptr) {
-      GiveTensorBytes(&request, pool.get());
-      GiveTensorBytes(&response, pool.get());
-    }
-    delete this;
-  }
-};
 
 }  // namespace attnserve
 

@@ -40,6 +40,14 @@ std::unique_ptr<grpc::ClientContext> ContextWithDeadline() {
 
 class GrpcServicesTest : public ::attnserve::testing::ServerFixture {
  protected:
+  // Opens a health Watch of `service` in `context`.
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> Watch(
+      const std::string& service, grpc::ClientContext* context) {
+    HealthCheckRequest request;
+    request.set_service(service);
+    return Health::NewStub(client_->channel())->Watch(context, request);
+  }
+
   // Sends each request on one reflection stream and returns the answers.
   std::vector<ServerReflectionResponse> Reflect(
       const std::vector<ServerReflectionRequest>& requests,
@@ -64,10 +72,7 @@ TEST_F(GrpcServicesTest, WatchHearsServingThenNotServingThenEndsAtShutdown) {
   options.drain_grace = absl::Seconds(2);
   StartServer(options);
   std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
-  HealthCheckRequest request;
-  request.set_service("attnserve.v1.AttentionService");
-  auto watch =
-      Health::NewStub(client_->channel())->Watch(context.get(), request);
+  auto watch = Watch("attnserve.v1.AttentionService", context.get());
   HealthCheckResponse response;
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
@@ -90,10 +95,7 @@ TEST_F(GrpcServicesTest, WatchHearsServingThenNotServingThenEndsAtShutdown) {
 
 TEST_F(GrpcServicesTest, WatchOfAnUnknownServiceStaysOpenUntilCancelled) {
   std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
-  HealthCheckRequest request;
-  request.set_service("no.such.Service");
-  auto watch =
-      Health::NewStub(client_->channel())->Watch(context.get(), request);
+  auto watch = Watch("no.such.Service", context.get());
   HealthCheckResponse response;
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVICE_UNKNOWN);

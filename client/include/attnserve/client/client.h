@@ -168,11 +168,11 @@ class Client {
   // Asynchronous calls in flight: their contexts, which hold references to the
   // channel. The last reference to a channel must not go on a gRPC callback
   // thread (the channel's destructor would shut down and join the very
-  // threads that run callbacks, a double free in gRPC 1.51), so each call lets
-  // go of its context before it counts as done, and the destructor waits.
+  // threads that run callbacks, a double free in gRPC 1.51), so each call
+  // destroys its context as it leaves the set, and the destructor waits for
+  // the set to empty.
   absl::Mutex calls_mutex_;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mutex_);
-  int calls_in_flight_ ABSL_GUARDED_BY(calls_mutex_) = 0;
 };
 
 // An AttendStream call. One thread may Send while another Receives; each method

@@ -1,6 +1,7 @@
 #include "call_loop.h"
 
 #include <atomic>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -211,9 +212,16 @@ void CallLoop::AddTo(grpc::ServerBuilder& builder) {
   queue_ = builder.AddCompletionQueue();
 }
 
-void CallLoop::Start(int threads) {
+void CallLoop::Start(int threads, absl::Duration spin, SpinObserver spun) {
   for (int i = 0; i < kCallsRequested; ++i) RequestCall();
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Poll(); });
+  for (int i = 0; i < threads; ++i) {
+    if (i == 0) {
+      threads_.emplace_back(
+          [this, spin, spun = std::move(spun)] { Poll(spin, spun); });
+    } else {
+      threads_.emplace_back([this] { Poll(); });
+    }
+  }
 }
 
 void CallLoop::Shutdown() {
@@ -264,12 +272,41 @@ std::unique_ptr<ServerCall> CallLoop::MakeCall(
   return factory->second();
 }
 
-void CallLoop::Poll() {
+void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::duration spin_for = absl::ToChronoNanoseconds(spin);
+  // Spinning pays while events come closer together than `spin`: it starts
+  // when one arrives within `spin` of the previous one's handling, and stops
+  // when `spin` passes without one (sparse traffic does not keep a core busy).
+  bool spin_pays = false;
+  bool spun_idle = false;  // Some of this idle time was spent polling.
+  Clock::time_point idle_since = Clock::now();
+  const auto report_spin = [&](Clock::time_point now) {
+    if (spun_idle && spun) spun(absl::FromChrono(now - idle_since));
+    spun_idle = false;
+  };
   void* tag;
   bool ok;
-  while (queue_->Next(&tag, &ok)) {
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    const bool spinning = spin_pays && now - idle_since < spin_for;
+    if (!spinning) report_spin(now);
+    // A deadline in the past polls once without sleeping.
+    const grpc::CompletionQueue::NextStatus status =
+        queue_->AsyncNext(&tag, &ok,
+                          spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC)
+                                   : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    if (status == grpc::CompletionQueue::SHUTDOWN) return;
+    if (status == grpc::CompletionQueue::TIMEOUT) {
+      spun_idle = true;
+      continue;
+    }
+    const Clock::time_point arrived = Clock::now();
+    report_spin(arrived);
+    spin_pays = arrived - idle_since < spin_for;
     auto* done = static_cast<internal::CallSlot::Tag*>(tag);
     done->slot->Complete(done->op, ok);
+    idle_since = Clock::now();
   }
 }
 

@@ -44,6 +44,11 @@ ABSL_FLAG(
     "Threads that poll gRPC and run the handlers (parse, validate, "
     "serialise, and calls too small to hand to an executor); 0: one per 8 "
     "compute cores (--threads x --executors), at least 1, at most 8.");
+ABSL_FLAG(int64_t, io_spin_us, 200,
+          "While calls come within this many µs of each other, the first io "
+          "thread keeps polling this long after each event instead of "
+          "sleeping, so that a client's next call is taken without a "
+          "wake-up; costs up to a core while they do. 0: never spins.");
 ABSL_FLAG(int, max_queue, 1024,
           "Requests waiting for an executor; past it new ones get "
           "RESOURCE_EXHAUSTED.");
@@ -110,6 +115,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "threads",
                                       "executors",
                                       "io_threads",
+                                      "io_spin_us",
                                       "max_queue",
                                       "max_batch",
                                       "max_queue_delay_us",
@@ -170,6 +176,7 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.executors = absl::GetFlag(FLAGS_executors);
   options.io_threads = absl::GetFlag(FLAGS_io_threads);
+  options.io_spin = absl::Microseconds(absl::GetFlag(FLAGS_io_spin_us));
   options.max_queue = absl::GetFlag(FLAGS_max_queue);
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.max_queue_delay =

@@ -150,6 +150,15 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "(--buffer_pool_bytes), as of the last call answered.")
            .Register(*registry_)
            .Add({});
+  io_spin_seconds_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_io_spin_seconds_total")
+           .Help(
+               "CPU time the first io thread spent polling for the next event "
+               "instead of sleeping (--io_spin_us): the price of answering "
+               "a client's next call without a wake-up.")
+           .Register(*registry_)
+           .Add({});
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help(
@@ -202,6 +211,10 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
 
 void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {
   buffer_pool_bytes_->Set(static_cast<double>(bytes));
+}
+
+void ServerMetrics::IoSpun(absl::Duration spun) {
+  io_spin_seconds_->Increment(absl::ToDoubleSeconds(spun));
 }
 
 void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {

@@ -72,6 +72,9 @@ class ServerMetrics {
   // The buffer pool keeps `bytes` for reuse.
   void SetBufferPoolBytes(int64_t bytes);
 
+  // An io thread polled without an event for `spun` (--io_spin_us).
+  void IoSpun(absl::Duration spun);
+
  private:
   struct PerRpc {
     std::array<prometheus::Counter*, kStatusCodeCount> requests{};
@@ -91,6 +94,7 @@ class ServerMetrics {
   prometheus::Gauge* weight_sets_ = nullptr;
   prometheus::Gauge* weights_bytes_ = nullptr;
   prometheus::Gauge* buffer_pool_bytes_ = nullptr;
+  prometheus::Counter* io_spin_seconds_ = nullptr;
 };
 
 // FLOPs of one SDPA call, FlashAttention's convention: 2·B·H·Lq·Lk·(Dk + Dv),

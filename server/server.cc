@@ -69,6 +69,12 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "io_threads is ", options.io_threads, ", expected 0 to 256"));
   }
+  if (options.io_spin < absl::ZeroDuration() ||
+      options.io_spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "io_spin_us is ", absl::ToInt64Microseconds(options.io_spin),
+        ", expected 0 to 1000000"));
+  }
   if (options.executors > 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "executors is ", options.executors, ", expected at most 256"));
@@ -235,8 +241,10 @@ class AttnServerImpl final : public AttnServer {
         " buffer_pool_bytes=", options_.buffer_pool_bytes,
         " max_elements=", options_.max_elements,
         " max_request_memory_bytes=", options_.max_request_memory_bytes,
-        "; io_threads=", io_threads_, " executors=", options_.executors,
-        " max_queue=", options_.max_queue, " max_batch=", options_.max_batch,
+        "; io_threads=", io_threads_,
+        " io_spin=", absl::FormatDuration(options_.io_spin),
+        " executors=", options_.executors, " max_queue=", options_.max_queue,
+        " max_batch=", options_.max_batch,
         " max_queue_delay=", absl::FormatDuration(options_.max_queue_delay),
         " drain_grace=", absl::FormatDuration(options_.drain_grace), "; tls=",
         options_.tls_cert_file.empty()
@@ -276,7 +284,8 @@ class AttnServerImpl final : public AttnServer {
           "could not listen on ", HostPort(options.address, options.port),
           ": the address is in use or not local to this machine"));
     }
-    loop_.Start(io_threads_);
+    loop_.Start(io_threads_, options_.io_spin,
+                [this](absl::Duration spun) { metrics_.IoSpun(spun); });
     trimmer_ = std::thread([this] { TrimMemory(); });
     health_.SetServing(true);
     return absl::OkStatus();

@@ -29,8 +29,10 @@ startup_line() {
   echo "${line}"
 }
 
-line=$(startup_line ATTNSERVE_MAX_QUEUE=7 ATTNSERVE_EXECUTORS=2 ATTNSERVE_IO_THREADS=3 "${attnserve}")
-[[ ${line} == *"io_threads=3 executors=2 max_queue=7 "* ]] || fail "environment not read: ${line}"
+line=$(startup_line ATTNSERVE_MAX_QUEUE=7 ATTNSERVE_EXECUTORS=2 ATTNSERVE_IO_THREADS=3 \
+  ATTNSERVE_IO_SPIN_US=50 "${attnserve}")
+[[ ${line} == *"io_threads=3 io_spin=50us executors=2 max_queue=7 "* ]] ||
+  fail "environment not read: ${line}"
 
 line=$(startup_line ATTNSERVE_MAX_QUEUE=7 "${attnserve}" --max_queue=9)
 [[ ${line} == *"max_queue=9 "* ]] || fail "the command line must win: ${line}"
@@ -42,8 +44,15 @@ set -e
 [[ ${status} -ne 0 ]] || fail "max_batch=0 from the environment was accepted"
 grep -q "max_batch is 0, expected > 0" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
 
+set +e
+"${attnserve}" --port=0 --metrics_port=0 --io_spin_us=-1 >"${workdir}/bad.log" 2>&1
+status=$?
+set -e
+[[ ${status} -ne 0 ]] || fail "io_spin_us=-1 was accepted"
+grep -q "io_spin_us is -1, expected 0 to 1000000" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+
 help=$("${attnserve}" --helpfull 2>&1 || true)
-for flag in address port threads io_threads executors max_queue max_batch max_queue_delay_us \
+for flag in address port threads io_threads io_spin_us executors max_queue max_batch max_queue_delay_us \
             max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
             metrics_port max_weights_bytes weights_dir drain_grace_seconds tls_cert tls_key \
             tls_client_ca auth_token_file attention_kernel portable_kernels; do

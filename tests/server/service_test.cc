@@ -121,6 +121,61 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
 }
 
+// The first io thread polls without sleeping for --io_spin_us after each
+// event; calls are answered alike with it sleeping at once, spinning longer
+// than the test's gaps (so it is still spinning at the shutdown), and next to
+// io threads that sleep.
+TEST_F(ServiceTest, IoThreadsAnswerWhetherTheySpinOrSleep) {
+  struct Loop {
+    int io_threads;
+    absl::Duration spin;
+  };
+  const ReferenceShape s = {1, 1, 1, 16, 16, 64, 64};
+  for (const Loop loop :
+       {Loop{1, absl::ZeroDuration()}, Loop{1, absl::Seconds(1)},
+        Loop{3, absl::Microseconds(200)}}) {
+    SCOPED_TRACE(absl::StrCat("io_threads ", loop.io_threads, " spin ",
+                              absl::FormatDuration(loop.spin)));
+    ServerOptions options = DefaultOptions();
+    options.io_threads = loop.io_threads;
+    options.io_spin = loop.spin;
+    Start(options);
+    for (int i = 0; i < 20; ++i) {
+      const v1::AttendRequest request = Request(s, 100 + i);
+      absl::StatusOr<v1::AttendResponse> answer =
+          client_->Attend(request, kTimeout);
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      ExpectMatchesReference(s, request, *answer);
+    }
+    std::vector<v1::AttendRequest> requests;
+    std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
+    for (int i = 0; i < 8; ++i) requests.push_back(Request(s, 200 + i));
+    for (const v1::AttendRequest& request : requests) {
+      answers.push_back(client_->AttendFuture(request, kTimeout));
+    }
+    for (size_t i = 0; i < answers.size(); ++i) {
+      absl::StatusOr<v1::AttendResponse> answer = answers[i].get();
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      ExpectMatchesReference(s, requests[i], *answer);
+    }
+    const std::string answered =
+        R"(attnserve_requests_total{code="OK",rpc="Attend"})";
+    AwaitMetric(answered, 28);
+    EXPECT_EQ(Metric(answered), 28);
+    // Back-to-back calls come well within a second of each other: a loop
+    // spinning that long has spun between them; one that never spins has not.
+    const double spun = Metric("attnserve_io_spin_seconds_total");
+    if (loop.spin == absl::ZeroDuration()) {
+      EXPECT_EQ(spun, 0);
+    } else if (loop.spin == absl::Seconds(1)) {
+      EXPECT_GT(spun, 0);
+    }
+    client_.reset();
+    server_->Shutdown();
+    server_.reset();
+  }
+}
+
 TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   ServerOptions options = DefaultOptions();
   options.max_queue = 1;

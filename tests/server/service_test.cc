@@ -60,6 +60,22 @@ void ExpectMatchesReference(const ReferenceShape& s,
   }
 }
 
+// Sends every request before waiting for any answer; each must match the
+// reference.
+void SendAtOnceAndExpectReferenceAnswers(
+    Client& client, const ReferenceShape& s,
+    const std::vector<v1::AttendRequest>& requests) {
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
+  for (const v1::AttendRequest& request : requests) {
+    answers.push_back(client.AttendFuture(request, kTimeout));
+  }
+  for (size_t i = 0; i < answers.size(); ++i) {
+    absl::StatusOr<v1::AttendResponse> answer = answers[i].get();
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ExpectMatchesReference(s, requests[i], *answer);
+  }
+}
+
 class ServiceTest : public ::attnserve::testing::ServerFixture {
  protected:
   void SetUp() override {}  // Each test starts its own server.
@@ -105,15 +121,7 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
     requests.push_back(Request(s, 10 * i));
     requests.back().mutable_options()->set_causal(true);
   }
-  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
-  for (const v1::AttendRequest& request : requests) {
-    answers.push_back(client_->AttendFuture(request, kTimeout));
-  }
-  for (size_t i = 0; i < answers.size(); ++i) {
-    absl::StatusOr<v1::AttendResponse> answer = answers[i].get();
-    ASSERT_TRUE(answer.ok()) << answer.status();
-    ExpectMatchesReference(s, requests[i], *answer);
-  }
+  SendAtOnceAndExpectReferenceAnswers(*client_, s, requests);
   // 8 requests in fewer compute calls than 8.
   EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"),
             Metric("attnserve_batch_size_count"));
@@ -148,16 +156,8 @@ TEST_F(ServiceTest, IoThreadsAnswerWhetherTheySpinOrSleep) {
       ExpectMatchesReference(s, request, *answer);
     }
     std::vector<v1::AttendRequest> requests;
-    std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> answers;
     for (int i = 0; i < 8; ++i) requests.push_back(Request(s, 200 + i));
-    for (const v1::AttendRequest& request : requests) {
-      answers.push_back(client_->AttendFuture(request, kTimeout));
-    }
-    for (size_t i = 0; i < answers.size(); ++i) {
-      absl::StatusOr<v1::AttendResponse> answer = answers[i].get();
-      ASSERT_TRUE(answer.ok()) << answer.status();
-      ExpectMatchesReference(s, requests[i], *answer);
-    }
+    SendAtOnceAndExpectReferenceAnswers(*client_, s, requests);
     const std::string answered =
         R"(attnserve_requests_total{code="OK",rpc="Attend"})";
     AwaitMetric(answered, 28);

@@ -317,7 +317,8 @@ class AttnServerImpl final : public AttnServer {
   // back to the system. Most allocations happen on the few io threads, and
   // glibc keeps what a burst freed in their arenas (a storm of expired calls
   // left 170 MB held, 34 MB in use): RSS should show what the server holds,
-  // for the container's memory limit and for leak checks.
+  // for the container's memory limit and for leak checks. The attnserve binary
+  // also has malloc keep freed memory in one arena between trims (main.cc).
   void TrimMemory() {
     int64_t trimmed_at = 0;
     while (true) {

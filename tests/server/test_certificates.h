@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -17,8 +20,27 @@ namespace attnserve::testing {
 
 // Certificates made with openssl for this test run: a CA, a server certificate
 // for 127.0.0.1, and a client certificate, as PEM text, and the folder holding
-// them as files (ca.crt, server.crt, server.key, client.crt, client.key).
+// them as files (ca.crt, server.crt, server.key, client.crt, client.key). The
+// folder is removed with the last owner, so private keys do not pile up in the
+// temporary directory run after run.
 struct TestCertificates {
+  TestCertificates() = default;
+  TestCertificates(const TestCertificates&) = delete;
+  TestCertificates& operator=(const TestCertificates&) = delete;
+  TestCertificates(TestCertificates&& other) noexcept
+      : ca(std::move(other.ca)),
+        server_cert(std::move(other.server_cert)),
+        server_key(std::move(other.server_key)),
+        client_cert(std::move(other.client_cert)),
+        client_key(std::move(other.client_key)),
+        directory(std::exchange(other.directory, std::string())) {}
+  TestCertificates& operator=(TestCertificates&&) = delete;
+  ~TestCertificates() {
+    if (directory.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(directory, ignored);
+  }
+
   std::string ca, server_cert, server_key, client_cert, client_key;
   std::string directory;
 };
@@ -49,11 +71,18 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "-extfile $who.ext -out $who.crt 2>/dev/null; done");
   const std::string script_path = dir + ".sh";
   std::ofstream(script_path) << script << "\n";
-  if (std::system(("bash " + script_path).c_str()) != 0) return std::nullopt;
-  return TestCertificates{
-      ReadFile(dir + "/ca.crt"),     ReadFile(dir + "/server.crt"),
-      ReadFile(dir + "/server.key"), ReadFile(dir + "/client.crt"),
-      ReadFile(dir + "/client.key"), dir};
+  const int exit_status = std::system(("bash " + script_path).c_str());
+  std::error_code ignored;
+  std::filesystem::remove(script_path, ignored);
+  std::optional<TestCertificates> certs(std::in_place);
+  certs->directory = dir;  // removed with certs from here on, made or not
+  if (exit_status != 0) return std::nullopt;
+  certs->ca = ReadFile(dir + "/ca.crt");
+  certs->server_cert = ReadFile(dir + "/server.crt");
+  certs->server_key = ReadFile(dir + "/server.key");
+  certs->client_cert = ReadFile(dir + "/client.crt");
+  certs->client_key = ReadFile(dir + "/client.key");
+  return certs;
 }
 
 }  // namespace attnserve::testing

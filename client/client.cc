@@ -117,6 +117,7 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext(
     absl::Time deadline) const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(deadline));
+  context->set_wait_for_ready(options_.wait_for_ready);
   if (!options_.bearer_token.empty()) {
     context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
   }

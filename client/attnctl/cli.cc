@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(
     std::string, tls_server_name, "",
     "The name the server certificate must carry, when --target is an address.");
+ABSL_FLAG(bool, wait_for_ready, false,
+          "Calls wait, up to --timeout, for a connection to the server instead "
+          "of failing UNAVAILABLE at once while it cannot be reached.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token to send as \"authorization: Bearer "
           "<token>\".");
@@ -69,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   }
   ClientOptions options;
   options.max_message_bytes = static_cast<int>(max_message_bytes);
+  options.wait_for_ready = absl::GetFlag(FLAGS_wait_for_ready);
   const std::string ca = absl::GetFlag(FLAGS_tls_ca),
                     cert = absl::GetFlag(FLAGS_tls_cert),
                     key = absl::GetFlag(FLAGS_tls_key),

@@ -1,6 +1,11 @@
 // attnserve::Client against a fake service (retries, deadlines, TLS, tokens)
 // and against a real server (async calls, streaming sessions, exact sharded
 // attention).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -76,13 +81,15 @@ class FakeAttentionService final
   std::vector<std::string> tokens_ ABSL_GUARDED_BY(mutex_);
 };
 
-// A gRPC server on a free loopback port hosting `service`.
+// A gRPC server on a loopback port (a free one by default) hosting `service`.
 struct FakeServer {
   FakeServer(grpc::Service* service,
              std::shared_ptr<grpc::ServerCredentials> credentials =
-                 grpc::InsecureServerCredentials()) {
+                 grpc::InsecureServerCredentials(),
+             int at_port = 0) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", credentials, &port);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", at_port), credentials,
+                             &port);
     builder.RegisterService(service);
     server = builder.BuildAndStart();
   }
@@ -115,6 +122,58 @@ TEST(ClientRetryTest, RetriesUnavailableAndResourceExhaustedWithBackoff) {
   EXPECT_EQ(service.calls(), 3u);
   EXPECT_GE(absl::Now() - start,
             absl::Milliseconds(20));  // Two backoffs of ≥ 10 and ≥ 20 ms.
+}
+
+// A loopback port nothing listens on (free when asked; the tests bind it
+// within a second).
+int UnusedPort() {
+  const int socket_fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(socket_fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
+      getsockname(socket_fd, reinterpret_cast<sockaddr*>(&address), &length) ==
+          0) {
+    port = ntohs(address.sin_port);
+  }
+  close(socket_fd);
+  return port;
+}
+
+TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  // Without it a call fails at once while nothing listens...
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(
+      Connect(target)->Attend(v1::AttendRequest(), kTimeout).status().code(),
+      absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // ... with it the call waits until the server comes, within its deadline.
+  ClientOptions options;
+  options.wait_for_ready = true;
+  std::unique_ptr<Client> client = Connect(target, options);
+  absl::StatusOr<v1::AttendResponse> response;
+  std::thread call(
+      [&] { response = client->Attend(v1::AttendRequest(), kTimeout); });
+  absl::SleepFor(absl::Milliseconds(300));
+  FakeAttentionService service({});
+  FakeServer server(&service, grpc::InsecureServerCredentials(), port);
+  ASSERT_EQ(server.port, port);
+  call.join();
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(service.calls(), 1u);
+  // ... and an unreachable server shows as the deadline passing.
+  ClientOptions unreachable;
+  unreachable.wait_for_ready = true;
+  EXPECT_EQ(Connect(absl::StrCat("127.0.0.1:", UnusedPort()), unreachable)
+                ->Attend(v1::AttendRequest(), absl::Milliseconds(300))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(ClientRetryTest, NeverRetriesOtherCodesOrPastMaxAttempts) {

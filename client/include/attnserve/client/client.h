@@ -80,6 +80,16 @@ struct ClientOptions {
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   RetryPolicy retry;
+  // Calls wait, up to their deadline, for the channel to connect instead of
+  // failing UNAVAILABLE at once while it is connecting or backing off after a
+  // failed attempt (gRPC's "wait for ready"). It rides out a server that is
+  // starting or restarting, and gRPC 1.51's spurious connection failures
+  // ("No such file or directory": its client reads connect()'s errno after
+  // other calls have changed it, grpc/grpc#35064), after which the channel
+  // backs off for about a second. The price: a server that stays unreachable
+  // shows as DEADLINE_EXCEEDED once the whole deadline has passed, not as
+  // UNAVAILABLE at once.
+  bool wait_for_ready = false;
 };
 
 class AttendSession;
@@ -140,7 +150,8 @@ class Client {
   // for one), with contexts from NewContext.
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
-  // A context with `deadline` and the client's bearer token set.
+  // A context with `deadline`, the client's bearer token and its
+  // wait_for_ready set.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
  private:

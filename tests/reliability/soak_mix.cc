@@ -26,6 +26,19 @@ std::chrono::system_clock::time_point In(std::chrono::microseconds delay) {
 }
 constexpr std::chrono::seconds kCallTimeout(60);
 
+// Bounds a call by `timeout`. Before SIGTERM calls wait for their channel to be
+// connected: gRPC 1.51's client may fail a connection attempt that would have
+// succeeded ("No such file or directory": it reads connect()'s errno after
+// other calls, grpc/grpc#35064), and the channel then backs off for ~1 s,
+// failing every call made on it meanwhile with UNAVAILABLE. That is the
+// client's bug, not the server's; a connection the server breaks still fails
+// the calls on it. While draining, calls fail at once as a client's would.
+void Bound(grpc::ClientContext& context, bool draining,
+           std::chrono::microseconds timeout = kCallTimeout) {
+  context.set_deadline(In(timeout));
+  context.set_wait_for_ready(!draining);
+}
+
 int64_t Elements(const std::vector<int64_t>& shape) {
   int64_t elements = 1;
   for (int64_t dim : shape) elements *= dim;
@@ -262,7 +275,7 @@ absl::StatusOr<std::unique_ptr<SoakMix>> SoakMix::Create(
   *mix->put_weights_.mutable_weights() = SoakWeights();
   {
     grpc::ClientContext context;
-    context.set_deadline(In(kCallTimeout));
+    Bound(context, /*draining=*/false);
     v1::PutWeightsResponse put;
     const grpc::Status status =
         stub.PutWeights(&context, mix->put_weights_, &put);
@@ -272,7 +285,7 @@ absl::StatusOr<std::unique_ptr<SoakMix>> SoakMix::Create(
   mix->attend_ = AttendRequests();
   for (const v1::AttendRequest& request : mix->attend_) {
     grpc::ClientContext context;
-    context.set_deadline(In(kCallTimeout));
+    Bound(context, /*draining=*/false);
     mix->attend_answers_.emplace_back();
     const grpc::Status status =
         stub.Attend(&context, request, &mix->attend_answers_.back());
@@ -282,7 +295,7 @@ absl::StatusOr<std::unique_ptr<SoakMix>> SoakMix::Create(
   mix->multi_head_ = MultiHeadRequests();
   for (const v1::MultiHeadAttentionRequest& request : mix->multi_head_) {
     grpc::ClientContext context;
-    context.set_deadline(In(kCallTimeout));
+    Bound(context, /*draining=*/false);
     mix->multi_head_answers_.emplace_back();
     const grpc::Status status = stub.MultiHeadAttention(
         &context, request, &mix->multi_head_answers_.back());
@@ -352,7 +365,7 @@ bool SoakMix::Run(int64_t index, Stub& stub, const std::string& target,
 bool SoakMix::Attend(size_t which, Stub& stub, bool draining,
                      SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   v1::AttendResponse response;
   const grpc::Status status = stub.Attend(&context, attend_[which], &response);
   if (status.ok() && !SameAnswer(response, attend_answers_[which])) {
@@ -365,7 +378,7 @@ bool SoakMix::Attend(size_t which, Stub& stub, bool draining,
 bool SoakMix::MultiHead(size_t which, Stub& stub, bool draining,
                         SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   v1::MultiHeadAttentionResponse response;
   const grpc::Status status =
       stub.MultiHeadAttention(&context, multi_head_[which], &response);
@@ -380,7 +393,7 @@ bool SoakMix::MultiHead(size_t which, Stub& stub, bool draining,
 // second its error.
 bool SoakMix::Stream(Stub& stub, bool draining, SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   const auto stream = stub.AttendStream(&context);
   const std::vector<const v1::AttendRequest*> requests = {
       &attend_[0], &invalid_attend_, &attend_[1], &attend_[2]};
@@ -419,7 +432,7 @@ bool SoakMix::Stream(Stub& stub, bool draining, SoakTally& tally) const {
 
 bool SoakMix::InvalidAttend(Stub& stub, bool draining, SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   v1::AttendResponse response;
   const grpc::Status status = stub.Attend(&context, invalid_attend_, &response);
   return Outcome(tally, kInvalidAttend, status, {Code::INVALID_ARGUMENT},
@@ -429,7 +442,7 @@ bool SoakMix::InvalidAttend(Stub& stub, bool draining, SoakTally& tally) const {
 bool SoakMix::UnknownWeights(Stub& stub, bool draining,
                              SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   v1::MultiHeadAttentionResponse response;
   const grpc::Status status =
       stub.MultiHeadAttention(&context, unknown_weights_, &response);
@@ -442,7 +455,7 @@ bool SoakMix::UnknownWeights(Stub& stub, bool draining,
 bool SoakMix::TinyDeadline(int64_t index, Stub& stub, bool draining,
                            SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(std::chrono::milliseconds(1 + index / 20 % 4)));
+  Bound(context, draining, std::chrono::milliseconds(1 + index / 20 % 4));
   v1::AttendResponse response;
   const grpc::Status status = stub.Attend(&context, attend_[3], &response);
   if (status.ok() && !SameAnswer(response, attend_answers_[3])) {
@@ -458,7 +471,7 @@ bool SoakMix::TinyDeadline(int64_t index, Stub& stub, bool draining,
 bool SoakMix::CancelWhileQueued(int64_t index, Stub& stub, bool draining,
                                 SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   v1::AttendResponse response;
   std::promise<grpc::Status> done;
   stub.async()->Attend(
@@ -479,7 +492,7 @@ bool SoakMix::CancelWhileQueued(int64_t index, Stub& stub, bool draining,
 bool SoakMix::CancelStream(Stub& stub, const char* operation, bool draining,
                            SoakTally& tally) const {
   grpc::ClientContext context;
-  context.set_deadline(In(kCallTimeout));
+  Bound(context, draining);
   const auto stream = stub.AttendStream(&context);
   for (int i = 0; i < 3; ++i) {
     if (!stream->Write(attend_[3])) break;
@@ -498,14 +511,14 @@ bool SoakMix::CancelStream(Stub& stub, const char* operation, bool draining,
 
 bool SoakMix::Registry(Stub& stub, bool draining, SoakTally& tally) const {
   grpc::ClientContext put_context;
-  put_context.set_deadline(In(kCallTimeout));
+  Bound(put_context, draining);
   v1::PutWeightsResponse put;
   const grpc::Status put_status =
       stub.PutWeights(&put_context, put_weights_, &put);
   if (!Outcome(tally, kRegistry, put_status, {Code::OK}, draining, 1))
     return false;
   grpc::ClientContext list_context;
-  list_context.set_deadline(In(kCallTimeout));
+  Bound(list_context, draining);
   v1::ListWeightsResponse list;
   const grpc::Status list_status = stub.ListWeights(&list_context, {}, &list);
   if (list_status.ok() && list.weights_size() < 2) {

@@ -300,7 +300,8 @@ TEST(SoakTest, MixedLoadWithFaultsThenSigtermUnderLoad) {
       rss.Warm(), rss.End(), rss.GrowthPercent(), rss.WarmKept(), rss.EndKept(),
       static_cast<long long>(rss.Peak()), static_cast<long long>(quiet_rss));
   EXPECT_GE(tally.requests(), target);
-  EXPECT_EQ(tally.unexpected(), 0) << tally.Report();
+  EXPECT_EQ(tally.unexpected(), 0) << tally.Report() << "server log:\n"
+                                   << server.Log();
   if (soak.calls() >= 3 * kWarmUpCalls) {
     EXPECT_LT(rss.GrowthPercent(), 10.0) << "RSS grew after warm-up";
   }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The benchmark scripts BENCHMARKS.md quotes still run against the built binaries and print
+# what it quotes, in a few seconds each (the figures themselves are not checked: this host is
+# shared and noisy). A server with --max_batch=1 must report batches of exactly one.
+#
+# usage: bench_scripts_test.sh SOURCE_DIR ATTNSERVE ATTNCTL
+set -euo pipefail
+source_dir=$1
+attnserve=$2
+export ATTNCTL=$3
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+out=$(timeout 120 "${source_dir}/bench/batching_throughput.sh" --rounds=1 --duration=1s \
+  --clients=8 --max_batch=1,4 --attnserve="${attnserve}") || fail "batching_throughput.sh: $out"
+echo "${out}"
+grep -qE '^\| 1 \| [0-9,]+ \([0-9,]+-[0-9,]+\) \| [0-9]+ \| [0-9]+ \| 1\.00 \|$' <<<"${out}" ||
+  fail "batching_throughput.sh: no max_batch 1 row with a mean batch of 1.00"
+grep -qE '^\| 4 \| [0-9,]+ \([0-9,]+-[0-9,]+\) \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|$' <<<"${out}" ||
+  fail "batching_throughput.sh: no max_batch 4 row"
+grep -qE '^max_batch 4 / max_batch 1: [0-9.]+x$' <<<"${out}" ||
+  fail "batching_throughput.sh: no ratio line"
+
+out=$(timeout 120 "${source_dir}/bench/loopback_latency.sh" --rounds=1 --requests=100 \
+  "${attnserve}") || fail "loopback_latency.sh: $out"
+echo "${out}"
+grep -qE '^.*attnserve: p50 median [0-9]+ us \(rounds [0-9]+\); server CPU [0-9]+ us/call, [0-9.]+ context switches/call$' \
+  <<<"${out}" || fail "loopback_latency.sh: no p50 line"
+echo "PASS"

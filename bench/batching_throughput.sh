@@ -38,39 +38,17 @@ while (($#)); do
 done
 IFS=, read -r -a batches <<<"${max_batches}"
 
-workdir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "${pid}" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "${workdir}"
-}
-trap cleanup EXIT
-
+source "${root}/bench/servers_lib.sh"
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-
-ports=()
 metrics_ports=()
-for i in "${!batches[@]}"; do
-  metrics_port=$(free_port)
-  "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port="${metrics_port}" --drain_grace_seconds=0 \
-    --max_batch="${batches[$i]}" "${flags[@]}" >"${workdir}/server$i.log" 2>&1 &
-  pids+=($!)
-  port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "${workdir}/server$i.log")
-    [[ -n ${port} ]] && break
-    kill -0 "${pids[$i]}" 2>/dev/null || break
-    sleep 0.1
-  done
-  [[ -n ${port} ]] || { cat "${workdir}/server$i.log" >&2; exit 1; }
-  ports+=("${port}")
-  metrics_ports+=("${metrics_port}")
+for batch in "${batches[@]}"; do
+  metrics_ports+=("$(free_port)")
+  start_server "${attnserve}" --metrics_port="${metrics_ports[-1]}" --max_batch="${batch}" \
+    "${flags[@]}"
 done
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 shape=(--batch=1 --heads=8 --kv_heads=8 --query_len=128 --key_len=128 --key_dim=64 --value_dim=64)
 tick_hz=$(getconf CLK_TCK)
 for round in $(seq 1 "${rounds}"); do

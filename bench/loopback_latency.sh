@@ -30,32 +30,12 @@ while (($#)); do
 done
 ((${#servers[@]})) || { echo "usage: $0 [--rounds=N] attnserve... [-- flags]" >&2; exit 2; }
 
-workdir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "${pid}" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "${workdir}"
-}
-trap cleanup EXIT
-
-ports=()
-for i in "${!servers[@]}"; do
-  OMP_WAIT_POLICY=PASSIVE "${servers[$i]}" --address=127.0.0.1 --port=0 --metrics_port=0 \
-    --drain_grace_seconds=0 "${flags[@]}" >"${workdir}/server$i.log" 2>&1 &
-  pids+=($!)
-  port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "${workdir}/server$i.log")
-    [[ -n ${port} ]] && break
-    sleep 0.1
-  done
-  [[ -n ${port} ]] || { cat "${workdir}/server$i.log" >&2; exit 1; }
-  ports+=("${port}")
+source "${root}/bench/servers_lib.sh"
+for server in "${servers[@]}"; do
+  OMP_WAIT_POLICY=PASSIVE start_server "${server}" --metrics_port=0 "${flags[@]}"
 done
 
-# CPU ticks and context switches of every thread of process $1.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Context switches of every thread of process $1.
 switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
 
 tick_hz=$(getconf CLK_TCK)
@@ -63,11 +43,11 @@ shape=(--batch=1 --heads=1 --kv_heads=1 --query_len=16 --key_len=16 --key_dim=64
 for round in $(seq 1 "${rounds}"); do
   for i in "${!servers[@]}"; do
     pid=${pids[$i]}
-    "${attnctl}" --target="127.0.0.1:${ports[$i]}" bench --rpc=attend --concurrency=1 \
+    "${attnctl}" --target="127.0.0.1:${ports[$i]}" --wait_for_ready bench --rpc=attend --concurrency=1 \
       --requests=200 --warmup=0s "${shape[@]}" >/dev/null
     ticks=$(cpu_ticks "${pid}")
     cs=$(switches "${pid}")
-    p50=$("${attnctl}" --target="127.0.0.1:${ports[$i]}" bench --rpc=attend --concurrency=1 \
+    p50=$("${attnctl}" --target="127.0.0.1:${ports[$i]}" --wait_for_ready bench --rpc=attend --concurrency=1 \
       --requests="${requests}" --warmup=0s "${shape[@]}" | sed -n 's/^latency p50 \([0-9.]*\)ms.*/\1/p')
     echo "$i ${p50} $(($(cpu_ticks "${pid}") - ticks)) $(($(switches "${pid}") - cs))" \
       >>"${workdir}/rounds"

@@ -1,11 +1,6 @@
 // attnserve::Client against a fake service (retries, deadlines, TLS, tokens)
 // and against a real server (async calls, streaming sessions, exact sharded
 // attention).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -24,12 +19,14 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
+#include "server/free_port.h"
 #include "server/server_fixture.h"
 #include "server/test_certificates.h"
 
 namespace attnserve {
 namespace {
 
+using ::attnserve::testing::FreeLoopbackPort;
 using ::attnserve::testing::MakeCertificates;
 using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::TestCertificates;
@@ -124,26 +121,8 @@ TEST(ClientRetryTest, RetriesUnavailableAndResourceExhaustedWithBackoff) {
             absl::Milliseconds(20));  // Two backoffs of ≥ 10 and ≥ 20 ms.
 }
 
-// A loopback port nothing listens on (free when asked; the tests bind it
-// within a second).
-int UnusedPort() {
-  const int socket_fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(socket_fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
-      getsockname(socket_fd, reinterpret_cast<sockaddr*>(&address), &length) ==
-          0) {
-    port = ntohs(address.sin_port);
-  }
-  close(socket_fd);
-  return port;
-}
-
 TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {
-  const int port = UnusedPort();
+  const int port = FreeLoopbackPort();
   ASSERT_GT(port, 0);
   const std::string target = absl::StrCat("127.0.0.1:", port);
   // Without it a call fails at once while nothing listens...
@@ -169,7 +148,7 @@ TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {
   // ... and an unreachable server shows as the deadline passing.
   ClientOptions unreachable;
   unreachable.wait_for_ready = true;
-  EXPECT_EQ(Connect(absl::StrCat("127.0.0.1:", UnusedPort()), unreachable)
+  EXPECT_EQ(Connect(absl::StrCat("127.0.0.1:", FreeLoopbackPort()), unreachable)
                 ->Attend(v1::AttendRequest(), absl::Milliseconds(300))
                 .status()
                 .code(),

@@ -1,10 +1,7 @@
 #include "reliability/attnserve_process.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,26 +16,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "server/free_port.h"
 #include "server/metrics_scrape.h"
 
 namespace attnserve::testing {
 namespace {
-
-// A loopback port that was free a moment ago (the kernel's pick for port 0).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream file(path);
@@ -54,7 +36,7 @@ absl::StatusOr<std::unique_ptr<AttnserveProcess>> AttnserveProcess::Start(
   char log_template[] = "/tmp/attnserve_soak_XXXXXX";
   const int log_fd = mkstemp(log_template);
   if (log_fd < 0) return absl::InternalError("mkstemp failed");
-  const int metrics_port = FreePort();
+  const int metrics_port = FreeLoopbackPort();
   std::vector<std::string> arguments = {
       binary, "--address=127.0.0.1", "--port=0",
       absl::StrCat("--metrics_port=", metrics_port)};

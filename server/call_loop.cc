@@ -214,14 +214,10 @@ void CallLoop::AddTo(grpc::ServerBuilder& builder) {
 
 void CallLoop::Start(int threads, absl::Duration spin, SpinObserver spun) {
   for (int i = 0; i < kCallsRequested; ++i) RequestCall();
-  for (int i = 0; i < threads; ++i) {
-    if (i == 0) {
-      threads_.emplace_back(
-          [this, spin, spun = std::move(spun)] { Poll(spin, spun); });
-    } else {
-      threads_.emplace_back([this] { Poll(); });
-    }
-  }
+  if (threads < 1) return;
+  threads_.emplace_back(
+      [this, spin, spun = std::move(spun)] { Poll(spin, spun); });
+  for (int i = 1; i < threads; ++i) threads_.emplace_back([this] { Poll(); });
 }
 
 void CallLoop::Shutdown() {

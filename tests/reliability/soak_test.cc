@@ -42,8 +42,11 @@ using Code = grpc::StatusCode;
 constexpr int kConcurrency = 64;
 constexpr int kChannels = 4;
 constexpr int64_t kWarmUpCalls = 5000;
-// RSS samples, one every 500 calls, in each of the warm-up and end windows.
+// RSS is sampled every kSampleCalls calls; the warm-up and end windows hold
+// kWindowSamples samples each.
+constexpr int64_t kSampleCalls = 500;
 constexpr int64_t kWindowSamples = 20;
+constexpr int64_t kWindowCalls = kWindowSamples * kSampleCalls;
 
 int64_t SoakRequests() {
   int64_t requests = 50000;
@@ -125,7 +128,7 @@ class RssSampler {
   explicit RssSampler(const AttnserveProcess& server) : server_(server) {}
 
   void Sample(int64_t calls) {
-    if (calls % 500 != 0) return;
+    if (calls % kSampleCalls != 0) return;
     const int64_t rss = server_.RssKilobytes().value_or(0);
     const absl::StatusOr<std::string> metrics = server_.ScrapeMetrics();
     const int64_t kept =
@@ -189,7 +192,7 @@ class RssSampler {
       const bool in_window =
           end ? i + kWindowSamples >= sorted.size()
               : sorted[i].calls >= kWarmUpCalls &&
-                    sorted[i].calls < kWarmUpCalls + kWindowSamples * 500;
+                    sorted[i].calls < kWarmUpCalls + kWindowCalls;
       if (!in_window) continue;
       values.push_back(kept ? sorted[i].kept : sorted[i].rss - sorted[i].kept);
     }
@@ -325,7 +328,7 @@ TEST(SoakTest, MixedLoadWithFaultsThenSigtermUnderLoad) {
                                    << server.Log();
   // The windows do not overlap from 25,000 calls (the default soak makes
   // ~34,500; sanitized runs make fewer and skip this).
-  if (soak.calls() >= kWarmUpCalls + 2 * kWindowSamples * 500) {
+  if (soak.calls() >= kWarmUpCalls + 2 * kWindowCalls) {
     EXPECT_LT(rss.GrowthPercent(), 10.0)
         << "RSS grew after warm-up; every sample (kB): " << rss.Samples();
   }

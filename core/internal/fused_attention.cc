@@ -17,6 +17,7 @@
 #include "attnserve/common/dtype.h"
 #include "attnserve/common/status_macros.h"
 #include "internal/dnnl_status.h"
+#include "internal/matmul.h"
 #include "internal/visibility.h"
 
 namespace attnserve::internal {
@@ -56,17 +57,21 @@ int64_t AlignUp(int64_t bytes) { return CeilDiv(bytes, kAlign) * kAlign; }
 
 // How a problem is cut into tiles and key blocks.
 struct Geometry {
-  int64_t group;     // query heads per kv head
-  int64_t q_block;   // queries per head in a full tile
-  int64_t rows;      // rows of a full tile: group · q_block
-  int64_t q_blocks;  // tiles along the queries
-  int64_t k_block;   // keys per block
-  int64_t k_blocks;  // blocks along the keys
-  int64_t tiles;     // B · Hkv · q_blocks
-  int64_t splits;    // key chunks per tile (1: no split)
-  int64_t chunk;     // key blocks per chunk
-  bool small;        // own vector code instead of oneDNN matmuls
-  bool bf16;
+  int64_t group;      // query heads per kv head
+  int64_t q_block;    // queries per head in a full tile
+  int64_t rows;       // rows of a full tile: group · q_block
+  int64_t q_blocks;   // tiles along the queries
+  int64_t k_block;    // keys per block
+  int64_t k_blocks;   // blocks along the keys
+  int64_t tiles;      // B · Hkv · q_blocks
+  int64_t splits;     // key chunks per tile (1: no split)
+  int64_t chunk;      // key blocks per chunk
+  bool small;         // own vector code instead of oneDNN matmuls
+  bool bf16;          // BF16 precision
+  MatmulInput input;  // what the oneDNN tile matmuls read
+  // Whether the tiles read bf16 values from packed keys and values and query
+  // rows (as bf16, or as f32 on a CPU without a bf16 matmul).
+  bool Bf16Tiles() const { return bf16 && !small; }
 };
 
 Geometry MakeGeometry(const AttentionShape& s, Precision precision,
@@ -87,6 +92,7 @@ Geometry MakeGeometry(const AttentionShape& s, Precision precision,
   g.splits = CeilDiv(g.k_blocks, g.chunk);
   g.small = g.rows < kSmallRows;
   g.bf16 = precision == Precision::kBFloat16;
+  g.input = MatmulInputFor(precision);
   return g;
 }
 
@@ -113,7 +119,8 @@ ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
   };
   t.query = take(g.rows * s.key_dim * 4);
   t.scores = take(g.rows * g.k_block * 4);
-  t.probabilities = take(g.bf16 ? g.rows * g.k_block * 2 : 0);
+  t.probabilities =
+      take(g.input == MatmulInput::kBf16 ? g.rows * g.k_block * 2 : 0);
   t.output = take(g.rows * s.value_dim * 4);
   t.states = take(g.rows * static_cast<int64_t>(sizeof(RowState)));
   t.ends = take(g.q_block * 8);
@@ -137,22 +144,23 @@ int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
 // Bytes of the packed key and value copies.
 int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
                             bool key_value_packed) {
-  const bool bf16_matmuls = g.bf16 && !g.small;
-  if (!bf16_matmuls && key_value_packed) return 0;
-  return (s.KeyElements() + s.ValueElements()) * (bf16_matmuls ? 2 : 4);
+  if (!g.Bf16Tiles() && key_value_packed) return 0;
+  return (s.KeyElements() + s.ValueElements()) *
+         (g.Bf16Tiles() ? BytesOf(g.input) : 4);
 }
 
-std::string TileKey(int64_t m, int64_t n, const AttentionShape& s, bool bf16) {
+std::string TileKey(int64_t m, int64_t n, const AttentionShape& s,
+                    MatmulInput input) {
   return absl::StrCat(m, ",", n, ",", s.key_dim, ",", s.value_dim, ",",
-                      bf16 ? "bf16" : "f32");
+                      static_cast<int>(input));
 }
 
 // Built for one thread: the caller holds omp_set_num_threads(1) around this,
 // so oneDNN plans no parallelism inside the tile.
 TilePlan MakeTilePlan(const dnnl::engine& engine, int64_t m, int64_t n,
-                      const AttentionShape& s, bool bf16) {
+                      const AttentionShape& s, MatmulInput input) {
   const auto f32 = memory::data_type::f32;
-  const auto in = bf16 ? memory::data_type::bf16 : f32;
+  const auto in = DataTypeOf(input);
   TilePlan plan;
   plan.query_md = memory::desc({m, s.key_dim}, in, Dims{s.key_dim, 1});
   plan.key_t_md = memory::desc({s.key_dim, n}, in, Dims{1, s.key_dim});
@@ -162,7 +170,7 @@ TilePlan MakeTilePlan(const dnnl::engine& engine, int64_t m, int64_t n,
   plan.output_md = memory::desc({m, s.value_dim}, f32, Dims{s.value_dim, 1});
   dnnl::primitive_attr scores_attr;
   scores_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc scores_pd(
+  const dnnl::matmul::primitive_desc scores_pd = MakeMatmulPrimitiveDesc(
       dnnl::matmul::desc(plan.query_md, plan.key_t_md, plan.scores_md),
       scores_attr, engine);
   dnnl::post_ops accumulate;
@@ -170,7 +178,7 @@ TilePlan MakeTilePlan(const dnnl::engine& engine, int64_t m, int64_t n,
   dnnl::primitive_attr context_attr;
   context_attr.set_post_ops(accumulate);
   context_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc context_pd(
+  const dnnl::matmul::primitive_desc context_pd = MakeMatmulPrimitiveDesc(
       dnnl::matmul::desc(plan.probabilities_md, plan.value_md, plan.output_md),
       context_attr, engine);
   plan.scores = dnnl::matmul(scores_pd);
@@ -276,8 +284,10 @@ class FusedRun {
   }
 
   // Bytes per element of the keys and values the tiles read: bf16 for the
-  // matmuls of bf16 precision, else f32.
-  int64_t PackedElementBytes() const { return g_.bf16 && !g_.small ? 2 : 4; }
+  // bf16 matmuls, else f32.
+  int64_t PackedElementBytes() const {
+    return g_.Bf16Tiles() ? BytesOf(g_.input) : 4;
+  }
 
   // Copies the [B, Hkv, Lk, dim] tensor whose batch entry b starts at
   // `of(p_, b)` (with `strides`) into `out` as dense rows of the matmuls' type,
@@ -285,7 +295,7 @@ class FusedRun {
   void Pack(const float* (*of)(const SdpaProblem&, int64_t),
             const Strides4& strides, int64_t dim, char* out) const {
     const int64_t entry = s_.kv_heads * s_.key_len * dim;  // Elements.
-    if (PackedElementBytes() == 4) {
+    if (!g_.Bf16Tiles()) {
       for (int64_t b = 0; b < s_.batch; ++b) {
         CopyTensor4(of(p_, b), strides,
                     reinterpret_cast<float*>(out) + b * entry,
@@ -294,13 +304,21 @@ class FusedRun {
       }
       return;
     }
+    const bool as_bf16 = g_.input == MatmulInput::kBf16;
     uint16_t* packed = reinterpret_cast<uint16_t*>(out);
+    float* rounded = reinterpret_cast<float*>(out);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < s_.batch; ++b) {
       for (int64_t h = 0; h < s_.kv_heads; ++h) {
         for (int64_t j = 0; j < s_.key_len; ++j) {
-          kernels_.to_bf16(of(p_, b) + h * strides[1] + j * strides[2], dim,
-                           packed + b * entry + (h * s_.key_len + j) * dim);
+          const float* row = of(p_, b) + h * strides[1] + j * strides[2];
+          const int64_t at = b * entry + (h * s_.key_len + j) * dim;
+          if (as_bf16) {
+            kernels_.to_bf16(row, dim, packed + at);
+          } else {
+            std::copy(row, row + dim, rounded + at);
+            RoundToBf16Values(rounded + at, dim);
+          }
         }
       }
     }
@@ -350,7 +368,7 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
                            TilePlanCache& cache, ScratchPool& pool) {
   // Keys and values with dense rows, in the matmuls' type (decode tiles
   // round f32 to bf16 as they read, so they only need dense rows).
-  if ((g_.bf16 && !g_.small) || !KeyValuePacked(p_)) {
+  if (g_.Bf16Tiles() || !KeyValuePacked(p_)) {
     const int64_t element = PackedElementBytes();
     const int64_t key_bytes = AlignUp(s_.KeyElements() * element);
     packed_ = pool.Acquire(key_bytes + s_.ValueElements() * element);
@@ -384,8 +402,8 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
         for (const int64_t n : ns) {
           std::shared_ptr<const TilePlan>& plan = plans[a][KeyWidthIndex(n)];
           if (plan != nullptr) continue;
-          plan = cache.GetOrCreate(TileKey(ms[a], n, s_, g_.bf16), [&] {
-            return MakeTilePlan(engine, ms[a], n, s_, g_.bf16);
+          plan = cache.GetOrCreate(TileKey(ms[a], n, s_, g_.input), [&] {
+            return MakeTilePlan(engine, ms[a], n, s_, g_.input);
           });
           scratchpad_bytes = std::max<int64_t>(
               {scratchpad_bytes,
@@ -488,10 +506,11 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   for (int64_t r = 0; r < m; ++r) {
     const int64_t h = kv_head * g_.group + r / qn;
     const float* row = QueryOf(p_, b) + h * qs[1] + (q0 + r % qn) * qs[2];
-    if (g_.bf16 && !g_.small) {
+    if (g_.Bf16Tiles() && g_.input == MatmulInput::kBf16) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
     } else if (g_.bf16) {
-      // Decode tiles keep f32 rows holding bf16 values.
+      // Decode tiles, and the f32 matmuls of a CPU without bf16 ones, read
+      // f32 rows holding bf16 values.
       float* out = query_f32 + r * s_.key_dim;
       for (int64_t d = 0; d < s_.key_dim; ++d) {
         out[d] = BFloat16ToFloat32(Float32ToBFloat16(row[d]));
@@ -569,9 +588,14 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
         }
       }
       float* row_scores = scores + r * n;
+      const bool bf16_probabilities =
+          g_.Bf16Tiles() && g_.input == MatmulInput::kBf16;
       const float alpha = kernels_.softmax_block(
           row_scores, n, visible, p_.scale, row_mask, &states[r],
-          g_.bf16 && !g_.small ? probabilities + r * n : nullptr);
+          bf16_probabilities ? probabilities + r * n : nullptr);
+      if (g_.Bf16Tiles() && g_.input == MatmulInput::kRoundedF32) {
+        RoundToBf16Values(row_scores, n);
+      }
       if (alpha != 1.0f) {
         float* out = output + r * s_.value_dim;
         for (int64_t c = 0; c < s_.value_dim; ++c) out[c] *= alpha;
@@ -590,9 +614,10 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       }
     } else {
       TileBinding& binding = context.bindings[mi][ni];
-      dnnl_memory_set_data_handle(
-          binding.probabilities.get(),
-          g_.bf16 ? static_cast<void*>(probabilities) : scores);
+      dnnl_memory_set_data_handle(binding.probabilities.get(),
+                                  g_.input == MatmulInput::kBf16
+                                      ? static_cast<void*>(probabilities)
+                                      : scores);
       dnnl_memory_set_data_handle(binding.value.get(),
                                   const_cast<char*>(value_block));
       dnnl_memory_set_data_handle(binding.output.get(), output);

@@ -68,8 +68,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float SoftmaxRow(
 
 void SoftmaxScoreSlab(const AttentionShape& shape,
                       const AttentionOptions& options, const ScoreSlab& slab,
-                      float* scores, uint16_t* probabilities_bf16,
-                      absl::Span<float> weights, absl::Span<float> lse) {
+                      float* scores, MatmulInput input,
+                      uint16_t* probabilities_bf16, absl::Span<float> weights,
+                      absl::Span<float> lse) {
   const int64_t group = shape.heads / shape.kv_heads;
   const int64_t lq = shape.query_len;
   const int64_t lk = shape.key_len;
@@ -110,9 +111,11 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
           float* mean = weights.data() + (b * lq + i) * lk;
           for (int64_t j = 0; j < lk; ++j) mean[j] += row[j] * head_mean_factor;
         }
-        if (probabilities_bf16 != nullptr) {
+        if (input == MatmulInput::kBf16) {
           uint16_t* out = probabilities_bf16 + slab_row * lk;
           for (int64_t j = 0; j < lk; ++j) out[j] = Float32ToBFloat16(row[j]);
+        } else if (input == MatmulInput::kRoundedF32) {
+          RoundToBf16Values(row, lk);
         }
       }
     }

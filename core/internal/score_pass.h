@@ -8,6 +8,7 @@
 
 #include "absl/types/span.h"
 #include "attnserve/core/attention_engine.h"
+#include "internal/matmul.h"
 
 namespace attnserve::internal {
 
@@ -26,13 +27,16 @@ struct ScoreSlab {
 // replaces the row by its softmax. A row with no key left becomes zeros. Writes
 // each row's log-sum-exp to `lse` and the probabilities to `weights` if
 // `options` ask for them (head-mean weights accumulate: the caller zeroes them
-// before the first slab). If `probabilities_bf16` is not null, the
-// probabilities go there as bf16 (same packing) and `scores` is left undefined.
+// before the first slab). The probabilities the context matmul reads are left
+// as `input` says: f32 in `scores` (kF32), rounded to bf16 values in `scores`
+// (kRoundedF32), or as bf16 in `probabilities_bf16` (kBf16: same packing,
+// `scores` left undefined).
 // Runs on the calling thread's OpenMP team.
 void SoftmaxScoreSlab(const AttentionShape& shape,
                       const AttentionOptions& options, const ScoreSlab& slab,
-                      float* scores, uint16_t* probabilities_bf16,
-                      absl::Span<float> weights, absl::Span<float> lse);
+                      float* scores, MatmulInput input,
+                      uint16_t* probabilities_bf16, absl::Span<float> weights,
+                      absl::Span<float> lse);
 
 }  // namespace attnserve::internal
 

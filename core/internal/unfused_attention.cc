@@ -12,6 +12,7 @@
 #include "attnserve/common/status_macros.h"
 #include "internal/bf16_buffer.h"
 #include "internal/dnnl_status.h"
+#include "internal/matmul.h"
 #include "internal/score_pass.h"
 
 namespace attnserve::internal {
@@ -43,9 +44,9 @@ Dims GroupedStrides(const Strides4& st, int64_t group) {
 }
 
 // The tensors the matmuls read: f32 views of the caller's memory, or packed
-// bf16 copies.
+// bf16-precision copies.
 struct Operands {
-  memory::data_type type;
+  MatmulInput input;
   const void* query;
   Strides4 query_strides;
   const void* key;
@@ -60,19 +61,20 @@ SlabPlan MakeSlabPlan(const dnnl::engine& engine, const SdpaProblem& p,
   const int64_t group = s.heads / s.kv_heads;
   const auto f32 = memory::data_type::f32;
   SlabPlan plan;
-  plan.query_md = memory::desc(QueryDims(s, e, s.key_dim), in.type,
+  const memory::data_type in_type = DataTypeOf(in.input);
+  plan.query_md = memory::desc(QueryDims(s, e, s.key_dim), in_type,
                                GroupedStrides(in.query_strides, group));
   const Strides4& ks = in.key_strides;
   plan.key_t_md =
       memory::desc({e.batch_count, e.kv_head_count, 1, s.key_dim, s.key_len},
-                   in.type, Dims{ks[0], ks[1], ks[1], ks[3], ks[2]});
+                   in_type, Dims{ks[0], ks[1], ks[1], ks[3], ks[2]});
   const Strides4& vs = in.value_strides;
   plan.value_md =
       memory::desc({e.batch_count, e.kv_head_count, 1, s.key_len, s.value_dim},
-                   in.type, Dims{vs[0], vs[1], vs[1], vs[2], vs[3]});
+                   in_type, Dims{vs[0], vs[1], vs[1], vs[2], vs[3]});
   plan.scores_md =
       memory::desc(QueryDims(s, e, s.key_len), f32, memory::format_tag::abcde);
-  plan.probabilities_md = memory::desc(QueryDims(s, e, s.key_len), in.type,
+  plan.probabilities_md = memory::desc(QueryDims(s, e, s.key_len), in_type,
                                        memory::format_tag::abcde);
   plan.output_md = memory::desc(QueryDims(s, e, s.value_dim), f32,
                                 GroupedStrides(p.output_strides, group));
@@ -82,10 +84,10 @@ SlabPlan MakeSlabPlan(const dnnl::engine& engine, const SdpaProblem& p,
   scale_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::primitive_attr context_attr;
   context_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const dnnl::matmul::primitive_desc scores_pd(
+  const dnnl::matmul::primitive_desc scores_pd = MakeMatmulPrimitiveDesc(
       dnnl::matmul::desc(plan.query_md, plan.key_t_md, plan.scores_md),
       scale_attr, engine);
-  const dnnl::matmul::primitive_desc context_pd(
+  const dnnl::matmul::primitive_desc context_pd = MakeMatmulPrimitiveDesc(
       dnnl::matmul::desc(plan.probabilities_md, plan.value_md, plan.output_md),
       context_attr, engine);
   plan.scores = dnnl::matmul(scores_pd);
@@ -106,8 +108,8 @@ std::string PlanKey(const SdpaProblem& p, const Operands& in,
   return absl::StrCat(
       e.batch_count, ",", e.kv_head_count, ":", s.heads, ",", s.kv_heads, ",",
       s.query_len, ",", s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
-      static_cast<int>(in.type), ":", absl::StrJoin(in.query_strides, ","), ":",
-      absl::StrJoin(in.key_strides, ","), ":",
+      static_cast<int>(in.input), ":", absl::StrJoin(in.query_strides, ","),
+      ":", absl::StrJoin(in.key_strides, ","), ":",
       absl::StrJoin(in.value_strides, ","), ":",
       absl::StrJoin(p.output_strides, ","), ":", scale_bits);
 }
@@ -125,9 +127,8 @@ SlabExtent FullSlabExtent(const AttentionShape& s, int64_t slab_budget_bytes,
   return {batches, s.kv_heads};
 }
 
-const void* Offset(const void* base, memory::data_type type, int64_t elements) {
-  const int64_t bytes = type == memory::data_type::bf16 ? 2 : 4;
-  return static_cast<const char*>(base) + elements * bytes;
+const void* Offset(const void* base, MatmulInput input, int64_t elements) {
+  return static_cast<const char*>(base) + elements * BytesOf(input);
 }
 
 void* Mutable(const void* data) { return const_cast<void*>(data); }
@@ -162,10 +163,12 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
   if (!group_bytes) return std::nullopt;
   const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
   int64_t total = *group_bytes * full.batch_count * full.kv_head_count;
-  if (precision == Precision::kBFloat16) {
-    // Packed bf16 copies of Q, K and V (products checked by the caller's shape
-    // validation).
-    total += 2 * (s.QueryElements() + s.KeyElements() + s.ValueElements());
+  const MatmulInput input = MatmulInputFor(precision);
+  if (input != MatmulInput::kF32) {
+    // Packed bf16-precision copies of Q, K and V (products checked by the
+    // caller's shape validation).
+    total += BytesOf(input) *
+             (s.QueryElements() + s.KeyElements() + s.ValueElements());
   }
   if (!packed) {
     total += 4 * (s.QueryElements() + s.KeyElements() + s.ValueElements() +
@@ -218,19 +221,20 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     return absl::OkStatus();
   }
   const Precision precision = p.options->precision;
-  const bool bf16 = precision == Precision::kBFloat16;
+  const MatmulInput input = MatmulInputFor(precision);
+  const bool bf16 = input == MatmulInput::kBf16;
   return CallDnnl("unfused attention", [&] {
     Bf16Buffer query_bf16, key_bf16, value_bf16;
-    Operands in{memory::data_type::f32, p.query, p.query_strides, p.key,
-                p.key_strides,          p.value, p.value_strides};
-    if (bf16) {
+    Operands in{MatmulInput::kF32, p.query, p.query_strides, p.key,
+                p.key_strides,     p.value, p.value_strides};
+    if (input != MatmulInput::kF32) {
       query_bf16 = Bf16Buffer::Pack(p.query, s.batch, s.heads, s.query_len,
-                                    s.key_dim, p.query_strides);
+                                    s.key_dim, p.query_strides, input);
       key_bf16 = Bf16Buffer::Pack(p.key, s.batch, s.kv_heads, s.key_len,
-                                  s.key_dim, p.key_strides);
+                                  s.key_dim, p.key_strides, input);
       value_bf16 = Bf16Buffer::Pack(p.value, s.batch, s.kv_heads, s.key_len,
-                                    s.value_dim, p.value_strides);
-      in = Operands{memory::data_type::bf16,
+                                    s.value_dim, p.value_strides, input);
+      in = Operands{input,
                     query_bf16.data(),
                     PackedStrides(s.heads, s.query_len, s.key_dim),
                     key_bf16.data(),
@@ -264,15 +268,15 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         const Strides4& qs = in.query_strides;
         const Strides4& ks = in.key_strides;
         const Strides4& vs = in.value_strides;
-        memory query_mem(
-            plan.query_md, engine,
-            Mutable(Offset(in.query, in.type, b * qs[0] + kv * group * qs[1])));
+        memory query_mem(plan.query_md, engine,
+                         Mutable(Offset(in.query, in.input,
+                                        b * qs[0] + kv * group * qs[1])));
         memory key_mem(
             plan.key_t_md, engine,
-            Mutable(Offset(in.key, in.type, b * ks[0] + kv * ks[1])));
+            Mutable(Offset(in.key, in.input, b * ks[0] + kv * ks[1])));
         memory value_mem(
             plan.value_md, engine,
-            Mutable(Offset(in.value, in.type, b * vs[0] + kv * vs[1])));
+            Mutable(Offset(in.value, in.input, b * vs[0] + kv * vs[1])));
         memory scores_mem(plan.scores_md, engine, scores.get());
         memory probabilities_mem(
             plan.probabilities_md, engine,
@@ -290,8 +294,8 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         SoftmaxScoreSlab(
             s, *p.options,
             ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count},
-            scores.get(), bf16 ? probabilities.data() : nullptr, p.weights,
-            p.lse);
+            scores.get(), input, bf16 ? probabilities.data() : nullptr,
+            p.weights, p.lse);
         plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
                                       {DNNL_ARG_WEIGHTS, value_mem},
                                       {DNNL_ARG_DST, output_mem},

@@ -1,5 +1,6 @@
 #include "core/crash_sweep.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,9 @@ namespace {
 [[noreturn]] void RunChild(int64_t first, int64_t count,
                            const std::function<absl::Status(int64_t)>& run_case,
                            int fd) {
+  // A case that crashes leaves no core file behind.
+  const rlimit no_core = {0, 0};
+  setrlimit(RLIMIT_CORE, &no_core);
   FILE* out = fdopen(fd, "w");
   if (out == nullptr) _exit(3);
   for (int64_t i = first; i < count; ++i) {

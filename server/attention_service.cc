@@ -11,6 +11,7 @@
 #include "attention_compute.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
+#include "grpc/support/time.h"
 #include "grpc_status.h"
 #include "metrics.h"
 #include "tensor_codec.h"
@@ -136,9 +137,19 @@ AttentionServiceImpl::AttentionServiceImpl(
 
 namespace {
 
+// Whether the call's deadline has passed, compared in gRPC's own time type:
+// ServerContextBase::deadline() converts to std::chrono::system_clock, whose
+// int64 nanoseconds end in 2262, and a later deadline (grpc-timeout 2200000H,
+// or any up to its 99999999H) overflows into the past. Such a deadline means
+// no deadline.
+bool DeadlinePassed(const grpc::ServerContextBase& context) {
+  const gpr_timespec deadline = context.raw_deadline();
+  return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
+}
+
 // Why a unary call's request never arrived.
 absl::Status NotReceived(const grpc::ServerContextBase& context) {
-  if (context.deadline() < std::chrono::system_clock::now()) {
+  if (DeadlinePassed(context)) {
     return absl::DeadlineExceededError(
         "the deadline passed before the request arrived");
   }
@@ -259,7 +270,7 @@ absl::Status AttentionServiceImpl::Dequeue(const Call& call,
   timing->set_queue_us(absl::ToInt64Microseconds(waited));
   // A passed deadline also cancels the call: it is checked first, so that the
   // metrics tell the two apart.
-  if (call.handler->context().deadline() < std::chrono::system_clock::now()) {
+  if (DeadlinePassed(call.handler->context())) {
     return absl::DeadlineExceededError(
         "the deadline passed before the compute started");
   }

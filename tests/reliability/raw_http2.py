@@ -1,0 +1,47 @@
+"""A raw HTTP/2 gRPC client (Debian's python3-h2) for the traffic gRPC's own clients cannot make:
+headers gRPC's clients never send (a grpc-timeout past year 2262), and later abusive patterns.
+
+    status, message = unary_call(port, "/attnserve.v1.AttentionService/Attend", request_bytes,
+                                 headers=[("grpc-timeout", "2200000H")])
+
+Loopback only: every connection goes to 127.0.0.1.
+"""
+import socket
+import struct
+
+import h2.config
+import h2.connection
+import h2.events
+
+
+def unary_call(port, path, message, headers=(), timeout_s=30.0):
+    """Sends one gRPC message on a new connection; returns (grpc-status int, grpc-message str)
+    from the trailers (or a trailers-only response). Raises TimeoutError past timeout_s."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    try:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                   (":authority", "localhost"),
+                                   ("content-type", "application/grpc"), ("te", "trailers"),
+                                   *headers])
+        conn.send_data(stream, b"\x00" + struct.pack(">I", len(message)) + message,
+                       end_stream=True)
+        sock.sendall(conn.data_to_send())
+        status, text = None, ""
+        while status is None:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the connection without trailers")
+            for event in conn.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    fields = {k.decode(): v.decode() for k, v in event.headers}
+                    if "grpc-status" in fields:
+                        status, text = int(fields["grpc-status"]), fields.get("grpc-message", "")
+                elif isinstance(event, h2.events.StreamReset):
+                    raise ConnectionError(f"the server reset the stream: {event.error_code}")
+            sock.sendall(conn.data_to_send())
+        return status, text
+    finally:
+        sock.close()

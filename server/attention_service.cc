@@ -403,6 +403,8 @@ void AttentionServiceImpl::ServeListWeights(
 void AttentionServiceImpl::ServeDeleteWeights(
     const Call& call, const v1::DeleteWeightsRequest& request,
     v1::DeleteWeightsResponse* response) {
+  const absl::Status valid = ValidateWeightsName("name", request.name());
+  if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<WeightsRegistry::Entry> entry =
       registry_->Delete(request.name());
   if (entry.ok()) {

@@ -2,8 +2,10 @@
 
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "attnserve/common/echo.h"
 #include "wire_messages.h"
 
 namespace attnserve {
@@ -14,17 +16,50 @@ using grpc::health::v1::HealthCheckResponse;
 
 constexpr char kService[] = "/grpc.health.v1.Health/";
 
-// Parses the request a read brought (`read` false: none came).
+// A service name, as gRPC names services ("package.Service"), of at most
+// kMaxEchoBytes; "" is the whole server.
+constexpr size_t kMaxServiceNameBytes = kMaxEchoBytes;
+// A request holding such a name, with room for its field tag and length.
+constexpr size_t kMaxRequestBytes = kMaxServiceNameBytes + 8;
+
+bool IsServiceName(absl::string_view name) {
+  if (name.size() > kMaxServiceNameBytes) return false;
+  for (char c : name) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Parses the request a read brought (`read` false: none came) and checks its
+// service name. The health service needs no token, so a request too large to
+// hold a service name is refused before it is parsed.
 grpc::Status ReadRequest(bool read, grpc::ByteBuffer* wire,
                          HealthCheckRequest* request) {
   if (!read) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "the call ended before its request arrived");
   }
+  if (wire->Length() > kMaxRequestBytes) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the request is ", wire->Length(),
+                     " bytes, expected at most ", kMaxRequestBytes,
+                     " (a service name of at most ", kMaxServiceNameBytes,
+                     " bytes)"));
+  }
   if (!ParseWire(wire, request).ok()) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         "the request is not a grpc.health.v1.HealthCheckRequest");
+  }
+  if (!IsServiceName(request->service())) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("service is ", EchoText(request->service()),
+                     ", expected at most ", kMaxServiceNameBytes,
+                     " characters of [A-Za-z0-9._-]"));
   }
   return grpc::Status::OK;
 }
@@ -57,8 +92,8 @@ class HealthService::CheckCall final : public ServerCall {
     if (response.status() == HealthCheckResponse::SERVICE_UNKNOWN) {
       return Finish(grpc::Status(
           grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("unknown service \"", request.service(),
-                       "\", expected \"\" (the server) or one of: ",
+          absl::StrCat("unknown service ", EchoText(request.service()),
+                       ", expected \"\" (the server) or one of: ",
                        absl::StrJoin(health_->services_, ", "))));
     }
     FinishWithMessage(Serialized(response), grpc::Status::OK);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/dtype.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 
@@ -65,7 +66,8 @@ std::string DTypeName(int dtype) {
 }
 
 std::string ShapeString(const v1::Tensor& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+  return EchoDims(
+      absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()));
 }
 
 std::string DimField(absl::string_view field, int dim,

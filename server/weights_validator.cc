@@ -3,6 +3,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "request_validator.h"
 #include "tensor_checks.h"
@@ -98,8 +99,8 @@ absl::Status ValidateWeightsName(const std::string& field,
   }
   if (valid) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(field, " is \"", name.substr(0, 160),
-                   "\", expected 1 to 128 characters of [A-Za-z0-9._-]"));
+      absl::StrCat(field, " is ", EchoText(name),
+                   ", expected 1 to 128 characters of [A-Za-z0-9._-]"));
 }
 
 }  // namespace attnserve

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -115,6 +116,40 @@ TEST_F(GrpcServicesTest, CheckOfAnUnknownServiceNamesTheKnownOnes) {
   EXPECT_NE(status.status().message().find("attnserve.v1.AttentionService"),
             absl::string_view::npos)
       << status.status();
+}
+
+// Health needs no token: a service name is checked, a request too large to
+// hold one is refused unparsed, and no answer quotes more than 256 bytes of it.
+TEST_F(GrpcServicesTest, HealthRefusesServiceNamesThatCannotBeOnes) {
+  struct Case {
+    std::string service;
+    const char* expected;
+  };
+  const Case cases[] = {{std::string(1 << 20, 'a'),
+                         "the request is 1048580 bytes, expected at most 264"},
+                        {std::string(257, 'b'), "service is \""},
+                        {"no/such service",
+                         "service is \"no/such service\", expected at most 256 "
+                         "characters of [A-Za-z0-9._-]"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.service.substr(0, 40));
+    const absl::Status check =
+        client_->CheckHealth(c.service, kTimeout).status();
+    EXPECT_EQ(check.code(), absl::StatusCode::kInvalidArgument) << check;
+    EXPECT_THAT(std::string(check.message()), ::testing::HasSubstr(c.expected));
+    EXPECT_LT(check.message().size(), 400u);
+
+    std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+    auto watch = Watch(c.service, context.get());
+    HealthCheckResponse response;
+    EXPECT_FALSE(watch->Read(&response));
+    const grpc::Status finished = watch->Finish();
+    EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(finished.error_message(), ::testing::HasSubstr(c.expected));
+  }
+  EXPECT_EQ(
+      client_->CheckHealth("", kTimeout).value_or(HealthCheckResponse::UNKNOWN),
+      HealthCheckResponse::SERVING);
 }
 
 TEST_F(GrpcServicesTest, ReflectionListsServicesAndServesDescriptors) {

@@ -89,6 +89,13 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kInvalidArgument,
        {"key.shape", "5 dimensions, expected 4"}},
+      {"AMillionDimensions",
+       [](v1::AttendRequest& r) {
+         r.mutable_query()->mutable_shape()->Resize(1'000'000, 1);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape is [2, 4, 5, 8, 1, 1, 1, 1, … 1000000 dimensions] with "
+        "1000000 dimensions, expected 4"}},
       {"ZeroDimension",
        [](v1::AttendRequest& r) { r.mutable_query()->set_shape(2, 0); },
        absl::StatusCode::kInvalidArgument,

@@ -427,6 +427,30 @@ TEST_F(WeightsRegistryTest, DeleteWeightsReturnsInfoThenNameIsNotFound) {
   EXPECT_THAT(std::string(again.message()), HasSubstr("'doomed'"));
 }
 
+// Names are checked before use, and echoed at most 256 bytes, cut on a UTF-8
+// character boundary.
+TEST_F(WeightsRegistryTest, DeleteWeightsChecksTheNameAndEchoesItBounded) {
+  const std::string huge(1 << 20, 'n');
+  const absl::Status status = client_->DeleteWeights(huge, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("…\" (1048576 bytes), expected 1 to 128 characters"));
+  EXPECT_LT(status.message().size(), 400u);
+
+  std::string accents = "a";
+  while (accents.size() < 600)
+    accents += "é";  // Two bytes each, at odd offsets.
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 8, /*cross=*/false);
+  request.set_weights_name(accents);
+  const absl::Status named =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(named.code(), absl::StatusCode::kInvalidArgument) << named;
+  const std::string message(named.message());
+  EXPECT_THAT(message, HasSubstr("éé…\" (" + std::to_string(accents.size()) +
+                                 " bytes)"));
+}
+
 TEST_F(WeightsRegistryTest, UnknownWeightsNameIsNotFoundNamingIt) {
   v1::MultiHeadAttentionRequest request =
       MakeRequest(kSelfShape, 8, /*cross=*/false);

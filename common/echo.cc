@@ -1,0 +1,27 @@
+#include "attnserve/common/echo.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attnserve {
+
+std::string EchoText(absl::string_view text) {
+  if (text.size() <= kMaxEchoBytes) return absl::StrCat("\"", text, "\"");
+  size_t cut = kMaxEchoBytes;
+  // Back up over UTF-8 continuation bytes (10xxxxxx) to a character's start.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  return absl::StrCat("\"", text.substr(0, cut), "…\" (", text.size(),
+                      " bytes)");
+}
+
+std::string EchoDims(absl::Span<const int64_t> dims, size_t max_dims) {
+  if (dims.size() <= max_dims) {
+    return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+  }
+  return absl::StrCat("[", absl::StrJoin(dims.subspan(0, max_dims), ", "),
+                      ", … ", dims.size(), " dimensions]");
+}
+
+}  // namespace attnserve

@@ -1,0 +1,31 @@
+// Client-supplied text in error messages, bounded: a hostile client must not
+// make the server build (and send back) a message as large as its request.
+//
+//   return absl::InvalidArgumentError(
+//       absl::StrCat("name is ", EchoText(name), ", expected ..."));
+#ifndef ATTNSERVE_COMMON_ECHO_H_
+#define ATTNSERVE_COMMON_ECHO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace attnserve {
+
+// The most bytes of client text an error message quotes.
+inline constexpr size_t kMaxEchoBytes = 256;
+
+// `text` in double quotes. Past kMaxEchoBytes it is cut on a UTF-8 character
+// boundary, and its length follows: "abc…" (70000 bytes).
+std::string EchoText(absl::string_view text);
+
+// "[1, 2, 3]"; past `max_dims` dimensions, the first ones and their count:
+// "[1, 2, 3, 4, 5, 6, 7, 8, … 5000000 dimensions]".
+std::string EchoDims(absl::Span<const int64_t> dims, size_t max_dims = 8);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_COMMON_ECHO_H_

@@ -1,0 +1,52 @@
+// EchoText and EchoDims: client text in error messages stays bounded, cut on a
+// UTF-8 character boundary, with its length said.
+#include "attnserve/common/echo.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+TEST(EchoTextTest, ShortTextIsQuotedWhole) {
+  EXPECT_EQ(EchoText("demo"), "\"demo\"");
+  EXPECT_EQ(EchoText(""), "\"\"");
+  EXPECT_EQ(EchoText(std::string(kMaxEchoBytes, 'a')),
+            "\"" + std::string(kMaxEchoBytes, 'a') + "\"");
+}
+
+TEST(EchoTextTest, LongTextIsCutAndItsLengthSaid) {
+  const std::string text(60 << 20, 'x');
+  EXPECT_EQ(EchoText(text),
+            "\"" + std::string(kMaxEchoBytes, 'x') + "…\" (62914560 bytes)");
+}
+
+TEST(EchoTextTest, CutFallsOnACharacterBoundary) {
+  // "é" is two bytes (C3 A9); the second one would be byte kMaxEchoBytes + 1.
+  for (size_t ascii : {kMaxEchoBytes - 1, kMaxEchoBytes - 2}) {
+    SCOPED_TRACE(ascii);
+    std::string text(ascii, 'a');
+    while (text.size() < 2 * kMaxEchoBytes) text += "é";
+    const std::string echoed = EchoText(text);
+    const std::string kept = echoed.substr(1, echoed.find("…") - 1);
+    EXPECT_LE(kept.size(), kMaxEchoBytes);
+    EXPECT_GE(kept.size(), kMaxEchoBytes - 1);
+    // Whole characters only: the kept bytes end after an "é", or in ASCII.
+    EXPECT_TRUE(kept.back() == 'a' || kept.substr(kept.size() - 2) == "é")
+        << echoed;
+    EXPECT_NE(echoed.find("(" + std::to_string(text.size()) + " bytes)"),
+              std::string::npos);
+  }
+}
+
+TEST(EchoDimsTest, FewDimsInFullManyCounted) {
+  EXPECT_EQ(EchoDims({1, 2, 3}), "[1, 2, 3]");
+  EXPECT_EQ(EchoDims({}), "[]");
+  const std::vector<int64_t> many(5'000'000, 7);
+  EXPECT_EQ(EchoDims(many), "[7, 7, 7, 7, 7, 7, 7, 7, … 5000000 dimensions]");
+}
+
+}  // namespace
+}  // namespace attnserve

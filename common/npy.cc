@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/files.h"
 #include "attnserve/common/status_macros.h"
 
 namespace attnserve {
@@ -293,37 +294,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes) {
 
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path,
                                      int64_t max_file_bytes) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { close(fd); }
-  } closer{fd};
-  struct stat info;
-  if (fstat(fd, &info) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": expected a regular .npy file"));
-  }
-  if (info.st_size > max_file_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path, " is ", info.st_size, " bytes, over the limit of ",
-                     max_file_bytes, " bytes"));
-  }
-  std::string bytes(static_cast<size_t>(info.st_size), '\0');
-  size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t count = read(fd, &bytes[filled], bytes.size() - filled);
-    if (count == 0) break;  // The file shrank; ParseNpy reports what is left.
-    if (count > 0) {
-      filled += static_cast<size_t>(count);
-    } else if (errno != EINTR) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("read ", path));
-    }
-  }
-  bytes.resize(filled);
+  ATTNSERVE_ASSIGN_OR_RETURN(const std::string bytes,
+                             ReadRegularFile(path, max_file_bytes));
   absl::StatusOr<NpyArray> array = ParseNpy(bytes);
   if (!array.ok()) {
     return absl::InvalidArgumentError(

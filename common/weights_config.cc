@@ -1,32 +1,45 @@
 #include "attnserve/common/weights_config.h"
 
-#include <fstream>
 #include <utility>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "attnserve/common/files.h"
 
 namespace attnserve {
+namespace {
+
+// A config.txt holds two short lines; anything much larger is not one.
+constexpr int64_t kMaxConfigBytes = 64 << 10;
+
+}  // namespace
 
 absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat(path, " is missing, expected num_heads=H"));
   }
+  if (!text.ok()) return text.status();
+  // Messages name the line, never its text: the file may not be what the
+  // operator meant to point at.
   WeightsConfig config;
-  std::string line;
-  while (std::getline(file, line)) {
-    const absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    const std::pair<std::string, std::string> entry =
-        absl::StrSplit(text, absl::MaxSplits('=', 1));
+  const std::vector<absl::string_view> lines = absl::StrSplit(*text, '\n');
+  for (size_t number = 1; number <= lines.size(); ++number) {
+    const absl::string_view line =
+        absl::StripAsciiWhitespace(lines[number - 1]);
+    if (line.empty() || line[0] == '#') continue;
+    const std::pair<absl::string_view, absl::string_view> entry =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
     int64_t value = 0;
     if (!absl::SimpleAtoi(entry.second, &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": '", text, "' is not key=integer"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": line ", number,
+          " is not key=integer, expected num_heads=H or num_kv_heads=Hkv"));
     }
     if (entry.first == "num_heads") {
       config.num_heads = value;
@@ -34,8 +47,9 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
       config.num_kv_heads = value;
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": unknown key '", entry.first,
-                       "', expected num_heads or num_kv_heads"));
+          absl::StrCat(path, ": line ", number,
+                       " has an unknown key, expected num_heads or "
+                       "num_kv_heads"));
     }
   }
   return config;

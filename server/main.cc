@@ -8,7 +8,6 @@
 // IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.
 #include <malloc.h>
 #include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -30,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server.h"
+#include "termination_signals.h"
 
 ABSL_FLAG(std::string, address, "0.0.0.0",
           "Address to listen on (IPv4, IPv6 or host name).");
@@ -154,24 +154,6 @@ std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
   return arguments;
 }
 
-// Blocks SIGINT and SIGTERM in this thread and every thread started after, so
-// that only WaitForTerminationSignal sees them.
-sigset_t BlockTerminationSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  return signals;
-}
-
-int WaitForTerminationSignal(const sigset_t& signals) {
-  int signal_number = 0;
-  while (sigwait(&signals, &signal_number) != 0) {
-  }
-  return signal_number;
-}
-
 absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   attnserve::ServerOptions options;
   options.address = absl::GetFlag(FLAGS_address);
@@ -270,7 +252,7 @@ int main(int argc, char** argv) {
   std::vector<char*> arguments =
       ArgumentsWithEnvironment(argc, argv, &environment);
   absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
-  const sigset_t signals = BlockTerminationSignals();
+  attnserve::TerminationSignals signals;
   // Debian builds Abseil without NDEBUG, so every absl::Mutex acquisition
   // feeds a global lock-order graph (about 1 % of a busy server's CPU, under a
   // global lock). The test suite keeps the check; the served binary does not.
@@ -288,12 +270,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  signals.Started();
   std::printf("%s\n", (*server)->Describe().c_str());
   std::printf("attnserve weights: %s\n",
               absl::StrJoin((*server)->startup_weights(), ", ").c_str());
   std::fflush(stdout);
 
-  const int signal_number = WaitForTerminationSignal(signals);
+  const int signal_number = signals.Wait();
   std::printf("attnserve: signal %d, draining\n", signal_number);
   std::fflush(stdout);
   (*server)->Shutdown();

@@ -3,15 +3,12 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -19,6 +16,7 @@
 #include "attnserve/common/status_macros.h"
 #include "call_gate.h"
 #include "call_loop.h"
+#include "credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "health_service.h"
 #include "metrics.h"
@@ -104,51 +102,6 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "max_weights_bytes is ", options.max_weights_bytes, ", expected >= 0"));
   }
   return absl::OkStatus();
-}
-
-// The whole of a small text file (certificates, keys, tokens).
-absl::StatusOr<std::string> ReadTextFile(const std::string& what,
-                                         const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
-    return absl::NotFoundError(
-        absl::StrCat(what, " file ", path, " cannot be read"));
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
-    const ServerOptions& options) {
-  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string cert,
-                             ReadTextFile("tls_cert", options.tls_cert_file));
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string key,
-                             ReadTextFile("tls_key", options.tls_key_file));
-  const bool mutual = !options.tls_client_ca_file.empty();
-  grpc::SslServerCredentialsOptions ssl(
-      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  if (mutual) {
-    ATTNSERVE_ASSIGN_OR_RETURN(
-        ssl.pem_root_certs,
-        ReadTextFile("tls_client_ca", options.tls_client_ca_file));
-  }
-  ssl.pem_key_cert_pairs.push_back({key, cert});
-  return grpc::SslServerCredentials(ssl);
-}
-
-absl::StatusOr<std::string> BearerToken(const ServerOptions& options) {
-  if (options.auth_token_file.empty()) return std::string();
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      std::string token, ReadTextFile("auth_token", options.auth_token_file));
-  token = std::string(absl::StripAsciiWhitespace(token));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth_token file ", options.auth_token_file, " is empty"));
-  }
-  return token;
 }
 
 SchedulerOptions SchedulingOf(const ServerOptions& options) {
@@ -264,7 +217,7 @@ class AttnServerImpl final : public AttnServer {
   absl::Status Listen(const ServerOptions& options) {
     ATTNSERVE_ASSIGN_OR_RETURN(
         std::shared_ptr<grpc::ServerCredentials> credentials,
-        Credentials(options));
+        ServerCredentialsFor(options));
     grpc::ServerBuilder builder;
     builder.AddListeningPort(HostPort(options.address, options.port),
                              credentials, &port_);
@@ -387,7 +340,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
   limits.max_workspace_bytes = options.max_workspace_bytes;
   limits.engine = engine.get();
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerToken(options));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
                                                  limits, std::move(token));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));

@@ -59,6 +59,62 @@ absl::StatusOr<v1::Tensor> NpyToTensor(NpyArray array,
   }
 }
 
+// OK if `path` is a folder or regular file, or a symbolic link that resolves to
+// one inside `root` (a canonical path): how Kubernetes mounts a volume, with
+// links through `..data`. A link out of the folder, or to anything else, fails
+// start-up naming the path, never what it points at.
+absl::Status CheckStaysInside(const std::filesystem::path& root,
+                              const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status link =
+      std::filesystem::symlink_status(path, error);
+  if (!error && link.type() != std::filesystem::file_type::symlink) {
+    if (std::filesystem::is_directory(link) ||
+        std::filesystem::is_regular_file(link)) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), " is not a folder or a regular file (--weights_dir)"));
+  }
+  const std::filesystem::path target = std::filesystem::canonical(path, error);
+  const std::string inside = root.string() + "/";
+  if (error || target.string().rfind(inside, 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     " is a symbolic link that does not resolve inside "
+                     "--weights_dir; expected folders and regular files"));
+  }
+  return CheckStaysInside(root, target);
+}
+
+// The folders of `directory`, skipping hidden entries (Kubernetes' ..data),
+// each checked with everything in it by CheckStaysInside.
+absl::StatusOr<std::vector<std::string>> WeightsFolders(
+    const std::string& directory) {
+  std::error_code error;
+  const std::filesystem::path root =
+      std::filesystem::canonical(directory, error);
+  std::vector<std::string> folders;
+  if (!error) {
+    for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+      if (entry.path().filename().string().rfind('.', 0) == 0) continue;
+      ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, entry.path()));
+      if (!entry.is_directory()) continue;
+      for (const auto& file :
+           std::filesystem::directory_iterator(entry.path(), error)) {
+        ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, file.path()));
+      }
+      folders.push_back(entry.path().string());
+    }
+  }
+  if (error) {
+    return absl::NotFoundError(absl::StrCat(
+        "--weights_dir ", directory, " cannot be read: ", error.message()));
+  }
+  std::sort(folders.begin(), folders.end());
+  return folders;
+}
+
 }  // namespace
 
 v1::PutWeightsRequest DemoWeights() {
@@ -106,17 +162,8 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
 absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
     const std::string& directory, int64_t max_file_bytes,
     WeightsRegistry& registry) {
-  std::error_code error;
-  std::vector<std::string> folders;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(directory, error)) {
-    if (entry.is_directory()) folders.push_back(entry.path().string());
-  }
-  if (error) {
-    return absl::NotFoundError(absl::StrCat(
-        "--weights_dir ", directory, " cannot be read: ", error.message()));
-  }
-  std::sort(folders.begin(), folders.end());
+  ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<std::string> folders,
+                             WeightsFolders(directory));
   std::vector<std::string> names;
   for (const std::string& folder : folders) {
     absl::StatusOr<v1::PutWeightsRequest> request =

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Start-up against files an operator (or an attacker with a foothold in a mounted volume) got
+# wrong: each must fail start-up within seconds with its own cause, never hang, never follow a
+# link out of --weights_dir, never print a file's content. Then the Kubernetes layout
+# (folders reached through ..data links inside the volume) must still load.
+#
+# usage: startup_files_test.sh ATTNSERVE
+set -euo pipefail
+
+attnserve=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+source "${here}/../attnserve_process_lib.sh"
+
+# expect_start_failure PATTERN FLAG...: attnserve with FLAGs must exit non-zero within 20 s,
+# printing PATTERN (a grep -E pattern) and never "root:" (the content of /etc/passwd).
+expect_start_failure() {
+  local pattern=$1 output status
+  shift
+  set +e
+  output=$(timeout 20 "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 "$@" 2>&1)
+  status=$?
+  set -e
+  [[ ${status} -ne 124 ]] || fail "attnserve $* hung in start-up: ${output}"
+  [[ ${status} -ne 0 ]] || fail "attnserve $* started: ${output}"
+  grep -qE -- "${pattern}" <<<"${output}" || fail "attnserve $* printed '${output}', expected '${pattern}'"
+  ! grep -q "root:" <<<"${output}" || fail "attnserve $* printed a file's content: ${output}"
+  echo "ok: $* -> ${output}"
+}
+
+# A weight set folder in the layout --weights_dir reads.
+make_weights() {
+  mkdir -p "$1"
+  echo "num_heads=2" >"$1/config.txt"
+  /usr/bin/python3 - "$1" <<'PYTHON'
+import sys, numpy
+for name in ("w_q", "w_k", "w_v", "w_o"):
+    numpy.save(f"{sys.argv[1]}/{name}.npy", numpy.full((8, 8), 0.1, dtype=numpy.float32))
+PYTHON
+}
+
+dir="${workdir}/fifo" && make_weights "${dir}/set" && rm "${dir}/set/w_q.npy" &&
+  mkfifo "${dir}/set/w_q.npy"
+expect_start_failure "w_q.npy is not a folder or a regular file" --weights_dir="${dir}"
+
+dir="${workdir}/passwd_link" && make_weights "${dir}/set" && rm "${dir}/set/config.txt" &&
+  ln -s /etc/passwd "${dir}/set/config.txt"
+expect_start_failure "config.txt is a symbolic link that does not resolve inside --weights_dir" \
+  --weights_dir="${dir}"
+
+dir="${workdir}/folder_link" && mkdir -p "${dir}" && make_weights "${workdir}/outside" &&
+  ln -s "${workdir}/outside" "${dir}/set"
+expect_start_failure "set is a symbolic link that does not resolve inside" --weights_dir="${dir}"
+
+dir="${workdir}/passwd_copy" && make_weights "${dir}/set" && head -3 /etc/passwd >"${dir}/set/config.txt"
+expect_start_failure "config.txt: line 1 is not key=integer" --weights_dir="${dir}"
+
+printf 'secret\nsecond line\n' >"${workdir}/token_two_lines"
+expect_start_failure "holds byte 0x0a at offset 6 of its token, expected one line of printable ASCII" \
+  --auth_token_file="${workdir}/token_two_lines"
+printf 'sec\x01ret\n' >"${workdir}/token_control"
+expect_start_failure "holds byte 0x01 at offset 3" --auth_token_file="${workdir}/token_control"
+mkfifo "${workdir}/token_fifo"
+expect_start_failure "token_fifo is a FIFO, expected a regular file" \
+  --auth_token_file="${workdir}/token_fifo"
+
+for name in a b; do
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=${name}" \
+    -keyout "${workdir}/${name}.key" -out "${workdir}/${name}.crt" 2>/dev/null
+done
+expect_start_failure "tls_key: .*b.key does not match the certificate in --tls_cert .*a.crt" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/b.key"
+expect_start_failure "tls_cert: .*a.key holds no PEM certificate" \
+  --tls_cert="${workdir}/a.key" --tls_key="${workdir}/a.key"
+expect_start_failure "tls_key: .*a.crt holds no unencrypted PEM private key" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.crt"
+expect_start_failure "tls_client_ca: .*a.key holds no PEM certificate" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" --tls_client_ca="${workdir}/a.key"
+
+# Kubernetes mounts a volume as ..<timestamp>/ with a ..data link to it and a link per entry.
+dir="${workdir}/k8s" && make_weights "${dir}/..2026_12_01/mounted" &&
+  ln -s ..2026_12_01 "${dir}/..data" && ln -s ..data/mounted "${dir}/mounted"
+printf 'token-1\n' >"${workdir}/token_ok"
+start_attnserve "${attnserve}" --weights_dir="${dir}" --auth_token_file="${workdir}/token_ok" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" --drain_grace_seconds=0
+grep -q "^attnserve weights: demo, mounted$" "${workdir}/server.log" ||
+  fail "the Kubernetes-style folder did not load: $(cat "${workdir}/server.log")"
+stop_attnserve
+echo "PASS"

@@ -1,0 +1,74 @@
+// TerminationSignals, each case in a child process (a signal is process-wide):
+// a signal during start-up ends the process at once with 128 + its number;
+// after Started, Wait returns it; without one, the destructor returns promptly.
+#include "termination_signals.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+// Runs `body` in a child and returns its wait status; fails the test if the
+// child is still running after 10 s.
+int RunInChild(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  int status = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (waitpid(child, &status, WNOHANG) == child) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  ADD_FAILURE() << "the child was still running after 10 s";
+  return status;
+}
+
+TEST(TerminationSignalsTest, SignalDuringStartUpEndsTheProcessAtOnce) {
+  for (int signal_number : {SIGTERM, SIGINT}) {
+    const int status = RunInChild([signal_number] {
+      TerminationSignals signals;
+      kill(getpid(), signal_number);
+      // Start-up that would go on for a minute.
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    });
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + signal_number);
+  }
+}
+
+TEST(TerminationSignalsTest, AfterStartedWaitReturnsTheSignal) {
+  const int status = RunInChild([] {
+    TerminationSignals signals;
+    signals.Started();
+    kill(getpid(), SIGINT);
+    return signals.Wait() == SIGINT ? 0 : 1;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(TerminationSignalsTest, WithoutASignalTheDestructorReturns) {
+  const int status = RunInChild([] {
+    { TerminationSignals signals; }
+    {
+      TerminationSignals started;
+      started.Started();
+    }
+    return 7;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+}  // namespace
+}  // namespace attnserve

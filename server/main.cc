@@ -77,6 +77,9 @@ ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
 ABSL_FLAG(
     int, metrics_port, 9464,
     "Port of the Prometheus /metrics endpoint (on --address); 0 turns it off.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Address of the /metrics endpoint; empty: --address. Scrapes need "
+          "no token: keep it on an internal address where that matters.");
 ABSL_FLAG(std::string, attention_kernel, "fused",
           "SDPA's path: \"fused\" (the tiled kernel, which never holds the "
           "Lq x Lk scores; requests asking for attention weights still take "
@@ -129,6 +132,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "attention_kernel",
                                       "portable_kernels",
                                       "metrics_port",
+                                      "metrics_address",
                                       "max_weights_bytes",
                                       "buffer_pool_bytes",
                                       "weights_dir",
@@ -189,6 +193,7 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }

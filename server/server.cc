@@ -122,6 +122,15 @@ int IoThreads(const ServerOptions& options, const RuntimeInfo& runtime) {
 }
 
 // "host:port", with an IPv6 literal in brackets.
+// Threads of the /metrics endpoint, and how long one waits for a request.
+constexpr int kMetricsThreads = 8;
+constexpr absl::Duration kMetricsRequestTimeout = absl::Seconds(5);
+
+const std::string& MetricsAddress(const ServerOptions& options) {
+  return options.metrics_address.empty() ? options.address
+                                         : options.metrics_address;
+}
+
 std::string HostPort(const std::string& host, int port) {
   return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
                                       : absl::StrCat(host, ":", port);
@@ -161,13 +170,21 @@ class AttnServerImpl final : public AttnServer {
   }
 
   // Serves /metrics, if asked.
+  // The /metrics endpoint (civetweb, a thread per connection): enough threads
+  // that idle or slow connections leave some for Prometheus, and a timeout
+  // that drops a connection whose request has not arrived (a connection held
+  // open without one used to take a thread for civetweb's default 30 s; two
+  // such took both and every scrape timed out).
   absl::Status ExposeMetrics(const ServerOptions& options) {
     service_.RecordWeightsHeld();
     if (!options.metrics_port) return absl::OkStatus();
     const std::string address =
-        HostPort(options.address, *options.metrics_port);
+        HostPort(MetricsAddress(options), *options.metrics_port);
     try {
-      exposer_ = std::make_unique<prometheus::Exposer>(address);
+      exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", address, "num_threads",
+          std::to_string(kMetricsThreads), "request_timeout_ms",
+          std::to_string(absl::ToInt64Milliseconds(kMetricsRequestTimeout))});
     } catch (const std::exception& error) {
       return absl::UnavailableError(absl::StrCat("could not serve metrics on ",
                                                  address, ": ", error.what()));
@@ -183,8 +200,11 @@ class AttnServerImpl final : public AttnServer {
     return absl::StrCat(
         "attnserve ", ATTNSERVE_VERSION, " listening on ",
         HostPort(options_.address, port_), ", metrics ",
-        metrics_port_ > 0 ? absl::StrCat("on :", metrics_port_, "/metrics")
-                          : "off",
+        metrics_port_ > 0
+            ? absl::StrCat("on ",
+                           HostPort(MetricsAddress(options_), metrics_port_),
+                           "/metrics")
+            : "off",
         "; ", engine_->runtime_info().Description(), ", ",
         options_.attention_kernel == AttentionKernel::kAuto ? "fused"
                                                             : "unfused",

@@ -49,6 +49,9 @@ struct ServerOptions {
   // (see AttnServer::metrics_port()); nullopt (the default here; the binary's
   // --metrics_port defaults to 9464) serves no metrics endpoint.
   std::optional<int> metrics_port;
+  // Address of the /metrics endpoint; "" (the default): `address`. A scrape
+  // needs no token, so a deployment may keep it on an internal interface.
+  std::string metrics_address;
   // Compute executors: worker threads, each running one batch at a time with
   // `threads` OpenMP threads (0: the cores divided among the executors).
   int executors = 1;

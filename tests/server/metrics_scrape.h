@@ -15,19 +15,31 @@
 
 namespace attnserve::testing {
 
-// GET http://127.0.0.1:port/metrics; the body, or "" on failure.
-inline std::string Scrape(int port) {
+// A TCP connection to host:port (IPv4), or -1.
+inline int ConnectTo(const char* host, int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, host, &address.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) !=
+      0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET http://host:port/metrics (host an IPv4 address); the body, or "" on
+// failure or after 10 s.
+inline std::string Scrape(int port, const char* host = "127.0.0.1") {
+  const int fd = ConnectTo(host, port);
+  if (fd < 0) return "";
   timeval timeout{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
-      0) {
+  {
     const std::string request =
         "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
     if (write(fd, request.data(), request.size()) ==

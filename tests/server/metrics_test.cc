@@ -1,7 +1,12 @@
 // /metrics scraped over HTTP after a known mix of calls: exact counters and
 // histogram counts.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +47,57 @@ class MetricsTest : public ::attnserve::testing::ServerFixture {
     StartServer(options);
   }
 };
+
+// Scrapes need no token, so anyone who reaches the port can hold connections
+// open: idle ones, and ones that stop half-way through a request. Prometheus
+// must still be answered (within Scrape's 10 s), and the held connections
+// dropped after the request timeout.
+TEST_F(MetricsTest, ScrapesAreAnsweredWhileConnectionsAreHeldOpen) {
+  std::vector<int> held;
+  for (int i = 0; i < 6; ++i) {
+    held.push_back(
+        ::attnserve::testing::ConnectTo("127.0.0.1", server_->metrics_port()));
+    ASSERT_GE(held.back(), 0);
+    if (i % 2 == 1) {
+      const char partial[] = "GET /metrics HTTP/1.1\r\nHost: a";
+      ASSERT_GT(write(held.back(), partial, sizeof(partial) - 1), 0);
+    }
+  }
+  for (int scrape = 0; scrape < 3; ++scrape) {
+    EXPECT_THAT(Scrape(server_->metrics_port()),
+                HasSubstr("attnserve_build_info"))
+        << "scrape " << scrape;
+  }
+  // The held connections are closed by the server after its request timeout
+  // (5 s): a read returns 0 (or an error), never blocks past 10 s.
+  for (int fd : held) {
+    timeval timeout{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    char byte;
+    const ssize_t n = read(fd, &byte, 1);
+    EXPECT_FALSE(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        << "a held connection was still open after 10 s";
+    close(fd);
+  }
+}
+
+using MetricsAddressTest = ::attnserve::testing::ServerFixture;
+
+TEST_F(MetricsAddressTest, MetricsServeOnTheirOwnAddress) {
+  ServerOptions options = DefaultOptions();  // gRPC on 127.0.0.1
+  options.metrics_port = 0;
+  options.metrics_address = "127.0.0.2";
+  StartServer(options);
+  EXPECT_THAT(Scrape(server_->metrics_port(), "127.0.0.2"),
+              HasSubstr("attnserve_build_info"));
+  const int fd =
+      ::attnserve::testing::ConnectTo("127.0.0.1", server_->metrics_port());
+  EXPECT_LT(fd, 0) << "metrics also answer on gRPC's address";
+  if (fd >= 0) close(fd);
+  EXPECT_THAT(server_->Describe(),
+              HasSubstr(absl::StrCat("metrics on 127.0.0.2:",
+                                     server_->metrics_port(), "/metrics")));
+}
 
 TEST_F(MetricsTest, ScrapeCountsAKnownMixOfCalls) {
   ASSERT_GT(server_->metrics_port(), 0);

@@ -170,10 +170,20 @@ class AttentionServiceImpl::WireCall final
   Response response;
 
  private:
-  void OnStart() override { StartRead(&wire_request_); }
+  // The gate is checked on the headers: a caller without the token, or one
+  // arriving while the server drains, is answered before any of its message
+  // is read, so its bytes are never buffered.
+  void OnStart() override {
+    const absl::Status admitted = service_->gate_->Admit(context());
+    if (!admitted.ok()) {
+      return service_->Serve(rpc_, this, nullptr, admitted, handler_);
+    }
+    StartRead(&wire_request_);
+  }
 
   void OnReadDone(bool ok) override {
-    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, handler_);
+    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, absl::OkStatus(),
+                    handler_);
   }
 
   void OnDone() override {
@@ -221,12 +231,13 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
 template <typename Request, typename Response>
 void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
                                  grpc::ByteBuffer* wire_request,
+                                 const absl::Status& admitted,
                                  Handler<Request, Response> serve) {
   metrics_->CallStarted(rpc,
                         wire_request == nullptr
                             ? 0
                             : static_cast<int64_t>(wire_request->Length()));
-  Call call{rpc, handler, absl::Now(), gate_->Admit(handler->context())};
+  Call call{rpc, handler, absl::Now(), admitted};
   if (call.admitted.ok() && wire_request == nullptr) {
     call.admitted = NotReceived(handler->context());
   }

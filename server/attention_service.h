@@ -81,11 +81,12 @@ class AttentionServiceImpl final {
                     Handler<Request, Response> handler);
 
   // Serves one unary call whose request has arrived (nullptr: the call ended
-  // before it did): parses it and hands a call that passed the gate and the
-  // parse to `handler`.
+  // before it did, or the gate refused it on its headers with `admitted`):
+  // parses it and hands a call that passed the gate and the parse to
+  // `handler`.
   template <typename Request, typename Response>
   void Serve(Rpc rpc, WireCall<Request, Response>* call,
-             grpc::ByteBuffer* wire_request,
+             grpc::ByteBuffer* wire_request, const absl::Status& admitted,
              Handler<Request, Response> handler);
 
   void ServeAttend(const Call& call, const v1::AttendRequest& request,

@@ -3,7 +3,7 @@ std::chrono::system_clock's nanoseconds; it must mean "no deadline" on Attend an
 MultiHeadAttention, never DEADLINE_EXCEEDED "the deadline passed before the compute started".
 gRPC's own clients cannot send such a header, so this uses raw_http2.
 
-usage: far_deadline_test.py PORT STUBS_DIR
+usage: far_deadline_test.py PORT STUBS_DIR (hostile_http2_test.sh runs it)
 """
 import os
 import struct

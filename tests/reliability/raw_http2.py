@@ -45,3 +45,49 @@ def unary_call(port, path, message, headers=(), timeout_s=30.0):
         return status, text
     finally:
         sock.close()
+
+
+def partial_messages(port, path, streams, declared_bytes, headers=(), timeout_s=30.0):
+    """Opens `streams` calls on one connection, each declaring a message of `declared_bytes`
+    and sending only what HTTP/2 flow control lets it before any answer, never the rest.
+    Returns the grpc-status of each stream's answer (None for a stream the server never
+    answered within timeout_s) and the bytes sent."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    try:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        ids, sent = [], 0
+        for _ in range(streams):
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                                       (":path", path), (":authority", "localhost"),
+                                       ("content-type", "application/grpc"),
+                                       ("te", "trailers"), *headers])
+            window = min(conn.local_flow_control_window(stream), 1 << 20)
+            prefix = b"\x00" + struct.pack(">I", declared_bytes)
+            body = prefix + b"\x00" * max(0, window - len(prefix))
+            frame = conn.max_outbound_frame_size
+            for start in range(0, window, frame):
+                conn.send_data(stream, body[start:min(start + frame, window)])
+            sent += window
+            ids.append(stream)
+        sock.sendall(conn.data_to_send())
+        statuses = {stream: None for stream in ids}
+        try:
+            while any(status is None for status in statuses.values()):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, (h2.events.ResponseReceived,
+                                          h2.events.TrailersReceived)):
+                        fields = {k.decode(): v.decode() for k, v in event.headers}
+                        if "grpc-status" in fields:
+                            statuses[event.stream_id] = int(fields["grpc-status"])
+                sock.sendall(conn.data_to_send())
+        except socket.timeout:
+            pass
+        return [statuses[stream] for stream in ids], sent
+    finally:
+        sock.close()

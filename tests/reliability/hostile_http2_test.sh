@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Traffic gRPC's own clients cannot make, through a raw HTTP/2 client (Debian's python3-h2,
+# raw_http2.py), against attnserve on a free loopback port:
+# - far_deadline_test.py: a grpc-timeout past year 2262 means no deadline;
+# - unauthenticated_partial_test.py (with a token configured): partial messages from a caller
+#   without the token are refused on their headers, never buffered.
+#
+# usage: hostile_http2_test.sh ATTNSERVE STUBS_DIR
+set -euo pipefail
+
+attnserve=$1
+stubs_dir=$2
+python=/usr/bin/python3  # Debian's, with python3-h2 and python3-protobuf.
+here=$(cd "$(dirname "$0")" && pwd)
+source "${here}/../attnserve_process_lib.sh"
+
+"${python}" -c "import h2, google.protobuf" ||
+  fail "${python} lacks h2 or protobuf: run scripts/install-deps"
+
+run() {
+  local status
+  set +e
+  timeout 120 "${python}" "$@"
+  status=$?
+  set -e
+  [[ ${status} -eq 0 ]] || fail "$(basename "$1") exited ${status}"
+  kill -0 "${server_pid}" 2>/dev/null || fail "attnserve died"
+}
+
+start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0
+run "${here}/far_deadline_test.py" "${port}" "${stubs_dir}"
+stop_attnserve
+
+printf 'the-token\n' >"${workdir}/token"
+start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
+  --auth_token_file="${workdir}/token"
+run "${here}/unauthenticated_partial_test.py" "${port}" "${server_pid}"
+stop_attnserve
+echo "PASS"

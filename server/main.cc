@@ -63,6 +63,13 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "How long the first request of a possible batch waits for partners, "
           "in µs; 0 "
           "batches only what is already queued (no added latency).");
+ABSL_FLAG(int, max_concurrent_streams, 256,
+          "HTTP/2 streams one connection may have open at once (advertised "
+          "in SETTINGS); a client past it waits for one to end.");
+ABSL_FLAG(bool, accept_compressed_requests, false,
+          "Take requests compressed with gzip or deflate. Off: they get "
+          "UNIMPLEMENTED unread. gRPC 1.51 inflates a whole message before "
+          "applying --max_message_bytes: only for trusted clients.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_elements, int64_t{1} << 28,
@@ -133,6 +140,8 @@ constexpr const char* kFlagNames[] = {"address",
                                       "portable_kernels",
                                       "metrics_port",
                                       "metrics_address",
+                                      "max_concurrent_streams",
+                                      "accept_compressed_requests",
                                       "max_weights_bytes",
                                       "buffer_pool_bytes",
                                       "weights_dir",
@@ -171,6 +180,9 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   options.max_queue_delay =
       absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.accept_compressed_requests =
+      absl::GetFlag(FLAGS_accept_compressed_requests);
   options.max_elements = absl::GetFlag(FLAGS_max_elements);
   options.max_request_memory_bytes =
       absl::GetFlag(FLAGS_max_request_memory_bytes);

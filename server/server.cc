@@ -41,6 +41,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("port is ", options.port, ", expected 0 to 65535"));
   }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_streams is ",
+                     options.max_concurrent_streams, ", expected >= 1"));
+  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("threads is ", options.threads, ", expected >= 0"));
@@ -214,6 +219,9 @@ class AttnServerImpl final : public AttnServer {
         " buffer_pool_bytes=", options_.buffer_pool_bytes,
         " max_elements=", options_.max_elements,
         " max_request_memory_bytes=", options_.max_request_memory_bytes,
+        " max_concurrent_streams=", options_.max_concurrent_streams,
+        " compressed_requests=",
+        options_.accept_compressed_requests ? "on" : "off",
         "; io_threads=", io_threads_,
         " io_spin=", absl::FormatDuration(options_.io_spin),
         " executors=", options_.executors, " max_queue=", options_.max_queue,
@@ -246,6 +254,14 @@ class AttnServerImpl final : public AttnServer {
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.SetMaxReceiveMessageSize(
         static_cast<int>(options.max_message_bytes));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_concurrent_streams);
+    if (!options.accept_compressed_requests) {
+      // Identity only: a compressed request is refused unread.
+      builder.AddChannelArgument(
+          GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+          1 << GRPC_COMPRESS_NONE);
+    }
     builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
     service_.AddTo(loop_);
     health_.AddTo(loop_);

@@ -70,6 +70,16 @@ struct ServerOptions {
   absl::Duration io_spin = absl::Microseconds(200);
   // Requests waiting for an executor; past it new ones get RESOURCE_EXHAUSTED.
   int max_queue = 1024;
+  // HTTP/2 streams one connection may have open at once (SETTINGS
+  // MAX_CONCURRENT_STREAMS; gRPC 1.51 advertises no limit by default). A
+  // client past it waits for a stream to end.
+  int max_concurrent_streams = 256;
+  // Whether requests compressed with gzip or deflate are taken. Off: they get
+  // UNIMPLEMENTED before anything is inflated. gRPC 1.51 inflates a whole
+  // message before it applies max_message_bytes, so a small compressed
+  // request can make the server allocate far more; turn this on only for
+  // trusted clients.
+  bool accept_compressed_requests = false;
   // Dynamic batching: Attend requests alike but for B run together, up to
   // max_batch of them; the first waits up to max_queue_delay for partners (0:
   // takes what is already queued).

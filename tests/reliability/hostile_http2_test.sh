@@ -3,7 +3,9 @@
 # raw_http2.py), against attnserve on a free loopback port:
 # - far_deadline_test.py: a grpc-timeout past year 2262 means no deadline;
 # - unauthenticated_partial_test.py (with a token configured): partial messages from a caller
-#   without the token are refused on their headers, never buffered.
+#   without the token are refused on their headers, never buffered;
+# - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
+#   compressed requests refused unread.
 #
 # usage: hostile_http2_test.sh ATTNSERVE STUBS_DIR
 set -euo pipefail
@@ -29,6 +31,10 @@ run() {
 
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0
 run "${here}/far_deadline_test.py" "${port}" "${stubs_dir}"
+run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 256
+stop_attnserve
+start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --max_concurrent_streams=7
+run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7
 stop_attnserve
 
 printf 'the-token\n' >"${workdir}/token"

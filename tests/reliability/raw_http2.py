@@ -12,10 +12,12 @@ import struct
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 
 
-def unary_call(port, path, message, headers=(), timeout_s=30.0):
-    """Sends one gRPC message on a new connection; returns (grpc-status int, grpc-message str)
+def unary_call(port, path, message, headers=(), timeout_s=30.0, compressed=False):
+    """Sends one gRPC message on a new connection (with the compressed flag set if
+    `compressed`: the caller sends grpc-encoding); returns (grpc-status int, grpc-message str)
     from the trailers (or a trailers-only response). Raises TimeoutError past timeout_s."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
     try:
@@ -26,8 +28,11 @@ def unary_call(port, path, message, headers=(), timeout_s=30.0):
                                    (":authority", "localhost"),
                                    ("content-type", "application/grpc"), ("te", "trailers"),
                                    *headers])
-        conn.send_data(stream, b"\x00" + struct.pack(">I", len(message)) + message,
-                       end_stream=True)
+        framed = (b"\x01" if compressed else b"\x00") + struct.pack(">I", len(message)) + message
+        frame = conn.max_outbound_frame_size
+        for start in range(0, len(framed), frame):
+            conn.send_data(stream, framed[start:start + frame],
+                           end_stream=start + frame >= len(framed))
         sock.sendall(conn.data_to_send())
         status, text = None, ""
         while status is None:
@@ -89,5 +94,26 @@ def partial_messages(port, path, streams, declared_bytes, headers=(), timeout_s=
         except socket.timeout:
             pass
         return [statuses[stream] for stream in ids], sent
+    finally:
+        sock.close()
+
+
+def server_max_concurrent_streams(port, timeout_s=10.0):
+    """The SETTINGS_MAX_CONCURRENT_STREAMS the server advertises (None: no limit)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    try:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the connection before its SETTINGS")
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RemoteSettingsChanged):
+                    setting = event.changed_settings.get(
+                        h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
+                    return None if setting is None else setting.new_value
+            sock.sendall(conn.data_to_send())
     finally:
         sock.close()

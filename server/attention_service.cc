@@ -133,7 +133,8 @@ AttentionServiceImpl::AttentionServiceImpl(
       registry_(registry),
       gate_(gate),
       limits_(limits),
-      pool_(std::move(pool)) {}
+      pool_(std::move(pool)),
+      watchdog_(limits_.message_timeout) {}
 
 namespace {
 
@@ -178,10 +179,12 @@ class AttentionServiceImpl::WireCall final
     if (!admitted.ok()) {
       return service_->Serve(rpc_, this, nullptr, admitted, handler_);
     }
+    ticket_ = service_->watchdog_.Watch(&context());
     StartRead(&wire_request_);
   }
 
   void OnReadDone(bool ok) override {
+    service_->watchdog_.Unwatch(ticket_);
     service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, absl::OkStatus(),
                     handler_);
   }
@@ -195,6 +198,7 @@ class AttentionServiceImpl::WireCall final
   const Rpc rpc_;
   const Handler<Request, Response> handler_;
   grpc::ByteBuffer wire_request_;
+  ReadWatchdog::Ticket ticket_ = 0;
 };
 
 template <typename Request, typename Response>

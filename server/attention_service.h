@@ -11,6 +11,7 @@
 #include "call_gate.h"
 #include "call_loop.h"
 #include "metrics.h"
+#include "read_watchdog.h"
 #include "request_validator.h"
 #include "scheduler.h"
 #include "weights_registry.h"
@@ -131,6 +132,8 @@ class AttentionServiceImpl final {
   const RequestLimits limits_;
   // Where requests' and responses' tensor bytes are kept between calls.
   const std::shared_ptr<BytesPool> pool_;
+  // Cancels unary calls whose request stops arriving.
+  ReadWatchdog watchdog_;
 };
 
 // Validates, converts and registers `request` (shared by PutWeights and the

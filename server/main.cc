@@ -66,6 +66,10 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
 ABSL_FLAG(int, max_concurrent_streams, 256,
           "HTTP/2 streams one connection may have open at once (advertised "
           "in SETTINGS); a client past it waits for one to end.");
+ABSL_FLAG(double, message_timeout_seconds, 30,
+          "How long a request may take to arrive after its call starts; past "
+          "it the call is cancelled (a client that stops sending holds no "
+          "memory).");
 ABSL_FLAG(bool, accept_compressed_requests, false,
           "Take requests compressed with gzip or deflate. Off: they get "
           "UNIMPLEMENTED unread. gRPC 1.51 inflates a whole message before "
@@ -142,6 +146,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "metrics_address",
                                       "max_concurrent_streams",
                                       "accept_compressed_requests",
+                                      "message_timeout_seconds",
                                       "max_weights_bytes",
                                       "buffer_pool_bytes",
                                       "weights_dir",
@@ -181,6 +186,8 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
       absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.message_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
   options.accept_compressed_requests =
       absl::GetFlag(FLAGS_accept_compressed_requests);
   options.max_elements = absl::GetFlag(FLAGS_max_elements);

@@ -31,6 +31,9 @@ struct RequestLimits {
   // request whose scratch would exceed it is refused here rather than after
   // queueing.
   int64_t max_workspace_bytes = int64_t{1} << 30;
+  // How long a unary call's request may take to arrive after its headers;
+  // past it the call is cancelled and what was buffered of it dropped.
+  absl::Duration message_timeout = absl::Seconds(30);
   // The engine that will compute, which knows its own scratch needs (they
   // depend on its kernel and thread count). Null: validation alone, the
   // scratch is estimated as the unfused path's.

@@ -41,6 +41,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("port is ", options.port, ", expected 0 to 65535"));
   }
+  if (options.message_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message_timeout is ", absl::FormatDuration(options.message_timeout),
+        ", expected > 0"));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams is ",
@@ -375,6 +380,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_elements = options.max_elements;
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
   limits.max_workspace_bytes = options.max_workspace_bytes;
+  limits.message_timeout = options.message_timeout;
   limits.engine = engine.get();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,

@@ -80,6 +80,10 @@ struct ServerOptions {
   // request can make the server allocate far more; turn this on only for
   // trusted clients.
   bool accept_compressed_requests = false;
+  // How long a unary call's request may take to arrive after its headers;
+  // past it the call is cancelled, so a client that stops sending cannot make
+  // the server hold a partial message.
+  absl::Duration message_timeout = absl::Seconds(30);
   // Dynamic batching: Attend requests alike but for B run together, up to
   // max_batch of them; the first waits up to max_queue_delay for partners (0:
   // takes what is already queued).

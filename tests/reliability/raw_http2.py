@@ -55,8 +55,8 @@ def unary_call(port, path, message, headers=(), timeout_s=30.0, compressed=False
 def partial_messages(port, path, streams, declared_bytes, headers=(), timeout_s=30.0):
     """Opens `streams` calls on one connection, each declaring a message of `declared_bytes`
     and sending only what HTTP/2 flow control lets it before any answer, never the rest.
-    Returns the grpc-status of each stream's answer (None for a stream the server never
-    answered within timeout_s) and the bytes sent."""
+    Returns the grpc-status of each stream's answer ("reset" for a stream the server reset,
+    None for one it never answered within timeout_s) and the bytes sent."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
     try:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -90,6 +90,9 @@ def partial_messages(port, path, streams, declared_bytes, headers=(), timeout_s=
                         fields = {k.decode(): v.decode() for k, v in event.headers}
                         if "grpc-status" in fields:
                             statuses[event.stream_id] = int(fields["grpc-status"])
+                    elif (isinstance(event, h2.events.StreamReset)
+                          and statuses.get(event.stream_id) is None):
+                        statuses[event.stream_id] = "reset"
                 sock.sendall(conn.data_to_send())
         except socket.timeout:
             pass

@@ -54,8 +54,9 @@ void RoundToBf16Values(float* values, int64_t n);
 
 // Whether MakeMatmulPrimitiveDesc keeps a bf16 matmul whose source is [..., m,
 // k] and destination [..., m, n] off oneDNN 2.6's AMX kernel: every k that is
-// not a multiple of 32 (one AMX tile row holds 32 bf16 values), a class that
-// contains every crash seen (docs/reliability.md).
+// not a multiple of 32. The kernel blocks k by 32; without a k tail it never
+// runs the k-tail step whose tile configuration 2.6.3 leaves stale (SIGILL, or
+// silently wrong results), whatever the thread count (docs/reliability.md).
 bool AvoidsAmxBf16Matmul(int64_t m, int64_t k, int64_t n);
 
 // The implementation name of oneDNN 2.6's AMX bf16 matmul.

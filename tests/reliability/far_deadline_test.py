@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[2])
 from attnserve.v1 import attention_pb2  # noqa: E402
-from raw_http2 import unary_call  # noqa: E402
+from raw_http2 import exit_with, unary_call  # noqa: E402
 
 SERVICE = "/attnserve.v1.AttentionService/"
 
@@ -51,10 +51,7 @@ def main():
             print(f"{rpc} grpc-timeout {timeout}: status {status} {text}")
             if status != 0:
                 failures.append(f"{rpc} with grpc-timeout {timeout}: {status} {text}")
-    if failures:
-        print("FAIL:\n  " + "\n  ".join(failures))
-        sys.exit(1)
-    print("PASS")
+    exit_with(failures)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Loopback only: every connection goes to 127.0.0.1.
 """
 import socket
 import struct
+import sys
 
 import h2.config
 import h2.connection
@@ -120,3 +121,20 @@ def server_max_concurrent_streams(port, timeout_s=10.0):
             sock.sendall(conn.data_to_send())
     finally:
         sock.close()
+
+
+def rss_bytes(pid):
+    """The resident set size of process `pid` (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def exit_with(failures):
+    """Prints PASS and returns if `failures` is empty; else prints them and exits 1."""
+    if failures:
+        print("FAIL:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("PASS")

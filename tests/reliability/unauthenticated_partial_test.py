@@ -9,17 +9,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from raw_http2 import partial_messages  # noqa: E402
+from raw_http2 import partial_messages, rss_bytes  # noqa: E402
 
 UNAUTHENTICATED = 16
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main():

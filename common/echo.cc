@@ -1,9 +1,20 @@
 #include "attnserve/common/echo.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace attnserve {
+
+bool IsPlainName(absl::string_view name, size_t max_bytes) {
+  if (name.size() > max_bytes) return false;
+  for (char c : name) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
 
 std::string EchoText(absl::string_view text) {
   if (text.size() <= kMaxEchoBytes) return absl::StrCat("\"", text, "\"");

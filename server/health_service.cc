@@ -2,7 +2,6 @@
 
 #include <memory>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/echo.h"
@@ -21,16 +20,6 @@ constexpr char kService[] = "/grpc.health.v1.Health/";
 constexpr size_t kMaxServiceNameBytes = kMaxEchoBytes;
 // A request holding such a name, with room for its field tag and length.
 constexpr size_t kMaxRequestBytes = kMaxServiceNameBytes + 8;
-
-bool IsServiceName(absl::string_view name) {
-  if (name.size() > kMaxServiceNameBytes) return false;
-  for (char c : name) {
-    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Parses the request a read brought (`read` false: none came) and checks its
 // service name. The health service needs no token, so a request too large to
@@ -54,7 +43,7 @@ grpc::Status ReadRequest(bool read, grpc::ByteBuffer* wire,
         grpc::StatusCode::INVALID_ARGUMENT,
         "the request is not a grpc.health.v1.HealthCheckRequest");
   }
-  if (!IsServiceName(request->service())) {
+  if (!IsPlainName(request->service(), kMaxServiceNameBytes)) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("service is ", EchoText(request->service()),

@@ -131,7 +131,6 @@ int IoThreads(const ServerOptions& options, const RuntimeInfo& runtime) {
   return std::clamp(runtime.threads * options.executors / 8, 1, 8);
 }
 
-// "host:port", with an IPv6 literal in brackets.
 // Threads of the /metrics endpoint, and how long one waits for a request.
 constexpr int kMetricsThreads = 8;
 constexpr absl::Duration kMetricsRequestTimeout = absl::Seconds(5);
@@ -141,6 +140,7 @@ const std::string& MetricsAddress(const ServerOptions& options) {
                                          : options.metrics_address;
 }
 
+// "host:port", with an IPv6 literal in brackets.
 std::string HostPort(const std::string& host, int port) {
   return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
                                       : absl::StrCat(host, ":", port);

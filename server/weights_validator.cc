@@ -1,6 +1,5 @@
 // The ProjectionWeights and weights-name checks declared in
 // request_validator.h.
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/echo.h"
@@ -92,12 +91,7 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
 
 absl::Status ValidateWeightsName(const std::string& field,
                                  const std::string& name) {
-  bool valid = !name.empty() && name.size() <= 128;
-  for (char c : name) {
-    valid =
-        valid && (absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-');
-  }
-  if (valid) return absl::OkStatus();
+  if (!name.empty() && IsPlainName(name, 128)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(field, " is ", EchoText(name),
                    ", expected 1 to 128 characters of [A-Za-z0-9._-]"));

@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
-#include "attnserve/common/dtype.h"
 #include "attnserve/common/status_macros.h"
 #include "internal/dnnl_status.h"
 #include "internal/matmul.h"
@@ -67,11 +66,14 @@ struct Geometry {
   int64_t splits;     // key chunks per tile (1: no split)
   int64_t chunk;      // key blocks per chunk
   bool small;         // own vector code instead of oneDNN matmuls
-  bool bf16;          // BF16 precision
-  MatmulInput input;  // what the oneDNN tile matmuls read
-  // Whether the tiles read bf16 values from packed keys and values and query
-  // rows (as bf16, or as f32 on a CPU without a bf16 matmul).
-  bool Bf16Tiles() const { return bf16 && !small; }
+  MatmulInput input;  // what matmuls read at this precision on this CPU
+
+  bool Bf16() const { return input != MatmulInput::kF32; }  // BF16 precision
+  // Whether the oneDNN tiles read bf16 values (packed keys and values, query
+  // rows, probabilities): as bf16, or as f32 on a CPU without a bf16 matmul.
+  bool Bf16Tiles() const { return Bf16() && !small; }
+  // Whether they read them as bf16, through oneDNN's bf16 matmul.
+  bool NativeBf16Tiles() const { return !small && input == MatmulInput::kBf16; }
 };
 
 Geometry MakeGeometry(const AttentionShape& s, Precision precision,
@@ -91,7 +93,6 @@ Geometry MakeGeometry(const AttentionShape& s, Precision precision,
   g.chunk = CeilDiv(g.k_blocks, g.splits);
   g.splits = CeilDiv(g.k_blocks, g.chunk);
   g.small = g.rows < kSmallRows;
-  g.bf16 = precision == Precision::kBFloat16;
   g.input = MatmulInputFor(precision);
   return g;
 }
@@ -119,8 +120,7 @@ ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
   };
   t.query = take(g.rows * s.key_dim * 4);
   t.scores = take(g.rows * g.k_block * 4);
-  t.probabilities =
-      take(g.input == MatmulInput::kBf16 ? g.rows * g.k_block * 2 : 0);
+  t.probabilities = take(g.NativeBf16Tiles() ? g.rows * g.k_block * 2 : 0);
   t.output = take(g.rows * s.value_dim * 4);
   t.states = take(g.rows * static_cast<int64_t>(sizeof(RowState)));
   t.ends = take(g.q_block * 8);
@@ -304,7 +304,6 @@ class FusedRun {
       }
       return;
     }
-    const bool as_bf16 = g_.input == MatmulInput::kBf16;
     uint16_t* packed = reinterpret_cast<uint16_t*>(out);
     float* rounded = reinterpret_cast<float*>(out);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -313,11 +312,10 @@ class FusedRun {
         for (int64_t j = 0; j < s_.key_len; ++j) {
           const float* row = of(p_, b) + h * strides[1] + j * strides[2];
           const int64_t at = b * entry + (h * s_.key_len + j) * dim;
-          if (as_bf16) {
+          if (g_.NativeBf16Tiles()) {
             kernels_.to_bf16(row, dim, packed + at);
           } else {
-            std::copy(row, row + dim, rounded + at);
-            RoundToBf16Values(rounded + at, dim);
+            RoundToBf16Values(row, dim, rounded + at);
           }
         }
       }
@@ -506,15 +504,12 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
   for (int64_t r = 0; r < m; ++r) {
     const int64_t h = kv_head * g_.group + r / qn;
     const float* row = QueryOf(p_, b) + h * qs[1] + (q0 + r % qn) * qs[2];
-    if (g_.Bf16Tiles() && g_.input == MatmulInput::kBf16) {
+    if (g_.NativeBf16Tiles()) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
-    } else if (g_.bf16) {
+    } else if (g_.Bf16()) {
       // Decode tiles, and the f32 matmuls of a CPU without bf16 ones, read
       // f32 rows holding bf16 values.
-      float* out = query_f32 + r * s_.key_dim;
-      for (int64_t d = 0; d < s_.key_dim; ++d) {
-        out[d] = BFloat16ToFloat32(Float32ToBFloat16(row[d]));
-      }
+      RoundToBf16Values(row, s_.key_dim, query_f32 + r * s_.key_dim);
     } else {
       std::memcpy(query_f32 + r * s_.key_dim, row,
                   static_cast<size_t>(s_.key_dim) * 4);
@@ -542,7 +537,7 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     const char* value_block = value_rows + k0 * s_.value_dim * element;
 
     if (g_.small) {
-      if (g_.bf16) {
+      if (g_.Bf16()) {
         kernels_.small_scores_bf16(query_f32, m, s_.key_dim,
                                    reinterpret_cast<const float*>(key_block), n,
                                    scores, n);
@@ -588,13 +583,11 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
         }
       }
       float* row_scores = scores + r * n;
-      const bool bf16_probabilities =
-          g_.Bf16Tiles() && g_.input == MatmulInput::kBf16;
       const float alpha = kernels_.softmax_block(
           row_scores, n, visible, p_.scale, row_mask, &states[r],
-          bf16_probabilities ? probabilities + r * n : nullptr);
-      if (g_.Bf16Tiles() && g_.input == MatmulInput::kRoundedF32) {
-        RoundToBf16Values(row_scores, n);
+          g_.NativeBf16Tiles() ? probabilities + r * n : nullptr);
+      if (g_.Bf16Tiles() && !g_.NativeBf16Tiles()) {
+        RoundToBf16Values(row_scores, n, row_scores);
       }
       if (alpha != 1.0f) {
         float* out = output + r * s_.value_dim;
@@ -603,7 +596,7 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
     }
 
     if (g_.small) {
-      if (g_.bf16) {
+      if (g_.Bf16()) {
         kernels_.small_accumulate_bf16(
             scores, n, m, n, reinterpret_cast<const float*>(value_block),
             s_.value_dim, output);
@@ -614,10 +607,9 @@ dnnl_status_t FusedRun::RunTile(int64_t tile, int64_t split,
       }
     } else {
       TileBinding& binding = context.bindings[mi][ni];
-      dnnl_memory_set_data_handle(binding.probabilities.get(),
-                                  g_.input == MatmulInput::kBf16
-                                      ? static_cast<void*>(probabilities)
-                                      : scores);
+      dnnl_memory_set_data_handle(
+          binding.probabilities.get(),
+          g_.NativeBf16Tiles() ? static_cast<void*>(probabilities) : scores);
       dnnl_memory_set_data_handle(binding.value.get(),
                                   const_cast<char*>(value_block));
       dnnl_memory_set_data_handle(binding.output.get(), output);

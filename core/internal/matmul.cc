@@ -56,9 +56,9 @@ int64_t BytesOf(MatmulInput input) {
   return input == MatmulInput::kBf16 ? 2 : 4;
 }
 
-void RoundToBf16Values(float* values, int64_t n) {
+void RoundToBf16Values(const float* source, int64_t n, float* destination) {
   for (int64_t i = 0; i < n; ++i) {
-    values[i] = BFloat16ToFloat32(Float32ToBFloat16(values[i]));
+    destination[i] = BFloat16ToFloat32(Float32ToBFloat16(source[i]));
   }
 }
 

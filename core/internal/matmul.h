@@ -49,8 +49,9 @@ MatmulInput MatmulInputFor(Precision precision);
 dnnl::memory::data_type DataTypeOf(MatmulInput input);
 int64_t BytesOf(MatmulInput input);
 
-// Rounds `n` f32 values to the nearest bf16 value (ties to even), in place.
-void RoundToBf16Values(float* values, int64_t n);
+// Writes `n` f32 values from `source` to `destination` rounded to the nearest
+// bf16 value (ties to even); the two may be the same array.
+void RoundToBf16Values(const float* source, int64_t n, float* destination);
 
 // Whether MakeMatmulPrimitiveDesc keeps a bf16 matmul whose source is [..., m,
 // k] and destination [..., m, n] off oneDNN 2.6's AMX kernel: every k that is

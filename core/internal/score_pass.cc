@@ -115,7 +115,7 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
           uint16_t* out = probabilities_bf16 + slab_row * lk;
           for (int64_t j = 0; j < lk; ++j) out[j] = Float32ToBFloat16(row[j]);
         } else if (input == MatmulInput::kRoundedF32) {
-          RoundToBf16Values(row, lk);
+          RoundToBf16Values(row, lk, row);
         }
       }
     }

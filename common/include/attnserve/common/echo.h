@@ -1,5 +1,6 @@
-// Client-supplied text in error messages, bounded: a hostile client must not
-// make the server build (and send back) a message as large as its request.
+// Client-supplied names and text: names checked against one character set, and
+// text quoted in error messages bounded, so that a hostile client cannot make
+// the server build (and send back) a message as large as its request.
 //
 //   return absl::InvalidArgumentError(
 //       absl::StrCat("name is ", EchoText(name), ", expected ..."));
@@ -17,6 +18,11 @@ namespace attnserve {
 
 // The most bytes of client text an error message quotes.
 inline constexpr size_t kMaxEchoBytes = 256;
+
+// Whether `name` is at most `max_bytes` characters of [A-Za-z0-9._-] (the
+// characters of weight-set and gRPC service names). Empty is a name here;
+// callers that need one check that apart.
+bool IsPlainName(absl::string_view name, size_t max_bytes);
 
 // `text` in double quotes. Past kMaxEchoBytes it is cut on a UTF-8 character
 // boundary, and its length follows: "abc…" (70000 bytes).

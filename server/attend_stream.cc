@@ -41,11 +41,23 @@ class AttendStreamCall final : public ServerCall {
     slot->started = absl::Now();
     deps_.metrics->CallStarted(Rpc::kAttendStream,
                                static_cast<int64_t>(incoming_.Length()));
-    // A message that is not an AttendRequest fails only its own answer.
-    const absl::Status parsed = ParseWire(&incoming_, &slot->request);
+    // A message that is not an AttendRequest, or that the memory budget has
+    // no room for, fails only its own answer.
+    absl::StatusOr<MemoryBudget::Hold> held = deps_.budget->Take(
+        static_cast<int64_t>(incoming_.Length()), context().peer());
+    absl::Status parsed = held.status();
+    if (held.ok()) {
+      slot->hold = *std::move(held);
+      parsed = ParseWire(&incoming_, &slot->request);
+    }
+    incoming_.Clear();
     absl::StatusOr<AttendWork> work =
         parsed.ok() ? ValidateAttendRequest(slot->request, deps_.limits)
                     : absl::StatusOr<AttendWork>(parsed);
+    if (work.ok()) {
+      const absl::Status compute_held = slot->hold.Grow(work->memory_bytes);
+      if (!compute_held.ok()) work = compute_held;
+    }
     bool read_more;
     {
       absl::MutexLock lock(&mutex_);
@@ -86,6 +98,7 @@ class AttendStreamCall final : public ServerCall {
     grpc::ByteBuffer wire_answer;  // `answer` serialised, while it is written.
     absl::Time started;
     bool ready = false;
+    MemoryBudget::Hold hold;  // Given back when the slot goes, once written.
   };
 
   // Runs the request on the executor; its answer becomes ready when done.
@@ -196,7 +209,7 @@ class AttendStreamCall final : public ServerCall {
   }
 
   const StreamDependencies deps_;
-  grpc::ByteBuffer incoming_;  // Only the read in flight touches it.
+  grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
 
   absl::Mutex mutex_;
   std::deque<std::shared_ptr<Slot>> slots_

@@ -16,6 +16,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "call_gate.h"
 #include "call_loop.h"
+#include "memory_budget.h"
 #include "metrics.h"
 #include "request_validator.h"
 #include "scheduler.h"
@@ -30,6 +31,9 @@ struct StreamDependencies {
   AttentionEngine* engine;
   Scheduler* scheduler;
   const CallGate* gate;
+  // Each message held (from its arrival to its answer's write) is charged to
+  // it; one it has no room for is answered RESOURCE_EXHAUSTED.
+  MemoryBudget* budget;
   RequestLimits limits;
 };
 

@@ -125,13 +125,14 @@ class AttentionServiceImpl::AttendJob final : public Job {
 
 AttentionServiceImpl::AttentionServiceImpl(
     ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
-    WeightsRegistry* registry, const CallGate* gate, RequestLimits limits,
-    std::shared_ptr<BytesPool> pool)
+    WeightsRegistry* registry, const CallGate* gate, MemoryBudget* budget,
+    RequestLimits limits, std::shared_ptr<BytesPool> pool)
     : metrics_(metrics),
       engine_(engine),
       scheduler_(scheduler),
       registry_(registry),
       gate_(gate),
+      budget_(budget),
       limits_(limits),
       pool_(std::move(pool)),
       watchdog_(limits_.message_timeout) {}
@@ -183,9 +184,22 @@ class AttentionServiceImpl::WireCall final
     StartRead(&wire_request_);
   }
 
+  // The message is held from here: it is charged to the budget, or dropped
+  // at once with RESOURCE_EXHAUSTED if the budget has no room for it.
   void OnReadDone(bool ok) override {
     service_->watchdog_.Unwatch(ticket_);
-    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, absl::OkStatus(),
+    absl::Status admitted = absl::OkStatus();
+    if (ok) {
+      absl::StatusOr<MemoryBudget::Hold> taken = service_->budget_->Take(
+          static_cast<int64_t>(wire_request_.Length()), context().peer());
+      if (taken.ok()) {
+        hold = *std::move(taken);
+      } else {
+        admitted = taken.status();
+        wire_request_.Clear();
+      }
+    }
+    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, admitted,
                     handler_);
   }
 
@@ -228,7 +242,7 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                            "/AttendStream"),
               [this] {
                 return MakeAttendStreamCall(
-                    {metrics_, engine_, scheduler_, gate_, limits_});
+                    {metrics_, engine_, scheduler_, gate_, budget_, limits_});
               });
 }
 
@@ -301,6 +315,8 @@ void AttentionServiceImpl::ServeAttend(const Call& call,
                                        v1::AttendResponse* response) {
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
   if (!work.ok()) return Finish(call, work.status(), response);
+  const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
+  if (!held.ok()) return Finish(call, held, response);
   const SchedulerOptions& scheduling = scheduler_->options();
   const bool batching = scheduling.max_batch > 1;
   // A call the engine runs on one thread anyway runs here when an executor is
@@ -352,6 +368,8 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
   absl::StatusOr<MultiHeadWork> work =
       ValidateMultiHeadRequest(request, weights_shape, origin, limits_);
   if (!work.ok()) return Finish(call, work.status(), response);
+  const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
+  if (!held.ok()) return Finish(call, held, response);
   const double flops = MultiHeadFlops(work->shape, work->plan.options.causal);
   SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
              work->plan.output_dtype, response->mutable_output());

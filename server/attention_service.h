@@ -10,6 +10,7 @@
 #include "bytes_pool.h"
 #include "call_gate.h"
 #include "call_loop.h"
+#include "memory_budget.h"
 #include "metrics.h"
 #include "read_watchdog.h"
 #include "request_validator.h"
@@ -29,8 +30,8 @@ class AttentionServiceImpl final {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
-                       const CallGate* gate, RequestLimits limits,
-                       std::shared_ptr<BytesPool> pool);
+                       const CallGate* gate, MemoryBudget* budget,
+                       RequestLimits limits, std::shared_ptr<BytesPool> pool);
 
   // Serves every method of the service on `loop`.
   void AddTo(CallLoop& loop);
@@ -47,6 +48,9 @@ class AttentionServiceImpl final {
   class UnaryCall : public ServerCall {
    public:
     grpc::ByteBuffer wire_response;  // Where Finish serialises the response.
+    // The call's share of the memory budget: its message from arrival, then
+    // its compute's memory too, until the answer has been sent (OnDone).
+    MemoryBudget::Hold hold;
 
     // Ends the call with `status`, and with wire_response if OK.
     void Answer(const grpc::Status& status) {
@@ -113,6 +117,12 @@ class AttentionServiceImpl final {
   void Finish(const Call& call, const absl::Status& status,
               google::protobuf::Message* response) const;
 
+  // Adds the memory the call's compute will allocate to its hold;
+  // RESOURCE_EXHAUSTED if the budget has no room for it.
+  absl::Status HoldComputeMemory(const Call& call, int64_t bytes) const {
+    return call.handler->hold.Grow(bytes);
+  }
+
   // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
   // is full.
   void Enqueue(const Call& call, std::unique_ptr<Job> job,
@@ -129,6 +139,7 @@ class AttentionServiceImpl final {
   Scheduler* const scheduler_;
   WeightsRegistry* const registry_;
   const CallGate* const gate_;
+  MemoryBudget* const budget_;
   const RequestLimits limits_;
   // Where requests' and responses' tensor bytes are kept between calls.
   const std::shared_ptr<BytesPool> pool_;

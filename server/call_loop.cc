@@ -54,7 +54,7 @@ class CallSlot {
         }
         loop_->RequestCall();
         loop_->CallArrived();
-        handler_ = loop_->MakeCall(context_.method());
+        handler_ = loop_->MakeCall(context_, &hold_);
         handler_->slot_ = this;
         handler_->OnStart();
         {
@@ -132,6 +132,8 @@ class CallSlot {
   void Release() {
     if (pending_.fetch_sub(1) != 1) return;
     handler_->OnDone();
+    handler_.reset();
+    hold_.Reset();
     loop_->CallEnded();
     delete this;
   }
@@ -141,6 +143,7 @@ class CallSlot {
   grpc::GenericServerContext context_;
   grpc::GenericServerAsyncReaderWriter stream_{&context_};
   std::unique_ptr<ServerCall> handler_;  // Set on arrival.
+  MemoryBudget::Hold hold_;  // The call's share of the budget, from arrival.
   // One count until the handler finishes, one until gRPC reports the call
   // done, one for OnStart (released after it), during which the call may
   // already finish on another thread; one per read or write in flight.
@@ -167,6 +170,17 @@ class UnimplementedCall final : public ServerCall {
                      " is not served here; `attnctl services` lists those "
                      "that are")));
   }
+};
+
+// Answers a call the memory budget has no room for.
+class RefusedCall final : public ServerCall {
+ public:
+  explicit RefusedCall(grpc::Status status) : status_(std::move(status)) {}
+
+ private:
+  void OnStart() override { Finish(status_); }
+
+  const grpc::Status status_;
 };
 
 // Calls started in advance, so that a burst of arriving calls does not wait
@@ -203,8 +217,9 @@ CallLoop::CallLoop() = default;
 
 CallLoop::~CallLoop() { Shutdown(); }
 
-void CallLoop::Handle(const std::string& method, Factory factory) {
-  factories_[method] = std::move(factory);
+void CallLoop::Handle(const std::string& method, Factory factory,
+                      Admission admission) {
+  methods_[method] = Method{std::move(factory), admission};
 }
 
 void CallLoop::AddTo(grpc::ServerBuilder& builder) {
@@ -262,10 +277,26 @@ void CallLoop::RequestCall() {
 }
 
 std::unique_ptr<ServerCall> CallLoop::MakeCall(
-    const std::string& method) const {
-  const auto factory = factories_.find(method);
-  if (factory == factories_.end()) return std::make_unique<UnimplementedCall>();
-  return factory->second();
+    const grpc::GenericServerContext& context, MemoryBudget::Hold* hold) const {
+  const auto found = methods_.find(context.method());
+  const Admission admission =
+      found == methods_.end() ? Admission::kBudgeted : found->second.admission;
+  if (budget_ != nullptr) {
+    if (admission == Admission::kAlways) {
+      *hold = budget_->TakeAlways(kBytesPerCall, context.peer());
+    } else {
+      absl::StatusOr<MemoryBudget::Hold> taken =
+          budget_->Take(kBytesPerCall, context.peer());
+      if (!taken.ok()) {
+        return std::make_unique<RefusedCall>(
+            grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         std::string(taken.status().message())));
+      }
+      *hold = *std::move(taken);
+    }
+  }
+  if (found == methods_.end()) return std::make_unique<UnimplementedCall>();
+  return found->second.factory();
 }
 
 void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {

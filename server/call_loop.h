@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
+#include "memory_budget.h"
 
 namespace attnserve {
 
@@ -110,9 +111,22 @@ class CallLoop {
   // Calls Shutdown.
   ~CallLoop();
 
+  // Whether a call may be refused when the memory budget is in use.
+  enum class Admission {
+    kBudgeted,  // RESOURCE_EXHAUSTED when kBytesPerCall cannot be taken.
+    kAlways,    // Counted but never refused (health checks).
+  };
+
   // Serves `method` ("/package.Service/Method") with calls `factory` makes.
   // Before AddTo. Calls to a method not handled get UNIMPLEMENTED.
-  void Handle(const std::string& method, Factory factory);
+  void Handle(const std::string& method, Factory factory,
+              Admission admission = Admission::kBudgeted);
+
+  // Each call holds kBytesPerCall of `budget` from its arrival until its
+  // handler is deleted; past the budget, a kBudgeted method's call is answered
+  // RESOURCE_EXHAUSTED without a handler. Before Start; `budget` must outlive
+  // the loop. Without one, calls are not counted.
+  void SetBudget(MemoryBudget* budget) { budget_ = budget; }
 
   // Registers the loop's generic service and completion queue; before the
   // builder's BuildAndStart.
@@ -146,13 +160,21 @@ class CallLoop {
   // Count the calls whose handlers have not finished yet.
   void CallArrived();
   void CallEnded();
-  // Makes the handler of a call that has arrived.
-  std::unique_ptr<ServerCall> MakeCall(const std::string& method) const;
+  // Makes the handler of a call that has arrived, with what it holds of the
+  // budget in `hold`: a refusal's if the budget is in use.
+  std::unique_ptr<ServerCall> MakeCall(
+      const grpc::GenericServerContext& context,
+      MemoryBudget::Hold* hold) const;
   // Takes events until the queue is shut down; spins as Start says.
   void Poll(absl::Duration spin = absl::ZeroDuration(),
             const SpinObserver& spun = nullptr);
 
-  std::map<std::string, Factory> factories_;
+  struct Method {
+    Factory factory;
+    Admission admission;
+  };
+  std::map<std::string, Method> methods_;
+  MemoryBudget* budget_ = nullptr;
   grpc::AsyncGenericService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::vector<std::thread> threads_;

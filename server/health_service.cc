@@ -170,8 +170,12 @@ HealthService::HealthService(const std::vector<std::string>& services)
     : services_(services.begin(), services.end()) {}
 
 void HealthService::AddTo(CallLoop& loop) {
-  loop.Handle(absl::StrCat(kService, "Check"),
-              [this] { return std::make_unique<CheckCall>(this); });
+  // A check is answered even when the memory budget is in use, so that a
+  // busy server is not restarted by its liveness probe.
+  loop.Handle(
+      absl::StrCat(kService, "Check"),
+      [this] { return std::make_unique<CheckCall>(this); },
+      CallLoop::Admission::kAlways);
   loop.Handle(absl::StrCat(kService, "Watch"),
               [this] { return std::make_unique<WatchCall>(this); });
 }

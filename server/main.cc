@@ -4,7 +4,8 @@
 //
 // Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server
 // reflection until SIGINT or SIGTERM, then drains (see --drain_grace_seconds)
-// and exits 0. Every flag can also come from the environment as ATTNSERVE_<FLAG
+// and exits 0. A configuration that cannot work exits 2; another start-up
+// failure 1. Every flag can also come from the environment as ATTNSERVE_<FLAG
 // IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.
 #include <malloc.h>
 #include <pthread.h>
@@ -99,8 +100,17 @@ ABSL_FLAG(std::string, attention_kernel, "fused",
 ABSL_FLAG(bool, portable_kernels, false,
           "Run the fused kernel's portable C++ code even on a CPU with "
           "AVX-512 (for comparisons and to rule the vector code out).");
-ABSL_FLAG(int64_t, max_weights_bytes, int64_t{4} << 30,
-          "Most bytes of registered weights the server holds.");
+ABSL_FLAG(
+    int64_t, max_weights_bytes, 0,
+    "Most bytes of registered weights the server holds; 0: a quarter of "
+    "the memory limit (the cgroup's, or physical memory), at most 4 GiB.");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Memory that requests in flight may hold at once, from the "
+          "transport's buffers (a quarter) through the queue and the compute "
+          "to the answer's send; past it calls get RESOURCE_EXHAUSTED at "
+          "once. 0: three quarters of what the memory limit leaves after the "
+          "weights, the buffer pool and 256 MiB for the process. Budgets that "
+          "do not fit the limit stop start-up (exit 2).");
 ABSL_FLAG(int64_t, buffer_pool_bytes, int64_t{256} << 20,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "
@@ -148,6 +158,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "accept_compressed_requests",
                                       "message_timeout_seconds",
                                       "max_weights_bytes",
+                                      "max_inflight_bytes",
                                       "buffer_pool_bytes",
                                       "weights_dir",
                                       "drain_grace_seconds",
@@ -205,6 +216,7 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   }
   options.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
   options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
   options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
@@ -217,6 +229,15 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }
   return options;
+}
+
+// 2 for a configuration that cannot work (a bad flag, budgets that do not fit
+// the memory limit), 1 for anything else (a port in use, an unreadable file).
+int ExitCodeFor(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kFailedPrecondition
+             ? 2
+             : 1;
 }
 
 }  // namespace
@@ -286,13 +307,13 @@ int main(int argc, char** argv) {
   if (!options.ok()) {
     std::fprintf(stderr, "attnserve: %s\n",
                  options.status().ToString().c_str());
-    return 1;
+    return 2;
   }
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(*options);
   if (!server.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
-    return 1;
+    return ExitCodeFor(server.status());
   }
   signals.Started();
   std::printf("%s\n", (*server)->Describe().c_str());

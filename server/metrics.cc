@@ -150,6 +150,31 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "(--buffer_pool_bytes), as of the last call answered.")
            .Register(*registry_)
            .Add({});
+  inflight_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_inflight_bytes")
+           .Help(
+               "Bytes of memory that calls in flight hold of their budget "
+               "(messages, compute memory, answers not yet sent), sampled "
+               "each second.")
+           .Register(*registry_)
+           .Add({});
+  inflight_limit_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_inflight_limit_bytes")
+           .Help(
+               "The budget calls in flight may hold: --max_inflight_bytes less "
+               "the quarter given to gRPC's transport buffers.")
+           .Register(*registry_)
+           .Add({});
+  inflight_refused_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_inflight_refused_total")
+           .Help(
+               "Calls and messages refused with RESOURCE_EXHAUSTED because "
+               "the memory budget of calls in flight had no room for them.")
+           .Register(*registry_)
+           .Add({});
   io_spin_seconds_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_spin_seconds_total")
@@ -207,6 +232,18 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
   per.compute->Observe(absl::ToDoubleSeconds(elapsed));
   per.flops->Increment(flops);
   batch_size_->Observe(requests);
+}
+
+void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
+                                      int64_t refused) {
+  inflight_bytes_->Set(static_cast<double>(held));
+  inflight_limit_bytes_->Set(static_cast<double>(limit));
+  absl::MutexLock lock(&inflight_mutex_);
+  if (refused > inflight_refused_seen_) {
+    inflight_refused_->Increment(
+        static_cast<double>(refused - inflight_refused_seen_));
+    inflight_refused_seen_ = refused;
+  }
 }
 
 void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {

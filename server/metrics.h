@@ -12,7 +12,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
 
@@ -72,6 +74,10 @@ class ServerMetrics {
   // The buffer pool keeps `bytes` for reuse.
   void SetBufferPoolBytes(int64_t bytes);
 
+  // The memory budget of calls in flight: `held` of `limit` bytes, and calls
+  // refused for want of it since the start (sampled each second).
+  void SetInflightMemory(int64_t held, int64_t limit, int64_t refused);
+
   // An io thread polled without an event for `spun` (--io_spin_us).
   void IoSpun(absl::Duration spun);
 
@@ -94,6 +100,11 @@ class ServerMetrics {
   prometheus::Gauge* weight_sets_ = nullptr;
   prometheus::Gauge* weights_bytes_ = nullptr;
   prometheus::Gauge* buffer_pool_bytes_ = nullptr;
+  prometheus::Gauge* inflight_bytes_ = nullptr;
+  prometheus::Gauge* inflight_limit_bytes_ = nullptr;
+  prometheus::Counter* inflight_refused_ = nullptr;
+  absl::Mutex inflight_mutex_;
+  int64_t inflight_refused_seen_ ABSL_GUARDED_BY(inflight_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
 };
 

@@ -209,13 +209,15 @@ double ScratchBytes(const AttentionShape& s, const AttentionOptions& options,
                : std::numeric_limits<double>::infinity();
 }
 
-// RESOURCE_EXHAUSTED if the compute would allocate more than the limit.
-// `extra_bytes` covers what the caller knows beyond SDPA (MHA's projections).
-absl::Status CheckRequestMemory(const AttentionShape& s,
-                                const OptionsPlan& plan,
-                                int64_t output_elements, double extra_bytes,
-                                double converted_input_elements,
-                                const RequestLimits& limits) {
+// The bytes the compute would allocate, or RESOURCE_EXHAUSTED if that is more
+// than the limit. `extra_bytes` covers what the caller knows beyond SDPA (MHA's
+// projections).
+absl::StatusOr<int64_t> CheckRequestMemory(const AttentionShape& s,
+                                           const OptionsPlan& plan,
+                                           int64_t output_elements,
+                                           double extra_bytes,
+                                           double converted_input_elements,
+                                           const RequestLimits& limits) {
   const AttentionOptions& options = plan.options;
   const double scratch_bytes = ScratchBytes(s, options, limits);
   if (scratch_bytes > static_cast<double>(limits.max_workspace_bytes)) {
@@ -238,7 +240,7 @@ absl::Status CheckRequestMemory(const AttentionShape& s,
                               lse_elements + converted_input_elements) +
                        scratch_bytes + extra_bytes;
   if (bytes <= static_cast<double>(limits.max_request_memory_bytes))
-    return absl::OkStatus();
+    return static_cast<int64_t>(bytes);
   return absl::ResourceExhaustedError(absl::StrCat(
       "the request would allocate about ", static_cast<int64_t>(bytes),
       " bytes (outputs, weights, conversions, scratch), over the "
@@ -314,11 +316,13 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
     ATTNSERVE_RETURN_IF_ERROR(CheckElements(
         "options.attn_mask", request.options().attn_mask(), limits));
   }
-  ATTNSERVE_RETURN_IF_ERROR(CheckRequestMemory(
-      s, work.plan, s.OutputElements(), 0.0,
-      ConvertedElements({&request.query(), &request.key(), &request.value(),
-                         &request.options().attn_mask()}),
-      limits));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.memory_bytes,
+      CheckRequestMemory(
+          s, work.plan, s.OutputElements(), 0.0,
+          ConvertedElements({&request.query(), &request.key(), &request.value(),
+                             &request.options().attn_mask()}),
+          limits));
   return work;
 }
 
@@ -385,11 +389,13 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
                  (s.key_dim + s.value_dim) +
              static_cast<double>(s.batch * s.key_len) * s.kv_heads *
                  (s.key_dim + s.value_dim));
-  ATTNSERVE_RETURN_IF_ERROR(CheckRequestMemory(
-      heads, work.plan, s.batch * s.query_len * s.embed_dim, projection_bytes,
-      ConvertedElements(
-          {&query, &request.kv_input(), &request.options().attn_mask()}),
-      limits));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.memory_bytes,
+      CheckRequestMemory(heads, work.plan, s.batch * s.query_len * s.embed_dim,
+                         projection_bytes,
+                         ConvertedElements({&query, &request.kv_input(),
+                                            &request.options().attn_mask()}),
+                         limits));
   return work;
 }
 

@@ -51,6 +51,9 @@ struct OptionsPlan {
 struct AttendWork {
   AttentionShape shape;
   OptionsPlan plan;
+  // What the compute will allocate: outputs, weights, lse, conversions,
+  // scratch (the figure checked against max_request_memory_bytes).
+  int64_t memory_bytes = 0;
 };
 
 // The dimensions a set of projection weights implies.
@@ -63,6 +66,8 @@ struct MultiHeadWork {
   MultiHeadShape shape;
   OptionsPlan plan;
   bool self_attention = true;
+  // What the compute will allocate, projections included.
+  int64_t memory_bytes = 0;
 };
 
 // Returns the work an Attend request describes, INVALID_ARGUMENT for a

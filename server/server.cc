@@ -19,6 +19,7 @@
 #include "credentials.h"
 #include "grpcpp/grpcpp.h"
 #include "health_service.h"
+#include "memory_budget.h"
 #include "metrics.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -103,14 +104,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port is ", *options.metrics_port, ", expected 0 to 65535"));
   }
-  if (options.buffer_pool_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "buffer_pool_bytes is ", options.buffer_pool_bytes, ", expected >= 0"));
-  }
-  if (options.max_weights_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_weights_bytes is ", options.max_weights_bytes, ", expected >= 0"));
-  }
+  // The memory budgets are checked by PlanMemory.
   return absl::OkStatus();
 }
 
@@ -148,18 +142,21 @@ std::string HostPort(const std::string& host, int port) {
 
 class AttnServerImpl final : public AttnServer {
  public:
+  // `options` carry the budgets `memory` planned.
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
-                 const ServerOptions& options, RequestLimits limits,
-                 std::string bearer_token)
+                 const ServerOptions& options, const MemoryPlan& memory,
+                 RequestLimits limits, std::string bearer_token)
       : options_(options),
+        memory_(memory),
         engine_(std::move(engine)),
         metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
+        budget_(memory.max_inflight_bytes - memory.transport_bytes),
         registry_(options.max_weights_bytes),
         io_threads_(IoThreads(options, engine_->runtime_info())),
         gate_(std::move(bearer_token)),
         scheduler_(SchedulingOf(options)),
         service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
-                 limits,
+                 &budget_, limits,
                  std::make_shared<BytesPool>(options.buffer_pool_bytes)) {}
 
   // Registers the demo weights and those of --weights_dir.
@@ -222,6 +219,9 @@ class AttnServerImpl final : public AttnServer {
         " max_workspace_bytes=", options_.max_workspace_bytes,
         " max_weights_bytes=", options_.max_weights_bytes,
         " buffer_pool_bytes=", options_.buffer_pool_bytes,
+        " max_inflight_bytes=", options_.max_inflight_bytes, " (",
+        memory_.transport_bytes, " for gRPC's buffers) of a memory limit of ",
+        memory_.limit.bytes, " (", memory_.limit.source, ")",
         " max_elements=", options_.max_elements,
         " max_request_memory_bytes=", options_.max_request_memory_bytes,
         " max_concurrent_streams=", options_.max_concurrent_streams,
@@ -268,6 +268,14 @@ class AttnServerImpl final : public AttnServer {
           1 << GRPC_COMPRESS_NONE);
     }
     builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // The transport's share of the in-flight budget: under its pressure gRPC
+    // shrinks the flow-control windows it grants and resets new streams
+    // (ENHANCE_YOUR_CALM, which clients see as RESOURCE_EXHAUSTED), so that
+    // messages still arriving cannot grow without bound.
+    grpc::ResourceQuota quota("attnserve");
+    quota.Resize(static_cast<size_t>(memory_.transport_bytes));
+    builder.SetResourceQuota(quota);
+    loop_.SetBudget(&budget_);
     service_.AddTo(loop_);
     health_.AddTo(loop_);
     reflection_.AddTo(loop_);
@@ -323,6 +331,8 @@ class AttnServerImpl final : public AttnServer {
           return;
         }
       }
+      metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
+                                 budget_.refused());
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
@@ -335,8 +345,10 @@ class AttnServerImpl final : public AttnServer {
   // services, the scheduler (its queue empty by then), the registry, the
   // engine.
   const ServerOptions options_;
+  const MemoryPlan memory_;
   std::unique_ptr<AttentionEngine> engine_;
   ServerMetrics metrics_;
+  MemoryBudget budget_;  // Calls in flight; outlives the loop and services.
   WeightsRegistry registry_;
   const int io_threads_;
   std::vector<std::string> startup_weights_;
@@ -362,8 +374,15 @@ class AttnServerImpl final : public AttnServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
-    const ServerOptions& options) {
-  ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(options));
+    const ServerOptions& requested) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(requested));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const MemoryPlan memory,
+      PlanMemory(requested.max_weights_bytes, requested.buffer_pool_bytes,
+                 requested.max_inflight_bytes, ReadMemoryLimit()));
+  ServerOptions options = requested;
+  options.max_weights_bytes = memory.max_weights_bytes;
+  options.max_inflight_bytes = memory.max_inflight_bytes;
   EngineOptions engine_options;
   // Executors share the cores unless told otherwise.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -383,8 +402,8 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.message_timeout = options.message_timeout;
   limits.engine = engine.get();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
-  auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
-                                                 limits, std::move(token));
+  auto server = std::make_unique<AttnServerImpl>(
+      std::move(engine), options, memory, limits, std::move(token));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));

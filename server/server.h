@@ -39,8 +39,17 @@ struct ServerOptions {
   // The fused kernel's portable code even on an AVX-512 CPU.
   bool portable_kernels = false;
   // The most bytes of registered weights the server holds (PutWeights,
-  // --weights_dir, demo).
-  int64_t max_weights_bytes = int64_t{4} << 30;
+  // --weights_dir, demo). 0: a quarter of the memory limit (the cgroup's, or
+  // physical memory), at most 4 GiB.
+  int64_t max_weights_bytes = 0;
+  // The memory that requests in flight may hold at once: a quarter for gRPC's
+  // transport buffers (its ResourceQuota: connections and messages still
+  // arriving), the rest for calls from their message's arrival through the
+  // queue and the compute to their answer's send. Past it calls get
+  // RESOURCE_EXHAUSTED at once. 0: three quarters of what the memory limit
+  // leaves after the weights, the buffer pool and 256 MiB for the process.
+  // Start refuses (FAILED_PRECONDITION) budgets that do not fit the limit.
+  int64_t max_inflight_bytes = 0;
   // Memory kept between calls for requests' and responses' tensor bytes, so
   // that large tensors are read and written into pages already mapped; 0
   // keeps none.
@@ -116,7 +125,8 @@ struct ServerOptions {
 class AttnServer {
  public:
   // Builds the engine and starts serving. Returns INVALID_ARGUMENT for bad
-  // options and UNAVAILABLE if the address cannot be bound.
+  // options, FAILED_PRECONDITION for memory budgets that do not fit the
+  // memory limit, and UNAVAILABLE if the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<AttnServer>> Start(
       const ServerOptions& options);
 

@@ -40,11 +40,13 @@ const FLAG_DEFAULTS = {
   max_queue: "1024",
   max_message_bytes: String(64 * 2 ** 20),
   max_request_memory_bytes: String(4 * 2 ** 30),
-  max_weights_bytes: String(4 * 2 ** 30),
+  max_weights_bytes: "0",
+  max_inflight_bytes: "0",
   buffer_pool_bytes: String(256 * 2 ** 20),
   drain_grace_seconds: "5",
 };
-// Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC buffers.
+// Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC state
+// (server/memory_budget.h kProcessOverheadBytes).
 const BASE_MEMORY_BYTES = 256 * 2 ** 20;
 const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
 
@@ -231,13 +233,14 @@ const INVARIANTS = [
     });
   }],
 
-  ["memory limit holds weights + executors x batch x request + queue x message + pool + 256 MiB",
+  ["memory limit holds weights + pool + in-flight budget + 256 MiB, each set explicitly",
     (r) => {
       const flag = (name) => Number(r.flags()[name]);
-      const needed = flag("max_weights_bytes") +
-          flag("executors") * flag("max_batch") * flag("max_request_memory_bytes") +
-          flag("max_queue") * flag("max_message_bytes") + flag("buffer_pool_bytes") +
-          BASE_MEMORY_BYTES;
+      // 0 derives a budget from the cgroup's limit at start-up; the manifests say theirs.
+      const unset = ["max_weights_bytes", "max_inflight_bytes"].filter((name) => !(flag(name) > 0));
+      if (unset.length) return [`${unset.join(", ")} not set in the flag file`];
+      const needed = flag("max_weights_bytes") + flag("buffer_pool_bytes") +
+          flag("max_inflight_bytes") + BASE_MEMORY_BYTES;
       const limit = quantity(r.container.resources.limits.memory);
       return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
     }],
@@ -439,8 +442,10 @@ const MUTATIONS = [
     (o) => { containerOf(o).resources.limits.cpu = "1500m"; }],
   ["weights budget over the memory limit", "memory limit holds",
     (o) => replaceFlag(o, "max_weights_bytes", String(64 * 2 ** 30))],
-  ["a deeper queue, same memory", "memory limit holds",
-    (o) => replaceFlag(o, "max_queue", "1024")],
+  ["in-flight budget over the memory limit", "memory limit holds",
+    (o) => replaceFlag(o, "max_inflight_bytes", String(16 * 2 ** 30))],
+  ["in-flight budget left to the default", "memory limit holds",
+    (o) => replaceFlag(o, "max_inflight_bytes", "0")],
   ["replicas fixed", "no replicas", (o) => { find(o, "Deployment").spec.replicas = 3; }],
   ["Service selects nothing", "Services select",
     (o) => { find(o, "Service").spec.selector = { app: "other" }; }],

@@ -7,7 +7,9 @@
 # - stalled_message_test.py (with the token): calls whose message stops arriving are ended after
 #   --message_timeout_seconds;
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
-#   compressed requests refused unread.
+#   compressed requests refused unread;
+# - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
+#   and idle streams, with RSS bounded and a well-behaved client served meanwhile.
 #
 # usage: hostile_http2_test.sh ATTNSERVE STUBS_DIR
 set -euo pipefail
@@ -48,5 +50,18 @@ stop_attnserve
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
   --auth_token_file="${workdir}/token" --message_timeout_seconds=1
 run "${here}/stalled_message_test.py" "${port}" "${workdir}/token"
+stop_attnserve
+budget=$((128 << 20))
+for scenario in large unread; do
+  start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
+    --max_inflight_bytes="${budget}"
+  run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
+    "${scenario}"
+  stop_attnserve
+done
+budget=$((16 << 20))
+start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
+  --max_inflight_bytes="${budget}"
+run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" streams
 stop_attnserve
 echo "PASS"

@@ -9,6 +9,7 @@ Loopback only: every connection goes to 127.0.0.1.
 import socket
 import struct
 import sys
+import time
 
 import h2.config
 import h2.connection
@@ -100,6 +101,113 @@ def partial_messages(port, path, streams, declared_bytes, headers=(), timeout_s=
         return [statuses[stream] for stream in ids], sent
     finally:
         sock.close()
+
+
+class Calls:
+    """Many gRPC calls on one connection, driven by hand. Each call's message is sent as HTTP/2
+    flow control allows. With read_answers=False the client never grants the server more window
+    than HTTP/2's initial 65,535 bytes, so the server cannot send answers larger than that: it
+    must hold them, as it would for a client that stopped reading.
+
+        calls = Calls(port, read_answers=False)
+        stream = calls.start("/attnserve.v1.AttentionService/Attend", request_bytes,
+                             end_stream=True)
+        calls.pump(seconds=5)        # sends and receives for 5 s, or until every call ended
+        calls.statuses[stream]       # grpc-status, "reset", or None while open
+    """
+
+    def __init__(self, port, read_answers=True, timeout_s=30.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.read_answers = read_answers
+        self.statuses = {}
+        self.messages = {}
+        self.unsent = {}  # stream -> [bytes left to send, end_stream]
+        self.closed = False
+        self._flush()
+
+    def start(self, path, message, headers=(), end_stream=True):
+        """Opens a call and queues its message (None sends none)."""
+        stream = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                                        (":path", path), (":authority", "localhost"),
+                                        ("content-type", "application/grpc"),
+                                        ("te", "trailers"), *headers])
+        framed = b"\x00" + struct.pack(">I", len(message)) + message if message is not None else b""
+        self.statuses[stream] = None
+        self.unsent[stream] = [framed, end_stream]
+        self._send_what_fits()
+        return stream
+
+    def open_calls(self):
+        return sum(1 for status in self.statuses.values() if status is None)
+
+    def pump(self, seconds, until=None):
+        """Sends and receives for up to `seconds`, until `until()` is true (default: no call
+        left open), or until the server closes the connection."""
+        until = until or (lambda: self.open_calls() == 0)
+        deadline = time.monotonic() + seconds
+        while not self.closed and not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.sock.settimeout(min(left, 0.5))
+            try:
+                data = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not data:
+                self.closed = True
+                break
+            for event in self.conn.receive_data(data):
+                self._take(event)
+            self._send_what_fits()
+
+    def close(self):
+        self.sock.close()
+
+    def _take(self, event):
+        if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+            fields = {k.decode(): v.decode() for k, v in event.headers}
+            if "grpc-status" in fields:
+                self.statuses[event.stream_id] = int(fields["grpc-status"])
+                self.messages[event.stream_id] = fields.get("grpc-message", "")
+                self.unsent.pop(event.stream_id, None)
+        elif isinstance(event, h2.events.StreamReset):
+            if self.statuses.get(event.stream_id) is None:
+                self.statuses[event.stream_id] = "reset"
+            self.unsent.pop(event.stream_id, None)
+        elif isinstance(event, h2.events.DataReceived) and self.read_answers:
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.closed = True
+
+    def _send_what_fits(self):
+        for stream, pending in list(self.unsent.items()):
+            data, end_stream = pending
+            while True:
+                window = min(self.conn.local_flow_control_window(stream),
+                             self.conn.max_outbound_frame_size)
+                if data and window <= 0:
+                    break
+                chunk = data[:window]
+                data = data[len(chunk):]
+                last = not data
+                if chunk or (last and end_stream):
+                    self.conn.send_data(stream, chunk, end_stream=last and end_stream)
+                if last:
+                    break
+            if data:
+                pending[0] = data
+            else:
+                del self.unsent[stream]
+        self._flush()
+
+    def _flush(self):
+        out = self.conn.data_to_send()
+        if out:
+            self.sock.sendall(out)
 
 
 def server_max_concurrent_streams(port, timeout_s=10.0):

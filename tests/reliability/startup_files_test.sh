@@ -11,8 +11,9 @@ attnserve=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 source "${here}/../attnserve_process_lib.sh"
 
-# expect_start_failure PATTERN FLAG...: attnserve with FLAGs must exit non-zero within 20 s,
-# printing PATTERN (a grep -E pattern) and never "root:" (the content of /etc/passwd).
+# expect_start_failure PATTERN FLAG...: attnserve with FLAGs must exit non-zero (or
+# ${expected_status}, when set) within 20 s, printing PATTERN (a grep -E pattern) and never
+# "root:" (the content of /etc/passwd).
 expect_start_failure() {
   local pattern=$1 output status
   shift
@@ -22,6 +23,8 @@ expect_start_failure() {
   set -e
   [[ ${status} -ne 124 ]] || fail "attnserve $* hung in start-up: ${output}"
   [[ ${status} -ne 0 ]] || fail "attnserve $* started: ${output}"
+  [[ -z ${expected_status:-} || ${status} -eq ${expected_status} ]] ||
+    fail "attnserve $* exited ${status}, expected ${expected_status}"
   grep -qE -- "${pattern}" <<<"${output}" || fail "attnserve $* printed '${output}', expected '${pattern}'"
   ! grep -q "root:" <<<"${output}" || fail "attnserve $* printed a file's content: ${output}"
   echo "ok: $* -> ${output}"
@@ -84,5 +87,18 @@ start_attnserve "${attnserve}" --weights_dir="${dir}" --auth_token_file="${workd
   --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" --drain_grace_seconds=0
 grep -q "^attnserve weights: demo, mounted$" "${workdir}/server.log" ||
   fail "the Kubernetes-style folder did not load: $(cat "${workdir}/server.log")"
+stop_attnserve
+
+# Memory budgets that cannot fit the memory limit (here physical memory or the cgroup's, both
+# far below 2^60 bytes) stop start-up with exit 2, naming each term.
+expected_status=2 expect_start_failure \
+  "memory budgets do not fit the memory limit: --max_weights_bytes 1152921504606846976 .* --max_inflight_bytes 1048576 .* bytes of (physical memory|cgroup )" \
+  --max_weights_bytes=$((1 << 60)) --max_inflight_bytes=1048576
+expected_status=2 expect_start_failure "max_inflight_bytes is -1, expected >= 0" \
+  --max_inflight_bytes=-1
+# The budget's share for calls in flight is said at start-up.
+start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --drain_grace_seconds=0
+grep -q "max_inflight_bytes=67108864 (16777216 for gRPC's buffers) of a memory limit of" \
+  "${workdir}/server.log" || fail "no budget in the start-up line: $(cat "${workdir}/server.log")"
 stop_attnserve
 echo "PASS"

@@ -1,0 +1,241 @@
+"""The in-flight memory budget (--max_inflight_bytes) against three kinds of traffic that used
+to grow the server without bound, while a well-behaved client on its own connection keeps
+calling a small Attend and must keep being answered:
+
+  large: many concurrent, individually valid Attends of 12 MiB each (gRPC's Python client);
+         those the budget has no room for get RESOURCE_EXHAUSTED at once, the rest are answered.
+  unread: Attends asking for PER_HEAD weights (33 MB answers) on a connection that never reads
+         its answers: answers not yet sent keep their share of the budget, so once it is held,
+         later calls are refused, until the connection goes and the budget comes back.
+  streams: idle Health.Watch and AttendStream calls, 16 KiB of the budget each while open:
+         past the budget new ones are refused.
+
+Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
+budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
+
+usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES large|unread|streams
+"""
+import collections
+import os
+import struct
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, sys.argv[3])
+import grpc  # noqa: E402
+from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
+
+OK, RESOURCE_EXHAUSTED = 0, 8
+OVERHEAD_BYTES = 64 << 20
+# How long the well-behaved client's calls may take while the abuse runs: they queue behind at
+# most a budget's worth of large computes on one executor (about 1 s each on 2 vCPUs).
+SMALL_CALL_BOUND_S = 10.0
+ATTEND = "/attnserve.v1.AttentionService/Attend"
+
+
+def tensor(proto, shape, fill=0.0):
+    proto.dtype = attention_pb2.FLOAT32
+    proto.shape.extend(shape)
+    count = 1
+    for d in shape:
+        count *= d
+    proto.data = struct.pack("<f", fill) * count
+
+
+def attend_request(heads, length, dim, weights=False):
+    request = attention_pb2.AttendRequest()
+    tensor(request.query, [1, heads, length, dim], 0.5)
+    tensor(request.key, [1, heads, length, dim], 0.25)
+    tensor(request.value, [1, heads, length, dim], 1.0)
+    if weights:
+        request.options.return_weights = attention_pb2.AttentionOptions.PER_HEAD
+    return request
+
+
+class RssWatch:
+    """Samples the server's RSS every 50 ms while it runs."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.base = pid, 0, rss_bytes(pid)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, rss_bytes(self.pid))
+            time.sleep(0.05)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        return self.base, self.peak
+
+
+class SmallClient:
+    """The well-behaved client: small Attends one after another on its own channel."""
+
+    def __init__(self, port):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = attention_pb2_grpc.AttentionServiceStub(self.channel)
+        self.request = attend_request(2, 16, 16)
+        self.latencies, self.codes = [], collections.Counter()
+        self.stop = threading.Event()
+        self.stub.Attend(self.request, timeout=30)  # connected before the abuse starts
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        """One call after another; a call refused with RESOURCE_EXHAUSTED (the budget, or
+        gRPC's transport quota) is retried after 50 ms, as a client with a retry policy
+        would; the latency counts from the first try."""
+        while not self.stop.is_set():
+            started = time.monotonic()
+            while time.monotonic() - started < SMALL_CALL_BOUND_S:
+                try:
+                    self.stub.Attend(self.request, timeout=SMALL_CALL_BOUND_S)
+                    self.codes["OK"] += 1
+                    self.latencies.append(time.monotonic() - started)
+                    break
+                except grpc.RpcError as error:
+                    self.codes[error.code().name] += 1
+                    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        break
+                    time.sleep(0.05)
+            else:
+                self.latencies.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+    def finish(self, failures):
+        self.stop.set()
+        self.thread.join()
+        self.channel.close()
+        worst = max(self.latencies, default=float("inf"))
+        print(f"well-behaved client: {dict(self.codes)}, slowest answer {worst:.2f} s")
+        if self.codes["OK"] < 3 or not set(self.codes) <= {"OK", "RESOURCE_EXHAUSTED"}:
+            failures.append(f"the well-behaved client got {dict(self.codes)}, expected OK "
+                            "(after retries of RESOURCE_EXHAUSTED)")
+        if worst > SMALL_CALL_BOUND_S:
+            failures.append(f"the well-behaved client waited {worst:.1f} s")
+
+
+def large(port, failures):
+    """24 concurrent 12 MiB Attends on one channel, with the budget room for a few."""
+    request = attend_request(16, 1024, 64)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+        ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)])
+    stub = attention_pb2_grpc.AttentionServiceStub(channel)
+    futures = [stub.Attend.future(request, timeout=120) for _ in range(24)]
+    codes, messages = collections.Counter(), collections.Counter()
+    for future in futures:
+        try:
+            future.result()
+            codes["OK"] += 1
+        except grpc.RpcError as error:
+            codes[error.code().name] += 1
+            messages[error.details()] += 1
+    channel.close()
+    print(f"24 large Attends: {dict(codes)}; refusals: {dict(messages)}")
+    if codes["OK"] < 1 or codes["RESOURCE_EXHAUSTED"] < 1 or len(codes) != 2:
+        failures.append(f"large Attends got {dict(codes)}, expected OK and RESOURCE_EXHAUSTED")
+    # gRPC's transport quota refuses streams with RST_STREAM ENHANCE_YOUR_CALM (11) under
+    # pressure; every other refusal must be the budget's.
+    unexplained = [m for m in messages
+                   if "--max_inflight_bytes" not in m and "error code 11" not in m]
+    if unexplained or not any("--max_inflight_bytes" in m for m in messages):
+        failures.append(f"refusals that do not name the budget: {dict(messages)}")
+
+
+def unread(port, failures):
+    """Calls whose 33 MB answers are never read keep their share of the budget: on one
+    connection the second and third are refused (one connection may hold half the budget);
+    a second connection's call is taken, a third connection's refused (the budget is full);
+    once the connections close, a call is answered again."""
+    message = attend_request(4, 1024, 16, weights=True).SerializeToString()
+
+    def stuck_call(calls):
+        stream = calls.start(ATTEND, message)
+        calls.pump(8, until=lambda: calls.statuses[stream] is not None)  # computed, unsent
+        return calls.statuses[stream]
+
+    def refused(calls, count):
+        streams = [calls.start(ATTEND, message) for _ in range(count)]
+        calls.pump(10, until=lambda: all(calls.statuses[s] is not None for s in streams))
+        return [calls.statuses[s] for s in streams]
+
+    first, second, third = (Calls(port, read_answers=False) for _ in range(3))
+    held_first = stuck_call(first)
+    same_connection = refused(first, 2)
+    held_second = stuck_call(second)
+    full = refused(third, 1)
+    print(f"first connection: {held_first} held, then {same_connection}; second: "
+          f"{held_second} held; third: {full}")
+    if held_first is not None or held_second is not None:
+        failures.append("an answer nobody reads was sent or refused")
+    if same_connection != [RESOURCE_EXHAUSTED] * 2 or full != [RESOURCE_EXHAUSTED]:
+        failures.append(f"calls while unread answers held the budget got {same_connection} "
+                        f"and {full}, expected RESOURCE_EXHAUSTED")
+    for calls in (first, second, third):
+        calls.close()
+    time.sleep(1)
+    reader = Calls(port, read_answers=True)
+    again = reader.start(ATTEND, message)
+    reader.pump(30)
+    reader.close()
+    print(f"after those connections closed: {reader.statuses[again]}")
+    if reader.statuses[again] != OK:
+        failures.append(f"after the unread answers' connections closed: "
+                        f"{reader.statuses[again]}")
+
+
+def streams(port, failures):
+    """Idle Health.Watch and AttendStream calls, 250 per connection on 4 connections."""
+    connections = []
+    for path in ("/grpc.health.v1.Health/Watch", "/grpc.health.v1.Health/Watch",
+                 "/attnserve.v1.AttentionService/AttendStream",
+                 "/attnserve.v1.AttentionService/AttendStream"):
+        calls = Calls(port)
+        watch = path.endswith("Watch")
+        for _ in range(250):
+            calls.start(path, b"" if watch else None, end_stream=False)
+        connections.append((path, calls))
+    for path, calls in connections:
+        calls.pump(2, until=lambda: False)
+    held, refused, other = 0, 0, collections.Counter()
+    for path, calls in connections:
+        for status in calls.statuses.values():
+            if status is None:
+                held += 1
+            elif status == RESOURCE_EXHAUSTED:
+                refused += 1
+            else:
+                other[status] += 1
+    print(f"1,000 idle streams: {held} open, {refused} refused, others {dict(other)}")
+    if refused == 0 or held == 0 or other:
+        failures.append(f"idle streams: {held} open, {refused} refused, {dict(other)}, "
+                        "expected some open and the rest refused")
+    for _, calls in connections:
+        calls.close()
+
+
+def main():
+    port, pid, budget, scenario = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]),
+                                   sys.argv[5])
+    failures = []
+    small = SmallClient(port)
+    watch = RssWatch(pid)
+    {"large": large, "unread": unread, "streams": streams}[scenario](port, failures)
+    base, peak = watch.finish()
+    small.finish(failures)
+    print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "
+          f"{budget / 2**20:.0f} MiB + {OVERHEAD_BYTES / 2**20:.0f} MiB overhead")
+    if peak > base + budget + OVERHEAD_BYTES:
+        failures.append(f"peak RSS {peak} over {base} + budget {budget} + {OVERHEAD_BYTES}")
+    exit_with(failures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+#include "memory_budget.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TEST(MemoryBudgetTest, HoldsGiveTheirBytesBackWhenTheyGo) {
+  MemoryBudget budget(64 * kMiB);
+  {
+    absl::StatusOr<MemoryBudget::Hold> hold = budget.Take(kMiB, "a");
+    ASSERT_TRUE(hold.ok()) << hold.status();
+    ASSERT_TRUE(hold->Grow(2 * kMiB).ok());
+    EXPECT_EQ(hold->bytes(), 3 * kMiB);
+    EXPECT_EQ(budget.held(), 3 * kMiB);
+    EXPECT_EQ(budget.held_by("a"), 3 * kMiB);
+    MemoryBudget::Hold moved = *std::move(hold);
+    EXPECT_EQ(budget.held(), 3 * kMiB);
+    moved = MemoryBudget::Hold();
+    EXPECT_EQ(budget.held(), 0);
+    EXPECT_EQ(budget.held_by("a"), 0);
+    MemoryBudget::Hold always = budget.TakeAlways(kMiB, "b");
+    EXPECT_EQ(budget.held(), kMiB);
+  }
+  EXPECT_EQ(budget.held(), 0);
+  EXPECT_EQ(budget.refused(), 0);
+}
+
+TEST(MemoryBudgetTest, OneConnectionMayHoldHalf) {
+  MemoryBudget budget(64 * kMiB);
+  absl::StatusOr<MemoryBudget::Hold> first = budget.Take(30 * kMiB, "a");
+  ASSERT_TRUE(first.ok());
+  const absl::StatusOr<MemoryBudget::Hold> more = budget.Take(3 * kMiB, "a");
+  ASSERT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      more.status().message(),
+      AllOf(HasSubstr("this connection's calls in flight hold 31457280"),
+            HasSubstr("--max_inflight_bytes")));
+  // A failed Grow keeps what the hold had.
+  EXPECT_FALSE(first->Grow(3 * kMiB).ok());
+  EXPECT_EQ(first->bytes(), 30 * kMiB);
+  EXPECT_TRUE(budget.Take(30 * kMiB, "b").ok());
+  const absl::StatusOr<MemoryBudget::Hold> huge = budget.Take(33 * kMiB, "c");
+  EXPECT_THAT(
+      huge.status().message(),
+      HasSubstr("more than the 33554432 bytes one connection may hold"));
+  EXPECT_EQ(budget.refused(), 3);
+}
+
+TEST(MemoryBudgetTest, TheLastEighthIsKeptForConnectionsHoldingLittle) {
+  MemoryBudget budget(64 * kMiB);
+  absl::StatusOr<MemoryBudget::Hold> a = budget.Take(28 * kMiB, "a");
+  absl::StatusOr<MemoryBudget::Hold> b = budget.Take(28 * kMiB, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  // "a" holds much: it may not take the budget past 56 MiB.
+  const absl::StatusOr<MemoryBudget::Hold> heavy = budget.Take(kMiB, "a");
+  ASSERT_EQ(heavy.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(heavy.status().message(),
+              HasSubstr("kept for connections holding little"));
+  // A connection holding nothing may.
+  absl::StatusOr<MemoryBudget::Hold> light = budget.Take(3 * kMiB, "c");
+  ASSERT_TRUE(light.ok()) << light.status();
+  absl::StatusOr<MemoryBudget::Hold> last = budget.Take(5 * kMiB, "d");
+  ASSERT_TRUE(last.ok());
+  const absl::StatusOr<MemoryBudget::Hold> full = budget.Take(kMiB, "e");
+  EXPECT_THAT(full.status().message(),
+              AllOf(HasSubstr("calls in flight hold 67108864 of the 67108864"),
+                    HasSubstr("retry after a backoff")));
+}
+
+class MemoryLimitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::path(::testing::TempDir()) /
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+  void Write(const std::string& relative, const std::string& text) {
+    const std::filesystem::path path = root_ / relative;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << text;
+  }
+  MemoryLimit Read() {
+    return ReadMemoryLimit((root_ / "cgroup").string(),
+                           (root_ / "self_cgroup").string());
+  }
+  std::filesystem::path root_;
+};
+
+TEST_F(MemoryLimitTest, WithoutACgroupLimitPhysicalMemory) {
+  Write("self_cgroup", "0::/pod/container\n");
+  Write("cgroup/pod/container/memory.max", "max\n");
+  const MemoryLimit limit = Read();
+  EXPECT_EQ(limit.source, "physical memory");
+  EXPECT_GT(limit.bytes, 64 * kMiB);
+}
+
+TEST_F(MemoryLimitTest, TheTightestOfTheCgroupAndItsAncestors) {
+  Write("self_cgroup", "0::/pod/container\n");
+  Write("cgroup/pod/container/memory.max", "3221225472\n");
+  Write("cgroup/pod/memory.max", "2147483648\n");
+  MemoryLimit limit = Read();
+  EXPECT_EQ(limit.bytes, 2147483648);
+  EXPECT_THAT(limit.source, HasSubstr("cgroup/pod/memory.max"));
+}
+
+TEST_F(MemoryLimitTest, CgroupV1AndTheContainersOwnRoot) {
+  Write("self_cgroup", "4:memory:/kubepods/abc\n0::/\n");
+  Write("cgroup/memory/kubepods/abc/memory.limit_in_bytes", "1073741824\n");
+  EXPECT_EQ(Read().bytes, 1073741824);
+  // v1 writes a huge number for "no limit".
+  Write("cgroup/memory/kubepods/abc/memory.limit_in_bytes",
+        "9223372036854771712\n");
+  Write("cgroup/memory.max", "536870912\n");
+  EXPECT_EQ(Read().bytes, 536870912);
+}
+
+TEST(PlanMemoryTest, DerivesWhatIsLeftAtZero) {
+  const MemoryLimit limit{int64_t{8} << 30, "cgroup x"};
+  const absl::StatusOr<MemoryPlan> plan = PlanMemory(0, 256 * kMiB, 0, limit);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->max_weights_bytes, int64_t{2} << 30);  // a quarter
+  // (8 GiB - 2 GiB - 256 MiB - 256 MiB) * 3/4 = 4224 MiB
+  EXPECT_EQ(plan->max_inflight_bytes, 4224 * kMiB);
+  EXPECT_EQ(plan->transport_bytes, 1056 * kMiB);
+  const absl::StatusOr<MemoryPlan> big =
+      PlanMemory(0, 0, 0, {int64_t{64} << 30, "physical memory"});
+  EXPECT_EQ(big->max_weights_bytes, int64_t{4} << 30);  // at most 4 GiB
+}
+
+TEST(PlanMemoryTest, RefusesBudgetsThatDoNotFit) {
+  const MemoryLimit limit{int64_t{3} << 30, "cgroup /sys/fs/cgroup/memory.max"};
+  EXPECT_TRUE(PlanMemory(512 * kMiB, 128 * kMiB, 2048 * kMiB, limit).ok());
+  const absl::StatusOr<MemoryPlan> over =
+      PlanMemory(int64_t{1} << 30, 128 * kMiB, 2048 * kMiB, limit);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(over.status().message(),
+              AllOf(HasSubstr("--max_weights_bytes 1073741824"),
+                    HasSubstr("--max_inflight_bytes 2147483648"),
+                    HasSubstr("3221225472 bytes of cgroup /sys/fs/cgroup")));
+  // Weights alone past the limit leave nothing to derive.
+  EXPECT_THAT(PlanMemory(int64_t{3} << 30, 0, 0, limit).status().message(),
+              HasSubstr("(derived: none left)"));
+  EXPECT_EQ(PlanMemory(-1, 0, 0, limit).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnserve

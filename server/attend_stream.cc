@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -19,13 +20,24 @@ class AttendStreamCall final : public ServerCall {
   explicit AttendStreamCall(const StreamDependencies& deps) : deps_(deps) {}
 
  private:
+  // A refusal at the end of a drain is held by the gate (call_gate.h).
   void OnStart() override {
     const absl::Status admitted = deps_.gate->Admit(context());
     if (!admitted.ok()) {
-      Finish(ToGrpcStatus(admitted));
+      held_ = deps_.gate->HoldRefusal(
+          [this, admitted] { Finish(ToGrpcStatus(admitted)); });
+      if (!held_) Finish(ToGrpcStatus(admitted));
       return;
     }
     StartRead(&incoming_);
+  }
+
+  void OnCancel() override {
+    if (held_ && deps_.gate->Unhold(*held_)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the call was cancelled while the server was "
+                          "shutting down"));
+    }
   }
 
   void OnReadDone(bool ok) override {
@@ -209,6 +221,7 @@ class AttendStreamCall final : public ServerCall {
   }
 
   const StreamDependencies deps_;
+  std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
   grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
 
   absl::Mutex mutex_;

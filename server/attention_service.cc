@@ -1,6 +1,7 @@
 #include "attention_service.h"
 
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -175,13 +176,27 @@ class AttentionServiceImpl::WireCall final
   // The gate is checked on the headers: a caller without the token, or one
   // arriving while the server drains, is answered before any of its message
   // is read, so its bytes are never buffered.
+  // A refusal at the end of a drain is held by the gate (call_gate.h).
   void OnStart() override {
     const absl::Status admitted = service_->gate_->Admit(context());
     if (!admitted.ok()) {
-      return service_->Serve(rpc_, this, nullptr, admitted, handler_);
+      held_ = service_->gate_->HoldRefusal([this, admitted] {
+        service_->Serve(rpc_, this, nullptr, admitted, handler_);
+      });
+      if (!held_) service_->Serve(rpc_, this, nullptr, admitted, handler_);
+      return;
     }
     ticket_ = service_->watchdog_.Watch(&context());
     StartRead(&wire_request_);
+  }
+
+  void OnCancel() override {
+    if (held_ && service_->gate_->Unhold(*held_)) {
+      service_->Serve(rpc_, this, nullptr,
+                      absl::CancelledError("the call was cancelled while the "
+                                           "server was shutting down"),
+                      handler_);
+    }
   }
 
   // The message is held from here: it is charged to the budget, or dropped
@@ -213,6 +228,7 @@ class AttentionServiceImpl::WireCall final
   const Handler<Request, Response> handler_;
   grpc::ByteBuffer wire_request_;
   ReadWatchdog::Ticket ticket_ = 0;
+  std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
 };
 
 template <typename Request, typename Response>

@@ -18,6 +18,7 @@ bool ConstantTimeEquals(const std::string& expected, grpc::string_ref actual) {
 
 absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   if (closed_.load()) {
+    refused_closed_.fetch_add(1);
     return absl::UnavailableError(
         "the server is shutting down; retry on another replica");
   }
@@ -31,6 +32,36 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
         "<token>\" with the server's token");
   }
   return absl::OkStatus();
+}
+
+std::optional<CallGate::Ticket> CallGate::HoldRefusal(
+    std::function<void()> answer) const {
+  absl::MutexLock lock(&mutex_);
+  if (!holding_) return std::nullopt;
+  const Ticket ticket = next_++;
+  held_.emplace(ticket, std::move(answer));
+  return ticket;
+}
+
+bool CallGate::Unhold(Ticket ticket) const {
+  absl::MutexLock lock(&mutex_);
+  return held_.erase(ticket) == 1;
+}
+
+void CallGate::HoldRefusals() {
+  absl::MutexLock lock(&mutex_);
+  holding_ = true;
+}
+
+int CallGate::ReleaseHeld() {
+  std::map<Ticket, std::function<void()>> held;
+  {
+    absl::MutexLock lock(&mutex_);
+    holding_ = false;
+    held.swap(held_);
+  }
+  for (auto& [ticket, answer] : held) answer();
+  return static_cast<int>(held.size());
 }
 
 }  // namespace attnserve

@@ -34,6 +34,12 @@ namespace {
 // How long Shutdown waits for calls in flight before cancelling them.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
 
+// At the end of a drain: how long refusals are held so that the clients still
+// calling are all waiting on one, and how long gRPC's shutdown is given to stop
+// taking streams and send its GOAWAY before they are answered.
+constexpr absl::Duration kRefusalsHeld = absl::Milliseconds(200);
+constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
+
 // How often the server gives freed memory back to the system, if calls ended.
 constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
 
@@ -305,7 +311,23 @@ class AttnServerImpl final : public AttnServer {
     const absl::Time deadline = absl::Now() + kShutdownGrace;
     scheduler_.WaitIdle(kShutdownGrace);
     health_.Shutdown();  // Ends health watches, which would hold the server.
-    server_->Shutdown(absl::ToChronoTime(deadline));
+    // The clients still calling get their next refusal only once gRPC has
+    // stopped taking streams (call_gate.h): the refusals are held for a
+    // moment, gRPC's shutdown starts (it waits for the held calls), then they
+    // are answered.
+    // Without calls refused since the gate closed, no client is calling.
+    if (gate_.refused_closed() == 0) {
+      server_->Shutdown(absl::ToChronoTime(deadline));
+    } else {
+      gate_.HoldRefusals();
+      absl::SleepFor(kRefusalsHeld);
+      std::thread stopping([this, deadline] {
+        server_->Shutdown(absl::ToChronoTime(deadline));
+      });
+      absl::SleepFor(kGoawayDelay);
+      gate_.ReleaseHeld();
+      stopping.join();
+    }
     loop_.Shutdown();
     {
       absl::MutexLock trim_lock(&trim_mutex_);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SIGTERM under load, through the shipped binaries: attnctl bench keeps 8 calls in flight while
 # attnserve gets SIGTERM. attnserve must turn NOT_SERVING, keep serving for its drain grace,
-# refuse new calls with UNAVAILABLE, and exit 0; the load generator must see only full answers,
-# UNAVAILABLE refusals, and at most a few calls cancelled by gRPC as the server finally stops.
+# refuse new calls with UNAVAILABLE, and exit 0; the load generator must see only full answers
+# and UNAVAILABLE refusals, none cancelled as the server finally stops.
 #
 # usage: attnctl_drain_test.sh ATTNSERVE ATTNCTL
 set -euo pipefail
@@ -34,13 +34,11 @@ errors = report["errors"]
 print("ok", report["ok"], "errors", errors)
 assert report["ok"] > 0, "no call was answered before the drain"
 assert errors.get("UNAVAILABLE", 0) > 0, "no call was refused after the drain grace"
-unexpected = {code: n for code, n in errors.items() if code not in ("UNAVAILABLE", "CANCELLED")}
-assert not unexpected, f"unexpected errors: {unexpected}"
-# gRPC cancels calls that reach it during its own shutdown, after the service stopped taking
-# calls and drained its queue; the bench re-sends at once after each refusal, so each of its 8
-# workers may see that more than once (an ASan run saw 14). That no accepted call is cut is
-# checked per client by the soak test, whose clients stop at their first refusal.
-assert errors.get("CANCELLED", 0) <= 4 * 8, "more cancelled calls than 4 per worker"
+unexpected = {code: n for code, n in errors.items() if code != "UNAVAILABLE"}
+# gRPC cancels a call that reaches it while it stops taking streams, before the client has
+# seen its GOAWAY. The server holds its last refusals until gRPC has stopped (server/call_gate.h),
+# so no worker has a call on its way then: every call ends answered or UNAVAILABLE.
+assert not unexpected, f"calls neither answered nor refused with UNAVAILABLE: {unexpected}"
 PY
 grep -q "attnserve: drained, exiting" "${workdir}/server.log" || fail "no drain message"
 echo PASS

@@ -1,0 +1,94 @@
+"""Rapid reset (CVE-2023-44487's pattern): one connection opens Attend streams and resets each at
+once, 50,000 times, no token needed. gRPC 1.51 has no cap on the reset rate; what must hold is
+that the server's RSS stays bounded (before: 200,000 resets grew it from 127 MB to 2.52 GB) and
+that a well-behaved client on another connection keeps getting its small Attends answered
+within a stated bound (before: one took 12.4 s).
+
+usage: rapid_reset_test.py PORT SERVER_PID STUBS_DIR
+"""
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, sys.argv[3])
+import h2.config  # noqa: E402
+import h2.connection  # noqa: E402
+import h2.errors  # noqa: E402
+from attnserve.v1 import attention_pb2  # noqa: E402
+from raw_http2 import exit_with, rss_bytes, unary_call  # noqa: E402
+
+RESETS = 50_000
+# What the server may grow by: 256 MiB (gRPC's own queues of reset streams; 108 to 148 MiB
+# were seen on a 2-vCPU AMD EPYC), more for a sanitized build (hostile_http2_test.sh).
+GROWTH_BOUND = (192 << 20) + int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
+PROBE_BOUND_S = 5.0
+ATTEND = "/attnserve.v1.AttentionService/Attend"
+
+
+def small_attend():
+    request = attention_pb2.AttendRequest()
+    for proto, shape in ((request.query, [1, 2, 8, 8]), (request.key, [1, 2, 8, 8]),
+                         (request.value, [1, 2, 8, 8])):
+        proto.dtype = attention_pb2.FLOAT32
+        proto.shape.extend(shape)
+        proto.data = struct.pack("<f", 0.5) * 128
+    return request.SerializeToString()
+
+
+def main():
+    port, pid = int(sys.argv[1]), int(sys.argv[2])
+    base = peak = rss_bytes(pid)
+    message = small_attend()
+    probes, stop = [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                status, _ = unary_call(port, ATTEND, message, timeout_s=30)
+            except (OSError, ConnectionError) as error:
+                status = repr(error)
+            probes.append((status, time.monotonic() - started))
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    started = time.monotonic()
+    for i in range(RESETS):
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", ATTEND),
+                                   (":authority", "localhost"),
+                                   ("content-type", "application/grpc"), ("te", "trailers")])
+        conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+        if i % 500 == 499:
+            sock.sendall(conn.data_to_send())
+            peak = max(peak, rss_bytes(pid))
+    sent = time.monotonic() - started
+    for _ in range(20):  # what the server still has queued
+        peak = max(peak, rss_bytes(pid))
+        time.sleep(0.25)
+    stop.set()
+    prober.join()
+    sock.close()
+    slowest = max(seconds for _, seconds in probes)
+    failed = [status for status, _ in probes if status != 0]
+    print(f"{RESETS} resets in {sent:.1f} s; RSS {base / 2**20:.0f} MiB -> peak "
+          f"{peak / 2**20:.0f} MiB; {len(probes)} small Attends on another connection, "
+          f"slowest {slowest:.2f} s, not OK: {failed[:3]}")
+    failures = []
+    if peak > base + GROWTH_BOUND:
+        failures.append(f"RSS grew {peak - base} bytes, over {GROWTH_BOUND}")
+    if failed or slowest > PROBE_BOUND_S:
+        failures.append(f"the other client's Attends: slowest {slowest:.1f} s, failed {failed[:3]}")
+    exit_with(failures)
+
+
+if __name__ == "__main__":
+    main()

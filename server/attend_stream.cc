@@ -29,7 +29,7 @@ class AttendStreamCall final : public ServerCall {
       if (!held_) Finish(ToGrpcStatus(admitted));
       return;
     }
-    StartRead(&incoming_);
+    Read();
   }
 
   void OnCancel() override {
@@ -40,7 +40,15 @@ class AttendStreamCall final : public ServerCall {
     }
   }
 
+  // Reads the next message, watched: a stream whose next message has not come
+  // within stream_idle_timeout is cancelled.
+  void Read() {
+    read_ticket_ = deps_.watchdog->Watch(&context());
+    StartRead(&incoming_);
+  }
+
   void OnReadDone(bool ok) override {
+    deps_.watchdog->Unwatch(read_ticket_);
     if (!ok) {
       {
         absl::MutexLock lock(&mutex_);
@@ -85,7 +93,7 @@ class AttendStreamCall final : public ServerCall {
       Resolve(*slot, work.status());
       Advance();
     }
-    if (read_more) StartRead(&incoming_);
+    if (read_more) Read();
   }
 
   void OnWriteDone(bool ok) override {
@@ -100,7 +108,7 @@ class AttendStreamCall final : public ServerCall {
         resume_reading = true;
       }
     }
-    if (resume_reading) StartRead(&incoming_);
+    if (resume_reading) Read();
     Advance();
   }
 
@@ -223,6 +231,7 @@ class AttendStreamCall final : public ServerCall {
   const StreamDependencies deps_;
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
   grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
+  ReadWatchdog::Ticket read_ticket_ = 0;  // The read in flight's.
 
   absl::Mutex mutex_;
   std::deque<std::shared_ptr<Slot>> slots_

@@ -18,6 +18,7 @@
 #include "call_loop.h"
 #include "memory_budget.h"
 #include "metrics.h"
+#include "read_watchdog.h"
 #include "request_validator.h"
 #include "scheduler.h"
 
@@ -35,6 +36,9 @@ struct StreamDependencies {
   // it; one it has no room for is answered RESOURCE_EXHAUSTED.
   MemoryBudget* budget;
   RequestLimits limits;
+  // Cancels a stream whose next message has not arrived within
+  // limits.stream_idle_timeout of the read's start.
+  ReadWatchdog* watchdog;
 };
 
 // The handler of one AttendStream call, whose messages are AttendRequests and

@@ -136,7 +136,8 @@ AttentionServiceImpl::AttentionServiceImpl(
       budget_(budget),
       limits_(limits),
       pool_(std::move(pool)),
-      watchdog_(limits_.message_timeout) {}
+      watchdog_(limits_.message_timeout),
+      stream_watchdog_(limits_.stream_idle_timeout) {}
 
 namespace {
 
@@ -254,12 +255,13 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                &AttentionServiceImpl::ServeListWeights);
   HandleMethod(loop, "DeleteWeights", Rpc::kDeleteWeights,
                &AttentionServiceImpl::ServeDeleteWeights);
-  loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
-                           "/AttendStream"),
-              [this] {
-                return MakeAttendStreamCall(
-                    {metrics_, engine_, scheduler_, gate_, budget_, limits_});
-              });
+  loop.Handle(
+      absl::StrCat("/", v1::AttentionService::service_full_name(),
+                   "/AttendStream"),
+      [this] {
+        return MakeAttendStreamCall({metrics_, engine_, scheduler_, gate_,
+                                     budget_, limits_, &stream_watchdog_});
+      });
 }
 
 template <typename Request, typename Response>

@@ -145,6 +145,8 @@ class AttentionServiceImpl final {
   const std::shared_ptr<BytesPool> pool_;
   // Cancels unary calls whose request stops arriving.
   ReadWatchdog watchdog_;
+  // Cancels AttendStreams whose next message does not come.
+  ReadWatchdog stream_watchdog_;
 };
 
 // Validates, converts and registers `request` (shared by PutWeights and the

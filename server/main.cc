@@ -71,6 +71,10 @@ ABSL_FLAG(double, message_timeout_seconds, 30,
           "How long a request may take to arrive after its call starts; past "
           "it the call is cancelled (a client that stops sending holds no "
           "memory).");
+ABSL_FLAG(double, stream_idle_timeout_seconds, 300,
+          "How long an AttendStream may wait for its next whole message; past "
+          "it the stream is cancelled (an idle or stalled stream is not held "
+          "open forever).");
 ABSL_FLAG(bool, accept_compressed_requests, false,
           "Take requests compressed with gzip or deflate. Off: they get "
           "UNIMPLEMENTED unread. gRPC 1.51 inflates a whole message before "
@@ -157,6 +161,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "max_concurrent_streams",
                                       "accept_compressed_requests",
                                       "message_timeout_seconds",
+                                      "stream_idle_timeout_seconds",
                                       "max_weights_bytes",
                                       "max_inflight_bytes",
                                       "buffer_pool_bytes",
@@ -199,6 +204,8 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.message_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
+  options.stream_idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_seconds));
   options.accept_compressed_requests =
       absl::GetFlag(FLAGS_accept_compressed_requests);
   options.max_elements = absl::GetFlag(FLAGS_max_elements);

@@ -34,6 +34,9 @@ struct RequestLimits {
   // How long a unary call's request may take to arrive after its headers;
   // past it the call is cancelled and what was buffered of it dropped.
   absl::Duration message_timeout = absl::Seconds(30);
+  // How long an AttendStream's next message may take to arrive; past it the
+  // stream is cancelled.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
   // The engine that will compute, which knows its own scratch needs (they
   // depend on its kernel and thread count). Null: validation alone, the
   // scratch is estimated as the unfused path's.

@@ -53,6 +53,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "message_timeout is ", absl::FormatDuration(options.message_timeout),
         ", expected > 0"));
   }
+  if (options.stream_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream_idle_timeout is ",
+        absl::FormatDuration(options.stream_idle_timeout), ", expected > 0"));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams is ",
@@ -422,6 +427,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
   limits.max_workspace_bytes = options.max_workspace_bytes;
   limits.message_timeout = options.message_timeout;
+  limits.stream_idle_timeout = options.stream_idle_timeout;
   limits.engine = engine.get();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
   auto server = std::make_unique<AttnServerImpl>(

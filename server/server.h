@@ -93,6 +93,11 @@ struct ServerOptions {
   // past it the call is cancelled, so a client that stops sending cannot make
   // the server hold a partial message.
   absl::Duration message_timeout = absl::Seconds(30);
+  // How long an AttendStream may wait for its next whole message while a read
+  // is pending (its answers all written or being written); past it the
+  // stream is cancelled, so an idle or stalled stream cannot be held open
+  // forever.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
   // Dynamic batching: Attend requests alike but for B run together, up to
   // max_batch of them; the first waits up to max_queue_delay for partners (0:
   // takes what is already queued).

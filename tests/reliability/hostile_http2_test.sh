@@ -5,7 +5,7 @@
 # - unauthenticated_partial_test.py (with a token configured): partial messages from a caller
 #   without the token are refused on their headers, never buffered;
 # - stalled_message_test.py (with the token): calls whose message stops arriving are ended after
-#   --message_timeout_seconds;
+#   --message_timeout_seconds, AttendStreams stalled or idle after --stream_idle_timeout_seconds;
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
 #   compressed requests refused unread;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
@@ -56,7 +56,8 @@ run "${here}/unauthenticated_partial_test.py" "${port}" "${server_pid}"
 stop_attnserve
 
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-  --auth_token_file="${workdir}/token" --message_timeout_seconds=1
+  --auth_token_file="${workdir}/token" --message_timeout_seconds=1 \
+  --stream_idle_timeout_seconds=1
 run "${here}/stalled_message_test.py" "${port}" "${workdir}/token"
 stop_attnserve
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0

@@ -75,6 +75,7 @@ class CallSlot {
       case Op::kDone:
         if (context_.IsCancelled()) {
           cancelled_.store(true);
+          loop_->CallCancelled(context_);
           // Another thread may still be taking the arrival of this call.
           absl::MutexLock lock(&arrival_mutex_);
           cancel = arrived_;
@@ -268,6 +269,13 @@ void CallLoop::CallEnded() {
   absl::MutexLock lock(&calls_mutex_);
   --live_calls_;
   ++calls_ended_;
+}
+
+void CallLoop::CallCancelled(const grpc::GenericServerContext& context) {
+  if (reset_guard_ == nullptr) return;
+  const gpr_timespec deadline = context.raw_deadline();
+  if (gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0) return;
+  reset_guard_->ClientCancelled(context.peer());
 }
 
 void CallLoop::RequestCall() {

@@ -44,6 +44,7 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "memory_budget.h"
+#include "reset_guard.h"
 
 namespace attnserve {
 
@@ -128,6 +129,10 @@ class CallLoop {
   // the loop. Without one, calls are not counted.
   void SetBudget(MemoryBudget* budget) { budget_ = budget; }
 
+  // Tells `guard` of every call its client cancelled (its deadline not
+  // passed). Before Start; `guard` must outlive the loop.
+  void SetResetGuard(ResetGuard* guard) { reset_guard_ = guard; }
+
   // Registers the loop's generic service and completion queue; before the
   // builder's BuildAndStart.
   void AddTo(grpc::ServerBuilder& builder);
@@ -160,6 +165,9 @@ class CallLoop {
   // Count the calls whose handlers have not finished yet.
   void CallArrived();
   void CallEnded();
+  // Tells the reset guard of a call that ended cancelled, unless its deadline
+  // had passed.
+  void CallCancelled(const grpc::GenericServerContext& context);
   // Makes the handler of a call that has arrived, with what it holds of the
   // budget in `hold`: a refusal's if the budget is in use.
   std::unique_ptr<ServerCall> MakeCall(
@@ -175,6 +183,7 @@ class CallLoop {
   };
   std::map<std::string, Method> methods_;
   MemoryBudget* budget_ = nullptr;
+  ResetGuard* reset_guard_ = nullptr;
   grpc::AsyncGenericService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::vector<std::thread> threads_;

@@ -67,6 +67,10 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
 ABSL_FLAG(int, max_concurrent_streams, 256,
           "HTTP/2 streams one connection may have open at once (advertised "
           "in SETTINGS); a client past it waits for one to end.");
+ABSL_FLAG(int, max_client_resets_per_second, 200,
+          "Calls one connection's client may cancel in a second before the "
+          "server shuts that connection down (rapid-reset floods); calls "
+          "whose deadline passed do not count. 0: no limit.");
 ABSL_FLAG(double, message_timeout_seconds, 30,
           "How long a request may take to arrive after its call starts; past "
           "it the call is cancelled (a client that stops sending holds no "
@@ -159,6 +163,7 @@ constexpr const char* kFlagNames[] = {"address",
                                       "metrics_port",
                                       "metrics_address",
                                       "max_concurrent_streams",
+                                      "max_client_resets_per_second",
                                       "accept_compressed_requests",
                                       "message_timeout_seconds",
                                       "stream_idle_timeout_seconds",
@@ -202,6 +207,8 @@ absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
       absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_client_resets_per_second =
+      absl::GetFlag(FLAGS_max_client_resets_per_second);
   options.message_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
   options.stream_idle_timeout =

@@ -175,6 +175,15 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "the memory budget of calls in flight had no room for them.")
            .Register(*registry_)
            .Add({});
+  reset_closures_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_reset_connections_closed_total")
+           .Help(
+               "Connections shut down because their client cancelled more "
+               "calls in a second than --max_client_resets_per_second "
+               "(rapid-reset floods).")
+           .Register(*registry_)
+           .Add({});
   io_spin_seconds_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_spin_seconds_total")
@@ -243,6 +252,15 @@ void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
     inflight_refused_->Increment(
         static_cast<double>(refused - inflight_refused_seen_));
     inflight_refused_seen_ = refused;
+  }
+}
+
+void ServerMetrics::SetResetClosures(int64_t closed) {
+  absl::MutexLock lock(&inflight_mutex_);
+  if (closed > reset_closures_seen_) {
+    reset_closures_->Increment(
+        static_cast<double>(closed - reset_closures_seen_));
+    reset_closures_seen_ = closed;
   }
 }
 

@@ -78,6 +78,10 @@ class ServerMetrics {
   // refused for want of it since the start (sampled each second).
   void SetInflightMemory(int64_t held, int64_t limit, int64_t refused);
 
+  // Connections shut down for resetting too many calls, since the start
+  // (sampled each second).
+  void SetResetClosures(int64_t closed);
+
   // An io thread polled without an event for `spun` (--io_spin_us).
   void IoSpun(absl::Duration spun);
 
@@ -105,6 +109,8 @@ class ServerMetrics {
   prometheus::Counter* inflight_refused_ = nullptr;
   absl::Mutex inflight_mutex_;
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(inflight_mutex_) = 0;
+  prometheus::Counter* reset_closures_ = nullptr;
+  int64_t reset_closures_seen_ ABSL_GUARDED_BY(inflight_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
 };
 

@@ -58,6 +58,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "stream_idle_timeout is ",
         absl::FormatDuration(options.stream_idle_timeout), ", expected > 0"));
   }
+  if (options.max_client_resets_per_second < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_client_resets_per_second is ",
+                     options.max_client_resets_per_second, ", expected >= 0"));
+  }
   if (options.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_streams is ",
@@ -236,6 +241,7 @@ class AttnServerImpl final : public AttnServer {
         " max_elements=", options_.max_elements,
         " max_request_memory_bytes=", options_.max_request_memory_bytes,
         " max_concurrent_streams=", options_.max_concurrent_streams,
+        " max_client_resets_per_second=", options_.max_client_resets_per_second,
         " compressed_requests=",
         options_.accept_compressed_requests ? "on" : "off",
         "; io_threads=", io_threads_,
@@ -287,6 +293,7 @@ class AttnServerImpl final : public AttnServer {
     quota.Resize(static_cast<size_t>(memory_.transport_bytes));
     builder.SetResourceQuota(quota);
     loop_.SetBudget(&budget_);
+    loop_.SetResetGuard(&reset_guard_);
     service_.AddTo(loop_);
     health_.AddTo(loop_);
     reflection_.AddTo(loop_);
@@ -360,6 +367,7 @@ class AttnServerImpl final : public AttnServer {
       }
       metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                  budget_.refused());
+      metrics_.SetResetClosures(reset_guard_.closed());
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
@@ -376,6 +384,7 @@ class AttnServerImpl final : public AttnServer {
   std::unique_ptr<AttentionEngine> engine_;
   ServerMetrics metrics_;
   MemoryBudget budget_;  // Calls in flight; outlives the loop and services.
+  ResetGuard reset_guard_{options_.max_client_resets_per_second};
   WeightsRegistry registry_;
   const int io_threads_;
   std::vector<std::string> startup_weights_;

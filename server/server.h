@@ -83,6 +83,11 @@ struct ServerOptions {
   // MAX_CONCURRENT_STREAMS; gRPC 1.51 advertises no limit by default). A
   // client past it waits for a stream to end.
   int max_concurrent_streams = 256;
+  // Calls one connection's client may cancel in one second before the server
+  // shuts the connection down (the rapid-reset mitigation gRPC 1.51 lacks:
+  // HEADERS + RST_STREAM floods cost the server a call each and the client
+  // nothing). Calls whose deadline passed do not count. 0: no limit.
+  int max_client_resets_per_second = 200;
   // Whether requests compressed with gzip or deflate are taken. Off: they get
   // UNIMPLEMENTED before anything is inflated. gRPC 1.51 inflates a whole
   // message before it applies max_message_bytes, so a small compressed

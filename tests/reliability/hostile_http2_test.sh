@@ -10,7 +10,8 @@
 #   compressed requests refused unread;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
 #   and idle streams, with RSS bounded and a well-behaved client served meanwhile;
-# - rapid_reset_test.py: 50,000 HEADERS + RST_STREAM on one connection, RSS bounded and another
+# - rapid_reset_test.py: HEADERS + RST_STREAM on one connection: shut down past
+#   --max_client_resets_per_second (and 50,000 taken with the cap off), RSS bounded and another
 #   client's Attends answered meanwhile.
 #
 # usage: hostile_http2_test.sh ATTNSERVE STUBS_DIR
@@ -60,9 +61,12 @@ start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
   --stream_idle_timeout_seconds=1
 run "${here}/stalled_message_test.py" "${port}" "${workdir}/token"
 stop_attnserve
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0
-run "${here}/rapid_reset_test.py" "${port}" "${server_pid}" "${stubs_dir}"
-stop_attnserve
+for cap in 200 0; do
+  start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
+    --max_client_resets_per_second="${cap}"
+  run "${here}/rapid_reset_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${cap}"
+  stop_attnserve
+done
 
 budget=$((128 << 20))
 for scenario in large unread; do

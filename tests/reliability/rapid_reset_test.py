@@ -1,10 +1,12 @@
 """Rapid reset (CVE-2023-44487's pattern): one connection opens Attend streams and resets each at
-once, 50,000 times, no token needed. gRPC 1.51 has no cap on the reset rate; what must hold is
-that the server's RSS stays bounded (before: 200,000 resets grew it from 127 MB to 2.52 GB) and
-that a well-behaved client on another connection keeps getting its small Attends answered
-within a stated bound (before: one took 12.4 s).
+once, up to 50,000 times, no token needed. gRPC 1.51 has no cap on the reset rate; the server's
+own (--max_client_resets_per_second, given here as argv[4]) must shut the connection down long
+before the 50,000 are sent (with the cap at 0, all are sent). Either way the server's RSS must stay
+bounded (before: 200,000 resets grew it from 127 MB to 2.52 GB) and a well-behaved client on
+another connection must keep getting its small Attends answered within a stated bound (before:
+one took 12.4 s).
 
-usage: rapid_reset_test.py PORT SERVER_PID STUBS_DIR
+usage: rapid_reset_test.py PORT SERVER_PID STUBS_DIR MAX_CLIENT_RESETS_PER_SECOND
 """
 import os
 import socket
@@ -40,7 +42,7 @@ def small_attend():
 
 
 def main():
-    port, pid = int(sys.argv[1]), int(sys.argv[2])
+    port, pid, cap = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
     base = peak = rss_bytes(pid)
     message = small_attend()
     probes, stop = [], threading.Event()
@@ -61,15 +63,20 @@ def main():
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     started = time.monotonic()
-    for i in range(RESETS):
-        stream = conn.get_next_available_stream_id()
-        conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", ATTEND),
-                                   (":authority", "localhost"),
-                                   ("content-type", "application/grpc"), ("te", "trailers")])
-        conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
-        if i % 500 == 499:
-            sock.sendall(conn.data_to_send())
-            peak = max(peak, rss_bytes(pid))
+    resets = 0
+    try:
+        for i in range(RESETS):
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                                       (":path", ATTEND), (":authority", "localhost"),
+                                       ("content-type", "application/grpc"), ("te", "trailers")])
+            conn.reset_stream(stream, h2.errors.ErrorCodes.CANCEL)
+            if i % 500 == 499:
+                sock.sendall(conn.data_to_send())
+                resets = i + 1
+                peak = max(peak, rss_bytes(pid))
+    except OSError as error:  # the server shut the connection down
+        print(f"the connection ended after {resets} resets sent: {error!r}")
     sent = time.monotonic() - started
     for _ in range(20):  # what the server still has queued
         peak = max(peak, rss_bytes(pid))
@@ -79,10 +86,14 @@ def main():
     sock.close()
     slowest = max(seconds for _, seconds in probes)
     failed = [status for status, _ in probes if status != 0]
-    print(f"{RESETS} resets in {sent:.1f} s; RSS {base / 2**20:.0f} MiB -> peak "
+    print(f"{resets} resets in {sent:.1f} s; RSS {base / 2**20:.0f} MiB -> peak "
           f"{peak / 2**20:.0f} MiB; {len(probes)} small Attends on another connection, "
           f"slowest {slowest:.2f} s, not OK: {failed[:3]}")
     failures = []
+    if cap > 0 and resets >= RESETS:
+        failures.append(f"all {RESETS} resets were taken, over a cap of {cap} a second")
+    if cap == 0 and resets < RESETS:
+        failures.append(f"the connection ended after {resets} resets without a cap")
     if peak > base + GROWTH_BOUND:
         failures.append(f"RSS grew {peak - base} bytes, over {GROWTH_BOUND}")
     if failed or slowest > PROBE_BOUND_S:

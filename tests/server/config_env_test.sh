@@ -54,7 +54,7 @@ grep -q "io_spin_us is -1, expected 0 to 1000000" "${workdir}/bad.log" || fail "
 help=$("${attnserve}" --helpfull 2>&1 || true)
 for flag in address port threads io_threads io_spin_us executors max_queue max_batch max_queue_delay_us \
             max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
-            metrics_port max_weights_bytes max_inflight_bytes stream_idle_timeout_seconds weights_dir drain_grace_seconds tls_cert tls_key \
+            metrics_port max_weights_bytes max_inflight_bytes stream_idle_timeout_seconds max_client_resets_per_second weights_dir drain_grace_seconds tls_cert tls_key \
             tls_client_ca auth_token_file attention_kernel portable_kernels; do
   grep -q -- "-${flag} " <<<"${help}" || fail "--helpfull does not document --${flag}"
 done

@@ -1,0 +1,118 @@
+#include "reset_guard.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+// A loopback TCP connection: the accepting end is this process's server side.
+struct Connection {
+  int listener = -1, client = -1, server = -1;
+  int client_port = 0;
+
+  explicit Connection(bool ipv6) {
+    const int family = ipv6 ? AF_INET6 : AF_INET;
+    listener = socket(family, SOCK_STREAM, 0);
+    sockaddr_storage address{};
+    socklen_t length;
+    if (ipv6) {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&address);
+      in6->sin6_family = AF_INET6;
+      in6->sin6_addr = in6addr_loopback;
+      length = sizeof(sockaddr_in6);
+    } else {
+      auto* in4 = reinterpret_cast<sockaddr_in*>(&address);
+      in4->sin_family = AF_INET;
+      in4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      length = sizeof(sockaddr_in);
+    }
+    auto* any = reinterpret_cast<sockaddr*>(&address);
+    EXPECT_EQ(bind(listener, any, length), 0);
+    EXPECT_EQ(listen(listener, 1), 0);
+    EXPECT_EQ(getsockname(listener, any, &length), 0);
+    client = socket(family, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(client, any, length), 0);
+    server = accept(listener, nullptr, nullptr);
+    sockaddr_storage local{};
+    socklen_t local_length = sizeof(local);
+    getsockname(client, reinterpret_cast<sockaddr*>(&local), &local_length);
+    client_port =
+        ntohs(ipv6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
+                   : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  }
+  ~Connection() {
+    close(client);
+    close(server);
+    close(listener);
+  }
+  // Whether the client sees the server end the connection.
+  bool ClientSeesTheEnd() const {
+    char byte;
+    return recv(client, &byte, 1, MSG_DONTWAIT) == 0;
+  }
+};
+
+TEST(ShutDownConnectionTest, EndsTheSocketWhoseRemoteEndIsThePeer) {
+  for (const bool ipv6 : {false, true}) {
+    Connection connection(ipv6);
+    ASSERT_GE(connection.server, 0);
+    EXPECT_FALSE(connection.ClientSeesTheEnd());
+    const std::string peer =
+        ipv6 ? absl::StrCat("ipv6:[::1]:", connection.client_port)
+             : absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    ASSERT_TRUE(ShutDownConnection(peer).ok()) << peer;
+    EXPECT_TRUE(connection.ClientSeesTheEnd()) << peer;
+  }
+}
+
+TEST(ShutDownConnectionTest, SaysWhatItCouldNotFind) {
+  EXPECT_EQ(ShutDownConnection("ipv4:127.0.0.1:1").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShutDownConnection("unix:/tmp/socket").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShutDownConnection("ipv4:not-an-address:80").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ResetGuardTest, ClosesAConnectionPastItsCancellationsInASecond) {
+  Connection connection(false);
+  const std::string peer =
+      absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+  ResetGuard guard(3);
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  // Three a second are allowed, second after second.
+  for (int second = 0; second < 3; ++second) {
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(guard.ClientCancelled(
+          peer, start + absl::Seconds(second) + absl::Milliseconds(10 * i)));
+    }
+  }
+  EXPECT_FALSE(connection.ClientSeesTheEnd());
+  // Another connection's cancellations do not count against this one.
+  EXPECT_FALSE(guard.ClientCancelled("ipv4:127.0.0.1:1", start));
+  const absl::Time later = start + absl::Seconds(10);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(guard.ClientCancelled(peer, later));
+  EXPECT_TRUE(guard.ClientCancelled(peer, later));
+  EXPECT_FALSE(guard.ClientCancelled(peer, later));  // closed once
+  EXPECT_TRUE(connection.ClientSeesTheEnd());
+  EXPECT_EQ(guard.closed(), 1);
+}
+
+TEST(ResetGuardTest, ZeroTurnsItOff) {
+  ResetGuard guard(0);
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_FALSE(guard.ClientCancelled("ipv4:127.0.0.1:1"));
+  }
+  EXPECT_EQ(guard.closed(), 0);
+}
+
+}  // namespace
+}  // namespace attnserve

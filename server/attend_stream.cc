@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "attention_compute.h"
 #include "grpc_status.h"
+#include "inflate.h"
 #include "wire_messages.h"
 
 namespace attnserve {
@@ -61,10 +62,18 @@ class AttendStreamCall final : public ServerCall {
     slot->started = absl::Now();
     deps_.metrics->CallStarted(Rpc::kAttendStream,
                                static_cast<int64_t>(incoming_.Length()));
-    // A message that is not an AttendRequest, or that the memory budget has
-    // no room for, fails only its own answer.
-    absl::StatusOr<MemoryBudget::Hold> held = deps_.budget->Take(
-        static_cast<int64_t>(incoming_.Length()), context().peer());
+    // A message that is not an AttendRequest, that inflates past the message
+    // limit, or that the memory budget has no room for, fails only its own
+    // answer.
+    const absl::Status inflated =
+        deps_.limits.accept_compressed_requests
+            ? InflateRequest(deps_.limits.max_message_bytes, &incoming_)
+            : absl::OkStatus();
+    absl::StatusOr<MemoryBudget::Hold> held =
+        inflated.ok()
+            ? deps_.budget->Take(static_cast<int64_t>(incoming_.Length()),
+                                 context().peer())
+            : absl::StatusOr<MemoryBudget::Hold>(inflated);
     absl::Status parsed = held.status();
     if (held.ok()) {
       slot->hold = *std::move(held);

@@ -14,6 +14,7 @@
 #include "attnserve/proto/tensors.h"
 #include "grpc/support/time.h"
 #include "grpc_status.h"
+#include "inflate.h"
 #include "metrics.h"
 #include "tensor_codec.h"
 #include "wire_messages.h"
@@ -205,7 +206,12 @@ class AttentionServiceImpl::WireCall final
   void OnReadDone(bool ok) override {
     service_->watchdog_.Unwatch(ticket_);
     absl::Status admitted = absl::OkStatus();
-    if (ok) {
+    if (ok && service_->limits_.accept_compressed_requests) {
+      admitted =
+          InflateRequest(service_->limits_.max_message_bytes, &wire_request_);
+      if (!admitted.ok()) wire_request_.Clear();
+    }
+    if (ok && admitted.ok()) {
       absl::StatusOr<MemoryBudget::Hold> taken = service_->budget_->Take(
           static_cast<int64_t>(wire_request_.Length()), context().peer());
       if (taken.ok()) {

@@ -81,8 +81,10 @@ ABSL_FLAG(double, stream_idle_timeout_seconds, 300,
           "open forever).");
 ABSL_FLAG(bool, accept_compressed_requests, false,
           "Take requests compressed with gzip or deflate. Off: they get "
-          "UNIMPLEMENTED unread. gRPC 1.51 inflates a whole message before "
-          "applying --max_message_bytes: only for trusted clients.");
+          "UNIMPLEMENTED unread. On: the server inflates them itself, "
+          "stopping with RESOURCE_EXHAUSTED once the output passes "
+          "--max_message_bytes (gRPC 1.51's own decompression would inflate "
+          "a whole message first).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_elements, int64_t{1} << 28,

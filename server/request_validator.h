@@ -34,6 +34,9 @@ struct RequestLimits {
   // How long a unary call's request may take to arrive after its headers;
   // past it the call is cancelled and what was buffered of it dropped.
   absl::Duration message_timeout = absl::Seconds(30);
+  // Whether compressed requests are taken (then inflated by InflateRequest,
+  // bounded by max_message_bytes).
+  bool accept_compressed_requests = false;
   // How long an AttendStream's next message may take to arrive; past it the
   // stream is cancelled.
   absl::Duration stream_idle_timeout = absl::Minutes(5);

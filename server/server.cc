@@ -283,6 +283,10 @@ class AttnServerImpl final : public AttnServer {
       builder.AddChannelArgument(
           GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
           1 << GRPC_COMPRESS_NONE);
+    } else {
+      // gRPC 1.51 would inflate a whole message before applying the size
+      // limit: the handlers inflate instead, with a bound (inflate.h).
+      builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
     }
     builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
     // The transport's share of the in-flight budget: under its pressure gRPC
@@ -436,6 +440,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   limits.max_request_memory_bytes = options.max_request_memory_bytes;
   limits.max_workspace_bytes = options.max_workspace_bytes;
   limits.message_timeout = options.message_timeout;
+  limits.accept_compressed_requests = options.accept_compressed_requests;
   limits.stream_idle_timeout = options.stream_idle_timeout;
   limits.engine = engine.get();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));

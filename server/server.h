@@ -89,10 +89,9 @@ struct ServerOptions {
   // nothing). Calls whose deadline passed do not count. 0: no limit.
   int max_client_resets_per_second = 200;
   // Whether requests compressed with gzip or deflate are taken. Off: they get
-  // UNIMPLEMENTED before anything is inflated. gRPC 1.51 inflates a whole
-  // message before it applies max_message_bytes, so a small compressed
-  // request can make the server allocate far more; turn this on only for
-  // trusted clients.
+  // UNIMPLEMENTED before anything is inflated. On: gRPC's decompression is
+  // turned off (gRPC 1.51 inflates a whole message before it applies
+  // max_message_bytes) and the handlers inflate with a bound (inflate.h).
   bool accept_compressed_requests = false;
   // How long a unary call's request may take to arrive after its headers;
   // past it the call is cancelled, so a client that stops sending cannot make

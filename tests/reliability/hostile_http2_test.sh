@@ -8,6 +8,7 @@
 #   --message_timeout_seconds, AttendStreams stalled or idle after --stream_idle_timeout_seconds;
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
 #   compressed requests refused unread;
+# - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
 #   and idle streams, with RSS bounded and a well-behaved client served meanwhile;
 # - rapid_reset_test.py: HEADERS + RST_STREAM on one connection: shut down past
@@ -28,7 +29,9 @@ source "${here}/../attnserve_process_lib.sh"
 
 # The RSS bounds allow 64 MiB beyond the budgets; an AddressSanitizer build keeps up to 256 MiB
 # of freed memory in its quarantine, and its shadow memory besides.
+sanitized=0
 if ldd "${attnserve}" | grep -q libasan; then
+  sanitized=1
   export ATTNSERVE_RSS_OVERHEAD_BYTES=$((448 << 20))
 fi
 
@@ -49,6 +52,10 @@ stop_attnserve
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --max_concurrent_streams=7
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7
 stop_attnserve
+start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --accept_compressed_requests \
+  --max_message_bytes=$((4 << 20))
+run "${here}/compressed_requests_test.py" "${port}" "${server_pid}" "${stubs_dir}"
+stop_attnserve
 
 printf 'the-token\n' >"${workdir}/token"
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
@@ -61,7 +68,13 @@ start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
   --stream_idle_timeout_seconds=1
 run "${here}/stalled_message_test.py" "${port}" "${workdir}/token"
 stop_attnserve
-for cap in 200 0; do
+# The cap counts the reset calls gRPC hands the service. A Release build keeps up with a flood
+# and trips it after about 1,000 resets; an AddressSanitizer build is too slow: gRPC queues the
+# reset streams itself, the service sees too few to trip the cap, and RSS grew by 1.2 GB (cap off
+# in Release: +83-148 MiB for 50,000). So the flood runs only against Release builds.
+caps=()
+[[ ${sanitized} -eq 1 ]] || caps=(200 0)
+for cap in "${caps[@]+"${caps[@]}"}"; do
   start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
     --max_client_resets_per_second="${cap}"
   run "${here}/rapid_reset_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${cap}"

@@ -127,14 +127,16 @@ class Calls:
         self.closed = False
         self._flush()
 
-    def start(self, path, message, headers=(), end_stream=True):
-        """Opens a call and queues its message (None sends none)."""
+    def start(self, path, message, headers=(), end_stream=True, compressed=False):
+        """Opens a call and queues its message (None sends none), with the compressed flag set if
+        `compressed` (the caller sends grpc-encoding)."""
         stream = self.conn.get_next_available_stream_id()
         self.conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
                                         (":path", path), (":authority", "localhost"),
                                         ("content-type", "application/grpc"),
                                         ("te", "trailers"), *headers])
-        framed = b"\x00" + struct.pack(">I", len(message)) + message if message is not None else b""
+        flag = b"\x01" if compressed else b"\x00"
+        framed = flag + struct.pack(">I", len(message)) + message if message is not None else b""
         self.statuses[stream] = None
         self.unsent[stream] = [framed, end_stream]
         self._send_what_fits()

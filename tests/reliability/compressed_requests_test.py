@@ -1,0 +1,74 @@
+"""With --accept_compressed_requests, compressed requests are taken but inflated with a bound:
+a gzip or deflate "bomb" (256 MiB of zeros in about 256 KiB) against --max_message_bytes of
+4 MiB must get RESOURCE_EXHAUSTED naming the limit, the server's RSS growing by less than 32 MiB
+(the output stops past 4 MiB) (gRPC 1.51's own decompression inflated the whole message first: 1 GiB for a 1 MB
+request); a small compressed Attend must be answered, and a corrupt stream refused.
+
+usage: compressed_requests_test.py PORT SERVER_PID STUBS_DIR
+"""
+import gzip
+import os
+import struct
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, sys.argv[3])
+from attnserve.v1 import attention_pb2  # noqa: E402
+from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
+
+OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED = 0, 3, 8
+ATTEND = "/attnserve.v1.AttentionService/Attend"
+COMPRESS = {"gzip": lambda data: gzip.compress(data, compresslevel=9),
+            "deflate": lambda data: zlib.compress(data, 9)}
+
+
+def attend():
+    request = attention_pb2.AttendRequest()
+    for proto, shape in ((request.query, [1, 2, 8, 8]), (request.key, [1, 2, 8, 8]),
+                         (request.value, [1, 2, 8, 8])):
+        proto.dtype = attention_pb2.FLOAT32
+        proto.shape.extend(shape)
+        proto.data = struct.pack("<f", 0.5) * 128
+    return request.SerializeToString()
+
+
+def call(port, encoding, message):
+    """Sends one compressed message as flow control allows; returns (grpc-status, message)."""
+    calls = Calls(port)
+    try:
+        stream = calls.start(ATTEND, message, headers=[("grpc-encoding", encoding)],
+                             compressed=True)
+        calls.pump(30)
+        return calls.statuses[stream], calls.messages.get(stream, "")
+    finally:
+        calls.close()
+
+
+def main():
+    port, pid = int(sys.argv[1]), int(sys.argv[2])
+    failures = []
+    for encoding, compress in COMPRESS.items():
+        status, text = call(port, encoding, compress(attend()))
+        print(f"{encoding} Attend: {status} {text}")
+        if status != OK:
+            failures.append(f"a {encoding}-compressed Attend got {status} {text}")
+        before = rss_bytes(pid)
+        bomb = compress(bytes(256 << 20))
+        status, text = call(port, encoding, bomb)
+        growth = rss_bytes(pid) - before
+        print(f"{encoding} bomb of {len(bomb)} bytes: {status} {text}; RSS grew "
+              f"{growth / 2**20:.1f} MiB")
+        if status != RESOURCE_EXHAUSTED or "--max_message_bytes" not in text:
+            failures.append(f"a {encoding} bomb got {status} {text}")
+        if growth > 32 << 20:
+            failures.append(f"a {encoding} bomb grew RSS by {growth} bytes")
+        status, text = call(port, encoding, compress(attend())[:-8])
+        print(f"truncated {encoding}: {status} {text}")
+        if status != INVALID_ARGUMENT:
+            failures.append(f"a truncated {encoding} stream got {status} {text}")
+    exit_with(failures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Traffic gRPC's own clients cannot make, through a raw HTTP/2 client (Debian's python3-h2,
-# raw_http2.py), against attnserve on a free loopback port:
+# raw_http2.py), against attnserve on a free loopback port, while a well-behaved client
+# (prober.py) calls a small Attend on its own connection and must be answered throughout:
 # - far_deadline_test.py: a grpc-timeout past year 2262 means no deadline;
 # - unauthenticated_partial_test.py (with a token configured): partial messages from a caller
 #   without the token are refused on their headers, never buffered;
@@ -35,6 +36,33 @@ if ldd "${attnserve}" | grep -q libasan; then
   export ATTNSERVE_RSS_OVERHEAD_BYTES=$((448 << 20))
 fi
 
+# A well-behaved client on its own connection, calling a small Attend throughout each server's
+# life (prober.py); stop_server checks it was answered every time within its bound.
+prober_pid=""
+start_server() {  # [--auth_token_file=FILE] FLAG...
+  start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 "$@"
+  local token=()
+  for flag in "$@"; do
+    [[ ${flag} == --auth_token_file=* ]] && token=("${flag#--auth_token_file=}")
+  done
+  "${python}" "${here}/prober.py" "${port}" "${stubs_dir}" "${token[@]+"${token[@]}"}" \
+    >"${workdir}/prober.log" 2>&1 &
+  prober_pid=$!
+  cleanup_pids+=("${prober_pid}")
+  sleep 0.5
+}
+stop_server() {
+  local status
+  kill -TERM "${prober_pid}"
+  set +e
+  wait "${prober_pid}"
+  status=$?
+  set -e
+  cat "${workdir}/prober.log"
+  [[ ${status} -eq 0 ]] || fail "the well-behaved client was not served: $(cat "${workdir}/prober.log")"
+  stop_attnserve
+}
+
 run() {
   local status
   set +e
@@ -45,29 +73,27 @@ run() {
   kill -0 "${server_pid}" 2>/dev/null || fail "attnserve died"
 }
 
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0
+start_server
 run "${here}/far_deadline_test.py" "${port}" "${stubs_dir}"
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 256
-stop_attnserve
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --max_concurrent_streams=7
+stop_server
+start_server --max_concurrent_streams=7
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7
-stop_attnserve
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --accept_compressed_requests \
-  --max_message_bytes=$((4 << 20))
+stop_server
+start_server --accept_compressed_requests --max_message_bytes=$((4 << 20))
 run "${here}/compressed_requests_test.py" "${port}" "${server_pid}" "${stubs_dir}"
-stop_attnserve
+stop_server
 
 printf 'the-token\n' >"${workdir}/token"
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-  --auth_token_file="${workdir}/token"
+start_server --auth_token_file="${workdir}/token"
 run "${here}/unauthenticated_partial_test.py" "${port}" "${server_pid}"
-stop_attnserve
+stop_server
 
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-  --auth_token_file="${workdir}/token" --message_timeout_seconds=1 \
+start_server --auth_token_file="${workdir}/token" --message_timeout_seconds=1 \
   --stream_idle_timeout_seconds=1
 run "${here}/stalled_message_test.py" "${port}" "${workdir}/token"
-stop_attnserve
+stop_server
+
 # The cap counts the reset calls gRPC hands the service. A Release build keeps up with a flood
 # and trips it after about 1,000 resets; an AddressSanitizer build is too slow: gRPC queues the
 # reset streams itself, the service sees too few to trip the cap, and RSS grew by 1.2 GB (cap off
@@ -75,23 +101,20 @@ stop_attnserve
 caps=()
 [[ ${sanitized} -eq 1 ]] || caps=(200 0)
 for cap in "${caps[@]+"${caps[@]}"}"; do
-  start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-    --max_client_resets_per_second="${cap}"
+  start_server --max_client_resets_per_second="${cap}"
   run "${here}/rapid_reset_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${cap}"
-  stop_attnserve
+  stop_server
 done
 
 budget=$((128 << 20))
 for scenario in large unread; do
-  start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-    --max_inflight_bytes="${budget}"
+  start_server --max_inflight_bytes="${budget}"
   run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
     "${scenario}"
-  stop_attnserve
+  stop_server
 done
 budget=$((16 << 20))
-start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-  --max_inflight_bytes="${budget}"
+start_server --max_inflight_bytes="${budget}"
 run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" streams
-stop_attnserve
+stop_server
 echo "PASS"

@@ -1,9 +1,9 @@
 """The in-flight memory budget (--max_inflight_bytes) against three kinds of traffic that used
-to grow the server without bound, while a well-behaved client on its own connection keeps
-calling a small Attend and must keep being answered:
+to grow the server without bound (hostile_http2_test.sh's prober is the well-behaved client
+that must keep being answered meanwhile):
 
   large: many concurrent, individually valid Attends of 12 MiB each (gRPC's Python client);
-         those the budget has no room for get RESOURCE_EXHAUSTED at once, the rest are answered.
+         those the budget has no room for get RESOURCE_EXHAUSTED at once.
   unread: Attends asking for PER_HEAD weights (33 MB answers) on a connection that never reads
          its answers: answers not yet sent keep their share of the budget, so once it is held,
          later calls are refused, until the connection goes and the budget comes back.
@@ -32,9 +32,6 @@ OK, RESOURCE_EXHAUSTED = 0, 8
 # AddressSanitizer's builds keep freed memory in a 256 MiB quarantine: hostile_http2_test.sh
 # raises the overhead for them.
 OVERHEAD_BYTES = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
-# How long the well-behaved client's calls may take while the abuse runs: they queue behind at
-# most a budget's worth of large computes on one executor (about 1 s each on 2 vCPUs).
-SMALL_CALL_BOUND_S = 10.0
 ATTEND = "/attnserve.v1.AttentionService/Attend"
 
 
@@ -75,53 +72,6 @@ class RssWatch:
         self.stop.set()
         self.thread.join()
         return self.base, self.peak
-
-
-class SmallClient:
-    """The well-behaved client: small Attends one after another on its own channel."""
-
-    def __init__(self, port):
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = attention_pb2_grpc.AttentionServiceStub(self.channel)
-        self.request = attend_request(2, 16, 16)
-        self.latencies, self.codes = [], collections.Counter()
-        self.stop = threading.Event()
-        self.stub.Attend(self.request, timeout=30)  # connected before the abuse starts
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-
-    def _run(self):
-        """One call after another; a call refused with RESOURCE_EXHAUSTED (the budget, or
-        gRPC's transport quota) is retried after 50 ms, as a client with a retry policy
-        would; the latency counts from the first try."""
-        while not self.stop.is_set():
-            started = time.monotonic()
-            while time.monotonic() - started < SMALL_CALL_BOUND_S:
-                try:
-                    self.stub.Attend(self.request, timeout=SMALL_CALL_BOUND_S)
-                    self.codes["OK"] += 1
-                    self.latencies.append(time.monotonic() - started)
-                    break
-                except grpc.RpcError as error:
-                    self.codes[error.code().name] += 1
-                    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        break
-                    time.sleep(0.05)
-            else:
-                self.latencies.append(time.monotonic() - started)
-            time.sleep(0.02)
-
-    def finish(self, failures):
-        self.stop.set()
-        self.thread.join()
-        self.channel.close()
-        worst = max(self.latencies, default=float("inf"))
-        print(f"well-behaved client: {dict(self.codes)}, slowest answer {worst:.2f} s")
-        if self.codes["OK"] < 3 or not set(self.codes) <= {"OK", "RESOURCE_EXHAUSTED"}:
-            failures.append(f"the well-behaved client got {dict(self.codes)}, expected OK "
-                            "(after retries of RESOURCE_EXHAUSTED)")
-        if worst > SMALL_CALL_BOUND_S:
-            failures.append(f"the well-behaved client waited {worst:.1f} s")
 
 
 def large(port, failures):
@@ -235,11 +185,9 @@ def main():
     port, pid, budget, scenario = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]),
                                    sys.argv[5])
     failures = []
-    small = SmallClient(port)
     watch = RssWatch(pid)
     {"large": large, "unread": unread, "streams": streams}[scenario](port, failures)
     base, peak = watch.finish()
-    small.finish(failures)
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "
           f"{budget / 2**20:.0f} MiB + {OVERHEAD_BYTES / 2**20:.0f} MiB overhead")
     if peak > base + budget + OVERHEAD_BYTES:

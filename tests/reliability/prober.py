@@ -1,0 +1,59 @@
+"""The well-behaved client of the hostile HTTP/2 tests: while an abusive client runs against the
+server, it calls a small Attend every 50 ms on its own connection (gRPC's Python client),
+retrying a RESOURCE_EXHAUSTED after 50 ms as a client with a retry policy would. On SIGTERM it
+prints how many calls it made and the slowest, and exits 1 if any call failed otherwise or took
+longer than BOUND_S from its first try.
+
+usage: prober.py PORT STUBS_DIR [TOKEN_FILE]
+"""
+import signal
+import struct
+import sys
+import time
+
+sys.path.insert(0, sys.argv[2])
+import grpc  # noqa: E402
+from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+
+BOUND_S = 10.0
+
+
+def main():
+    port = int(sys.argv[1])
+    metadata = []
+    if len(sys.argv) > 3:
+        metadata = [("authorization", "Bearer " + open(sys.argv[3]).read().strip())]
+    request = attention_pb2.AttendRequest()
+    for proto in (request.query, request.key, request.value):
+        proto.dtype = attention_pb2.FLOAT32
+        proto.shape.extend([1, 2, 8, 8])
+        proto.data = struct.pack("<f", 0.5) * 128
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = attention_pb2_grpc.AttentionServiceStub(channel)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    calls, retries, slowest, errors = 0, 0, 0.0, []
+    while not stopping:
+        started = time.monotonic()
+        while True:
+            try:
+                stub.Attend(request, timeout=BOUND_S, metadata=metadata)
+                break
+            except grpc.RpcError as error:
+                if (error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED
+                        or time.monotonic() - started > BOUND_S):
+                    errors.append(f"{error.code().name}: {error.details()}")
+                    break
+                retries += 1
+                time.sleep(0.05)
+        calls += 1
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.05)
+    print(f"prober: {calls} small Attends, {retries} retried, slowest {slowest:.2f} s, "
+          f"errors {errors[:3]}")
+    ok = calls > 0 and not errors and slowest <= BOUND_S
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

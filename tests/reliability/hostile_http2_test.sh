@@ -7,6 +7,8 @@
 #   without the token are refused on their headers, never buffered;
 # - stalled_message_test.py (with the token): calls whose message stops arriving are ended after
 #   --message_timeout_seconds, AttendStreams stalled or idle after --stream_idle_timeout_seconds;
+# - long_strings_test.py: 60 MiB names (Health.Check, DeleteWeights) and a 5,000,000-dimension
+#   shape answered at once with short messages;
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
 #   compressed requests refused unread;
 # - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
@@ -76,6 +78,7 @@ run() {
 start_server
 run "${here}/far_deadline_test.py" "${port}" "${stubs_dir}"
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 256
+run "${here}/long_strings_test.py" "${port}" "${server_pid}" "${stubs_dir}"
 stop_server
 start_server --max_concurrent_streams=7
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7

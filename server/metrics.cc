@@ -243,25 +243,29 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
   batch_size_->Observe(requests);
 }
 
+namespace {
+
+// Brings `counter` up to `total`, a count kept elsewhere since the start, of
+// which `seen` had been added.
+void CatchUp(prometheus::Counter* counter, int64_t total, int64_t* seen) {
+  if (total <= *seen) return;
+  counter->Increment(static_cast<double>(total - *seen));
+  *seen = total;
+}
+
+}  // namespace
+
 void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
                                       int64_t refused) {
   inflight_bytes_->Set(static_cast<double>(held));
   inflight_limit_bytes_->Set(static_cast<double>(limit));
-  absl::MutexLock lock(&inflight_mutex_);
-  if (refused > inflight_refused_seen_) {
-    inflight_refused_->Increment(
-        static_cast<double>(refused - inflight_refused_seen_));
-    inflight_refused_seen_ = refused;
-  }
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(inflight_refused_, refused, &inflight_refused_seen_);
 }
 
 void ServerMetrics::SetResetClosures(int64_t closed) {
-  absl::MutexLock lock(&inflight_mutex_);
-  if (closed > reset_closures_seen_) {
-    reset_closures_->Increment(
-        static_cast<double>(closed - reset_closures_seen_));
-    reset_closures_seen_ = closed;
-  }
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(reset_closures_, closed, &reset_closures_seen_);
 }
 
 void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {

@@ -107,10 +107,11 @@ class ServerMetrics {
   prometheus::Gauge* inflight_bytes_ = nullptr;
   prometheus::Gauge* inflight_limit_bytes_ = nullptr;
   prometheus::Counter* inflight_refused_ = nullptr;
-  absl::Mutex inflight_mutex_;
-  int64_t inflight_refused_seen_ ABSL_GUARDED_BY(inflight_mutex_) = 0;
   prometheus::Counter* reset_closures_ = nullptr;
-  int64_t reset_closures_seen_ ABSL_GUARDED_BY(inflight_mutex_) = 0;
+  // What the sampled counters have been brought up to.
+  absl::Mutex sampled_mutex_;
+  int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
 };
 

@@ -8,29 +8,19 @@ usage: compressed_requests_test.py PORT SERVER_PID STUBS_DIR
 """
 import gzip
 import os
-import struct
 import sys
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[3])
-from attnserve.v1 import attention_pb2  # noqa: E402
+from attend_messages import attend_request  # noqa: E402
 from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
 
 OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED = 0, 3, 8
 ATTEND = "/attnserve.v1.AttentionService/Attend"
+SMALL = attend_request(2, 8, 8).SerializeToString()
 COMPRESS = {"gzip": lambda data: gzip.compress(data, compresslevel=9),
             "deflate": lambda data: zlib.compress(data, 9)}
-
-
-def attend():
-    request = attention_pb2.AttendRequest()
-    for proto, shape in ((request.query, [1, 2, 8, 8]), (request.key, [1, 2, 8, 8]),
-                         (request.value, [1, 2, 8, 8])):
-        proto.dtype = attention_pb2.FLOAT32
-        proto.shape.extend(shape)
-        proto.data = struct.pack("<f", 0.5) * 128
-    return request.SerializeToString()
 
 
 def call(port, encoding, message):
@@ -49,7 +39,7 @@ def main():
     port, pid = int(sys.argv[1]), int(sys.argv[2])
     failures = []
     for encoding, compress in COMPRESS.items():
-        status, text = call(port, encoding, compress(attend()))
+        status, text = call(port, encoding, compress(SMALL))
         print(f"{encoding} Attend: {status} {text}")
         if status != OK:
             failures.append(f"a {encoding}-compressed Attend got {status} {text}")
@@ -63,7 +53,7 @@ def main():
             failures.append(f"a {encoding} bomb got {status} {text}")
         if growth > 32 << 20:
             failures.append(f"a {encoding} bomb grew RSS by {growth} bytes")
-        status, text = call(port, encoding, compress(attend())[:-8])
+        status, text = call(port, encoding, compress(SMALL)[:-8])
         print(f"truncated {encoding}: {status} {text}")
         if status != INVALID_ARGUMENT:
             failures.append(f"a truncated {encoding} stream got {status} {text}")

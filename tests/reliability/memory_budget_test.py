@@ -17,7 +17,6 @@ usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES large|unread
 """
 import collections
 import os
-import struct
 import sys
 import threading
 import time
@@ -25,7 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[3])
 import grpc  # noqa: E402
-from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+from attnserve.v1 import attention_pb2_grpc  # noqa: E402
+from attend_messages import attend_request  # noqa: E402
 from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
 
 OK, RESOURCE_EXHAUSTED = 0, 8
@@ -33,25 +33,6 @@ OK, RESOURCE_EXHAUSTED = 0, 8
 # raises the overhead for them.
 OVERHEAD_BYTES = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
 ATTEND = "/attnserve.v1.AttentionService/Attend"
-
-
-def tensor(proto, shape, fill=0.0):
-    proto.dtype = attention_pb2.FLOAT32
-    proto.shape.extend(shape)
-    count = 1
-    for d in shape:
-        count *= d
-    proto.data = struct.pack("<f", fill) * count
-
-
-def attend_request(heads, length, dim, weights=False):
-    request = attention_pb2.AttendRequest()
-    tensor(request.query, [1, heads, length, dim], 0.5)
-    tensor(request.key, [1, heads, length, dim], 0.25)
-    tensor(request.value, [1, heads, length, dim], 1.0)
-    if weights:
-        request.options.return_weights = attention_pb2.AttentionOptions.PER_HEAD
-    return request
 
 
 class RssWatch:

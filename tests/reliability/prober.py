@@ -6,14 +6,16 @@ longer than BOUND_S from its first try.
 
 usage: prober.py PORT STUBS_DIR [TOKEN_FILE]
 """
+import os
 import signal
-import struct
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[2])
 import grpc  # noqa: E402
-from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+from attend_messages import attend_request  # noqa: E402
+from attnserve.v1 import attention_pb2_grpc  # noqa: E402
 
 BOUND_S = 10.0
 
@@ -23,11 +25,7 @@ def main():
     metadata = []
     if len(sys.argv) > 3:
         metadata = [("authorization", "Bearer " + open(sys.argv[3]).read().strip())]
-    request = attention_pb2.AttendRequest()
-    for proto in (request.query, request.key, request.value):
-        proto.dtype = attention_pb2.FLOAT32
-        proto.shape.extend([1, 2, 8, 8])
-        proto.data = struct.pack("<f", 0.5) * 128
+    request = attend_request(2, 8, 8)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = attention_pb2_grpc.AttentionServiceStub(channel)
     stopping = []

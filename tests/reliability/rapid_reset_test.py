@@ -10,7 +10,6 @@ usage: rapid_reset_test.py PORT SERVER_PID STUBS_DIR MAX_CLIENT_RESETS_PER_SECON
 """
 import os
 import socket
-import struct
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ sys.path.insert(0, sys.argv[3])
 import h2.config  # noqa: E402
 import h2.connection  # noqa: E402
 import h2.errors  # noqa: E402
-from attnserve.v1 import attention_pb2  # noqa: E402
+from attend_messages import attend_request  # noqa: E402
 from raw_http2 import exit_with, rss_bytes, unary_call  # noqa: E402
 
 RESETS = 50_000
@@ -31,20 +30,10 @@ PROBE_BOUND_S = 5.0
 ATTEND = "/attnserve.v1.AttentionService/Attend"
 
 
-def small_attend():
-    request = attention_pb2.AttendRequest()
-    for proto, shape in ((request.query, [1, 2, 8, 8]), (request.key, [1, 2, 8, 8]),
-                         (request.value, [1, 2, 8, 8])):
-        proto.dtype = attention_pb2.FLOAT32
-        proto.shape.extend(shape)
-        proto.data = struct.pack("<f", 0.5) * 128
-    return request.SerializeToString()
-
-
 def main():
     port, pid, cap = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
     base = peak = rss_bytes(pid)
-    message = small_attend()
+    message = attend_request(2, 8, 8).SerializeToString()
     probes, stop = [], threading.Event()
 
     def probe():

@@ -233,5 +233,46 @@ TEST_F(MetricsTest, BufferPoolGaugeShowsTheBytesKeptBetweenCalls) {
   EXPECT_LE(kept, 256 << 20);  // --buffer_pool_bytes' default.
 }
 
+class InflightMetricsTest : public ::attnserve::testing::ServerFixture {
+ protected:
+  // A budget of 64 MiB gives calls 48 MiB (a quarter goes to gRPC's
+  // buffers), and one connection half of that.
+  void SetUp() override {
+    ServerOptions options = DefaultOptions();
+    options.metrics_port = 0;
+    options.max_message_bytes = 64 << 20;
+    options.max_inflight_bytes = int64_t{64} << 20;
+    StartServer(options);
+  }
+};
+
+TEST_F(InflightMetricsTest, BudgetGaugesShowTheLimitAndRefusals) {
+  // A 3 MiB request whose 32 MiB of PER_HEAD weights take its compute past
+  // the 24 MiB one connection may hold.
+  v1::AttendRequest large;
+  *large.mutable_query() =
+      MakeFloat32Tensor({1, 8, 1024, 32}, RandomValues(8 * 1024 * 32, 1));
+  *large.mutable_key() = large.query();
+  *large.mutable_value() = large.query();
+  large.mutable_options()->set_return_weights(v1::AttentionOptions::PER_HEAD);
+  const absl::StatusOr<v1::AttendResponse> refused =
+      client_->Attend(large, kTimeout);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max_inflight_bytes"));
+  ASSERT_TRUE(client_->Attend(SmallAttend(1), kTimeout).ok());
+  // The gauges are sampled once a second.
+  std::map<std::string, double> samples;
+  for (int i = 0; i < 40 && samples["attnserve_inflight_refused_total"] < 1;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    samples = Samples(Scrape(server_->metrics_port()));
+  }
+  EXPECT_EQ(samples["attnserve_inflight_refused_total"], 1);
+  EXPECT_EQ(samples["attnserve_inflight_limit_bytes"], 48 << 20);
+  EXPECT_GE(samples["attnserve_inflight_bytes"], 0);
+  EXPECT_LT(samples["attnserve_inflight_bytes"], 1 << 20);
+  EXPECT_EQ(samples["attnserve_reset_connections_closed_total"], 0);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -32,8 +32,10 @@ source "${here}/../attnserve_process_lib.sh"
 
 # The RSS bounds allow 64 MiB beyond the budgets; an AddressSanitizer build keeps up to 256 MiB
 # of freed memory in its quarantine, and its shadow memory besides.
+# (ldd's output is taken whole first: with pipefail, `ldd | grep -q` fails when grep stops
+# reading early and ldd gets SIGPIPE.)
 sanitized=0
-if ldd "${attnserve}" | grep -q libasan; then
+if [[ $(ldd "${attnserve}") == *libasan* ]]; then
   sanitized=1
   export ATTNSERVE_RSS_OVERHEAD_BYTES=$((448 << 20))
 fi

@@ -6,24 +6,15 @@ gRPC's own clients cannot send such a header, so this uses raw_http2.
 usage: far_deadline_test.py PORT STUBS_DIR (hostile_http2_test.sh runs it)
 """
 import os
-import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[2])
+from attend_messages import tensor  # noqa: E402
 from attnserve.v1 import attention_pb2  # noqa: E402
 from raw_http2 import exit_with, unary_call  # noqa: E402
 
 SERVICE = "/attnserve.v1.AttentionService/"
-
-
-def tensor(proto, shape, value):
-    proto.dtype = attention_pb2.FLOAT32
-    proto.shape.extend(shape)
-    count = 1
-    for d in shape:
-        count *= d
-    proto.data = struct.pack(f"<{count}f", *([value] * count))
 
 
 def attend():

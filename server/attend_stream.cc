@@ -65,15 +65,8 @@ class AttendStreamCall final : public ServerCall {
     // A message that is not an AttendRequest, that inflates past the message
     // limit, or that the memory budget has no room for, fails only its own
     // answer.
-    const absl::Status inflated =
-        deps_.limits.accept_compressed_requests
-            ? InflateRequest(deps_.limits.max_message_bytes, &incoming_)
-            : absl::OkStatus();
     absl::StatusOr<MemoryBudget::Hold> held =
-        inflated.ok()
-            ? deps_.budget->Take(static_cast<int64_t>(incoming_.Length()),
-                                 context().peer())
-            : absl::StatusOr<MemoryBudget::Hold>(inflated);
+        AdmitMessage(deps_.limits, *deps_.budget, context().peer(), &incoming_);
     absl::Status parsed = held.status();
     if (held.ok()) {
       slot->hold = *std::move(held);

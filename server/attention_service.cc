@@ -12,7 +12,6 @@
 #include "attention_compute.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
-#include "grpc/support/time.h"
 #include "grpc_status.h"
 #include "inflate.h"
 #include "metrics.h"
@@ -142,16 +141,6 @@ AttentionServiceImpl::AttentionServiceImpl(
 
 namespace {
 
-// Whether the call's deadline has passed, compared in gRPC's own time type:
-// ServerContextBase::deadline() converts to std::chrono::system_clock, whose
-// int64 nanoseconds end in 2262, and a later deadline (grpc-timeout 2200000H,
-// or any up to its 99999999H) overflows into the past. Such a deadline means
-// no deadline.
-bool DeadlinePassed(const grpc::ServerContextBase& context) {
-  const gpr_timespec deadline = context.raw_deadline();
-  return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
-}
-
 // Why a unary call's request never arrived.
 absl::Status NotReceived(const grpc::ServerContextBase& context) {
   if (DeadlinePassed(context)) {
@@ -206,19 +195,14 @@ class AttentionServiceImpl::WireCall final
   void OnReadDone(bool ok) override {
     service_->watchdog_.Unwatch(ticket_);
     absl::Status admitted = absl::OkStatus();
-    if (ok && service_->limits_.accept_compressed_requests) {
-      admitted =
-          InflateRequest(service_->limits_.max_message_bytes, &wire_request_);
-      if (!admitted.ok()) wire_request_.Clear();
-    }
-    if (ok && admitted.ok()) {
-      absl::StatusOr<MemoryBudget::Hold> taken = service_->budget_->Take(
-          static_cast<int64_t>(wire_request_.Length()), context().peer());
+    if (ok) {
+      absl::StatusOr<MemoryBudget::Hold> taken =
+          AdmitMessage(service_->limits_, *service_->budget_, context().peer(),
+                       &wire_request_);
       if (taken.ok()) {
         hold = *std::move(taken);
       } else {
         admitted = taken.status();
-        wire_request_.Clear();
       }
     }
     service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, admitted,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/support/time.h"
 
 namespace attnserve {
 namespace internal {
@@ -193,6 +194,11 @@ constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
 
 }  // namespace
 
+bool DeadlinePassed(const grpc::ServerContextBase& context) {
+  const gpr_timespec deadline = context.raw_deadline();
+  return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
+}
+
 grpc::GenericServerContext& ServerCall::context() const {
   return slot_->context();
 }
@@ -272,9 +278,7 @@ void CallLoop::CallEnded() {
 }
 
 void CallLoop::CallCancelled(const grpc::GenericServerContext& context) {
-  if (reset_guard_ == nullptr) return;
-  const gpr_timespec deadline = context.raw_deadline();
-  if (gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0) return;
+  if (reset_guard_ == nullptr || DeadlinePassed(context)) return;
   reset_guard_->ClientCancelled(context.peer());
 }
 

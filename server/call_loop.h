@@ -98,6 +98,13 @@ class ServerCall {
   internal::CallSlot* slot_ = nullptr;
 };
 
+// Whether the call's deadline has passed, compared in gRPC's own time type:
+// ServerContextBase::deadline() converts to std::chrono::system_clock, whose
+// int64 nanoseconds end in 2262, and a later deadline (grpc-timeout 2200000H,
+// or any up to its 99999999H) overflows into the past. Such a deadline means
+// no deadline.
+bool DeadlinePassed(const grpc::ServerContextBase& context);
+
 // Thread-safe after Start.
 class CallLoop {
  public:

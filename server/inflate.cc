@@ -92,4 +92,19 @@ absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryBudget::Hold> AdmitMessage(const RequestLimits& limits,
+                                                MemoryBudget& budget,
+                                                const std::string& peer,
+                                                grpc::ByteBuffer* message) {
+  const absl::Status inflated =
+      limits.accept_compressed_requests
+          ? InflateRequest(limits.max_message_bytes, message)
+          : absl::OkStatus();
+  absl::StatusOr<MemoryBudget::Hold> held =
+      inflated.ok() ? budget.Take(static_cast<int64_t>(message->Length()), peer)
+                    : absl::StatusOr<MemoryBudget::Hold>(inflated);
+  if (!held.ok()) message->Clear();
+  return held;
+}
+
 }  // namespace attnserve

@@ -1,3 +1,6 @@
+// A request message's way in: inflated with a bound, then charged to the
+// memory budget (AdmitMessage).
+//
 // Inflating compressed requests with a bound. gRPC 1.51 inflates a whole
 // compressed message before it applies the message size limit, so a 1 MB
 // gzip request could make the server allocate 1 GiB. With
@@ -7,9 +10,13 @@
 #define ATTNSERVE_SERVER_INFLATE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "memory_budget.h"
+#include "request_validator.h"
 
 namespace attnserve {
 
@@ -23,6 +30,15 @@ namespace attnserve {
 // allocated; INVALID_ARGUMENT for a corrupt or truncated stream. Other bytes
 // are left as they are.
 absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message);
+
+// Takes a request `message` that has arrived from `peer`: inflates it (with
+// `limits.accept_compressed_requests`), then takes its bytes from `budget`.
+// On an error (the inflation's, or the budget's RESOURCE_EXHAUSTED) the
+// message is cleared, so that its bytes are not held.
+absl::StatusOr<MemoryBudget::Hold> AdmitMessage(const RequestLimits& limits,
+                                                MemoryBudget& budget,
+                                                const std::string& peer,
+                                                grpc::ByteBuffer* message);
 
 }  // namespace attnserve
 

@@ -31,10 +31,9 @@ constexpr int64_t kSlabTargetBytes = int64_t{64} << 20;
 // Calls with fewer FLOPs run on one thread.
 constexpr double kParallelFlops = 1 << 20;
 
+// The engine sizes its thread team on the full (non-causal) count.
 double AttentionFlops(const AttentionShape& s) {
-  return 2.0 * static_cast<double>(s.batch * s.heads) *
-         static_cast<double>(s.query_len) * static_cast<double>(s.key_len) *
-         static_cast<double>(s.key_dim + s.value_dim);
+  return AttentionFlops(s.Dims(), /*causal=*/false);
 }
 
 class AttentionEngineImpl final : public AttentionEngine {
@@ -174,11 +173,8 @@ class AttentionEngineImpl final : public AttentionEngine {
                     SdpaWorkspaceBytes(heads, options,
                                        /*key_value_packed=*/false)})));
 
-    const double flops =
-        AttentionFlops(heads) +
-        2.0 * static_cast<double>(shape.batch * shape.query_len) *
-            static_cast<double>(shape.embed_dim) *
-            (q_out + kv_out + context_out);
+    const double flops = MultiHeadFlops(heads.Dims(), shape.Projections(),
+                                        /*causal=*/false);
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream, NewStream(flops));
     // Projections, laid out [B, L, heads·D] and read as [B, heads, L, D]
     // through strides.

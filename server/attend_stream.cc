@@ -147,9 +147,9 @@ class AttendStreamCall final : public ServerCall {
                     absl::ToInt64Microseconds(elapsed));
                 deps_.metrics->Computed(
                     Rpc::kAttendStream, elapsed, 1,
-                    status.ok()
-                        ? AttentionFlops(work.shape, work.plan.options.causal)
-                        : 0.0);
+                    status.ok() ? AttentionFlops(work.shape.Dims(),
+                                                 work.plan.options.causal)
+                                : 0.0);
               }
               Resolve(*slot, status);
               // The count drops inside Advance's critical section: once it is 0

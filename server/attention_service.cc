@@ -99,7 +99,7 @@ class AttentionServiceImpl::AttendJob final : public Job {
     const absl::Duration elapsed = absl::Now() - started;
     double flops = 0;
     for (const AttendJob* attend : live) {
-      flops += AttentionFlops(attend->work_.shape,
+      flops += AttentionFlops(attend->work_.shape.Dims(),
                               attend->work_.plan.options.causal);
     }
     service_->metrics_->Computed(Rpc::kAttend, elapsed,
@@ -378,7 +378,9 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
   if (!work.ok()) return Finish(call, work.status(), response);
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return Finish(call, held, response);
-  const double flops = MultiHeadFlops(work->shape, work->plan.options.causal);
+  const double flops =
+      MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
+                     work->plan.options.causal);
   SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
              work->plan.output_dtype, response->mutable_output());
   auto compute = [this, request = &request, response, registered,

@@ -281,22 +281,4 @@ void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {
   weights_bytes_->Set(static_cast<double>(bytes));
 }
 
-double AttentionFlops(const AttentionShape& s, bool causal) {
-  const double flops =
-      2.0 * static_cast<double>(s.batch) * static_cast<double>(s.heads) *
-      static_cast<double>(s.query_len) * static_cast<double>(s.key_len) *
-      static_cast<double>(s.key_dim + s.value_dim);
-  return causal ? flops / 2 : flops;
-}
-
-double MultiHeadFlops(const MultiHeadShape& s, bool causal) {
-  const double q_rows = static_cast<double>(s.batch * s.query_len);
-  const double kv_rows = static_cast<double>(s.batch * s.key_len);
-  const double projections =
-      2.0 * (q_rows * s.embed_dim * s.heads * s.key_dim +
-             kv_rows * s.kv_embed_dim * s.kv_heads * (s.key_dim + s.value_dim) +
-             q_rows * s.heads * s.value_dim * s.embed_dim);
-  return projections + AttentionFlops(s.Heads(), causal);
-}
-
 }  // namespace attnserve

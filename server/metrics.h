@@ -115,13 +115,6 @@ class ServerMetrics {
   prometheus::Counter* io_spin_seconds_ = nullptr;
 };
 
-// FLOPs of one SDPA call, FlashAttention's convention: 2·B·H·Lq·Lk·(Dk + Dv),
-// halved if causal.
-double AttentionFlops(const AttentionShape& shape, bool causal);
-
-// FLOPs of one MHA call: the attention plus 2·rows·in·out for each projection.
-double MultiHeadFlops(const MultiHeadShape& shape, bool causal);
-
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_SERVER_METRICS_H_

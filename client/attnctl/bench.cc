@@ -17,6 +17,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/common/flops.h"
 #include "bench_report.h"
 #include "cli.h"
 #include "request_flags.h"
@@ -147,14 +148,6 @@ void RunClosedLoop(const LoopConfig& config, const Call& call,
   }
 }
 
-double AttentionFlops(double batch, double heads, double query_len,
-                      double key_len, double key_dim, double value_dim,
-                      bool causal) {
-  const double flops =
-      2.0 * batch * heads * query_len * key_len * (key_dim + value_dim);
-  return causal ? flops / 2 : flops;
-}
-
 // Prepares Attend calls; returns the exit status of a failure, else kExitOk.
 int PrepareAttend(Client& client, BenchTarget& target) {
   absl::StatusOr<v1::AttendRequest> request =
@@ -169,9 +162,14 @@ int PrepareAttend(Client& client, BenchTarget& target) {
                                 " Hkv=", key.shape(1), " Lq=", query.shape(2),
                                 " Lk=", key.shape(2), " Dk=", query.shape(3),
                                 " Dv=", value.shape(3));
-    target.flops_per_request = AttentionFlops(
-        query.shape(0), query.shape(1), query.shape(2), key.shape(2),
-        query.shape(3), value.shape(3), request->options().causal());
+    const AttentionDims dims{static_cast<double>(query.shape(0)),
+                             static_cast<double>(query.shape(1)),
+                             static_cast<double>(query.shape(2)),
+                             static_cast<double>(key.shape(2)),
+                             static_cast<double>(query.shape(3)),
+                             static_cast<double>(value.shape(3))};
+    target.flops_per_request =
+        AttentionFlops(dims, request->options().causal());
   }
   target.input_dtype = v1::DType_Name(query.dtype());
   auto shared = std::make_shared<const v1::AttendRequest>(*std::move(request));
@@ -209,11 +207,8 @@ int PrepareMultiHead(Client& client, BenchTarget& target) {
         " H=", info->num_heads(), " Hkv=", info->num_kv_heads(),
         " Dk=", info->key_dim(), " Dv=", info->value_dim());
     target.flops_per_request =
-        2.0 * (batch * query_len * embed * heads * key_dim +
-               batch * key_len * kv_embed * kv_heads * (key_dim + value_dim) +
-               batch * query_len * heads * value_dim * embed) +
-        AttentionFlops(batch, heads, query_len, key_len, key_dim, value_dim,
-                       request.options().causal());
+        MultiHeadFlops({batch, heads, query_len, key_len, key_dim, value_dim},
+                       {embed, kv_embed, kv_heads}, request.options().causal());
   }
   target.input_dtype = v1::DType_Name(input.dtype());
   auto shared =

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "attnserve/common/flops.h"
 
 namespace attnserve {
 
@@ -52,7 +53,13 @@ struct AttentionShape {
   }
   int64_t OutputElements() const {
     return batch * heads * query_len * value_dim;
+  }  // The counts attnserve/common/flops.h takes.
+  AttentionDims Dims() const {
+    return {static_cast<double>(batch),     static_cast<double>(heads),
+            static_cast<double>(query_len), static_cast<double>(key_len),
+            static_cast<double>(key_dim),   static_cast<double>(value_dim)};
   }
+
   int64_t WeightsElements() const {
     return batch * heads * query_len * key_len;
   }
@@ -145,6 +152,11 @@ struct MultiHeadShape {
 
   // The SDPA shape of the projected heads.
   AttentionShape Heads() const;
+  // The counts attnserve/common/flops.h takes.
+  ProjectionDims Projections() const {
+    return {static_cast<double>(embed_dim), static_cast<double>(kv_embed_dim),
+            static_cast<double>(kv_heads)};
+  }
 };
 
 // Projection weights in torch.nn.Linear layout (W [out, in], y = x Wᵀ + b),

@@ -20,13 +20,15 @@ ARG DEBIAN_FRONTEND=noninteractive
 # The build subset of scripts/install-deps: no benchmark library (benchmarks are off here) and
 # none of the tools that only the script tests use (Prometheus, Python, buildah, node); openssl
 # makes the TLS test's certificates, libssl-dev lets the server check its TLS files,
-# zlib1g-dev lets it inflate compressed requests with a bound.
+# zlib1g-dev lets it inflate compressed requests with a bound; libpng-dev and nlohmann-json3-dev
+# are attnctl's PNG and JSON writers.
 RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends \
         build-essential cmake pkg-config \
         libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto \
         libabsl-dev libdnnl-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
         ocl-icd-opencl-dev opencl-c-headers openssl libssl-dev zlib1g-dev \
+        libpng-dev nlohmann-json3-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -46,7 +48,7 @@ RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends \
         libgrpc++1.51 libprotobuf32 libabsl20220623 \
         libdnnl2 ocl-icd-libopencl1 libgomp1 \
-        libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libssl3 zlib1g \
+        libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libssl3 zlib1g libpng16-16 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 RUN groupadd --system --gid 10001 attnserve \
     && useradd --system --uid 10001 --gid attnserve --no-create-home \

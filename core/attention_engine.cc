@@ -426,24 +426,6 @@ class AttentionEngineImpl final : public AttentionEngine {
 
 }  // namespace
 
-std::string AttentionShape::DebugString() const {
-  return absl::StrCat("[B=", batch, ", H=", heads, ", Hkv=", kv_heads,
-                      ", Lq=", query_len, ", Lk=", key_len, ", Dk=", key_dim,
-                      ", Dv=", value_dim, "]");
-}
-
-AttentionShape MultiHeadShape::Heads() const {
-  AttentionShape shape;
-  shape.batch = batch;
-  shape.heads = heads;
-  shape.kv_heads = kv_heads;
-  shape.query_len = query_len;
-  shape.key_len = key_len;
-  shape.key_dim = key_dim;
-  shape.value_dim = value_dim;
-  return shape;
-}
-
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
     const EngineOptions& options) {
   if (options.num_threads < 0) {
@@ -461,12 +443,6 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   }));
   return std::unique_ptr<AttentionEngine>(
       new AttentionEngineImpl(options, std::move(engine)));
-}
-
-std::string RuntimeInfo::Description() const {
-  return absl::StrCat("oneDNN ", onednn_version, " (", threading, "), ",
-                      cpu_isa, ", ", threads, " threads, ", kernels,
-                      " kernels");
 }
 
 }  // namespace attnserve

@@ -23,7 +23,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "internal/plan_cache.h"
 #include "internal/scratch_pool.h"
 #include "internal/tile_kernels.h"

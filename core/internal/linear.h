@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {

@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "internal/matmul.h"
 
 namespace attnserve::internal {

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "internal/plan_cache.h"
 #include "oneapi/dnnl/dnnl.hpp"
 

@@ -5,7 +5,7 @@
 #define ATTNSERVE_CORE_INTERNAL_VALIDATION_H_
 
 #include "absl/status/status.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 
 namespace attnserve::internal {
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 
 namespace attnserve::internal {
 

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "internal/dnnl_status.h"
 #include "internal/fused_attention.h"
 #include "internal/linear.h"
+#include "internal/sdpa_problem.h"
 #include "internal/unfused_attention.h"
 #include "internal/validation.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -21,7 +21,7 @@ namespace attnserve {
 namespace {
 
 using internal::LinearProblem;
-using internal::PackedStrides;
+using internal::MakeSdpaProblem;
 using internal::SdpaProblem;
 
 // Scores beyond this many bytes per slab stop paying for themselves: they no
@@ -57,7 +57,7 @@ class AttentionEngineImpl final : public AttentionEngine {
         absl::StrCat("attention for shape ", shape.DebugString()),
         AttendWorkspaceBytes(shape, options)));
 
-    SdpaProblem problem = MakeProblem(shape, options, outputs);
+    SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
     problem.query = query.data();
     problem.key = key.data();
     problem.value = value.data();
@@ -122,7 +122,7 @@ class AttentionEngineImpl final : public AttentionEngine {
         AttendWorkspaceBytes(total, options)));
 
     SdpaProblem problem =
-        MakeProblem(total, options, AttentionOutputs(absl::Span<float>()));
+        MakeSdpaProblem(total, options, AttentionOutputs(absl::Span<float>()));
     problem.batches = batches;
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                                NewStream(AttentionFlops(total)));
@@ -181,7 +181,7 @@ class AttentionEngineImpl final : public AttentionEngine {
     const int64_t q_rows = shape.batch * shape.query_len;
     const int64_t kv_rows = shape.batch * shape.key_len;
     std::vector<float> projected;
-    SdpaProblem problem = MakeProblem(heads, options, outputs);
+    SdpaProblem problem = MakeSdpaProblem(heads, options, outputs);
     if (fused) {
       const int64_t width = q_out + kv_out;
       projected.resize(static_cast<size_t>(q_rows * width));
@@ -318,28 +318,6 @@ class AttentionEngineImpl final : public AttentionEngine {
     problem->value = kv + shape.kv_heads * shape.key_dim;
     problem->value_strides = {shape.key_len * kv_width, shape.value_dim,
                               kv_width, 1};
-  }
-
-  static SdpaProblem MakeProblem(const AttentionShape& shape,
-                                 const AttentionOptions& options,
-                                 const AttentionOutputs& outputs) {
-    SdpaProblem problem;
-    problem.shape = shape;
-    problem.options = &options;
-    problem.scale = options.scale.value_or(
-        1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
-    problem.weights = outputs.weights;
-    problem.lse = outputs.lse;
-    // Packed [B, heads, L, D] tensors, unless the caller sets its views'.
-    problem.query_strides =
-        PackedStrides(shape.heads, shape.query_len, shape.key_dim);
-    problem.key_strides =
-        PackedStrides(shape.kv_heads, shape.key_len, shape.key_dim);
-    problem.value_strides =
-        PackedStrides(shape.kv_heads, shape.key_len, shape.value_dim);
-    problem.output_strides =
-        PackedStrides(shape.heads, shape.query_len, shape.value_dim);
-    return problem;
   }
 
   absl::Status RunLinear(dnnl::stream& stream, const LinearProblem& problem,

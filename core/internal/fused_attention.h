@@ -26,8 +26,8 @@
 #include "attnserve/core/attention_types.h"
 #include "internal/plan_cache.h"
 #include "internal/scratch_pool.h"
+#include "internal/sdpa_problem.h"
 #include "internal/tile_kernels.h"
-#include "internal/unfused_attention.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {

@@ -135,24 +135,6 @@ void* Mutable(const void* data) { return const_cast<void*>(data); }
 
 }  // namespace
 
-Strides4 PackedStrides(int64_t heads, int64_t length, int64_t dim) {
-  return {heads * length * dim, length * dim, dim, 1};
-}
-
-void CopyTensor4(const float* src, const Strides4& from, float* dst,
-                 const Strides4& to, const std::array<int64_t, 4>& dims) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i0 = 0; i0 < dims[0]; ++i0) {
-    for (int64_t i1 = 0; i1 < dims[1]; ++i1) {
-      for (int64_t i2 = 0; i2 < dims[2]; ++i2) {
-        std::memcpy(dst + i0 * to[0] + i1 * to[1] + i2 * to[2],
-                    src + i0 * from[0] + i1 * from[1] + i2 * from[2],
-                    static_cast<size_t>(dims[3]) * sizeof(float));
-      }
-    }
-  }
-}
-
 std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
                                              Precision precision,
                                              int64_t slab_budget_bytes,

@@ -1,0 +1,350 @@
+// Malformed MultiHeadAttention and PutWeights requests: each gets the right
+// code and a message naming the field, and the server goes on serving.
+#include <functional>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+#include "server/weights_helpers.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::kTimeout;
+using ::attnserve::testing::MakeRequest;
+using ::attnserve::testing::MakeWeights;
+using ::attnserve::testing::NamesOf;
+using ::attnserve::testing::PutRequest;
+using ::attnserve::testing::RandomTensor;
+using ::attnserve::testing::ReferenceMhaShape;
+using ::attnserve::testing::ServerFixture;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Gives `tensor` a new shape with a matching FLOAT32 byte count.
+void Reshape(const std::vector<int64_t>& shape, v1::Tensor* tensor) {
+  *tensor = RandomTensor(v1::FLOAT32, shape, 7, 1.0f);
+}
+
+// B = 2, Lq = 3, Lk = 5, E = 8, Ekv = 6, H = 4, Hkv = 2, Dk = 2, Dv = 3: w_q
+// [8, 8], w_k [4, 6], w_v [6, 6], w_o [8, 12], b_q [8], b_k [4], b_v [6], b_o
+// [8].
+constexpr ReferenceMhaShape kValidShape{2, 3, 5, 8, 6, 4, 2, 2, 3};
+
+v1::ProjectionWeights ValidWeights() { return MakeWeights(kValidShape, 77); }
+
+v1::MultiHeadAttentionRequest ValidMhaRequest() {
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kValidShape, 88, /*cross=*/true);
+  *request.mutable_weights() = ValidWeights();
+  return request;
+}
+
+struct BadMhaCase {
+  const char* name;
+  std::function<void(v1::MultiHeadAttentionRequest&)> mutate;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+void PrintTo(const BadMhaCase& test_case, std::ostream* os) {
+  *os << test_case.name;
+}
+
+using Mha = v1::MultiHeadAttentionRequest;
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+const std::vector<BadMhaCase>& BadMhaCases() {
+  static const auto* cases = new std::vector<BadMhaCase>{
+      {"NoWeightsSource",
+       [](Mha& r) { r.clear_weights(); },
+       kInvalid,
+       {"weights and weights_name are both missing"}},
+      {"WeightsNameWithSpace",
+       [](Mha& r) { r.set_weights_name("my weights"); },
+       kInvalid,
+       {"weights_name is \"my weights\"", "[A-Za-z0-9._-]"}},
+      {"EmptyWeightsName",
+       [](Mha& r) { r.set_weights_name(""); },
+       kInvalid,
+       {"weights_name is \"\"", "expected 1 to 128 characters"}},
+      {"WeightsNameTooLong",
+       [](Mha& r) { r.set_weights_name(std::string(129, 'a')); },
+       kInvalid,
+       {"weights_name is \"aaaa", "expected 1 to 128 characters"}},
+      {"UnknownWeightsName",
+       [](Mha& r) { r.set_weights_name("no-such-set"); },
+       absl::StatusCode::kNotFound,
+       {"weights_name 'no-such-set' is not registered"}},
+      {"ZeroHeads",
+       [](Mha& r) { r.mutable_weights()->set_num_heads(0); },
+       kInvalid,
+       {"weights.num_heads is 0, expected > 0"}},
+      {"NegativeHeads",
+       [](Mha& r) { r.mutable_weights()->set_num_heads(-4); },
+       kInvalid,
+       {"weights.num_heads is -4, expected > 0"}},
+      {"KvHeadsNotDividingHeads",
+       [](Mha& r) { r.mutable_weights()->set_num_kv_heads(3); },
+       kInvalid,
+       {"weights.num_kv_heads is 3, expected 0 (= num_heads) or a divisor of "
+        "4 (weights.num_heads)"}},
+      {"KvHeadsAboveHeads",
+       [](Mha& r) { r.mutable_weights()->set_num_kv_heads(8); },
+       kInvalid,
+       {"weights.num_kv_heads is 8"}},
+      {"QueryRowsNotMultipleOfHeads",
+       [](Mha& r) {
+         Reshape({9, 8}, r.mutable_weights()->mutable_w_q());
+       },
+       kInvalid,
+       {"weights.w_q.shape[0]", "is 9, expected a multiple of 4 (num_heads)"}},
+      {"KeyRowsInconsistentWithQuery",
+       [](Mha& r) {
+         Reshape({6, 6}, r.mutable_weights()->mutable_w_k());
+       },
+       kInvalid,
+       {"weights.w_k.shape[0]", "is 6, expected 4 (num_kv_heads"}},
+      {"ValueEmbedDimDiffersFromKey",
+       [](Mha& r) {
+         Reshape({6, 5}, r.mutable_weights()->mutable_w_v());
+       },
+       kInvalid,
+       {"weights.w_v.shape[1] (Ekv) is 5, expected 6 (weights.w_k.shape[1] "
+        "(Ekv))"}},
+      {"ValueRowsNotMultipleOfKvHeads",
+       [](Mha& r) {
+         Reshape({5, 6}, r.mutable_weights()->mutable_w_v());
+       },
+       kInvalid,
+       {"weights.w_v.shape[0]",
+        "is 5, expected a multiple of 2 (num_kv_heads)"}},
+      {"OutputProjectionRowsNotEmbedDim",
+       [](Mha& r) {
+         Reshape({7, 12}, r.mutable_weights()->mutable_w_o());
+       },
+       kInvalid,
+       {"weights.w_o.shape[0] (E) is 7, expected 8 (weights.w_q.shape[1] "
+        "(E))"}},
+      {"OutputProjectionColumnsNotHeadsTimesDv",
+       [](Mha& r) {
+         Reshape({8, 10}, r.mutable_weights()->mutable_w_o());
+       },
+       kInvalid,
+       {"weights.w_o.shape[1]", "is 10, expected 12"}},
+      {"QueryBiasWrongLength",
+       [](Mha& r) { Reshape({7}, r.mutable_weights()->mutable_b_q()); },
+       kInvalid,
+       {"weights.b_q.shape[0] (out) is 7, expected 8 (w_q.shape[0])"}},
+      {"OutputBiasRankTwo",
+       [](Mha& r) {
+         Reshape({1, 8}, r.mutable_weights()->mutable_b_o());
+       },
+       kInvalid,
+       {"weights.b_o.shape is [1, 8] with 2 dimensions, expected 1"}},
+      {"QueryProjectionMissing",
+       [](Mha& r) { r.mutable_weights()->clear_w_q(); },
+       kInvalid,
+       {"weights.w_q is missing, expected a tensor of shape"}},
+      {"KeyProjectionBoolDType",
+       [](Mha& r) { r.mutable_weights()->mutable_w_k()->set_dtype(v1::BOOL); },
+       kInvalid,
+       {"weights.w_k.dtype is BOOL, expected FLOAT32 or BFLOAT16 or FLOAT16"}},
+      {"ValueProjectionDataShort",
+       [](Mha& r) {
+         r.mutable_weights()->mutable_w_v()->mutable_data()->pop_back();
+       },
+       kInvalid,
+       {"weights.w_v.data has 143 bytes, expected 144"}},
+      {"QueryInputMissing",
+       [](Mha& r) { r.clear_query_input(); },
+       kInvalid,
+       {"query_input is missing", "[B, Lq, E]"}},
+      {"QueryInputRankTwo",
+       [](Mha& r) {
+         Reshape({6, 8}, r.mutable_query_input());
+       },
+       kInvalid,
+       {"query_input.shape is [6, 8] with 2 dimensions, expected 3"}},
+      {"QueryInputEmbedDimDiffersFromWeights",
+       [](Mha& r) {
+         Reshape({2, 3, 7}, r.mutable_query_input());
+       },
+       kInvalid,
+       {"query_input.shape[2] (E) is 7, expected 8 (E of weights)"}},
+      {"KvInputBatchDiffers",
+       [](Mha& r) {
+         Reshape({3, 5, 6}, r.mutable_kv_input());
+       },
+       kInvalid,
+       {"kv_input.shape[0] (B) is 3, expected 2 (query_input.shape[0] (B))"}},
+      {"KvInputEmbedDimDiffersFromWeights",
+       [](Mha& r) {
+         Reshape({2, 5, 8}, r.mutable_kv_input());
+       },
+       kInvalid,
+       {"kv_input.shape[2] (Ekv) is 8, expected 6 (Ekv of weights)"}},
+      {"KvInputRankFour",
+       [](Mha& r) {
+         Reshape({2, 5, 6, 1}, r.mutable_kv_input());
+       },
+       kInvalid,
+       {"kv_input.shape is [2, 5, 6, 1] with 4 dimensions, expected 3"}},
+      {"SelfAttentionWithCrossWeights",
+       [](Mha& r) { r.clear_kv_input(); },
+       kInvalid,
+       {"query_input.shape[2] (E) is 8, expected 6",
+        "self-attention needs Ekv == E"}},
+      {"RegisteredWeightsOfOtherEmbedDim",
+       [](Mha& r) { r.set_weights_name("demo"); },
+       kInvalid,
+       {"query_input.shape[2] (E) is 8, expected 64 (E of weights 'demo')"}},
+      {"NanScale",
+       [](Mha& r) {
+         r.mutable_options()->set_scale(
+             std::numeric_limits<float>::quiet_NaN());
+       },
+       kInvalid,
+       {"options.scale is nan, expected a finite number"}},
+      {"UnknownReturnWeights",
+       [](Mha& r) {
+         r.mutable_options()->set_return_weights(
+             static_cast<v1::AttentionOptions::ReturnWeights>(7));
+       },
+       kInvalid,
+       {"options.return_weights is 7"}},
+      {"ResponseOverMessageLimit",
+       [](Mha& r) {
+         // Weights [2, 4, 512, 512] f32: 8 MiB, over the 4 MiB limit.
+         Reshape({2, 512, 8}, r.mutable_query_input());
+         Reshape({2, 512, 6}, r.mutable_kv_input());
+         r.mutable_options()->set_return_weights(
+             v1::AttentionOptions::PER_HEAD);
+       },
+       absl::StatusCode::kResourceExhausted,
+       {"max_message_bytes limit of 4194304"}},
+  };
+  return *cases;
+}
+
+class BadMultiHeadRequestTest
+    : public ServerFixture,
+      public ::testing::WithParamInterface<BadMhaCase> {};
+
+TEST_P(BadMultiHeadRequestTest, GetsCodeNamingTheFieldAndServerKeepsServing) {
+  const BadMhaCase& test_case = GetParam();
+  v1::MultiHeadAttentionRequest request = ValidMhaRequest();
+  test_case.mutate(request);
+  const absl::Status status =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(status.code(), test_case.code) << status;
+  for (const std::string& part : test_case.message_parts) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+  const absl::StatusOr<v1::MultiHeadAttentionResponse> valid =
+      client_->MultiHeadAttention(ValidMhaRequest(), kTimeout);
+  EXPECT_TRUE(valid.ok()) << valid.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadMultiHeadRequestTest,
+                         ::testing::ValuesIn(BadMhaCases()),
+                         [](const ::testing::TestParamInfo<BadMhaCase>& param) {
+                           return std::string(param.param.name);
+                         });
+
+struct BadPutCase {
+  const char* name;
+  std::function<void(v1::PutWeightsRequest&)> mutate;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+void PrintTo(const BadPutCase& test_case, std::ostream* os) {
+  *os << test_case.name;
+}
+
+using Put = v1::PutWeightsRequest;
+
+const std::vector<BadPutCase>& BadPutCases() {
+  static const auto* cases = new std::vector<BadPutCase>{
+      {"EmptyName",
+       [](Put& r) { r.set_name(""); },
+       kInvalid,
+       {"name is \"\", expected 1 to 128 characters of [A-Za-z0-9._-]"}},
+      {"NameWithSlash",
+       [](Put& r) { r.set_name("a/b"); },
+       kInvalid,
+       {"name is \"a/b\"", "[A-Za-z0-9._-]"}},
+      {"NameTooLong",
+       [](Put& r) { r.set_name(std::string(129, 'n')); },
+       kInvalid,
+       {"name is \"nnnn", "expected 1 to 128 characters"}},
+      {"NoWeights",
+       [](Put& r) { r.clear_weights(); },
+       kInvalid,
+       {"weights is missing, expected ProjectionWeights"}},
+      {"ZeroHeads",
+       [](Put& r) { r.mutable_weights()->set_num_heads(0); },
+       kInvalid,
+       {"weights.num_heads is 0, expected > 0"}},
+      {"NegativeKvHeads",
+       [](Put& r) { r.mutable_weights()->set_num_kv_heads(-2); },
+       kInvalid,
+       {"weights.num_kv_heads is -2"}},
+      {"OutputProjectionMissing",
+       [](Put& r) { r.mutable_weights()->clear_w_o(); },
+       kInvalid,
+       {"weights.w_o is missing"}},
+      {"KeyProjectionZeroRows",
+       [](Put& r) { r.mutable_weights()->mutable_w_k()->set_shape(0, 0); },
+       kInvalid,
+       {"weights.w_k.shape[0]", "is 0, expected > 0"}},
+      {"ValueBiasWrongLength",
+       [](Put& r) { Reshape({5}, r.mutable_weights()->mutable_b_v()); },
+       kInvalid,
+       {"weights.b_v.shape[0] (out) is 5, expected 6 (w_v.shape[0])"}},
+      {"KeyBiasUnspecifiedDType",
+       [](Put& r) {
+         r.mutable_weights()->mutable_b_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
+       kInvalid,
+       {"weights.b_k.dtype is DTYPE_UNSPECIFIED"}},
+  };
+  return *cases;
+}
+
+class BadPutWeightsTest : public ServerFixture,
+                          public ::testing::WithParamInterface<BadPutCase> {};
+
+TEST_P(BadPutWeightsTest, GetsCodeNamingTheFieldAndRegistersNothing) {
+  const BadPutCase& test_case = GetParam();
+  v1::PutWeightsRequest request = PutRequest("valid", ValidWeights());
+  test_case.mutate(request);
+  const absl::Status status = client_->PutWeights(request, kTimeout).status();
+  EXPECT_EQ(status.code(), test_case.code) << status;
+  for (const std::string& part : test_case.message_parts) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_THAT(NamesOf(*list), ElementsAre("demo"));
+  const absl::StatusOr<v1::MultiHeadAttentionResponse> valid =
+      client_->MultiHeadAttention(ValidMhaRequest(), kTimeout);
+  EXPECT_TRUE(valid.ok()) << valid.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadPutWeightsTest,
+                         ::testing::ValuesIn(BadPutCases()),
+                         [](const ::testing::TestParamInfo<BadPutCase>& param) {
+                           return std::string(param.param.name);
+                         });
+
+}  // namespace
+}  // namespace attnserve

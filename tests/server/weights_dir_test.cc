@@ -1,0 +1,220 @@
+// --weights_dir: folders of .npy files (float32 or float64) and a config.txt,
+// registered at start and matching the naive reference, and the start
+// failures that name a broken folder or a missing directory.
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "attnserve/server/server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+#include "server/weights_helpers.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::Biases;
+using ::attnserve::testing::ExpectDims;
+using ::attnserve::testing::Expected;
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::kAbs;
+using ::attnserve::testing::kRel;
+using ::attnserve::testing::kTimeout;
+using ::attnserve::testing::MakeRequest;
+using ::attnserve::testing::MakeWeights;
+using ::attnserve::testing::NamesOf;
+using ::attnserve::testing::RandomTensor;
+using ::attnserve::testing::ReferenceMhaShape;
+using ::attnserve::testing::ServerFixture;
+using ::attnserve::testing::ValuesOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the .npy files below are written little-endian in place");
+
+// The bytes of a .npy v1.0 file of `descr` ('<f4' or '<f8') holding `values`.
+std::string NpyBytes(const std::string& descr,
+                     const std::vector<int64_t>& shape,
+                     const std::vector<float>& values) {
+  const std::string dims = shape.size() == 1 ? absl::StrCat(shape[0], ",")
+                                             : absl::StrJoin(shape, ", ");
+  std::string header =
+      absl::StrCat("{'descr': '", descr,
+                   "', 'fortran_order': False, 'shape': (", dims, "), }");
+  // Pad with spaces so that magic, version, length and header end on a
+  // multiple of 64 bytes, the last being '\n'.
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes.push_back(static_cast<char>(header.size() & 0xff));
+  bytes.push_back(static_cast<char>(header.size() >> 8));
+  bytes += header;
+  if (descr == "<f8") {
+    for (float value : values) {
+      const double wide = value;
+      bytes.append(reinterpret_cast<const char*>(&wide), sizeof(wide));
+    }
+  } else {
+    bytes.append(reinterpret_cast<const char*>(values.data()),
+                 values.size() * sizeof(float));
+  }
+  return bytes;
+}
+
+class WeightsDirTest : public ServerFixture {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::path(::testing::TempDir()) /
+            absl::StrCat(
+                "weights_test_",
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                "_", getpid());
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_);
+  }
+
+  void TearDown() override {
+    std::error_code error;
+    std::filesystem::remove_all(root_, error);
+  }
+
+  static void WriteFile(const std::filesystem::path& path,
+                        const std::string& contents) {
+    std::ofstream file(path, std::ios::binary);
+    file << contents;
+    ASSERT_TRUE(file.good()) << path;
+  }
+
+  // Writes `weights` as folder `name` of root_: config.txt and one .npy per
+  // tensor present.
+  void WriteFolder(const std::string& name, const std::string& config,
+                   const v1::ProjectionWeights& weights,
+                   const std::string& descr) {
+    const std::filesystem::path folder = root_ / name;
+    std::filesystem::create_directories(folder);
+    if (!config.empty()) WriteFile(folder / "config.txt", config);
+    const std::pair<const char*, const v1::Tensor*> tensors[] = {
+        {"w_q", weights.has_w_q() ? &weights.w_q() : nullptr},
+        {"w_k", weights.has_w_k() ? &weights.w_k() : nullptr},
+        {"w_v", weights.has_w_v() ? &weights.w_v() : nullptr},
+        {"w_o", weights.has_w_o() ? &weights.w_o() : nullptr},
+        {"b_q", weights.has_b_q() ? &weights.b_q() : nullptr},
+        {"b_k", weights.has_b_k() ? &weights.b_k() : nullptr},
+        {"b_v", weights.has_b_v() ? &weights.b_v() : nullptr},
+        {"b_o", weights.has_b_o() ? &weights.b_o() : nullptr},
+    };
+    for (const auto& [file, tensor] : tensors) {
+      if (tensor == nullptr) continue;
+      const std::vector<int64_t> shape(tensor->shape().begin(),
+                                       tensor->shape().end());
+      WriteFile(folder / absl::StrCat(file, ".npy"),
+                NpyBytes(descr, shape, ValuesOf(*tensor)));
+    }
+  }
+
+  std::filesystem::path root_;
+};
+
+TEST_F(WeightsDirTest, NpyHelperWritesAlignedVersionOneHeader) {
+  const std::string bytes = NpyBytes("<f4", {8, 4}, std::vector<float>(32));
+  ASSERT_GT(bytes.size(), 10u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
+  const size_t header_length = static_cast<unsigned char>(bytes[8]) |
+                               (static_cast<unsigned char>(bytes[9]) << 8);
+  EXPECT_EQ((10 + header_length) % 64, 0u);
+  EXPECT_EQ(bytes[10 + header_length - 1], '\n');
+  EXPECT_EQ(bytes.size(), 10 + header_length + 32 * sizeof(float));
+  EXPECT_THAT(bytes.substr(10, header_length),
+              HasSubstr("{'descr': '<f4', 'fortran_order': False, "
+                        "'shape': (8, 4), }"));
+}
+
+TEST_F(WeightsDirTest, FoldersAreRegisteredAtStartAndMatchReference) {
+  // "tiny": E = 4, H = Hkv = 2, Dk = 4, Dv = 3, b_q only; w_q is (8, 4).
+  const ReferenceMhaShape tiny{2, 3, 3, 4, 4, 2, 2, 4, 3};
+  v1::ProjectionWeights tiny_weights = MakeWeights(tiny, 500, Biases::kNone);
+  *tiny_weights.mutable_b_q() = RandomTensor(v1::FLOAT32, {8}, 505, 0.5f);
+  WriteFolder("tiny", "num_heads=2\n", tiny_weights, "<f4");
+  // "gqa64": float64 files, grouped-query, Ekv != E, a comment in config.txt.
+  const ReferenceMhaShape gqa{2, 3, 4, 6, 5, 4, 2, 2, 2};
+  const v1::ProjectionWeights gqa_weights = MakeWeights(gqa, 600);
+  WriteFolder("gqa64", "# grouped-query\nnum_heads=4\nnum_kv_heads=2\n",
+              gqa_weights, "<f8");
+  WriteFile(root_ / "README.txt", "not a folder: ignored\n");
+  if (HasFatalFailure()) return;
+
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = root_.string();
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  EXPECT_THAT(server_->startup_weights(), ElementsAre("demo", "gqa64", "tiny"));
+
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(NamesOf(*list), ElementsAre("demo", "gqa64", "tiny"));
+  ExpectDims(list->weights(1), gqa, /*has_bias=*/true);
+  ExpectDims(list->weights(2), tiny, /*has_bias=*/true);
+
+  for (const bool cross : {false, true}) {
+    SCOPED_TRACE(cross ? "tiny, cross-attention" : "tiny, self-attention");
+    ReferenceMhaShape s = tiny;
+    if (cross) s.key_len = 5;
+    v1::MultiHeadAttentionRequest request = MakeRequest(s, 700, cross);
+    request.set_weights_name("tiny");
+    absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+        client_->MultiHeadAttention(request, kTimeout);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->weights_version(), list->weights(2).version());
+    ExpectNear(response->output(), Expected(s, request, tiny_weights).output,
+               kAbs, kRel, "output");
+  }
+
+  v1::MultiHeadAttentionRequest request = MakeRequest(gqa, 800, true);
+  request.set_weights_name("gqa64");
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ExpectNear(response->output(), Expected(gqa, request, gqa_weights).output,
+             kAbs, kRel, "gqa64 output");
+}
+
+TEST_F(WeightsDirTest, FolderWithoutConfigFailsStartNamingTheFolder) {
+  const ReferenceMhaShape tiny{1, 1, 1, 4, 4, 2, 2, 4, 4};
+  WriteFolder("broken", /*config=*/"", MakeWeights(tiny, 900), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = root_.string();
+  const absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kNotFound)
+      << server.status();
+  const std::string message(server.status().message());
+  EXPECT_THAT(message, HasSubstr((root_ / "broken").string()));
+  EXPECT_THAT(message, HasSubstr("config.txt is missing"));
+}
+
+TEST_F(WeightsDirTest, MissingWeightsDirFailsStartNamingIt) {
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = (root_ / "does-not-exist").string();
+  const absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr(options.weights_dir));
+}
+
+}  // namespace
+}  // namespace attnserve

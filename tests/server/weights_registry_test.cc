@@ -1,0 +1,275 @@
+// The projection-weights registry end to end: PutWeights, ListWeights and
+// DeleteWeights, and MultiHeadAttention with registered weights (weights_name)
+// against the naive reference.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attnserve/server/weights/weights_loader.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "server/server_fixture.h"
+#include "server/weights_helpers.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::Biases;
+using ::attnserve::testing::ExpectDims;
+using ::attnserve::testing::Expected;
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::kAbs;
+using ::attnserve::testing::kCrossShape;
+using ::attnserve::testing::kRel;
+using ::attnserve::testing::kSelfShape;
+using ::attnserve::testing::kTimeout;
+using ::attnserve::testing::MakeRequest;
+using ::attnserve::testing::MakeWeights;
+using ::attnserve::testing::NamesOf;
+using ::attnserve::testing::PutRequest;
+using ::attnserve::testing::ReferenceMhaShape;
+using ::attnserve::testing::ServerFixture;
+using ::attnserve::testing::ValuesOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The largest absolute difference between two equally sized tensors.
+double MaxDifference(const v1::Tensor& a, const v1::Tensor& b) {
+  const std::vector<float> x = ValuesOf(a);
+  const std::vector<float> y = ValuesOf(b);
+  EXPECT_EQ(x.size(), y.size());
+  double largest = 0.0;
+  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    largest = std::max(largest, std::abs(double{x[i]} - double{y[i]}));
+  }
+  return largest;
+}
+
+using WeightsRegistryTest = ServerFixture;
+
+TEST_F(WeightsRegistryTest, DemoWeightsAreListedAtStart) {
+  EXPECT_THAT(server_->startup_weights(), ElementsAre("demo"));
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(NamesOf(*list), ElementsAre("demo"));
+  ExpectDims(list->weights(0), {1, 1, 1, 64, 64, 8, 8, 8, 8},
+             /*has_bias=*/true);
+  EXPECT_EQ(list->total_bytes(), list->weights(0).bytes());
+}
+
+TEST_F(WeightsRegistryTest, DemoWeightsMatchReference) {
+  const ReferenceMhaShape s{1, 4, 4, 64, 64, 8, 8, 8, 8};
+  v1::MultiHeadAttentionRequest request = MakeRequest(s, 3, /*cross=*/false);
+  request.set_weights_name("demo");
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_GT(response->weights_version(), 0);
+  EXPECT_THAT(response->output().shape(), ElementsAre(1, 4, 64));
+  ExpectNear(response->output(),
+             Expected(s, request, DemoWeights().weights()).output, kAbs, kRel,
+             "output");
+}
+
+TEST_F(WeightsRegistryTest, PutWeightsReturnsVersionAndBytesAndListIsSorted) {
+  absl::StatusOr<v1::PutWeightsResponse> zeta = client_->PutWeights(
+      PutRequest("zeta", MakeWeights(kSelfShape, 1)), kTimeout);
+  ASSERT_TRUE(zeta.ok()) << zeta.status();
+  absl::StatusOr<v1::PutWeightsResponse> alpha = client_->PutWeights(
+      PutRequest("alpha.v1_x-y", MakeWeights(kCrossShape, 2, Biases::kNone)),
+      kTimeout);
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  EXPECT_GT(zeta->version(), 0);
+  EXPECT_GT(alpha->version(), zeta->version());
+  EXPECT_GT(zeta->bytes(), 0);
+  EXPECT_GT(alpha->bytes(), 0);
+
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(NamesOf(*list), ElementsAre("alpha.v1_x-y", "demo", "zeta"));
+  ExpectDims(list->weights(0), kCrossShape, /*has_bias=*/false);
+  ExpectDims(list->weights(2), kSelfShape, /*has_bias=*/true);
+  EXPECT_EQ(list->weights(0).version(), alpha->version());
+  EXPECT_EQ(list->weights(0).bytes(), alpha->bytes());
+  EXPECT_EQ(list->weights(2).version(), zeta->version());
+  EXPECT_EQ(list->weights(2).bytes(), zeta->bytes());
+  EXPECT_EQ(list->total_bytes(),
+            alpha->bytes() + list->weights(1).bytes() + zeta->bytes());
+}
+
+TEST_F(WeightsRegistryTest, WeightsNameMatchesReferenceAndReportsVersion) {
+  const v1::ProjectionWeights self_weights = MakeWeights(kSelfShape, 11);
+  const v1::ProjectionWeights cross_weights = MakeWeights(kCrossShape, 21);
+  absl::StatusOr<v1::PutWeightsResponse> self_put =
+      client_->PutWeights(PutRequest("self", self_weights), kTimeout);
+  ASSERT_TRUE(self_put.ok()) << self_put.status();
+  absl::StatusOr<v1::PutWeightsResponse> cross_put =
+      client_->PutWeights(PutRequest("cross", cross_weights), kTimeout);
+  ASSERT_TRUE(cross_put.ok()) << cross_put.status();
+
+  // Self-attention with registered weights (E == Ekv: the fused projection).
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 31, /*cross=*/false);
+  request.set_weights_name("self");
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->weights_version(), self_put->version());
+  EXPECT_EQ(response->output().dtype(), v1::FLOAT32);
+  EXPECT_THAT(response->output().shape(), ElementsAre(2, 5, 8));
+  ExpectNear(response->output(),
+             Expected(kSelfShape, request, self_weights).output, kAbs, kRel,
+             "self output");
+
+  // The same E == Ekv weights used for cross-attention (separate projections).
+  ReferenceMhaShape cross_self = kSelfShape;
+  cross_self.key_len = 3;
+  request = MakeRequest(cross_self, 41, /*cross=*/true);
+  request.set_weights_name("self");
+  response = client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->weights_version(), self_put->version());
+  ExpectNear(response->output(),
+             Expected(cross_self, request, self_weights).output, kAbs, kRel,
+             "self weights, cross-attention output");
+
+  // Registered grouped-query weights with Ekv != E.
+  request = MakeRequest(kCrossShape, 51, /*cross=*/true);
+  request.set_weights_name("cross");
+  response = client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->weights_version(), cross_put->version());
+  EXPECT_THAT(response->output().shape(), ElementsAre(2, 3, 8));
+  ExpectNear(response->output(),
+             Expected(kCrossShape, request, cross_weights).output, kAbs, kRel,
+             "cross output");
+}
+
+TEST_F(WeightsRegistryTest, RegisteredWeightsWithSomeBiasesMatchReference) {
+  // b_q and b_o only: the fused self-attention bias has zeros for K and V.
+  const v1::ProjectionWeights weights =
+      MakeWeights(kSelfShape, 61, Biases::kQueryAndOutputOnly);
+  ASSERT_TRUE(
+      client_->PutWeights(PutRequest("partial", weights), kTimeout).ok());
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 71, /*cross=*/false);
+  request.set_weights_name("partial");
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ExpectNear(response->output(), Expected(kSelfShape, request, weights).output,
+             kAbs, kRel, "output");
+}
+
+TEST_F(WeightsRegistryTest, SecondPutRaisesVersionAndNextCallUsesNewValues) {
+  const v1::ProjectionWeights first = MakeWeights(kSelfShape, 101);
+  const v1::ProjectionWeights second = MakeWeights(kSelfShape, 202);
+  absl::StatusOr<v1::PutWeightsResponse> first_put =
+      client_->PutWeights(PutRequest("model", first), kTimeout);
+  ASSERT_TRUE(first_put.ok()) << first_put.status();
+
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 303, /*cross=*/false);
+  request.set_weights_name("model");
+  absl::StatusOr<v1::MultiHeadAttentionResponse> before =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->weights_version(), first_put->version());
+  ExpectNear(before->output(), Expected(kSelfShape, request, first).output,
+             kAbs, kRel, "output before");
+
+  absl::StatusOr<v1::PutWeightsResponse> second_put =
+      client_->PutWeights(PutRequest("model", second), kTimeout);
+  ASSERT_TRUE(second_put.ok()) << second_put.status();
+  EXPECT_GT(second_put->version(), first_put->version());
+  EXPECT_EQ(second_put->bytes(), first_put->bytes());
+
+  absl::StatusOr<v1::MultiHeadAttentionResponse> after =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->weights_version(), second_put->version());
+  ExpectNear(after->output(), Expected(kSelfShape, request, second).output,
+             kAbs, kRel, "output after");
+  EXPECT_GT(MaxDifference(before->output(), after->output()), 1e-2);
+
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_THAT(NamesOf(*list), ElementsAre("demo", "model"));
+  EXPECT_EQ(list->weights(1).version(), second_put->version());
+  EXPECT_EQ(list->total_bytes(),
+            list->weights(0).bytes() + second_put->bytes());
+}
+
+TEST_F(WeightsRegistryTest, DeleteWeightsReturnsInfoThenNameIsNotFound) {
+  absl::StatusOr<v1::PutWeightsResponse> put = client_->PutWeights(
+      PutRequest("doomed", MakeWeights(kCrossShape, 5)), kTimeout);
+  ASSERT_TRUE(put.ok()) << put.status();
+
+  absl::StatusOr<v1::DeleteWeightsResponse> deleted =
+      client_->DeleteWeights("doomed", kTimeout);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->deleted().name(), "doomed");
+  EXPECT_EQ(deleted->deleted().version(), put->version());
+  EXPECT_EQ(deleted->deleted().bytes(), put->bytes());
+  ExpectDims(deleted->deleted(), kCrossShape, /*has_bias=*/true);
+
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_THAT(NamesOf(*list), ElementsAre("demo"));
+  EXPECT_EQ(list->total_bytes(), list->weights(0).bytes());
+
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kCrossShape, 6, /*cross=*/true);
+  request.set_weights_name("doomed");
+  const absl::Status call =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(call.code(), absl::StatusCode::kNotFound) << call;
+  EXPECT_THAT(std::string(call.message()), HasSubstr("'doomed'"));
+
+  const absl::Status again =
+      client_->DeleteWeights("doomed", kTimeout).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("'doomed'"));
+}
+
+// Names are checked before use, and echoed at most 256 bytes, cut on a UTF-8
+// character boundary.
+TEST_F(WeightsRegistryTest, DeleteWeightsChecksTheNameAndEchoesItBounded) {
+  const std::string huge(1 << 20, 'n');
+  const absl::Status status = client_->DeleteWeights(huge, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("…\" (1048576 bytes), expected 1 to 128 characters"));
+  EXPECT_LT(status.message().size(), 400u);
+
+  std::string accents = "a";
+  while (accents.size() < 600)
+    accents += "é";  // Two bytes each, at odd offsets.
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 8, /*cross=*/false);
+  request.set_weights_name(accents);
+  const absl::Status named =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(named.code(), absl::StatusCode::kInvalidArgument) << named;
+  const std::string message(named.message());
+  EXPECT_THAT(message, HasSubstr("éé…\" (" + std::to_string(accents.size()) +
+                                 " bytes)"));
+}
+
+TEST_F(WeightsRegistryTest, UnknownWeightsNameIsNotFoundNamingIt) {
+  v1::MultiHeadAttentionRequest request =
+      MakeRequest(kSelfShape, 8, /*cross=*/false);
+  request.set_weights_name("never-registered");
+  const absl::Status status =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("weights_name 'never-registered' is not registered"));
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,106 @@
+// The engine behind AttentionEngine::Create. Its SDPA calls, the paths they
+// take and its runtime are in attention_engine.cc; multi-head attention and its
+// projections, which run SDPA between GEMMs, in multi_head_attention.cc.
+#ifndef ATTNSERVE_CORE_INTERNAL_ATTENTION_ENGINE_IMPL_H_
+#define ATTNSERVE_CORE_INTERNAL_ATTENTION_ENGINE_IMPL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attnserve/core/attention_engine.h"
+#include "internal/fused_attention.h"
+#include "internal/linear.h"
+#include "internal/scratch_pool.h"
+#include "internal/sdpa_problem.h"
+#include "internal/tile_kernels.h"
+#include "internal/unfused_attention.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace attnserve::internal {
+
+class AttentionEngineImpl final : public AttentionEngine {
+ public:
+  AttentionEngineImpl(const EngineOptions& options, dnnl::engine engine);
+
+  absl::Status Attend(const AttentionShape& shape,
+                      const AttentionOptions& options,
+                      absl::Span<const float> query,
+                      absl::Span<const float> key,
+                      absl::Span<const float> value,
+                      AttentionOutputs outputs) override;
+  std::optional<int64_t> AttendWorkspaceBytes(
+      const AttentionShape& shape,
+      const AttentionOptions& options) const override;
+  absl::Status AttendBatch(const AttentionShape& shape,
+                           const AttentionOptions& options,
+                           absl::Span<const AttendPart> parts) override;
+  bool AttendBatchable(const AttentionOptions& options) const override;
+  bool AttendRunsOnCallingThread(const AttentionShape& shape) const override;
+  absl::Status MultiHeadAttention(const MultiHeadShape& shape,
+                                  const ProjectionWeights& weights,
+                                  const AttentionOptions& options,
+                                  absl::Span<const float> query_input,
+                                  absl::Span<const float> kv_input,
+                                  AttentionOutputs outputs) override;
+  RuntimeInfo runtime_info() const override;
+
+ private:
+  // Whether a call with `options` runs the fused kernel.
+  bool UseFused(const AttentionOptions& options) const;
+
+  // Validates an Attend's (or an AttendBatch part's) shape, spans and options.
+  static absl::Status ValidateInputs(const AttentionShape& shape,
+                                     const AttentionOptions& options,
+                                     absl::Span<const float> query,
+                                     absl::Span<const float> key,
+                                     absl::Span<const float> value,
+                                     const AttentionOutputs& outputs);
+
+  // The team size of a call of `flops` (see NewStream).
+  int TeamSize(double flops) const;
+
+  // The scratch bytes RunSdpa allocates (see FusedWorkspaceBytes and
+  // UnfusedWorkspaceBytes).
+  std::optional<int64_t> SdpaWorkspaceBytes(const AttentionShape& shape,
+                                            const AttentionOptions& options,
+                                            bool key_value_packed) const;
+
+  // The attention itself, by the path the options call for.
+  absl::Status RunSdpa(dnnl::stream& stream, const SdpaProblem& problem,
+                       double flops);
+
+  // internal::RunLinear on the engine's oneDNN engine.
+  absl::Status RunLinear(dnnl::stream& stream, const LinearProblem& problem,
+                         Precision precision);
+
+  // The unfused path's bytes of scores per slab.
+  int64_t SlabBudget() const;
+
+  // OK if `bytes` of scratch (nullopt: more than int64_t holds) is within
+  // max_workspace_bytes, else RESOURCE_EXHAUSTED naming `what`.
+  absl::Status CheckWorkspace(const std::string& what,
+                              std::optional<int64_t> bytes) const;
+
+  // A stream for one call, with the calling thread's OpenMP team sized for
+  // `flops` (TeamSize).
+  absl::StatusOr<dnnl::stream> NewStream(double flops);
+
+  const EngineOptions options_;
+  const dnnl::engine engine_;
+  const int threads_;  // The team size of calls big enough to share.
+  const TileKernels& kernels_;
+  // Built matmuls by shape, kept across calls (64 shapes at most each).
+  SlabPlanCache plans_{64};
+  TilePlanCache tile_plans_{64};
+  // The fused kernel's scratch, kept between calls: up to 4 buffers of at most
+  // 64 MiB each.
+  ScratchPool scratch_{4, int64_t{64} << 20};
+};
+
+}  // namespace attnserve::internal
+
+#endif  // ATTNSERVE_CORE_INTERNAL_ATTENTION_ENGINE_IMPL_H_

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 
 namespace attnserve {
 namespace {
@@ -23,6 +25,27 @@ int BucketOf(absl::Duration latency) {
 
 double Milliseconds(absl::Duration duration) {
   return absl::ToDoubleMilliseconds(duration);
+}
+
+// `json` as nlohmann::json dumps it on one line, except that a finite
+// floating-point number has a fixed count of decimals: 3 for "throughput_rps"
+// (under the key `key`), 6 for the others. nlohmann::json prints the shortest
+// text that reads back as the same double ("2.0"), and the report keeps its
+// documented form ("2.000").
+std::string DumpWithFixedDecimals(const nlohmann::ordered_json& json,
+                                  absl::string_view key) {
+  if (json.is_number_float() && std::isfinite(json.get<double>())) {
+    return absl::StrFormat("%.*f", key == "throughput_rps" ? 3 : 6,
+                           json.get<double>());
+  }
+  if (!json.is_object()) return json.dump();
+  std::string text = "{";
+  for (const auto& [name, value] : json.items()) {
+    absl::StrAppend(&text, text.size() > 1 ? "," : "",
+                    nlohmann::ordered_json(name).dump(), ":",
+                    DumpWithFixedDecimals(value, name));
+  }
+  return text + "}";
 }
 
 }  // namespace
@@ -112,29 +135,32 @@ std::string FormatBenchText(const BenchReport& report) {
 }
 
 std::string FormatBenchJson(const BenchReport& report) {
-  std::string errors;
+  nlohmann::ordered_json errors = nlohmann::ordered_json::object();
   for (const auto& [code, count] : report.errors) {
-    absl::StrAppend(&errors, errors.empty() ? "" : ",", "\"",
-                    absl::StatusCodeToString(code), "\":", count);
+    errors[absl::StatusCodeToString(code)] = count;
   }
-  // The strings are attnctl's own (names, digits, '=', spaces): no escaping.
-  return absl::StrFormat(
-      "{\"rpc\":\"%s\",\"shape\":\"%s\",\"input_dtype\":\"%s\","
-      "\"concurrency\":%d,\"warmup_s\":%.6f,\"warmup_requests\":%d,"
-      "\"requests\":%d,\"ok\":%d,\"error_count\":%d,\"errors\":{%s},"
-      "\"elapsed_s\":%.6f,\"throughput_rps\":%.3f,\"flops_per_request\":%.0f,"
-      "\"gflops_per_s\":%.6f,\"latency_ms\":{\"p50\":%.6f,\"p90\":%.6f,"
-      "\"p99\":%.6f,\"max\":%.6f,\"mean\":%.6f}}\n",
-      report.rpc, report.shape, report.input_dtype, report.concurrency,
-      absl::ToDoubleSeconds(report.warmup), report.warmup_requests,
-      report.requests, report.latencies.count(), report.error_count(), errors,
-      absl::ToDoubleSeconds(report.elapsed), report.throughput(),
-      report.flops_per_request, report.gflops_per_second(),
-      Milliseconds(report.latencies.Percentile(0.50)),
-      Milliseconds(report.latencies.Percentile(0.90)),
-      Milliseconds(report.latencies.Percentile(0.99)),
-      Milliseconds(report.latencies.max()),
-      Milliseconds(report.latencies.mean()));
+  const nlohmann::ordered_json json = {
+      {"rpc", report.rpc},
+      {"shape", report.shape},
+      {"input_dtype", report.input_dtype},
+      {"concurrency", report.concurrency},
+      {"warmup_s", absl::ToDoubleSeconds(report.warmup)},
+      {"warmup_requests", report.warmup_requests},
+      {"requests", report.requests},
+      {"ok", report.latencies.count()},
+      {"error_count", report.error_count()},
+      {"errors", errors},
+      {"elapsed_s", absl::ToDoubleSeconds(report.elapsed)},
+      {"throughput_rps", report.throughput()},
+      {"flops_per_request", std::llround(report.flops_per_request)},
+      {"gflops_per_s", report.gflops_per_second()},
+      {"latency_ms",
+       {{"p50", Milliseconds(report.latencies.Percentile(0.50))},
+        {"p90", Milliseconds(report.latencies.Percentile(0.90))},
+        {"p99", Milliseconds(report.latencies.Percentile(0.99))},
+        {"max", Milliseconds(report.latencies.max())},
+        {"mean", Milliseconds(report.latencies.mean())}}}};
+  return DumpWithFixedDecimals(json, "") + "\n";
 }
 
 }  // namespace attnserve

@@ -79,7 +79,9 @@ std::string FormatBenchText(const BenchReport& report);
 //    "ok":200,"error_count":0,"errors":{"UNAVAILABLE":0...},"elapsed_s":..,
 //    "throughput_rps":..,"flops_per_request":..,"gflops_per_s":..,
 //    "latency_ms":{"p50":..,"p90":..,"p99":..,"max":..,"mean":..}}
-// "errors" holds only the codes that occurred.
+// "errors" holds only the codes that occurred. Built with nlohmann::json, so
+// strings are escaped; floating-point numbers keep a fixed count of decimals
+// (3 for throughput_rps, 6 for the others).
 std::string FormatBenchJson(const BenchReport& report);
 
 }  // namespace attnserve

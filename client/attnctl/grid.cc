@@ -138,6 +138,9 @@ int RunGrid(Client& client) {
     absl::StatusOr<std::string> bytes =
         is_png ? EncodePng(RenderHeatmapImage(*grid, *layout))
                : RenderHeatmapSvg(*grid, *layout);
+    if (bytes.ok() && bytes->empty()) {
+      bytes = absl::ResourceExhaustedError("libpng could not encode the PNG");
+    }
     if (!bytes.ok()) return Fail(bytes.status());
     const absl::Status written = WriteFile(path, *bytes);
     if (!written.ok()) return Fail(written);

@@ -1,45 +1,44 @@
 #include "png.h"
 
+// libpng's header, not this directory's png.h: angle brackets search only the
+// include path, where client/attnctl is not.
+#include <png.h>
+#include <zlib.h>
+
 #include <algorithm>
-#include <array>
+#include <csetjmp>
 #include <cstddef>
 
 namespace attnserve {
 namespace {
 
-// The 256-entry table of the byte-at-a-time CRC-32, built once.
-const std::array<uint32_t, 256>& CrcTable() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> entries{};
-    for (uint32_t n = 0; n < 256; ++n) {
-      uint32_t c = n;
-      for (int bit = 0; bit < 8; ++bit) {
-        c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      }
-      entries[n] = c;
-    }
-    return entries;
-  }();
-  return table;
+// libpng's write callback: appends to the std::string behind the io pointer.
+void AppendToString(png_structp png, png_bytep data, png_size_t length) {
+  static_cast<std::string*>(png_get_io_ptr(png))
+      ->append(reinterpret_cast<const char*>(data), length);
 }
 
-void AppendBigEndian32(uint32_t value, std::string* out) {
-  out->push_back(static_cast<char>(value >> 24));
-  out->push_back(static_cast<char>(value >> 16));
-  out->push_back(static_cast<char>(value >> 8));
-  out->push_back(static_cast<char>(value));
-}
+// libpng's flush callback: nothing to flush in memory.
+void FlushNothing(png_structp) {}
 
-// Appends a PNG chunk: length, type, data, CRC-32 of type and data.
-void AppendChunk(absl::string_view type, absl::string_view data,
-                 std::string* out) {
-  AppendBigEndian32(static_cast<uint32_t>(data.size()), out);
-  const size_t type_start = out->size();
-  out->append(type.data(), type.size());
-  out->append(data.data(), data.size());
-  AppendBigEndian32(Crc32(absl::string_view(out->data() + type_start,
-                                            type.size() + data.size())),
-                    out);
+// Writes `image` through `png` and `info` into `out`; false if libpng failed.
+// libpng reports failure by longjmp back to the setjmp here, so nothing in this
+// function owns anything with a destructor.
+bool WritePng(png_structp png, png_infop info, const RgbImage& image,
+              std::string* out) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_write_fn(png, out, AppendToString, FlushNothing);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width()),
+               static_cast<png_uint_32>(image.height()), 8, PNG_COLOR_TYPE_RGB,
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  // Filter type 0 on every scanline, stored deflate blocks.
+  png_set_filter(png, PNG_FILTER_TYPE_BASE, PNG_FILTER_NONE);
+  png_set_compression_level(png, Z_NO_COMPRESSION);
+  png_write_info(png, info);
+  for (int y = 0; y < image.height(); ++y) png_write_row(png, image.Row(y));
+  png_write_end(png, nullptr);
+  return true;
 }
 
 }  // namespace
@@ -54,6 +53,10 @@ RgbImage::RgbImage(int width, int height, Rgb background)
 Rgb RgbImage::Get(int x, int y) const {
   const size_t at = (static_cast<size_t>(y) * width_ + x) * 3;
   return {pixels_[at], pixels_[at + 1], pixels_[at + 2]};
+}
+
+const uint8_t* RgbImage::Row(int y) const {
+  return pixels_.data() + static_cast<size_t>(y) * width_ * 3;
 }
 
 void RgbImage::Set(int x, int y, Rgb colour) {
@@ -75,81 +78,37 @@ void RgbImage::FillRect(int x, int y, int width, int height, Rgb colour) {
 }
 
 uint32_t Crc32(absl::string_view bytes, uint32_t crc) {
-  const std::array<uint32_t, 256>& table = CrcTable();
-  uint32_t c = crc ^ 0xFFFFFFFFu;
-  for (char byte : bytes) {
-    c = table[(c ^ static_cast<uint8_t>(byte)) & 0xFF] ^ (c >> 8);
-  }
-  return c ^ 0xFFFFFFFFu;
+  return static_cast<uint32_t>(
+      crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
 }
 
 uint32_t Adler32(absl::string_view bytes, uint32_t adler) {
-  constexpr uint32_t kModulus = 65521;
-  // 5552 is the most bytes whose sums cannot overflow 32 bits before the
-  // modulus is taken (zlib's NMAX).
-  constexpr size_t kBlock = 5552;
-  uint32_t a = adler & 0xFFFF, b = adler >> 16;
-  for (size_t start = 0; start < bytes.size(); start += kBlock) {
-    const size_t end = std::min(bytes.size(), start + kBlock);
-    for (size_t i = start; i < end; ++i) {
-      a += static_cast<uint8_t>(bytes[i]);
-      b += a;
-    }
-    a %= kModulus;
-    b %= kModulus;
-  }
-  return (b << 16) | a;
+  return static_cast<uint32_t>(adler32_z(
+      adler, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
 }
 
 std::string ZlibStored(absl::string_view bytes) {
-  constexpr size_t kMaxStoredBlock = 65535;
-  std::string out;
-  out.reserve(bytes.size() + bytes.size() / kMaxStoredBlock * 5 + 11);
-  // CMF 0x78: deflate, 32 KiB window; FLG 0x01: no dictionary, fastest
-  // level, and (CMF * 256 + FLG) % 31 == 0.
-  out.push_back('\x78');
-  out.push_back('\x01');
-  size_t start = 0;
-  do {
-    const size_t length = std::min(kMaxStoredBlock, bytes.size() - start);
-    const bool final_block = start + length == bytes.size();
-    out.push_back(final_block ? '\x01' : '\x00');  // BFINAL, BTYPE 00.
-    out.push_back(static_cast<char>(length & 0xFF));
-    out.push_back(static_cast<char>(length >> 8));
-    out.push_back(static_cast<char>(~length & 0xFF));
-    out.push_back(static_cast<char>((~length >> 8) & 0xFF));
-    out.append(bytes.data() + start, length);
-    start += length;
-  } while (start < bytes.size());
-  AppendBigEndian32(Adler32(bytes), &out);
+  uLongf length = compressBound(bytes.size());
+  std::string out(length, '\0');
+  // compressBound leaves room enough: only running out of memory fails.
+  const int status = compress2(reinterpret_cast<Bytef*>(out.data()), &length,
+                               reinterpret_cast<const Bytef*>(bytes.data()),
+                               bytes.size(), Z_NO_COMPRESSION);
+  if (status != Z_OK) return std::string();
+  out.resize(length);
   return out;
 }
 
 std::string EncodePng(const RgbImage& image) {
-  std::string header;
-  AppendBigEndian32(static_cast<uint32_t>(image.width()), &header);
-  AppendBigEndian32(static_cast<uint32_t>(image.height()), &header);
-  // Bit depth 8, colour type 2 (RGB), compression 0, filter 0, no interlace.
-  header.append({'\x08', '\x02', '\x00', '\x00', '\x00'});
-
-  std::string scanlines;
-  scanlines.reserve(static_cast<size_t>(image.height()) *
-                    (1 + static_cast<size_t>(image.width()) * 3));
-  for (int y = 0; y < image.height(); ++y) {
-    scanlines.push_back('\x00');  // Filter type None.
-    for (int x = 0; x < image.width(); ++x) {
-      const Rgb pixel = image.Get(x, y);
-      scanlines.push_back(static_cast<char>(pixel.red));
-      scanlines.push_back(static_cast<char>(pixel.green));
-      scanlines.push_back(static_cast<char>(pixel.blue));
-    }
-  }
-
-  std::string png("\x89PNG\r\n\x1a\n", 8);
-  AppendChunk("IHDR", header, &png);
-  AppendChunk("IDAT", ZlibStored(scanlines), &png);
-  AppendChunk("IEND", "", &png);
-  return png;
+  std::string out;
+  png_structp png =
+      png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  if (png == nullptr) return out;
+  png_infop info = png_create_info_struct(png);
+  const bool written = info != nullptr && WritePng(png, info, image, &out);
+  png_destroy_write_struct(&png, &info);
+  if (!written) out.clear();
+  return out;
 }
 
 }  // namespace attnserve

@@ -1,6 +1,7 @@
-// A PNG encoder for 8-bit RGB images that needs no zlib: the image data goes
-// into the zlib stream as stored (uncompressed) deflate blocks, with the
-// CRC-32 and Adler-32 checksums computed here.
+// 8-bit RGB images, and their PNG encoding through libpng. The image data is
+// stored uncompressed (zlib level 0, no scanline filter): a heatmap is small,
+// and every byte of the file stays predictable for the tests. The checksums
+// and zlib framing the file carries come from zlib.
 //
 //   RgbImage image(640, 480);
 //   image.Set(10, 20, {255, 0, 0});
@@ -36,6 +37,8 @@ class RgbImage {
 
   // The pixel at column x, row y; both in range.
   Rgb Get(int x, int y) const;
+  // Row y (in range) as width() * 3 bytes, red, green, blue.
+  const uint8_t* Row(int y) const;
   // Sets the pixel at column x, row y; does nothing outside the image, so
   // callers may draw shapes that cross its edges.
   void Set(int x, int y, Rgb colour);
@@ -49,19 +52,24 @@ class RgbImage {
   std::vector<uint8_t> pixels_;  // Row-major, 3 bytes a pixel.
 };
 
-// CRC-32 as PNG and zlib use it (ISO-HDLC: reflected polynomial 0xEDB88320,
-// initial value and final XOR 0xFFFFFFFF), continuing from `crc` (0 to start).
+// zlib's CRC-32, as PNG chunks carry it (ISO-HDLC: reflected polynomial
+// 0xEDB88320, initial value and final XOR 0xFFFFFFFF), continuing from `crc`
+// (0 to start).
 uint32_t Crc32(absl::string_view bytes, uint32_t crc = 0);
 
-// Adler-32 (RFC 1950) of `bytes`, continuing from `adler` (1 to start).
+// zlib's Adler-32 (RFC 1950) of `bytes`, continuing from `adler` (1 to start).
 uint32_t Adler32(absl::string_view bytes, uint32_t adler = 1);
 
 // The zlib stream (RFC 1950) holding `bytes` in stored deflate blocks
-// (RFC 1951, BTYPE 00) of at most 65535 bytes each.
+// (RFC 1951, BTYPE 00) of at most 65535 bytes each: zlib at level 0, as the
+// IDAT chunks of EncodePng hold the scanlines. Empty if zlib runs out of
+// memory.
 std::string ZlibStored(absl::string_view bytes);
 
-// The bytes of a PNG file holding `image`: signature, IHDR (8-bit RGB, no
-// interlace), one IDAT with filter type 0 on every scanline, IEND.
+// The bytes of a PNG file holding `image`, written by libpng: signature, IHDR
+// (8-bit RGB, no interlace), IDAT chunks holding the scanlines with filter
+// type 0 in stored deflate blocks, IEND. Empty if libpng fails (it reports
+// why on stderr), which only running out of memory can make it do.
 std::string EncodePng(const RgbImage& image);
 
 }  // namespace attnserve

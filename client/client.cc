@@ -1,25 +1,18 @@
 #include "attnserve/client/client.h"
 
 #include <algorithm>
-#include <cstring>
 #include <random>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "attnserve/common/dtype.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace attnserve {
 namespace {
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
 
 int64_t Milliseconds(absl::Duration duration) {
   return absl::ToInt64Milliseconds(duration);
@@ -243,8 +236,9 @@ void Client::MultiHeadAttentionAsync(
 
 std::unique_ptr<AttendSession> Client::OpenAttendSession(
     absl::Duration timeout) {
-  return std::make_unique<AttendSession>(NewContext(absl::Now() + timeout),
-                                         *stub_);
+  // AttendSession's constructor is private to Client: not make_unique.
+  return std::unique_ptr<AttendSession>(
+      new AttendSession(NewContext(absl::Now() + timeout), *stub_));
 }
 
 absl::StatusOr<v1::PutWeightsResponse> Client::PutWeights(
@@ -279,151 +273,6 @@ Client::CheckHealth(absl::string_view service, absl::Duration timeout) {
                                                          &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.status();
-}
-
-AttendSession::AttendSession(std::unique_ptr<grpc::ClientContext> context,
-                             v1::AttentionService::Stub& stub)
-    : context_(std::move(context)),
-      stream_(stub.AttendStream(context_.get())) {}
-
-AttendSession::~AttendSession() {
-  if (!finished_) {
-    context_->TryCancel();
-    stream_->Finish();
-  }
-}
-
-absl::Status AttendSession::Send(const v1::AttendRequest& request) {
-  if (send_closed_) {
-    return absl::FailedPreconditionError(
-        "Send after CloseSend on an AttendSession");
-  }
-  if (!stream_->Write(request)) {
-    return absl::UnavailableError("the AttendStream broke; Finish says why");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status AttendSession::CloseSend() {
-  if (send_closed_) return absl::OkStatus();
-  send_closed_ = true;
-  if (!stream_->WritesDone()) {
-    return absl::UnavailableError("the AttendStream broke; Finish says why");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::optional<v1::AttendStreamResponse>>
-AttendSession::Receive() {
-  v1::AttendStreamResponse answer;
-  if (stream_->Read(&answer))
-    return std::optional<v1::AttendStreamResponse>(std::move(answer));
-  return std::optional<v1::AttendStreamResponse>();
-}
-
-absl::Status AttendSession::Finish() {
-  if (finished_) return absl::FailedPreconditionError("Finish called twice");
-  finished_ = true;
-  if (!send_closed_) CloseSend().IgnoreError();
-  v1::AttendStreamResponse unread;
-  while (stream_->Read(&unread)) {
-  }
-  return FromGrpcStatus(stream_->Finish());
-}
-
-v1::Tensor MakeTensor(v1::DType dtype, absl::Span<const int64_t> shape,
-                      absl::Span<const float> values) {
-  if (dtype == v1::FLOAT32) return MakeFloat32Tensor(shape, values);
-  v1::Tensor tensor;
-  tensor.set_dtype(dtype);
-  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
-  std::string* data = tensor.mutable_data();
-  data->resize(values.size() * 2);
-  ConvertFromFloat32(
-      values.data(), static_cast<int64_t>(values.size()),
-      dtype == v1::BFLOAT16 ? DataType::kBFloat16 : DataType::kFloat16,
-      data->data());
-  return tensor;
-}
-
-v1::Tensor MakeBoolTensor(absl::Span<const int64_t> shape,
-                          const std::vector<bool>& values) {
-  v1::Tensor tensor;
-  tensor.set_dtype(v1::BOOL);
-  tensor.mutable_shape()->Assign(shape.begin(), shape.end());
-  std::string* data = tensor.mutable_data();
-  for (bool value : values) data->push_back(value ? 1 : 0);
-  return tensor;
-}
-
-absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor) {
-  if (tensor.dtype() != v1::FLOAT32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.dtype is ", tensor.dtype(), ", expected FLOAT32"));
-  }
-  return FloatValues(tensor);
-}
-
-absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor) {
-  if (tensor.dtype() != v1::FLOAT32 && tensor.dtype() != v1::BFLOAT16 &&
-      tensor.dtype() != v1::FLOAT16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.dtype is ", tensor.dtype(),
-                     ", expected FLOAT32, BFLOAT16 or FLOAT16"));
-  }
-  const uint64_t element_bytes = tensor.dtype() == v1::FLOAT32 ? 4 : 2;
-  uint64_t elements = 1;
-  for (int64_t dim : tensor.shape()) {
-    if (dim < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
-                                          &elements)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor.shape has dimension ", dim,
-                       ", expected a small non-negative size"));
-    }
-  }
-  if (tensor.data().size() / element_bytes != elements ||
-      tensor.data().size() % element_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.data has ", tensor.data().size(),
-                     " bytes, expected ", elements, " x ", element_bytes));
-  }
-  const DataType type = tensor.dtype() == v1::FLOAT32    ? DataType::kFloat32
-                        : tensor.dtype() == v1::BFLOAT16 ? DataType::kBFloat16
-                                                         : DataType::kFloat16;
-  std::vector<float> values(elements);
-  ConvertToFloat32(type, tensor.data().data(), static_cast<int64_t>(elements),
-                   values.data());
-  return values;
-}
-
-absl::Status ReadFloatsInto(const v1::Tensor& tensor,
-                            absl::Span<const int64_t> expected_shape,
-                            absl::Span<float> out) {
-  if (!std::equal(tensor.shape().begin(), tensor.shape().end(),
-                  expected_shape.begin(), expected_shape.end())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor.shape is [", absl::StrJoin(tensor.shape(), ", "),
-        "], expected [", absl::StrJoin(expected_shape, ", "), "]"));
-  }
-  const int64_t element_bytes = tensor.dtype() == v1::FLOAT32 ? 4 : 2;
-  if (tensor.dtype() != v1::FLOAT32 && tensor.dtype() != v1::BFLOAT16 &&
-      tensor.dtype() != v1::FLOAT16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.dtype is ", tensor.dtype(),
-                     ", expected FLOAT32, BFLOAT16 or FLOAT16"));
-  }
-  if (tensor.data().size() != out.size() * static_cast<size_t>(element_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor.data has ", tensor.data().size(),
-                     " bytes, the output span holds ", out.size(),
-                     " elements of ", element_bytes, " bytes"));
-  }
-  ConvertToFloat32(tensor.dtype() == v1::FLOAT32    ? DataType::kFloat32
-                   : tensor.dtype() == v1::BFLOAT16 ? DataType::kBFloat16
-                                                    : DataType::kFloat16,
-                   tensor.data().data(), static_cast<int64_t>(out.size()),
-                   out.data());
-  return absl::OkStatus();
 }
 
 }  // namespace attnserve

@@ -1,17 +1,20 @@
 // attnserve::Client: calls an attnserve server from C++.
 //
+// clang-format off
 //   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<attnserve::Client> client,
 //                              attnserve::Client::Connect("localhost:50051"));
 //   attnserve::v1::AttendRequest request;
-//   *request.mutable_query() = attnserve::MakeFloat32Tensor({1, 8, 128, 64},
-//   query);
+//   *request.mutable_query() = attnserve::MakeFloat32Tensor({1, 8, 128, 64}, query);
 //   ...
 //   ATTNSERVE_ASSIGN_OR_RETURN(attnserve::v1::AttendResponse response,
 //                              client->Attend(request, absl::Seconds(5)));
+// clang-format on
 //
 // Errors come back as absl::Status with the server's gRPC code and message
 // unchanged. The library depends on the generated proto code only (plus Abseil
-// and gRPC).
+// and gRPC). This header brings in the tensor helpers
+// (attnserve/client/tensors.h) and AttendSession
+// (attnserve/client/attend_session.h).
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
@@ -29,8 +32,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
-#include "attnserve/proto/tensors.h"
+#include "attnserve/client/attend_session.h"
+#include "attnserve/client/tensors.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpc/health/v1/health.pb.h"
 
@@ -91,8 +94,6 @@ struct ClientOptions {
   // UNAVAILABLE at once.
   bool wait_for_ready = false;
 };
-
-class AttendSession;
 
 // A channel to one attnserve target. Thread-safe: calls may run concurrently on
 // one Client.
@@ -185,62 +186,6 @@ class Client {
   absl::Mutex calls_mutex_;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mutex_);
 };
-
-// An AttendStream call. One thread may Send while another Receives; each method
-// itself is not to be called from two threads at once.
-class AttendSession {
- public:
-  AttendSession(std::unique_ptr<grpc::ClientContext> context,
-                v1::AttentionService::Stub& stub);
-  ~AttendSession();  // Cancels the stream if it was not finished.
-
-  // Sends one request. FAILED_PRECONDITION after CloseSend; UNAVAILABLE if the
-  // stream broke (Finish then says why).
-  absl::Status Send(const v1::AttendRequest& request);
-  // Tells the server no more requests will come.
-  absl::Status CloseSend();
-  // The next answer, in the order of the requests; nullopt once the server has
-  // answered all of them and closed the stream.
-  absl::StatusOr<std::optional<v1::AttendStreamResponse>> Receive();
-  // Ends the call and returns its final status (after every answer has been
-  // received).
-  absl::Status Finish();
-
- private:
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendStreamResponse>>
-      stream_;
-  bool send_closed_ = false;
-  bool finished_ = false;
-};
-
-// MakeFloat32Tensor(shape, values): attnserve/proto/tensors.h, included above.
-
-// A tensor of `dtype` (FLOAT32, BFLOAT16 or FLOAT16) and `shape` holding
-// `values` rounded to the dtype (to nearest, ties to even).
-v1::Tensor MakeTensor(v1::DType dtype, absl::Span<const int64_t> shape,
-                      absl::Span<const float> values);
-
-// A BOOL tensor of `shape` holding `values` (one byte each).
-v1::Tensor MakeBoolTensor(absl::Span<const int64_t> shape,
-                          const std::vector<bool>& values);
-
-// The elements of a FLOAT32 tensor. INVALID_ARGUMENT if the dtype is not
-// FLOAT32 or the byte count does not match the shape.
-absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor);
-
-// The elements of a FLOAT32, BFLOAT16 or FLOAT16 tensor, widened to float.
-// INVALID_ARGUMENT for another dtype or a byte count that does not match the
-// shape.
-absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor);
-
-// Reads a float tensor into `out` (widening BFLOAT16/FLOAT16), checking that
-// its shape is `expected_shape` and `out` holds exactly its elements: no
-// allocation. INVALID_ARGUMENT naming what differs.
-absl::Status ReadFloatsInto(const v1::Tensor& tensor,
-                            absl::Span<const int64_t> expected_shape,
-                            absl::Span<float> out);
 
 }  // namespace attnserve
 

@@ -1,16 +1,21 @@
 // Exact attention over keys and values split along Lk: for contexts too long
 // for one replica, or to spread one request over several.
 //
+// clang-format off
 //   std::vector<attnserve::Client*> replicas = {a.get(), b.get()};
 //   ATTNSERVE_ASSIGN_OR_RETURN(attnserve::v1::AttendResponse response,
-//                              attnserve::ShardedAttend(replicas, request,
-//                              /*shards=*/4,
+//                              attnserve::ShardedAttend(replicas, request, /*shards=*/4,
 //                                                       absl::Seconds(30)));
+// clang-format on
 //
-// Shard s covers keys [s·Lk/n, (s+1)·Lk/n) and goes to replicas[s %
-// replicas.size()], all shards at once. Each returns its output o_s and lse_s
-// over its own keys; the merge is exact:
+// Shard s covers keys [s·Lk/n, (s+1)·Lk/n) and goes to
+// replicas[s % replicas.size()], all shards at once. Each returns its output
+// o_s and lse_s over its own keys; the merge is exact:
+//
+// clang-format off
 //   lse = log Σ_s exp(lse_s),   o = Σ_s exp(lse_s − lse) · o_s
+// clang-format on
+//
 // (in double precision). Every option carries over: key_lengths are cut per
 // shard, a mask is cut along Lk, and causality becomes a per-shard mask with
 // the global key positions (a causal request with a mask materialises a float

@@ -3,20 +3,22 @@
 //   attnctl [--target=localhost:50051] [--timeout=30s] COMMAND [ARGS] [FLAGS]
 //
 // Commands: health, services, attend, mha, weights, bench, grid; see kUsage
-// and docs/client.md. Exits 0 on success, 1 when a call fails (the gRPC status
-// is printed) or an output cannot be written, 2 on a usage error.
+// and docs/client.md; --help lists every flag (attnctl/help.h). Exits 0 on
+// success, 1 when a call fails (the gRPC status is printed) or an output cannot
+// be written, 2 on a usage error.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "attnctl/attend.h"
 #include "attnctl/bench.h"
 #include "attnctl/cli.h"
 #include "attnctl/grid.h"
+#include "attnctl/help.h"
 #include "attnctl/request_flags.h"
 #include "attnctl/weights.h"
 #include "attnserve/client/client.h"
@@ -53,7 +55,11 @@ constexpr char kUsage[] =
     "  --causal_alignment=top_left|bottom_right --key_lengths=5,7\n"
     "  --attn_mask=m.npy --return_weights=none|per_head|head_mean\n"
     "  --return_lse --precision=f32|bf16\n"
-    "  --output_dtype=float32|bfloat16|float16 --bf16_as_uint16";
+    "  --output_dtype=float32|bfloat16|float16 --bf16_as_uint16\n"
+    "Connection (every command): --target --timeout --max_message_bytes\n"
+    "  --tls_ca --tls_cert --tls_key --tls_server_name --auth_token_file\n"
+    "  --wait_for_ready\n"
+    "--help lists every flag, --version prints attnctl's version.";
 
 int RunHealth(Client& client, const std::string& service) {
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> status =
@@ -124,6 +130,9 @@ int Run(const std::vector<char*>& argv) {
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(attnserve::kUsage);
+  attnserve::ConfigureUsage(attnserve::kUsage);
+  if (std::optional<int> status = attnserve::HandleHelpFlags(argc, argv)) {
+    return *status;
+  }
   return attnserve::Run(absl::ParseCommandLine(argc, argv));
 }

@@ -1,0 +1,122 @@
+#include "help.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace attnserve {
+namespace {
+
+constexpr size_t kWidth = 80;
+
+// A flag's source file as the build named it, from "client/" on for attnctl's
+// own (CMake compiles them by absolute path), else without a leading "/" or
+// "./" (Abseil's own).
+std::string NormalizeFilename(absl::string_view path) {
+  const size_t client = path.rfind("client/attnctl/");
+  if (client != absl::string_view::npos) {
+    return std::string(path.substr(client));
+  }
+  while (absl::ConsumePrefix(&path, "/") || absl::ConsumePrefix(&path, "./")) {
+  }
+  return std::string(path);
+}
+
+// Flags Abseil itself defines (--flagfile, --fromenv, ...), which --help leaves
+// to --helpfull.
+bool IsAbseilFlag(const absl::CommandLineFlag& flag) {
+  return absl::StartsWith(flag.Filename(), "absl/");
+}
+
+// Appends `text` word by word to `out`, lines starting with `indent` spaces
+// (the first after `first`) and ending before kWidth columns where words allow.
+void AppendWrapped(absl::string_view first, absl::string_view text,
+                   size_t indent, std::string* out) {
+  std::string line(first);
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (line.size() > indent && line.size() + 1 + word.size() > kWidth) {
+      absl::StrAppend(out, line, "\n");
+      line.assign(indent, ' ');
+    } else if (line.size() > indent) {
+      line += ' ';
+    }
+    absl::StrAppend(&line, word);
+  }
+  absl::StrAppend(out, line, "\n");
+}
+
+}  // namespace
+
+void ConfigureUsage(absl::string_view usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StartsWith(file, "client/attnctl/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  config.version_string = [] {
+    return std::string("attnctl " ATTNSERVE_VERSION "\n");
+  };
+  config.normalize_filename = NormalizeFilename;
+  absl::SetFlagsUsageConfig(config);
+}
+
+std::string HelpText(bool full) {
+  // File, then flag name: both sorted.
+  std::map<std::string,
+           std::map<absl::string_view, const absl::CommandLineFlag*>>
+      files;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (flag->IsRetired() || (!full && IsAbseilFlag(*flag))) continue;
+    files[flag->Filename()][name] = flag;
+  }
+  std::string text = absl::StrCat(absl::ProgramUsageMessage(), "\n");
+  for (const auto& [file, flags] : files) {
+    absl::StrAppend(&text, "\n  Flags from ", file, ":\n");
+    for (const auto& [name, flag] : flags) {
+      const std::string default_value =
+          flag->IsOfType<std::string>()
+              ? absl::StrCat("\"", flag->DefaultValue(), "\"")
+              : flag->DefaultValue();
+      AppendWrapped(
+          absl::StrCat("    --", name),
+          absl::StrCat("(", flag->Help(), "); default: ", default_value, ";"),
+          6, &text);
+    }
+  }
+  if (!full) {
+    absl::StrAppend(&text,
+                    "\n--helpfull adds Abseil's own flags (--flagfile, "
+                    "--fromenv, ...).\n");
+  }
+  return text;
+}
+
+std::optional<int> HandleHelpFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;  // A command or its argument, such as `attnctl help`.
+    }
+    if (arg == "help" || arg == "helpshort" || arg == "helpfull") {
+      const std::string text = HelpText(arg == "helpfull");
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return 0;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace attnserve

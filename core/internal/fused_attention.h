@@ -16,6 +16,11 @@
 // single thread, run inside our own parallel loop with per-thread scratchpads.
 // Tiles of fewer than kSmallRows rows (decode) use our own vector code instead,
 // which streams the keys and values at memory speed.
+//
+// Its parts: internal/fused_plan.h cuts a call into tiles and lays out each
+// thread's buffers; internal/tile_matmuls.h builds and binds the tile matmuls;
+// internal/fused_run.h is a call as it runs (fused_attention.cc prepares it
+// and hands out the tiles, fused_tile.cc computes one tile).
 #ifndef ATTNSERVE_CORE_INTERNAL_FUSED_ATTENTION_H_
 #define ATTNSERVE_CORE_INTERNAL_FUSED_ATTENTION_H_
 
@@ -24,24 +29,13 @@
 
 #include "absl/status/status.h"
 #include "attnserve/core/attention_types.h"
-#include "internal/plan_cache.h"
 #include "internal/scratch_pool.h"
 #include "internal/sdpa_problem.h"
 #include "internal/tile_kernels.h"
+#include "internal/tile_matmuls.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {
-
-// The two matmuls of one tile shape: scores [M, n] = Q [M, Dk] · K_blockᵀ, and
-// output [M, Dv] += P [M, n] · V_block [n, Dv].
-struct TilePlan {
-  dnnl::memory::desc query_md, key_t_md, scores_md, probabilities_md, value_md,
-      output_md;
-  dnnl::matmul scores;
-  dnnl::matmul context;
-  dnnl::memory::desc scores_scratchpad_md, context_scratchpad_md;
-};
-using TilePlanCache = PlanCache<TilePlan>;
 
 // The scratch bytes RunFusedAttention allocates for `shape` with `threads`
 // threads, or nullopt on overflow. `key_value_packed`: key and value rows are

@@ -1,0 +1,90 @@
+#include "internal/fused_plan.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "attnserve/common/checked_math.h"
+#include "internal/fused_attention.h"
+#include "internal/tile_kernels.h"
+
+namespace attnserve::internal {
+namespace fused {
+
+Geometry MakeGeometry(const AttentionShape& s, Precision precision,
+                      int threads) {
+  Geometry g;
+  g.group = s.heads / s.kv_heads;
+  g.q_block = std::clamp<int64_t>(kTileRows / g.group, 1, s.query_len);
+  g.rows = g.group * g.q_block;
+  g.q_blocks = CeilDiv(s.query_len, g.q_block);
+  g.k_block = std::min(kKeyBlock, s.key_len);
+  g.k_blocks = CeilDiv(s.key_len, g.k_block);
+  g.tiles = s.batch * s.kv_heads * g.q_blocks;
+  g.splits = 1;
+  if (threads > 1 && g.tiles < kSplitBelow * threads && g.k_blocks > 1) {
+    g.splits = std::min(g.k_blocks, CeilDiv(kSplitTarget * threads, g.tiles));
+  }
+  g.chunk = CeilDiv(g.k_blocks, g.splits);
+  g.splits = CeilDiv(g.k_blocks, g.chunk);
+  g.small = g.rows < kSmallRows;
+  g.input = MatmulInputFor(precision);
+  return g;
+}
+
+int64_t ScratchpadAllowance(const AttentionShape& s, const Geometry& g) {
+  return 2 * g.k_block * std::max(s.key_dim, s.value_dim) * 4 + (64 << 10);
+}
+
+ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
+                              int64_t scratchpad_bytes) {
+  ThreadLayout t;
+  int64_t at = 0;
+  auto take = [&at](int64_t bytes) {
+    const int64_t offset = at;
+    at += AlignUp(bytes);
+    return offset;
+  };
+  t.query = take(g.rows * s.key_dim * 4);
+  t.scores = take(g.rows * g.k_block * 4);
+  t.probabilities = take(g.NativeBf16Tiles() ? g.rows * g.k_block * 2 : 0);
+  t.output = take(g.rows * s.value_dim * 4);
+  t.states = take(g.rows * static_cast<int64_t>(sizeof(RowState)));
+  t.ends = take(g.q_block * 8);
+  t.scratchpad = take(scratchpad_bytes);
+  t.total = at;
+  return t;
+}
+
+int64_t PartialStatesOffset(const AttentionShape& s, const Geometry& g) {
+  return AlignUp(g.tiles * g.splits * g.rows * s.value_dim * 4);
+}
+
+int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
+  if (g.splits == 1) return 0;
+  return PartialStatesOffset(s, g) +
+         g.tiles * g.splits * g.rows * static_cast<int64_t>(sizeof(RowState));
+}
+
+int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
+                            bool key_value_packed) {
+  if (!g.Bf16Tiles() && key_value_packed) return 0;
+  return (s.KeyElements() + s.ValueElements()) *
+         (g.Bf16Tiles() ? BytesOf(g.input) : 4);
+}
+
+}  // namespace fused
+
+std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
+                                           Precision precision, int threads,
+                                           bool key_value_packed) {
+  // Every product below is of dims the caller validated (each tensor's
+  // element count fits), times small constants.
+  const fused::Geometry g = fused::MakeGeometry(s, precision, threads);
+  const fused::ThreadLayout layout =
+      MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
+  return CheckedSum({CheckedProduct({layout.total, threads}),
+                     CheckedProduct({fused::AlignUp(PartialBytes(s, g)), 1}),
+                     PackedKeyValueBytes(s, g, key_value_packed)});
+}
+
+}  // namespace attnserve::internal

@@ -1,0 +1,101 @@
+// How the fused kernel (internal/fused_attention.h) cuts one call: tiles of
+// query rows, key blocks and key splits (Geometry), and where each thread's
+// buffers lie in the call's workspace (ThreadLayout). The workspace check
+// before a call and the call itself size from the same functions, so they
+// agree.
+#ifndef ATTNSERVE_CORE_INTERNAL_FUSED_PLAN_H_
+#define ATTNSERVE_CORE_INTERNAL_FUSED_PLAN_H_
+
+#include <cstdint>
+
+#include "attnserve/core/attention_types.h"
+#include "internal/matmul.h"
+
+namespace attnserve::internal::fused {
+
+// Query rows a tile aims for (all heads of a kv-head group together): enough
+// to make each key block's matmuls efficient, few enough that the tile's
+// scores, output and the key block stay in a core's L2.
+inline constexpr int64_t kTileRows = 64;
+// Keys per block.
+inline constexpr int64_t kKeyBlock = 256;
+// Under causality or key_lengths, a tile's last block stops at the first
+// multiple of this many keys past the last key any of its rows sees, rather
+// than at a whole block: causal tiles at short lengths would otherwise compute
+// up to a block of keys nobody sees.
+inline constexpr int64_t kKeyGranule = 64;
+// Key-block widths a call may use: each multiple of kKeyGranule up to
+// kKeyBlock, and the ragged last block of the keys.
+inline constexpr int kKeyWidths = kKeyBlock / kKeyGranule + 1;
+// Tiles of fewer rows use our own vector code, not oneDNN.
+inline constexpr int64_t kSmallRows = 8;
+// Split the keys of each tile when there are fewer tiles than this many per
+// thread, aiming for about kSplitTarget work items per thread.
+inline constexpr int64_t kSplitBelow = 2;
+inline constexpr int64_t kSplitTarget = 4;
+// Every per-thread buffer starts on its own cache line.
+inline constexpr int64_t kAlign = 64;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t AlignUp(int64_t bytes) {
+  return CeilDiv(bytes, kAlign) * kAlign;
+}
+
+// The slot of a key-block width: multiples of kKeyGranule by size, the ragged
+// last block of the keys after them.
+inline int KeyWidthIndex(int64_t n) {
+  return n % kKeyGranule == 0 ? static_cast<int>(n / kKeyGranule) - 1
+                              : kKeyWidths - 1;
+}
+
+// How a problem is cut into tiles and key blocks.
+struct Geometry {
+  int64_t group;      // query heads per kv head
+  int64_t q_block;    // queries per head in a full tile
+  int64_t rows;       // rows of a full tile: group · q_block
+  int64_t q_blocks;   // tiles along the queries
+  int64_t k_block;    // keys per block
+  int64_t k_blocks;   // blocks along the keys
+  int64_t tiles;      // B · Hkv · q_blocks
+  int64_t splits;     // key chunks per tile (1: no split)
+  int64_t chunk;      // key blocks per chunk
+  bool small;         // own vector code instead of oneDNN matmuls
+  MatmulInput input;  // what matmuls read at this precision on this CPU
+
+  bool Bf16() const { return input != MatmulInput::kF32; }  // BF16 precision
+  // Whether the oneDNN tiles read bf16 values (packed keys and values, query
+  // rows, probabilities): as bf16, or as f32 on a CPU without a bf16 matmul.
+  bool Bf16Tiles() const { return Bf16() && !small; }
+  // Whether they read them as bf16, through oneDNN's bf16 matmul.
+  bool NativeBf16Tiles() const { return !small && input == MatmulInput::kBf16; }
+};
+
+Geometry MakeGeometry(const AttentionShape& s, Precision precision,
+                      int threads);
+
+// oneDNN's scratchpad for one tile matmul is the copy of a key or value block
+// it repacks; this bounds it for the workspace check before any primitive is
+// built (the real sizes are used when allocating).
+int64_t ScratchpadAllowance(const AttentionShape& s, const Geometry& g);
+
+// Byte offsets of one thread's buffers.
+struct ThreadLayout {
+  int64_t query, scores, probabilities, output, states, ends, scratchpad, total;
+};
+
+ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
+                              int64_t scratchpad_bytes);
+
+// The partial results of split tiles: every split's output rows, then (from
+// this offset) their row states.
+int64_t PartialStatesOffset(const AttentionShape& s, const Geometry& g);
+
+int64_t PartialBytes(const AttentionShape& s, const Geometry& g);
+
+// Bytes of the packed key and value copies.
+int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
+                            bool key_value_packed);
+
+}  // namespace attnserve::internal::fused
+
+#endif  // ATTNSERVE_CORE_INTERNAL_FUSED_PLAN_H_

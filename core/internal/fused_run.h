@@ -1,0 +1,205 @@
+// One call of the fused kernel (internal/fused_attention.h) while it runs.
+// fused_attention.cc prepares the call (packed keys and values, tile plans,
+// workspace, one context per thread), hands the tiles to the threads and merges
+// split tiles; fused_tile.cc computes one tile, step by step.
+#ifndef ATTNSERVE_CORE_INTERNAL_FUSED_RUN_H_
+#define ATTNSERVE_CORE_INTERNAL_FUSED_RUN_H_
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "attnserve/core/attention_types.h"
+#include "internal/fused_plan.h"
+#include "internal/scratch_pool.h"
+#include "internal/sdpa_problem.h"
+#include "internal/tile_kernels.h"
+#include "internal/tile_matmuls.h"
+#include "internal/visibility.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace attnserve::internal::fused {
+
+inline constexpr float kNegativeInfinity =
+    -std::numeric_limits<float>::infinity();
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// What one thread computes with during a call.
+struct ThreadContext {
+  char* buffer = nullptr;  // ThreadLayout's buffers
+  dnnl::stream stream;
+  // [m is full or last][KeyWidthIndex(n)].
+  TileBinding bindings[2][kKeyWidths];
+};
+
+// One tile: the query rows [q0, q0 + qn) of batch entry b, for every query
+// head that reads kv head `kv_head`. Its row r is query Query(r) of head
+// Head(r).
+struct Tile {
+  int64_t index;  // in [0, Geometry::tiles)
+  int64_t b;
+  int64_t kv_head;
+  int64_t q0;
+  int64_t qn;
+  int64_t group;  // query heads per kv head
+  int64_t rows;   // group · qn
+  int plan;       // 0: a full tile's matmuls; 1: the last query block's
+
+  int64_t Head(int64_t r) const { return kv_head * group + r / qn; }
+  int64_t Query(int64_t r) const { return q0 + r % qn; }
+};
+
+// A thread's buffers (ThreadLayout) as one tile uses them.
+struct TileBuffers {
+  char* query;              // the tile's query rows, as the scores matmul reads
+  float* scores;            // [rows, n] scores, then probabilities
+  uint16_t* probabilities;  // [rows, n] bf16 probabilities (NativeBf16Tiles)
+  float* output;            // [rows, Dv] accumulated output
+  RowState* states;         // [rows] online-softmax states
+  int64_t* ends;            // [qn] one past the last key each query may see
+  char* scratchpad;         // the tile matmuls' scratchpad
+};
+
+// The key blocks a tile (or one split of it) walks: [first, last).
+struct BlockRange {
+  int64_t first;
+  int64_t last;
+};
+
+// One block of keys as a tile reads it.
+struct KeyBlock {
+  int64_t k0;          // its first key
+  int64_t n;           // keys in it
+  int width;           // KeyWidthIndex(n)
+  const char* keys;    // its first key row
+  const char* values;  // its first value row
+};
+
+// The running computation of one call.
+class FusedRun {
+ public:
+  FusedRun(const SdpaProblem& p, const Geometry& g, const TileKernels& kernels);
+
+  absl::Status Run(const dnnl::engine& engine, int threads,
+                   TilePlanCache& cache, ScratchPool& pool);
+
+ private:
+  // Keys in the last block of the keys (a whole block or fewer).
+  int64_t LastKeys() const {
+    return s_.key_len - (g_.k_blocks - 1) * g_.k_block;
+  }
+
+  // Whether a tile's last block may stop short of a whole block.
+  bool ShortensLastBlock() const {
+    return p_.options->causal || !p_.options->key_lengths.empty();
+  }
+
+  // Bytes per element of the keys and values the tiles read: bf16 for the
+  // bf16 matmuls, else f32.
+  int64_t PackedElementBytes() const {
+    return g_.Bf16Tiles() ? BytesOf(g_.input) : 4;
+  }
+
+  // Run's steps (fused_attention.cc).
+
+  // Copies the keys and values to dense rows in the matmuls' type if the tiles
+  // cannot read them in place.
+  absl::Status PackKeysAndValues(ScratchPool& pool);
+  // Copies the [B, Hkv, Lk, dim] tensor whose batch entry b starts at
+  // `of(p_, b)` (with `strides`) into `out` as dense rows of the matmuls' type,
+  // on the calling thread's team.
+  void Pack(const float* (*of)(const SdpaProblem&, int64_t),
+            const Strides4& strides, int64_t dim, char* out) const;
+  // Gets the tile plans of every tile shape the call can use from `cache`
+  // (building the missing ones single-threaded), and the largest scratchpad
+  // any of them needs.
+  absl::Status GetTilePlans(const dnnl::engine& engine, int threads,
+                            TilePlanCache& cache, int64_t* scratchpad_bytes);
+  // Takes the workspace: every thread's buffers, then the split tiles'
+  // partial results.
+  absl::Status AllocateWorkspace(int threads, int64_t scratchpad_bytes,
+                                 ScratchPool& pool);
+  // One context per thread, each on its own buffers and stream.
+  absl::Status MakeThreadContexts(const dnnl::engine& engine, int threads,
+                                  std::vector<ThreadContext>* contexts);
+  // Computes every tile (or split of one) on `threads` threads.
+  absl::Status RunTiles(int threads, std::vector<ThreadContext>& contexts);
+  // Merges the splits of every tile into the output.
+  void MergeSplits(int threads);
+  // Writes one row's output and lse from its accumulated state.
+  void WriteRow(int64_t b, int64_t h, int64_t i, const float* accumulated,
+                const RowState& state) const;
+
+  // The first rows of (batch entry b, kv head h) of the keys or the values
+  // (`packed`, `of`, `strides`, `dim` naming which), as the tiles read them: in
+  // the packed copy if there is one, else in place.
+  const char* Rows(const void* packed,
+                   const float* (*of)(const SdpaProblem&, int64_t),
+                   const Strides4& strides, int64_t dim, int64_t b,
+                   int64_t h) const;
+
+  // RunTile and its steps (fused_tile.cc).
+
+  // Computes tile `index` (all splits if `split` < 0, else that one) on the
+  // calling thread. Returns a oneDNN status.
+  dnnl_status_t RunTile(int64_t index, int64_t split, ThreadContext& context);
+  Tile TileAt(int64_t index) const;
+  TileBuffers BuffersOf(char* buffer) const;
+  // Writes the keys each query of `tile` may see to buffers.ends; returns the
+  // end of the keys any of them sees.
+  int64_t FindVisibleKeys(const Tile& tile, const TileBuffers& buffers) const;
+  // The key blocks of split `split` (all if < 0) up to `tile_end`.
+  BlockRange BlocksToRun(int64_t tile_end, int64_t split) const;
+  // Loads the query rows of every head of the group in the matmuls' type, and
+  // zeroes the rows' output and softmax states.
+  void StartTile(const Tile& tile, const TileBuffers& buffers) const;
+  // Block `block` of the keys and values whose (b, kv head) rows start at
+  // `key_rows` and `value_rows`, shortened to the granule past `tile_end`
+  // when it is the last block a tile may see.
+  KeyBlock BlockAt(int64_t block, int64_t tile_end, const char* key_rows,
+                   const char* value_rows) const;
+  // scores = Q · K_blockᵀ. Returns a oneDNN status.
+  dnnl_status_t ScoreBlock(const Tile& tile, const KeyBlock& keys,
+                           const TileBuffers& buffers,
+                           ThreadContext& context) const;
+  // Folds the block into each row's softmax; rescales what the row has
+  // accumulated if its max moved.
+  void FoldBlock(const Tile& tile, const KeyBlock& keys,
+                 const TileBuffers& buffers) const;
+  // The mask entries of row (b, h, i) from key k0 on.
+  RowMask RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const;
+  // output += P · V_block. Returns a oneDNN status.
+  dnnl_status_t AccumulateBlock(const Tile& tile, const KeyBlock& keys,
+                                const TileBuffers& buffers,
+                                ThreadContext& context) const;
+  // Keeps split `split`'s partial result of `tile` for MergeSplits.
+  void KeepPartial(const Tile& tile, int64_t split,
+                   const TileBuffers& buffers) const;
+  // Writes every row of a whole tile.
+  void WriteRows(const Tile& tile, const TileBuffers& buffers) const;
+
+  const SdpaProblem& p_;
+  const AttentionShape& s_;
+  const Geometry& g_;
+  const TileKernels& kernels_;
+  // The call's mask, if any, and its strides.
+  const AttentionMask* const mask_;
+  const MaskStrides mask_strides_;
+  ThreadLayout layout_{};
+  // Packed keys and values, if the tiles read those: dense rows, f32 or bf16.
+  const void* key_ = nullptr;
+  const void* value_ = nullptr;
+  ScratchPool::Lease packed_;
+  ScratchPool::Lease workspace_;
+  // The tile plans by [m is full or last][KeyWidthIndex(n)], held for the
+  // call, and the engine to bind them on.
+  std::shared_ptr<const TilePlan> plans_[2][kKeyWidths];
+  dnnl_engine_t engine_ = nullptr;
+  char* partials_ = nullptr;
+};
+
+}  // namespace attnserve::internal::fused
+
+#endif  // ATTNSERVE_CORE_INTERNAL_FUSED_RUN_H_

@@ -1,0 +1,248 @@
+// One tile of the fused kernel: its queries against the key blocks they may
+// see, one block at a time (scores, online softmax, accumulation), then its
+// rows written out or, for a split tile, kept for MergeSplits.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "internal/fused_plan.h"
+#include "internal/fused_run.h"
+#include "internal/matmul.h"
+#include "internal/sdpa_problem.h"
+#include "internal/tile_kernels.h"
+#include "internal/tile_matmuls.h"
+#include "internal/visibility.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace attnserve::internal::fused {
+
+dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
+                                ThreadContext& context) {
+  const Tile tile = TileAt(index);
+  const TileBuffers buffers = BuffersOf(context.buffer);
+  const int64_t tile_end = FindVisibleKeys(tile, buffers);
+  const BlockRange blocks = BlocksToRun(tile_end, split);
+  StartTile(tile, buffers);
+
+  const char* const key_rows =
+      Rows(key_, &KeyOf, p_.key_strides, s_.key_dim, tile.b, tile.kv_head);
+  const char* const value_rows = Rows(value_, &ValueOf, p_.value_strides,
+                                      s_.value_dim, tile.b, tile.kv_head);
+  for (int64_t block = blocks.first; block < blocks.last; ++block) {
+    const KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
+    dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
+    if (status != dnnl_success) return status;
+    FoldBlock(tile, keys, buffers);
+    status = AccumulateBlock(tile, keys, buffers, context);
+    if (status != dnnl_success) return status;
+  }
+
+  if (split >= 0) {
+    KeepPartial(tile, split, buffers);
+  } else {
+    WriteRows(tile, buffers);
+  }
+  return dnnl_success;
+}
+
+Tile FusedRun::TileAt(int64_t index) const {
+  Tile tile;
+  tile.index = index;
+  const int64_t q_block = index % g_.q_blocks;
+  const int64_t bh = index / g_.q_blocks;
+  tile.b = bh / s_.kv_heads;
+  tile.kv_head = bh % s_.kv_heads;
+  tile.q0 = q_block * g_.q_block;
+  tile.qn = std::min(g_.q_block, s_.query_len - tile.q0);
+  tile.group = g_.group;
+  tile.rows = g_.group * tile.qn;
+  tile.plan = tile.rows == g_.rows ? 0 : 1;
+  return tile;
+}
+
+TileBuffers FusedRun::BuffersOf(char* buffer) const {
+  TileBuffers buffers;
+  buffers.query = buffer + layout_.query;
+  buffers.scores = reinterpret_cast<float*>(buffer + layout_.scores);
+  buffers.probabilities =
+      reinterpret_cast<uint16_t*>(buffer + layout_.probabilities);
+  buffers.output = reinterpret_cast<float*>(buffer + layout_.output);
+  buffers.states = reinterpret_cast<RowState*>(buffer + layout_.states);
+  buffers.ends = reinterpret_cast<int64_t*>(buffer + layout_.ends);
+  buffers.scratchpad = buffer + layout_.scratchpad;
+  return buffers;
+}
+
+int64_t FusedRun::FindVisibleKeys(const Tile& tile,
+                                  const TileBuffers& buffers) const {
+  int64_t tile_end = 0;
+  for (int64_t i = 0; i < tile.qn; ++i) {
+    buffers.ends[i] = VisibleKeyEnd(s_, *p_.options, tile.b, tile.q0 + i);
+    tile_end = std::max(tile_end, buffers.ends[i]);
+  }
+  return tile_end;
+}
+
+BlockRange FusedRun::BlocksToRun(int64_t tile_end, int64_t split) const {
+  BlockRange blocks{0, CeilDiv(tile_end, g_.k_block)};
+  if (split >= 0) {
+    blocks.first = std::min(blocks.last, split * g_.chunk);
+    blocks.last = std::min(blocks.last, blocks.first + g_.chunk);
+  }
+  return blocks;
+}
+
+void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
+  const Strides4& qs = p_.query_strides;
+  float* query_f32 = reinterpret_cast<float*>(buffers.query);
+  uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffers.query);
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const float* row =
+        QueryOf(p_, tile.b) + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+    if (g_.NativeBf16Tiles()) {
+      kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
+    } else if (g_.Bf16()) {
+      // Decode tiles, and the f32 matmuls of a CPU without bf16 ones, read
+      // f32 rows holding bf16 values.
+      RoundToBf16Values(row, s_.key_dim, query_f32 + r * s_.key_dim);
+    } else {
+      std::memcpy(query_f32 + r * s_.key_dim, row,
+                  static_cast<size_t>(s_.key_dim) * 4);
+    }
+  }
+  std::fill(buffers.output, buffers.output + tile.rows * s_.value_dim, 0.0f);
+  std::fill(buffers.states, buffers.states + tile.rows,
+            RowState{kNegativeInfinity, 0.0f, false});
+}
+
+KeyBlock FusedRun::BlockAt(int64_t block, int64_t tile_end,
+                           const char* key_rows, const char* value_rows) const {
+  KeyBlock keys;
+  keys.k0 = block * g_.k_block;
+  keys.n = std::min(g_.k_block, s_.key_len - keys.k0);
+  if (ShortensLastBlock() && tile_end - keys.k0 < keys.n) {
+    keys.n = std::min(keys.n,
+                      CeilDiv(tile_end - keys.k0, kKeyGranule) * kKeyGranule);
+  }
+  keys.width = KeyWidthIndex(keys.n);
+  const int64_t element = PackedElementBytes();
+  keys.keys = key_rows + keys.k0 * s_.key_dim * element;
+  keys.values = value_rows + keys.k0 * s_.value_dim * element;
+  return keys;
+}
+
+dnnl_status_t FusedRun::ScoreBlock(const Tile& tile, const KeyBlock& keys,
+                                   const TileBuffers& buffers,
+                                   ThreadContext& context) const {
+  if (g_.small) {
+    const float* query = reinterpret_cast<const float*>(buffers.query);
+    const float* key_block = reinterpret_cast<const float*>(keys.keys);
+    if (g_.Bf16()) {
+      kernels_.small_scores_bf16(query, tile.rows, s_.key_dim, key_block,
+                                 keys.n, buffers.scores, keys.n);
+    } else {
+      kernels_.small_scores_f32(query, tile.rows, s_.key_dim, key_block, keys.n,
+                                buffers.scores, keys.n);
+    }
+    return dnnl_success;
+  }
+  TileBinding& binding = context.bindings[tile.plan][keys.width];
+  if (binding.plan == nullptr) {
+    const dnnl_status_t status = binding.Bind(*plans_[tile.plan][keys.width],
+                                              engine_, buffers.scratchpad);
+    if (status != dnnl_success) return status;
+  }
+  dnnl_memory_set_data_handle(binding.query.get(), buffers.query);
+  dnnl_memory_set_data_handle(binding.key_t.get(),
+                              const_cast<char*>(keys.keys));
+  dnnl_memory_set_data_handle(binding.scores.get(), buffers.scores);
+  return Execute(binding.plan->scores, context.stream, binding.query.get(),
+                 binding.key_t.get(), binding.scores.get(),
+                 binding.scores_scratchpad.get());
+}
+
+void FusedRun::FoldBlock(const Tile& tile, const KeyBlock& keys,
+                         const TileBuffers& buffers) const {
+  const int64_t n = keys.n;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const int64_t visible =
+        std::clamp<int64_t>(buffers.ends[r % tile.qn] - keys.k0, 0, n);
+    const RowMask row_mask =
+        RowMaskAt(tile.b, tile.Head(r), tile.Query(r), keys.k0);
+    float* row_scores = buffers.scores + r * n;
+    const float alpha = kernels_.softmax_block(
+        row_scores, n, visible, p_.scale, row_mask, &buffers.states[r],
+        g_.NativeBf16Tiles() ? buffers.probabilities + r * n : nullptr);
+    if (g_.Bf16Tiles() && !g_.NativeBf16Tiles()) {
+      RoundToBf16Values(row_scores, n, row_scores);
+    }
+    if (alpha != 1.0f) {
+      float* out = buffers.output + r * s_.value_dim;
+      for (int64_t c = 0; c < s_.value_dim; ++c) out[c] *= alpha;
+    }
+  }
+}
+
+RowMask FusedRun::RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const {
+  RowMask row_mask;
+  if (mask_ == nullptr) return row_mask;
+  const int64_t offset = b * mask_strides_.batch + h * mask_strides_.head +
+                         i * mask_strides_.query + k0 * mask_strides_.key;
+  if (mask_->bias != nullptr) {
+    row_mask.bias = mask_->bias + offset;
+    row_mask.bias_stride = mask_strides_.key;
+  } else {
+    row_mask.allowed = mask_->allowed + offset;
+    row_mask.allowed_stride = mask_strides_.key;
+  }
+  return row_mask;
+}
+
+dnnl_status_t FusedRun::AccumulateBlock(const Tile& tile, const KeyBlock& keys,
+                                        const TileBuffers& buffers,
+                                        ThreadContext& context) const {
+  if (g_.small) {
+    const float* value_block = reinterpret_cast<const float*>(keys.values);
+    if (g_.Bf16()) {
+      kernels_.small_accumulate_bf16(buffers.scores, keys.n, tile.rows, keys.n,
+                                     value_block, s_.value_dim, buffers.output);
+    } else {
+      kernels_.small_accumulate_f32(buffers.scores, keys.n, tile.rows, keys.n,
+                                    value_block, s_.value_dim, buffers.output);
+    }
+    return dnnl_success;
+  }
+  TileBinding& binding = context.bindings[tile.plan][keys.width];
+  dnnl_memory_set_data_handle(binding.probabilities.get(),
+                              g_.NativeBf16Tiles()
+                                  ? static_cast<void*>(buffers.probabilities)
+                                  : buffers.scores);
+  dnnl_memory_set_data_handle(binding.value.get(),
+                              const_cast<char*>(keys.values));
+  dnnl_memory_set_data_handle(binding.output.get(), buffers.output);
+  return Execute(binding.plan->context, context.stream,
+                 binding.probabilities.get(), binding.value.get(),
+                 binding.output.get(), binding.context_scratchpad.get());
+}
+
+void FusedRun::KeepPartial(const Tile& tile, int64_t split,
+                           const TileBuffers& buffers) const {
+  const int64_t slot = (tile.index * g_.splits + split) * g_.rows;
+  float* partial_output =
+      reinterpret_cast<float*>(partials_) + slot * s_.value_dim;
+  RowState* partial_states =
+      reinterpret_cast<RowState*>(partials_ + PartialStatesOffset(s_, g_)) +
+      slot;
+  std::memcpy(partial_output, buffers.output,
+              static_cast<size_t>(tile.rows * s_.value_dim) * 4);
+  std::copy(buffers.states, buffers.states + tile.rows, partial_states);
+}
+
+void FusedRun::WriteRows(const Tile& tile, const TileBuffers& buffers) const {
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    WriteRow(tile.b, tile.Head(r), tile.Query(r),
+             buffers.output + r * s_.value_dim, buffers.states[r]);
+  }
+}
+
+}  // namespace attnserve::internal::fused

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# attnctl's help and version, no server: --help (and -help, --helpshort) lists every flag that a
+# source file under client/ defines, exits 0 and shows no absolute path; --helpfull adds Abseil's
+# --flagfile and exits 0; --version prints "attnctl X.Y.Z"; `attnctl help` is still an unknown
+# command (exit 2).
+#
+# usage: attnctl_help_test.sh ATTNCTL CLIENT_SOURCE_DIR
+set -euo pipefail
+attnctl=$1
+sources=$2
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Every ABSL_FLAG(type, name, ...) under client/, the type and name possibly on the next line.
+mapfile -t flags < <(/usr/bin/python3 - "${sources}" <<'PY'
+import pathlib, re, sys
+for path in sorted(pathlib.Path(sys.argv[1]).rglob("*.cc")):
+    for match in re.finditer(r"ABSL_FLAG\(\s*[\w:<>]+\s*,\s*(\w+)", path.read_text()):
+        print(match.group(1))
+PY
+)
+(( ${#flags[@]} >= 40 )) || fail "found ${#flags[@]} flags under ${sources}, expected 40 or more"
+
+for option in --help -help --helpshort; do
+  help=$(timeout 10 "${attnctl}" "${option}") || fail "attnctl ${option} exited $?"
+  for flag in "${flags[@]}"; do
+    grep -q -- "^    --${flag} (" <<<"${help}" || fail "attnctl ${option} does not list --${flag}"
+  done
+  grep -q -- "^    --flagfile (" <<<"${help}" && fail "attnctl ${option} lists Abseil's --flagfile"
+  grep -q "Flags from /\|$(realpath "${sources}")" <<<"${help}" &&
+    fail "attnctl ${option} shows a build path: $(grep 'Flags from' <<<"${help}")"
+  grep -q "^attnctl \[--target=HOST:PORT\]" <<<"${help}" || fail "${option}: no usage line"
+done
+
+full=$(timeout 10 "${attnctl}" --helpfull) || fail "attnctl --helpfull exited $?"
+grep -q -- "^    --flagfile (" <<<"${full}" || fail "--helpfull does not list --flagfile"
+grep -q -- "^    --tls_ca (" <<<"${full}" || fail "--helpfull does not list --tls_ca"
+
+version=$(timeout 10 "${attnctl}" --version) || fail "attnctl --version exited $?"
+[[ ${version} =~ ^attnctl\ [0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+  fail "attnctl --version printed '${version}', expected 'attnctl X.Y.Z'"
+
+set +e
+timeout 10 "${attnctl}" help >/dev/null 2>&1
+status=$?
+set -e
+[[ ${status} -eq 2 ]] || fail "'attnctl help' exited ${status}, expected 2 (unknown command)"
+echo "PASS"

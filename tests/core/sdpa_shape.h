@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 
 namespace attnserve::testing {
 

@@ -18,9 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
+#include "attnserve/server/rpc/wire_messages.h"
+#include "attnserve/server/server.h"
 #include "benchmark/benchmark.h"
-#include "server.h"
-#include "wire_messages.h"
 
 namespace attnserve {
 namespace {

@@ -24,21 +24,21 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "attend_batch.h"
-#include "attention_compute.h"
-#include "attention_service.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/proto/tensors.h"
+#include "attnserve/server/attention/attend_batch.h"
+#include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/attention/attention_service.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/wire_messages.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+#include "attnserve/server/weights/weights_loader.h"
+#include "attnserve/server/weights/weights_registry.h"
 #include "fuzz_requests.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "metrics.h"
-#include "request_validator.h"
-#include "tensor_codec.h"
-#include "weights_loader.h"
-#include "weights_registry.h"
-#include "wire_messages.h"
 
 namespace attnserve::fuzz {
 namespace {

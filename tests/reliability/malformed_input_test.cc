@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/client/client.h"
+#include "attnserve/server/server.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -18,7 +19,6 @@
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "reliability/malformed_corpus.h"
-#include "server.h"
 #include "server/byte_buffers.h"
 
 namespace attnserve::testing {

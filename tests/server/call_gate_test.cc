@@ -1,4 +1,4 @@
-#include "call_gate.h"
+#include "attnserve/server/rpc/call_gate.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "memory_budget.h"
+#include "attnserve/server/rpc/memory_budget.h"
 
 #include <filesystem>
 #include <fstream>

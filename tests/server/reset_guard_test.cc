@@ -1,4 +1,4 @@
-#include "reset_guard.h"
+#include "attnserve/server/rpc/reset_guard.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "scheduler.h"
+#include "attnserve/server/attention/scheduler.h"
 
 #include <atomic>
 #include <string>

@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/client/client.h"
+#include "attnserve/server/server.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
-#include "server.h"
 
 namespace attnserve::testing {
 

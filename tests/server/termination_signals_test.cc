@@ -1,7 +1,7 @@
 // TerminationSignals, each case in a child process (a signal is process-wide):
 // a signal during start-up ends the process at once with 128 + its number;
 // after Started, Wait returns it; without one, the destructor returns promptly.
-#include "termination_signals.h"
+#include "attnserve/server/process/termination_signals.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,12 +1,12 @@
-#include "wire_messages.h"
+#include "attnserve/server/rpc/wire_messages.h"
 
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "attnserve/server/rpc/bytes_pool.h"
 #include "attnserve/v1/attention.pb.h"
-#include "bytes_pool.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "server/byte_buffers.h"

@@ -1,0 +1,257 @@
+#include "attnserve/server/attention/attend_stream.h"
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/rpc/grpc_status.h"
+#include "attnserve/server/rpc/inflate.h"
+#include "attnserve/server/rpc/wire_messages.h"
+
+namespace attnserve {
+namespace {
+
+class AttendStreamCall final : public ServerCall {
+ public:
+  explicit AttendStreamCall(const StreamDependencies& deps) : deps_(deps) {}
+
+ private:
+  // A refusal at the end of a drain is held by the gate (call_gate.h).
+  void OnStart() override {
+    const absl::Status admitted = deps_.gate->Admit(context());
+    if (!admitted.ok()) {
+      held_ = deps_.gate->HoldRefusal(
+          [this, admitted] { Finish(ToGrpcStatus(admitted)); });
+      if (!held_) Finish(ToGrpcStatus(admitted));
+      return;
+    }
+    Read();
+  }
+
+  void OnCancel() override {
+    if (held_ && deps_.gate->Unhold(*held_)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the call was cancelled while the server was "
+                          "shutting down"));
+    }
+  }
+
+  // Reads the next message, watched: a stream whose next message has not come
+  // within stream_idle_timeout is cancelled.
+  void Read() {
+    read_ticket_ = deps_.watchdog->Watch(&context());
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    deps_.watchdog->Unwatch(read_ticket_);
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mutex_);
+        reading_done_ = true;
+      }
+      Advance();
+      return;
+    }
+    auto slot = std::make_shared<Slot>();
+    slot->started = absl::Now();
+    deps_.metrics->CallStarted(Rpc::kAttendStream,
+                               static_cast<int64_t>(incoming_.Length()));
+    // A message that is not an AttendRequest, that inflates past the message
+    // limit, or that the memory budget has no room for, fails only its own
+    // answer.
+    absl::StatusOr<MemoryBudget::Hold> held =
+        AdmitMessage(deps_.limits, *deps_.budget, context().peer(), &incoming_);
+    absl::Status parsed = held.status();
+    if (held.ok()) {
+      slot->hold = *std::move(held);
+      parsed = ParseWire(&incoming_, &slot->request);
+    }
+    incoming_.Clear();
+    absl::StatusOr<AttendWork> work =
+        parsed.ok() ? ValidateAttendRequest(slot->request, deps_.limits)
+                    : absl::StatusOr<AttendWork>(parsed);
+    if (work.ok()) {
+      const absl::Status compute_held = slot->hold.Grow(work->memory_bytes);
+      if (!compute_held.ok()) work = compute_held;
+    }
+    bool read_more;
+    {
+      absl::MutexLock lock(&mutex_);
+      slot->answer.set_index(next_index_++);
+      slots_.push_back(slot);
+      if (work.ok()) ++computing_;
+      read_more = static_cast<int>(slots_.size()) < kMaxPendingPerStream;
+      read_paused_ = !read_more;
+    }
+    if (work.ok()) {
+      Compute(slot, *std::move(work));
+    } else {
+      Resolve(*slot, work.status());
+      Advance();
+    }
+    if (read_more) Read();
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool resume_reading = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      writing_ = false;
+      slots_.pop_front();
+      if (!ok) broken_ = true;
+      if (read_paused_ && !reading_done_ && !broken_) {
+        read_paused_ = false;
+        resume_reading = true;
+      }
+    }
+    if (resume_reading) Read();
+    Advance();
+  }
+
+  struct Slot {
+    v1::AttendRequest request;
+    v1::AttendStreamResponse answer;
+    grpc::ByteBuffer wire_answer;  // `answer` serialised, while it is written.
+    absl::Time started;
+    bool ready = false;
+    MemoryBudget::Hold hold;  // Given back when the slot goes, once written.
+  };
+
+  // Runs the request on the executor; its answer becomes ready when done.
+  void Compute(std::shared_ptr<Slot> slot, AttendWork work) {
+    const absl::Time submitted = absl::Now();
+    deps_.metrics->Enqueued();
+    const absl::Status queued =
+        deps_.scheduler->Submit(std::make_unique<FunctionJob>(
+            [this, slot, submitted, work = std::move(work)] {
+              const absl::Time started = absl::Now();
+              deps_.metrics->Dequeued(Rpc::kAttendStream, started - submitted);
+              v1::AttendResponse* response = slot->answer.mutable_response();
+              response->mutable_timing()->set_queue_us(
+                  absl::ToInt64Microseconds(started - submitted));
+              absl::Status status;
+              if (cancelled()) {
+                status = absl::CancelledError(
+                    "the stream was cancelled before this compute started");
+              } else {
+                status =
+                    ComputeAttend(*deps_.engine, work, slot->request, response);
+                const absl::Duration elapsed = absl::Now() - started;
+                response->mutable_timing()->set_compute_us(
+                    absl::ToInt64Microseconds(elapsed));
+                deps_.metrics->Computed(
+                    Rpc::kAttendStream, elapsed, 1,
+                    status.ok() ? AttentionFlops(work.shape.Dims(),
+                                                 work.plan.options.causal)
+                                : 0.0);
+              }
+              Resolve(*slot, status);
+              // The count drops inside Advance's critical section: once it is 0
+              // another thread may finish the call and free this handler, so
+              // nothing may touch `this` after that section.
+              Advance(/*computes_done=*/1);
+            }));
+    if (!queued.ok()) {
+      deps_.metrics->Dequeued(Rpc::kAttendStream, absl::ZeroDuration());
+      Resolve(*slot, queued);
+      Advance(/*computes_done=*/1);
+    }
+  }
+
+  // Fills the slot's answer with `status` (keeping the response if OK), records
+  // it, marks it ready.
+  void Resolve(Slot& slot, const absl::Status& status) {
+    if (status.ok()) {
+      slot.answer.mutable_response()->mutable_timing()->set_server_us(
+          absl::ToInt64Microseconds(absl::Now() - slot.started));
+    } else {
+      slot.answer.clear_response();
+      slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));
+      slot.answer.mutable_error()->set_message(std::string(status.message()));
+    }
+    deps_.metrics->CallFinished(
+        Rpc::kAttendStream, status.code(), absl::Now() - slot.started,
+        status.ok() ? static_cast<int64_t>(slot.answer.ByteSizeLong()) : 0);
+    absl::MutexLock lock(&mutex_);
+    slot.ready = true;
+  }
+
+  // Serialises a ready answer for writing; an answer protobuf cannot serialise
+  // (none the size limits let through) becomes its error.
+  static void Serialize(Slot& slot) {
+    const absl::Status serialized =
+        SerializeWire(&slot.answer, &slot.wire_answer);
+    if (serialized.ok()) return;
+    slot.answer.clear_response();
+    slot.answer.mutable_error()->set_code(static_cast<int>(serialized.code()));
+    slot.answer.mutable_error()->set_message(std::string(serialized.message()));
+    // An error answer is small enough to serialise.
+    SerializeWire(&slot.answer, &slot.wire_answer).IgnoreError();
+  }
+
+  // Writes the next answer if it is ready and no write is in flight; finishes
+  // the call once everything is answered. gRPC operations start outside the
+  // lock. `computes_done` computes have just ended.
+  void Advance(int computes_done = 0) {
+    Slot* to_write = nullptr;
+    bool finish = false;
+    grpc::Status final_status = grpc::Status::OK;
+    {
+      absl::MutexLock lock(&mutex_);
+      computing_ -= computes_done;
+      if (broken_) {
+        // The client is gone: drop answers as they become ready.
+        while (!writing_ && !slots_.empty() && slots_.front()->ready)
+          slots_.pop_front();
+      } else if (!writing_ && !slots_.empty() && slots_.front()->ready) {
+        writing_ = true;
+        to_write = slots_.front().get();
+      }
+      if (reading_done_ && slots_.empty() && computing_ == 0 && !writing_ &&
+          !finished_) {
+        finished_ = finish = true;
+        if (broken_ || cancelled()) {
+          final_status = grpc::Status(
+              grpc::StatusCode::CANCELLED,
+              "the client went away before every answer was written");
+        }
+      }
+    }
+    if (to_write != nullptr) {
+      Serialize(*to_write);
+      StartWrite(to_write->wire_answer);
+    }
+    if (finish) Finish(final_status);
+  }
+
+  const StreamDependencies deps_;
+  std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
+  grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
+  ReadWatchdog::Ticket read_ticket_ = 0;  // The read in flight's.
+
+  absl::Mutex mutex_;
+  std::deque<std::shared_ptr<Slot>> slots_
+      ABSL_GUARDED_BY(mutex_);  // Unanswered, in order.
+  int64_t next_index_ ABSL_GUARDED_BY(mutex_) = 0;
+  int computing_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool reading_done_ ABSL_GUARDED_BY(mutex_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mutex_) = false;
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+  bool broken_ ABSL_GUARDED_BY(mutex_) = false;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ServerCall> MakeAttendStreamCall(
+    const StreamDependencies& dependencies) {
+  return std::make_unique<AttendStreamCall>(dependencies);
+}
+
+}  // namespace attnserve

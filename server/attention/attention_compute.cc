@@ -1,0 +1,66 @@
+#include "attnserve/server/attention/attention_compute.h"
+
+#include <vector>
+
+#include "attnserve/common/status_macros.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+
+namespace attnserve {
+namespace {
+
+// The response's weights and lse tensors, created only when the options ask for
+// them.
+template <typename Response>
+v1::Tensor* WeightsTensor(const OptionsPlan& plan, Response* response) {
+  return plan.options.weights == AttentionWeightsMode::kNone
+             ? nullptr
+             : response->mutable_weights();
+}
+
+template <typename Response>
+v1::Tensor* LseTensor(const OptionsPlan& plan, Response* response) {
+  return plan.options.return_lse ? response->mutable_lse() : nullptr;
+}
+
+}  // namespace
+
+absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
+                           const v1::AttendRequest& request,
+                           v1::AttendResponse* response) {
+  std::vector<float> query_copy, key_copy, value_copy, mask_copy;
+  const AttentionShape& s = work.shape;
+  const int64_t output_shape[] = {s.batch, s.heads, s.query_len, s.value_dim};
+  AttentionResponseTensors tensors(
+      work.plan, s, output_shape, response->mutable_output(),
+      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  ATTNSERVE_RETURN_IF_ERROR(engine.Attend(
+      s, BindOptions(work.plan, request.options(), &mask_copy),
+      FloatElements(request.query(), &query_copy),
+      FloatElements(request.key(), &key_copy),
+      FloatElements(request.value(), &value_copy), tensors.outputs()));
+  tensors.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status ComputeMultiHead(AttentionEngine& engine,
+                              const MultiHeadWork& work,
+                              const ProjectionWeights& weights,
+                              const v1::MultiHeadAttentionRequest& request,
+                              v1::MultiHeadAttentionResponse* response) {
+  std::vector<float> query_copy, kv_copy, mask_copy;
+  const MultiHeadShape& s = work.shape;
+  const int64_t output_shape[] = {s.batch, s.query_len, s.embed_dim};
+  AttentionResponseTensors tensors(
+      work.plan, s.Heads(), output_shape, response->mutable_output(),
+      WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  ATTNSERVE_RETURN_IF_ERROR(engine.MultiHeadAttention(
+      s, weights, BindOptions(work.plan, request.options(), &mask_copy),
+      FloatElements(request.query_input(), &query_copy),
+      work.self_attention ? absl::Span<const float>()
+                          : FloatElements(request.kv_input(), &kv_copy),
+      tensors.outputs()));
+  tensors.Finish();
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve

@@ -1,0 +1,473 @@
+#include "attnserve/server/attention/attention_service.h"
+
+#include <chrono>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/proto/tensors.h"
+#include "attnserve/server/attention/attend_batch.h"
+#include "attnserve/server/attention/attend_stream.h"
+#include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/grpc_status.h"
+#include "attnserve/server/rpc/inflate.h"
+#include "attnserve/server/rpc/wire_messages.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+
+namespace attnserve {
+
+// A unary call's compute, run alone.
+class AttentionServiceImpl::UnaryJob final : public Job {
+ public:
+  UnaryJob(const AttentionServiceImpl* service, const Call& call, double flops,
+           v1::ServerTiming* timing, google::protobuf::Message* response,
+           absl::AnyInvocable<absl::Status() &&> compute)
+      : service_(service),
+        call_(call),
+        flops_(flops),
+        timing_(timing),
+        response_(response),
+        compute_(std::move(compute)) {}
+
+  void Run(absl::Span<Job* const> /*batch*/) override {
+    absl::Status status = service_->Dequeue(call_, enqueued(), timing_);
+    if (status.ok()) {
+      const absl::Time started = absl::Now();
+      status = std::move(compute_)();
+      const absl::Duration elapsed = absl::Now() - started;
+      timing_->set_compute_us(absl::ToInt64Microseconds(elapsed));
+      service_->metrics_->Computed(call_.rpc, elapsed, 1,
+                                   status.ok() ? flops_ : 0.0);
+    }
+    timing_->set_server_us(
+        absl::ToInt64Microseconds(absl::Now() - call_.started));
+    service_->Finish(call_, status, response_);
+  }
+
+ private:
+  const AttentionServiceImpl* const service_;
+  const Call call_;
+  const double flops_;
+  v1::ServerTiming* const timing_;
+  google::protobuf::Message* const response_;
+  absl::AnyInvocable<absl::Status() &&> compute_;
+};
+
+// An Attend call's compute, which may share a batch with others alike.
+class AttentionServiceImpl::AttendJob final : public Job {
+ public:
+  AttendJob(const AttentionServiceImpl* service, const Call& call,
+            AttendWork work, const v1::AttendRequest* request,
+            v1::AttendResponse* response, bool batching, bool runs_inline)
+      : service_(service),
+        call_(call),
+        work_(std::move(work)),
+        request_(request),
+        response_(response),
+        key_(batching ? AttendBatchKey(*service->engine_, *request, work_)
+                      : ""),
+        runs_inline_(runs_inline) {}
+
+  const std::string& batch_key() const override { return key_; }
+  bool runs_inline() const override { return runs_inline_; }
+
+  void Run(absl::Span<Job* const> batch) override {
+    std::vector<AttendJob*> live;
+    std::vector<AttendBatchItem> items;
+    for (Job* job : batch) {
+      auto* attend = static_cast<AttendJob*>(job);
+      const absl::Status admitted =
+          service_->Dequeue(attend->call_, attend->enqueued(),
+                            attend->response_->mutable_timing());
+      if (!admitted.ok()) {
+        service_->Finish(attend->call_, admitted, attend->response_);
+        continue;
+      }
+      live.push_back(attend);
+      items.push_back({&attend->work_, attend->request_, attend->response_});
+    }
+    if (live.empty()) return;
+    const absl::Time started = absl::Now();
+    const absl::Status status =
+        live.size() == 1 ? ComputeAttend(*service_->engine_, live[0]->work_,
+                                         *live[0]->request_, live[0]->response_)
+                         : ComputeAttendBatch(*service_->engine_, items);
+    const absl::Duration elapsed = absl::Now() - started;
+    double flops = 0;
+    for (const AttendJob* attend : live) {
+      flops += AttentionFlops(attend->work_.shape.Dims(),
+                              attend->work_.plan.options.causal);
+    }
+    service_->metrics_->Computed(Rpc::kAttend, elapsed,
+                                 static_cast<int>(live.size()),
+                                 status.ok() ? flops : 0.0);
+    for (AttendJob* attend : live) {
+      attend->response_->mutable_timing()->set_compute_us(
+          absl::ToInt64Microseconds(elapsed));
+      attend->response_->mutable_timing()->set_server_us(
+          absl::ToInt64Microseconds(absl::Now() - attend->call_.started));
+      service_->Finish(attend->call_, status, attend->response_);
+    }
+  }
+
+ private:
+  const AttentionServiceImpl* const service_;
+  const Call call_;
+  const AttendWork work_;
+  const v1::AttendRequest* const request_;
+  v1::AttendResponse* const response_;
+  const std::string key_;
+  const bool runs_inline_;
+};
+
+AttentionServiceImpl::AttentionServiceImpl(
+    ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
+    WeightsRegistry* registry, const CallGate* gate, MemoryBudget* budget,
+    RequestLimits limits, std::shared_ptr<BytesPool> pool)
+    : metrics_(metrics),
+      engine_(engine),
+      scheduler_(scheduler),
+      registry_(registry),
+      gate_(gate),
+      budget_(budget),
+      limits_(limits),
+      pool_(std::move(pool)),
+      watchdog_(limits_.message_timeout),
+      stream_watchdog_(limits_.stream_idle_timeout) {}
+
+namespace {
+
+// Why a unary call's request never arrived.
+absl::Status NotReceived(const grpc::ServerContextBase& context) {
+  if (DeadlinePassed(context)) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the request arrived");
+  }
+  return absl::CancelledError("the call ended before its request arrived");
+}
+
+}  // namespace
+
+template <typename Request, typename Response>
+class AttentionServiceImpl::WireCall final
+    : public AttentionServiceImpl::UnaryCall {
+ public:
+  WireCall(AttentionServiceImpl* service, Rpc rpc,
+           Handler<Request, Response> handler)
+      : service_(service), rpc_(rpc), handler_(handler) {}
+
+  Request request;
+  Response response;
+
+ private:
+  // The gate is checked on the headers: a caller without the token, or one
+  // arriving while the server drains, is answered before any of its message
+  // is read, so its bytes are never buffered.
+  // A refusal at the end of a drain is held by the gate (call_gate.h).
+  void OnStart() override {
+    const absl::Status admitted = service_->gate_->Admit(context());
+    if (!admitted.ok()) {
+      held_ = service_->gate_->HoldRefusal([this, admitted] {
+        service_->Serve(rpc_, this, nullptr, admitted, handler_);
+      });
+      if (!held_) service_->Serve(rpc_, this, nullptr, admitted, handler_);
+      return;
+    }
+    ticket_ = service_->watchdog_.Watch(&context());
+    StartRead(&wire_request_);
+  }
+
+  void OnCancel() override {
+    if (held_ && service_->gate_->Unhold(*held_)) {
+      service_->Serve(rpc_, this, nullptr,
+                      absl::CancelledError("the call was cancelled while the "
+                                           "server was shutting down"),
+                      handler_);
+    }
+  }
+
+  // The message is held from here: it is charged to the budget, or dropped
+  // at once with RESOURCE_EXHAUSTED if the budget has no room for it.
+  void OnReadDone(bool ok) override {
+    service_->watchdog_.Unwatch(ticket_);
+    absl::Status admitted = absl::OkStatus();
+    if (ok) {
+      absl::StatusOr<MemoryBudget::Hold> taken =
+          AdmitMessage(service_->limits_, *service_->budget_, context().peer(),
+                       &wire_request_);
+      if (taken.ok()) {
+        hold = *std::move(taken);
+      } else {
+        admitted = taken.status();
+      }
+    }
+    service_->Serve(rpc_, this, ok ? &wire_request_ : nullptr, admitted,
+                    handler_);
+  }
+
+  void OnDone() override {
+    GiveTensorBytes(&request, service_->pool_.get());
+    GiveTensorBytes(&response, service_->pool_.get());
+  }
+
+  AttentionServiceImpl* const service_;
+  const Rpc rpc_;
+  const Handler<Request, Response> handler_;
+  grpc::ByteBuffer wire_request_;
+  ReadWatchdog::Ticket ticket_ = 0;
+  std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
+};
+
+template <typename Request, typename Response>
+void AttentionServiceImpl::HandleMethod(CallLoop& loop, const char* method,
+                                        Rpc rpc,
+                                        Handler<Request, Response> handler) {
+  loop.Handle(
+      absl::StrCat("/", v1::AttentionService::service_full_name(), "/", method),
+      [this, rpc, handler] {
+        return std::make_unique<WireCall<Request, Response>>(this, rpc,
+                                                             handler);
+      });
+}
+
+void AttentionServiceImpl::AddTo(CallLoop& loop) {
+  HandleMethod(loop, "Attend", Rpc::kAttend,
+               &AttentionServiceImpl::ServeAttend);
+  HandleMethod(loop, "MultiHeadAttention", Rpc::kMultiHeadAttention,
+               &AttentionServiceImpl::ServeMultiHeadAttention);
+  HandleMethod(loop, "PutWeights", Rpc::kPutWeights,
+               &AttentionServiceImpl::ServePutWeights);
+  HandleMethod(loop, "ListWeights", Rpc::kListWeights,
+               &AttentionServiceImpl::ServeListWeights);
+  HandleMethod(loop, "DeleteWeights", Rpc::kDeleteWeights,
+               &AttentionServiceImpl::ServeDeleteWeights);
+  loop.Handle(
+      absl::StrCat("/", v1::AttentionService::service_full_name(),
+                   "/AttendStream"),
+      [this] {
+        return MakeAttendStreamCall({metrics_, engine_, scheduler_, gate_,
+                                     budget_, limits_, &stream_watchdog_});
+      });
+}
+
+template <typename Request, typename Response>
+void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
+                                 grpc::ByteBuffer* wire_request,
+                                 const absl::Status& admitted,
+                                 Handler<Request, Response> serve) {
+  metrics_->CallStarted(rpc,
+                        wire_request == nullptr
+                            ? 0
+                            : static_cast<int64_t>(wire_request->Length()));
+  Call call{rpc, handler, absl::Now(), admitted};
+  if (call.admitted.ok() && wire_request == nullptr) {
+    call.admitted = NotReceived(handler->context());
+  }
+  if (call.admitted.ok()) {
+    // The parse consumes the request's bytes, so that they are not held twice.
+    call.admitted = ParseWire(wire_request, &handler->request, pool_.get());
+  }
+  if (!call.admitted.ok()) {
+    return Finish(call, call.admitted, &handler->response);
+  }
+  (this->*serve)(call, handler->request, &handler->response);
+}
+
+void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
+                                  google::protobuf::Message* response) const {
+  absl::Status answer = status;
+  grpc::ByteBuffer* wire_response = &call.handler->wire_response;
+  if (answer.ok()) answer = SerializeWire(response, wire_response, pool_);
+  metrics_->CallFinished(
+      call.rpc, answer.code(), absl::Now() - call.started,
+      answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0);
+  metrics_->SetBufferPoolBytes(pool_->held_bytes());
+  call.handler->Answer(ToGrpcStatus(answer));
+}
+
+void AttentionServiceImpl::Enqueue(const Call& call, std::unique_ptr<Job> job,
+                                   google::protobuf::Message* response) {
+  metrics_->Enqueued();
+  const absl::Status queued = scheduler_->Submit(std::move(job));
+  if (!queued.ok()) {
+    metrics_->Dequeued(call.rpc, absl::ZeroDuration());
+    Finish(call, queued, response);
+  }
+}
+
+absl::Status AttentionServiceImpl::Dequeue(const Call& call,
+                                           absl::Time enqueued,
+                                           v1::ServerTiming* timing) const {
+  const absl::Duration waited = absl::Now() - enqueued;
+  metrics_->Dequeued(call.rpc, waited);
+  timing->set_queue_us(absl::ToInt64Microseconds(waited));
+  // A passed deadline also cancels the call: it is checked first, so that the
+  // metrics tell the two apart.
+  if (DeadlinePassed(call.handler->context())) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the compute started");
+  }
+  if (call.handler->cancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled before its compute started");
+  }
+  return absl::OkStatus();
+}
+
+void AttentionServiceImpl::ServeAttend(const Call& call,
+                                       const v1::AttendRequest& request,
+                                       v1::AttendResponse* response) {
+  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
+  if (!work.ok()) return Finish(call, work.status(), response);
+  const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
+  if (!held.ok()) return Finish(call, held, response);
+  const SchedulerOptions& scheduling = scheduler_->options();
+  const bool batching = scheduling.max_batch > 1;
+  // A call the engine runs on one thread anyway runs here when an executor is
+  // idle, unless it should wait for batch partners.
+  const bool runs_inline =
+      engine_->AttendRunsOnCallingThread(work->shape) &&
+      (!batching || scheduling.max_queue_delay <= absl::ZeroDuration());
+  SeedOutput(work->shape.OutputElements(), work->plan.output_dtype,
+             response->mutable_output());
+  return Enqueue(
+      call,
+      std::make_unique<AttendJob>(this, call, *std::move(work), &request,
+                                  response, batching, runs_inline),
+      response);
+}
+
+void AttentionServiceImpl::ServeMultiHeadAttention(
+    const Call& call, const v1::MultiHeadAttentionRequest& request,
+    v1::MultiHeadAttentionResponse* response) {
+  std::shared_ptr<const WeightSet> registered;
+  std::string origin = "weights";
+  WeightsShape weights_shape;
+  if (request.weights_source_case() ==
+      v1::MultiHeadAttentionRequest::kWeightsName) {
+    absl::Status name =
+        ValidateWeightsName("weights_name", request.weights_name());
+    if (!name.ok()) return Finish(call, name, response);
+    absl::StatusOr<WeightsRegistry::Entry> entry =
+        registry_->Get(request.weights_name());
+    if (!entry.ok()) return Finish(call, entry.status(), response);
+    registered = entry->weights;
+    response->set_weights_version(entry->version);
+    origin = "weights '" + request.weights_name() + "'";
+    weights_shape = registered->shape();
+  } else if (request.weights_source_case() ==
+             v1::MultiHeadAttentionRequest::kWeights) {
+    absl::StatusOr<WeightsShape> shape =
+        ValidateProjectionWeights(request.weights(), "weights");
+    if (!shape.ok()) return Finish(call, shape.status(), response);
+    weights_shape = *shape;
+  } else {
+    return Finish(
+        call,
+        absl::InvalidArgumentError(
+            "weights and weights_name are both missing, expected one: "
+            "inline ProjectionWeights or a name registered by PutWeights"),
+        response);
+  }
+  absl::StatusOr<MultiHeadWork> work =
+      ValidateMultiHeadRequest(request, weights_shape, origin, limits_);
+  if (!work.ok()) return Finish(call, work.status(), response);
+  const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
+  if (!held.ok()) return Finish(call, held, response);
+  const double flops =
+      MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
+                     work->plan.options.causal);
+  SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
+             work->plan.output_dtype, response->mutable_output());
+  auto compute = [this, request = &request, response, registered,
+                  work = *std::move(work)] {
+    if (registered != nullptr) {
+      return ComputeMultiHead(*engine_, work, registered->views(), *request,
+                              response);
+    }
+    const WeightViews inline_weights(request->weights());
+    return ComputeMultiHead(*engine_, work, inline_weights.views(), *request,
+                            response);
+  };
+  return Enqueue(
+      call,
+      std::make_unique<UnaryJob>(this, call, flops, response->mutable_timing(),
+                                 response, std::move(compute)),
+      response);
+}
+
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
+  if (!request.has_weights()) {
+    return absl::InvalidArgumentError(
+        "weights is missing, expected ProjectionWeights");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsShape shape,
+      ValidateProjectionWeights(request.weights(), "weights"));
+  ATTNSERVE_RETURN_IF_ERROR(registry.CheckCapacity(
+      request.name(), WeightSet::BytesFor(shape, request.weights())));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsRegistry::Entry entry,
+      registry.Put(request.name(),
+                   WeightSet::FromProto(request.weights(), shape)));
+  v1::PutWeightsResponse response;
+  response.set_version(entry.version);
+  response.set_bytes(entry.weights->bytes());
+  return response;
+}
+
+void AttentionServiceImpl::ServePutWeights(const Call& call,
+                                           const v1::PutWeightsRequest& request,
+                                           v1::PutWeightsResponse* response) {
+  absl::StatusOr<v1::PutWeightsResponse> result =
+      PutWeightsInto(*registry_, request);
+  if (result.ok()) *response = *std::move(result);
+  RecordWeightsHeld();
+  return Finish(call, result.status(), response);
+}
+
+void AttentionServiceImpl::ServeListWeights(
+    const Call& call, const v1::ListWeightsRequest& /*request*/,
+    v1::ListWeightsResponse* response) {
+  const WeightsRegistry::Listing listing = registry_->List();
+  for (const auto& [name, entry] : listing.entries) {
+    *response->add_weights() = DescribeWeights(name, entry);
+  }
+  response->set_total_bytes(listing.total_bytes);
+  return Finish(call, absl::OkStatus(), response);
+}
+
+void AttentionServiceImpl::ServeDeleteWeights(
+    const Call& call, const v1::DeleteWeightsRequest& request,
+    v1::DeleteWeightsResponse* response) {
+  const absl::Status valid = ValidateWeightsName("name", request.name());
+  if (!valid.ok()) return Finish(call, valid, response);
+  absl::StatusOr<WeightsRegistry::Entry> entry =
+      registry_->Delete(request.name());
+  if (entry.ok()) {
+    *response->mutable_deleted() = DescribeWeights(request.name(), *entry);
+  }
+  RecordWeightsHeld();
+  return Finish(call, entry.status(), response);
+}
+
+void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,
+                                      v1::Tensor* output) const {
+  const size_t bytes =
+      static_cast<size_t>(elements) * static_cast<size_t>(DTypeBytes(dtype));
+  if (bytes >= pool_->min_bytes()) *output->mutable_data() = pool_->Take(bytes);
+}
+
+void AttentionServiceImpl::RecordWeightsHeld() const {
+  const WeightsRegistry::Listing listing = registry_->List();
+  metrics_->SetWeightsHeld(static_cast<int64_t>(listing.entries.size()),
+                           listing.total_bytes);
+}
+
+}  // namespace attnserve

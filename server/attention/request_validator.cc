@@ -1,0 +1,402 @@
+#include "attnserve/server/attention/request_validator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/checked_math.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/server/tensors/tensor_checks.h"
+
+namespace attnserve {
+namespace {
+
+using Options = v1::AttentionOptions;
+
+constexpr v1::DType kMaskDTypes[] = {v1::BOOL, v1::FLOAT32, v1::BFLOAT16,
+                                     v1::FLOAT16};
+
+// A dimension that must equal a dimension of an earlier tensor of an
+// AttendRequest.
+struct DimensionMatch {
+  const char* field;
+  int dim;
+  const char* dim_name;
+  const char* reference;
+  int reference_dim;
+};
+
+constexpr DimensionMatch kAttendDimensionMatches[] = {
+    {"key", 0, "B", "query", 0},  {"key", 3, "Dk", "query", 3},
+    {"value", 0, "B", "key", 0},  {"value", 1, "Hkv", "key", 1},
+    {"value", 2, "Lk", "key", 2},
+};
+
+const v1::Tensor& AttendTensor(const v1::AttendRequest& request,
+                               absl::string_view field) {
+  if (field == "query") return request.query();
+  return field == "key" ? request.key() : request.value();
+}
+
+absl::Status CheckEnum(const char* field, int value, bool (*is_valid)(int)) {
+  if (is_valid(value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value, ", not a value of its enum"));
+}
+
+absl::Status ValidateMask(const v1::Tensor& mask, const AttentionShape& s,
+                          std::array<int64_t, 4>* dims) {
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckTensorOfRank("options.attn_mask", mask, kMaskDTypes, 1, 4));
+  const int64_t full[4] = {s.batch, s.heads, s.query_len, s.key_len};
+  const char* names[4] = {"B", "H", "Lq", "Lk"};
+  const int rank = mask.shape_size();
+  for (int d = 0; d < 4; ++d) {
+    const int mask_dim = d - (4 - rank);
+    (*dims)[d] = mask_dim < 0 ? 1 : mask.shape(mask_dim);
+    if ((*dims)[d] != 1 && (*dims)[d] != full[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.attn_mask.shape[", mask_dim, "] is ", (*dims)[d],
+          ", expected 1 or ", full[d], " (", names[d],
+          "): the mask must broadcast to [B, H, Lq, Lk] = [", full[0], ", ",
+          full[1], ", ", full[2], ", ", full[3], "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
+                                            const AttentionShape& s,
+                                            v1::DType input_dtype) {
+  OptionsPlan plan;
+  AttentionOptions& options = plan.options;
+  if (proto.has_scale()) {
+    if (!std::isfinite(proto.scale())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.scale is ", proto.scale(), ", expected a finite number"));
+    }
+    options.scale = proto.scale();
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.causal_alignment",
+                                      proto.causal_alignment(),
+                                      Options::CausalAlignment_IsValid));
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.return_weights",
+                                      proto.return_weights(),
+                                      Options::ReturnWeights_IsValid));
+  ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.precision", proto.precision(),
+                                      Options::Precision_IsValid));
+  options.causal = proto.causal();
+  options.causal_alignment = proto.causal_alignment() == Options::BOTTOM_RIGHT
+                                 ? CausalAlignment::kBottomRight
+                                 : CausalAlignment::kTopLeft;
+  options.weights = proto.return_weights() == Options::PER_HEAD
+                        ? AttentionWeightsMode::kPerHead
+                    : proto.return_weights() == Options::HEAD_MEAN
+                        ? AttentionWeightsMode::kHeadMean
+                        : AttentionWeightsMode::kNone;
+  options.return_lse = proto.return_lse();
+  options.precision = proto.precision() == Options::BF16 ? Precision::kBFloat16
+                                                         : Precision::kFloat32;
+
+  if (proto.key_lengths_size() > 0) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals("options.key_lengths size",
+                                             proto.key_lengths_size(), s.batch,
+                                             "one entry per batch item, B"));
+    for (int b = 0; b < proto.key_lengths_size(); ++b) {
+      if (proto.key_lengths(b) < 0 || proto.key_lengths(b) > s.key_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "options.key_lengths[", b, "] is ", proto.key_lengths(b),
+            ", expected 0 to ", s.key_len, " (Lk)"));
+      }
+    }
+  }
+  if (proto.has_attn_mask()) {
+    std::array<int64_t, 4> dims;
+    ATTNSERVE_RETURN_IF_ERROR(ValidateMask(proto.attn_mask(), s, &dims));
+    plan.mask_dims = dims;
+  }
+  if (proto.output_dtype() == v1::DTYPE_UNSPECIFIED) {
+    plan.output_dtype = input_dtype;
+  } else if (proto.output_dtype() == v1::FLOAT32 ||
+             proto.output_dtype() == v1::BFLOAT16 ||
+             proto.output_dtype() == v1::FLOAT16) {
+    plan.output_dtype = proto.output_dtype();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.output_dtype is ", DTypeName(proto.output_dtype()),
+        ", expected FLOAT32, BFLOAT16, FLOAT16 or unset (the input's dtype)"));
+  }
+  return plan;
+}
+
+// The response must fit in a message: output, weights and lse together.
+absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
+                               int64_t output_elements,
+                               const RequestLimits& limits) {
+  const int64_t element_bytes = plan.output_dtype == v1::FLOAT32 ? 4 : 2;
+  const int64_t weights_elements =
+      plan.options.weights == AttentionWeightsMode::kPerHead
+          ? s.WeightsElements()
+      : plan.options.weights == AttentionWeightsMode::kHeadMean
+          ? s.HeadMeanWeightsElements()
+          : 0;
+  // Each count is a product of validated dimensions that fits in int64 (checked
+  // above or by the tensors they come from); their sum in bytes is checked
+  // here.
+  int64_t elements = 0;
+  std::optional<int64_t> bytes;
+  if (!__builtin_add_overflow(output_elements, weights_elements, &elements)) {
+    bytes = CheckedProduct({elements, element_bytes});
+  }
+  if (bytes && plan.options.return_lse &&
+      __builtin_add_overflow(*bytes, 4 * s.LseElements(), &*bytes)) {
+    bytes.reset();
+  }
+  if (!bytes || *bytes > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response (output", weights_elements > 0 ? ", weights" : "",
+        plan.options.return_lse ? ", lse" : "", ") would need ",
+        bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
+        ", over the server's max_message_bytes limit of ",
+        limits.max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// RESOURCE_EXHAUSTED if `tensor` has more elements than the limit.
+absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
+                           const RequestLimits& limits) {
+  const int64_t elements =
+      CheckedProduct(
+          absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()))
+          .value_or(0);
+  if (elements <= limits.max_elements) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, " has ", elements, " elements, over the --max_elements limit of ",
+      limits.max_elements));
+}
+
+// The scratch the engine's unfused path allocates: one slab of scores, at most
+// 64 MiB unless a single kv-head group needs more (bf16 adds a bf16 copy of the
+// probabilities, and of the inputs).
+double UnfusedScratchBytes(const AttentionShape& s,
+                           const AttentionOptions& options) {
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  const double per_score = bf16 ? 6 : 4;
+  const double group =
+      static_cast<double>(s.heads / s.kv_heads) * s.query_len * s.key_len;
+  const double all = group * s.batch * s.kv_heads;
+  const double slab =
+      std::min(all, std::max(group, (64.0 * (1 << 20)) / per_score));
+  const double bf16_copies =
+      bf16 ? 2.0 * (static_cast<double>(s.QueryElements()) + s.KeyElements() +
+                    s.ValueElements())
+           : 0.0;
+  return slab * per_score + bf16_copies;
+}
+
+// The attention's scratch bytes: the engine's own figure (which depends on
+// its kernel and threads), or the unfused path's without an engine.
+double ScratchBytes(const AttentionShape& s, const AttentionOptions& options,
+                    const RequestLimits& limits) {
+  if (limits.engine == nullptr) return UnfusedScratchBytes(s, options);
+  const std::optional<int64_t> bytes =
+      limits.engine->AttendWorkspaceBytes(s, options);
+  return bytes ? static_cast<double>(*bytes)
+               : std::numeric_limits<double>::infinity();
+}
+
+// The bytes the compute would allocate, or RESOURCE_EXHAUSTED if that is more
+// than the limit. `extra_bytes` covers what the caller knows beyond SDPA (MHA's
+// projections).
+absl::StatusOr<int64_t> CheckRequestMemory(const AttentionShape& s,
+                                           const OptionsPlan& plan,
+                                           int64_t output_elements,
+                                           double extra_bytes,
+                                           double converted_input_elements,
+                                           const RequestLimits& limits) {
+  const AttentionOptions& options = plan.options;
+  const double scratch_bytes = ScratchBytes(s, options, limits);
+  if (scratch_bytes > static_cast<double>(limits.max_workspace_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "attention for shape ", s.DebugString(), " needs ",
+        scratch_bytes < 9e18 ? absl::StrCat(static_cast<int64_t>(scratch_bytes))
+                             : std::string("more than 2^63"),
+        " bytes of scratch, over the engine's workspace limit of ",
+        limits.max_workspace_bytes, " bytes (--max_workspace_bytes)"));
+  }
+  const double weights_elements =
+      options.weights == AttentionWeightsMode::kPerHead
+          ? static_cast<double>(s.WeightsElements())
+      : options.weights == AttentionWeightsMode::kHeadMean
+          ? static_cast<double>(s.HeadMeanWeightsElements())
+          : 0.0;
+  const double lse_elements =
+      options.return_lse ? static_cast<double>(s.LseElements()) : 0.0;
+  const double bytes = 4.0 * (output_elements + weights_elements +
+                              lse_elements + converted_input_elements) +
+                       scratch_bytes + extra_bytes;
+  if (bytes <= static_cast<double>(limits.max_request_memory_bytes))
+    return static_cast<int64_t>(bytes);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the request would allocate about ", static_cast<int64_t>(bytes),
+      " bytes (outputs, weights, conversions, scratch), over the "
+      "--max_request_memory_bytes "
+      "limit of ",
+      limits.max_request_memory_bytes));
+}
+
+// Elements that arrive as BFLOAT16/FLOAT16 and are widened to f32 on the
+// server.
+double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
+  double elements = 0;
+  for (const v1::Tensor* tensor : tensors) {
+    if (tensor->dtype() == v1::BFLOAT16 || tensor->dtype() == v1::FLOAT16) {
+      double count = 1;
+      for (int64_t dim : tensor->shape()) count *= static_cast<double>(dim);
+      elements += count;
+    }
+  }
+  return elements;
+}
+
+}  // namespace
+
+absl::StatusOr<AttendWork> ValidateAttendRequest(
+    const v1::AttendRequest& request, const RequestLimits& limits) {
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("query", request.has_query(),
+                                        request.query(), kFloatDTypes,
+                                        {"B", "H", "Lq", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("key", request.has_key(), request.key(),
+                                        kFloatDTypes,
+                                        {"B", "Hkv", "Lk", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("value", request.has_value(),
+                                        request.value(), kFloatDTypes,
+                                        {"B", "Hkv", "Lk", "Dv"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query", request.query(), limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("key", request.key(), limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("value", request.value(), limits));
+  for (const DimensionMatch& m : kAttendDimensionMatches) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+        DimField(m.field, m.dim, m.dim_name),
+        AttendTensor(request, m.field).shape(m.dim),
+        AttendTensor(request, m.reference).shape(m.reference_dim),
+        DimField(m.reference, m.reference_dim, m.dim_name)));
+  }
+  AttendWork work;
+  AttentionShape& s = work.shape;
+  s.batch = request.query().shape(0);
+  s.heads = request.query().shape(1);
+  s.kv_heads = request.key().shape(1);
+  s.query_len = request.query().shape(2);
+  s.key_len = request.key().shape(2);
+  s.key_dim = request.query().shape(3);
+  s.value_dim = request.value().shape(3);
+  if (s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        DimField("query", 1, "H"), " is ", s.heads, ", expected a multiple of ",
+        s.kv_heads, " (", DimField("key", 1, "Hkv"),
+        "): each kv head serves H / Hkv query heads"));
+  }
+  if (!CheckedProduct(
+          {s.batch, s.heads, s.query_len, s.key_len, s.value_dim})) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", s.DebugString(),
+                     " overflows int64 in its output or weights"));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.plan,
+      ValidateOptions(request.options(), s, request.query().dtype()));
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckResponseSize(s, work.plan, s.OutputElements(), limits));
+  if (request.options().has_attn_mask()) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckElements(
+        "options.attn_mask", request.options().attn_mask(), limits));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.memory_bytes,
+      CheckRequestMemory(
+          s, work.plan, s.OutputElements(), 0.0,
+          ConvertedElements({&request.query(), &request.key(), &request.value(),
+                             &request.options().attn_mask()}),
+          limits));
+  return work;
+}
+
+absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
+    const v1::MultiHeadAttentionRequest& request, const WeightsShape& w,
+    const std::string& weights_origin, const RequestLimits& limits) {
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckTensor("query_input", request.has_query_input(),
+                  request.query_input(), kFloatDTypes, {"B", "Lq", "E"}));
+  const v1::Tensor& query = request.query_input();
+  MultiHeadWork work;
+  work.self_attention = !request.has_kv_input();
+  MultiHeadShape& s = work.shape;
+  s.batch = query.shape(0);
+  s.query_len = query.shape(1);
+  s.embed_dim = query.shape(2);
+  s.key_len = s.query_len;
+  s.kv_embed_dim = s.embed_dim;
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckDimEquals(DimField("query_input", 2, "E"), s.embed_dim, w.embed_dim,
+                     absl::StrCat("E of ", weights_origin)));
+  if (!work.self_attention) {
+    const v1::Tensor& kv = request.kv_input();
+    ATTNSERVE_RETURN_IF_ERROR(
+        CheckTensor("kv_input", true, kv, kFloatDTypes, {"B", "Lk", "Ekv"}));
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField("kv_input", 0, "B"),
+                                             kv.shape(0), s.batch,
+                                             DimField("query_input", 0, "B")));
+    s.key_len = kv.shape(1);
+    s.kv_embed_dim = kv.shape(2);
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+      work.self_attention ? DimField("query_input", 2, "E")
+                          : DimField("kv_input", 2, "Ekv"),
+      s.kv_embed_dim, w.kv_embed_dim,
+      absl::StrCat(
+          "Ekv of ", weights_origin,
+          work.self_attention ? "; self-attention needs Ekv == E" : "")));
+  s.heads = w.heads;
+  s.kv_heads = w.kv_heads;
+  s.key_dim = w.key_dim;
+  s.value_dim = w.value_dim;
+  const AttentionShape heads = s.Heads();
+  if (!CheckedProduct({s.batch, s.heads, s.query_len, s.key_len,
+                       std::max(s.key_dim, s.value_dim)}) ||
+      !CheckedProduct({s.batch, s.query_len, s.embed_dim})) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heads ", heads.DebugString(), " overflow int64 in their tensors"));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.plan, ValidateOptions(request.options(), heads, query.dtype()));
+  ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
+      heads, work.plan, s.batch * s.query_len * s.embed_dim, limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, limits));
+  if (!work.self_attention) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        CheckElements("kv_input", request.kv_input(), limits));
+  }
+  // Projections: Q and the attention context per query row, K and V per key
+  // row, twice (the attention packs what it reads out of the projections'
+  // rows).
+  const double projection_bytes =
+      8.0 * (static_cast<double>(s.batch * s.query_len) * s.heads *
+                 (s.key_dim + s.value_dim) +
+             static_cast<double>(s.batch * s.key_len) * s.kv_heads *
+                 (s.key_dim + s.value_dim));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.memory_bytes,
+      CheckRequestMemory(heads, work.plan, s.batch * s.query_len * s.embed_dim,
+                         projection_bytes,
+                         ConvertedElements({&query, &request.kv_input(),
+                                            &request.options().attn_mask()}),
+                         limits));
+  return work;
+}
+
+}  // namespace attnserve

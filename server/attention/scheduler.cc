@@ -1,0 +1,138 @@
+#include "attnserve/server/attention/scheduler.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace attnserve {
+
+const std::string Job::no_key_;
+
+Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
+  for (int i = 0; i < options_.executors; ++i)
+    workers_.emplace_back([this] { Work(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  for (std::thread& worker : workers_) worker.join();
+}
+
+absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the compute queue is full: ", queue_.size(),
+          " requests wait, the --max_queue limit is ", options_.max_queue));
+    }
+    job->enqueued_ = absl::Now();
+    ++submitted_;
+    if (!job->runs_inline() || !queue_.empty() ||
+        running_ >= options_.executors || stopping_) {
+      queue_.push_back(std::move(job));
+      return absl::OkStatus();
+    }
+    ++running_;  // Takes an idle executor's turn.
+  }
+  Job* const jobs[] = {job.get()};
+  job->Run(jobs);
+  job.reset();
+  absl::MutexLock lock(&mutex_);
+  --running_;
+  return absl::OkStatus();
+}
+
+bool Scheduler::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  return mutex_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Scheduler* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+            return self->queue_.empty() && self->running_ == 0;
+          },
+          this),
+      timeout);
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
+  while (true) {
+    // A queued job waits for a free turn: an inline job may hold one while
+    // this executor is idle.
+    mutex_.Await(absl::Condition(
+        +[](Scheduler* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mutex_) {
+          return self->queue_.empty()
+                     ? self->stopping_
+                     : self->running_ < self->options_.executors;
+        },
+        this));
+    if (queue_.empty()) return {};  // Stopping, nothing left.
+    Job* head = queue_.front().get();
+    const std::string& key = head->batch_key();
+    if (options_.max_batch > 1 && !key.empty() && !stopping_) {
+      // Wait for partners until the batch is full or the head has waited long
+      // enough.
+      const absl::Time deadline = head->enqueued() + options_.max_queue_delay;
+      while (absl::Now() < deadline) {
+        int compatible = 0;
+        for (const auto& job : queue_)
+          compatible += job->batch_key() == key ? 1 : 0;
+        if (compatible >= options_.max_batch) break;
+        const int64_t seen = submitted_;
+        struct Arrival {
+          Scheduler* self;
+          int64_t seen;
+        } arrival{this, seen};
+        mutex_.AwaitWithDeadline(
+            absl::Condition(
+                +[](Arrival* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                  return a->self->submitted_ != a->seen || a->self->stopping_;
+                },
+                &arrival),
+            deadline);
+        if (queue_.empty() || queue_.front().get() != head)
+          break;  // Another worker took it.
+      }
+      if (queue_.empty() || queue_.front().get() != head) continue;
+    }
+    std::vector<std::unique_ptr<Job>> batch;
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    if (options_.max_batch > 1 && !key.empty()) {
+      for (auto it = queue_.begin();
+           it != queue_.end() &&
+           static_cast<int>(batch.size()) < options_.max_batch;) {
+        if ((*it)->batch_key() == batch.front()->batch_key()) {
+          batch.push_back(std::move(*it));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return batch;
+  }
+}
+
+void Scheduler::Work() {
+  while (true) {
+    std::vector<std::unique_ptr<Job>> batch;
+    {
+      absl::MutexLock lock(&mutex_);
+      batch = NextBatch();
+      if (batch.empty()) return;
+      ++running_;
+    }
+    std::vector<Job*> jobs;
+    for (const auto& job : batch) jobs.push_back(job.get());
+    jobs.front()->Run(jobs);
+    batch.clear();
+    absl::MutexLock lock(&mutex_);
+    --running_;
+  }
+}
+
+}  // namespace attnserve

@@ -1,0 +1,40 @@
+// Dynamic batching of Attend: requests alike in everything but their batch size
+// B run as one engine call (AttentionEngine::AttendBatch) that reads each
+// request's tensors and writes each response's output where they are.
+#ifndef ATTNSERVE_SERVER_ATTENTION_ATTEND_BATCH_H_
+#define ATTNSERVE_SERVER_ATTENTION_ATTEND_BATCH_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/v1/attention.pb.h"
+
+namespace attnserve {
+
+// The key under which a validated Attend may share a batch: equal for requests
+// with equal dtypes, equal shapes apart from B, and equal options. Empty (never
+// batched) when the options depend on the batch item (key_lengths, or a mask
+// with a batch dimension) or the engine cannot batch them in place (weights
+// asked for, or the unfused kernel forced).
+std::string AttendBatchKey(const AttentionEngine& engine,
+                           const v1::AttendRequest& request,
+                           const AttendWork& work);
+
+// One Attend of a batch.
+struct AttendBatchItem {
+  const AttendWork* work;
+  const v1::AttendRequest* request;
+  v1::AttendResponse* response;
+};
+
+// Computes `items`, which share a batch key, in one engine call and writes each
+// response's output (and lse). Errors are the engine's, for the whole batch.
+absl::Status ComputeAttendBatch(AttentionEngine& engine,
+                                absl::Span<const AttendBatchItem> items);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_ATTEND_BATCH_H_

@@ -1,0 +1,53 @@
+// The AttendStream handler: many Attend requests on one bidirectional stream.
+//
+// Each request is validated as it arrives and computed on the executor; answers
+// are written in the order the requests came, each carrying its index and
+// either the response or its error, so one bad request fails only its own
+// answer. At most kMaxPendingPerStream requests are held per stream: past that
+// the call stops reading until answers drain (flow control reaches the
+// client). The stream ends OK once the client has closed its side and every
+// answer is written.
+#ifndef ATTNSERVE_SERVER_ATTENTION_ATTEND_STREAM_H_
+#define ATTNSERVE_SERVER_ATTENTION_ATTEND_STREAM_H_
+
+#include <memory>
+
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/attention/scheduler.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/call_gate.h"
+#include "attnserve/server/rpc/call_loop.h"
+#include "attnserve/server/rpc/memory_budget.h"
+#include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+
+namespace attnserve {
+
+inline constexpr int kMaxPendingPerStream = 32;
+
+// What a stream needs from the service; all must outlive every stream.
+struct StreamDependencies {
+  ServerMetrics* metrics;
+  AttentionEngine* engine;
+  Scheduler* scheduler;
+  const CallGate* gate;
+  // Each message held (from its arrival to its answer's write) is charged to
+  // it; one it has no room for is answered RESOURCE_EXHAUSTED.
+  MemoryBudget* budget;
+  RequestLimits limits;
+  // Cancels a stream whose next message has not arrived within
+  // limits.stream_idle_timeout of the read's start.
+  ReadWatchdog* watchdog;
+};
+
+// The handler of one AttendStream call, whose messages are AttendRequests and
+// AttendStreamResponses on the wire: a message that is not a valid
+// AttendRequest gets an INVALID_ARGUMENT answer of its own, like any malformed
+// request.
+std::unique_ptr<ServerCall> MakeAttendStreamCall(
+    const StreamDependencies& dependencies);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_ATTEND_STREAM_H_

@@ -1,0 +1,29 @@
+// The compute of validated attention requests: request tensors in, response
+// tensors out. Runs on a compute executor; the engine does the arithmetic.
+#ifndef ATTNSERVE_SERVER_ATTENTION_ATTENTION_COMPUTE_H_
+#define ATTNSERVE_SERVER_ATTENTION_ATTENTION_COMPUTE_H_
+
+#include "absl/status/status.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/v1/attention.pb.h"
+
+namespace attnserve {
+
+// Computes `request`, validated into `work`, into `response` (output, and
+// weights and lse when asked). Errors are the engine's.
+absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
+                           const v1::AttendRequest& request,
+                           v1::AttendResponse* response);
+
+// Computes a validated MultiHeadAttention `request` with `weights` into
+// `response`.
+absl::Status ComputeMultiHead(AttentionEngine& engine,
+                              const MultiHeadWork& work,
+                              const ProjectionWeights& weights,
+                              const v1::MultiHeadAttentionRequest& request,
+                              v1::MultiHeadAttentionResponse* response);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_ATTENTION_COMPUTE_H_

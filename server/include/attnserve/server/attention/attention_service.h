@@ -1,0 +1,159 @@
+// The attnserve.v1.AttentionService handlers: parse, validate, submit, respond.
+#ifndef ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/attention/scheduler.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/bytes_pool.h"
+#include "attnserve/server/rpc/call_gate.h"
+#include "attnserve/server/rpc/call_loop.h"
+#include "attnserve/server/rpc/memory_budget.h"
+#include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/weights/weights_registry.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+
+namespace attnserve {
+
+// attnserve.v1.AttentionService, served on the CallLoop. The handlers parse
+// each request and serialise each response themselves (wire_messages.h), so
+// that bytes that are not a valid request get INVALID_ARGUMENT like any other
+// malformed request, and tensors' bytes are kept between calls.
+//
+// Thread-safe. Does not own its dependencies, which must outlive it and every
+// call it has started.
+class AttentionServiceImpl final {
+ public:
+  AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
+                       Scheduler* scheduler, WeightsRegistry* registry,
+                       const CallGate* gate, MemoryBudget* budget,
+                       RequestLimits limits, std::shared_ptr<BytesPool> pool);
+
+  // Serves every method of the service on `loop`.
+  void AddTo(CallLoop& loop);
+
+  // Sets the weights gauges from the registry (the handlers call it after each
+  // change; the server after loading weights at start-up).
+  void RecordWeightsHeld() const;
+
+ private:
+  class UnaryJob;
+  class AttendJob;
+
+  // The handler of one unary call: what Finish answers.
+  class UnaryCall : public ServerCall {
+   public:
+    grpc::ByteBuffer wire_response;  // Where Finish serialises the response.
+    // The call's share of the memory budget: its message from arrival, then
+    // its compute's memory too, until the answer has been sent (OnDone).
+    MemoryBudget::Hold hold;
+
+    // Ends the call with `status`, and with wire_response if OK.
+    void Answer(const grpc::Status& status) {
+      if (status.ok()) {
+        FinishWithMessage(wire_response, status);
+      } else {
+        Finish(status);
+      }
+    }
+  };
+  // A unary call of one method: reads its request, then hands it to the
+  // service; owns the request and the response until the call is done, then
+  // gives their tensors' bytes to the pool.
+  template <typename Request, typename Response>
+  class WireCall;
+
+  // One call in progress: what Finish needs to answer it and record it.
+  struct Call {
+    Rpc rpc;
+    UnaryCall* handler;  // Owns the request and the response.
+    absl::Time started;
+    absl::Status admitted;  // The gate's verdict, then the parse's: not OK
+                            // means answer at once with it.
+  };
+
+  template <typename Request, typename Response>
+  using Handler = void (AttentionServiceImpl::*)(const Call&, const Request&,
+                                                 Response*);
+
+  // Registers `method`'s calls, served by `handler`.
+  template <typename Request, typename Response>
+  void HandleMethod(CallLoop& loop, const char* method, Rpc rpc,
+                    Handler<Request, Response> handler);
+
+  // Serves one unary call whose request has arrived (nullptr: the call ended
+  // before it did, or the gate refused it on its headers with `admitted`):
+  // parses it and hands a call that passed the gate and the parse to
+  // `handler`.
+  template <typename Request, typename Response>
+  void Serve(Rpc rpc, WireCall<Request, Response>* call,
+             grpc::ByteBuffer* wire_request, const absl::Status& admitted,
+             Handler<Request, Response> handler);
+
+  void ServeAttend(const Call& call, const v1::AttendRequest& request,
+                   v1::AttendResponse* response);
+  void ServeMultiHeadAttention(const Call& call,
+                               const v1::MultiHeadAttentionRequest& request,
+                               v1::MultiHeadAttentionResponse* response);
+  void ServePutWeights(const Call& call, const v1::PutWeightsRequest& request,
+                       v1::PutWeightsResponse* response);
+  void ServeListWeights(const Call& call, const v1::ListWeightsRequest& request,
+                        v1::ListWeightsResponse* response);
+  void ServeDeleteWeights(const Call& call,
+                          const v1::DeleteWeightsRequest& request,
+                          v1::DeleteWeightsResponse* response);
+
+  // Gives a response tensor that will hold `elements` of `dtype` kept memory
+  // of that size, if the pool has some.
+  void SeedOutput(int64_t elements, v1::DType dtype, v1::Tensor* output) const;
+
+  // Records the call's metrics, then answers it with `status` (and `response`,
+  // serialised, if OK). The call, request and response may be gone once it
+  // returns.
+  void Finish(const Call& call, const absl::Status& status,
+              google::protobuf::Message* response) const;
+
+  // Adds the memory the call's compute will allocate to its hold;
+  // RESOURCE_EXHAUSTED if the budget has no room for it.
+  absl::Status HoldComputeMemory(const Call& call, int64_t bytes) const {
+    return call.handler->hold.Grow(bytes);
+  }
+
+  // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
+  // is full.
+  void Enqueue(const Call& call, std::unique_ptr<Job> job,
+               google::protobuf::Message* response);
+
+  // On a job's way out of the queue: records the wait in the metrics and
+  // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED
+  // if the caller has gone (nothing computed).
+  absl::Status Dequeue(const Call& call, absl::Time enqueued,
+                       v1::ServerTiming* timing) const;
+
+  ServerMetrics* const metrics_;
+  AttentionEngine* const engine_;
+  Scheduler* const scheduler_;
+  WeightsRegistry* const registry_;
+  const CallGate* const gate_;
+  MemoryBudget* const budget_;
+  const RequestLimits limits_;
+  // Where requests' and responses' tensor bytes are kept between calls.
+  const std::shared_ptr<BytesPool> pool_;
+  // Cancels unary calls whose request stops arriving.
+  ReadWatchdog watchdog_;
+  // Cancels AttendStreams whose next message does not come.
+  ReadWatchdog stream_watchdog_;
+};
+
+// Validates, converts and registers `request` (shared by PutWeights and the
+// start-up loaders).
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_

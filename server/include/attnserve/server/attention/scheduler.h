@@ -1,0 +1,117 @@
+// Scheduler: the bounded queue between the gRPC handlers and the compute, with
+// dynamic batching.
+//
+// Handlers validate a request and Submit a Job. Worker threads (the executors)
+// take jobs in arrival order; a job with a batch key waits up to
+// max_queue_delay for queued jobs with the same key and runs with up to
+// max_batch - 1 of them in one call. A job small enough to run inline runs on
+// the submitting thread when an executor is idle and nothing waits: handing it
+// to a sleeping executor would cost more than its compute (waking a thread is
+// tens of µs on a virtual machine). Either way at most `executors` jobs run at
+// once. Thread-safe.
+#ifndef ATTNSERVE_SERVER_ATTENTION_SCHEDULER_H_
+#define ATTNSERVE_SERVER_ATTENTION_SCHEDULER_H_
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace attnserve {
+
+// One request's compute.
+class Job {
+ public:
+  virtual ~Job() = default;
+
+  // Jobs with the same non-empty key may run together; empty: always alone.
+  virtual const std::string& batch_key() const { return no_key_; }
+
+  // Whether the job may run on the submitting thread: a compute too short to
+  // be worth a hand-over, on that thread alone (no OpenMP team).
+  virtual bool runs_inline() const { return false; }
+
+  // Runs `batch` (this job first; every job shares its key) and answers each of
+  // them. Called once per batch, on a worker thread or, for a job that
+  // runs_inline(), on the thread that submitted it.
+  virtual void Run(absl::Span<Job* const> batch) = 0;
+
+  // When the job entered the queue.
+  absl::Time enqueued() const { return enqueued_; }
+
+ private:
+  friend class Scheduler;
+  static const std::string no_key_;
+  absl::Time enqueued_;
+};
+
+// A job that runs a function, alone.
+class FunctionJob final : public Job {
+ public:
+  explicit FunctionJob(absl::AnyInvocable<void() &&> function)
+      : function_(std::move(function)) {}
+  void Run(absl::Span<Job* const> /*batch*/) override {
+    std::move(function_)();
+  }
+
+ private:
+  absl::AnyInvocable<void() &&> function_;
+};
+
+struct SchedulerOptions {
+  int executors = 1;     // Worker threads, each running one batch at a time.
+  int max_queue = 1024;  // Jobs waiting to run; past it Submit refuses.
+  int max_batch = 1;     // Most jobs in one batch; 1 turns batching off.
+  // How long the first job of a possible batch waits for more; 0 takes what is
+  // queued.
+  absl::Duration max_queue_delay = absl::ZeroDuration();
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerOptions& options);
+  // Runs every job already queued, then joins the workers.
+  ~Scheduler();
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues `job`, or runs it before returning if it runs_inline(), nothing is
+  // queued and fewer than `executors` jobs run. RESOURCE_EXHAUSTED naming
+  // --max_queue if that many jobs already wait.
+  absl::Status Submit(std::unique_ptr<Job> job);
+
+  // Blocks until no job is queued or running, or `timeout` passes; returns
+  // whether idle.
+  bool WaitIdle(absl::Duration timeout);
+
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  void Work();
+  // Takes the next batch off the queue, waiting for partners as the options
+  // allow. Empty when stopping with nothing left.
+  std::vector<std::unique_ptr<Job>> NextBatch()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const SchedulerOptions options_;
+  absl::Mutex mutex_;
+  std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mutex_);
+  int64_t submitted_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Batches running, on executors or inline; never more than `executors`.
+  int running_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_SCHEDULER_H_

@@ -1,0 +1,120 @@
+// ServerMetrics: attnserve's Prometheus metrics (docs/metrics.md lists them
+// all).
+//
+// Every family and every series is created in the constructor, so recording
+// never allocates or takes the registry's lock, and labels are bounded: rpc (5
+// values) and gRPC code (17 values). Thread-safe.
+#ifndef ATTNSERVE_SERVER_METRICS_METRICS_H_
+#define ATTNSERVE_SERVER_METRICS_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnserve/core/attention_engine.h"
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
+namespace attnserve {
+
+// The RPCs of attnserve.v1.AttentionService, as the `rpc` label names them.
+enum class Rpc {
+  kAttend,
+  kAttendStream,  // One per request on the stream.
+  kMultiHeadAttention,
+  kPutWeights,
+  kListWeights,
+  kDeleteWeights
+};
+inline constexpr int kRpcCount = 6;
+inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
+
+// The `rpc` label value: "Attend", "MultiHeadAttention", ...
+const char* RpcName(Rpc rpc);
+
+class ServerMetrics {
+ public:
+  // `version` is attnserve's; `runtime` fills the build-info labels.
+  ServerMetrics(const std::string& version, const RuntimeInfo& runtime);
+  ~ServerMetrics();
+
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // The registry to expose (or to serialise in tests).
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // A call arrived with a request of `request_bytes` serialised bytes.
+  void CallStarted(Rpc rpc, int64_t request_bytes);
+  // The call finished with `code` after `elapsed`; `response_bytes` is 0 for a
+  // failed call.
+  void CallFinished(Rpc rpc, absl::StatusCode code, absl::Duration elapsed,
+                    int64_t response_bytes);
+
+  // A compute task entered the executor's queue / left it after `wait`.
+  void Enqueued();
+  void Dequeued(Rpc rpc, absl::Duration wait);
+  // A compute ran `requests` requests in one kernel call for `elapsed`, doing
+  // `flops`.
+  void Computed(Rpc rpc, absl::Duration elapsed, int requests, double flops);
+
+  // The registry now holds `sets` weight sets of `bytes` in all.
+  void SetWeightsHeld(int64_t sets, int64_t bytes);
+
+  // The buffer pool keeps `bytes` for reuse.
+  void SetBufferPoolBytes(int64_t bytes);
+
+  // The memory budget of calls in flight: `held` of `limit` bytes, and calls
+  // refused for want of it since the start (sampled each second).
+  void SetInflightMemory(int64_t held, int64_t limit, int64_t refused);
+
+  // Connections shut down for resetting too many calls, since the start
+  // (sampled each second).
+  void SetResetClosures(int64_t closed);
+
+  // An io thread polled without an event for `spun` (--io_spin_us).
+  void IoSpun(absl::Duration spun);
+
+ private:
+  struct PerRpc {
+    std::array<prometheus::Counter*, kStatusCodeCount> requests{};
+    prometheus::Histogram* request_duration = nullptr;
+    prometheus::Histogram* queue_wait = nullptr;  // Compute RPCs only.
+    prometheus::Histogram* compute = nullptr;     // Compute RPCs only.
+    prometheus::Counter* flops = nullptr;         // Compute RPCs only.
+    prometheus::Counter* request_bytes = nullptr;
+    prometheus::Counter* response_bytes = nullptr;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::array<PerRpc, kRpcCount> rpcs_;
+  prometheus::Histogram* batch_size_ = nullptr;
+  prometheus::Gauge* queue_depth_ = nullptr;
+  prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* weight_sets_ = nullptr;
+  prometheus::Gauge* weights_bytes_ = nullptr;
+  prometheus::Gauge* buffer_pool_bytes_ = nullptr;
+  prometheus::Gauge* inflight_bytes_ = nullptr;
+  prometheus::Gauge* inflight_limit_bytes_ = nullptr;
+  prometheus::Counter* inflight_refused_ = nullptr;
+  prometheus::Counter* reset_closures_ = nullptr;
+  // What the sampled counters have been brought up to.
+  absl::Mutex sampled_mutex_;
+  int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  prometheus::Counter* io_spin_seconds_ = nullptr;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_METRICS_METRICS_H_

@@ -1,0 +1,54 @@
+// SIGINT and SIGTERM for the attnserve binary, watched by one thread from the
+// first line of main: during start-up (loading weights can take a while) a
+// signal ends the process at once, with status 128 + the signal's number, as
+// its default action would; once the server is up, it starts the drain.
+//
+//   TerminationSignals signals;  // before any other thread starts
+//   ... start the server ...
+//   signals.Started();
+//   const int signal = signals.Wait();  // then drain
+//
+// Thread-safe. The constructor blocks both signals in the calling thread (and
+// so in every thread it starts later); its watcher thread is joined by the
+// destructor.
+#ifndef ATTNSERVE_SERVER_PROCESS_TERMINATION_SIGNALS_H_
+#define ATTNSERVE_SERVER_PROCESS_TERMINATION_SIGNALS_H_
+
+#include <signal.h>
+
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+
+namespace attnserve {
+
+class TerminationSignals {
+ public:
+  TerminationSignals();
+  TerminationSignals(const TerminationSignals&) = delete;
+  TerminationSignals& operator=(const TerminationSignals&) = delete;
+  ~TerminationSignals();
+
+  // From now on a signal is returned by Wait instead of ending the process.
+  void Started();
+
+  // Blocks until SIGINT or SIGTERM arrives after Started; returns its number.
+  int Wait();
+
+ private:
+  void Watch();
+
+  sigset_t signals_;
+  absl::Mutex mutex_;
+  bool started_ ABSL_GUARDED_BY(mutex_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  int received_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Notification arrived_;
+  std::thread watcher_;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_PROCESS_TERMINATION_SIGNALS_H_

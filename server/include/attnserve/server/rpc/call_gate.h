@@ -1,0 +1,88 @@
+// CallGate: whether a call may enter — the server still takes calls (not
+// draining) and the caller holds the bearer token, if one is configured. Health
+// checks never pass through it.
+//
+// At the very end of a drain the gate holds the calls it refuses instead of
+// answering them at once: a client answered UNAVAILABLE sends its next call
+// right away, and a call that reaches gRPC while it stops taking streams
+// (before the client has seen its GOAWAY) is cancelled by gRPC, which a client
+// cannot tell from a cancellation of a call that ran. Held calls are answered
+// once gRPC has stopped taking streams, so that the clients' next calls meet
+// the GOAWAY or the closed listener: UNAVAILABLE, never CANCELLED.
+//
+//   // In a handler's OnStart:
+//   const absl::Status admitted = gate->Admit(context());
+//   if (!admitted.ok()) {
+//     held_ = gate->HoldRefusal([this, admitted] { Refuse(admitted); });
+//     if (!held_) Refuse(admitted);
+//   }
+//   // In its OnCancel:
+//   if (held_ && gate->Unhold(*held_)) Refuse(...);
+#ifndef ATTNSERVE_SERVER_RPC_CALL_GATE_H_
+#define ATTNSERVE_SERVER_RPC_CALL_GATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/server_context.h"
+
+namespace attnserve {
+
+// Thread-safe.
+class CallGate {
+ public:
+  using Ticket = uint64_t;
+
+  // `bearer_token` empty: calls need no token.
+  explicit CallGate(std::string bearer_token)
+      : bearer_token_(std::move(bearer_token)) {}
+
+  // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without
+  // "authorization: Bearer <token>" when a token is configured.
+  absl::Status Admit(const grpc::ServerContextBase& context) const;
+
+  // New calls get UNAVAILABLE from now on (the server is draining).
+  void Close() { closed_.store(true); }
+
+  // Calls refused because the gate was closed, so far.
+  int64_t refused_closed() const { return refused_closed_.load(); }
+
+  // While the gate holds refusals (between HoldRefusals and ReleaseHeld),
+  // keeps `answer`, which answers a call the gate refused, until ReleaseHeld
+  // runs it, and returns its ticket; otherwise returns nothing, and the caller
+  // answers at once.
+  std::optional<Ticket> HoldRefusal(std::function<void()> answer) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // For a held call that was cancelled: true if its answer was still held
+  // (then the caller answers it), false if ReleaseHeld has taken it.
+  bool Unhold(Ticket ticket) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // From now on refusals are held.
+  void HoldRefusals() ABSL_LOCKS_EXCLUDED(mutex_);
+  // Runs every held answer; refusals are answered at once from now on.
+  // Returns how many were held.
+  int ReleaseHeld() ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  const std::string bearer_token_;
+  std::atomic<bool> closed_{false};
+  mutable std::atomic<int64_t> refused_closed_{0};
+  // The held answers are the gate's working state, not what it admits: the
+  // handlers see a const gate.
+  mutable absl::Mutex mutex_;
+  bool holding_ ABSL_GUARDED_BY(mutex_) = false;
+  mutable Ticket next_ ABSL_GUARDED_BY(mutex_) = 0;
+  mutable std::map<Ticket, std::function<void()>> held_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_RPC_CALL_GATE_H_

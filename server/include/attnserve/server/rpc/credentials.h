@@ -1,0 +1,33 @@
+// The files behind TLS and the bearer token, read and checked at start-up so
+// that each mistake fails with its own cause (a key that does not match its
+// certificate, a token no client could send) instead of a generic listen error
+// or a server nobody can call.
+#ifndef ATTNSERVE_SERVER_RPC_CREDENTIALS_H_
+#define ATTNSERVE_SERVER_RPC_CREDENTIALS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "attnserve/server/server.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace attnserve {
+
+// Insecure credentials without --tls_cert; else TLS from the PEM certificate
+// chain and key (and client CA bundle for mTLS). INVALID_ARGUMENT naming the
+// file and the cause: not a regular file, no PEM certificate or key in it, a
+// key that does not match the chain's first certificate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const ServerOptions& options);
+
+// "" without --auth_token_file; else the token: the file's one line, without
+// surrounding whitespace. INVALID_ARGUMENT naming the file if it is empty or
+// holds anything but printable ASCII (a control character or a second line,
+// which no client could send in an authorization header); the message gives
+// the offending byte's offset, never the token.
+absl::StatusOr<std::string> BearerTokenFor(const ServerOptions& options);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_RPC_CREDENTIALS_H_

@@ -1,0 +1,157 @@
+// MemoryBudget: the bytes that requests in flight may hold at once
+// (--max_inflight_bytes), and the plan that fits the server's budgets into the
+// memory it is given.
+//
+// A call holds a share of the budget from its arrival (a fixed cost for its
+// stream), through its message and the memory its compute will allocate, to
+// the moment gRPC reports its answer sent; a call that would take the budget
+// past its limit is refused at once with RESOURCE_EXHAUSTED instead of letting
+// the process grow until the kernel kills it with every call in it.
+//
+//   MemoryBudget budget(int64_t{2} << 30);
+//   absl::StatusOr<MemoryBudget::Hold> hold =
+//       budget.Take(message_bytes, context.peer());
+//   if (!hold.ok()) return hold.status();  // RESOURCE_EXHAUSTED, with figures
+//   ATTNSERVE_RETURN_IF_ERROR(hold->Grow(compute_bytes));
+//   ...  // the hold gives its bytes back when destroyed (or Reset)
+#ifndef ATTNSERVE_SERVER_RPC_MEMORY_BUDGET_H_
+#define ATTNSERVE_SERVER_RPC_MEMORY_BUDGET_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace attnserve {
+
+// Thread-safe; must outlive its holds.
+//
+// Fairness: each hold belongs to a connection (its peer address, as gRPC names
+// it: "ipv4:10.0.0.7:51234"). One connection may hold at most half the limit,
+// and a connection holding more than a sixteenth of it may not take the budget
+// past seven eighths: the last eighth stays for connections that hold little,
+// so that one client (or a few) filling the budget with large or stuck calls
+// leaves the others served.
+class MemoryBudget {
+ public:
+  // Bytes taken from the budget; given back when the hold is destroyed, reset
+  // or assigned over. Movable, not copyable; not thread-safe itself.
+  class Hold {
+   public:
+    Hold() = default;
+    Hold(Hold&& other) noexcept;
+    Hold& operator=(Hold&& other) noexcept;
+    ~Hold() { Reset(); }
+
+    // Takes `bytes` more from the budget for the same connection; on
+    // RESOURCE_EXHAUSTED the hold keeps what it had.
+    absl::Status Grow(int64_t bytes);
+    // Gives everything back.
+    void Reset();
+    int64_t bytes() const { return bytes_; }
+
+   private:
+    friend class MemoryBudget;
+    Hold(MemoryBudget* budget, std::string connection, int64_t bytes)
+        : budget_(budget), connection_(std::move(connection)), bytes_(bytes) {}
+
+    MemoryBudget* budget_ = nullptr;
+    std::string connection_;
+    int64_t bytes_ = 0;
+  };
+
+  // `limit_bytes` > 0.
+  explicit MemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  // Takes `bytes` (>= 0) for `connection`, or RESOURCE_EXHAUSTED naming the
+  // limit, what is held and what was asked, if the budget cannot give them
+  // now.
+  absl::StatusOr<Hold> Take(int64_t bytes, const std::string& connection);
+  // Takes `bytes` even past the limit: for what must not be refused (a health
+  // check), so that what it holds is still counted.
+  Hold TakeAlways(int64_t bytes, const std::string& connection);
+
+  int64_t limit() const { return limit_; }
+  int64_t held() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // What `connection` holds now.
+  int64_t held_by(const std::string& connection) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Calls refused so far.
+  int64_t refused() const ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  // Adds `bytes` to what is held unless the rules above refuse them.
+  absl::Status Reserve(int64_t bytes, const std::string& connection)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  void Release(int64_t bytes, const std::string& connection)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+
+  const int64_t limit_;
+  mutable absl::Mutex mutex_;
+  int64_t held_ ABSL_GUARDED_BY(mutex_) = 0;
+  // What each connection holding anything holds.
+  absl::flat_hash_map<std::string, int64_t> connections_
+      ABSL_GUARDED_BY(mutex_);
+  int64_t refused_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// What a stream costs the budget while it is open, whatever its messages:
+// gRPC's own state for a call and its HTTP/2 stream, measured at 15-16 KiB for
+// an idle Health.Watch or AttendStream call (gRPC 1.51, 2026-12-01); rounded
+// up.
+inline constexpr int64_t kBytesPerCall = int64_t{16} << 10;
+
+// The memory the process may use, and where that figure comes from.
+struct MemoryLimit {
+  int64_t bytes = 0;
+  // "cgroup /sys/fs/cgroup/memory.max" or "physical memory".
+  std::string source;
+};
+
+// The tightest cgroup memory limit over the process's cgroup and its ancestors
+// (cgroup v2's memory.max, or v1's memory.limit_in_bytes) under `cgroup_root`,
+// as /proc/self/cgroup names them (`proc_self_cgroup`), or the machine's
+// physical memory when none is set.
+MemoryLimit ReadMemoryLimit(
+    const std::string& cgroup_root = "/sys/fs/cgroup",
+    const std::string& proc_self_cgroup = "/proc/self/cgroup");
+
+// Memory the process needs beyond its budgets: code, gRPC's and oneDNN's own
+// state, thread stacks, the allocator's overhead.
+inline constexpr int64_t kProcessOverheadBytes = int64_t{256} << 20;
+
+// The budgets that must fit in the memory limit together.
+struct MemoryPlan {
+  int64_t max_weights_bytes = 0;
+  int64_t buffer_pool_bytes = 0;
+  int64_t max_inflight_bytes = 0;
+  // The part of max_inflight_bytes given to gRPC's ResourceQuota: the buffers
+  // of connections and of messages still arriving.
+  int64_t transport_bytes = 0;
+  MemoryLimit limit;
+};
+
+// Fills in the budgets left at 0 (derived from `limit`) and checks that they
+// fit:
+// - max_weights_bytes 0: a quarter of the limit, at most 4 GiB;
+// - max_inflight_bytes 0: three quarters of what the limit leaves after the
+//   weights, the buffer pool and kProcessOverheadBytes (the last quarter is
+//   the allocator's slack and gRPC's overshoot of its quota).
+// FAILED_PRECONDITION, naming every term, when weights + pool + in-flight +
+// kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a negative
+// budget.
+absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
+                                      int64_t buffer_pool_bytes,
+                                      int64_t max_inflight_bytes,
+                                      const MemoryLimit& limit);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_RPC_MEMORY_BUDGET_H_

@@ -1,0 +1,47 @@
+// Weight sets the server registers at start-up: the built-in `demo` set, and
+// folders of .npy files (--weights_dir).
+//
+// --weights_dir layout: one folder per weight-set name, holding
+//   config.txt            num_heads=H and optionally num_kv_heads=Hkv, one
+//   key=value a line w_q.npy w_k.npy w_v.npy w_o.npy          torch.nn.Linear
+//   layout ([out, in]) b_q.npy b_k.npy b_v.npy b_o.npy          optional biases
+// Arrays may be float32, float16 or float64 ('<f4', '<f2', '<f8'); float64 is
+// rounded to float32. A PyTorch nn.MultiheadAttention state dict fits after
+// cutting in_proj_weight in three.
+#ifndef ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_LOADER_H_
+#define ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_LOADER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "attnserve/server/weights/weights_registry.h"
+#include "attnserve/v1/attention.pb.h"
+
+namespace attnserve {
+
+// The name of the built-in weight set.
+inline constexpr char kDemoWeightsName[] = "demo";
+
+// The built-in `demo` weight set: E = 64, H = Hkv = 8, Dk = Dv = 8, with
+// biases; values drawn from a fixed seed, so every server holds the same
+// numbers.
+v1::PutWeightsRequest DemoWeights();
+
+// Reads the weight set in `folder` (named by its last path component) as a
+// PutWeights request. Each file is refused over `max_file_bytes` before it is
+// read.
+absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
+    const std::string& folder, int64_t max_file_bytes);
+
+// Registers every weight set under `directory` (a folder named `demo` replaces
+// the built-in set); returns their names. Fails on the first folder that does
+// not load, naming it.
+absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
+    const std::string& directory, int64_t max_file_bytes,
+    WeightsRegistry& registry);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_LOADER_H_

@@ -1,0 +1,284 @@
+#include "attnserve/server/metrics/metrics.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace attnserve {
+namespace {
+
+// 50 µs to ~26 s in doublings, then 30 s: latency of tiny and of huge requests
+// alike.
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  prometheus::Histogram::BucketBoundaries buckets;
+  for (double bound = 50e-6; bound < 30.0; bound *= 2) buckets.push_back(bound);
+  buckets.push_back(30.0);
+  return buckets;
+}
+
+const char* StatusCodeName(int code) {
+  static const char* const kNames[kStatusCodeCount] = {"OK",
+                                                       "CANCELLED",
+                                                       "UNKNOWN",
+                                                       "INVALID_ARGUMENT",
+                                                       "DEADLINE_EXCEEDED",
+                                                       "NOT_FOUND",
+                                                       "ALREADY_EXISTS",
+                                                       "PERMISSION_DENIED",
+                                                       "RESOURCE_EXHAUSTED",
+                                                       "FAILED_PRECONDITION",
+                                                       "ABORTED",
+                                                       "OUT_OF_RANGE",
+                                                       "UNIMPLEMENTED",
+                                                       "INTERNAL",
+                                                       "UNAVAILABLE",
+                                                       "DATA_LOSS",
+                                                       "UNAUTHENTICATED"};
+  return kNames[code];
+}
+
+bool IsCompute(Rpc rpc) {
+  return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
+         rpc == Rpc::kMultiHeadAttention;
+}
+
+}  // namespace
+
+const char* RpcName(Rpc rpc) {
+  static const char* const kNames[kRpcCount] = {
+      "Attend",     "AttendStream", "MultiHeadAttention",
+      "PutWeights", "ListWeights",  "DeleteWeights"};
+  return kNames[static_cast<int>(rpc)];
+}
+
+ServerMetrics::ServerMetrics(const std::string& version,
+                             const RuntimeInfo& runtime)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("attnserve_requests_total")
+                       .Help(
+                           "Calls of attnserve.v1.AttentionService finished, "
+                           "by RPC and gRPC "
+                           "status code.")
+                       .Register(*registry_);
+  auto& request_duration = prometheus::BuildHistogram()
+                               .Name("attnserve_request_duration_seconds")
+                               .Help(
+                                   "Time from a call's arrival in its handler "
+                                   "to its answer, by RPC.")
+                               .Register(*registry_);
+  auto& queue_wait =
+      prometheus::BuildHistogram()
+          .Name("attnserve_queue_wait_seconds")
+          .Help("Time a validated request waited for a compute executor.")
+          .Register(*registry_);
+  auto& compute = prometheus::BuildHistogram()
+                      .Name("attnserve_compute_seconds")
+                      .Help("Time a request's attention compute took.")
+                      .Register(*registry_);
+  auto& flops = prometheus::BuildCounter()
+                    .Name("attnserve_floating_point_operations_total")
+                    .Help(
+                        "Floating-point operations computed (FlashAttention "
+                        "convention, plus "
+                        "2 per multiply-add of the projections).")
+                    .Register(*registry_);
+  auto& request_bytes =
+      prometheus::BuildCounter()
+          .Name("attnserve_request_bytes_total")
+          .Help("Serialised bytes of requests received, by RPC.")
+          .Register(*registry_);
+  auto& response_bytes =
+      prometheus::BuildCounter()
+          .Name("attnserve_response_bytes_total")
+          .Help("Serialised bytes of successful responses sent, by RPC.")
+          .Register(*registry_);
+  for (int r = 0; r < kRpcCount; ++r) {
+    const Rpc rpc = static_cast<Rpc>(r);
+    PerRpc& per = rpcs_[r];
+    for (int code = 0; code < kStatusCodeCount; ++code) {
+      per.requests[code] = &requests.Add(
+          {{"rpc", RpcName(rpc)}, {"code", StatusCodeName(code)}});
+    }
+    per.request_duration =
+        &request_duration.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+    per.request_bytes = &request_bytes.Add({{"rpc", RpcName(rpc)}});
+    per.response_bytes = &response_bytes.Add({{"rpc", RpcName(rpc)}});
+    if (IsCompute(rpc)) {
+      per.queue_wait =
+          &queue_wait.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+      per.compute = &compute.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
+      per.flops = &flops.Add({{"rpc", RpcName(rpc)}});
+    }
+  }
+  batch_size_ = &prometheus::BuildHistogram()
+                     .Name("attnserve_batch_size")
+                     .Help("Requests run together in one compute call.")
+                     .Register(*registry_)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  1, 2, 4, 8, 16, 32, 64, 128});
+  queue_depth_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_queue_depth")
+           .Help("Validated requests waiting for a compute executor.")
+           .Register(*registry_)
+           .Add({});
+  in_flight_ = &prometheus::BuildGauge()
+                    .Name("attnserve_requests_in_flight")
+                    .Help("Calls received and not yet answered.")
+                    .Register(*registry_)
+                    .Add({});
+  weight_sets_ = &prometheus::BuildGauge()
+                      .Name("attnserve_weight_sets")
+                      .Help("Weight sets held by the registry.")
+                      .Register(*registry_)
+                      .Add({});
+  weights_bytes_ = &prometheus::BuildGauge()
+                        .Name("attnserve_weights_bytes")
+                        .Help("Bytes of weights held by the registry.")
+                        .Register(*registry_)
+                        .Add({});
+  buffer_pool_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_buffer_pool_bytes")
+           .Help(
+               "Bytes of tensor buffers kept for reuse between calls "
+               "(--buffer_pool_bytes), as of the last call answered.")
+           .Register(*registry_)
+           .Add({});
+  inflight_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_inflight_bytes")
+           .Help(
+               "Bytes of memory that calls in flight hold of their budget "
+               "(messages, compute memory, answers not yet sent), sampled "
+               "each second.")
+           .Register(*registry_)
+           .Add({});
+  inflight_limit_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_inflight_limit_bytes")
+           .Help(
+               "The budget calls in flight may hold: --max_inflight_bytes less "
+               "the quarter given to gRPC's transport buffers.")
+           .Register(*registry_)
+           .Add({});
+  inflight_refused_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_inflight_refused_total")
+           .Help(
+               "Calls and messages refused with RESOURCE_EXHAUSTED because "
+               "the memory budget of calls in flight had no room for them.")
+           .Register(*registry_)
+           .Add({});
+  reset_closures_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_reset_connections_closed_total")
+           .Help(
+               "Connections shut down because their client cancelled more "
+               "calls in a second than --max_client_resets_per_second "
+               "(rapid-reset floods).")
+           .Register(*registry_)
+           .Add({});
+  io_spin_seconds_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_io_spin_seconds_total")
+           .Help(
+               "CPU time the first io thread spent polling for the next event "
+               "instead of sleeping (--io_spin_us): the price of answering "
+               "a client's next call without a wake-up.")
+           .Register(*registry_)
+           .Add({});
+  prometheus::BuildGauge()
+      .Name("attnserve_build_info")
+      .Help(
+          "Always 1; the labels say what this server runs: attnserve and "
+          "oneDNN versions, the "
+          "CPU ISA oneDNN uses, its threading runtime and the compute threads.")
+      .Register(*registry_)
+      .Add({{"version", version},
+            {"onednn_version", runtime.onednn_version},
+            {"cpu_isa", runtime.cpu_isa},
+            {"threading", runtime.threading},
+            {"threads", absl::StrCat(runtime.threads)}})
+      .Set(1);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::CallStarted(Rpc rpc, int64_t request_bytes) {
+  in_flight_->Increment();
+  rpcs_[static_cast<int>(rpc)].request_bytes->Increment(
+      static_cast<double>(request_bytes));
+}
+
+void ServerMetrics::CallFinished(Rpc rpc, absl::StatusCode code,
+                                 absl::Duration elapsed,
+                                 int64_t response_bytes) {
+  PerRpc& per = rpcs_[static_cast<int>(rpc)];
+  const int index = static_cast<int>(code);
+  per.requests[index >= 0 && index < kStatusCodeCount ? index : 2]
+      ->Increment();  // 2: UNKNOWN
+  per.request_duration->Observe(absl::ToDoubleSeconds(elapsed));
+  per.response_bytes->Increment(static_cast<double>(response_bytes));
+  in_flight_->Decrement();
+}
+
+void ServerMetrics::Enqueued() { queue_depth_->Increment(); }
+
+void ServerMetrics::Dequeued(Rpc rpc, absl::Duration wait) {
+  queue_depth_->Decrement();
+  rpcs_[static_cast<int>(rpc)].queue_wait->Observe(absl::ToDoubleSeconds(wait));
+}
+
+void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
+                             double flops) {
+  PerRpc& per = rpcs_[static_cast<int>(rpc)];
+  per.compute->Observe(absl::ToDoubleSeconds(elapsed));
+  per.flops->Increment(flops);
+  batch_size_->Observe(requests);
+}
+
+namespace {
+
+// Brings `counter` up to `total`, a count kept elsewhere since the start, of
+// which `seen` had been added.
+void CatchUp(prometheus::Counter* counter, int64_t total, int64_t* seen) {
+  if (total <= *seen) return;
+  counter->Increment(static_cast<double>(total - *seen));
+  *seen = total;
+}
+
+}  // namespace
+
+void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
+                                      int64_t refused) {
+  inflight_bytes_->Set(static_cast<double>(held));
+  inflight_limit_bytes_->Set(static_cast<double>(limit));
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(inflight_refused_, refused, &inflight_refused_seen_);
+}
+
+void ServerMetrics::SetResetClosures(int64_t closed) {
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(reset_closures_, closed, &reset_closures_seen_);
+}
+
+void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {
+  buffer_pool_bytes_->Set(static_cast<double>(bytes));
+}
+
+void ServerMetrics::IoSpun(absl::Duration spun) {
+  io_spin_seconds_->Increment(absl::ToDoubleSeconds(spun));
+}
+
+void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {
+  weight_sets_->Set(static_cast<double>(sets));
+  weights_bytes_->Set(static_cast<double>(bytes));
+}
+
+}  // namespace attnserve

@@ -1,0 +1,346 @@
+// attnserve: multi-head attention as a gRPC service.
+//
+//   attnserve --port=50051 --threads=0
+//
+// Serves attnserve.v1.AttentionService, grpc.health.v1.Health and server
+// reflection until SIGINT or SIGTERM, then drains (see --drain_grace_seconds)
+// and exits 0. A configuration that cannot work exits 2; another start-up
+// failure 1. Every flag can also come from the environment as ATTNSERVE_<FLAG
+// IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.
+#include <malloc.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnserve/server/process/termination_signals.h"
+#include "attnserve/server/server.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0",
+          "Address to listen on (IPv4, IPv6 or host name).");
+ABSL_FLAG(int, port, 50051,
+          "gRPC port; 0 picks a free one, printed at start-up.");
+ABSL_FLAG(int, threads, 0,
+          "OpenMP threads per executor; 0: the cores the process may use, "
+          "divided among the "
+          "executors.");
+ABSL_FLAG(
+    int, executors, 1,
+    "Compute executors: requests computed at once, each on --threads threads.");
+ABSL_FLAG(
+    int, io_threads, 0,
+    "Threads that poll gRPC and run the handlers (parse, validate, "
+    "serialise, and calls too small to hand to an executor); 0: one per 8 "
+    "compute cores (--threads x --executors), at least 1, at most 8.");
+ABSL_FLAG(int64_t, io_spin_us, 200,
+          "While calls come within this many µs of each other, the first io "
+          "thread keeps polling this long after each event instead of "
+          "sleeping, so that a client's next call is taken without a "
+          "wake-up; costs up to a core while they do. 0: never spins.");
+ABSL_FLAG(int, max_queue, 1024,
+          "Requests waiting for an executor; past it new ones get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_batch, 1,
+          "Most Attend requests (alike but for B) computed together in one "
+          "call; 1 turns "
+          "dynamic batching off.");
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+          "How long the first request of a possible batch waits for partners, "
+          "in µs; 0 "
+          "batches only what is already queued (no added latency).");
+ABSL_FLAG(int, max_concurrent_streams, 256,
+          "HTTP/2 streams one connection may have open at once (advertised "
+          "in SETTINGS); a client past it waits for one to end.");
+ABSL_FLAG(int, max_client_resets_per_second, 200,
+          "Calls one connection's client may cancel in a second before the "
+          "server shuts that connection down (rapid-reset floods); calls "
+          "whose deadline passed do not count. 0: no limit.");
+ABSL_FLAG(double, message_timeout_seconds, 30,
+          "How long a request may take to arrive after its call starts; past "
+          "it the call is cancelled (a client that stops sending holds no "
+          "memory).");
+ABSL_FLAG(double, stream_idle_timeout_seconds, 300,
+          "How long an AttendStream may wait for its next whole message; past "
+          "it the stream is cancelled (an idle or stalled stream is not held "
+          "open forever).");
+ABSL_FLAG(bool, accept_compressed_requests, false,
+          "Take requests compressed with gzip or deflate. Off: they get "
+          "UNIMPLEMENTED unread. On: the server inflates them itself, "
+          "stopping with RESOURCE_EXHAUSTED once the output passes "
+          "--max_message_bytes (gRPC 1.51's own decompression would inflate "
+          "a whole message first).");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest request or response message in bytes (at most 2147483647).");
+ABSL_FLAG(int64_t, max_elements, int64_t{1} << 28,
+          "Most elements of any one tensor.");
+ABSL_FLAG(int64_t, max_request_memory_bytes, int64_t{4} << 30,
+          "Most memory one request's compute may allocate (outputs, weights, "
+          "conversions, "
+          "scratch), in bytes.");
+ABSL_FLAG(int64_t, max_workspace_bytes, int64_t{1} << 30,
+          "Most scratch memory the attention kernel may allocate for one "
+          "request, in bytes.");
+ABSL_FLAG(
+    int, metrics_port, 9464,
+    "Port of the Prometheus /metrics endpoint (on --address); 0 turns it off.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Address of the /metrics endpoint; empty: --address. Scrapes need "
+          "no token: keep it on an internal address where that matters.");
+ABSL_FLAG(std::string, attention_kernel, "fused",
+          "SDPA's path: \"fused\" (the tiled kernel, which never holds the "
+          "Lq x Lk scores; requests asking for attention weights still take "
+          "the unfused path) or \"unfused\" (always materialise the scores, "
+          "for comparisons).");
+ABSL_FLAG(bool, portable_kernels, false,
+          "Run the fused kernel's portable C++ code even on a CPU with "
+          "AVX-512 (for comparisons and to rule the vector code out).");
+ABSL_FLAG(
+    int64_t, max_weights_bytes, 0,
+    "Most bytes of registered weights the server holds; 0: a quarter of "
+    "the memory limit (the cgroup's, or physical memory), at most 4 GiB.");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Memory that requests in flight may hold at once, from the "
+          "transport's buffers (a quarter) through the queue and the compute "
+          "to the answer's send; past it calls get RESOURCE_EXHAUSTED at "
+          "once. 0: three quarters of what the memory limit leaves after the "
+          "weights, the buffer pool and 256 MiB for the process. Budgets that "
+          "do not fit the limit stop start-up (exit 2).");
+ABSL_FLAG(int64_t, buffer_pool_bytes, int64_t{256} << 20,
+          "Memory kept between calls for tensor bytes (requests parsed into "
+          "it, responses sent from it), so that large tensors do not fault in "
+          "fresh pages; 0 keeps none.");
+ABSL_FLAG(std::string, weights_dir, "",
+          "Folder of weight sets to register at start-up: one folder per name "
+          "holding "
+          "config.txt (num_heads=H) and w_q/w_k/w_v/w_o[/b_*].npy.");
+ABSL_FLAG(double, drain_grace_seconds, 5,
+          "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
+          "new calls "
+          "with UNAVAILABLE; then queued and running work finishes and the "
+          "process exits 0.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS; empty: plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate it "
+          "signed (mTLS).");
+ABSL_FLAG(
+    std::string, auth_token_file, "",
+    "File holding a bearer token every call except health checks must carry as "
+    "\"authorization: Bearer <token>\"; empty: no token.");
+
+namespace {
+
+constexpr const char* kFlagNames[] = {"address",
+                                      "port",
+                                      "threads",
+                                      "executors",
+                                      "io_threads",
+                                      "io_spin_us",
+                                      "max_queue",
+                                      "max_batch",
+                                      "max_queue_delay_us",
+                                      "max_message_bytes",
+                                      "max_elements",
+                                      "max_request_memory_bytes",
+                                      "max_workspace_bytes",
+                                      "attention_kernel",
+                                      "portable_kernels",
+                                      "metrics_port",
+                                      "metrics_address",
+                                      "max_concurrent_streams",
+                                      "max_client_resets_per_second",
+                                      "accept_compressed_requests",
+                                      "message_timeout_seconds",
+                                      "stream_idle_timeout_seconds",
+                                      "max_weights_bytes",
+                                      "max_inflight_bytes",
+                                      "buffer_pool_bytes",
+                                      "weights_dir",
+                                      "drain_grace_seconds",
+                                      "tls_cert",
+                                      "tls_key",
+                                      "tls_client_ca",
+                                      "auth_token_file"};
+
+// argv with "--flag=value" for each ATTNSERVE_FLAG in the environment inserted
+// before the command line's own arguments, so that those win.
+std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
+                                            std::vector<std::string>* storage) {
+  for (const char* name : kFlagNames) {
+    const char* value =
+        std::getenv(("ATTNSERVE_" + absl::AsciiStrToUpper(name)).c_str());
+    if (value != nullptr)
+      storage->push_back(std::string("--") + name + "=" + value);
+  }
+  std::vector<char*> arguments = {argv[0]};
+  for (std::string& argument : *storage) arguments.push_back(argument.data());
+  for (int i = 1; i < argc; ++i) arguments.push_back(argv[i]);
+  return arguments;
+}
+
+absl::StatusOr<attnserve::ServerOptions> OptionsFromFlags() {
+  attnserve::ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.executors = absl::GetFlag(FLAGS_executors);
+  options.io_threads = absl::GetFlag(FLAGS_io_threads);
+  options.io_spin = absl::Microseconds(absl::GetFlag(FLAGS_io_spin_us));
+  options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  options.max_batch = absl::GetFlag(FLAGS_max_batch);
+  options.max_queue_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.max_client_resets_per_second =
+      absl::GetFlag(FLAGS_max_client_resets_per_second);
+  options.message_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
+  options.stream_idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_seconds));
+  options.accept_compressed_requests =
+      absl::GetFlag(FLAGS_accept_compressed_requests);
+  options.max_elements = absl::GetFlag(FLAGS_max_elements);
+  options.max_request_memory_bytes =
+      absl::GetFlag(FLAGS_max_request_memory_bytes);
+  options.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
+  const std::string kernel = absl::GetFlag(FLAGS_attention_kernel);
+  if (kernel == "fused") {
+    options.attention_kernel = attnserve::AttentionKernel::kAuto;
+  } else if (kernel == "unfused") {
+    options.attention_kernel = attnserve::AttentionKernel::kUnfused;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_kernel is \"", kernel, "\", expected fused or unfused"));
+  }
+  options.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
+  options.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
+  options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
+  options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  }
+  return options;
+}
+
+// 2 for a configuration that cannot work (a bad flag, budgets that do not fit
+// the memory limit), 1 for anything else (a port in use, an unreadable file).
+int ExitCodeFor(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kFailedPrecondition
+             ? 2
+             : 1;
+}
+
+}  // namespace
+
+// OpenMP's default wait policy has idle team threads spin between parallel
+// regions, which on shared cores starves gRPC's own threads: measured here, 64
+// calls in flight ran at 47 requests/s with spinning and ~800 without, and a
+// tiny call's p99 fell from 16 ms to 0.3 ms. libgomp reads OMP_WAIT_POLICY when
+// it loads, before main, so the process re-executes itself once with PASSIVE
+// unless the environment already chose (set ACTIVE on dedicated cores).
+void PreferPassiveOpenMpThreads(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  // The real path, not /proc/self/exe, so that the process keeps its name (ps,
+  // pkill).
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return;
+  path[length] = '\0';
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv(path, argv);
+  // Not re-executed: go on with the default policy.
+}
+
+// Has malloc keep what calls free for the next calls, in one arena, instead of
+// handing it back at once: gRPC's receive buffers for a 1 MB request were
+// fresh pages nearly every time (17-154 page faults a request; 2-14 % of the
+// throughput of small Attends under load). The server's trimmer still gives
+// free memory back once a second while calls end (malloc_trim), so RSS shows
+// what is in use; it can return only the main arena's top, hence one arena (the
+// threads that allocate much are few: io threads and executors). Before any
+// thread starts; the environment's malloc settings (GLIBC_TUNABLES, MALLOC_*_)
+// win.
+void KeepFreedMemoryForTheNextCalls() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr &&
+      std::strstr(tunables, "glibc.malloc.") != nullptr) {
+    return;
+  }
+  for (const char* name : {"MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_",
+                           "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
+    if (std::getenv(name) != nullptr) return;
+  }
+  mallopt(M_ARENA_MAX, 1);
+  // glibc's largest: 32 MiB on 64-bit hosts. Larger blocks are mapped afresh.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
+int main(int argc, char** argv) {
+  PreferPassiveOpenMpThreads(argv);
+  KeepFreedMemoryForTheNextCalls();
+  absl::SetProgramUsageMessage(
+      "Serves multi-head attention over gRPC. Every flag also reads "
+      "ATTNSERVE_<FLAG> from the "
+      "environment (the command line wins). Flags: --helpfull.");
+  std::vector<std::string> environment;
+  std::vector<char*> arguments =
+      ArgumentsWithEnvironment(argc, argv, &environment);
+  absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
+  attnserve::TerminationSignals signals;
+  // Debian builds Abseil without NDEBUG, so every absl::Mutex acquisition
+  // feeds a global lock-order graph (about 1 % of a busy server's CPU, under a
+  // global lock). The test suite keeps the check; the served binary does not.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  const absl::StatusOr<attnserve::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n",
+                 options.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
+      attnserve::AttnServer::Start(*options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", server.status().ToString().c_str());
+    return ExitCodeFor(server.status());
+  }
+  signals.Started();
+  std::printf("%s\n", (*server)->Describe().c_str());
+  std::printf("attnserve weights: %s\n",
+              absl::StrJoin((*server)->startup_weights(), ", ").c_str());
+  std::fflush(stdout);
+
+  const int signal_number = signals.Wait();
+  std::printf("attnserve: signal %d, draining\n", signal_number);
+  std::fflush(stdout);
+  (*server)->Shutdown();
+  std::printf("attnserve: drained, exiting\n");
+  return 0;
+}

@@ -1,0 +1,455 @@
+#include "attnserve/server/server.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <limits>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/server/attention/attention_service.h"
+#include "attnserve/server/attention/scheduler.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/call_gate.h"
+#include "attnserve/server/rpc/call_loop.h"
+#include "attnserve/server/rpc/credentials.h"
+#include "attnserve/server/rpc/health_service.h"
+#include "attnserve/server/rpc/memory_budget.h"
+#include "attnserve/server/rpc/reflection_service.h"
+#include "attnserve/server/weights/weights_loader.h"
+#include "attnserve/server/weights/weights_registry.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+
+namespace attnserve {
+namespace {
+
+// How long Shutdown waits for calls in flight before cancelling them.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
+
+// At the end of a drain: how long refusals are held so that the clients still
+// calling are all waiting on one, and how long gRPC's shutdown is given to stop
+// taking streams and send its GOAWAY before they are answered.
+constexpr absl::Duration kRefusalsHeld = absl::Milliseconds(200);
+constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
+
+// How often the server gives freed memory back to the system, if calls ended.
+constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
+
+absl::Status ValidateOptions(const ServerOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port is ", options.port, ", expected 0 to 65535"));
+  }
+  if (options.message_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message_timeout is ", absl::FormatDuration(options.message_timeout),
+        ", expected > 0"));
+  }
+  if (options.stream_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream_idle_timeout is ",
+        absl::FormatDuration(options.stream_idle_timeout), ", expected > 0"));
+  }
+  if (options.max_client_resets_per_second < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_client_resets_per_second is ",
+                     options.max_client_resets_per_second, ", expected >= 0"));
+  }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_streams is ",
+                     options.max_concurrent_streams, ", expected >= 1"));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads is ", options.threads, ", expected >= 0"));
+  }
+  if (options.max_message_bytes <= 0 ||
+      options.max_message_bytes > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes is ", options.max_message_bytes,
+                     ", expected 1 to 2147483647"));
+  }
+  const std::pair<const char*, int64_t> positive[] = {
+      {"executors", options.executors},
+      {"max_queue", options.max_queue},
+      {"max_batch", options.max_batch},
+      {"max_elements", options.max_elements},
+      {"max_request_memory_bytes", options.max_request_memory_bytes}};
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value, ", expected > 0"));
+    }
+  }
+  if (options.io_threads < 0 || options.io_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "io_threads is ", options.io_threads, ", expected 0 to 256"));
+  }
+  if (options.io_spin < absl::ZeroDuration() ||
+      options.io_spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "io_spin_us is ", absl::ToInt64Microseconds(options.io_spin),
+        ", expected 0 to 1000000"));
+  }
+  if (options.executors > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "executors is ", options.executors, ", expected at most 256"));
+  }
+  if (options.max_queue_delay < absl::ZeroDuration() ||
+      options.drain_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "max_queue_delay and drain_grace must not be negative");
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty() ||
+      (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty())) {
+    return absl::InvalidArgumentError(
+        "tls_cert_file and tls_key_file go together, and tls_client_ca_file "
+        "needs them");
+  }
+  if (options.metrics_port &&
+      (*options.metrics_port < 0 || *options.metrics_port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port is ", *options.metrics_port, ", expected 0 to 65535"));
+  }
+  // The memory budgets are checked by PlanMemory.
+  return absl::OkStatus();
+}
+
+SchedulerOptions SchedulingOf(const ServerOptions& options) {
+  SchedulerOptions scheduling;
+  scheduling.executors = options.executors;
+  scheduling.max_queue = options.max_queue;
+  scheduling.max_batch = options.max_batch;
+  scheduling.max_queue_delay = options.max_queue_delay;
+  return scheduling;
+}
+
+// Threads polling the call loop: --io_threads, or one per 8 of the cores the
+// compute spans (which follow OMP_NUM_THREADS, and so a container's CPU limit
+// through the image's entrypoint), 1 to 8.
+int IoThreads(const ServerOptions& options, const RuntimeInfo& runtime) {
+  if (options.io_threads > 0) return options.io_threads;
+  return std::clamp(runtime.threads * options.executors / 8, 1, 8);
+}
+
+// Threads of the /metrics endpoint, and how long one waits for a request.
+constexpr int kMetricsThreads = 8;
+constexpr absl::Duration kMetricsRequestTimeout = absl::Seconds(5);
+
+const std::string& MetricsAddress(const ServerOptions& options) {
+  return options.metrics_address.empty() ? options.address
+                                         : options.metrics_address;
+}
+
+// "host:port", with an IPv6 literal in brackets.
+std::string HostPort(const std::string& host, int port) {
+  return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
+                                      : absl::StrCat(host, ":", port);
+}
+
+class AttnServerImpl final : public AttnServer {
+ public:
+  // `options` carry the budgets `memory` planned.
+  AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
+                 const ServerOptions& options, const MemoryPlan& memory,
+                 RequestLimits limits, std::string bearer_token)
+      : options_(options),
+        memory_(memory),
+        engine_(std::move(engine)),
+        metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
+        budget_(memory.max_inflight_bytes - memory.transport_bytes),
+        registry_(options.max_weights_bytes),
+        io_threads_(IoThreads(options, engine_->runtime_info())),
+        gate_(std::move(bearer_token)),
+        scheduler_(SchedulingOf(options)),
+        service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
+                 &budget_, limits,
+                 std::make_shared<BytesPool>(options.buffer_pool_bytes)) {}
+
+  // Registers the demo weights and those of --weights_dir.
+  absl::Status LoadWeights(const ServerOptions& options) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        PutWeightsInto(registry_, DemoWeights()).status());
+    startup_weights_.push_back(kDemoWeightsName);
+    if (options.weights_dir.empty()) return absl::OkStatus();
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        std::vector<std::string> names,
+        LoadWeightsDir(options.weights_dir, options.max_weights_bytes,
+                       registry_));
+    for (const std::string& name : names) {
+      // A folder named demo replaces the built-in set; list it once.
+      if (name != kDemoWeightsName) startup_weights_.push_back(name);
+    }
+    return absl::OkStatus();
+  }
+
+  // Serves /metrics, if asked.
+  // The /metrics endpoint (civetweb, a thread per connection): enough threads
+  // that idle or slow connections leave some for Prometheus, and a timeout
+  // that drops a connection whose request has not arrived (a connection held
+  // open without one used to take a thread for civetweb's default 30 s; two
+  // such took both and every scrape timed out).
+  absl::Status ExposeMetrics(const ServerOptions& options) {
+    service_.RecordWeightsHeld();
+    if (!options.metrics_port) return absl::OkStatus();
+    const std::string address =
+        HostPort(MetricsAddress(options), *options.metrics_port);
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", address, "num_threads",
+          std::to_string(kMetricsThreads), "request_timeout_ms",
+          std::to_string(absl::ToInt64Milliseconds(kMetricsRequestTimeout))});
+    } catch (const std::exception& error) {
+      return absl::UnavailableError(absl::StrCat("could not serve metrics on ",
+                                                 address, ": ", error.what()));
+    }
+    exposer_->RegisterCollectable(metrics_.registry());
+    metrics_port_ = exposer_->GetListeningPorts().front();
+    return absl::OkStatus();
+  }
+
+  int metrics_port() const override { return metrics_port_; }
+
+  std::string Describe() const override {
+    return absl::StrCat(
+        "attnserve ", ATTNSERVE_VERSION, " listening on ",
+        HostPort(options_.address, port_), ", metrics ",
+        metrics_port_ > 0
+            ? absl::StrCat("on ",
+                           HostPort(MetricsAddress(options_), metrics_port_),
+                           "/metrics")
+            : "off",
+        "; ", engine_->runtime_info().Description(), ", ",
+        options_.attention_kernel == AttentionKernel::kAuto ? "fused"
+                                                            : "unfused",
+        " attention", "; max_message_bytes=", options_.max_message_bytes,
+        " max_workspace_bytes=", options_.max_workspace_bytes,
+        " max_weights_bytes=", options_.max_weights_bytes,
+        " buffer_pool_bytes=", options_.buffer_pool_bytes,
+        " max_inflight_bytes=", options_.max_inflight_bytes, " (",
+        memory_.transport_bytes, " for gRPC's buffers) of a memory limit of ",
+        memory_.limit.bytes, " (", memory_.limit.source, ")",
+        " max_elements=", options_.max_elements,
+        " max_request_memory_bytes=", options_.max_request_memory_bytes,
+        " max_concurrent_streams=", options_.max_concurrent_streams,
+        " max_client_resets_per_second=", options_.max_client_resets_per_second,
+        " compressed_requests=",
+        options_.accept_compressed_requests ? "on" : "off",
+        "; io_threads=", io_threads_,
+        " io_spin=", absl::FormatDuration(options_.io_spin),
+        " executors=", options_.executors, " max_queue=", options_.max_queue,
+        " max_batch=", options_.max_batch,
+        " max_queue_delay=", absl::FormatDuration(options_.max_queue_delay),
+        " drain_grace=", absl::FormatDuration(options_.drain_grace), "; tls=",
+        options_.tls_cert_file.empty()
+            ? "off"
+            : (options_.tls_client_ca_file.empty() ? "on" : "mutual"),
+        " auth_token=", options_.auth_token_file.empty() ? "off" : "on",
+        " weights_dir=",
+        options_.weights_dir.empty() ? "(none)" : options_.weights_dir);
+  }
+
+  const std::vector<std::string>& startup_weights() const override {
+    return startup_weights_;
+  }
+
+  ~AttnServerImpl() override { Shutdown(); }
+
+  absl::Status Listen(const ServerOptions& options) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::ServerCredentials> credentials,
+        ServerCredentialsFor(options));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(HostPort(options.address, options.port),
+                             credentials, &port_);
+    // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
+    // would start and silently take half the connections instead of failing.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.SetMaxReceiveMessageSize(
+        static_cast<int>(options.max_message_bytes));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_concurrent_streams);
+    if (!options.accept_compressed_requests) {
+      // Identity only: a compressed request is refused unread.
+      builder.AddChannelArgument(
+          GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+          1 << GRPC_COMPRESS_NONE);
+    } else {
+      // gRPC 1.51 would inflate a whole message before applying the size
+      // limit: the handlers inflate instead, with a bound (inflate.h).
+      builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
+    }
+    builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // The transport's share of the in-flight budget: under its pressure gRPC
+    // shrinks the flow-control windows it grants and resets new streams
+    // (ENHANCE_YOUR_CALM, which clients see as RESOURCE_EXHAUSTED), so that
+    // messages still arriving cannot grow without bound.
+    grpc::ResourceQuota quota("attnserve");
+    quota.Resize(static_cast<size_t>(memory_.transport_bytes));
+    builder.SetResourceQuota(quota);
+    loop_.SetBudget(&budget_);
+    loop_.SetResetGuard(&reset_guard_);
+    service_.AddTo(loop_);
+    health_.AddTo(loop_);
+    reflection_.AddTo(loop_);
+    loop_.AddTo(builder);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not listen on ", HostPort(options.address, options.port),
+          ": the address is in use or not local to this machine"));
+    }
+    loop_.Start(io_threads_, options_.io_spin,
+                [this](absl::Duration spun) { metrics_.IoSpun(spun); });
+    trimmer_ = std::thread([this] { TrimMemory(); });
+    health_.SetServing(true);
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+
+  void Shutdown() override {
+    absl::MutexLock lock(&shutdown_mutex_);
+    if (server_ == nullptr || shut_down_) return;
+    shut_down_ = true;
+    health_.SetServing(false);
+    absl::SleepFor(options_.drain_grace);
+    gate_.Close();
+    const absl::Time deadline = absl::Now() + kShutdownGrace;
+    scheduler_.WaitIdle(kShutdownGrace);
+    health_.Shutdown();  // Ends health watches, which would hold the server.
+    // The clients still calling get their next refusal only once gRPC has
+    // stopped taking streams (call_gate.h): the refusals are held for a
+    // moment, gRPC's shutdown starts (it waits for the held calls), then they
+    // are answered.
+    // Without calls refused since the gate closed, no client is calling.
+    if (gate_.refused_closed() == 0) {
+      server_->Shutdown(absl::ToChronoTime(deadline));
+    } else {
+      gate_.HoldRefusals();
+      absl::SleepFor(kRefusalsHeld);
+      std::thread stopping([this, deadline] {
+        server_->Shutdown(absl::ToChronoTime(deadline));
+      });
+      absl::SleepFor(kGoawayDelay);
+      gate_.ReleaseHeld();
+      stopping.join();
+    }
+    loop_.Shutdown();
+    {
+      absl::MutexLock trim_lock(&trim_mutex_);
+      stop_trimming_ = true;
+    }
+    if (trimmer_.joinable()) trimmer_.join();
+  }
+
+ private:
+  // Every kTrimPeriod in which calls ended, gives the memory malloc keeps free
+  // back to the system. Most allocations happen on the few io threads, and
+  // glibc keeps what a burst freed in their arenas (a storm of expired calls
+  // left 170 MB held, 34 MB in use): RSS should show what the server holds,
+  // for the container's memory limit and for leak checks. The attnserve binary
+  // also has malloc keep freed memory in one arena between trims (main.cc).
+  void TrimMemory() {
+    int64_t trimmed_at = 0;
+    while (true) {
+      {
+        absl::MutexLock lock(&trim_mutex_);
+        if (trim_mutex_.AwaitWithTimeout(absl::Condition(&stop_trimming_),
+                                         kTrimPeriod)) {
+          return;
+        }
+      }
+      metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
+                                 budget_.refused());
+      metrics_.SetResetClosures(reset_guard_.closed());
+      const int64_t ended = loop_.calls_ended();
+      if (ended == trimmed_at) continue;
+      trimmed_at = ended;
+      malloc_trim(0);
+    }
+  }
+
+  // Declared in the order they are built; destroyed in reverse: the exposer,
+  // the gRPC server and the loop (after Shutdown has answered every call), the
+  // services, the scheduler (its queue empty by then), the registry, the
+  // engine.
+  const ServerOptions options_;
+  const MemoryPlan memory_;
+  std::unique_ptr<AttentionEngine> engine_;
+  ServerMetrics metrics_;
+  MemoryBudget budget_;  // Calls in flight; outlives the loop and services.
+  ResetGuard reset_guard_{options_.max_client_resets_per_second};
+  WeightsRegistry registry_;
+  const int io_threads_;
+  std::vector<std::string> startup_weights_;
+  CallGate gate_;
+  Scheduler scheduler_;
+  AttentionServiceImpl service_;
+  HealthService health_{{v1::AttentionService::service_full_name()}};
+  ReflectionService reflection_{
+      &gate_,
+      {v1::AttentionService::service_full_name(), "grpc.health.v1.Health"}};
+  int port_ = 0;
+  CallLoop loop_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // Scrapes read metrics_.
+  int metrics_port_ = 0;
+  std::thread trimmer_;
+  absl::Mutex trim_mutex_;
+  bool stop_trimming_ ABSL_GUARDED_BY(trim_mutex_) = false;
+  absl::Mutex shutdown_mutex_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mutex_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
+    const ServerOptions& requested) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(requested));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const MemoryPlan memory,
+      PlanMemory(requested.max_weights_bytes, requested.buffer_pool_bytes,
+                 requested.max_inflight_bytes, ReadMemoryLimit()));
+  ServerOptions options = requested;
+  options.max_weights_bytes = memory.max_weights_bytes;
+  options.max_inflight_bytes = memory.max_inflight_bytes;
+  EngineOptions engine_options;
+  // Executors share the cores unless told otherwise.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  engine_options.num_threads = options.threads > 0 || options.executors == 1
+                                   ? options.threads
+                                   : std::max(1, cores / options.executors);
+  engine_options.max_workspace_bytes = options.max_workspace_bytes;
+  engine_options.kernel = options.attention_kernel;
+  engine_options.portable_kernels = options.portable_kernels;
+  ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
+                             AttentionEngine::Create(engine_options));
+  RequestLimits limits;
+  limits.max_message_bytes = options.max_message_bytes;
+  limits.max_elements = options.max_elements;
+  limits.max_request_memory_bytes = options.max_request_memory_bytes;
+  limits.max_workspace_bytes = options.max_workspace_bytes;
+  limits.message_timeout = options.message_timeout;
+  limits.accept_compressed_requests = options.accept_compressed_requests;
+  limits.stream_idle_timeout = options.stream_idle_timeout;
+  limits.engine = engine.get();
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
+  auto server = std::make_unique<AttnServerImpl>(
+      std::move(engine), options, memory, limits, std::move(token));
+  ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
+  ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
+  ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));
+  return server;
+}
+
+}  // namespace attnserve

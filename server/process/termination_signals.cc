@@ -1,0 +1,56 @@
+#include "attnserve/server/process/termination_signals.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace attnserve {
+
+TerminationSignals::TerminationSignals() {
+  sigemptyset(&signals_);
+  sigaddset(&signals_, SIGINT);
+  sigaddset(&signals_, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+  watcher_ = std::thread([this] { Watch(); });
+}
+
+TerminationSignals::~TerminationSignals() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  // Wakes the watcher if no signal came (main returning on an error).
+  if (!arrived_.HasBeenNotified())
+    pthread_kill(watcher_.native_handle(), SIGTERM);
+  watcher_.join();
+}
+
+void TerminationSignals::Started() {
+  absl::MutexLock lock(&mutex_);
+  started_ = true;
+}
+
+int TerminationSignals::Wait() {
+  arrived_.WaitForNotification();
+  absl::MutexLock lock(&mutex_);
+  return received_;
+}
+
+void TerminationSignals::Watch() {
+  int signal_number = 0;
+  while (sigwait(&signals_, &signal_number) != 0) {
+  }
+  absl::MutexLock lock(&mutex_);
+  if (stopping_) return;
+  if (!started_) {
+    std::fprintf(stderr, "attnserve: signal %d during start-up, exiting\n",
+                 signal_number);
+    std::fflush(stderr);
+    _exit(128 + signal_number);
+  }
+  received_ = signal_number;
+  arrived_.Notify();
+}
+
+}  // namespace attnserve

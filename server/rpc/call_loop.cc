@@ -1,0 +1,352 @@
+#include "attnserve/server/rpc/call_loop.h"
+
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/support/time.h"
+
+namespace attnserve {
+namespace internal {
+
+// One call, from the request for it to the end: the gRPC context and stream,
+// the tags of its operations, and its handler once it has arrived. Deletes
+// itself once the handler has finished and every operation has completed.
+class CallSlot {
+ public:
+  enum class Op { kArrive, kRead, kWrite, kFinish, kDone };
+
+  explicit CallSlot(CallLoop* loop) : loop_(loop) {
+    for (int i = 0; i < kOps; ++i) {
+      tags_[i] = Tag{this, static_cast<Op>(i)};
+    }
+    // gRPC delivers this tag when the call ends or is cancelled, and only for
+    // a call that has arrived.
+    context_.AsyncNotifyWhenDone(TagOf(Op::kDone));
+  }
+
+  // What the completion queue hands back.
+  struct Tag {
+    CallSlot* slot;
+    Op op;
+  };
+
+  void Request(grpc::AsyncGenericService& service,
+               grpc::ServerCompletionQueue* queue) {
+    pending_.fetch_add(0);  // Publishes the slot; see Complete.
+    service.RequestCall(&context_, &stream_, queue, queue, TagOf(Op::kArrive));
+  }
+
+  void Complete(Op op, bool ok) {
+    // Every operation is started after an update of `pending_` (Request,
+    // StartRead, StartWrite, Finish), and completes after it started: this
+    // load orders what the starting thread did to the call (the handler it
+    // made, the handler's state) before what this thread does, for the
+    // memory model and for TSan, not only through gRPC's (uninstrumented)
+    // completion queue.
+    pending_.load(std::memory_order_acquire);
+    bool cancel = false;
+    switch (op) {
+      case Op::kArrive:
+        if (!ok) {  // The server is shutting down; the call never came.
+          delete this;
+          return;
+        }
+        loop_->RequestCall();
+        loop_->CallArrived();
+        handler_ = loop_->MakeCall(context_, &hold_);
+        handler_->slot_ = this;
+        handler_->OnStart();
+        {
+          absl::MutexLock lock(&arrival_mutex_);
+          arrived_ = true;
+          cancel = cancel_waiting_;
+        }
+        if (cancel) handler_->OnCancel();
+        break;
+      case Op::kRead:
+        handler_->OnReadDone(ok);
+        break;
+      case Op::kWrite:
+        handler_->OnWriteDone(ok);
+        break;
+      case Op::kFinish:
+        break;
+      case Op::kDone:
+        if (context_.IsCancelled()) {
+          cancelled_.store(true);
+          loop_->CallCancelled(context_);
+          // Another thread may still be taking the arrival of this call.
+          absl::MutexLock lock(&arrival_mutex_);
+          cancel = arrived_;
+          cancel_waiting_ = !arrived_;
+        }
+        if (cancel) handler_->OnCancel();
+        break;
+    }
+    Release();
+  }
+
+  grpc::GenericServerContext& context() { return context_; }
+  bool cancelled() const { return cancelled_.load(); }
+
+  // Operations on a queue that has shut down would abort gRPC: they are not
+  // started (the loop has given up on the call by then; see Shutdown).
+  void StartRead(grpc::ByteBuffer* message) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(1);
+    stream_.Read(message, TagOf(Op::kRead));
+  }
+
+  void StartWrite(const grpc::ByteBuffer& message) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(1);
+    stream_.Write(message, TagOf(Op::kWrite));
+  }
+
+  // The finish operation carries the handler's count; the update of
+  // `pending_` publishes what the finishing thread (often an executor) did
+  // to the call, as for every operation (see Complete).
+  void Finish(const grpc::Status& status) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(0);
+    stream_.Finish(status, TagOf(Op::kFinish));
+  }
+
+  void FinishWithMessage(const grpc::ByteBuffer& message,
+                         const grpc::Status& status) {
+    absl::ReaderMutexLock lock(&loop_->queue_mutex_);
+    if (loop_->shut_down_) return;
+    pending_.fetch_add(0);
+    stream_.WriteAndFinish(message, grpc::WriteOptions(), status,
+                           TagOf(Op::kFinish));
+  }
+
+ private:
+  static constexpr int kOps = 5;
+
+  void* TagOf(Op op) { return &tags_[static_cast<int>(op)]; }
+
+  void Release() {
+    if (pending_.fetch_sub(1) != 1) return;
+    handler_->OnDone();
+    handler_.reset();
+    hold_.Reset();
+    loop_->CallEnded();
+    delete this;
+  }
+
+  CallLoop* const loop_;
+  Tag tags_[kOps];
+  grpc::GenericServerContext context_;
+  grpc::GenericServerAsyncReaderWriter stream_{&context_};
+  std::unique_ptr<ServerCall> handler_;  // Set on arrival.
+  MemoryBudget::Hold hold_;  // The call's share of the budget, from arrival.
+  // One count until the handler finishes, one until gRPC reports the call
+  // done, one for OnStart (released after it), during which the call may
+  // already finish on another thread; one per read or write in flight.
+  std::atomic<int> pending_{3};
+  std::atomic<bool> cancelled_{false};
+  // gRPC may hand one thread the call's cancellation while another takes its
+  // arrival: OnCancel then waits until OnStart has returned.
+  absl::Mutex arrival_mutex_;
+  bool arrived_ ABSL_GUARDED_BY(arrival_mutex_) = false;
+  bool cancel_waiting_ ABSL_GUARDED_BY(arrival_mutex_) = false;
+};
+
+}  // namespace internal
+
+namespace {
+
+// Answers a method the server does not serve, as gRPC would.
+class UnimplementedCall final : public ServerCall {
+ private:
+  void OnStart() override {
+    Finish(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("method ", context().method(),
+                     " is not served here; `attnctl services` lists those "
+                     "that are")));
+  }
+};
+
+// Answers a call the memory budget has no room for.
+class RefusedCall final : public ServerCall {
+ public:
+  explicit RefusedCall(grpc::Status status) : status_(std::move(status)) {}
+
+ private:
+  void OnStart() override { Finish(status_); }
+
+  const grpc::Status status_;
+};
+
+// Calls started in advance, so that a burst of arriving calls does not wait
+// for the loop to ask for each.
+constexpr int kCallsRequested = 32;
+
+// How long Shutdown waits for the handlers of cancelled calls to finish.
+constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
+
+}  // namespace
+
+bool DeadlinePassed(const grpc::ServerContextBase& context) {
+  const gpr_timespec deadline = context.raw_deadline();
+  return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
+}
+
+grpc::GenericServerContext& ServerCall::context() const {
+  return slot_->context();
+}
+
+bool ServerCall::cancelled() const { return slot_->cancelled(); }
+
+void ServerCall::StartRead(grpc::ByteBuffer* message) {
+  slot_->StartRead(message);
+}
+
+void ServerCall::StartWrite(const grpc::ByteBuffer& message) {
+  slot_->StartWrite(message);
+}
+
+void ServerCall::Finish(const grpc::Status& status) { slot_->Finish(status); }
+
+void ServerCall::FinishWithMessage(const grpc::ByteBuffer& message,
+                                   const grpc::Status& status) {
+  slot_->FinishWithMessage(message, status);
+}
+
+CallLoop::CallLoop() = default;
+
+CallLoop::~CallLoop() { Shutdown(); }
+
+void CallLoop::Handle(const std::string& method, Factory factory,
+                      Admission admission) {
+  methods_[method] = Method{std::move(factory), admission};
+}
+
+void CallLoop::AddTo(grpc::ServerBuilder& builder) {
+  builder.RegisterAsyncGenericService(&service_);
+  queue_ = builder.AddCompletionQueue();
+}
+
+void CallLoop::Start(int threads, absl::Duration spin, SpinObserver spun) {
+  for (int i = 0; i < kCallsRequested; ++i) RequestCall();
+  if (threads < 1) return;
+  threads_.emplace_back(
+      [this, spin, spun = std::move(spun)] { Poll(spin, spun); });
+  for (int i = 1; i < threads; ++i) threads_.emplace_back([this] { Poll(); });
+}
+
+void CallLoop::Shutdown() {
+  {
+    absl::ReaderMutexLock lock(&queue_mutex_);
+    if (queue_ == nullptr || shut_down_) return;
+  }
+  // The server has shut down, so every call has ended or been cancelled and
+  // its handler finishes promptly: the threads keep polling until then.
+  {
+    absl::MutexLock lock(&calls_mutex_);
+    calls_mutex_.AwaitWithTimeout(
+        absl::Condition(
+            +[](int* live) { return *live == 0; }, &live_calls_),
+        kFinishTimeout);
+  }
+  {
+    absl::WriterMutexLock lock(&queue_mutex_);
+    shut_down_ = true;
+    queue_->Shutdown();
+  }
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  Poll();  // Without threads (Start never called) the queue still needs it.
+}
+
+void CallLoop::CallArrived() {
+  absl::MutexLock lock(&calls_mutex_);
+  ++live_calls_;
+}
+
+void CallLoop::CallEnded() {
+  absl::MutexLock lock(&calls_mutex_);
+  --live_calls_;
+  ++calls_ended_;
+}
+
+void CallLoop::CallCancelled(const grpc::GenericServerContext& context) {
+  if (reset_guard_ == nullptr || DeadlinePassed(context)) return;
+  reset_guard_->ClientCancelled(context.peer());
+}
+
+void CallLoop::RequestCall() {
+  absl::ReaderMutexLock lock(&queue_mutex_);
+  if (shut_down_) return;
+  (new internal::CallSlot(this))->Request(service_, queue_.get());
+}
+
+std::unique_ptr<ServerCall> CallLoop::MakeCall(
+    const grpc::GenericServerContext& context, MemoryBudget::Hold* hold) const {
+  const auto found = methods_.find(context.method());
+  const Admission admission =
+      found == methods_.end() ? Admission::kBudgeted : found->second.admission;
+  if (budget_ != nullptr) {
+    if (admission == Admission::kAlways) {
+      *hold = budget_->TakeAlways(kBytesPerCall, context.peer());
+    } else {
+      absl::StatusOr<MemoryBudget::Hold> taken =
+          budget_->Take(kBytesPerCall, context.peer());
+      if (!taken.ok()) {
+        return std::make_unique<RefusedCall>(
+            grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         std::string(taken.status().message())));
+      }
+      *hold = *std::move(taken);
+    }
+  }
+  if (found == methods_.end()) return std::make_unique<UnimplementedCall>();
+  return found->second.factory();
+}
+
+void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::duration spin_for = absl::ToChronoNanoseconds(spin);
+  // Spinning pays while events come closer together than `spin`: it starts
+  // when one arrives within `spin` of the previous one's handling, and stops
+  // when `spin` passes without one (sparse traffic does not keep a core busy).
+  bool spin_pays = false;
+  bool spun_idle = false;  // Some of this idle time was spent polling.
+  Clock::time_point idle_since = Clock::now();
+  const auto report_spin = [&](Clock::time_point now) {
+    if (spun_idle && spun) spun(absl::FromChrono(now - idle_since));
+    spun_idle = false;
+  };
+  void* tag;
+  bool ok;
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    const bool spinning = spin_pays && now - idle_since < spin_for;
+    if (!spinning) report_spin(now);
+    // A deadline in the past polls once without sleeping.
+    const grpc::CompletionQueue::NextStatus status =
+        queue_->AsyncNext(&tag, &ok,
+                          spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC)
+                                   : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    if (status == grpc::CompletionQueue::SHUTDOWN) return;
+    if (status == grpc::CompletionQueue::TIMEOUT) {
+      spun_idle = true;
+      continue;
+    }
+    const Clock::time_point arrived = Clock::now();
+    report_spin(arrived);
+    spin_pays = arrived - idle_since < spin_for;
+    auto* done = static_cast<internal::CallSlot::Tag*>(tag);
+    done->slot->Complete(done->op, ok);
+    idle_since = Clock::now();
+  }
+}
+
+}  // namespace attnserve

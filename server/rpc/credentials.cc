@@ -1,0 +1,144 @@
+#include "attnserve/server/rpc/credentials.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "attnserve/common/files.h"
+#include "attnserve/common/status_macros.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace attnserve {
+namespace {
+
+// PEM bundles and tokens are kilobytes; a larger file is not one.
+constexpr int64_t kMaxCredentialFileBytes = 1 << 20;
+
+absl::StatusOr<std::string> ReadCredentialFile(const char* flag,
+                                               const std::string& path) {
+  absl::StatusOr<std::string> text =
+      ReadRegularFile(path, kMaxCredentialFileBytes);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("--", flag, ": ", text.status().message()));
+  }
+  return text;
+}
+
+struct BioFree {
+  void operator()(BIO* bio) const { BIO_free(bio); }
+};
+struct X509Free {
+  void operator()(X509* cert) const { X509_free(cert); }
+};
+struct KeyFree {
+  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
+};
+
+std::unique_ptr<BIO, BioFree> ReadOnlyBio(const std::string& pem) {
+  return std::unique_ptr<BIO, BioFree>(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
+  auto bio = ReadOnlyBio(pem);
+  std::unique_ptr<X509, X509Free> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  return cert;
+}
+
+// The checks gRPC would make only when the first client connects (or, for a
+// mismatched key, by failing to listen without saying why).
+absl::Status CheckTlsFiles(const ServerOptions& options,
+                           const std::string& cert_pem,
+                           const std::string& key_pem,
+                           const std::string* client_ca_pem) {
+  const std::unique_ptr<X509, X509Free> cert = FirstCertificate(cert_pem);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_cert: ", options.tls_cert_file,
+        " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  auto bio = ReadOnlyBio(key_pem);
+  const std::unique_ptr<EVP_PKEY, KeyFree> key(
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: ", options.tls_key_file,
+        " holds no unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"));
+  }
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: ", options.tls_key_file,
+        " does not match the certificate in --tls_cert ", options.tls_cert_file,
+        " (the first certificate of the chain must be the key's)"));
+  }
+  if (client_ca_pem != nullptr && FirstCertificate(*client_ca_pem) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_client_ca: ", options.tls_client_ca_file,
+        " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      std::string cert, ReadCredentialFile("tls_cert", options.tls_cert_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      std::string key, ReadCredentialFile("tls_key", options.tls_key_file));
+  const bool mutual = !options.tls_client_ca_file.empty();
+  grpc::SslServerCredentialsOptions ssl(
+      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (mutual) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        ssl.pem_root_certs,
+        ReadCredentialFile("tls_client_ca", options.tls_client_ca_file));
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckTlsFiles(
+      options, cert, key, mutual ? &ssl.pem_root_certs : nullptr));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::string> BearerTokenFor(const ServerOptions& options) {
+  if (options.auth_token_file.empty()) return std::string();
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      std::string text,
+      ReadCredentialFile("auth_token_file", options.auth_token_file));
+  const absl::string_view token = absl::StripAsciiWhitespace(text);
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_token_file: ", options.auth_token_file, " is empty"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--auth_token_file: %s holds byte 0x%02x at offset %d of its "
+          "token, expected one line of printable ASCII (a client sends the "
+          "token in an HTTP header)",
+          options.auth_token_file, c,
+          static_cast<int>(token.data() - text.data() + i)));
+    }
+  }
+  return std::string(token);
+}
+
+}  // namespace attnserve

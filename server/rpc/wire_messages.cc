@@ -1,0 +1,214 @@
+#include "attnserve/server/rpc/wire_messages.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/v1/attention.pb.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+
+namespace attnserve {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+
+constexpr int kTensorDataField = v1::Tensor::kDataFieldNumber;
+
+bool IsTensorField(const FieldDescriptor& field) {
+  return !field.is_repeated() &&
+         field.type() == FieldDescriptor::TYPE_MESSAGE &&
+         field.message_type() == v1::Tensor::descriptor();
+}
+
+// The message's Tensor fields that are set, with their field numbers.
+std::vector<std::pair<int, v1::Tensor*>> SetTensors(Message* message) {
+  std::vector<std::pair<int, v1::Tensor*>> tensors;
+  const google::protobuf::Descriptor* type = message->GetDescriptor();
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor& field = *type->field(i);
+    if (IsTensorField(field) && reflection->HasField(*message, &field)) {
+      tensors.emplace_back(field.number(),
+                           static_cast<v1::Tensor*>(
+                               reflection->MutableMessage(message, &field)));
+    }
+  }
+  return tensors;
+}
+
+// The data sizes of the Tensor fields of a `type` message that `wire` carries,
+// one entry per occurrence. Best effort: it stops at the first thing it cannot
+// read, and the parse then says what is wrong. The sizes are claims, not yet
+// checked: they only choose among strings the pool already holds.
+std::vector<std::pair<const FieldDescriptor*, uint32_t>> TensorDataSizes(
+    grpc::ByteBuffer* wire, const google::protobuf::Descriptor& type) {
+  std::vector<std::pair<const FieldDescriptor*, uint32_t>> sizes;
+  grpc::ProtoBufferReader reader(wire);
+  if (!reader.status().ok()) return sizes;
+  CodedInputStream in(&reader);
+  in.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  while (const uint32_t tag = in.ReadTag()) {
+    const FieldDescriptor* field =
+        type.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
+    if (field == nullptr || !IsTensorField(*field) ||
+        WireFormatLite::GetTagWireType(tag) !=
+            WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      if (!WireFormatLite::SkipField(&in, tag)) break;
+      continue;
+    }
+    uint32_t length = 0;
+    if (!in.ReadVarint32(&length)) break;
+    const CodedInputStream::Limit limit =
+        in.PushLimit(static_cast<int>(length));
+    while (const uint32_t inner = in.ReadTag()) {
+      if (inner ==
+          WireFormatLite::MakeTag(kTensorDataField,
+                                  WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+        uint32_t size = 0;
+        if (!in.ReadVarint32(&size)) break;
+        sizes.emplace_back(field, size);
+        if (!in.Skip(static_cast<int>(size))) break;
+      } else if (!WireFormatLite::SkipField(&in, inner)) {
+        break;
+      }
+    }
+    in.PopLimit(limit);
+  }
+  return sizes;
+}
+
+// A tensor's bytes on their way out: owned by the slice that refers to them,
+// given back to the pool when gRPC drops the slice.
+struct SentBytes {
+  std::string bytes;
+  std::shared_ptr<BytesPool> pool;
+
+  static void Release(void* sent) {
+    auto* self = static_cast<SentBytes*>(sent);
+    self->pool->Give(std::move(self->bytes));
+    delete self;
+  }
+};
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>(value | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+absl::Status SerializeError(const Message& message, const std::string& why) {
+  return absl::InternalError(absl::StrCat("could not serialise the ",
+                                          message.GetDescriptor()->full_name(),
+                                          " answer: ", why));
+}
+
+}  // namespace
+
+absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
+                       BytesPool* pool) {
+  const size_t bytes = wire->Length();
+  bool parsed = false;
+  bool seeded = false;  // Some tensor holds a kept string.
+  // A message under min_bytes carries no tensor worth a kept string.
+  if (pool != nullptr && bytes >= pool->min_bytes()) {
+    // Give each tensor the bytes carry a kept string that fits its data (a
+    // tensor the bytes carry is set after the parse in any case).
+    for (const auto& [field, size] :
+         TensorDataSizes(wire, *message->GetDescriptor())) {
+      if (size < pool->min_bytes()) continue;
+      auto* tensor = static_cast<v1::Tensor*>(
+          message->GetReflection()->MutableMessage(message, field));
+      if (tensor->data().capacity() < size) {
+        pool->Give(std::move(*tensor->mutable_data()));
+        *tensor->mutable_data() = pool->Take(size);
+      }
+      seeded = true;
+    }
+  }
+  {
+    grpc::ProtoBufferReader reader(wire);
+    if (reader.status().ok() && seeded) {
+      // Merging into the empty message is a parse that keeps those strings.
+      CodedInputStream in(&reader);
+      in.SetTotalBytesLimit(std::numeric_limits<int>::max());
+      // Stopping at an end-group tag is a valid merge but not a whole
+      // message, which a parse requires.
+      parsed = message->MergeFromCodedStream(&in) && in.ConsumedEntireMessage();
+    } else if (reader.status().ok()) {
+      parsed = message->ParseFromZeroCopyStream(&reader);
+    }
+  }
+  wire->Clear();
+  if (parsed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request is not a valid ", message->GetDescriptor()->full_name(),
+      ": its ", bytes,
+      " bytes could not be parsed (truncated, not protobuf wire format, or a "
+      "string field that is not UTF-8)"));
+}
+
+absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
+                           const std::shared_ptr<BytesPool>& pool) {
+  if (pool == nullptr) {
+    bool own_buffer = false;
+    const grpc::Status status = grpc::SerializationTraits<Message>::Serialize(
+        *message, wire, &own_buffer);
+    if (status.ok()) return absl::OkStatus();
+    return SerializeError(*message, status.error_message());
+  }
+  // Take the large tensors' data out, serialise the rest, then append each as
+  // its Tensor field again holding only `data`, by reference.
+  std::vector<std::pair<int, SentBytes*>> sent;
+  for (const auto& [number, tensor] : SetTensors(message)) {
+    if (tensor->data().size() < pool->min_bytes()) continue;
+    sent.emplace_back(number,
+                      new SentBytes{std::move(*tensor->mutable_data()), pool});
+  }
+  std::string head;
+  const bool serialised = message->SerializeToString(&head);
+  size_t total = head.size();
+  std::vector<grpc::Slice> slices;
+  slices.emplace_back(head);
+  for (const auto& [number, bytes] : sent) {
+    const size_t size = bytes->bytes.size();
+    std::string inner;  // The data field's tag and length.
+    AppendVarint(
+        WireFormatLite::MakeTag(kTensorDataField,
+                                WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+        &inner);
+    AppendVarint(size, &inner);
+    std::string header;  // The Tensor field's tag and length, then inner.
+    AppendVarint(WireFormatLite::MakeTag(
+                     number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+                 &header);
+    AppendVarint(inner.size() + size, &header);
+    header += inner;
+    total += header.size() + size;
+    slices.emplace_back(header);
+    slices.emplace_back(bytes->bytes.data(), size, &SentBytes::Release, bytes);
+  }
+  if (!serialised ||
+      total > static_cast<size_t>(std::numeric_limits<int>::max()))
+    return SerializeError(*message, "over 2 GiB");
+  grpc::ByteBuffer(slices.data(), slices.size()).Swap(wire);
+  return absl::OkStatus();
+}
+
+void GiveTensorBytes(Message* message, BytesPool* pool) {
+  for (const auto& [number, tensor] : SetTensors(message)) {
+    pool->Give(std::move(*tensor->mutable_data()));
+  }
+}
+
+}  // namespace attnserve

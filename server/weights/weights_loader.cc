@@ -1,0 +1,182 @@
+#include "attnserve/server/weights/weights_loader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/npy.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/proto/tensors.h"
+#include "attnserve/proto/weights_folder.h"
+#include "attnserve/server/attention/attention_service.h"
+
+namespace attnserve {
+namespace {
+
+v1::Tensor RandomTensor(std::vector<int64_t> shape, float bound,
+                        std::mt19937_64& generator) {
+  std::uniform_real_distribution<float> distribution(-bound, bound);
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& value : values) value = distribution(generator);
+  return MakeFloat32Tensor(shape, values);
+}
+
+absl::StatusOr<v1::Tensor> NpyToTensor(NpyArray array,
+                                       const std::string& path) {
+  v1::Tensor tensor;
+  tensor.mutable_shape()->Assign(array.shape.begin(), array.shape.end());
+  switch (array.dtype) {
+    case NpyDType::kFloat32:
+      tensor.set_dtype(v1::FLOAT32);
+      tensor.set_data(std::move(array.data));
+      return tensor;
+    case NpyDType::kFloat16:
+      tensor.set_dtype(v1::FLOAT16);
+      tensor.set_data(std::move(array.data));
+      return tensor;
+    case NpyDType::kFloat64: {
+      const size_t count = array.data.size() / sizeof(double);
+      std::vector<float> values(count);
+      for (size_t i = 0; i < count; ++i) {
+        double value;
+        std::memcpy(&value, array.data.data() + i * sizeof(double),
+                    sizeof(double));
+        values[i] = static_cast<float>(value);
+      }
+      tensor.set_dtype(v1::FLOAT32);
+      tensor.set_data(reinterpret_cast<const char*>(values.data()),
+                      count * sizeof(float));
+      return tensor;
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          " holds integers or booleans, expected float32, float16 or float64"));
+  }
+}
+
+// OK if `path` is a folder or regular file, or a symbolic link that resolves to
+// one inside `root` (a canonical path): how Kubernetes mounts a volume, with
+// links through `..data`. A link out of the folder, or to anything else, fails
+// start-up naming the path, never what it points at.
+absl::Status CheckStaysInside(const std::filesystem::path& root,
+                              const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::file_status link =
+      std::filesystem::symlink_status(path, error);
+  if (!error && link.type() != std::filesystem::file_type::symlink) {
+    if (std::filesystem::is_directory(link) ||
+        std::filesystem::is_regular_file(link)) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), " is not a folder or a regular file (--weights_dir)"));
+  }
+  const std::filesystem::path target = std::filesystem::canonical(path, error);
+  const std::string inside = root.string() + "/";
+  if (error || target.string().rfind(inside, 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(),
+                     " is a symbolic link that does not resolve inside "
+                     "--weights_dir; expected folders and regular files"));
+  }
+  return CheckStaysInside(root, target);
+}
+
+// The folders of `directory`, skipping hidden entries (Kubernetes' ..data),
+// each checked with everything in it by CheckStaysInside.
+absl::StatusOr<std::vector<std::string>> WeightsFolders(
+    const std::string& directory) {
+  std::error_code error;
+  const std::filesystem::path root =
+      std::filesystem::canonical(directory, error);
+  std::vector<std::string> folders;
+  if (!error) {
+    for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+      if (entry.path().filename().string().rfind('.', 0) == 0) continue;
+      ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, entry.path()));
+      if (!entry.is_directory()) continue;
+      for (const auto& file :
+           std::filesystem::directory_iterator(entry.path(), error)) {
+        ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, file.path()));
+      }
+      folders.push_back(entry.path().string());
+    }
+  }
+  if (error) {
+    return absl::NotFoundError(absl::StrCat(
+        "--weights_dir ", directory, " cannot be read: ", error.message()));
+  }
+  std::sort(folders.begin(), folders.end());
+  return folders;
+}
+
+}  // namespace
+
+v1::PutWeightsRequest DemoWeights() {
+  constexpr int64_t kEmbed = 64, kHeads = 8, kHeadDim = 8;
+  std::mt19937_64 generator(20261130);
+  const float bound =
+      1.0f / std::sqrt(static_cast<float>(kEmbed));  // nn.Linear's init range.
+  v1::PutWeightsRequest request;
+  request.set_name(kDemoWeightsName);
+  v1::ProjectionWeights& w = *request.mutable_weights();
+  w.set_num_heads(kHeads);
+  w.set_num_kv_heads(kHeads);
+  *w.mutable_w_q() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_k() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_v() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_o() =
+      RandomTensor({kEmbed, kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_q() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_k() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_v() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_o() = RandomTensor({kEmbed}, bound, generator);
+  return request;
+}
+
+absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
+    const std::string& folder, int64_t max_file_bytes) {
+  v1::PutWeightsRequest request;
+  request.set_name(std::filesystem::path(folder).filename().string());
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      *request.mutable_weights(),
+      ReadWeightsFolderWith(
+          folder,
+          [max_file_bytes](
+              const std::string& path) -> absl::StatusOr<v1::Tensor> {
+            ATTNSERVE_ASSIGN_OR_RETURN(NpyArray array,
+                                       ReadNpyFile(path, max_file_bytes));
+            return NpyToTensor(std::move(array), path);
+          }));
+  return request;
+}
+
+absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
+    const std::string& directory, int64_t max_file_bytes,
+    WeightsRegistry& registry) {
+  ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<std::string> folders,
+                             WeightsFolders(directory));
+  std::vector<std::string> names;
+  for (const std::string& folder : folders) {
+    absl::StatusOr<v1::PutWeightsRequest> request =
+        ReadWeightsFolder(folder, max_file_bytes);
+    absl::Status status = request.status();
+    if (status.ok()) status = PutWeightsInto(registry, *request).status();
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("weights folder ", folder,
+                                                      ": ", status.message()));
+    }
+    names.push_back(request->name());
+  }
+  return names;
+}
+
+}  // namespace attnserve

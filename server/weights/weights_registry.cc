@@ -1,0 +1,168 @@
+#include "attnserve/server/weights/weights_registry.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+
+namespace attnserve {
+namespace {
+
+std::vector<float> ToVector(const v1::Tensor& tensor) {
+  std::vector<float> storage;
+  const absl::Span<const float> values = FloatElements(tensor, &storage);
+  if (storage.empty()) storage.assign(values.begin(), values.end());
+  return storage;
+}
+
+absl::Span<const float> View(const std::vector<float>& values) {
+  return values;
+}
+
+}  // namespace
+
+int64_t WeightSet::BytesFor(const WeightsShape& s,
+                            const v1::ProjectionWeights& w) {
+  const int64_t q = s.heads * s.key_dim, k = s.kv_heads * s.key_dim,
+                v = s.kv_heads * s.value_dim;
+  int64_t floats = q * s.embed_dim + (k + v) * s.kv_embed_dim +
+                   s.embed_dim * s.heads * s.value_dim;
+  const bool qkv_bias = w.has_b_q() || w.has_b_k() || w.has_b_v();
+  floats += (w.has_b_q() ? q : 0) + (w.has_b_k() ? k : 0) +
+            (w.has_b_v() ? v : 0) + (w.has_b_o() ? s.embed_dim : 0);
+  if (s.embed_dim == s.kv_embed_dim) {
+    // The stacked copy for the fused projection, and its stacked bias.
+    floats += (q + k + v) * s.embed_dim + (qkv_bias ? q + k + v : 0);
+  }
+  return floats * int64_t{sizeof(float)};
+}
+
+std::shared_ptr<const WeightSet> WeightSet::FromProto(
+    const v1::ProjectionWeights& w, const WeightsShape& shape) {
+  auto set = std::make_shared<WeightSet>();
+  set->shape_ = shape;
+  set->w_q_ = ToVector(w.w_q());
+  set->w_k_ = ToVector(w.w_k());
+  set->w_v_ = ToVector(w.w_v());
+  set->w_o_ = ToVector(w.w_o());
+  if (w.has_b_q()) set->b_q_ = ToVector(w.b_q());
+  if (w.has_b_k()) set->b_k_ = ToVector(w.b_k());
+  if (w.has_b_v()) set->b_v_ = ToVector(w.b_v());
+  if (w.has_b_o()) set->b_o_ = ToVector(w.b_o());
+  set->has_bias_ = w.has_b_q() || w.has_b_k() || w.has_b_v() || w.has_b_o();
+  ProjectionWeights& views = set->views_;
+  views.w_q = View(set->w_q_);
+  views.w_k = View(set->w_k_);
+  views.w_v = View(set->w_v_);
+  views.w_o = View(set->w_o_);
+  views.b_q = View(set->b_q_);
+  views.b_k = View(set->b_k_);
+  views.b_v = View(set->b_v_);
+  views.b_o = View(set->b_o_);
+  if (shape.embed_dim == shape.kv_embed_dim) {
+    // Self-attention projects Q, K and V in one GEMM over the stacked rows.
+    for (const std::vector<float>* part :
+         {&set->w_q_, &set->w_k_, &set->w_v_}) {
+      set->w_qkv_.insert(set->w_qkv_.end(), part->begin(), part->end());
+    }
+    views.w_qkv = View(set->w_qkv_);
+    if (w.has_b_q() || w.has_b_k() || w.has_b_v()) {
+      const int64_t rows[3] = {shape.heads * shape.key_dim,
+                               shape.kv_heads * shape.key_dim,
+                               shape.kv_heads * shape.value_dim};
+      const std::vector<float>* parts[3] = {&set->b_q_, &set->b_k_, &set->b_v_};
+      for (int i = 0; i < 3; ++i) {
+        if (parts[i]->empty()) {
+          set->b_qkv_.insert(set->b_qkv_.end(), static_cast<size_t>(rows[i]),
+                             0.0f);
+        } else {
+          set->b_qkv_.insert(set->b_qkv_.end(), parts[i]->begin(),
+                             parts[i]->end());
+        }
+      }
+      views.b_qkv = View(set->b_qkv_);
+    }
+  }
+  set->bytes_ = BytesFor(shape, w);
+  return set;
+}
+
+absl::Status WeightsRegistry::CheckCapacity(const std::string& name,
+                                            int64_t bytes) const {
+  absl::ReaderMutexLock lock(&mutex_);
+  return CheckCapacityLocked(name, bytes);
+}
+
+absl::Status WeightsRegistry::CheckCapacityLocked(const std::string& name,
+                                                  int64_t bytes) const {
+  const auto existing = entries_.find(name);
+  const int64_t freed =
+      existing == entries_.end() ? 0 : existing->second.weights->bytes();
+  if (total_bytes_ - freed + bytes <= max_total_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "weights '", name, "' need ", bytes, " bytes; the registry holds ",
+      total_bytes_, " of its --max_weights_bytes limit of ", max_total_bytes_));
+}
+
+absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Put(
+    const std::string& name, std::shared_ptr<const WeightSet> weights) {
+  absl::MutexLock lock(&mutex_);
+  const absl::Status capacity = CheckCapacityLocked(name, weights->bytes());
+  if (!capacity.ok()) return capacity;
+  Entry& entry = entries_[name];
+  if (entry.weights != nullptr) total_bytes_ -= entry.weights->bytes();
+  total_bytes_ += weights->bytes();
+  entry.weights = std::move(weights);
+  entry.version = ++last_version_;
+  return entry;
+}
+
+absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Get(
+    const std::string& name) const {
+  absl::ReaderMutexLock lock(&mutex_);
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("weights_name '", name,
+                     "' is not registered (ListWeights shows the names)"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Delete(
+    const std::string& name) {
+  absl::MutexLock lock(&mutex_);
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("name '", name, "' is not registered"));
+  }
+  Entry entry = std::move(it->second);
+  entries_.erase(it);
+  total_bytes_ -= entry.weights->bytes();
+  return entry;
+}
+
+WeightsRegistry::Listing WeightsRegistry::List() const {
+  absl::ReaderMutexLock lock(&mutex_);
+  return {{entries_.begin(), entries_.end()}, total_bytes_};
+}
+
+v1::WeightsInfo DescribeWeights(const std::string& name,
+                                const WeightsRegistry::Entry& entry) {
+  const WeightsShape& s = entry.weights->shape();
+  v1::WeightsInfo info;
+  info.set_name(name);
+  info.set_version(entry.version);
+  info.set_bytes(entry.weights->bytes());
+  info.set_num_heads(s.heads);
+  info.set_num_kv_heads(s.kv_heads);
+  info.set_embed_dim(s.embed_dim);
+  info.set_kv_embed_dim(s.kv_embed_dim);
+  info.set_key_dim(s.key_dim);
+  info.set_value_dim(s.value_dim);
+  info.set_has_bias(entry.weights->has_bias());
+  return info;
+}
+
+}  // namespace attnserve

@@ -36,7 +36,7 @@ const FLAG_DEFAULTS = {
   port: "50051",
   metrics_port: "9464",
   executors: "1",
-  max_batch: "8",
+  max_batch: "1",
   max_queue: "1024",
   max_message_bytes: String(64 * 2 ** 20),
   max_request_memory_bytes: String(4 * 2 ** 30),

@@ -45,7 +45,7 @@ struct Tile {
   int64_t qn;
   int64_t group;  // query heads per kv head
   int64_t rows;   // group · qn
-  int plan;       // 0: a full tile's matmuls; 1: the last query block's
+  int plan;       // 0: a full tile's matmuls; 1: a shorter last tile's
 
   int64_t Head(int64_t r) const { return kv_head * group + r / qn; }
   int64_t Query(int64_t r) const { return q0 + r % qn; }

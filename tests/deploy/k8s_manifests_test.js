@@ -28,9 +28,9 @@ const MODEL_MODULES = {
 };
 
 // After SIGTERM attnserve keeps taking calls for --drain_grace_seconds, then lets work in
-// flight finish for at most this long (server/server.cc kShutdownGrace) and exits.
+// flight finish for at most this long (kShutdownGrace in server/process/server.cc) and exits.
 const IN_FLIGHT_GRACE_SECONDS = 30;
-// attnserve's flag defaults (server/main.cc), for flags the flag file leaves out.
+// attnserve's flag defaults (server/process/main.cc), for flags the flag file leaves out.
 const FLAG_DEFAULTS = {
   address: "0.0.0.0",
   port: "50051",
@@ -46,7 +46,7 @@ const FLAG_DEFAULTS = {
   drain_grace_seconds: "5",
 };
 // Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC state
-// (server/memory_budget.h kProcessOverheadBytes).
+// (kProcessOverheadBytes in server/include/attnserve/server/rpc/memory_budget.h).
 const BASE_MEMORY_BYTES = 256 * 2 ** 20;
 const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
 

@@ -8,7 +8,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "attnserve/server/attention/attention_compute.h"
 #include "attnserve/server/rpc/grpc_status.h"
 #include "attnserve/server/rpc/inflate.h"
 #include "attnserve/server/rpc/wire_messages.h"
@@ -60,8 +59,8 @@ class AttendStreamCall final : public ServerCall {
     }
     auto slot = std::make_shared<Slot>();
     slot->started = absl::Now();
-    deps_.metrics->CallStarted(Rpc::kAttendStream,
-                               static_cast<int64_t>(incoming_.Length()));
+    deps_.compute.metrics->CallStarted(
+        Rpc::kAttendStream, static_cast<int64_t>(incoming_.Length()));
     // A message that is not an AttendRequest, that inflates past the message
     // limit, or that the memory budget has no room for, fails only its own
     // answer.
@@ -123,59 +122,52 @@ class AttendStreamCall final : public ServerCall {
     MemoryBudget::Hold hold;  // Given back when the slot goes, once written.
   };
 
-  // Runs the request on the executor; its answer becomes ready when done.
-  void Compute(std::shared_ptr<Slot> slot, AttendWork work) {
-    const absl::Time submitted = absl::Now();
-    deps_.metrics->Enqueued();
-    const absl::Status queued =
-        deps_.scheduler->Submit(std::make_unique<FunctionJob>(
-            [this, slot, submitted, work = std::move(work)] {
-              const absl::Time started = absl::Now();
-              deps_.metrics->Dequeued(Rpc::kAttendStream, started - submitted);
-              v1::AttendResponse* response = slot->answer.mutable_response();
-              response->mutable_timing()->set_queue_us(
-                  absl::ToInt64Microseconds(started - submitted));
-              absl::Status status;
-              if (cancelled()) {
-                status = absl::CancelledError(
-                    "the stream was cancelled before this compute started");
-              } else {
-                status =
-                    ComputeAttend(*deps_.engine, work, slot->request, response);
-                const absl::Duration elapsed = absl::Now() - started;
-                response->mutable_timing()->set_compute_us(
-                    absl::ToInt64Microseconds(elapsed));
-                deps_.metrics->Computed(
-                    Rpc::kAttendStream, elapsed, 1,
-                    status.ok() ? AttentionFlops(work.shape.Dims(),
-                                                 work.plan.options.causal)
-                                : 0.0);
-              }
-              Resolve(*slot, status);
-              // The count drops inside Advance's critical section: once it is 0
-              // another thread may finish the call and free this handler, so
-              // nothing may touch `this` after that section.
-              Advance(/*computes_done=*/1);
-            }));
-    if (!queued.ok()) {
-      deps_.metrics->Dequeued(Rpc::kAttendStream, absl::ZeroDuration());
-      Resolve(*slot, queued);
-      Advance(/*computes_done=*/1);
+  // A message's side of its compute job.
+  class SlotCaller final : public ComputeCaller {
+   public:
+    SlotCaller(AttendStreamCall* stream, std::shared_ptr<Slot> slot)
+        : stream_(stream), slot_(std::move(slot)) {}
+
+    absl::Status StillWanted() const override {
+      if (!stream_->cancelled()) return absl::OkStatus();
+      return absl::CancelledError(
+          "the stream was cancelled before this compute started");
     }
+
+    void Computed(const absl::Status& status) override {
+      stream_->Resolve(*slot_, status);
+      // The count drops inside Advance's critical section: once it is 0
+      // another thread may finish the call and free the stream, so nothing
+      // may touch it after that section.
+      stream_->Advance(/*computes_done=*/1);
+    }
+
+   private:
+    AttendStreamCall* const stream_;
+    const std::shared_ptr<Slot> slot_;
+  };
+
+  // Runs the request through the compute path unary Attends take (batched
+  // with them where alike); its answer becomes ready when done.
+  void Compute(std::shared_ptr<Slot> slot, AttendWork work) {
+    v1::AttendResponse* response = slot->answer.mutable_response();
+    const v1::AttendRequest* request = &slot->request;
+    const absl::Time started = slot->started;
+    ComputeJob::Submit(ComputeJob::ForAttend(
+        deps_.compute, Rpc::kAttendStream,
+        std::make_shared<SlotCaller>(this, std::move(slot)), started,
+        std::move(work), request, response));
   }
 
   // Fills the slot's answer with `status` (keeping the response if OK), records
   // it, marks it ready.
   void Resolve(Slot& slot, const absl::Status& status) {
-    if (status.ok()) {
-      slot.answer.mutable_response()->mutable_timing()->set_server_us(
-          absl::ToInt64Microseconds(absl::Now() - slot.started));
-    } else {
+    if (!status.ok()) {
       slot.answer.clear_response();
       slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));
       slot.answer.mutable_error()->set_message(std::string(status.message()));
     }
-    deps_.metrics->CallFinished(
+    deps_.compute.metrics->CallFinished(
         Rpc::kAttendStream, status.code(), absl::Now() - slot.started,
         status.ok() ? static_cast<int64_t>(slot.answer.ByteSizeLong()) : 0);
     absl::MutexLock lock(&mutex_);

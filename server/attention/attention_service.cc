@@ -9,7 +9,6 @@
 #include "absl/time/time.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
-#include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attend_stream.h"
 #include "attnserve/server/attention/attention_compute.h"
 #include "attnserve/server/metrics/metrics.h"
@@ -20,108 +19,35 @@
 
 namespace attnserve {
 
-// A unary call's compute, run alone.
-class AttentionServiceImpl::UnaryJob final : public Job {
+// A unary call's side of its compute job.
+class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
  public:
-  UnaryJob(const AttentionServiceImpl* service, const Call& call, double flops,
-           v1::ServerTiming* timing, google::protobuf::Message* response,
-           absl::AnyInvocable<absl::Status() &&> compute)
-      : service_(service),
-        call_(call),
-        flops_(flops),
-        timing_(timing),
-        response_(response),
-        compute_(std::move(compute)) {}
+  UnaryCaller(const AttentionServiceImpl* service, const Call& call,
+              google::protobuf::Message* response)
+      : service_(service), call_(call), response_(response) {}
 
-  void Run(absl::Span<Job* const> /*batch*/) override {
-    absl::Status status = service_->Dequeue(call_, enqueued(), timing_);
-    if (status.ok()) {
-      const absl::Time started = absl::Now();
-      status = std::move(compute_)();
-      const absl::Duration elapsed = absl::Now() - started;
-      timing_->set_compute_us(absl::ToInt64Microseconds(elapsed));
-      service_->metrics_->Computed(call_.rpc, elapsed, 1,
-                                   status.ok() ? flops_ : 0.0);
+  // A passed deadline also cancels the call: it is checked first, so that the
+  // metrics tell the two apart.
+  absl::Status StillWanted() const override {
+    if (DeadlinePassed(call_.handler->context())) {
+      return absl::DeadlineExceededError(
+          "the deadline passed before the compute started");
     }
-    timing_->set_server_us(
-        absl::ToInt64Microseconds(absl::Now() - call_.started));
+    if (call_.handler->cancelled()) {
+      return absl::CancelledError(
+          "the call was cancelled before its compute started");
+    }
+    return absl::OkStatus();
+  }
+
+  void Computed(const absl::Status& status) override {
     service_->Finish(call_, status, response_);
   }
 
  private:
   const AttentionServiceImpl* const service_;
   const Call call_;
-  const double flops_;
-  v1::ServerTiming* const timing_;
   google::protobuf::Message* const response_;
-  absl::AnyInvocable<absl::Status() &&> compute_;
-};
-
-// An Attend call's compute, which may share a batch with others alike.
-class AttentionServiceImpl::AttendJob final : public Job {
- public:
-  AttendJob(const AttentionServiceImpl* service, const Call& call,
-            AttendWork work, const v1::AttendRequest* request,
-            v1::AttendResponse* response, bool batching, bool runs_inline)
-      : service_(service),
-        call_(call),
-        work_(std::move(work)),
-        request_(request),
-        response_(response),
-        key_(batching ? AttendBatchKey(*service->engine_, *request, work_)
-                      : ""),
-        runs_inline_(runs_inline) {}
-
-  const std::string& batch_key() const override { return key_; }
-  bool runs_inline() const override { return runs_inline_; }
-
-  void Run(absl::Span<Job* const> batch) override {
-    std::vector<AttendJob*> live;
-    std::vector<AttendBatchItem> items;
-    for (Job* job : batch) {
-      auto* attend = static_cast<AttendJob*>(job);
-      const absl::Status admitted =
-          service_->Dequeue(attend->call_, attend->enqueued(),
-                            attend->response_->mutable_timing());
-      if (!admitted.ok()) {
-        service_->Finish(attend->call_, admitted, attend->response_);
-        continue;
-      }
-      live.push_back(attend);
-      items.push_back({&attend->work_, attend->request_, attend->response_});
-    }
-    if (live.empty()) return;
-    const absl::Time started = absl::Now();
-    const absl::Status status =
-        live.size() == 1 ? ComputeAttend(*service_->engine_, live[0]->work_,
-                                         *live[0]->request_, live[0]->response_)
-                         : ComputeAttendBatch(*service_->engine_, items);
-    const absl::Duration elapsed = absl::Now() - started;
-    double flops = 0;
-    for (const AttendJob* attend : live) {
-      flops += AttentionFlops(attend->work_.shape.Dims(),
-                              attend->work_.plan.options.causal);
-    }
-    service_->metrics_->Computed(Rpc::kAttend, elapsed,
-                                 static_cast<int>(live.size()),
-                                 status.ok() ? flops : 0.0);
-    for (AttendJob* attend : live) {
-      attend->response_->mutable_timing()->set_compute_us(
-          absl::ToInt64Microseconds(elapsed));
-      attend->response_->mutable_timing()->set_server_us(
-          absl::ToInt64Microseconds(absl::Now() - attend->call_.started));
-      service_->Finish(attend->call_, status, attend->response_);
-    }
-  }
-
- private:
-  const AttentionServiceImpl* const service_;
-  const Call call_;
-  const AttendWork work_;
-  const v1::AttendRequest* const request_;
-  v1::AttendResponse* const response_;
-  const std::string key_;
-  const bool runs_inline_;
 };
 
 AttentionServiceImpl::AttentionServiceImpl(
@@ -136,6 +62,7 @@ AttentionServiceImpl::AttentionServiceImpl(
       budget_(budget),
       limits_(limits),
       pool_(std::move(pool)),
+      compute_{metrics, engine, scheduler},
       watchdog_(limits_.message_timeout),
       stream_watchdog_(limits_.stream_idle_timeout) {}
 
@@ -245,13 +172,12 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                &AttentionServiceImpl::ServeListWeights);
   HandleMethod(loop, "DeleteWeights", Rpc::kDeleteWeights,
                &AttentionServiceImpl::ServeDeleteWeights);
-  loop.Handle(
-      absl::StrCat("/", v1::AttentionService::service_full_name(),
-                   "/AttendStream"),
-      [this] {
-        return MakeAttendStreamCall({metrics_, engine_, scheduler_, gate_,
-                                     budget_, limits_, &stream_watchdog_});
-      });
+  loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
+                           "/AttendStream"),
+              [this] {
+                return MakeAttendStreamCall(
+                    {compute_, gate_, budget_, limits_, &stream_watchdog_});
+              });
 }
 
 template <typename Request, typename Response>
@@ -289,35 +215,6 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
   call.handler->Answer(ToGrpcStatus(answer));
 }
 
-void AttentionServiceImpl::Enqueue(const Call& call, std::unique_ptr<Job> job,
-                                   google::protobuf::Message* response) {
-  metrics_->Enqueued();
-  const absl::Status queued = scheduler_->Submit(std::move(job));
-  if (!queued.ok()) {
-    metrics_->Dequeued(call.rpc, absl::ZeroDuration());
-    Finish(call, queued, response);
-  }
-}
-
-absl::Status AttentionServiceImpl::Dequeue(const Call& call,
-                                           absl::Time enqueued,
-                                           v1::ServerTiming* timing) const {
-  const absl::Duration waited = absl::Now() - enqueued;
-  metrics_->Dequeued(call.rpc, waited);
-  timing->set_queue_us(absl::ToInt64Microseconds(waited));
-  // A passed deadline also cancels the call: it is checked first, so that the
-  // metrics tell the two apart.
-  if (DeadlinePassed(call.handler->context())) {
-    return absl::DeadlineExceededError(
-        "the deadline passed before the compute started");
-  }
-  if (call.handler->cancelled()) {
-    return absl::CancelledError(
-        "the call was cancelled before its compute started");
-  }
-  return absl::OkStatus();
-}
-
 void AttentionServiceImpl::ServeAttend(const Call& call,
                                        const v1::AttendRequest& request,
                                        v1::AttendResponse* response) {
@@ -325,20 +222,11 @@ void AttentionServiceImpl::ServeAttend(const Call& call,
   if (!work.ok()) return Finish(call, work.status(), response);
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return Finish(call, held, response);
-  const SchedulerOptions& scheduling = scheduler_->options();
-  const bool batching = scheduling.max_batch > 1;
-  // A call the engine runs on one thread anyway runs here when an executor is
-  // idle, unless it should wait for batch partners.
-  const bool runs_inline =
-      engine_->AttendRunsOnCallingThread(work->shape) &&
-      (!batching || scheduling.max_queue_delay <= absl::ZeroDuration());
   SeedOutput(work->shape.OutputElements(), work->plan.output_dtype,
              response->mutable_output());
-  return Enqueue(
-      call,
-      std::make_unique<AttendJob>(this, call, *std::move(work), &request,
-                                  response, batching, runs_inline),
-      response);
+  ComputeJob::Submit(ComputeJob::ForAttend(
+      compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
+      call.started, *std::move(work), &request, response));
 }
 
 void AttentionServiceImpl::ServeMultiHeadAttention(
@@ -393,11 +281,9 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
     return ComputeMultiHead(*engine_, work, inline_weights.views(), *request,
                             response);
   };
-  return Enqueue(
-      call,
-      std::make_unique<UnaryJob>(this, call, flops, response->mutable_timing(),
-                                 response, std::move(compute)),
-      response);
+  ComputeJob::Submit(ComputeJob::Alone(
+      compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
+      call.started, flops, response->mutable_timing(), std::move(compute)));
 }
 
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(

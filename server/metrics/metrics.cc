@@ -235,12 +235,12 @@ void ServerMetrics::Dequeued(Rpc rpc, absl::Duration wait) {
   rpcs_[static_cast<int>(rpc)].queue_wait->Observe(absl::ToDoubleSeconds(wait));
 }
 
-void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, int requests,
-                             double flops) {
+void ServerMetrics::Batched(int requests) { batch_size_->Observe(requests); }
+
+void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, double flops) {
   PerRpc& per = rpcs_[static_cast<int>(rpc)];
   per.compute->Observe(absl::ToDoubleSeconds(elapsed));
   per.flops->Increment(flops);
-  batch_size_->Observe(requests);
 }
 
 namespace {

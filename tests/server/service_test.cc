@@ -129,6 +129,38 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
 }
 
+// AttendStream's requests take the unary compute path: sent at once on one
+// stream they batch, their answers split back in order.
+TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {
+  ServerOptions options = DefaultOptions();
+  options.max_batch = 8;
+  options.max_queue_delay = absl::Milliseconds(200);
+  Start(options);
+  const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
+  std::vector<v1::AttendRequest> requests;
+  for (int i = 0; i < 8; ++i) requests.push_back(Request(s, 10 * i));
+  std::unique_ptr<AttendSession> session = client_->OpenAttendSession(kTimeout);
+  for (const v1::AttendRequest& request : requests) {
+    ASSERT_TRUE(session->Send(request).ok());
+  }
+  ASSERT_TRUE(session->CloseSend().ok());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::StatusOr<std::optional<v1::AttendStreamResponse>> answer =
+        session->Receive();
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE(answer->has_value());
+    ASSERT_EQ((*answer)->index(), static_cast<int64_t>(i));
+    ASSERT_TRUE((*answer)->has_response()) << (*answer)->error().message();
+    ExpectMatchesReference(s, requests[i], (*answer)->response());
+  }
+  EXPECT_TRUE(session->Finish().ok());
+  // 8 requests in fewer compute calls than 8.
+  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="AttendStream"})"),
+            Metric("attnserve_batch_size_count"));
+  EXPECT_LT(Metric("attnserve_batch_size_count"), 8);
+  EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+}
+
 // The first io thread polls without sleeping for --io_spin_us after each
 // event; calls are answered alike with it sleeping at once, spinning longer
 // than the test's gaps (so it is still spinning at the shutdown), and next to

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/compute_job.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
@@ -28,9 +29,7 @@ inline constexpr int kMaxPendingPerStream = 32;
 
 // What a stream needs from the service; all must outlive every stream.
 struct StreamDependencies {
-  ServerMetrics* metrics;
-  AttentionEngine* engine;
-  Scheduler* scheduler;
+  ComputeContext compute;
   const CallGate* gate;
   // Each message held (from its arrival to its answer's write) is charged to
   // it; one it has no room for is answered RESOURCE_EXHAUSTED.

@@ -6,6 +6,7 @@
 
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/compute_job.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
@@ -41,8 +42,7 @@ class AttentionServiceImpl final {
   void RecordWeightsHeld() const;
 
  private:
-  class UnaryJob;
-  class AttendJob;
+  class UnaryCaller;
 
   // The handler of one unary call: what Finish answers.
   class UnaryCall : public ServerCall {
@@ -123,17 +123,6 @@ class AttentionServiceImpl final {
     return call.handler->hold.Grow(bytes);
   }
 
-  // Queues `job` for the call; answers RESOURCE_EXHAUSTED at once if the queue
-  // is full.
-  void Enqueue(const Call& call, std::unique_ptr<Job> job,
-               google::protobuf::Message* response);
-
-  // On a job's way out of the queue: records the wait in the metrics and
-  // `timing`; DEADLINE_EXCEEDED if the call's deadline has passed, CANCELLED
-  // if the caller has gone (nothing computed).
-  absl::Status Dequeue(const Call& call, absl::Time enqueued,
-                       v1::ServerTiming* timing) const;
-
   ServerMetrics* const metrics_;
   AttentionEngine* const engine_;
   Scheduler* const scheduler_;
@@ -143,6 +132,8 @@ class AttentionServiceImpl final {
   const RequestLimits limits_;
   // Where requests' and responses' tensor bytes are kept between calls.
   const std::shared_ptr<BytesPool> pool_;
+  // Where the computes run and record.
+  const ComputeContext compute_;
   // Cancels unary calls whose request stops arriving.
   ReadWatchdog watchdog_;
   // Cancels AttendStreams whose next message does not come.

@@ -64,9 +64,11 @@ class ServerMetrics {
   // A compute task entered the executor's queue / left it after `wait`.
   void Enqueued();
   void Dequeued(Rpc rpc, absl::Duration wait);
-  // A compute ran `requests` requests in one kernel call for `elapsed`, doing
-  // `flops`.
-  void Computed(Rpc rpc, absl::Duration elapsed, int requests, double flops);
+  // A compute ran `requests` requests in one kernel call.
+  void Batched(int requests);
+  // A compute that ran `rpc`'s requests took `elapsed` and did `flops` for
+  // them (recorded once per RPC in a batch).
+  void Computed(Rpc rpc, absl::Duration elapsed, double flops);
 
   // The registry now holds `sets` weight sets of `bytes` in all.
   void SetWeightsHeld(int64_t sets, int64_t bytes);

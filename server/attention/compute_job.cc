@@ -1,0 +1,131 @@
+#include "attnserve/server/attention/compute_job.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "attnserve/common/flops.h"
+#include "attnserve/server/attention/attend_batch.h"
+#include "attnserve/server/attention/attention_compute.h"
+
+namespace attnserve {
+
+ComputeJob::ComputeJob(const ComputeContext& context, Rpc rpc,
+                       std::shared_ptr<ComputeCaller> caller,
+                       absl::Time call_started, double flops,
+                       v1::ServerTiming* timing)
+    : context_(context),
+      rpc_(rpc),
+      caller_(std::move(caller)),
+      call_started_(call_started),
+      flops_(flops),
+      timing_(timing) {}
+
+std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
+    const ComputeContext& context, Rpc rpc,
+    std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
+    AttendWork work, const v1::AttendRequest* request,
+    v1::AttendResponse* response) {
+  const double flops =
+      AttentionFlops(work.shape.Dims(), work.plan.options.causal);
+  std::unique_ptr<ComputeJob> job(
+      new ComputeJob(context, rpc, std::move(caller), call_started, flops,
+                     response->mutable_timing()));
+  const SchedulerOptions& scheduling = context.scheduler->options();
+  const bool batching = scheduling.max_batch > 1;
+  if (batching)
+    job->batch_key_ = AttendBatchKey(*context.engine, *request, work);
+  // A call the engine runs on one thread anyway runs on the submitting thread
+  // when an executor is idle, unless it should wait for batch partners.
+  job->runs_inline_ =
+      context.engine->AttendRunsOnCallingThread(work.shape) &&
+      (!batching || scheduling.max_queue_delay <= absl::ZeroDuration());
+  job->attend_work_ = std::move(work);
+  job->attend_request_ = request;
+  job->attend_response_ = response;
+  ComputeJob* const raw = job.get();
+  job->compute_ = [raw] {
+    return ComputeAttend(*raw->context_.engine, *raw->attend_work_,
+                         *raw->attend_request_, raw->attend_response_);
+  };
+  return job;
+}
+
+std::unique_ptr<ComputeJob> ComputeJob::Alone(
+    const ComputeContext& context, Rpc rpc,
+    std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
+    double flops, v1::ServerTiming* timing,
+    absl::AnyInvocable<absl::Status() &&> compute) {
+  std::unique_ptr<ComputeJob> job(new ComputeJob(
+      context, rpc, std::move(caller), call_started, flops, timing));
+  job->compute_ = std::move(compute);
+  return job;
+}
+
+void ComputeJob::Submit(std::unique_ptr<ComputeJob> job) {
+  const ComputeContext context = job->context_;
+  const Rpc rpc = job->rpc_;
+  // A refused job is gone once the scheduler returns; its caller is not.
+  const std::shared_ptr<ComputeCaller> caller = job->caller_;
+  context.metrics->Enqueued();
+  const absl::Status queued = context.scheduler->Submit(std::move(job));
+  if (!queued.ok()) {
+    context.metrics->Dequeued(rpc, absl::ZeroDuration());
+    caller->Computed(queued);
+  }
+}
+
+absl::Status ComputeJob::Dequeue(absl::Time now) {
+  const absl::Duration waited = now - enqueued();
+  context_.metrics->Dequeued(rpc_, waited);
+  timing_->set_queue_us(absl::ToInt64Microseconds(waited));
+  return caller_->StillWanted();
+}
+
+void ComputeJob::Run(absl::Span<Job* const> batch) {
+  std::vector<ComputeJob*> live;
+  std::vector<AttendBatchItem> items;
+  const absl::Time dequeued = absl::Now();
+  for (Job* job : batch) {
+    auto* compute = static_cast<ComputeJob*>(job);
+    const absl::Status wanted = compute->Dequeue(dequeued);
+    if (!wanted.ok()) {
+      compute->caller_->Computed(wanted);
+      continue;
+    }
+    live.push_back(compute);
+    if (compute->attend_work_) {
+      items.push_back({&*compute->attend_work_, compute->attend_request_,
+                       compute->attend_response_});
+    }
+  }
+  if (live.empty()) return;
+  const absl::Time started = absl::Now();
+  // Only Attends share a key, so a batch of several is all Attends.
+  const absl::Status status = live.size() == 1
+                                  ? std::move(live[0]->compute_)()
+                                  : ComputeAttendBatch(*context_.engine, items);
+  const absl::Duration elapsed = absl::Now() - started;
+  // A batch may mix unary and streamed Attends: each RPC records its share.
+  ServerMetrics& metrics = *context_.metrics;
+  metrics.Batched(static_cast<int>(live.size()));
+  for (Rpc rpc : {Rpc::kAttend, Rpc::kMultiHeadAttention, Rpc::kAttendStream}) {
+    double flops = 0;
+    bool present = false;
+    for (const ComputeJob* job : live) {
+      if (job->rpc_ != rpc) continue;
+      present = true;
+      flops += job->flops_;
+    }
+    if (present) metrics.Computed(rpc, elapsed, status.ok() ? flops : 0.0);
+  }
+  const absl::Time ended = absl::Now();
+  for (ComputeJob* job : live) {
+    job->timing_->set_compute_us(absl::ToInt64Microseconds(elapsed));
+    job->timing_->set_server_us(
+        absl::ToInt64Microseconds(ended - job->call_started_));
+    job->caller_->Computed(status);
+  }
+}
+
+}  // namespace attnserve

@@ -1,0 +1,102 @@
+// ComputeJob: the one path from the queue to the engine for every request that
+// computes: Attend, MultiHeadAttention and the Attends of AttendStream.
+//
+// On its way out of the queue a job records its wait, asks its caller whether
+// the compute is still wanted (the deadline, the client), runs — alone, or
+// batched with Attends alike but for B — times the compute, records the
+// metrics and the response's timing, and hands the status back to its caller.
+#ifndef ATTNSERVE_SERVER_ATTENTION_COMPUTE_JOB_H_
+#define ATTNSERVE_SERVER_ATTENTION_COMPUTE_JOB_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/attention/scheduler.h"
+#include "attnserve/server/metrics/metrics.h"
+#include "attnserve/v1/attention.pb.h"
+
+namespace attnserve {
+
+// The call a compute job answers: a unary call, or one message of a stream.
+class ComputeCaller {
+ public:
+  virtual ~ComputeCaller() = default;
+
+  // Why the compute should no longer start (the deadline passed, the client
+  // went away), or OK.
+  virtual absl::Status StillWanted() const = 0;
+
+  // The compute's outcome, or why it never ran; with OK the response is
+  // filled. The job touches neither the caller nor the response after this.
+  virtual void Computed(const absl::Status& status) = 0;
+};
+
+// What every job computes with and records into; must outlive the jobs.
+struct ComputeContext {
+  ServerMetrics* metrics;
+  AttentionEngine* engine;
+  Scheduler* scheduler;
+};
+
+class ComputeJob final : public Job {
+ public:
+  // An Attend validated into `work`. With batching on (max_batch > 1) it may
+  // share a batch with Attends alike but for B; a compute the engine runs on
+  // one thread anyway may run on the submitting thread (Scheduler::Submit).
+  // `request` and `response` must outlive the job's answer.
+  static std::unique_ptr<ComputeJob> ForAttend(
+      const ComputeContext& context, Rpc rpc,
+      std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
+      AttendWork work, const v1::AttendRequest* request,
+      v1::AttendResponse* response);
+
+  // Any other compute, run alone: `compute` fills the response that `timing`
+  // belongs to and does `flops`.
+  static std::unique_ptr<ComputeJob> Alone(
+      const ComputeContext& context, Rpc rpc,
+      std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
+      double flops, v1::ServerTiming* timing,
+      absl::AnyInvocable<absl::Status() &&> compute);
+
+  const std::string& batch_key() const override { return batch_key_; }
+  bool runs_inline() const override { return runs_inline_; }
+  void Run(absl::Span<Job* const> batch) override;
+
+  // Queues the job; if the queue is full, the caller gets RESOURCE_EXHAUSTED
+  // at once.
+  static void Submit(std::unique_ptr<ComputeJob> job);
+
+ private:
+  ComputeJob(const ComputeContext& context, Rpc rpc,
+             std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
+             double flops, v1::ServerTiming* timing);
+
+  // Records the wait; the caller's verdict on whether to compute.
+  absl::Status Dequeue(absl::Time now);
+
+  const ComputeContext context_;
+  const Rpc rpc_;
+  const std::shared_ptr<ComputeCaller> caller_;
+  const absl::Time call_started_;  // For the timing's server_us.
+  const double flops_;
+  v1::ServerTiming* const timing_;
+  // The compute when the job runs alone.
+  absl::AnyInvocable<absl::Status() &&> compute_;
+  // An Attend's, to run it in a batch; unset for other computes.
+  std::optional<AttendWork> attend_work_;
+  const v1::AttendRequest* attend_request_ = nullptr;
+  v1::AttendResponse* attend_response_ = nullptr;
+  std::string batch_key_;
+  bool runs_inline_ = false;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_COMPUTE_JOB_H_

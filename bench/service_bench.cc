@@ -45,7 +45,7 @@ Served Serve(int max_batch) {
   ServerOptions options;
   options.address = "127.0.0.1";
   options.port = 0;
-  options.max_batch = max_batch;
+  options.scheduling.max_batch = max_batch;
   Served served;
   served.server = AttnServer::Start(options).value();
   served.client =

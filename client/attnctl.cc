@@ -3,9 +3,9 @@
 //   attnctl [--target=localhost:50051] [--timeout=30s] COMMAND [ARGS] [FLAGS]
 //
 // Commands: health, services, attend, mha, weights, bench, grid; see kUsage
-// and docs/client.md; --help lists every flag (attnctl/help.h). Exits 0 on
-// success, 1 when a call fails (the gRPC status is printed) or an output cannot
-// be written, 2 on a usage error.
+// and docs/client.md; --help lists every flag (attnserve/common/flags_help.h).
+// Exits 0 on success, 1 when a call fails (the gRPC status is printed) or an
+// output cannot be written, 2 on a usage error.
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -18,10 +18,10 @@
 #include "attnctl/bench.h"
 #include "attnctl/cli.h"
 #include "attnctl/grid.h"
-#include "attnctl/help.h"
 #include "attnctl/request_flags.h"
 #include "attnctl/weights.h"
 #include "attnserve/client/client.h"
+#include "attnserve/common/flags_help.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -130,7 +130,7 @@ int Run(const std::vector<char*>& argv) {
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
-  attnserve::ConfigureUsage(attnserve::kUsage);
+  attnserve::ConfigureUsage({"attnctl", attnserve::kUsage, "client/"});
   if (std::optional<int> status = attnserve::HandleHelpFlags(argc, argv)) {
     return *status;
   }

@@ -24,13 +24,12 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "attnserve/common/flops.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/proto/tensors.h"
 #include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attention_compute.h"
-#include "attnserve/server/attention/attention_service.h"
 #include "attnserve/server/attention/request_validator.h"
-#include "attnserve/server/metrics/metrics.h"
 #include "attnserve/server/rpc/wire_messages.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 #include "attnserve/server/weights/weights_loader.h"
@@ -48,12 +47,12 @@ constexpr double kMaxComputeFlops = double{1 << 22};
 constexpr int64_t kMaxWeightsBytes = int64_t{1} << 20;
 
 // Small enough that inputs of a few KiB reach every limit.
+constexpr int64_t kMaxMessageBytes = int64_t{64} << 10;
+constexpr int64_t kMaxWorkspaceBytes = int64_t{256} << 10;
 RequestLimits FuzzLimits() {
   RequestLimits limits;
-  limits.max_message_bytes = int64_t{64} << 10;
   limits.max_elements = 1024;
   limits.max_request_memory_bytes = int64_t{1} << 20;
-  limits.max_workspace_bytes = int64_t{256} << 10;
   return limits;
 }
 
@@ -113,7 +112,7 @@ struct Fixture {
   Fixture() {
     EngineOptions options;
     options.num_threads = 1;
-    options.max_workspace_bytes = FuzzLimits().max_workspace_bytes;
+    options.max_workspace_bytes = kMaxWorkspaceBytes;
     absl::StatusOr<std::unique_ptr<AttentionEngine>> created =
         AttentionEngine::Create(options);
     Require("AttentionEngine::Create", created.status());
@@ -122,7 +121,11 @@ struct Fixture {
             PutWeightsInto(registry, DemoWeights()).status());
     Require("PutWeights tiny",
             PutWeightsInto(registry, TinyWeights()).status());
+    checks = {FuzzLimits(), kMaxMessageBytes, engine.get()};
   }
+
+  // What the service checks requests against, with the engine above.
+  RequestChecks checks;
 };
 
 Fixture& TheFixture() {
@@ -160,11 +163,11 @@ bool Parse(const uint8_t* data, size_t size, Request* request) {
 
 void FuzzAttend(const v1::AttendRequest& request) {
   const absl::StatusOr<AttendWork> work =
-      ValidateAttendRequest(request, FuzzLimits());
+      ValidateAttendRequest(request, TheFixture().checks);
   if (!work.ok()) return CheckRefusal(work.status());
   const std::string batch_key =
       AttendBatchKey(*TheFixture().engine, request, *work);
-  if (AttentionFlops(work->shape, work->plan.options.causal) >
+  if (AttentionFlops(work->shape.Dims(), work->plan.options.causal) >
       kMaxComputeFlops) {
     return Note("valid, too large to compute", absl::OkStatus());
   }
@@ -210,11 +213,11 @@ void FuzzMultiHead(const v1::MultiHeadAttentionRequest& request) {
   } else {
     return;  // The service refuses it before any check.
   }
-  const absl::StatusOr<MultiHeadWork> work =
-      ValidateMultiHeadRequest(request, weights_shape, origin, FuzzLimits());
+  const absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
+      request, weights_shape, origin, TheFixture().checks);
   if (!work.ok()) return CheckRefusal(work.status());
-  if (MultiHeadFlops(work->shape, work->plan.options.causal) >
-      kMaxComputeFlops) {
+  if (MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
+                     work->plan.options.causal) > kMaxComputeFlops) {
     return Note("valid, too large to compute", absl::OkStatus());
   }
   v1::MultiHeadAttentionResponse response;

@@ -47,6 +47,7 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   absl::Span<const float> kv_input,
                                   AttentionOutputs outputs) override;
   RuntimeInfo runtime_info() const override;
+  const EngineOptions& options() const override { return options_; }
 
  private:
   // Whether a call with `options` runs the fused kernel.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/server/attention/response_tensors.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {

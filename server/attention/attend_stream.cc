@@ -64,8 +64,8 @@ class AttendStreamCall final : public ServerCall {
     // A message that is not an AttendRequest, that inflates past the message
     // limit, or that the memory budget has no room for, fails only its own
     // answer.
-    absl::StatusOr<MemoryBudget::Hold> held =
-        AdmitMessage(deps_.limits, *deps_.budget, context().peer(), &incoming_);
+    absl::StatusOr<MemoryBudget::Hold> held = AdmitMessage(
+        deps_.transport, *deps_.budget, context().peer(), &incoming_);
     absl::Status parsed = held.status();
     if (held.ok()) {
       slot->hold = *std::move(held);
@@ -73,7 +73,7 @@ class AttendStreamCall final : public ServerCall {
     }
     incoming_.Clear();
     absl::StatusOr<AttendWork> work =
-        parsed.ok() ? ValidateAttendRequest(slot->request, deps_.limits)
+        parsed.ok() ? ValidateAttendRequest(slot->request, deps_.checks)
                     : absl::StatusOr<AttendWork>(parsed);
     if (work.ok()) {
       const absl::Status compute_held = slot->hold.Grow(work->memory_bytes);

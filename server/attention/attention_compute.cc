@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "attnserve/common/status_macros.h"
+#include "attnserve/server/attention/response_tensors.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {

@@ -53,18 +53,20 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
 AttentionServiceImpl::AttentionServiceImpl(
     ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
     WeightsRegistry* registry, const CallGate* gate, MemoryBudget* budget,
-    RequestLimits limits, std::shared_ptr<BytesPool> pool)
+    RequestChecks checks, TransportOptions transport,
+    std::shared_ptr<BytesPool> pool)
     : metrics_(metrics),
       engine_(engine),
       scheduler_(scheduler),
       registry_(registry),
       gate_(gate),
       budget_(budget),
-      limits_(limits),
+      checks_(checks),
+      transport_(transport),
       pool_(std::move(pool)),
       compute_{metrics, engine, scheduler},
-      watchdog_(limits_.message_timeout),
-      stream_watchdog_(limits_.stream_idle_timeout) {}
+      watchdog_(transport_.message_timeout),
+      stream_watchdog_(transport_.stream_idle_timeout) {}
 
 namespace {
 
@@ -124,8 +126,8 @@ class AttentionServiceImpl::WireCall final
     absl::Status admitted = absl::OkStatus();
     if (ok) {
       absl::StatusOr<MemoryBudget::Hold> taken =
-          AdmitMessage(service_->limits_, *service_->budget_, context().peer(),
-                       &wire_request_);
+          AdmitMessage(service_->transport_, *service_->budget_,
+                       context().peer(), &wire_request_);
       if (taken.ok()) {
         hold = *std::move(taken);
       } else {
@@ -175,8 +177,8 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
   loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
                            "/AttendStream"),
               [this] {
-                return MakeAttendStreamCall(
-                    {compute_, gate_, budget_, limits_, &stream_watchdog_});
+                return MakeAttendStreamCall({compute_, gate_, budget_, checks_,
+                                             transport_, &stream_watchdog_});
               });
 }
 
@@ -218,7 +220,7 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
 void AttentionServiceImpl::ServeAttend(const Call& call,
                                        const v1::AttendRequest& request,
                                        v1::AttendResponse* response) {
-  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, limits_);
+  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, checks_);
   if (!work.ok()) return Finish(call, work.status(), response);
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return Finish(call, held, response);
@@ -262,7 +264,7 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
         response);
   }
   absl::StatusOr<MultiHeadWork> work =
-      ValidateMultiHeadRequest(request, weights_shape, origin, limits_);
+      ValidateMultiHeadRequest(request, weights_shape, origin, checks_);
   if (!work.ok()) return Finish(call, work.status(), response);
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return Finish(call, held, response);
@@ -284,28 +286,6 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
   ComputeJob::Submit(ComputeJob::Alone(
       compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
       call.started, flops, response->mutable_timing(), std::move(compute)));
-}
-
-absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
-    WeightsRegistry& registry, const v1::PutWeightsRequest& request) {
-  ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
-  if (!request.has_weights()) {
-    return absl::InvalidArgumentError(
-        "weights is missing, expected ProjectionWeights");
-  }
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      const WeightsShape shape,
-      ValidateProjectionWeights(request.weights(), "weights"));
-  ATTNSERVE_RETURN_IF_ERROR(registry.CheckCapacity(
-      request.name(), WeightSet::BytesFor(shape, request.weights())));
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      const WeightsRegistry::Entry entry,
-      registry.Put(request.name(),
-                   WeightSet::FromProto(request.weights(), shape)));
-  v1::PutWeightsResponse response;
-  response.set_version(entry.version);
-  response.set_bytes(entry.weights->bytes());
-  return response;
 }
 
 void AttentionServiceImpl::ServePutWeights(const Call& call,

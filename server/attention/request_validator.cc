@@ -135,7 +135,7 @@ absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
 // The response must fit in a message: output, weights and lse together.
 absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
                                int64_t output_elements,
-                               const RequestLimits& limits) {
+                               const RequestChecks& checks) {
   const int64_t element_bytes = plan.output_dtype == v1::FLOAT32 ? 4 : 2;
   const int64_t weights_elements =
       plan.options.weights == AttentionWeightsMode::kPerHead
@@ -155,56 +155,36 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
       __builtin_add_overflow(*bytes, 4 * s.LseElements(), &*bytes)) {
     bytes.reset();
   }
-  if (!bytes || *bytes > limits.max_message_bytes) {
+  if (!bytes || *bytes > checks.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the response (output", weights_elements > 0 ? ", weights" : "",
         plan.options.return_lse ? ", lse" : "", ") would need ",
         bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
         ", over the server's max_message_bytes limit of ",
-        limits.max_message_bytes));
+        checks.max_message_bytes));
   }
   return absl::OkStatus();
 }
 
 // RESOURCE_EXHAUSTED if `tensor` has more elements than the limit.
 absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
-                           const RequestLimits& limits) {
+                           const RequestChecks& checks) {
   const int64_t elements =
       CheckedProduct(
           absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()))
           .value_or(0);
-  if (elements <= limits.max_elements) return absl::OkStatus();
+  if (elements <= checks.limits.max_elements) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      field, " has ", elements, " elements, over the --max_elements limit of ",
-      limits.max_elements));
+      field, " has ", elements, " elements, over the max_elements limit of ",
+      checks.limits.max_elements));
 }
 
-// The scratch the engine's unfused path allocates: one slab of scores, at most
-// 64 MiB unless a single kv-head group needs more (bf16 adds a bf16 copy of the
-// probabilities, and of the inputs).
-double UnfusedScratchBytes(const AttentionShape& s,
-                           const AttentionOptions& options) {
-  const bool bf16 = options.precision == Precision::kBFloat16;
-  const double per_score = bf16 ? 6 : 4;
-  const double group =
-      static_cast<double>(s.heads / s.kv_heads) * s.query_len * s.key_len;
-  const double all = group * s.batch * s.kv_heads;
-  const double slab =
-      std::min(all, std::max(group, (64.0 * (1 << 20)) / per_score));
-  const double bf16_copies =
-      bf16 ? 2.0 * (static_cast<double>(s.QueryElements()) + s.KeyElements() +
-                    s.ValueElements())
-           : 0.0;
-  return slab * per_score + bf16_copies;
-}
-
-// The attention's scratch bytes: the engine's own figure (which depends on
-// its kernel and threads), or the unfused path's without an engine.
+// The attention's scratch bytes: the engine's own figure, which depends on its
+// kernel and threads (infinite if it overflows).
 double ScratchBytes(const AttentionShape& s, const AttentionOptions& options,
-                    const RequestLimits& limits) {
-  if (limits.engine == nullptr) return UnfusedScratchBytes(s, options);
+                    const RequestChecks& checks) {
   const std::optional<int64_t> bytes =
-      limits.engine->AttendWorkspaceBytes(s, options);
+      checks.engine->AttendWorkspaceBytes(s, options);
   return bytes ? static_cast<double>(*bytes)
                : std::numeric_limits<double>::infinity();
 }
@@ -217,16 +197,18 @@ absl::StatusOr<int64_t> CheckRequestMemory(const AttentionShape& s,
                                            int64_t output_elements,
                                            double extra_bytes,
                                            double converted_input_elements,
-                                           const RequestLimits& limits) {
+                                           const RequestChecks& checks) {
   const AttentionOptions& options = plan.options;
-  const double scratch_bytes = ScratchBytes(s, options, limits);
-  if (scratch_bytes > static_cast<double>(limits.max_workspace_bytes)) {
+  const double scratch_bytes = ScratchBytes(s, options, checks);
+  if (scratch_bytes >
+      static_cast<double>(checks.engine->options().max_workspace_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "attention for shape ", s.DebugString(), " needs ",
         scratch_bytes < 9e18 ? absl::StrCat(static_cast<int64_t>(scratch_bytes))
                              : std::string("more than 2^63"),
         " bytes of scratch, over the engine's workspace limit of ",
-        limits.max_workspace_bytes, " bytes (--max_workspace_bytes)"));
+        checks.engine->options().max_workspace_bytes,
+        " bytes (max_workspace_bytes)"));
   }
   const double weights_elements =
       options.weights == AttentionWeightsMode::kPerHead
@@ -239,14 +221,14 @@ absl::StatusOr<int64_t> CheckRequestMemory(const AttentionShape& s,
   const double bytes = 4.0 * (output_elements + weights_elements +
                               lse_elements + converted_input_elements) +
                        scratch_bytes + extra_bytes;
-  if (bytes <= static_cast<double>(limits.max_request_memory_bytes))
+  if (bytes <= static_cast<double>(checks.limits.max_request_memory_bytes))
     return static_cast<int64_t>(bytes);
   return absl::ResourceExhaustedError(absl::StrCat(
       "the request would allocate about ", static_cast<int64_t>(bytes),
       " bytes (outputs, weights, conversions, scratch), over the "
-      "--max_request_memory_bytes "
+      "max_request_memory_bytes "
       "limit of ",
-      limits.max_request_memory_bytes));
+      checks.limits.max_request_memory_bytes));
 }
 
 // Elements that arrive as BFLOAT16/FLOAT16 and are widened to f32 on the
@@ -266,7 +248,7 @@ double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
 }  // namespace
 
 absl::StatusOr<AttendWork> ValidateAttendRequest(
-    const v1::AttendRequest& request, const RequestLimits& limits) {
+    const v1::AttendRequest& request, const RequestChecks& checks) {
   ATTNSERVE_RETURN_IF_ERROR(CheckTensor("query", request.has_query(),
                                         request.query(), kFloatDTypes,
                                         {"B", "H", "Lq", "Dk"}));
@@ -276,9 +258,9 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
   ATTNSERVE_RETURN_IF_ERROR(CheckTensor("value", request.has_value(),
                                         request.value(), kFloatDTypes,
                                         {"B", "Hkv", "Lk", "Dv"}));
-  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query", request.query(), limits));
-  ATTNSERVE_RETURN_IF_ERROR(CheckElements("key", request.key(), limits));
-  ATTNSERVE_RETURN_IF_ERROR(CheckElements("value", request.value(), limits));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query", request.query(), checks));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("key", request.key(), checks));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("value", request.value(), checks));
   for (const DimensionMatch& m : kAttendDimensionMatches) {
     ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
         DimField(m.field, m.dim, m.dim_name),
@@ -311,10 +293,10 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
       work.plan,
       ValidateOptions(request.options(), s, request.query().dtype()));
   ATTNSERVE_RETURN_IF_ERROR(
-      CheckResponseSize(s, work.plan, s.OutputElements(), limits));
+      CheckResponseSize(s, work.plan, s.OutputElements(), checks));
   if (request.options().has_attn_mask()) {
     ATTNSERVE_RETURN_IF_ERROR(CheckElements(
-        "options.attn_mask", request.options().attn_mask(), limits));
+        "options.attn_mask", request.options().attn_mask(), checks));
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.memory_bytes,
@@ -322,13 +304,13 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
           s, work.plan, s.OutputElements(), 0.0,
           ConvertedElements({&request.query(), &request.key(), &request.value(),
                              &request.options().attn_mask()}),
-          limits));
+          checks));
   return work;
 }
 
 absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
     const v1::MultiHeadAttentionRequest& request, const WeightsShape& w,
-    const std::string& weights_origin, const RequestLimits& limits) {
+    const std::string& weights_origin, const RequestChecks& checks) {
   ATTNSERVE_RETURN_IF_ERROR(
       CheckTensor("query_input", request.has_query_input(),
                   request.query_input(), kFloatDTypes, {"B", "Lq", "E"}));
@@ -375,11 +357,11 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.plan, ValidateOptions(request.options(), heads, query.dtype()));
   ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
-      heads, work.plan, s.batch * s.query_len * s.embed_dim, limits));
-  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, limits));
+      heads, work.plan, s.batch * s.query_len * s.embed_dim, checks));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, checks));
   if (!work.self_attention) {
     ATTNSERVE_RETURN_IF_ERROR(
-        CheckElements("kv_input", request.kv_input(), limits));
+        CheckElements("kv_input", request.kv_input(), checks));
   }
   // Projections: Q and the attention context per query row, K and V per key
   // row, twice (the attention packs what it reads out of the projections'
@@ -395,7 +377,7 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
                          projection_bytes,
                          ConvertedElements({&query, &request.kv_input(),
                                             &request.options().attn_mask()}),
-                         limits));
+                         checks));
   return work;
 }
 

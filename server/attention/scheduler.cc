@@ -28,7 +28,7 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
     if (static_cast<int>(queue_.size()) >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the compute queue is full: ", queue_.size(),
-          " requests wait, the --max_queue limit is ", options_.max_queue));
+          " requests wait, the max_queue limit is ", options_.max_queue));
     }
     job->enqueued_ = absl::Now();
     ++submitted_;

@@ -147,7 +147,7 @@ ServerMetrics::ServerMetrics(const std::string& version,
            .Name("attnserve_buffer_pool_bytes")
            .Help(
                "Bytes of tensor buffers kept for reuse between calls "
-               "(--buffer_pool_bytes), as of the last call answered.")
+               "(buffer_pool_bytes), as of the last call answered.")
            .Register(*registry_)
            .Add({});
   inflight_bytes_ =
@@ -163,7 +163,7 @@ ServerMetrics::ServerMetrics(const std::string& version,
       &prometheus::BuildGauge()
            .Name("attnserve_inflight_limit_bytes")
            .Help(
-               "The budget calls in flight may hold: --max_inflight_bytes less "
+               "The budget calls in flight may hold: max_inflight_bytes less "
                "the quarter given to gRPC's transport buffers.")
            .Register(*registry_)
            .Add({});
@@ -180,7 +180,7 @@ ServerMetrics::ServerMetrics(const std::string& version,
            .Name("attnserve_reset_connections_closed_total")
            .Help(
                "Connections shut down because their client cancelled more "
-               "calls in a second than --max_client_resets_per_second "
+               "calls in a second than max_client_resets_per_second "
                "(rapid-reset floods).")
            .Register(*registry_)
            .Add({});
@@ -189,7 +189,7 @@ ServerMetrics::ServerMetrics(const std::string& version,
            .Name("attnserve_io_spin_seconds_total")
            .Help(
                "CPU time the first io thread spent polling for the next event "
-               "instead of sleeping (--io_spin_us): the price of answering "
+               "instead of sleeping (io_spin): the price of answering "
                "a client's next call without a wake-up.")
            .Register(*registry_)
            .Add({});

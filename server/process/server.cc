@@ -43,102 +43,12 @@ constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
 // How often the server gives freed memory back to the system, if calls ended.
 constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
 
-absl::Status ValidateOptions(const ServerOptions& options) {
-  if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("port is ", options.port, ", expected 0 to 65535"));
-  }
-  if (options.message_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "message_timeout is ", absl::FormatDuration(options.message_timeout),
-        ", expected > 0"));
-  }
-  if (options.stream_idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stream_idle_timeout is ",
-        absl::FormatDuration(options.stream_idle_timeout), ", expected > 0"));
-  }
-  if (options.max_client_resets_per_second < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_client_resets_per_second is ",
-                     options.max_client_resets_per_second, ", expected >= 0"));
-  }
-  if (options.max_concurrent_streams < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_concurrent_streams is ",
-                     options.max_concurrent_streams, ", expected >= 1"));
-  }
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("threads is ", options.threads, ", expected >= 0"));
-  }
-  if (options.max_message_bytes <= 0 ||
-      options.max_message_bytes > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_message_bytes is ", options.max_message_bytes,
-                     ", expected 1 to 2147483647"));
-  }
-  const std::pair<const char*, int64_t> positive[] = {
-      {"executors", options.executors},
-      {"max_queue", options.max_queue},
-      {"max_batch", options.max_batch},
-      {"max_elements", options.max_elements},
-      {"max_request_memory_bytes", options.max_request_memory_bytes}};
-  for (const auto& [name, value] : positive) {
-    if (value <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " is ", value, ", expected > 0"));
-    }
-  }
-  if (options.io_threads < 0 || options.io_threads > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "io_threads is ", options.io_threads, ", expected 0 to 256"));
-  }
-  if (options.io_spin < absl::ZeroDuration() ||
-      options.io_spin > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "io_spin_us is ", absl::ToInt64Microseconds(options.io_spin),
-        ", expected 0 to 1000000"));
-  }
-  if (options.executors > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "executors is ", options.executors, ", expected at most 256"));
-  }
-  if (options.max_queue_delay < absl::ZeroDuration() ||
-      options.drain_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "max_queue_delay and drain_grace must not be negative");
-  }
-  if (options.tls_cert_file.empty() != options.tls_key_file.empty() ||
-      (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty())) {
-    return absl::InvalidArgumentError(
-        "tls_cert_file and tls_key_file go together, and tls_client_ca_file "
-        "needs them");
-  }
-  if (options.metrics_port &&
-      (*options.metrics_port < 0 || *options.metrics_port > 65535)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics_port is ", *options.metrics_port, ", expected 0 to 65535"));
-  }
-  // The memory budgets are checked by PlanMemory.
-  return absl::OkStatus();
-}
-
-SchedulerOptions SchedulingOf(const ServerOptions& options) {
-  SchedulerOptions scheduling;
-  scheduling.executors = options.executors;
-  scheduling.max_queue = options.max_queue;
-  scheduling.max_batch = options.max_batch;
-  scheduling.max_queue_delay = options.max_queue_delay;
-  return scheduling;
-}
-
 // Threads polling the call loop: --io_threads, or one per 8 of the cores the
 // compute spans (which follow OMP_NUM_THREADS, and so a container's CPU limit
 // through the image's entrypoint), 1 to 8.
 int IoThreads(const ServerOptions& options, const RuntimeInfo& runtime) {
-  if (options.io_threads > 0) return options.io_threads;
-  return std::clamp(runtime.threads * options.executors / 8, 1, 8);
+  if (options.transport.io_threads > 0) return options.transport.io_threads;
+  return std::clamp(runtime.threads * options.scheduling.executors / 8, 1, 8);
 }
 
 // Threads of the /metrics endpoint, and how long one waits for a request.
@@ -161,33 +71,40 @@ class AttnServerImpl final : public AttnServer {
   // `options` carry the budgets `memory` planned.
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
                  const ServerOptions& options, const MemoryPlan& memory,
-                 RequestLimits limits, std::string bearer_token)
+                 std::string bearer_token)
       : options_(options),
         memory_(memory),
         engine_(std::move(engine)),
         metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
         budget_(memory.max_inflight_bytes - memory.transport_bytes),
-        registry_(options.max_weights_bytes),
+        registry_(memory.max_weights_bytes),
         io_threads_(IoThreads(options, engine_->runtime_info())),
         gate_(std::move(bearer_token)),
-        scheduler_(SchedulingOf(options)),
+        scheduler_(options.scheduling),
         service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
-                 &budget_, limits,
-                 std::make_shared<BytesPool>(options.buffer_pool_bytes)) {}
+                 &budget_,
+                 {options.limits, options.transport.max_message_bytes,
+                  engine_.get()},
+                 options.transport,
+                 std::make_shared<BytesPool>(memory.buffer_pool_bytes)) {}
 
-  // Registers the demo weights and those of --weights_dir.
+  // Registers the demo weights (unless off) and those of weights_dir.
   absl::Status LoadWeights(const ServerOptions& options) {
-    ATTNSERVE_RETURN_IF_ERROR(
-        PutWeightsInto(registry_, DemoWeights()).status());
-    startup_weights_.push_back(kDemoWeightsName);
+    if (options.demo_weights) {
+      ATTNSERVE_RETURN_IF_ERROR(
+          PutWeightsInto(registry_, DemoWeights()).status());
+      startup_weights_.push_back(kDemoWeightsName);
+    }
     if (options.weights_dir.empty()) return absl::OkStatus();
     ATTNSERVE_ASSIGN_OR_RETURN(
         std::vector<std::string> names,
-        LoadWeightsDir(options.weights_dir, options.max_weights_bytes,
+        LoadWeightsDir(options.weights_dir, memory_.max_weights_bytes,
                        registry_));
     for (const std::string& name : names) {
       // A folder named demo replaces the built-in set; list it once.
-      if (name != kDemoWeightsName) startup_weights_.push_back(name);
+      if (name != kDemoWeightsName || !options.demo_weights) {
+        startup_weights_.push_back(name);
+      }
     }
     return absl::OkStatus();
   }
@@ -229,33 +146,7 @@ class AttnServerImpl final : public AttnServer {
                            "/metrics")
             : "off",
         "; ", engine_->runtime_info().Description(), ", ",
-        options_.attention_kernel == AttentionKernel::kAuto ? "fused"
-                                                            : "unfused",
-        " attention", "; max_message_bytes=", options_.max_message_bytes,
-        " max_workspace_bytes=", options_.max_workspace_bytes,
-        " max_weights_bytes=", options_.max_weights_bytes,
-        " buffer_pool_bytes=", options_.buffer_pool_bytes,
-        " max_inflight_bytes=", options_.max_inflight_bytes, " (",
-        memory_.transport_bytes, " for gRPC's buffers) of a memory limit of ",
-        memory_.limit.bytes, " (", memory_.limit.source, ")",
-        " max_elements=", options_.max_elements,
-        " max_request_memory_bytes=", options_.max_request_memory_bytes,
-        " max_concurrent_streams=", options_.max_concurrent_streams,
-        " max_client_resets_per_second=", options_.max_client_resets_per_second,
-        " compressed_requests=",
-        options_.accept_compressed_requests ? "on" : "off",
-        "; io_threads=", io_threads_,
-        " io_spin=", absl::FormatDuration(options_.io_spin),
-        " executors=", options_.executors, " max_queue=", options_.max_queue,
-        " max_batch=", options_.max_batch,
-        " max_queue_delay=", absl::FormatDuration(options_.max_queue_delay),
-        " drain_grace=", absl::FormatDuration(options_.drain_grace), "; tls=",
-        options_.tls_cert_file.empty()
-            ? "off"
-            : (options_.tls_client_ca_file.empty() ? "on" : "mutual"),
-        " auth_token=", options_.auth_token_file.empty() ? "off" : "on",
-        " weights_dir=",
-        options_.weights_dir.empty() ? "(none)" : options_.weights_dir);
+        DescribeOptions(options_, memory_, io_threads_));
   }
 
   const std::vector<std::string>& startup_weights() const override {
@@ -267,18 +158,19 @@ class AttnServerImpl final : public AttnServer {
   absl::Status Listen(const ServerOptions& options) {
     ATTNSERVE_ASSIGN_OR_RETURN(
         std::shared_ptr<grpc::ServerCredentials> credentials,
-        ServerCredentialsFor(options));
+        ServerCredentialsFor(options.tls));
     grpc::ServerBuilder builder;
     builder.AddListeningPort(HostPort(options.address, options.port),
                              credentials, &port_);
     // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
     // would start and silently take half the connections instead of failing.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    const TransportOptions& transport = options.transport;
     builder.SetMaxReceiveMessageSize(
-        static_cast<int>(options.max_message_bytes));
+        static_cast<int>(transport.max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                               options.max_concurrent_streams);
-    if (!options.accept_compressed_requests) {
+                               transport.max_concurrent_streams);
+    if (!transport.accept_compressed_requests) {
       // Identity only: a compressed request is refused unread.
       builder.AddChannelArgument(
           GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
@@ -288,7 +180,8 @@ class AttnServerImpl final : public AttnServer {
       // limit: the handlers inflate instead, with a bound (inflate.h).
       builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
     }
-    builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    builder.SetMaxSendMessageSize(
+        static_cast<int>(transport.max_message_bytes));
     // The transport's share of the in-flight budget: under its pressure gRPC
     // shrinks the flow-control windows it grants and resets new streams
     // (ENHANCE_YOUR_CALM, which clients see as RESOURCE_EXHAUSTED), so that
@@ -308,7 +201,7 @@ class AttnServerImpl final : public AttnServer {
           "could not listen on ", HostPort(options.address, options.port),
           ": the address is in use or not local to this machine"));
     }
-    loop_.Start(io_threads_, options_.io_spin,
+    loop_.Start(io_threads_, transport.io_spin,
                 [this](absl::Duration spun) { metrics_.IoSpun(spun); });
     trimmer_ = std::thread([this] { TrimMemory(); });
     health_.SetServing(true);
@@ -388,7 +281,7 @@ class AttnServerImpl final : public AttnServer {
   std::unique_ptr<AttentionEngine> engine_;
   ServerMetrics metrics_;
   MemoryBudget budget_;  // Calls in flight; outlives the loop and services.
-  ResetGuard reset_guard_{options_.max_client_resets_per_second};
+  ResetGuard reset_guard_{options_.transport.max_client_resets_per_second};
   WeightsRegistry registry_;
   const int io_threads_;
   std::vector<std::string> startup_weights_;
@@ -415,37 +308,25 @@ class AttnServerImpl final : public AttnServer {
 
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& requested) {
-  ATTNSERVE_RETURN_IF_ERROR(ValidateOptions(requested));
+  ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
   ATTNSERVE_ASSIGN_OR_RETURN(
       const MemoryPlan memory,
-      PlanMemory(requested.max_weights_bytes, requested.buffer_pool_bytes,
-                 requested.max_inflight_bytes, ReadMemoryLimit()));
+      PlanMemory(requested.memory.max_weights_bytes,
+                 requested.memory.buffer_pool_bytes,
+                 requested.memory.max_inflight_bytes, ReadMemoryLimit()));
   ServerOptions options = requested;
-  options.max_weights_bytes = memory.max_weights_bytes;
-  options.max_inflight_bytes = memory.max_inflight_bytes;
-  EngineOptions engine_options;
   // Executors share the cores unless told otherwise.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  engine_options.num_threads = options.threads > 0 || options.executors == 1
-                                   ? options.threads
-                                   : std::max(1, cores / options.executors);
-  engine_options.max_workspace_bytes = options.max_workspace_bytes;
-  engine_options.kernel = options.attention_kernel;
-  engine_options.portable_kernels = options.portable_kernels;
+  const int executors = options.scheduling.executors;
+  if (options.engine.num_threads == 0 && executors > 1) {
+    options.engine.num_threads = std::max(1, cores / executors);
+  }
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
-                             AttentionEngine::Create(engine_options));
-  RequestLimits limits;
-  limits.max_message_bytes = options.max_message_bytes;
-  limits.max_elements = options.max_elements;
-  limits.max_request_memory_bytes = options.max_request_memory_bytes;
-  limits.max_workspace_bytes = options.max_workspace_bytes;
-  limits.message_timeout = options.message_timeout;
-  limits.accept_compressed_requests = options.accept_compressed_requests;
-  limits.stream_idle_timeout = options.stream_idle_timeout;
-  limits.engine = engine.get();
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string token, BearerTokenFor(options));
-  auto server = std::make_unique<AttnServerImpl>(
-      std::move(engine), options, memory, limits, std::move(token));
+                             AttentionEngine::Create(options.engine));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string token,
+                             BearerTokenFor(options.auth_token_file));
+  auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
+                                                 memory, std::move(token));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));

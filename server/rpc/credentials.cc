@@ -22,14 +22,13 @@ namespace {
 // PEM bundles and tokens are kilobytes; a larger file is not one.
 constexpr int64_t kMaxCredentialFileBytes = 1 << 20;
 
-absl::StatusOr<std::string> ReadCredentialFile(const char* flag,
+absl::StatusOr<std::string> ReadCredentialFile(const char* option,
                                                const std::string& path) {
   absl::StatusOr<std::string> text =
       ReadRegularFile(path, kMaxCredentialFileBytes);
   if (!text.ok()) {
-    return absl::Status(
-        text.status().code(),
-        absl::StrCat("--", flag, ": ", text.status().message()));
+    return absl::Status(text.status().code(),
+                        absl::StrCat(option, ": ", text.status().message()));
   }
   return text;
 }
@@ -59,14 +58,14 @@ std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
 
 // The checks gRPC would make only when the first client connects (or, for a
 // mismatched key, by failing to listen without saying why).
-absl::Status CheckTlsFiles(const ServerOptions& options,
+absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
                            const std::string& cert_pem,
                            const std::string& key_pem,
                            const std::string* client_ca_pem) {
   const std::unique_ptr<X509, X509Free> cert = FirstCertificate(cert_pem);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_cert: ", options.tls_cert_file,
+        "tls.cert_file: ", tls.cert_file,
         " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
   }
   auto bio = ReadOnlyBio(key_pem);
@@ -75,19 +74,19 @@ absl::Status CheckTlsFiles(const ServerOptions& options,
   ERR_clear_error();
   if (key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_key: ", options.tls_key_file,
+        "tls.key_file: ", tls.key_file,
         " holds no unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"));
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_key: ", options.tls_key_file,
-        " does not match the certificate in --tls_cert ", options.tls_cert_file,
+        "tls.key_file: ", tls.key_file,
+        " does not match the certificate in tls.cert_file ", tls.cert_file,
         " (the first certificate of the chain must be the key's)"));
   }
   if (client_ca_pem != nullptr && FirstCertificate(*client_ca_pem) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_client_ca: ", options.tls_client_ca_file,
+        "tls.client_ca_file: ", tls.client_ca_file,
         " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
   }
   return absl::OkStatus();
@@ -96,46 +95,44 @@ absl::Status CheckTlsFiles(const ServerOptions& options,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
-    const ServerOptions& options) {
-  if (options.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+    const ServerTlsOptions& tls) {
+  if (tls.cert_file.empty()) return grpc::InsecureServerCredentials();
   ATTNSERVE_ASSIGN_OR_RETURN(
-      std::string cert, ReadCredentialFile("tls_cert", options.tls_cert_file));
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      std::string key, ReadCredentialFile("tls_key", options.tls_key_file));
-  const bool mutual = !options.tls_client_ca_file.empty();
+      std::string cert, ReadCredentialFile("tls.cert_file", tls.cert_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string key,
+                             ReadCredentialFile("tls.key_file", tls.key_file));
+  const bool mutual = !tls.client_ca_file.empty();
   grpc::SslServerCredentialsOptions ssl(
       mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
              : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (mutual) {
     ATTNSERVE_ASSIGN_OR_RETURN(
         ssl.pem_root_certs,
-        ReadCredentialFile("tls_client_ca", options.tls_client_ca_file));
+        ReadCredentialFile("tls.client_ca_file", tls.client_ca_file));
   }
-  ATTNSERVE_RETURN_IF_ERROR(CheckTlsFiles(
-      options, cert, key, mutual ? &ssl.pem_root_certs : nullptr));
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckTlsFiles(tls, cert, key, mutual ? &ssl.pem_root_certs : nullptr));
   ssl.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(ssl);
 }
 
-absl::StatusOr<std::string> BearerTokenFor(const ServerOptions& options) {
-  if (options.auth_token_file.empty()) return std::string();
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      std::string text,
-      ReadCredentialFile("auth_token_file", options.auth_token_file));
+absl::StatusOr<std::string> BearerTokenFor(const std::string& token_file) {
+  if (token_file.empty()) return std::string();
+  ATTNSERVE_ASSIGN_OR_RETURN(std::string text,
+                             ReadCredentialFile("auth_token_file", token_file));
   const absl::string_view token = absl::StripAsciiWhitespace(text);
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--auth_token_file: ", options.auth_token_file, " is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth_token_file: ", token_file, " is empty"));
   }
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
     if (c < 0x20 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--auth_token_file: %s holds byte 0x%02x at offset %d of its "
+          "auth_token_file: %s holds byte 0x%02x at offset %d of its "
           "token, expected one line of printable ASCII (a client sends the "
           "token in an HTTP header)",
-          options.auth_token_file, c,
-          static_cast<int>(token.data() - text.data() + i)));
+          token_file, c, static_cast<int>(token.data() - text.data() + i)));
     }
   }
   return std::string(token);

@@ -77,7 +77,7 @@ absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message) {
   if (static_cast<int64_t>(output.size()) > max_bytes) {
     status = absl::ResourceExhaustedError(absl::StrCat(
         "the ", encoding, "-compressed request inflates to more than ",
-        max_bytes, " bytes, over the --max_message_bytes limit (",
+        max_bytes, " bytes, over the max_message_bytes limit (",
         message->Length(), " bytes compressed)"));
   } else if (result != Z_STREAM_END) {
     status = absl::InvalidArgumentError(absl::StrCat(
@@ -92,13 +92,12 @@ absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<MemoryBudget::Hold> AdmitMessage(const RequestLimits& limits,
-                                                MemoryBudget& budget,
-                                                const std::string& peer,
-                                                grpc::ByteBuffer* message) {
+absl::StatusOr<MemoryBudget::Hold> AdmitMessage(
+    const TransportOptions& transport, MemoryBudget& budget,
+    const std::string& peer, grpc::ByteBuffer* message) {
   const absl::Status inflated =
-      limits.accept_compressed_requests
-          ? InflateRequest(limits.max_message_bytes, message)
+      transport.accept_compressed_requests
+          ? InflateRequest(transport.max_message_bytes, message)
           : absl::OkStatus();
   absl::StatusOr<MemoryBudget::Hold> held =
       inflated.ok() ? budget.Take(static_cast<int64_t>(message->Length()), peer)

@@ -10,7 +10,6 @@
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 #include "attnserve/proto/weights_folder.h"
-#include "attnserve/server/attention/attention_service.h"
 
 namespace attnserve {
 namespace {
@@ -74,7 +73,7 @@ absl::Status CheckStaysInside(const std::filesystem::path& root,
       return absl::OkStatus();
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        path.string(), " is not a folder or a regular file (--weights_dir)"));
+        path.string(), " is not a folder or a regular file (weights_dir)"));
   }
   const std::filesystem::path target = std::filesystem::canonical(path, error);
   const std::string inside = root.string() + "/";
@@ -82,9 +81,28 @@ absl::Status CheckStaysInside(const std::filesystem::path& root,
     return absl::InvalidArgumentError(
         absl::StrCat(path.string(),
                      " is a symbolic link that does not resolve inside "
-                     "--weights_dir; expected folders and regular files"));
+                     "weights_dir; expected folders and regular files"));
   }
   return CheckStaysInside(root, target);
+}
+
+// INVALID_ARGUMENT if `file`, directly in weights_dir, is one that belongs in a
+// weight set's folder: weights_dir was pointed at one set (the layout attnctl
+// --weights_dir takes) rather than at the folder holding the sets.
+absl::Status CheckNotOneSet(const std::string& directory,
+                            const std::filesystem::path& file) {
+  const std::string name = file.filename().string();
+  if (name != "config.txt" && file.extension() != ".npy") {
+    return absl::OkStatus();
+  }
+  std::filesystem::path set =
+      std::filesystem::path(directory).lexically_normal();
+  if (set.filename().empty()) set = set.parent_path();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weights_dir ", directory, " holds ", name,
+      ": it is one weight set's folder; expected the folder holding one "
+      "folder per weight set (its parent, to register it as '",
+      set.filename().string(), "')"));
 }
 
 // The folders of `directory`, skipping hidden entries (Kubernetes' ..data),
@@ -99,7 +117,10 @@ absl::StatusOr<std::vector<std::string>> WeightsFolders(
     for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
       if (entry.path().filename().string().rfind('.', 0) == 0) continue;
       ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, entry.path()));
-      if (!entry.is_directory()) continue;
+      if (!entry.is_directory()) {
+        ATTNSERVE_RETURN_IF_ERROR(CheckNotOneSet(directory, entry.path()));
+        continue;
+      }
       for (const auto& file :
            std::filesystem::directory_iterator(entry.path(), error)) {
         ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, file.path()));
@@ -109,7 +130,7 @@ absl::StatusOr<std::vector<std::string>> WeightsFolders(
   }
   if (error) {
     return absl::NotFoundError(absl::StrCat(
-        "--weights_dir ", directory, " cannot be read: ", error.message()));
+        "weights_dir ", directory, " cannot be read: ", error.message()));
   }
   std::sort(folders.begin(), folders.end());
   return folders;

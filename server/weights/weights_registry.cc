@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {
@@ -101,7 +102,7 @@ absl::Status WeightsRegistry::CheckCapacityLocked(const std::string& name,
   if (total_bytes_ - freed + bytes <= max_total_bytes_) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "weights '", name, "' need ", bytes, " bytes; the registry holds ",
-      total_bytes_, " of its --max_weights_bytes limit of ", max_total_bytes_));
+      total_bytes_, " of its max_weights_bytes limit of ", max_total_bytes_));
 }
 
 absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Put(
@@ -163,6 +164,28 @@ v1::WeightsInfo DescribeWeights(const std::string& name,
   info.set_value_dim(s.value_dim);
   info.set_has_bias(entry.weights->has_bias());
   return info;
+}
+
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
+  if (!request.has_weights()) {
+    return absl::InvalidArgumentError(
+        "weights is missing, expected ProjectionWeights");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsShape shape,
+      ValidateProjectionWeights(request.weights(), "weights"));
+  ATTNSERVE_RETURN_IF_ERROR(registry.CheckCapacity(
+      request.name(), WeightSet::BytesFor(shape, request.weights())));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsRegistry::Entry entry,
+      registry.Put(request.name(),
+                   WeightSet::FromProto(request.weights(), shape)));
+  v1::PutWeightsResponse response;
+  response.set_version(entry.version);
+  response.set_bytes(entry.weights->bytes());
+  return response;
 }
 
 }  // namespace attnserve

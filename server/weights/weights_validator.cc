@@ -1,10 +1,9 @@
-// The ProjectionWeights and weights-name checks declared in
-// request_validator.h.
+#include "attnserve/server/weights/weights_validator.h"
+
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
-#include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 
 namespace attnserve {

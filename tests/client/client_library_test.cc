@@ -375,8 +375,8 @@ TEST_F(ClientServerTest, AsyncAndFutureCallsMatchSyncOnes) {
 
 TEST_F(ClientServerTest, DeadlineCutsALongCallShort) {
   ServerOptions options = DefaultOptions();
-  options.max_message_bytes = 64 << 20;
-  options.max_workspace_bytes = 1 << 30;
+  options.transport.max_message_bytes = 64 << 20;
+  options.engine.max_workspace_bytes = 1 << 30;
   StartServer(options);
   const v1::AttendRequest large =
       RandomRequest(1, 16, 16, 1024, 1024, 64, 64, 70);
@@ -415,8 +415,8 @@ TEST_F(ClientServerTest, AsyncCallsLetGoOfTheChannelBeforeTheClientGoes) {
 
 TEST_F(ClientServerTest, DestroyingTheClientCancelsItsCallsInFlight) {
   ServerOptions options = DefaultOptions();
-  options.max_message_bytes = 64 << 20;
-  options.max_workspace_bytes = 1 << 30;
+  options.transport.max_message_bytes = 64 << 20;
+  options.engine.max_workspace_bytes = 1 << 30;
   StartServer(options);
   auto answer = client_->AttendFuture(
       RandomRequest(1, 8, 8, 4096, 8192, 64, 64, 82), kTimeout);

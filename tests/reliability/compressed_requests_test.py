@@ -49,7 +49,7 @@ def main():
         growth = rss_bytes(pid) - before
         print(f"{encoding} bomb of {len(bomb)} bytes: {status} {text}; RSS grew "
               f"{growth / 2**20:.1f} MiB")
-        if status != RESOURCE_EXHAUSTED or "--max_message_bytes" not in text:
+        if status != RESOURCE_EXHAUSTED or "max_message_bytes" not in text:
             failures.append(f"a {encoding} bomb got {status} {text}")
         if growth > 32 << 20:
             failures.append(f"a {encoding} bomb grew RSS by {growth} bytes")

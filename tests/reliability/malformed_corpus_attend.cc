@@ -384,20 +384,20 @@ std::vector<MalformedCase> LimitCases() {
              },
              kExhausted,
              {"needs 33554432 bytes of scratch",
-              "workspace limit of 16777216 bytes (--max_workspace_bytes)"}),
+              "workspace limit of 16777216 bytes (max_workspace_bytes)"}),
       // A 16 MiB slab of scores (the workspace's worth) plus the output.
       Attend("ComputeOverRequestMemoryLimit",
              [](Request& r) {
                Shapes(r, {16, 1, 1024, 1}, {16, 1, 1024, 1}, {16, 1, 1024, 1});
              },
              kExhausted,
-             {"over the --max_request_memory_bytes limit of 16777216"}),
+             {"over the max_request_memory_bytes limit of 16777216"}),
       Attend("QueryOverElementLimit",
              [](Request& r) {
                Shapes(r, {1, 1, 50001, 4}, {1, 1, 7, 4}, {1, 1, 7, 3});
              },
              kExhausted,
-             {"query has 200004 elements, over the --max_elements limit of "
+             {"query has 200004 elements, over the max_elements limit of "
               "200000"}),
       Attend("MaskOverElementLimit",
              [](Request& r) {
@@ -406,7 +406,7 @@ std::vector<MalformedCase> LimitCases() {
                    MakeBoolTensor({500, 500}, std::vector<bool>(250000, true));
              },
              kExhausted,
-             {"options.attn_mask has 250000 elements, over the --max_elements "
+             {"options.attn_mask has 250000 elements, over the max_elements "
               "limit of 200000"}),
       Attend("RequestOverMessageLimit",
              [](Request& r) {

@@ -76,15 +76,15 @@ class MalformedInputTest : public ::testing::Test {
     ServerOptions options;
     options.address = "127.0.0.1";
     options.port = 0;
-    options.max_message_bytes = kCorpusMaxMessageBytes;
-    options.max_workspace_bytes = kCorpusMaxWorkspaceBytes;
-    options.max_elements = kCorpusMaxElements;
-    options.max_request_memory_bytes = kCorpusMaxRequestMemoryBytes;
+    options.transport.max_message_bytes = kCorpusMaxMessageBytes;
+    options.engine.max_workspace_bytes = kCorpusMaxWorkspaceBytes;
+    options.limits.max_elements = kCorpusMaxElements;
+    options.limits.max_request_memory_bytes = kCorpusMaxRequestMemoryBytes;
     // The scratch-limit cases are sized by the scores the unfused path holds
     // (as every request asking for weights needs); the fused kernel's scratch
     // does not grow with them (validation_test shows the same request
     // computed there). Validation is otherwise the same on both paths.
-    options.attention_kernel = AttentionKernel::kUnfused;
+    options.engine.kernel = AttentionKernel::kUnfused;
     absl::StatusOr<std::unique_ptr<AttnServer>> server =
         AttnServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();

@@ -85,8 +85,8 @@ def large(port, failures):
     # reclaimer may end the whole connection (UNAVAILABLE: a GOAWAY, a broken pipe); every other
     # RESOURCE_EXHAUSTED must be the budget's.
     unexplained = [m for m in messages
-                   if "--max_inflight_bytes" not in m and "error code 11" not in m]
-    if unexplained or not any("--max_inflight_bytes" in m for m in messages):
+                   if "max_inflight_bytes" not in m and "error code 11" not in m]
+    if unexplained or not any("max_inflight_bytes" in m for m in messages):
         failures.append(f"refusals that do not name the budget: {dict(messages)}")
 
 

@@ -54,6 +54,12 @@ dir="${workdir}/folder_link" && mkdir -p "${dir}" && make_weights "${workdir}/ou
   ln -s "${workdir}/outside" "${dir}/set"
 expect_start_failure "set is a symbolic link that does not resolve inside" --weights_dir="${dir}"
 
+# --weights_dir pointed at one weight set's folder (attnctl's layout) instead of the folder above.
+dir="${workdir}/one_set" && make_weights "${dir}/set"
+expected_status=2 expect_start_failure \
+  "--weights_dir .*/set holds (config.txt|w_[a-z]+.npy): it is one weight set's folder; expected the folder holding one folder per weight set \(its parent, to register it as 'set'\)" \
+  --weights_dir="${dir}/set"
+
 dir="${workdir}/passwd_copy" && make_weights "${dir}/set" && head -3 /etc/passwd >"${dir}/set/config.txt"
 expect_start_failure "config.txt: line 1 is not key=integer" --weights_dir="${dir}"
 

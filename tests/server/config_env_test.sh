@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # attnserve's configuration: every flag reads ATTNSERVE_<FLAG> from the environment, the command
-# line wins, --help documents each flag, and the start-up line shows the effective values.
+# line wins, --help documents each flag (exit 0, paths from the repository root), --version
+# prints the version, and the start-up line shows the effective values.
 #
 # usage: config_env_test.sh ATTNSERVE
 set -euo pipefail
@@ -51,12 +52,26 @@ set -e
 [[ ${status} -ne 0 ]] || fail "io_spin_us=-1 was accepted"
 grep -q "io_spin_us is -1, expected 0 to 1000000" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
 
-help=$("${attnserve}" --helpfull 2>&1 || true)
+line=$(startup_line "${attnserve}" --demo_weights=false)
+[[ ${line} == *"demo_weights=off "* ]] || fail "--demo_weights=false not in effect: ${line}"
+
+version=$("${attnserve}" --version) || fail "--version exited non-zero"
+[[ ${version} =~ ^attnserve\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "--version printed '${version}'"
+
+for help_flag in --help --helpfull -help; do
+  help=$("${attnserve}" "${help_flag}") || fail "${help_flag} exited non-zero"
+  grep -q "Flags from server/process/main.cc:" <<<"${help}" ||
+    fail "${help_flag} does not list the flags under their source path: ${help}"
+  ! grep -q "No flags matched\|/work/\|/src/" <<<"${help}" || fail "${help_flag} printed: ${help}"
+done
+help=$("${attnserve}" --help)
 for flag in address port threads io_threads io_spin_us executors max_queue max_batch max_queue_delay_us \
             max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
             metrics_port max_weights_bytes max_inflight_bytes stream_idle_timeout_seconds max_client_resets_per_second weights_dir drain_grace_seconds tls_cert tls_key \
-            tls_client_ca auth_token_file attention_kernel portable_kernels; do
-  grep -q -- "-${flag} " <<<"${help}" || fail "--helpfull does not document --${flag}"
+            tls_client_ca auth_token_file attention_kernel portable_kernels demo_weights \
+            max_concurrent_streams message_timeout_seconds accept_compressed_requests \
+            buffer_pool_bytes metrics_address; do
+  grep -q -- "-${flag} " <<<"${help}" || fail "--help does not document --${flag}"
 done
-grep -q "ATTNSERVE_" <<<"${help}" || fail "--helpfull does not mention ATTNSERVE_ variables"
+grep -q "ATTNSERVE_" <<<"${help}" || fail "--help does not mention ATTNSERVE_ variables"
 echo PASS

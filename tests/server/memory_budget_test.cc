@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "attnserve/server/process/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -46,7 +47,7 @@ TEST(MemoryBudgetTest, OneConnectionMayHoldHalf) {
   EXPECT_THAT(
       more.status().message(),
       AllOf(HasSubstr("this connection's calls in flight hold 31457280"),
-            HasSubstr("--max_inflight_bytes")));
+            HasSubstr("max_inflight_bytes")));
   // A failed Grow keeps what the hold had.
   EXPECT_FALSE(first->Grow(3 * kMiB).ok());
   EXPECT_EQ(first->bytes(), 30 * kMiB);
@@ -147,8 +148,8 @@ TEST(PlanMemoryTest, RefusesBudgetsThatDoNotFit) {
       PlanMemory(int64_t{1} << 30, 128 * kMiB, 2048 * kMiB, limit);
   ASSERT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(over.status().message(),
-              AllOf(HasSubstr("--max_weights_bytes 1073741824"),
-                    HasSubstr("--max_inflight_bytes 2147483648"),
+              AllOf(HasSubstr("max_weights_bytes 1073741824"),
+                    HasSubstr("max_inflight_bytes 2147483648"),
                     HasSubstr("3221225472 bytes of cgroup /sys/fs/cgroup")));
   // Weights alone past the limit leave nothing to derive.
   EXPECT_THAT(PlanMemory(int64_t{3} << 30, 0, 0, limit).status().message(),

@@ -240,8 +240,8 @@ class InflightMetricsTest : public ::attnserve::testing::ServerFixture {
   void SetUp() override {
     ServerOptions options = DefaultOptions();
     options.metrics_port = 0;
-    options.max_message_bytes = 64 << 20;
-    options.max_inflight_bytes = int64_t{64} << 20;
+    options.transport.max_message_bytes = 64 << 20;
+    options.memory.max_inflight_bytes = int64_t{64} << 20;
     StartServer(options);
   }
 };
@@ -258,7 +258,7 @@ TEST_F(InflightMetricsTest, BudgetGaugesShowTheLimitAndRefusals) {
   const absl::StatusOr<v1::AttendResponse> refused =
       client_->Attend(large, kTimeout);
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(refused.status().message(), HasSubstr("--max_inflight_bytes"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("max_inflight_bytes"));
   ASSERT_TRUE(client_->Attend(SmallAttend(1), kTimeout).ok());
   // The gauges are sampled once a second.
   std::map<std::string, double> samples;

@@ -191,8 +191,8 @@ class PropertyTest : public ::attnserve::testing::ServerFixture,
  protected:
   void SetUp() override {
     ServerOptions options = DefaultOptions();
-    options.attention_kernel = GetParam().kernel;
-    options.portable_kernels = GetParam().portable;
+    options.engine.kernel = GetParam().kernel;
+    options.engine.portable_kernels = GetParam().portable;
     StartServer(options);
   }
 };

@@ -160,17 +160,20 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
   };
   const Case cases[] = {
       {"port", [](ServerOptions& o) { o.port = 70000; }},
-      {"threads", [](ServerOptions& o) { o.threads = -2; }},
+      {"threads", [](ServerOptions& o) { o.engine.num_threads = -2; }},
       {"max_message_bytes",
-       [](ServerOptions& o) { o.max_message_bytes = int64_t{1} << 31; }},
+       [](ServerOptions& o) {
+         o.transport.max_message_bytes = int64_t{1} << 31;
+       }},
       {"max_workspace_bytes",
-       [](ServerOptions& o) { o.max_workspace_bytes = 0; }},
-      {"max_batch", [](ServerOptions& o) { o.max_batch = 0; }},
-      {"executors", [](ServerOptions& o) { o.executors = 0; }},
-      {"max_queue", [](ServerOptions& o) { o.max_queue = -1; }},
+       [](ServerOptions& o) { o.engine.max_workspace_bytes = 0; }},
+      {"max_batch", [](ServerOptions& o) { o.scheduling.max_batch = 0; }},
+      {"executors", [](ServerOptions& o) { o.scheduling.executors = 0; }},
+      {"max_queue", [](ServerOptions& o) { o.scheduling.max_queue = -1; }},
       {"metrics_port", [](ServerOptions& o) { o.metrics_port = 70000; }},
-      {"tls_cert_file", [](ServerOptions& o) { o.tls_cert_file = "x.pem"; }},
-      {"max_weights_bytes", [](ServerOptions& o) { o.max_weights_bytes = -1; }},
+      {"tls.cert_file", [](ServerOptions& o) { o.tls.cert_file = "x.pem"; }},
+      {"max_weights_bytes",
+       [](ServerOptions& o) { o.memory.max_weights_bytes = -1; }},
   };
   for (const Case& test_case : cases) {
     SCOPED_TRACE(test_case.field);

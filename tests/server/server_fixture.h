@@ -39,11 +39,11 @@ class ServerFixture : public ::testing::Test {
     ServerOptions options;
     options.address = "127.0.0.1";
     options.port = 0;
-    options.max_message_bytes = 4 << 20;
-    options.max_workspace_bytes = 16 << 20;
+    options.transport.max_message_bytes = 4 << 20;
+    options.engine.max_workspace_bytes = 16 << 20;
     // More than the default of one on a small machine, so that a call's
     // events reach its handler on different threads, as on a large one.
-    options.io_threads = 3;
+    options.transport.io_threads = 3;
     return options;
   }
 

@@ -82,8 +82,8 @@ class ServiceTest : public ::attnserve::testing::ServerFixture {
 
   void Start(ServerOptions options) {
     options.metrics_port = 0;
-    options.max_message_bytes = 64 << 20;
-    options.max_workspace_bytes = 1 << 30;
+    options.transport.max_message_bytes = 64 << 20;
+    options.engine.max_workspace_bytes = 1 << 30;
     StartServer(options);
   }
 
@@ -112,8 +112,8 @@ class ServiceTest : public ::attnserve::testing::ServerFixture {
 
 TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   ServerOptions options = DefaultOptions();
-  options.max_batch = 8;
-  options.max_queue_delay = absl::Milliseconds(200);
+  options.scheduling.max_batch = 8;
+  options.scheduling.max_queue_delay = absl::Milliseconds(200);
   Start(options);
   const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
   std::vector<v1::AttendRequest> requests;
@@ -133,8 +133,8 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
 // stream they batch, their answers split back in order.
 TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {
   ServerOptions options = DefaultOptions();
-  options.max_batch = 8;
-  options.max_queue_delay = absl::Milliseconds(200);
+  options.scheduling.max_batch = 8;
+  options.scheduling.max_queue_delay = absl::Milliseconds(200);
   Start(options);
   const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
   std::vector<v1::AttendRequest> requests;
@@ -177,8 +177,8 @@ TEST_F(ServiceTest, IoThreadsAnswerWhetherTheySpinOrSleep) {
     SCOPED_TRACE(absl::StrCat("io_threads ", loop.io_threads, " spin ",
                               absl::FormatDuration(loop.spin)));
     ServerOptions options = DefaultOptions();
-    options.io_threads = loop.io_threads;
-    options.io_spin = loop.spin;
+    options.transport.io_threads = loop.io_threads;
+    options.transport.io_spin = loop.spin;
     Start(options);
     for (int i = 0; i < 20; ++i) {
       const v1::AttendRequest request = Request(s, 100 + i);
@@ -210,8 +210,8 @@ TEST_F(ServiceTest, IoThreadsAnswerWhetherTheySpinOrSleep) {
 
 TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   ServerOptions options = DefaultOptions();
-  options.max_queue = 1;
-  options.max_batch = 1;
+  options.scheduling.max_queue = 1;
+  options.scheduling.max_batch = 1;
   Start(options);
   // The slow request holds the only executor; then one small request fills
   // the queue and the next is refused. Each step waits for the server's gauges,
@@ -226,14 +226,14 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
       << refused.status();
   EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("--max_queue limit is 1"));
+              HasSubstr("max_queue limit is 1"));
   EXPECT_TRUE(slow.get().ok());
   EXPECT_TRUE(queued.get().ok());
 }
 
 TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   ServerOptions options = DefaultOptions();
-  options.max_batch = 1;
+  options.scheduling.max_batch = 1;
   Start(options);
   auto slow = StartSlowRequest();
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
@@ -272,8 +272,8 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
 
 TEST_F(ServiceTest, LimitsAnswerResourceExhaustedBeforeAllocating) {
   ServerOptions options = DefaultOptions();
-  options.max_elements = 5000;
-  options.max_request_memory_bytes = 1 << 20;
+  options.limits.max_elements = 5000;
+  options.limits.max_request_memory_bytes = 1 << 20;
   Start(options);
   absl::Status status =
       client_->Attend(Request({1, 1, 1, 80, 80, 64, 64}, 1), kTimeout).status();
@@ -281,14 +281,14 @@ TEST_F(ServiceTest, LimitsAnswerResourceExhaustedBeforeAllocating) {
   EXPECT_THAT(
       std::string(status.message()),
       HasSubstr(
-          "query has 5120 elements, over the --max_elements limit of 5000"));
+          "query has 5120 elements, over the max_elements limit of 5000"));
   // 4·4·128·256 weights of 4 bytes: 2 MiB.
   v1::AttendRequest weights = Request({4, 4, 4, 128, 256, 1, 1}, 2);
   weights.mutable_options()->set_return_weights(v1::AttentionOptions::PER_HEAD);
   status = client_->Attend(weights, kTimeout).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()),
-              HasSubstr("--max_request_memory_bytes limit of 1048576"));
+              HasSubstr("max_request_memory_bytes limit of 1048576"));
   EXPECT_TRUE(
       client_->Attend(Request({1, 1, 1, 4, 4, 4, 4}, 3), kTimeout).ok());
 }
@@ -296,7 +296,7 @@ TEST_F(ServiceTest, LimitsAnswerResourceExhaustedBeforeAllocating) {
 TEST_F(ServiceTest, DrainingAnswersEveryAcceptedCallThenRefuses) {
   ServerOptions options = DefaultOptions();
   options.drain_grace = absl::Milliseconds(300);
-  options.executors = 2;
+  options.scheduling.executors = 2;
   Start(options);
   const ReferenceShape s = {1, 4, 4, 64, 256, 32, 32};
   const v1::AttendRequest request = Request(s, 7);
@@ -369,9 +369,9 @@ TEST_F(ServiceTest, TlsMutualTlsAndTokens) {
   const std::string token_file = ::testing::TempDir() + "/token";
   std::ofstream(token_file) << "open-sesame\n";
   ServerOptions options = DefaultOptions();
-  options.tls_cert_file = certs->directory + "/server.crt";
-  options.tls_key_file = certs->directory + "/server.key";
-  options.tls_client_ca_file = certs->directory + "/ca.crt";
+  options.tls.cert_file = certs->directory + "/server.crt";
+  options.tls.key_file = certs->directory + "/server.key";
+  options.tls.client_ca_file = certs->directory + "/ca.crt";
   options.auth_token_file = token_file;
   options.port = 0;
   absl::StatusOr<std::unique_ptr<AttnServer>> server =

@@ -316,7 +316,7 @@ class UnfusedWorkspaceTest : public ::attnserve::testing::ServerFixture {
  protected:
   void SetUp() override {
     ServerOptions options = DefaultOptions();
-    options.attention_kernel = AttentionKernel::kUnfused;
+    options.engine.kernel = AttentionKernel::kUnfused;
     StartServer(options);
   }
 };

@@ -190,6 +190,43 @@ TEST_F(WeightsDirTest, FoldersAreRegisteredAtStartAndMatchReference) {
              kAbs, kRel, "gqa64 output");
 }
 
+// With demo_weights off only weights_dir's sets answer; `demo` is not found.
+TEST_F(WeightsDirTest, DemoWeightsOffRegistersOnlyTheFolders) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("tiny", "num_heads=2\n", MakeWeights(tiny, 950), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  EXPECT_THAT(server_->startup_weights(), ElementsAre("tiny"));
+  absl::StatusOr<v1::ListWeightsResponse> list = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_THAT(NamesOf(*list), ElementsAre("tiny"));
+  v1::MultiHeadAttentionRequest request = MakeRequest(tiny, 960, false);
+  request.set_weights_name("demo");
+  EXPECT_EQ(client_->MultiHeadAttention(request, kTimeout).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// weights_dir pointed at one set's folder, the layout `attnctl --weights_dir`
+// takes, fails naming the folder to use instead of starting without the set.
+TEST_F(WeightsDirTest, OneSetsFolderFailsStartNamingItsParent) {
+  const ReferenceMhaShape tiny{1, 1, 1, 4, 4, 2, 2, 4, 4};
+  WriteFolder("tiny", "num_heads=2\n", MakeWeights(tiny, 970), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = (root_ / "tiny").string();
+  const absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)
+      << server.status();
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("it is one weight set's folder; expected the folder "
+                        "holding one folder per weight set"));
+}
+
 TEST_F(WeightsDirTest, FolderWithoutConfigFailsStartNamingTheFolder) {
   const ReferenceMhaShape tiny{1, 1, 1, 4, 4, 2, 2, 4, 4};
   WriteFolder("broken", /*config=*/"", MakeWeights(tiny, 900), "<f4");

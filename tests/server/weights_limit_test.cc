@@ -65,7 +65,7 @@ TEST_F(WeightsLimitTest, PutOverLimitIsResourceExhaustedAndEarlierSetsRemain) {
 
   // Room for demo and either set, not both.
   ServerOptions options = DefaultOptions();
-  options.max_weights_bytes = demo_bytes + small_bytes + big_bytes - 1;
+  options.memory.max_weights_bytes = demo_bytes + small_bytes + big_bytes - 1;
   StartServer(options);
   if (HasFatalFailure()) return;
 
@@ -79,8 +79,8 @@ TEST_F(WeightsLimitTest, PutOverLimitIsResourceExhaustedAndEarlierSetsRemain) {
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr(absl::StrCat("holds ", demo_bytes + small_bytes)));
   EXPECT_THAT(std::string(refused.message()),
-              HasSubstr(absl::StrCat("--max_weights_bytes limit of ",
-                                     options.max_weights_bytes)));
+              HasSubstr(absl::StrCat("max_weights_bytes limit of ",
+                                     options.memory.max_weights_bytes)));
 
   list = client_->ListWeights(kTimeout);
   ASSERT_TRUE(list.ok()) << list.status();
@@ -105,7 +105,7 @@ TEST_F(WeightsLimitTest, PutOverLimitIsResourceExhaustedAndEarlierSetsRemain) {
 
 TEST_F(WeightsLimitTest, StartFailsWhenDemoWeightsDoNotFit) {
   ServerOptions options = DefaultOptions();
-  options.max_weights_bytes = 1000;
+  options.memory.max_weights_bytes = 1000;
   const absl::StatusOr<std::unique_ptr<AttnServer>> server =
       AttnServer::Start(options);
   ASSERT_FALSE(server.ok());
@@ -114,7 +114,7 @@ TEST_F(WeightsLimitTest, StartFailsWhenDemoWeightsDoNotFit) {
   EXPECT_THAT(std::string(server.status().message()),
               HasSubstr("weights 'demo'"));
   EXPECT_THAT(std::string(server.status().message()),
-              HasSubstr("--max_weights_bytes limit of 1000"));
+              HasSubstr("max_weights_bytes limit of 1000"));
 }
 
 }  // namespace

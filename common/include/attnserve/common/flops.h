@@ -1,7 +1,7 @@
 // The floating-point operation counts every rate attnserve reports is measured
 // in: the engine's choice of thread team, the server's
-// attnserve_compute_flops_total, and `attnctl bench`'s GFLOP/s. One home, so
-// the three always agree.
+// attnserve_floating_point_operations_total, and `attnctl bench`'s GFLOP/s. One
+// home, so the three always agree.
 #ifndef ATTNSERVE_COMMON_FLOPS_H_
 #define ATTNSERVE_COMMON_FLOPS_H_
 

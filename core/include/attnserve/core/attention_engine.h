@@ -99,6 +99,10 @@ class AttentionEngine {
   // What the engine computes with, for logs and build-info metrics.
   virtual RuntimeInfo runtime_info() const = 0;
 
+  // The options it was created with (max_workspace_bytes: the scratch limit
+  // a call is refused over).
+  virtual const EngineOptions& options() const = 0;
+
  protected:
   AttentionEngine() = default;
 };

@@ -21,6 +21,7 @@
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/rpc/transport_options.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 
 namespace attnserve {
@@ -34,9 +35,10 @@ struct StreamDependencies {
   // Each message held (from its arrival to its answer's write) is charged to
   // it; one it has no room for is answered RESOURCE_EXHAUSTED.
   MemoryBudget* budget;
-  RequestLimits limits;
+  RequestChecks checks;
+  TransportOptions transport;
   // Cancels a stream whose next message has not arrived within
-  // limits.stream_idle_timeout of the read's start.
+  // transport.stream_idle_timeout of the read's start.
   ReadWatchdog* watchdog;
 };
 

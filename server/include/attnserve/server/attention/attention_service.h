@@ -15,6 +15,7 @@
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/rpc/transport_options.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 
@@ -32,7 +33,8 @@ class AttentionServiceImpl final {
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
                        const CallGate* gate, MemoryBudget* budget,
-                       RequestLimits limits, std::shared_ptr<BytesPool> pool);
+                       RequestChecks checks, TransportOptions transport,
+                       std::shared_ptr<BytesPool> pool);
 
   // Serves every method of the service on `loop`.
   void AddTo(CallLoop& loop);
@@ -129,7 +131,8 @@ class AttentionServiceImpl final {
   WeightsRegistry* const registry_;
   const CallGate* const gate_;
   MemoryBudget* const budget_;
-  const RequestLimits limits_;
+  const RequestChecks checks_;
+  const TransportOptions transport_;
   // Where requests' and responses' tensor bytes are kept between calls.
   const std::shared_ptr<BytesPool> pool_;
   // Where the computes run and record.
@@ -139,11 +142,6 @@ class AttentionServiceImpl final {
   // Cancels AttendStreams whose next message does not come.
   ReadWatchdog stream_watchdog_;
 };
-
-// Validates, converts and registers `request` (shared by PutWeights and the
-// start-up loaders).
-absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
-    WeightsRegistry& registry, const v1::PutWeightsRequest& request);
 
 }  // namespace attnserve
 

@@ -14,40 +14,35 @@
 
 #include "absl/status/statusor.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/weights/weights_validator.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve {
 
+// Per-request limits, checked before anything is allocated.
 struct RequestLimits {
-  // The largest message the server receives or sends. A response that would be
-  // larger is refused with RESOURCE_EXHAUSTED before it is computed.
-  int64_t max_message_bytes = int64_t{64} << 20;
   // The most elements any one tensor may have.
   int64_t max_elements = int64_t{1} << 28;
   // The most memory a request's compute may allocate: outputs, weights, lse,
   // f32 copies of non-f32 inputs, projections, and the attention's scratch.
   int64_t max_request_memory_bytes = int64_t{4} << 30;
-  // The attention kernel's scratch limit (the engine's max_workspace_bytes): a
-  // request whose scratch would exceed it is refused here rather than after
-  // queueing.
-  int64_t max_workspace_bytes = int64_t{1} << 30;
-  // How long a unary call's request may take to arrive after its headers;
-  // past it the call is cancelled and what was buffered of it dropped.
-  absl::Duration message_timeout = absl::Seconds(30);
-  // Whether compressed requests are taken (then inflated by InflateRequest,
-  // bounded by max_message_bytes).
-  bool accept_compressed_requests = false;
-  // How long an AttendStream's next message may take to arrive; past it the
-  // stream is cancelled.
-  absl::Duration stream_idle_timeout = absl::Minutes(5);
+};
+
+// What a request is checked against.
+struct RequestChecks {
+  RequestLimits limits;
+  // The largest message the server sends: a response that would be larger is
+  // refused with RESOURCE_EXHAUSTED before it is computed.
+  int64_t max_message_bytes = int64_t{64} << 20;
   // The engine that will compute, which knows its own scratch needs (they
-  // depend on its kernel and thread count). Null: validation alone, the
-  // scratch is estimated as the unfused path's.
+  // depend on its kernel and thread count) and their limit
+  // (EngineOptions::max_workspace_bytes): a request over it is refused here
+  // rather than after queueing. Required.
   const AttentionEngine* engine = nullptr;
 };
 
 // Validated options whose data (mask, key lengths) still lives in the request:
-// BindOptions in tensor_codec.h points them at it when the work runs.
+// BindOptions in response_tensors.h points them at it when the work runs.
 struct OptionsPlan {
   AttentionOptions options;  // mask and key_lengths unset
   std::optional<std::array<int64_t, 4>> mask_dims;  // left-padded to rank 4
@@ -62,12 +57,6 @@ struct AttendWork {
   int64_t memory_bytes = 0;
 };
 
-// The dimensions a set of projection weights implies.
-struct WeightsShape {
-  int64_t embed_dim = 0, kv_embed_dim = 0, heads = 0, kv_heads = 0, key_dim = 0,
-          value_dim = 0;
-};
-
 struct MultiHeadWork {
   MultiHeadShape shape;
   OptionsPlan plan;
@@ -77,15 +66,9 @@ struct MultiHeadWork {
 };
 
 // Returns the work an Attend request describes, INVALID_ARGUMENT for a
-// malformed field, or RESOURCE_EXHAUSTED if its response would exceed `limits`.
+// malformed field, or RESOURCE_EXHAUSTED if it is over `checks`.
 absl::StatusOr<AttendWork> ValidateAttendRequest(
-    const v1::AttendRequest& request, const RequestLimits& limits);
-
-// Checks projection weights (inline in a request, or being registered) and
-// returns the dimensions they imply. `field` prefixes every field name
-// ("weights").
-absl::StatusOr<WeightsShape> ValidateProjectionWeights(
-    const v1::ProjectionWeights& weights, const std::string& field);
+    const v1::AttendRequest& request, const RequestChecks& checks);
 
 // Returns the work a MultiHeadAttention request describes against weights of
 // `weights_shape`
@@ -93,11 +76,7 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
 absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
     const v1::MultiHeadAttentionRequest& request,
     const WeightsShape& weights_shape, const std::string& weights_origin,
-    const RequestLimits& limits);
-
-// A registered weights name: 1 to 128 characters of [A-Za-z0-9._-].
-absl::Status ValidateWeightsName(const std::string& field,
-                                 const std::string& name);
+    const RequestChecks& checks);
 
 }  // namespace attnserve
 

@@ -2,7 +2,7 @@
 // all).
 //
 // Every family and every series is created in the constructor, so recording
-// never allocates or takes the registry's lock, and labels are bounded: rpc (5
+// never allocates or takes the registry's lock, and labels are bounded: rpc (6
 // values) and gRPC code (17 values). Thread-safe.
 #ifndef ATTNSERVE_SERVER_METRICS_METRICS_H_
 #define ATTNSERVE_SERVER_METRICS_METRICS_H_

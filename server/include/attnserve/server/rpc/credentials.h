@@ -9,24 +9,32 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "attnserve/server/server.h"
 #include "grpcpp/security/server_credentials.h"
 
 namespace attnserve {
 
-// Insecure credentials without --tls_cert; else TLS from the PEM certificate
-// chain and key (and client CA bundle for mTLS). INVALID_ARGUMENT naming the
-// file and the cause: not a regular file, no PEM certificate or key in it, a
-// key that does not match the chain's first certificate.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
-    const ServerOptions& options);
+// TLS: PEM files of the server's certificate chain and key; with a client CA,
+// clients must present a certificate it signed (mutual TLS). No certificate:
+// plaintext.
+struct ServerTlsOptions {
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca_file;
+};
 
-// "" without --auth_token_file; else the token: the file's one line, without
+// Insecure credentials without a certificate file; else TLS from the PEM
+// certificate chain and key (and client CA bundle for mTLS). INVALID_ARGUMENT
+// naming the file and the cause: not a regular file, no PEM certificate or key
+// in it, a key that does not match the chain's first certificate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const ServerTlsOptions& tls);
+
+// "" for no `token_file`; else the token: the file's one line, without
 // surrounding whitespace. INVALID_ARGUMENT naming the file if it is empty or
 // holds anything but printable ASCII (a control character or a second line,
 // which no client could send in an authorization header); the message gives
 // the offending byte's offset, never the token.
-absl::StatusOr<std::string> BearerTokenFor(const ServerOptions& options);
+absl::StatusOr<std::string> BearerTokenFor(const std::string& token_file);
 
 }  // namespace attnserve
 

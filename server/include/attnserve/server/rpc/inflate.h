@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/rpc/memory_budget.h"
+#include "attnserve/server/rpc/transport_options.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace attnserve {
@@ -32,13 +32,12 @@ namespace attnserve {
 absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message);
 
 // Takes a request `message` that has arrived from `peer`: inflates it (with
-// `limits.accept_compressed_requests`), then takes its bytes from `budget`.
+// `transport.accept_compressed_requests`), then takes its bytes from `budget`.
 // On an error (the inflation's, or the budget's RESOURCE_EXHAUSTED) the
 // message is cleared, so that its bytes are not held.
-absl::StatusOr<MemoryBudget::Hold> AdmitMessage(const RequestLimits& limits,
-                                                MemoryBudget& budget,
-                                                const std::string& peer,
-                                                grpc::ByteBuffer* message);
+absl::StatusOr<MemoryBudget::Hold> AdmitMessage(
+    const TransportOptions& transport, MemoryBudget& budget,
+    const std::string& peer, grpc::ByteBuffer* message);
 
 }  // namespace attnserve
 

@@ -108,50 +108,6 @@ class MemoryBudget {
 // up.
 inline constexpr int64_t kBytesPerCall = int64_t{16} << 10;
 
-// The memory the process may use, and where that figure comes from.
-struct MemoryLimit {
-  int64_t bytes = 0;
-  // "cgroup /sys/fs/cgroup/memory.max" or "physical memory".
-  std::string source;
-};
-
-// The tightest cgroup memory limit over the process's cgroup and its ancestors
-// (cgroup v2's memory.max, or v1's memory.limit_in_bytes) under `cgroup_root`,
-// as /proc/self/cgroup names them (`proc_self_cgroup`), or the machine's
-// physical memory when none is set.
-MemoryLimit ReadMemoryLimit(
-    const std::string& cgroup_root = "/sys/fs/cgroup",
-    const std::string& proc_self_cgroup = "/proc/self/cgroup");
-
-// Memory the process needs beyond its budgets: code, gRPC's and oneDNN's own
-// state, thread stacks, the allocator's overhead.
-inline constexpr int64_t kProcessOverheadBytes = int64_t{256} << 20;
-
-// The budgets that must fit in the memory limit together.
-struct MemoryPlan {
-  int64_t max_weights_bytes = 0;
-  int64_t buffer_pool_bytes = 0;
-  int64_t max_inflight_bytes = 0;
-  // The part of max_inflight_bytes given to gRPC's ResourceQuota: the buffers
-  // of connections and of messages still arriving.
-  int64_t transport_bytes = 0;
-  MemoryLimit limit;
-};
-
-// Fills in the budgets left at 0 (derived from `limit`) and checks that they
-// fit:
-// - max_weights_bytes 0: a quarter of the limit, at most 4 GiB;
-// - max_inflight_bytes 0: three quarters of what the limit leaves after the
-//   weights, the buffer pool and kProcessOverheadBytes (the last quarter is
-//   the allocator's slack and gRPC's overshoot of its quota).
-// FAILED_PRECONDITION, naming every term, when weights + pool + in-flight +
-// kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a negative
-// budget.
-absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
-                                      int64_t buffer_pool_bytes,
-                                      int64_t max_inflight_bytes,
-                                      const MemoryLimit& limit);
-
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_SERVER_RPC_MEMORY_BUDGET_H_

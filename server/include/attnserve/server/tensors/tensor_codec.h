@@ -1,4 +1,5 @@
-// The one place where protobuf tensors and core's f32 views of them meet.
+// Where protobuf tensors and core's f32 views of them meet: conversions
+// between the wire's dtypes and f32, output tensors, weight views.
 #ifndef ATTNSERVE_SERVER_TENSORS_TENSOR_CODEC_H_
 #define ATTNSERVE_SERVER_TENSORS_TENSOR_CODEC_H_
 
@@ -9,7 +10,6 @@
 #include "absl/types/span.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_engine.h"
-#include "attnserve/server/attention/request_validator.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve {
@@ -44,34 +44,6 @@ class OutputTensor {
   v1::Tensor* tensor_;
   std::vector<float> scratch_;
   absl::Span<float> values_;
-};
-
-// Returns the options of `plan` with the mask and key lengths pointed at the
-// request's `proto` (a BOOL mask and the key lengths without a copy; a float
-// mask through `mask_storage`).
-AttentionOptions BindOptions(const OptionsPlan& plan,
-                             const v1::AttentionOptions& proto,
-                             std::vector<float>* mask_storage);
-
-// The response tensors of an attention call: output, and weights and lse as
-// `plan` asks.
-class AttentionResponseTensors {
- public:
-  // `heads` is the SDPA shape (for the weights and lse), `output_shape` the
-  // output's. The tensors must outlive this object; `weights` and `lse` may be
-  // null when not asked for.
-  AttentionResponseTensors(const OptionsPlan& plan, const AttentionShape& heads,
-                           absl::Span<const int64_t> output_shape,
-                           v1::Tensor* output, v1::Tensor* weights,
-                           v1::Tensor* lse);
-
-  AttentionOutputs outputs();
-  void Finish();
-
- private:
-  OutputTensor output_;
-  std::optional<OutputTensor> weights_;
-  std::optional<OutputTensor> lse_;
 };
 
 // Projection weights as engine views: FLOAT32 tensors aliased, others converted

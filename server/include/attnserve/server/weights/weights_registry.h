@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/core/attention_engine.h"
-#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/weights/weights_validator.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve {
@@ -95,6 +95,11 @@ class WeightsRegistry {
 // Fills a WeightsInfo for `name`.
 v1::WeightsInfo DescribeWeights(const std::string& name,
                                 const WeightsRegistry::Entry& entry);
+
+// Validates, converts and registers `request` (shared by PutWeights and the
+// start-up loaders).
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request);
 
 }  // namespace attnserve
 

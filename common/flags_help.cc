@@ -1,4 +1,4 @@
-#include "help.h"
+#include "attnserve/common/flags_help.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -20,13 +20,17 @@ namespace {
 
 constexpr size_t kWidth = 80;
 
-// A flag's source file as the build named it, from "client/" on for attnctl's
-// own (CMake compiles them by absolute path), else without a leading "/" or
-// "./" (Abseil's own).
+// The program's, as ConfigureUsage was given it.
+ProgramUsage program_usage{"", "", "/"};
+
+// A flag's source file as the build named it, from the program's source folder
+// on for its own (CMake compiles them by absolute path), else without a
+// leading "/" or "./" (Abseil's own).
 std::string NormalizeFilename(absl::string_view path) {
-  const size_t client = path.rfind("client/attnctl/");
-  if (client != absl::string_view::npos) {
-    return std::string(path.substr(client));
+  const absl::string_view folder = program_usage.source_folder;
+  const size_t own = path.rfind(absl::StrCat("/", folder));
+  if (own != absl::string_view::npos) {
+    return std::string(path.substr(own + 1));
   }
   while (absl::ConsumePrefix(&path, "/") || absl::ConsumePrefix(&path, "./")) {
   }
@@ -58,15 +62,16 @@ void AppendWrapped(absl::string_view first, absl::string_view text,
 
 }  // namespace
 
-void ConfigureUsage(absl::string_view usage) {
-  absl::SetProgramUsageMessage(usage);
+void ConfigureUsage(const ProgramUsage& usage) {
+  program_usage = usage;
+  absl::SetProgramUsageMessage(usage.usage);
   absl::FlagsUsageConfig config;
   config.contains_help_flags = [](absl::string_view file) {
-    return absl::StartsWith(file, "client/attnctl/");
+    return absl::StartsWith(file, program_usage.source_folder);
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   config.version_string = [] {
-    return std::string("attnctl " ATTNSERVE_VERSION "\n");
+    return absl::StrCat(program_usage.program, " " ATTNSERVE_VERSION "\n");
   };
   config.normalize_filename = NormalizeFilename;
   absl::SetFlagsUsageConfig(config);

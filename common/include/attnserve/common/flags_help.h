@@ -1,0 +1,52 @@
+// --help, --helpshort, --helpfull and --version for attnserve's programs.
+//
+// Abseil's own --help lists only the flags defined in a file named after the
+// program (attnctl.cc defines none, so it listed none, not even --target or
+// the TLS flags; attnserve's printed "No flags matched."), prints the build's
+// absolute source paths, and exits 1, as does --helpfull. The programs answer
+// the help flags themselves: every flag of theirs under its source file's
+// path from the repository root, and exit status 0.
+//
+// clang-format off
+//   ConfigureUsage({"attnctl", kUsage, "client/"});
+//   if (std::optional<int> status = HandleHelpFlags(argc, argv)) return *status;
+//   Run(absl::ParseCommandLine(argc, argv));
+// clang-format on
+#ifndef ATTNSERVE_COMMON_FLAGS_HELP_H_
+#define ATTNSERVE_COMMON_FLAGS_HELP_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace attnserve {
+
+struct ProgramUsage {
+  const char* program;  // "attnctl": --version prints "attnctl VERSION".
+  const char* usage;    // The program usage message.
+  // The program's own flags are those defined under this folder of the
+  // repository ("client/"), shown from there on.
+  const char* source_folder;
+};
+
+// Sets Abseil's program usage message and its usage configuration from
+// `usage`: --version, and flag locations shown from the repository root (for
+// the help flags Abseil still answers itself, such as --help=SUBSTRING). Call
+// once, first thing in main. The strings must outlive the program's flags.
+void ConfigureUsage(const ProgramUsage& usage);
+
+// If the command line (before any "--") holds --help, --helpshort or
+// --helpfull (with one dash or two), prints the usage message and the flags to
+// stdout and returns the exit status, 0; nullopt otherwise. --help and
+// --helpshort list the program's own flags, --helpfull Abseil's too.
+std::optional<int> HandleHelpFlags(int argc, char** argv);
+
+// The help text HandleHelpFlags prints: the usage message and, for each source
+// file defining flags, its flags with their help and defaults, wrapped at 80
+// columns. With `full`, Abseil's own flags (--flagfile, ...) as well.
+std::string HelpText(bool full);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_COMMON_FLAGS_HELP_H_

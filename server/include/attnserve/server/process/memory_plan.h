@@ -1,0 +1,79 @@
+// The process's memory limit and the budgets that must fit in it: registered
+// weights, the buffer pool, and what calls in flight may hold (the in-flight
+// budget of rpc/memory_budget.h and gRPC's transport quota).
+#ifndef ATTNSERVE_SERVER_PROCESS_MEMORY_PLAN_H_
+#define ATTNSERVE_SERVER_PROCESS_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace attnserve {
+
+// The memory budgets, as asked for (0: derived by PlanMemory).
+struct MemoryOptions {
+  // The most bytes of registered weights the server holds (PutWeights,
+  // weights_dir, demo). 0: a quarter of the memory limit (the cgroup's, or
+  // physical memory), at most 4 GiB.
+  int64_t max_weights_bytes = 0;
+  // The memory that requests in flight may hold at once: a quarter for gRPC's
+  // transport buffers (its ResourceQuota: connections and messages still
+  // arriving), the rest for calls from their message's arrival through the
+  // queue and the compute to their answer's send. Past it calls get
+  // RESOURCE_EXHAUSTED at once. 0: three quarters of what the memory limit
+  // leaves after the weights, the buffer pool and 256 MiB for the process.
+  int64_t max_inflight_bytes = 0;
+  // Memory kept between calls for requests' and responses' tensor bytes, so
+  // that large tensors are read and written into pages already mapped; 0
+  // keeps none.
+  int64_t buffer_pool_bytes = int64_t{256} << 20;
+};
+
+// The memory the process may use, and where that figure comes from.
+struct MemoryLimit {
+  int64_t bytes = 0;
+  // "cgroup /sys/fs/cgroup/memory.max" or "physical memory".
+  std::string source;
+};
+
+// The tightest cgroup memory limit over the process's cgroup and its ancestors
+// (cgroup v2's memory.max, or v1's memory.limit_in_bytes) under `cgroup_root`,
+// as /proc/self/cgroup names them (`proc_self_cgroup`), or the machine's
+// physical memory when none is set.
+MemoryLimit ReadMemoryLimit(
+    const std::string& cgroup_root = "/sys/fs/cgroup",
+    const std::string& proc_self_cgroup = "/proc/self/cgroup");
+
+// Memory the process needs beyond its budgets: code, gRPC's and oneDNN's own
+// state, thread stacks, the allocator's overhead.
+inline constexpr int64_t kProcessOverheadBytes = int64_t{256} << 20;
+
+// The budgets that must fit in the memory limit together.
+struct MemoryPlan {
+  int64_t max_weights_bytes = 0;
+  int64_t buffer_pool_bytes = 0;
+  int64_t max_inflight_bytes = 0;
+  // The part of max_inflight_bytes given to gRPC's ResourceQuota: the buffers
+  // of connections and of messages still arriving.
+  int64_t transport_bytes = 0;
+  MemoryLimit limit;
+};
+
+// Fills in the budgets left at 0 (derived from `limit`) and checks that they
+// fit:
+// - max_weights_bytes 0: a quarter of the limit, at most 4 GiB;
+// - max_inflight_bytes 0: three quarters of what the limit leaves after the
+//   weights, the buffer pool and kProcessOverheadBytes (the last quarter is
+//   the allocator's slack and gRPC's overshoot of its quota).
+// FAILED_PRECONDITION, naming every term, when weights + pool + in-flight +
+// kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a negative
+// budget.
+absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
+                                      int64_t buffer_pool_bytes,
+                                      int64_t max_inflight_bytes,
+                                      const MemoryLimit& limit);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_PROCESS_MEMORY_PLAN_H_

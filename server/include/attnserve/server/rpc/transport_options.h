@@ -1,0 +1,58 @@
+// What the transport takes from a client: message sizes, streams, resets,
+// compression, how long a message may take to arrive, and the threads that
+// poll gRPC.
+#ifndef ATTNSERVE_SERVER_RPC_TRANSPORT_OPTIONS_H_
+#define ATTNSERVE_SERVER_RPC_TRANSPORT_OPTIONS_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace attnserve {
+
+struct TransportOptions {
+  // The largest request or response message, in bytes; at most 2^31 - 1
+  // (gRPC's limit). A response that would be larger is refused with
+  // RESOURCE_EXHAUSTED before it is computed.
+  int64_t max_message_bytes = int64_t{64} << 20;
+  // HTTP/2 streams one connection may have open at once (SETTINGS
+  // MAX_CONCURRENT_STREAMS; gRPC 1.51 advertises no limit by default). A
+  // client past it waits for a stream to end.
+  int max_concurrent_streams = 256;
+  // Calls one connection's client may cancel in one second before the server
+  // shuts the connection down (the rapid-reset mitigation gRPC 1.51 lacks:
+  // HEADERS + RST_STREAM floods cost the server a call each and the client
+  // nothing). Calls whose deadline passed do not count. 0: no limit.
+  int max_client_resets_per_second = 200;
+  // Whether requests compressed with gzip or deflate are taken. Off: they get
+  // UNIMPLEMENTED before anything is inflated. On: gRPC's decompression is
+  // turned off (gRPC 1.51 inflates a whole message before it applies
+  // max_message_bytes) and the handlers inflate with a bound (inflate.h).
+  bool accept_compressed_requests = false;
+  // How long a unary call's request may take to arrive after its headers;
+  // past it the call is cancelled, so a client that stops sending cannot make
+  // the server hold a partial message.
+  absl::Duration message_timeout = absl::Seconds(30);
+  // How long an AttendStream may wait for its next whole message while a read
+  // is pending (its answers all written or being written); past it the
+  // stream is cancelled, so an idle or stalled stream cannot be held open
+  // forever.
+  absl::Duration stream_idle_timeout = absl::Minutes(5);
+  // Threads that poll gRPC and run the handlers (parse, validate, serialise,
+  // and calls too small to hand to an executor). 0: one per 8 of the cores the
+  // executors compute on, at least 1, at most 8. Each thread past the first
+  // hands the poller over on every call (about 2.7 context switches a call
+  // each, measured on 2 cores), so more only help when many large requests
+  // arrive at once.
+  int io_threads = 0;
+  // How long the first io thread keeps polling without sleeping after each
+  // event, while events come that close together, so that a client's next
+  // call is taken without waking a thread (on the 2-vCPU VM measured, the
+  // wake-up added ~55 µs to a tiny call's ~180 µs). Costs up to one core while
+  // calls keep coming (attnserve_io_spin_seconds_total); zero never spins.
+  absl::Duration io_spin = absl::Microseconds(200);
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_RPC_TRANSPORT_OPTIONS_H_

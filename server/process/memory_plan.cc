@@ -1,0 +1,151 @@
+#include "attnserve/server/process/memory_plan.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace attnserve {
+
+namespace {
+
+// The number in a cgroup limit file, or nothing for "max", a missing file or
+// anything else. cgroup v1 writes a huge number (about 2^63) for "no limit".
+std::optional<int64_t> ReadLimitFile(const std::string& path) {
+  std::ifstream file(path);
+  std::string text;
+  if (!file || !std::getline(file, text)) return std::nullopt;
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &bytes) ||
+      bytes <= 0 || bytes >= (int64_t{1} << 62)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page_size;
+}
+
+// The cgroup folders whose limits bind this process, innermost first: for each
+// hierarchy line of /proc/self/cgroup ("0::/a/b" for v2,
+// "4:memory:/a/b" for v1's memory controller), the folder and its ancestors up
+// to the hierarchy's root.
+std::vector<std::string> CgroupLimitFiles(const std::string& cgroup_root,
+                                          const std::string& proc_self_cgroup) {
+  std::vector<std::string> files;
+  std::ifstream membership(proc_self_cgroup);
+  std::string line;
+  while (std::getline(membership, line)) {
+    const std::vector<std::string> fields =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    std::string folder;
+    std::string file;
+    if (fields[0] == "0" && fields[1].empty()) {
+      folder = cgroup_root;
+      file = "memory.max";
+    } else if (absl::StrContains(fields[1], "memory")) {
+      folder = cgroup_root + "/memory";
+      file = "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    std::string path = fields[2];
+    while (true) {
+      files.push_back(absl::StrCat(folder, path == "/" ? "" : path, "/", file));
+      if (path.empty() || path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/"
+                                                      : path.substr(0, slash);
+    }
+  }
+  // In a container the process's own cgroup is mounted at the root.
+  files.push_back(cgroup_root + "/memory.max");
+  files.push_back(cgroup_root + "/memory/memory.limit_in_bytes");
+  return files;
+}
+
+}  // namespace
+
+MemoryLimit ReadMemoryLimit(const std::string& cgroup_root,
+                            const std::string& proc_self_cgroup) {
+  MemoryLimit limit{PhysicalMemoryBytes(), "physical memory"};
+  for (const std::string& file :
+       CgroupLimitFiles(cgroup_root, proc_self_cgroup)) {
+    const std::optional<int64_t> bytes = ReadLimitFile(file);
+    if (bytes && *bytes < limit.bytes) {
+      limit = {*bytes, absl::StrCat("cgroup ", file)};
+    }
+  }
+  return limit;
+}
+
+absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
+                                      int64_t buffer_pool_bytes,
+                                      int64_t max_inflight_bytes,
+                                      const MemoryLimit& limit) {
+  const std::pair<const char*, int64_t> budgets[] = {
+      {"max_weights_bytes", max_weights_bytes},
+      {"buffer_pool_bytes", buffer_pool_bytes},
+      {"max_inflight_bytes", max_inflight_bytes}};
+  for (const auto& [name, value] : budgets) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", value,
+                       ", expected >= 0 (0: derived from the memory "
+                       "limit where the flag says so)"));
+    }
+  }
+  MemoryPlan plan;
+  plan.limit = limit;
+  plan.buffer_pool_bytes = buffer_pool_bytes;
+  plan.max_weights_bytes = max_weights_bytes > 0
+                               ? max_weights_bytes
+                               : std::min(int64_t{4} << 30, limit.bytes / 4);
+  // Sums in double: the flags may be anything up to 2^63.
+  const double fixed = static_cast<double>(plan.max_weights_bytes) +
+                       static_cast<double>(buffer_pool_bytes) +
+                       static_cast<double>(kProcessOverheadBytes);
+  if (max_inflight_bytes > 0) {
+    plan.max_inflight_bytes = max_inflight_bytes;
+  } else {
+    const double left = static_cast<double>(limit.bytes) - fixed;
+    plan.max_inflight_bytes =
+        left >= 4.0 ? static_cast<int64_t>(left * 0.75) : 0;
+  }
+  const double total = fixed + static_cast<double>(plan.max_inflight_bytes);
+  if (plan.max_inflight_bytes < (int64_t{1} << 20) ||
+      total > static_cast<double>(limit.bytes)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the memory budgets do not fit the memory limit: max_weights_bytes ",
+        plan.max_weights_bytes, " + buffer_pool_bytes ", buffer_pool_bytes,
+        " + max_inflight_bytes ",
+        max_inflight_bytes > 0 ? absl::StrCat(plan.max_inflight_bytes)
+                               : std::string("(derived: none left)"),
+        " + ", kProcessOverheadBytes,
+        " for the process = ", static_cast<int64_t>(std::min(total, 9.2e18)),
+        " bytes, expected at most the ", limit.bytes, " bytes of ",
+        limit.source,
+        ", and at least 1 MiB for calls in flight; lower the budgets or raise "
+        "the container's memory limit"));
+  }
+  plan.transport_bytes = plan.max_inflight_bytes / 4;
+  return plan;
+}
+
+}  // namespace attnserve

@@ -1,0 +1,125 @@
+#include "attnserve/server/server_options.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+namespace {
+
+absl::Status OutOfRange(const char* name, int64_t value, const char* expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " is ", value, ", expected ", expected));
+}
+
+}  // namespace
+
+absl::Status ValidateServerOptions(const ServerOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return OutOfRange("port", options.port, "0 to 65535");
+  }
+  if (options.metrics_port &&
+      (*options.metrics_port < 0 || *options.metrics_port > 65535)) {
+    return OutOfRange("metrics_port", *options.metrics_port, "0 to 65535");
+  }
+  const TransportOptions& transport = options.transport;
+  if (transport.max_message_bytes <= 0 ||
+      transport.max_message_bytes > std::numeric_limits<int>::max()) {
+    return OutOfRange("transport.max_message_bytes",
+                      transport.max_message_bytes, "1 to 2147483647");
+  }
+  if (transport.message_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport.message_timeout is ",
+        absl::FormatDuration(transport.message_timeout), ", expected > 0"));
+  }
+  if (transport.stream_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport.stream_idle_timeout is ",
+        absl::FormatDuration(transport.stream_idle_timeout), ", expected > 0"));
+  }
+  if (transport.max_client_resets_per_second < 0) {
+    return OutOfRange("transport.max_client_resets_per_second",
+                      transport.max_client_resets_per_second, ">= 0");
+  }
+  if (transport.max_concurrent_streams < 1) {
+    return OutOfRange("transport.max_concurrent_streams",
+                      transport.max_concurrent_streams, ">= 1");
+  }
+  if (transport.io_threads < 0 || transport.io_threads > 256) {
+    return OutOfRange("transport.io_threads", transport.io_threads, "0 to 256");
+  }
+  if (transport.io_spin < absl::ZeroDuration() ||
+      transport.io_spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport.io_spin is ", absl::FormatDuration(transport.io_spin),
+        ", expected 0 to 1s"));
+  }
+  if (options.engine.num_threads < 0) {
+    return OutOfRange("engine.num_threads", options.engine.num_threads, ">= 0");
+  }
+  const std::pair<const char*, int64_t> positive[] = {
+      {"scheduling.executors", options.scheduling.executors},
+      {"scheduling.max_queue", options.scheduling.max_queue},
+      {"scheduling.max_batch", options.scheduling.max_batch},
+      {"limits.max_elements", options.limits.max_elements},
+      {"limits.max_request_memory_bytes",
+       options.limits.max_request_memory_bytes}};
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) return OutOfRange(name, value, "> 0");
+  }
+  if (options.scheduling.executors > 256) {
+    return OutOfRange("scheduling.executors", options.scheduling.executors,
+                      "at most 256");
+  }
+  if (options.scheduling.max_queue_delay < absl::ZeroDuration() ||
+      options.drain_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "scheduling.max_queue_delay and drain_grace must not be negative");
+  }
+  const ServerTlsOptions& tls = options.tls;
+  if (tls.cert_file.empty() != tls.key_file.empty() ||
+      (!tls.client_ca_file.empty() && tls.cert_file.empty())) {
+    return absl::InvalidArgumentError(
+        "tls.cert_file and tls.key_file go together, and tls.client_ca_file "
+        "needs them");
+  }
+  // The memory budgets are checked by PlanMemory.
+  return absl::OkStatus();
+}
+
+std::string DescribeOptions(const ServerOptions& options,
+                            const MemoryPlan& memory, int io_threads) {
+  const TransportOptions& transport = options.transport;
+  const SchedulerOptions& scheduling = options.scheduling;
+  return absl::StrCat(
+      options.engine.kernel == AttentionKernel::kAuto ? "fused" : "unfused",
+      " attention", "; max_message_bytes=", transport.max_message_bytes,
+      " max_workspace_bytes=", options.engine.max_workspace_bytes,
+      " max_weights_bytes=", memory.max_weights_bytes,
+      " buffer_pool_bytes=", memory.buffer_pool_bytes,
+      " max_inflight_bytes=", memory.max_inflight_bytes, " (",
+      memory.transport_bytes, " for gRPC's buffers) of a memory limit of ",
+      memory.limit.bytes, " (", memory.limit.source, ")",
+      " max_elements=", options.limits.max_elements,
+      " max_request_memory_bytes=", options.limits.max_request_memory_bytes,
+      " max_concurrent_streams=", transport.max_concurrent_streams,
+      " max_client_resets_per_second=", transport.max_client_resets_per_second,
+      " compressed_requests=",
+      transport.accept_compressed_requests ? "on" : "off",
+      "; io_threads=", io_threads,
+      " io_spin=", absl::FormatDuration(transport.io_spin),
+      " executors=", scheduling.executors, " max_queue=", scheduling.max_queue,
+      " max_batch=", scheduling.max_batch,
+      " max_queue_delay=", absl::FormatDuration(scheduling.max_queue_delay),
+      " drain_grace=", absl::FormatDuration(options.drain_grace), "; tls=",
+      options.tls.cert_file.empty()
+          ? "off"
+          : (options.tls.client_ca_file.empty() ? "on" : "mutual"),
+      " auth_token=", options.auth_token_file.empty() ? "off" : "on",
+      " demo_weights=", options.demo_weights ? "on" : "off", " weights_dir=",
+      options.weights_dir.empty() ? "(none)" : options.weights_dir);
+}
+
+}  // namespace attnserve

@@ -60,7 +60,7 @@ version=$("${attnserve}" --version) || fail "--version exited non-zero"
 
 for help_flag in --help --helpfull -help; do
   help=$("${attnserve}" "${help_flag}") || fail "${help_flag} exited non-zero"
-  grep -q "Flags from server/process/main.cc:" <<<"${help}" ||
+  grep -q "Flags from server/process/flags.cc:" <<<"${help}" ||
     fail "${help_flag} does not list the flags under their source path: ${help}"
   ! grep -q "No flags matched\|/work/\|/src/" <<<"${help}" || fail "${help_flag} printed: ${help}"
 done

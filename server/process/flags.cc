@@ -1,0 +1,330 @@
+// attnserve's command-line flags: each sets one ServerOptions field and takes
+// its default from the library's option structs.
+#include "flags.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace {
+
+// The defaults of every flag but --metrics_port and --drain_grace_seconds:
+// the library's own.
+const attnserve::ServerOptions& Defaults() {
+  static const attnserve::ServerOptions* const defaults =
+      new attnserve::ServerOptions();
+  return *defaults;
+}
+
+// The binary's own defaults, where a served process wants other than the
+// library: metrics on, and a drain that gives load balancers time to notice.
+constexpr int kDefaultMetricsPort = 9464;
+constexpr double kDefaultDrainGraceSeconds = 5;
+
+}  // namespace
+
+ABSL_FLAG(std::string, address, Defaults().address,
+          "Address to listen on (IPv4, IPv6 or host name).");
+ABSL_FLAG(int, port, Defaults().port,
+          "gRPC port; 0 picks a free one, printed at start-up.");
+ABSL_FLAG(int, threads, Defaults().engine.num_threads,
+          "OpenMP threads per executor; 0: the cores the process may use, "
+          "divided among the executors.");
+ABSL_FLAG(
+    int, executors, Defaults().scheduling.executors,
+    "Compute executors: requests computed at once, each on --threads threads.");
+ABSL_FLAG(
+    int, io_threads, Defaults().transport.io_threads,
+    "Threads that poll gRPC and run the handlers (parse, validate, "
+    "serialise, and calls too small to hand to an executor); 0: one per 8 "
+    "compute cores (--threads x --executors), at least 1, at most 8.");
+ABSL_FLAG(int64_t, io_spin_us,
+          absl::ToInt64Microseconds(Defaults().transport.io_spin),
+          "While calls come within this many µs of each other, the first io "
+          "thread keeps polling this long after each event instead of "
+          "sleeping, so that a client's next call is taken without a "
+          "wake-up; costs up to a core while they do. 0: never spins.");
+ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
+          "Requests waiting for an executor; past it new ones get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
+          "Most Attend requests (alike but for B, unary or streamed) computed "
+          "together in one call; 1 turns dynamic batching off.");
+ABSL_FLAG(int64_t, max_queue_delay_us,
+          absl::ToInt64Microseconds(Defaults().scheduling.max_queue_delay),
+          "How long the first request of a possible batch waits for partners, "
+          "in µs; 0 batches only what is already queued (no added latency).");
+ABSL_FLAG(int, max_concurrent_streams,
+          Defaults().transport.max_concurrent_streams,
+          "HTTP/2 streams one connection may have open at once (advertised "
+          "in SETTINGS); a client past it waits for one to end.");
+ABSL_FLAG(int, max_client_resets_per_second,
+          Defaults().transport.max_client_resets_per_second,
+          "Calls one connection's client may cancel in a second before the "
+          "server shuts that connection down (rapid-reset floods); calls "
+          "whose deadline passed do not count. 0: no limit.");
+ABSL_FLAG(double, message_timeout_seconds,
+          absl::ToDoubleSeconds(Defaults().transport.message_timeout),
+          "How long a request may take to arrive after its call starts; past "
+          "it the call is cancelled (a client that stops sending holds no "
+          "memory).");
+ABSL_FLAG(double, stream_idle_timeout_seconds,
+          absl::ToDoubleSeconds(Defaults().transport.stream_idle_timeout),
+          "How long an AttendStream may wait for its next whole message; past "
+          "it the stream is cancelled (an idle or stalled stream is not held "
+          "open forever).");
+ABSL_FLAG(bool, accept_compressed_requests,
+          Defaults().transport.accept_compressed_requests,
+          "Take requests compressed with gzip or deflate. Off: they get "
+          "UNIMPLEMENTED unread. On: the server inflates them itself, "
+          "stopping with RESOURCE_EXHAUSTED once the output passes "
+          "--max_message_bytes (gRPC 1.51's own decompression would inflate "
+          "a whole message first).");
+ABSL_FLAG(int64_t, max_message_bytes, Defaults().transport.max_message_bytes,
+          "Largest request or response message in bytes (at most 2147483647).");
+ABSL_FLAG(int64_t, max_elements, Defaults().limits.max_elements,
+          "Most elements of any one tensor.");
+ABSL_FLAG(int64_t, max_request_memory_bytes,
+          Defaults().limits.max_request_memory_bytes,
+          "Most memory one request's compute may allocate (outputs, weights, "
+          "conversions, scratch), in bytes.");
+ABSL_FLAG(int64_t, max_workspace_bytes, Defaults().engine.max_workspace_bytes,
+          "Most scratch memory the attention kernel may allocate for one "
+          "request, in bytes.");
+ABSL_FLAG(int, metrics_port, kDefaultMetricsPort,
+          "Port of the Prometheus /metrics endpoint (on --metrics_address, or "
+          "--address); 0 "
+          "turns it off.");
+ABSL_FLAG(std::string, metrics_address, Defaults().metrics_address,
+          "Address of the /metrics endpoint; empty: --address. Scrapes need "
+          "no token: keep it on an internal address where that matters.");
+ABSL_FLAG(std::string, attention_kernel, "fused",
+          "SDPA's path: \"fused\" (the tiled kernel, which never holds the "
+          "Lq x Lk scores; requests asking for attention weights still take "
+          "the unfused path) or \"unfused\" (always materialise the scores, "
+          "for comparisons).");
+ABSL_FLAG(bool, portable_kernels, Defaults().engine.portable_kernels,
+          "Run the fused kernel's portable C++ code even on a CPU with "
+          "AVX-512 (for comparisons and to rule the vector code out).");
+ABSL_FLAG(
+    int64_t, max_weights_bytes, Defaults().memory.max_weights_bytes,
+    "Most bytes of registered weights the server holds; 0: a quarter of "
+    "the memory limit (the cgroup's, or physical memory), at most 4 GiB.");
+ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
+          "Memory that requests in flight may hold at once, from the "
+          "transport's buffers (a quarter) through the queue and the compute "
+          "to the answer's send; past it calls get RESOURCE_EXHAUSTED at "
+          "once. 0: three quarters of what the memory limit leaves after the "
+          "weights, the buffer pool and 256 MiB for the process. Budgets that "
+          "do not fit the limit stop start-up (exit 2).");
+ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
+          "Memory kept between calls for tensor bytes (requests parsed into "
+          "it, responses sent from it), so that large tensors do not fault in "
+          "fresh pages; 0 keeps none.");
+ABSL_FLAG(bool, demo_weights, Defaults().demo_weights,
+          "Register the built-in `demo` weight set (E=64, H=8) at start-up; "
+          "turn off in production, where only your own sets should answer.");
+ABSL_FLAG(std::string, weights_dir, Defaults().weights_dir,
+          "Folder of weight sets to register at start-up: one folder per name "
+          "holding config.txt (num_heads=H) and w_q/w_k/w_v/w_o[/b_*].npy.");
+ABSL_FLAG(double, drain_grace_seconds, kDefaultDrainGraceSeconds,
+          "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
+          "new calls with UNAVAILABLE; then queued and running work finishes "
+          "and the process exits 0.");
+ABSL_FLAG(std::string, tls_cert, Defaults().tls.cert_file,
+          "PEM certificate chain for TLS; empty: plaintext.");
+ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,
+          "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
+          "PEM CA bundle; when set, clients must present a certificate it "
+          "signed (mTLS).");
+ABSL_FLAG(
+    std::string, auth_token_file, Defaults().auth_token_file,
+    "File holding a bearer token every call except health checks must carry as "
+    "\"authorization: Bearer <token>\"; empty: no token.");
+
+namespace attnserve {
+
+const char kUsage[] =
+    "attnserve [FLAGS]: serves multi-head attention over gRPC until SIGINT or "
+    "SIGTERM. Every flag also reads ATTNSERVE_<FLAG> from the environment "
+    "(the command line wins). --help lists the flags, --version prints the "
+    "version.";
+
+namespace {
+
+// Each flag and the ServerOptions field it sets, which the library names in
+// its messages: start-up errors are shown with the flag instead.
+struct FlagOption {
+  const char* flag;
+  const char* option;
+};
+constexpr FlagOption kFlags[] = {
+    {"address", "address"},
+    {"port", "port"},
+    {"threads", "engine.num_threads"},
+    {"executors", "scheduling.executors"},
+    {"io_threads", "transport.io_threads"},
+    {"io_spin_us", "transport.io_spin"},
+    {"max_queue", "scheduling.max_queue"},
+    {"max_batch", "scheduling.max_batch"},
+    {"max_queue_delay_us", "scheduling.max_queue_delay"},
+    {"max_message_bytes", "transport.max_message_bytes"},
+    {"max_elements", "limits.max_elements"},
+    {"max_request_memory_bytes", "limits.max_request_memory_bytes"},
+    {"max_workspace_bytes", "engine.max_workspace_bytes"},
+    {"attention_kernel", "engine.kernel"},
+    {"portable_kernels", "engine.portable_kernels"},
+    {"metrics_port", "metrics_port"},
+    {"metrics_address", "metrics_address"},
+    {"max_concurrent_streams", "transport.max_concurrent_streams"},
+    {"max_client_resets_per_second", "transport.max_client_resets_per_second"},
+    {"accept_compressed_requests", "transport.accept_compressed_requests"},
+    {"message_timeout_seconds", "transport.message_timeout"},
+    {"stream_idle_timeout_seconds", "transport.stream_idle_timeout"},
+    {"max_weights_bytes", "memory.max_weights_bytes"},
+    {"max_inflight_bytes", "memory.max_inflight_bytes"},
+    {"buffer_pool_bytes", "memory.buffer_pool_bytes"},
+    {"demo_weights", "demo_weights"},
+    {"weights_dir", "weights_dir"},
+    {"drain_grace_seconds", "drain_grace"},
+    {"tls_cert", "tls.cert_file"},
+    {"tls_key", "tls.key_file"},
+    {"tls_client_ca", "tls.client_ca_file"},
+    {"auth_token_file", "auth_token_file"}};
+
+}  // namespace
+
+// argv with "--flag=value" for each ATTNSERVE_FLAG in the environment inserted
+// before the command line's own arguments, so that those win.
+std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
+                                            std::vector<std::string>* storage) {
+  for (const FlagOption& entry : kFlags) {
+    const char* value =
+        std::getenv(("ATTNSERVE_" + absl::AsciiStrToUpper(entry.flag)).c_str());
+    if (value != nullptr) {
+      storage->push_back(absl::StrCat("--", entry.flag, "=", value));
+    }
+  }
+  std::vector<char*> arguments = {argv[0]};
+  for (std::string& argument : *storage) arguments.push_back(argument.data());
+  for (int i = 1; i < argc; ++i) arguments.push_back(argv[i]);
+  return arguments;
+}
+
+// `message` with each option it names ("scheduling.max_batch", or a field's
+// own name where that has an underscore, "max_weights_bytes") shown as its
+// flag ("--max_batch"). Names inside paths are left alone.
+std::string WithFlagNames(absl::string_view message) {
+  absl::flat_hash_map<std::string, std::string> flags;
+  for (const FlagOption& entry : kFlags) {
+    const std::string flag = absl::StrCat("--", entry.flag);
+    flags[entry.option] = flag;
+    const absl::string_view option = entry.option;
+    const absl::string_view field = option.substr(option.rfind('.') + 1);
+    if (absl::StrContains(field, '_')) flags.emplace(std::string(field), flag);
+  }
+  const auto is_name_char = [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+           c == '.';
+  };
+  std::string out;
+  size_t i = 0;
+  while (i < message.size()) {
+    if (!is_name_char(message[i])) {
+      out += message[i++];
+      continue;
+    }
+    size_t end = i;
+    while (end < message.size() && is_name_char(message[end])) ++end;
+    absl::string_view name = message.substr(i, end - i);
+    absl::string_view trailing;
+    while (absl::EndsWith(name, ".")) {
+      name.remove_suffix(1);
+      trailing = message.substr(i + name.size(), end - i - name.size());
+    }
+    const bool in_path =
+        (i > 0 && (message[i - 1] == '/' || message[i - 1] == '-')) ||
+        (end < message.size() && message[end] == '/');
+    const auto found = flags.find(name);
+    if (found != flags.end() && !in_path) {
+      absl::StrAppend(&out, found->second, trailing);
+    } else {
+      absl::StrAppend(&out, message.substr(i, end - i));
+    }
+    i = end;
+  }
+  return out;
+}
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  attnserve::ServerOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  attnserve::EngineOptions& engine = options.engine;
+  engine.num_threads = absl::GetFlag(FLAGS_threads);
+  engine.max_workspace_bytes = absl::GetFlag(FLAGS_max_workspace_bytes);
+  const std::string kernel = absl::GetFlag(FLAGS_attention_kernel);
+  if (kernel == "fused") {
+    engine.kernel = attnserve::AttentionKernel::kAuto;
+  } else if (kernel == "unfused") {
+    engine.kernel = attnserve::AttentionKernel::kUnfused;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_kernel is \"", kernel, "\", expected fused or unfused"));
+  }
+  engine.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
+  attnserve::SchedulerOptions& scheduling = options.scheduling;
+  scheduling.executors = absl::GetFlag(FLAGS_executors);
+  scheduling.max_queue = absl::GetFlag(FLAGS_max_queue);
+  scheduling.max_batch = absl::GetFlag(FLAGS_max_batch);
+  scheduling.max_queue_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  options.limits.max_elements = absl::GetFlag(FLAGS_max_elements);
+  options.limits.max_request_memory_bytes =
+      absl::GetFlag(FLAGS_max_request_memory_bytes);
+  attnserve::TransportOptions& transport = options.transport;
+  transport.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  transport.max_concurrent_streams =
+      absl::GetFlag(FLAGS_max_concurrent_streams);
+  transport.max_client_resets_per_second =
+      absl::GetFlag(FLAGS_max_client_resets_per_second);
+  transport.accept_compressed_requests =
+      absl::GetFlag(FLAGS_accept_compressed_requests);
+  transport.message_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
+  transport.stream_idle_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_seconds));
+  transport.io_threads = absl::GetFlag(FLAGS_io_threads);
+  const int64_t io_spin_us = absl::GetFlag(FLAGS_io_spin_us);
+  if (io_spin_us < 0 || io_spin_us > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("io_spin_us is ", io_spin_us, ", expected 0 to 1000000"));
+  }
+  transport.io_spin = absl::Microseconds(io_spin_us);
+  options.memory.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
+  options.memory.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.memory.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  }
+  options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
+  options.demo_weights = absl::GetFlag(FLAGS_demo_weights);
+  options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
+  return options;
+}
+
+}  // namespace attnserve

@@ -12,7 +12,7 @@
 
 #include <memory>
 
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "attnserve/server/attention/compute_job.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"

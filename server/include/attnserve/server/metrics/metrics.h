@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 
 namespace prometheus {
 class Counter;

@@ -9,7 +9,7 @@
 
 #include "absl/types/span.h"
 #include "attnserve/common/dtype.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve {

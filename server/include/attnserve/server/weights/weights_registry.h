@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/attention_types.h"
 #include "attnserve/server/weights/weights_validator.h"
 #include "attnserve/v1/attention.pb.h"
 

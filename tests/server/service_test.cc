@@ -108,37 +108,47 @@ class ServiceTest : public ::attnserve::testing::ServerFixture {
     AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 1);
     return slow;
   }
+
+  // Starts a server that batches up to 8 Attends, waiting up to 200 ms for
+  // partners; returns 8 requests alike but for their values.
+  std::vector<v1::AttendRequest> StartBatchingEight(const ReferenceShape& s,
+                                                    bool causal) {
+    ServerOptions options = DefaultOptions();
+    options.scheduling.max_batch = 8;
+    options.scheduling.max_queue_delay = absl::Milliseconds(200);
+    Start(options);
+    std::vector<v1::AttendRequest> requests;
+    for (int i = 0; i < 8; ++i) {
+      requests.push_back(Request(s, 10 * i));
+      requests.back().mutable_options()->set_causal(causal);
+    }
+    return requests;
+  }
+
+  // The 8 requests of `rpc` ran in fewer compute calls than 8.
+  void ExpectEightBatched(const std::string& rpc) {
+    EXPECT_EQ(Metric(absl::StrCat("attnserve_compute_seconds_count{rpc=\"", rpc,
+                                  "\"}")),
+              Metric("attnserve_batch_size_count"));
+    EXPECT_LT(Metric("attnserve_batch_size_count"), 8);
+    EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+  }
 };
 
 TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
-  ServerOptions options = DefaultOptions();
-  options.scheduling.max_batch = 8;
-  options.scheduling.max_queue_delay = absl::Milliseconds(200);
-  Start(options);
   const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
-  std::vector<v1::AttendRequest> requests;
-  for (int i = 0; i < 8; ++i) {
-    requests.push_back(Request(s, 10 * i));
-    requests.back().mutable_options()->set_causal(true);
-  }
+  const std::vector<v1::AttendRequest> requests =
+      StartBatchingEight(s, /*causal=*/true);
   SendAtOnceAndExpectReferenceAnswers(*client_, s, requests);
-  // 8 requests in fewer compute calls than 8.
-  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"),
-            Metric("attnserve_batch_size_count"));
-  EXPECT_LT(Metric("attnserve_batch_size_count"), 8);
-  EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+  ExpectEightBatched("Attend");
 }
 
 // AttendStream's requests take the unary compute path: sent at once on one
 // stream they batch, their answers split back in order.
 TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {
-  ServerOptions options = DefaultOptions();
-  options.scheduling.max_batch = 8;
-  options.scheduling.max_queue_delay = absl::Milliseconds(200);
-  Start(options);
   const ReferenceShape s = {1, 4, 2, 9, 17, 8, 8};
-  std::vector<v1::AttendRequest> requests;
-  for (int i = 0; i < 8; ++i) requests.push_back(Request(s, 10 * i));
+  const std::vector<v1::AttendRequest> requests =
+      StartBatchingEight(s, /*causal=*/false);
   std::unique_ptr<AttendSession> session = client_->OpenAttendSession(kTimeout);
   for (const v1::AttendRequest& request : requests) {
     ASSERT_TRUE(session->Send(request).ok());
@@ -154,11 +164,7 @@ TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {
     ExpectMatchesReference(s, requests[i], (*answer)->response());
   }
   EXPECT_TRUE(session->Finish().ok());
-  // 8 requests in fewer compute calls than 8.
-  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="AttendStream"})"),
-            Metric("attnserve_batch_size_count"));
-  EXPECT_LT(Metric("attnserve_batch_size_count"), 8);
-  EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+  ExpectEightBatched("AttendStream");
 }
 
 // The first io thread polls without sleeping for --io_spin_us after each

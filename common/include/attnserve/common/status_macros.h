@@ -1,9 +1,11 @@
 // Early-return helpers for absl::Status and absl::StatusOr, which Debian 12's
 // Abseil (20220623) does not provide.
 //
+// clang-format off
 //   ATTNSERVE_RETURN_IF_ERROR(ValidateShape(shape));
 //   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-//   Engine::Create(options));
+//                              Engine::Create(options));
+// clang-format on
 #ifndef ATTNSERVE_COMMON_STATUS_MACROS_H_
 #define ATTNSERVE_COMMON_STATUS_MACROS_H_
 

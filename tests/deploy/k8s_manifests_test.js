@@ -30,7 +30,8 @@ const MODEL_MODULES = {
 // After SIGTERM attnserve keeps taking calls for --drain_grace_seconds, then lets work in
 // flight finish for at most this long (kShutdownGrace in server/process/server.cc) and exits.
 const IN_FLIGHT_GRACE_SECONDS = 30;
-// attnserve's flag defaults (server/process/main.cc), for flags the flag file leaves out.
+// attnserve's flag defaults (server/process/flags.cc: ServerOptions' own, but for --metrics_port
+// and --drain_grace_seconds), for flags the flag file leaves out.
 const FLAG_DEFAULTS = {
   address: "0.0.0.0",
   port: "50051",
@@ -44,9 +45,10 @@ const FLAG_DEFAULTS = {
   max_inflight_bytes: "0",
   buffer_pool_bytes: String(256 * 2 ** 20),
   drain_grace_seconds: "5",
+  demo_weights: "true",
 };
 // Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC state
-// (kProcessOverheadBytes in server/include/attnserve/server/rpc/memory_budget.h).
+// (kProcessOverheadBytes in server/include/attnserve/server/process/memory_plan.h).
 const BASE_MEMORY_BYTES = 256 * 2 ** 20;
 const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
 
@@ -244,6 +246,15 @@ const INVARIANTS = [
       const limit = quantity(r.container.resources.limits.memory);
       return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
     }],
+
+  // The built-in `demo` set answers whoever names it, with weights from a fixed seed: fine for
+  // trying a server out (base keeps it), not where callers expect only their own sets.
+  ["the production profile (its own Namespace) registers no demo weights", (r) => {
+    if (!r.namespace) return [];
+    const value = String(r.flags().demo_weights).toLowerCase();
+    return ["false", "0", "no", "n", "f"].includes(value) ? [] :
+      [`--demo_weights=${r.flags().demo_weights} in namespace ${r.namespace.metadata.name}`];
+  }],
 
   ["non-root (the image's uid), read-only root, no escalation, no capabilities", (r) => {
     const pod = r.pod.securityContext || {};
@@ -446,6 +457,13 @@ const MUTATIONS = [
     (o) => replaceFlag(o, "max_inflight_bytes", String(16 * 2 ** 30))],
   ["in-flight budget left to the default", "memory limit holds",
     (o) => replaceFlag(o, "max_inflight_bytes", "0")],
+  ["demo weights in a rendering with its own Namespace", "registers no demo weights",
+    (o) => {
+      if (!find(o, "Namespace")) {
+        o.push({ apiVersion: "v1", kind: "Namespace", metadata: { name: "attnserve" } });
+      }
+      replaceFlag(o, "demo_weights", "true");
+    }],
   ["replicas fixed", "no replicas", (o) => { find(o, "Deployment").spec.replicas = 3; }],
   ["Service selects nothing", "Services select",
     (o) => { find(o, "Service").spec.selector = { app: "other" }; }],

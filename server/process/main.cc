@@ -121,8 +121,10 @@ int main(int argc, char** argv) {
   }
   signals.Started();
   std::printf("%s\n", (*server)->Describe().c_str());
-  std::printf("attnserve weights: %s\n",
-              absl::StrJoin((*server)->startup_weights(), ", ").c_str());
+  const std::vector<std::string>& weights = (*server)->startup_weights();
+  std::printf(
+      "attnserve weights: %s\n",
+      weights.empty() ? "(none)" : absl::StrJoin(weights, ", ").c_str());
   std::fflush(stdout);
 
   const int signal_number = signals.Wait();

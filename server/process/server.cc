@@ -35,10 +35,13 @@ namespace {
 constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
 
 // At the end of a drain: how long refusals are held so that the clients still
-// calling are all waiting on one, and how long gRPC's shutdown is given to stop
-// taking streams and send its GOAWAY before they are answered.
+// calling are all waiting on one, and, once gRPC's shutdown has stopped taking
+// streams, how long its GOAWAYs are given to go out before they are answered
+// (waiting at most kStopTakingCallsWait for it to stop: on a loaded machine
+// the shutdown's thread may take longer than any fixed delay to run).
 constexpr absl::Duration kRefusalsHeld = absl::Milliseconds(200);
 constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
+constexpr absl::Duration kStopTakingCallsWait = absl::Seconds(5);
 
 // How often the server gives freed memory back to the system, if calls ended.
 constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
@@ -233,6 +236,10 @@ class AttnServerImpl final : public AttnServer {
       std::thread stopping([this, deadline] {
         server_->Shutdown(absl::ToChronoTime(deadline));
       });
+      const absl::Time stop_by = absl::Now() + kStopTakingCallsWait;
+      while (!loop_.stopped_taking_calls() && absl::Now() < stop_by) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
       absl::SleepFor(kGoawayDelay);
       gate_.ReleaseHeld();
       stopping.join();

@@ -50,6 +50,7 @@ class CallSlot {
     switch (op) {
       case Op::kArrive:
         if (!ok) {  // The server is shutting down; the call never came.
+          loop_->stopped_taking_calls_.store(true);
           delete this;
           return;
         }

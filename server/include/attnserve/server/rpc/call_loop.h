@@ -30,6 +30,7 @@
 #ifndef ATTNSERVE_SERVER_RPC_CALL_LOOP_H_
 #define ATTNSERVE_SERVER_RPC_CALL_LOOP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -152,6 +153,10 @@ class CallLoop {
   void Start(int threads, absl::Duration spin = absl::ZeroDuration(),
              SpinObserver spun = nullptr);
 
+  // Whether gRPC has stopped handing the loop new calls: its shutdown has
+  // begun (and with it the GOAWAYs to every connection).
+  bool stopped_taking_calls() const { return stopped_taking_calls_.load(); }
+
   // Calls whose handlers have finished, since the start.
   int64_t calls_ended() const {
     absl::MutexLock lock(&calls_mutex_);
@@ -200,6 +205,7 @@ class CallLoop {
   mutable absl::Mutex calls_mutex_;
   int live_calls_ ABSL_GUARDED_BY(calls_mutex_) = 0;
   int64_t calls_ended_ ABSL_GUARDED_BY(calls_mutex_) = 0;
+  std::atomic<bool> stopped_taking_calls_{false};
 };
 
 }  // namespace attnserve

@@ -57,7 +57,6 @@ AttentionServiceImpl::AttentionServiceImpl(
     std::shared_ptr<BytesPool> pool)
     : metrics_(metrics),
       engine_(engine),
-      scheduler_(scheduler),
       registry_(registry),
       gate_(gate),
       budget_(budget),

@@ -127,7 +127,6 @@ class AttentionServiceImpl final {
 
   ServerMetrics* const metrics_;
   AttentionEngine* const engine_;
-  Scheduler* const scheduler_;
   WeightsRegistry* const registry_;
   const CallGate* const gate_;
   MemoryBudget* const budget_;

@@ -1,5 +1,6 @@
 #include "attnserve/server/attention/compute_job.h"
 
+#include <array>
 #include <utility>
 #include <vector>
 
@@ -107,17 +108,18 @@ void ComputeJob::Run(absl::Span<Job* const> batch) {
                                   : ComputeAttendBatch(*context_.engine, items);
   const absl::Duration elapsed = absl::Now() - started;
   // A batch may mix unary and streamed Attends: each RPC records its share.
+  std::array<double, kRpcCount> flops{};
+  std::array<bool, kRpcCount> present{};
+  for (const ComputeJob* job : live) {
+    present[static_cast<int>(job->rpc_)] = true;
+    flops[static_cast<int>(job->rpc_)] += job->flops_;
+  }
   ServerMetrics& metrics = *context_.metrics;
   metrics.Batched(static_cast<int>(live.size()));
-  for (Rpc rpc : {Rpc::kAttend, Rpc::kMultiHeadAttention, Rpc::kAttendStream}) {
-    double flops = 0;
-    bool present = false;
-    for (const ComputeJob* job : live) {
-      if (job->rpc_ != rpc) continue;
-      present = true;
-      flops += job->flops_;
-    }
-    if (present) metrics.Computed(rpc, elapsed, status.ok() ? flops : 0.0);
+  for (int rpc = 0; rpc < kRpcCount; ++rpc) {
+    if (!present[rpc]) continue;
+    metrics.Computed(static_cast<Rpc>(rpc), elapsed,
+                     status.ok() ? flops[rpc] : 0.0);
   }
   const absl::Time ended = absl::Now();
   for (ComputeJob* job : live) {

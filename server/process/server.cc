@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <limits>
 #include <thread>
 #include <utility>
 

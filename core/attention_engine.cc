@@ -16,6 +16,7 @@
 #include "internal/dnnl_status.h"
 #include "internal/fused_attention.h"
 #include "internal/linear.h"
+#include "internal/paged_attention.h"
 #include "internal/sdpa_problem.h"
 #include "internal/unfused_attention.h"
 #include "internal/validation.h"
@@ -221,6 +222,24 @@ absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,
                              tile_plans_, scratch_);
   }
   return RunUnfusedAttention(engine_, stream, problem, SlabBudget(), plans_);
+}
+
+absl::Status AttentionEngineImpl::AttendPaged(
+    absl::Span<const PagedAttend> items) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidatePagedAttend(items));
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckWorkspace("paged attention", PagedWorkspaceBytes(items)));
+  double flops = 0;
+  for (const PagedAttend& item : items) {
+    flops += AttentionFlops(item.Dims(), /*causal=*/false);
+  }
+  return RunPagedAttention(items, TeamSize(flops),
+                           options_.portable_kernels);
+}
+
+int64_t AttentionEngineImpl::PagedWorkspaceBytes(
+    absl::Span<const PagedAttend> items) const {
+  return internal::PagedWorkspaceBytes(items, threads_);
 }
 
 absl::Status AttentionEngineImpl::RunLinear(dnnl::stream& stream,

@@ -46,6 +46,9 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   absl::Span<const float> query_input,
                                   absl::Span<const float> kv_input,
                                   AttentionOutputs outputs) override;
+  absl::Status AttendPaged(absl::Span<const PagedAttend> items) override;
+  int64_t PagedWorkspaceBytes(
+      absl::Span<const PagedAttend> items) const override;
   RuntimeInfo runtime_info() const override;
   const EngineOptions& options() const override { return options_; }
 

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "attnserve/core/attention_types.h"
+#include "attnserve/core/paged_attention.h"
 
 namespace attnserve {
 
@@ -83,6 +84,19 @@ class AttentionEngine {
                                           absl::Span<const float> query_input,
                                           absl::Span<const float> kv_input,
                                           AttentionOutputs outputs) = 0;
+
+  // Attention of each item's query over its paged cache
+  // (attnserve/core/paged_attention.h), all items in one parallel pass: the
+  // decode steps of many sequences in one call. Reads the pages in their
+  // dtype, where they lie. Returns INVALID_ARGUMENT naming the item whose
+  // layout, pages or spans do not fit, RESOURCE_EXHAUSTED over
+  // max_workspace_bytes.
+  virtual absl::Status AttendPaged(absl::Span<const PagedAttend> items) = 0;
+
+  // The scratch bytes AttendPaged would allocate for `items` (which must be
+  // valid).
+  virtual int64_t PagedWorkspaceBytes(
+      absl::Span<const PagedAttend> items) const = 0;
 
   // The scratch bytes an Attend of `shape` with `options` would allocate
   // (beyond its inputs and outputs), nullopt if more than int64_t holds. The

@@ -1,0 +1,71 @@
+// Attention over a KV cache kept in pages (the server's sessions): the value
+// types AttentionEngine::AttendPaged takes.
+//
+// A page holds `page_tokens` consecutive tokens of one sequence's layer: its
+// keys [Hkv, page_tokens, Dk], then its values [Hkv, page_tokens, Dv], packed
+// row-major in the cache's dtype (f32, bf16 or f16). The kernel reads the
+// pages where they lie, in that dtype: a block of a page is converted to f32
+// in a thread's cache-sized buffer as it is used, never copied whole.
+#ifndef ATTNSERVE_CORE_PAGED_ATTENTION_H_
+#define ATTNSERVE_CORE_PAGED_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "attnserve/common/dtype.h"
+#include "attnserve/common/flops.h"
+#include "attnserve/core/attention_types.h"
+
+namespace attnserve {
+
+// How every page of a cache is laid out.
+struct PageLayout {
+  int64_t page_tokens = 64;
+  int64_t kv_heads = 1;   // Hkv
+  int64_t key_dim = 1;    // Dk
+  int64_t value_dim = 1;  // Dv
+  DataType dtype = DataType::kFloat32;
+
+  // Bytes of a page's keys, of its values, and of the whole page.
+  int64_t KeyBytes() const {
+    return page_tokens * kv_heads * key_dim * DataTypeBytes(dtype);
+  }
+  int64_t ValueBytes() const {
+    return page_tokens * kv_heads * value_dim * DataTypeBytes(dtype);
+  }
+  int64_t PageBytes() const { return KeyBytes() + ValueBytes(); }
+};
+
+// One query over one sequence's paged cache, causal with the bottom-right
+// alignment: query row i (of query_len) sees the keys j <= i + length −
+// query_len. A row that sees no key gets output 0 and lse −inf.
+struct PagedAttend {
+  PageLayout layout;
+  // The cache's pages in token order: at least ceil(length / page_tokens).
+  absl::Span<const char* const> pages;
+  int64_t length = 0;     // L, tokens in the cache
+  int64_t heads = 1;      // H, a multiple of layout.kv_heads
+  int64_t query_len = 1;  // Tq
+  absl::Span<const float> query;  // [H, Tq, Dk]
+  float scale = 1.0f;
+  // kBFloat16 rounds the query, keys, values and probabilities to bf16 before
+  // each product (f32 accumulation), as the fused kernel's bf16 matmuls do.
+  Precision precision = Precision::kFloat32;
+  absl::Span<float> output;  // [H, Tq, Dv]
+  absl::Span<float> lse;     // [H, Tq], or empty
+
+  // The counts attnserve/common/flops.h takes (the causal triangle's share is
+  // small for decode, so the full Tq × L is counted).
+  AttentionDims Dims() const {
+    return {1.0,
+            static_cast<double>(heads),
+            static_cast<double>(query_len),
+            static_cast<double>(length),
+            static_cast<double>(layout.key_dim),
+            static_cast<double>(layout.value_dim)};
+  }
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CORE_PAGED_ATTENTION_H_

@@ -1,0 +1,285 @@
+// AttentionEngine::AttendPaged against the double-precision reference and
+// against a stateless Attend of the same keys and values (bottom-right
+// causal), over random page sizes, page boundaries, GQA, Tq, storage dtypes,
+// precisions, splits and many items per call, on the vectorised code and the
+// portable one.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/dtype.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/core/paged_attention.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "reference/tolerance.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::ReferenceAttention;
+using ::attnserve::testing::ReferenceOptions;
+using ::attnserve::testing::ReferenceShape;
+
+// One sequence's cache in pages, built from f32 keys [Hkv, L, Dk] and values
+// [Hkv, L, Dv], and the values it holds once stored (rounded to its dtype).
+struct PagedCache {
+  PageLayout layout;
+  std::vector<std::vector<char>> pages;
+  std::vector<const char*> page_pointers;
+  std::vector<float> stored_key, stored_value;  // [Hkv, L, D] as stored
+
+  PagedCache(const PageLayout& page_layout, int64_t length,
+             const std::vector<float>& key, const std::vector<float>& value)
+      : layout(page_layout) {
+    const int64_t hkv = layout.kv_heads;
+    const int64_t element = DataTypeBytes(layout.dtype);
+    const int64_t count = (length + layout.page_tokens - 1) / layout.page_tokens;
+    // Pages are filled with NaN bytes past the length, which the kernel must
+    // never read.
+    pages.assign(static_cast<size_t>(count),
+                 std::vector<char>(static_cast<size_t>(layout.PageBytes()),
+                                   static_cast<char>(0xff)));
+    stored_key.resize(key.size());
+    stored_value.resize(value.size());
+    for (int64_t h = 0; h < hkv; ++h) {
+      for (int64_t t = 0; t < length; ++t) {
+        char* page = pages[static_cast<size_t>(t / layout.page_tokens)].data();
+        const int64_t slot = h * layout.page_tokens + t % layout.page_tokens;
+        Store(key.data() + (h * length + t) * layout.key_dim, layout.key_dim,
+              page + slot * layout.key_dim * element,
+              stored_key.data() + (h * length + t) * layout.key_dim);
+        Store(value.data() + (h * length + t) * layout.value_dim,
+              layout.value_dim,
+              page + layout.KeyBytes() + slot * layout.value_dim * element,
+              stored_value.data() + (h * length + t) * layout.value_dim);
+      }
+    }
+    for (const std::vector<char>& page : pages) {
+      page_pointers.push_back(page.data());
+    }
+  }
+
+  void Store(const float* source, int64_t count, char* destination,
+             float* stored) const {
+    ConvertFromFloat32(source, count, layout.dtype, destination);
+    ConvertToFloat32(layout.dtype, destination, count, stored);
+  }
+};
+
+struct Case {
+  int64_t heads, kv_heads, query_len, length, key_dim, value_dim, page_tokens;
+  DataType dtype;
+  Precision precision;
+  bool return_lse;
+};
+
+std::string Describe(const Case& c) {
+  return absl::StrCat("H=", c.heads, " Hkv=", c.kv_heads, " Tq=", c.query_len,
+                      " L=", c.length, " Dk=", c.key_dim, " Dv=", c.value_dim,
+                      " page=", c.page_tokens, " dtype=",
+                      static_cast<int>(c.dtype), " bf16=",
+                      c.precision == Precision::kBFloat16);
+}
+
+// The inputs and outputs of one item.
+struct Item {
+  Case c;
+  std::unique_ptr<PagedCache> cache;
+  std::vector<float> query, output, lse;
+};
+
+Item MakeItem(const Case& c, uint64_t seed) {
+  Item item;
+  item.c = c;
+  PageLayout layout;
+  layout.page_tokens = c.page_tokens;
+  layout.kv_heads = c.kv_heads;
+  layout.key_dim = c.key_dim;
+  layout.value_dim = c.value_dim;
+  layout.dtype = c.dtype;
+  item.cache = std::make_unique<PagedCache>(
+      layout, c.length, RandomValues(c.kv_heads * c.length * c.key_dim, seed),
+      RandomValues(c.kv_heads * c.length * c.value_dim, seed + 1));
+  item.query = RandomValues(c.heads * c.query_len * c.key_dim, seed + 2);
+  item.output.assign(static_cast<size_t>(c.heads * c.query_len * c.value_dim),
+                     -7.0f);
+  if (c.return_lse) {
+    item.lse.assign(static_cast<size_t>(c.heads * c.query_len), -7.0f);
+  }
+  return item;
+}
+
+PagedAttend ToPaged(Item& item, float scale) {
+  PagedAttend paged;
+  paged.layout = item.cache->layout;
+  paged.pages = item.cache->page_pointers;
+  paged.length = item.c.length;
+  paged.heads = item.c.heads;
+  paged.query_len = item.c.query_len;
+  paged.query = item.query;
+  paged.scale = scale;
+  paged.precision = item.c.precision;
+  paged.output = absl::MakeSpan(item.output);
+  paged.lse = absl::MakeSpan(item.lse);
+  return paged;
+}
+
+class PagedAttentionTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    EngineOptions options;
+    options.num_threads = 2;
+    options.portable_kernels = GetParam();
+    engine_ = *AttentionEngine::Create(options);
+  }
+
+  // Checks one item against the reference over its stored keys and values,
+  // and (f32 precision) against a stateless Attend of them.
+  void Check(Item& item, float scale) {
+    const Case& c = item.c;
+    SCOPED_TRACE(Describe(c));
+    const ReferenceShape shape{1,         c.heads,     c.kv_heads,
+                               c.query_len, c.length,  c.key_dim,
+                               c.value_dim};
+    ReferenceOptions options;
+    options.scale = scale;
+    options.causal = true;
+    options.bottom_right = true;
+    const auto expected =
+        ReferenceAttention(shape, item.query, item.cache->stored_key,
+                           item.cache->stored_value, options);
+    const bool bf16 = c.precision == Precision::kBFloat16;
+    ExpectNear("output", item.output, expected.output,
+               bf16 ? testing::kOutputBf16 : testing::kOutputF32);
+    if (c.return_lse) {
+      ExpectNear("lse", item.lse, expected.lse,
+                 bf16 ? testing::kLseBf16 : testing::kLseF32);
+    }
+    if (bf16 || c.length == 0) return;
+    AttentionShape stateless;
+    stateless.heads = c.heads;
+    stateless.kv_heads = c.kv_heads;
+    stateless.query_len = c.query_len;
+    stateless.key_len = c.length;
+    stateless.key_dim = c.key_dim;
+    stateless.value_dim = c.value_dim;
+    AttentionOptions attend;
+    attend.scale = scale;
+    attend.causal = true;
+    attend.causal_alignment = CausalAlignment::kBottomRight;
+    std::vector<float> output(item.output.size());
+    ASSERT_TRUE(engine_
+                    ->Attend(stateless, attend, item.query,
+                             item.cache->stored_key, item.cache->stored_value,
+                             absl::MakeSpan(output))
+                    .ok());
+    // The two kernels sum in different orders: a few f32 roundings apart.
+    for (size_t i = 0; i < output.size(); ++i) {
+      ASSERT_NEAR(item.output[i], output[i],
+                  2e-6 * std::max(1.0f, std::abs(output[i])))
+          << "against Attend at " << i;
+    }
+  }
+
+  std::unique_ptr<AttentionEngine> engine_;
+};
+
+TEST_P(PagedAttentionTest, DecodeStepOverPagesOfEveryDtype) {
+  for (const DataType dtype :
+       {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    Item item = MakeItem({8, 2, 1, 300, 64, 64, 64, dtype,
+                          Precision::kFloat32, true},
+                         11);
+    const PagedAttend paged = ToPaged(item, 0.125f);
+    ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
+    Check(item, 0.125f);
+  }
+}
+
+TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
+  std::mt19937_64 rng(20261201);
+  const auto pick = [&rng](std::initializer_list<int64_t> values) {
+    std::uniform_int_distribution<size_t> at(0, values.size() - 1);
+    return *(values.begin() + at(rng));
+  };
+  for (int round = 0; round < 12; ++round) {
+    std::vector<Item> items;
+    const int count = static_cast<int>(pick({1, 2, 5, 9}));
+    for (int i = 0; i < count; ++i) {
+      Case c;
+      c.kv_heads = pick({1, 2, 3});
+      c.heads = c.kv_heads * pick({1, 2, 4, 7});
+      c.query_len = pick({1, 1, 2, 3, 17, 70});
+      c.length = pick({0, 1, 5, 63, 64, 65, 129, 200, 513});
+      c.key_dim = pick({1, 8, 33, 64});
+      c.value_dim = pick({c.key_dim, 16, 5});
+      c.page_tokens = pick({1, 7, 16, 64, 100});
+      c.dtype = static_cast<DataType>(pick({0, 1, 2}));
+      c.precision = pick({0, 0, 1}) == 1 ? Precision::kBFloat16
+                                          : Precision::kFloat32;
+      c.return_lse = pick({0, 1}) == 1;
+      items.push_back(MakeItem(c, static_cast<uint64_t>(round * 100 + i)));
+    }
+    std::vector<PagedAttend> paged;
+    for (Item& item : items) {
+      paged.push_back(
+          ToPaged(item, 1.0f / std::sqrt(static_cast<float>(item.c.key_dim))));
+    }
+    ASSERT_TRUE(engine_->AttendPaged(paged).ok());
+    for (size_t i = 0; i < items.size(); ++i) {
+      Check(items[i], paged[i].scale);
+    }
+  }
+}
+
+TEST_P(PagedAttentionTest, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
+  // Tq > L: the first Tq − L rows see no key.
+  Item item = MakeItem({2, 1, 5, 3, 8, 8, 4, DataType::kFloat32,
+                        Precision::kFloat32, true},
+                       3);
+  const PagedAttend paged = ToPaged(item, 0.5f);
+  ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(item.lse[static_cast<size_t>(h * 5 + i)],
+                -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(item.output[static_cast<size_t>((h * 5 + i) * 8)], 0.0f);
+    }
+  }
+  Check(item, 0.5f);
+}
+
+TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
+  Item item = MakeItem({4, 2, 1, 130, 8, 8, 64, DataType::kFloat32,
+                        Precision::kFloat32, false},
+                       5);
+  PagedAttend paged = ToPaged(item, 0.5f);
+  paged.pages = paged.pages.subspan(0, 2);  // 130 tokens need 3 pages.
+  absl::Status status = engine_->AttendPaged({&paged, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("expected at least 3"), std::string::npos)
+      << status;
+  paged = ToPaged(item, 0.5f);
+  paged.heads = 3;
+  status = engine_->AttendPaged({&paged, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("heads is 3"), std::string::npos) << status;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "Portable" : "Native";
+                         });
+
+}  // namespace
+}  // namespace attnserve

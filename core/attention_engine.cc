@@ -233,8 +233,7 @@ absl::Status AttentionEngineImpl::AttendPaged(
   for (const PagedAttend& item : items) {
     flops += AttentionFlops(item.Dims(), /*causal=*/false);
   }
-  return RunPagedAttention(items, TeamSize(flops),
-                           options_.portable_kernels);
+  return RunPagedAttention(items, TeamSize(flops), options_.portable_kernels);
 }
 
 int64_t AttentionEngineImpl::PagedWorkspaceBytes(

@@ -11,8 +11,9 @@ declare -A allowed=(
   [tensors]="tensors"
   [weights]="weights tensors"
   [metrics]="metrics"
-  [attention]="attention rpc tensors weights metrics"
-  [process]="process attention rpc tensors weights metrics"
+  [sessions]="sessions tensors metrics"
+  [attention]="attention rpc tensors weights sessions metrics"
+  [process]="process attention rpc tensors weights sessions metrics"
 )
 
 failures=0

@@ -58,8 +58,7 @@ inline float HalfToFloat(uint16_t h) {
 // x rounded to the nearest bf16, ties to even (NaN stays NaN).
 inline float RoundToBf16(float x) {
   const uint32_t bits = BitsOf(x);
-  const uint32_t rounded =
-      (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
   return (bits & 0x7fffffffu) > 0x7f800000u ? x : FloatOf(rounded);
 }
 
@@ -100,14 +99,14 @@ Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
   int64_t base_units = 0;
   for (const PagedAttend& item : items) {
     const int64_t per_unit = QueriesPerUnit(item);
-    base_units += item.layout.kv_heads * ((item.query_len + per_unit - 1) /
-                                          per_unit);
+    base_units +=
+        item.layout.kv_heads * ((item.query_len + per_unit - 1) / per_unit);
     plan.max_rows = std::max(plan.max_rows, GroupOf(item) * per_unit);
     plan.max_key_dim = std::max(plan.max_key_dim, item.layout.key_dim);
     plan.max_value_dim = std::max(plan.max_value_dim, item.layout.value_dim);
   }
   const int64_t target = kUnitsPerThread * threads;
-  if (threads > 1 && base_units < target) {
+  if (threads > 1 && base_units > 0 && base_units < target) {
     plan.splits =
         std::min<int64_t>(kMaxSplits, (target + base_units - 1) / base_units);
   }
@@ -167,8 +166,8 @@ UnitBuffers BuffersOf(float* base, const Plan& plan) {
 
 // The key range [first, last) of split `split` of `length` keys, in whole
 // blocks.
-void SplitRange(int64_t length, int64_t splits, int64_t split,
-                int64_t* first, int64_t* last) {
+void SplitRange(int64_t length, int64_t splits, int64_t split, int64_t* first,
+                int64_t* last) {
   const int64_t blocks = (length + kBlock - 1) / kBlock;
   const int64_t per_split = (blocks + splits - 1) / splits;
   *first = std::min(length, split * per_split * kBlock);
@@ -177,9 +176,11 @@ void SplitRange(int64_t length, int64_t splits, int64_t split,
 
 // The unit's work, inlined into one function per instruction set (below) so
 // that its loops vectorise at that set's width.
-__attribute__((always_inline)) inline void ConvertRows(
-    const char* source, int64_t count, DataType dtype, bool round,
-    float* destination) {
+__attribute__((always_inline)) inline void ConvertRows(const char* source,
+                                                       int64_t count,
+                                                       DataType dtype,
+                                                       bool round,
+                                                       float* destination) {
   switch (dtype) {
     case DataType::kFloat32: {
       const float* f = reinterpret_cast<const float*>(source);
@@ -218,8 +219,7 @@ __attribute__((always_inline)) inline void ConvertRows(
 // by which the row's accumulated output must be multiplied.
 __attribute__((always_inline)) inline float FoldScores(float* s, int64_t n,
                                                        int64_t visible,
-                                                       float scale,
-                                                       bool round,
+                                                       float scale, bool round,
                                                        RowState* state) {
   float block_max = kNegativeInfinity;
   bool nan = false;
@@ -251,9 +251,11 @@ __attribute__((always_inline)) inline float FoldScores(float* s, int64_t n,
   return alpha;
 }
 
-__attribute__((always_inline)) inline void UnitBody(
-    const PagedAttend& item, const Unit& unit, int64_t splits,
-    const UnitBuffers& b, float* partial) {
+__attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
+                                                    const Unit& unit,
+                                                    int64_t splits,
+                                                    const UnitBuffers& b,
+                                                    float* partial) {
   const PageLayout& layout = item.layout;
   const int64_t dk = layout.key_dim;
   const int64_t dv = layout.value_dim;
@@ -286,8 +288,7 @@ __attribute__((always_inline)) inline void UnitBody(
   for (int64_t k0 = first; k0 < last;) {
     const int64_t page = k0 / page_tokens;
     const int64_t offset = k0 % page_tokens;
-    const int64_t n =
-        std::min({kBlock, page_tokens - offset, last - k0});
+    const int64_t n = std::min({kBlock, page_tokens - offset, last - k0});
     const char* base = item.pages[static_cast<size_t>(page)];
     const int64_t row0 = unit.kv_head * page_tokens + offset;
     ConvertRows(base + row0 * dk * element, n * dk, layout.dtype, round,
@@ -413,9 +414,9 @@ void MergeSplits(absl::Span<const PagedAttend> items, const Plan& plan,
   for (int64_t r = 0; r < rows; ++r) {
     RowState state{kNegativeInfinity, 0.0f, false};
     for (int64_t s = 0; s < plan.splits; ++s) {
-      const float* part =
-          partials + plan.units[static_cast<size_t>(first + s)].partial +
-          rows * dv + 3 * r;
+      const float* part = partials +
+                          plan.units[static_cast<size_t>(first + s)].partial +
+                          rows * dv + 3 * r;
       state.max = std::max(state.max, part[0]);
       state.nan = state.nan || part[2] != 0.0f;
     }
@@ -450,12 +451,15 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items) {
     };
     if (layout.page_tokens < 1 || layout.kv_heads < 1 || layout.key_dim < 1 ||
         layout.value_dim < 1) {
-      return invalid("page_tokens, kv_heads, key_dim and value_dim must be "
-                     "positive");
+      return invalid(
+          "page_tokens, kv_heads, key_dim and value_dim must be "
+          "positive");
     }
     if (item.heads < 1 || item.heads % layout.kv_heads != 0) {
-      return invalid("heads is ", item.heads, ", expected a positive multiple "
-                     "of kv_heads ", layout.kv_heads);
+      return invalid("heads is ", item.heads,
+                     ", expected a positive multiple "
+                     "of kv_heads ",
+                     layout.kv_heads);
     }
     if (item.query_len < 1 || item.length < 0) {
       return invalid("query_len is ", item.query_len, " and length ",
@@ -484,30 +488,28 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items) {
   return absl::OkStatus();
 }
 
-int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items,
-                            int threads) {
+int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads) {
   const Plan plan = MakePlan(items, std::max(threads, 1));
   return (plan.thread_floats * std::max(threads, 1) + plan.partial_floats) *
          static_cast<int64_t>(sizeof(float));
 }
 
-absl::Status RunPagedAttention(absl::Span<const PagedAttend> items,
-                               int threads, bool portable_only) {
+absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
+                               bool portable_only) {
   if (items.empty()) return absl::OkStatus();
   threads = std::max(threads, 1);
   static const UnitFunction kUnit = SelectUnit(false);
-  const UnitFunction unit_function =
-      portable_only ? UnitPortable : kUnit;
+  const UnitFunction unit_function = portable_only ? UnitPortable : kUnit;
   const Plan plan = MakePlan(items, threads);
   const int64_t units = static_cast<int64_t>(plan.units.size());
   const int team = static_cast<int>(std::min<int64_t>(threads, units));
-  const size_t floats = static_cast<size_t>(plan.thread_floats * team +
-                                            plan.partial_floats);
+  const size_t floats =
+      static_cast<size_t>(plan.thread_floats * team + plan.partial_floats);
   std::unique_ptr<float[]> workspace(new (std::nothrow) float[floats]);
   if (workspace == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "paged attention: cannot allocate ", floats * sizeof(float),
-        " bytes of workspace"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("paged attention: cannot allocate ",
+                     floats * sizeof(float), " bytes of workspace"));
   }
   float* partials = workspace.get() + plan.thread_floats * team;
   const int64_t merges = plan.splits > 1 ? units / plan.splits : 0;

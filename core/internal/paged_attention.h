@@ -23,14 +23,13 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items);
 
 // The scratch bytes RunPagedAttention allocates for `items` on `threads`
 // threads. The items must be valid: their spans bound every size.
-int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items,
-                                           int threads);
+int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads);
 
 // Computes every item on up to `threads` threads. The items must be valid
 // (ValidatePagedAttend). `portable_only` runs the baseline x86-64 code even
 // where the CPU has AVX2 or AVX-512 (tests cover it that way).
-absl::Status RunPagedAttention(absl::Span<const PagedAttend> items,
-                               int threads, bool portable_only);
+absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
+                               bool portable_only);
 
 }  // namespace attnserve::internal
 

@@ -15,6 +15,8 @@
 #include "attnserve/server/rpc/grpc_status.h"
 #include "attnserve/server/rpc/inflate.h"
 #include "attnserve/server/rpc/wire_messages.h"
+#include "attnserve/server/sessions/session_requests.h"
+#include "attnserve/server/sessions/session_steps.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {
@@ -52,12 +54,13 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
 
 AttentionServiceImpl::AttentionServiceImpl(
     ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
-    WeightsRegistry* registry, const CallGate* gate, MemoryBudget* budget,
-    RequestChecks checks, TransportOptions transport,
+    WeightsRegistry* registry, SessionStore* sessions, const CallGate* gate,
+    MemoryBudget* budget, RequestChecks checks, TransportOptions transport,
     std::shared_ptr<BytesPool> pool)
     : metrics_(metrics),
       engine_(engine),
       registry_(registry),
+      sessions_(sessions),
       gate_(gate),
       budget_(budget),
       checks_(checks),
@@ -173,6 +176,19 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                &AttentionServiceImpl::ServeListWeights);
   HandleMethod(loop, "DeleteWeights", Rpc::kDeleteWeights,
                &AttentionServiceImpl::ServeDeleteWeights);
+  HandleMethod(loop, "CreateSession", Rpc::kCreateSession,
+               &AttentionServiceImpl::ServeCreateSession);
+  HandleMethod(loop, "Step", Rpc::kStep, &AttentionServiceImpl::ServeStep);
+  HandleMethod(loop, "ForkSession", Rpc::kForkSession,
+               &AttentionServiceImpl::ServeForkSession);
+  HandleMethod(loop, "TruncateSession", Rpc::kTruncateSession,
+               &AttentionServiceImpl::ServeTruncateSession);
+  HandleMethod(loop, "DeleteSession", Rpc::kDeleteSession,
+               &AttentionServiceImpl::ServeDeleteSession);
+  HandleMethod(loop, "GetSession", Rpc::kGetSession,
+               &AttentionServiceImpl::ServeGetSession);
+  HandleMethod(loop, "ListSessions", Rpc::kListSessions,
+               &AttentionServiceImpl::ServeListSessions);
   loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
                            "/AttendStream"),
               [this] {
@@ -320,6 +336,110 @@ void AttentionServiceImpl::ServeDeleteWeights(
   }
   RecordWeightsHeld();
   return Finish(call, entry.status(), response);
+}
+
+std::string AttentionServiceImpl::Owner(const Call& call) const {
+  return gate_->Identity(call.handler->context());
+}
+
+void AttentionServiceImpl::ServeCreateSession(
+    const Call& call, const v1::CreateSessionRequest& request,
+    v1::CreateSessionResponse* response) {
+  absl::StatusOr<SessionConfig> config =
+      ValidateCreateSession(request, sessions_->options());
+  if (!config.ok()) return Finish(call, config.status(), response);
+  absl::StatusOr<SessionDescription> created =
+      sessions_->Create(Owner(call), *config);
+  if (created.ok()) DescribeSession(*created, response->mutable_session());
+  return Finish(call, created.status(), response);
+}
+
+void AttentionServiceImpl::ServeStep(const Call& call,
+                                     const v1::StepRequest& request,
+                                     v1::StepResponse* response) {
+  const StepLimits limits{checks_.limits.max_elements,
+                          checks_.limits.max_request_memory_bytes,
+                          checks_.max_message_bytes};
+  absl::StatusOr<StepCall> steps = PrepareSteps(
+      request, Owner(call), *sessions_, *engine_, limits, response);
+  if (!steps.ok()) {
+    response->Clear();
+    return Finish(call, steps.status(), response);
+  }
+  metrics_->StepsPerCall(request.steps_size());
+  const absl::Status held = HoldComputeMemory(call, steps->memory_bytes);
+  if (!held.ok()) {
+    response->Clear();
+    return Finish(call, held, response);
+  }
+  const double flops = steps->flops;
+  auto compute = [this, response, steps = *std::move(steps)]() mutable {
+    RunSteps(steps, *sessions_, *engine_, response);
+    return absl::OkStatus();
+  };
+  ComputeJob::Submit(ComputeJob::Alone(
+      compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
+      call.started, flops, response->mutable_timing(), std::move(compute)));
+}
+
+void AttentionServiceImpl::ServeForkSession(
+    const Call& call, const v1::ForkSessionRequest& request,
+    v1::ForkSessionResponse* response) {
+  absl::StatusOr<ForkPlan> plan =
+      ValidateForkSession(request, sessions_->options());
+  if (!plan.ok()) return Finish(call, plan.status(), response);
+  absl::StatusOr<SessionDescription> forked = sessions_->Fork(
+      Owner(call), request.session_id(), plan->length, plan->ttl);
+  if (forked.ok()) DescribeSession(*forked, response->mutable_session());
+  return Finish(call, forked.status(), response);
+}
+
+void AttentionServiceImpl::ServeTruncateSession(
+    const Call& call, const v1::TruncateSessionRequest& request,
+    v1::TruncateSessionResponse* response) {
+  const absl::Status valid = ValidateTruncateSession(request);
+  if (!valid.ok()) return Finish(call, valid, response);
+  absl::StatusOr<SessionDescription> truncated =
+      sessions_->Truncate(Owner(call), request.session_id(), request.length());
+  if (truncated.ok()) DescribeSession(*truncated, response->mutable_session());
+  return Finish(call, truncated.status(), response);
+}
+
+void AttentionServiceImpl::ServeDeleteSession(
+    const Call& call, const v1::DeleteSessionRequest& request,
+    v1::DeleteSessionResponse* response) {
+  const absl::Status valid =
+      ValidateSessionId("session_id", request.session_id());
+  if (!valid.ok()) return Finish(call, valid, response);
+  absl::StatusOr<SessionDescription> deleted =
+      sessions_->Delete(Owner(call), request.session_id());
+  if (deleted.ok()) DescribeSession(*deleted, response->mutable_deleted());
+  return Finish(call, deleted.status(), response);
+}
+
+void AttentionServiceImpl::ServeGetSession(const Call& call,
+                                           const v1::GetSessionRequest& request,
+                                           v1::GetSessionResponse* response) {
+  const absl::Status valid =
+      ValidateSessionId("session_id", request.session_id());
+  if (!valid.ok()) return Finish(call, valid, response);
+  absl::StatusOr<SessionDescription> got =
+      sessions_->Get(Owner(call), request.session_id());
+  if (got.ok()) DescribeSession(*got, response->mutable_session());
+  return Finish(call, got.status(), response);
+}
+
+void AttentionServiceImpl::ServeListSessions(
+    const Call& call, const v1::ListSessionsRequest& /*request*/,
+    v1::ListSessionsResponse* response) {
+  int64_t total = 0;
+  for (const SessionDescription& d : sessions_->List(Owner(call))) {
+    DescribeSession(d, response->add_sessions());
+    total += d.bytes;
+  }
+  response->set_total_bytes(total);
+  response->set_budget_bytes(sessions_->options().kv_cache_bytes);
+  return Finish(call, absl::OkStatus(), response);
 }
 
 void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,

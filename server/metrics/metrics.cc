@@ -1,5 +1,6 @@
 #include "attnserve/server/metrics/metrics.h"
 
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,15 +44,20 @@ const char* StatusCodeName(int code) {
 
 bool IsCompute(Rpc rpc) {
   return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
-         rpc == Rpc::kMultiHeadAttention;
+         rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep;
 }
+
+constexpr const char* kRemovalReasons[] = {"evicted", "expired", "deleted",
+                                           "drained"};
 
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
   static const char* const kNames[kRpcCount] = {
-      "Attend",     "AttendStream", "MultiHeadAttention",
-      "PutWeights", "ListWeights",  "DeleteWeights"};
+      "Attend",      "AttendStream",    "MultiHeadAttention", "PutWeights",
+      "ListWeights", "DeleteWeights",   "CreateSession",      "Step",
+      "ForkSession", "TruncateSession", "DeleteSession",      "GetSession",
+      "ListSessions"};
   return kNames[static_cast<int>(rpc)];
 }
 
@@ -193,6 +199,49 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "a client's next call without a wake-up.")
            .Register(*registry_)
            .Add({});
+  auto kv_gauge = [this](const char* name, const char* help) {
+    return &prometheus::BuildGauge()
+                .Name(name)
+                .Help(help)
+                .Register(*registry_)
+                .Add({});
+  };
+  sessions_ =
+      kv_gauge("attnserve_sessions", "KV-cache sessions the server holds.");
+  kv_pages_ = kv_gauge("attnserve_kv_pages",
+                       "KV-cache pages allocated (held by sessions or read "
+                       "by steps in flight).");
+  kv_used_bytes_ = kv_gauge("attnserve_kv_cache_bytes",
+                            "Bytes of KV-cache pages allocated; never above "
+                            "attnserve_kv_cache_budget_bytes.");
+  kv_shared_bytes_ = kv_gauge(
+      "attnserve_kv_cache_shared_bytes",
+      "Bytes of KV-cache pages held by more than one session (forks).");
+  kv_budget_bytes_ = kv_gauge("attnserve_kv_cache_budget_bytes",
+                              "The KV-cache budget (kv_cache_bytes).");
+  auto& removals =
+      prometheus::BuildCounter()
+          .Name("attnserve_session_removals_total")
+          .Help(
+              "Sessions removed, by reason: evicted (least recently used, "
+              "past the budget or max_sessions), expired (idle past their "
+              "TTL), deleted (DeleteSession), drained (shutdown).")
+          .Register(*registry_);
+  for (size_t i = 0; i < session_removals_.size(); ++i) {
+    session_removals_[i] = &removals.Add({{"reason", kRemovalReasons[i]}});
+  }
+  tokens_appended_ = &prometheus::BuildCounter()
+                          .Name("attnserve_session_tokens_appended_total")
+                          .Help("Tokens appended to sessions' layers by Step.")
+                          .Register(*registry_)
+                          .Add({});
+  steps_per_call_ =
+      &prometheus::BuildHistogram()
+           .Name("attnserve_steps_per_call")
+           .Help("Session steps carried by one Step call.")
+           .Register(*registry_)
+           .Add({}, prometheus::Histogram::BucketBoundaries{
+                        1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024});
   prometheus::BuildGauge()
       .Name("attnserve_build_info")
       .Help(
@@ -274,6 +323,31 @@ void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {
 
 void ServerMetrics::IoSpun(absl::Duration spun) {
   io_spin_seconds_->Increment(absl::ToDoubleSeconds(spun));
+}
+
+void ServerMetrics::SetKvCache(int64_t sessions, int64_t pages, int64_t used,
+                               int64_t shared, int64_t budget) {
+  sessions_->Set(static_cast<double>(sessions));
+  kv_pages_->Set(static_cast<double>(pages));
+  kv_used_bytes_->Set(static_cast<double>(used));
+  kv_shared_bytes_->Set(static_cast<double>(shared));
+  kv_budget_bytes_->Set(static_cast<double>(budget));
+}
+
+void ServerMetrics::SessionRemoved(const char* reason) {
+  for (size_t i = 0; i < session_removals_.size(); ++i) {
+    if (std::string_view(reason) == kRemovalReasons[i]) {
+      session_removals_[i]->Increment();
+    }
+  }
+}
+
+void ServerMetrics::TokensAppended(int64_t tokens) {
+  tokens_appended_->Increment(static_cast<double>(tokens));
+}
+
+void ServerMetrics::StepsPerCall(int64_t steps) {
+  steps_per_call_->Observe(static_cast<double>(steps));
 }
 
 void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {

@@ -118,6 +118,31 @@ ABSL_FLAG(
     int64_t, max_weights_bytes, Defaults().memory.max_weights_bytes,
     "Most bytes of registered weights the server holds; 0: a quarter of "
     "the memory limit (the cgroup's, or physical memory), at most 4 GiB.");
+ABSL_FLAG(int64_t, kv_cache_bytes, Defaults().memory.kv_cache_bytes,
+          "Most bytes of KV-cache pages the sessions hold, never exceeded; "
+          "0: a quarter of the memory limit (the cgroup's, or physical "
+          "memory).");
+ABSL_FLAG(std::string, kv_eviction, "lru",
+          "Past --kv_cache_bytes or --max_sessions: \"lru\" evicts the "
+          "least recently used sessions no step is using (their next call "
+          "gets NOT_FOUND, evicted); \"none\" refuses the new work with "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, kv_page_tokens, Defaults().sessions.page_tokens,
+          "Tokens per KV-cache page (a page holds them for every kv head of "
+          "one layer); 1 to 4096.");
+ABSL_FLAG(int64_t, max_sessions, Defaults().sessions.max_sessions,
+          "Most sessions the server holds at once.");
+ABSL_FLAG(int64_t, max_session_tokens, Defaults().sessions.max_session_tokens,
+          "Most tokens one layer of a session may hold; caps and defaults "
+          "CreateSession's max_tokens.");
+ABSL_FLAG(int64_t, max_session_layers, Defaults().sessions.max_session_layers,
+          "Most layers a session may have.");
+ABSL_FLAG(double, session_ttl_seconds,
+          absl::ToDoubleSeconds(Defaults().sessions.session_ttl),
+          "Seconds without a call after which a session expires; caps and "
+          "defaults CreateSession's ttl_seconds.");
+ABSL_FLAG(int64_t, max_steps_per_call, Defaults().sessions.max_steps_per_call,
+          "Most session steps one Step call may carry.");
 ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
           "Memory that requests in flight may hold at once, from the "
           "transport's buffers (a quarter) through the queue and the compute "
@@ -148,8 +173,9 @@ ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
           "signed (mTLS).");
 ABSL_FLAG(
     std::string, auth_token_file, Defaults().auth_token_file,
-    "File holding a bearer token every call except health checks must carry as "
-    "\"authorization: Bearer <token>\"; empty: no token.");
+    "File holding bearer tokens, one per line; every call except health "
+    "checks must carry one as \"authorization: Bearer <token>\", and each "
+    "token owns its own sessions. Empty: no token.");
 
 namespace attnserve {
 
@@ -192,6 +218,14 @@ constexpr FlagOption kFlags[] = {
     {"stream_idle_timeout_seconds", "transport.stream_idle_timeout"},
     {"max_weights_bytes", "memory.max_weights_bytes"},
     {"max_inflight_bytes", "memory.max_inflight_bytes"},
+    {"kv_cache_bytes", "memory.kv_cache_bytes"},
+    {"kv_eviction", "sessions.eviction"},
+    {"kv_page_tokens", "sessions.page_tokens"},
+    {"max_sessions", "sessions.max_sessions"},
+    {"max_session_tokens", "sessions.max_session_tokens"},
+    {"max_session_layers", "sessions.max_session_layers"},
+    {"session_ttl_seconds", "sessions.session_ttl"},
+    {"max_steps_per_call", "sessions.max_steps_per_call"},
     {"buffer_pool_bytes", "memory.buffer_pool_bytes"},
     {"demo_weights", "demo_weights"},
     {"weights_dir", "weights_dir"},
@@ -313,6 +347,27 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.memory.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   options.memory.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.memory.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
+  options.memory.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  const std::string eviction = absl::GetFlag(FLAGS_kv_eviction);
+  if (eviction == "lru") {
+    options.sessions.eviction = attnserve::EvictionPolicy::kLru;
+  } else if (eviction == "none") {
+    options.sessions.eviction = attnserve::EvictionPolicy::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_eviction is \"", eviction, "\", expected lru or none"));
+  }
+  options.sessions.page_tokens = absl::GetFlag(FLAGS_kv_page_tokens);
+  options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  options.sessions.max_session_layers = absl::GetFlag(FLAGS_max_session_layers);
+  const double ttl = absl::GetFlag(FLAGS_session_ttl_seconds);
+  if (!(ttl >= 1 && ttl <= 1e9)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_ttl_seconds is ", ttl, ", expected 1 to 1e9"));
+  }
+  options.sessions.session_ttl = absl::Seconds(ttl);
+  options.sessions.max_steps_per_call = absl::GetFlag(FLAGS_max_steps_per_call);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

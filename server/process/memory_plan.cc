@@ -95,12 +95,13 @@ MemoryLimit ReadMemoryLimit(const std::string& cgroup_root,
   return limit;
 }
 
-absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
-                                      int64_t buffer_pool_bytes,
-                                      int64_t max_inflight_bytes,
+absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                                       const MemoryLimit& limit) {
+  const int64_t buffer_pool_bytes = requested.buffer_pool_bytes;
+  const int64_t max_inflight_bytes = requested.max_inflight_bytes;
   const std::pair<const char*, int64_t> budgets[] = {
-      {"max_weights_bytes", max_weights_bytes},
+      {"max_weights_bytes", requested.max_weights_bytes},
+      {"kv_cache_bytes", requested.kv_cache_bytes},
       {"buffer_pool_bytes", buffer_pool_bytes},
       {"max_inflight_bytes", max_inflight_bytes}};
   for (const auto& [name, value] : budgets) {
@@ -114,11 +115,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
   MemoryPlan plan;
   plan.limit = limit;
   plan.buffer_pool_bytes = buffer_pool_bytes;
-  plan.max_weights_bytes = max_weights_bytes > 0
-                               ? max_weights_bytes
+  plan.max_weights_bytes = requested.max_weights_bytes > 0
+                               ? requested.max_weights_bytes
                                : std::min(int64_t{4} << 30, limit.bytes / 4);
+  plan.kv_cache_bytes =
+      requested.kv_cache_bytes > 0 ? requested.kv_cache_bytes : limit.bytes / 4;
   // Sums in double: the flags may be anything up to 2^63.
   const double fixed = static_cast<double>(plan.max_weights_bytes) +
+                       static_cast<double>(plan.kv_cache_bytes) +
                        static_cast<double>(buffer_pool_bytes) +
                        static_cast<double>(kProcessOverheadBytes);
   if (max_inflight_bytes > 0) {
@@ -133,8 +137,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
       total > static_cast<double>(limit.bytes)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the memory budgets do not fit the memory limit: max_weights_bytes ",
-        plan.max_weights_bytes, " + buffer_pool_bytes ", buffer_pool_bytes,
-        " + max_inflight_bytes ",
+        plan.max_weights_bytes, " + kv_cache_bytes ", plan.kv_cache_bytes,
+        " + buffer_pool_bytes ", buffer_pool_bytes, " + max_inflight_bytes ",
         max_inflight_bytes > 0 ? absl::StrCat(plan.max_inflight_bytes)
                                : std::string("(derived: none left)"),
         " + ", kProcessOverheadBytes,

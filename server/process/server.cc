@@ -21,6 +21,7 @@
 #include "attnserve/server/rpc/health_service.h"
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/reflection_service.h"
+#include "attnserve/server/sessions/session_store.h"
 #include "attnserve/server/weights/weights_loader.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "grpcpp/grpcpp.h"
@@ -62,6 +63,12 @@ const std::string& MetricsAddress(const ServerOptions& options) {
                                          : options.metrics_address;
 }
 
+SessionOptions SessionsWithBudget(SessionOptions options,
+                                  const MemoryPlan& memory) {
+  options.kv_cache_bytes = memory.kv_cache_bytes;
+  return options;
+}
+
 // "host:port", with an IPv6 literal in brackets.
 std::string HostPort(const std::string& host, int port) {
   return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port)
@@ -73,7 +80,7 @@ class AttnServerImpl final : public AttnServer {
   // `options` carry the budgets `memory` planned.
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
                  const ServerOptions& options, const MemoryPlan& memory,
-                 std::string bearer_token)
+                 std::vector<std::string> bearer_tokens)
       : options_(options),
         memory_(memory),
         engine_(std::move(engine)),
@@ -81,10 +88,11 @@ class AttnServerImpl final : public AttnServer {
         budget_(memory.max_inflight_bytes - memory.transport_bytes),
         registry_(memory.max_weights_bytes),
         io_threads_(IoThreads(options, engine_->runtime_info())),
-        gate_(std::move(bearer_token)),
+        sessions_(SessionsWithBudget(options.sessions, memory), &metrics_),
+        gate_(std::move(bearer_tokens)),
         scheduler_(options.scheduling),
-        service_(&metrics_, engine_.get(), &scheduler_, &registry_, &gate_,
-                 &budget_,
+        service_(&metrics_, engine_.get(), &scheduler_, &registry_, &sessions_,
+                 &gate_, &budget_,
                  {options.limits, options.transport.max_message_bytes,
                   engine_.get()},
                  options.transport,
@@ -244,6 +252,8 @@ class AttnServerImpl final : public AttnServer {
       stopping.join();
     }
     loop_.Shutdown();
+    // Sessions live in memory only: with every step answered, they go.
+    sessions_.Clear();
     {
       absl::MutexLock trim_lock(&trim_mutex_);
       stop_trimming_ = true;
@@ -271,6 +281,8 @@ class AttnServerImpl final : public AttnServer {
       metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
+      // Idle sessions expire on time even when no call comes.
+      sessions_.ExpireIdle(absl::Now());
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
@@ -290,6 +302,7 @@ class AttnServerImpl final : public AttnServer {
   ResetGuard reset_guard_{options_.transport.max_client_resets_per_second};
   WeightsRegistry registry_;
   const int io_threads_;
+  SessionStore sessions_;
   std::vector<std::string> startup_weights_;
   CallGate gate_;
   Scheduler scheduler_;
@@ -315,11 +328,8 @@ class AttnServerImpl final : public AttnServer {
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& requested) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      const MemoryPlan memory,
-      PlanMemory(requested.memory.max_weights_bytes,
-                 requested.memory.buffer_pool_bytes,
-                 requested.memory.max_inflight_bytes, ReadMemoryLimit()));
+  ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
+                             PlanMemory(requested.memory, ReadMemoryLimit()));
   ServerOptions options = requested;
   // Executors share the cores unless told otherwise.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -329,10 +339,10 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
                              AttentionEngine::Create(options.engine));
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string token,
-                             BearerTokenFor(options.auth_token_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                             BearerTokensFor(options.auth_token_file));
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
-                                                 memory, std::move(token));
+                                                 memory, std::move(tokens));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));

@@ -78,6 +78,24 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "scheduling.max_queue_delay and drain_grace must not be negative");
   }
+  const SessionOptions& sessions = options.sessions;
+  const std::pair<const char*, int64_t> session_limits[] = {
+      {"sessions.max_sessions", sessions.max_sessions},
+      {"sessions.max_session_tokens", sessions.max_session_tokens},
+      {"sessions.max_session_layers", sessions.max_session_layers},
+      {"sessions.max_steps_per_call", sessions.max_steps_per_call}};
+  for (const auto& [name, value] : session_limits) {
+    if (value <= 0) return OutOfRange(name, value, "> 0");
+  }
+  if (sessions.page_tokens < 1 || sessions.page_tokens > 4096) {
+    return OutOfRange("sessions.page_tokens", sessions.page_tokens,
+                      "1 to 4096");
+  }
+  if (sessions.session_ttl < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sessions.session_ttl is ", absl::FormatDuration(sessions.session_ttl),
+        ", expected at least 1s"));
+  }
   const ServerTlsOptions& tls = options.tls;
   if (tls.cert_file.empty() != tls.key_file.empty() ||
       (!tls.client_ca_file.empty() && tls.cert_file.empty())) {
@@ -98,6 +116,12 @@ std::string DescribeOptions(const ServerOptions& options,
       " attention", "; max_message_bytes=", transport.max_message_bytes,
       " max_workspace_bytes=", options.engine.max_workspace_bytes,
       " max_weights_bytes=", memory.max_weights_bytes,
+      " kv_cache_bytes=", memory.kv_cache_bytes, " (kv_eviction=",
+      options.sessions.eviction == EvictionPolicy::kLru ? "lru" : "none",
+      " kv_page_tokens=", options.sessions.page_tokens,
+      " max_sessions=", options.sessions.max_sessions,
+      " max_session_tokens=", options.sessions.max_session_tokens,
+      " session_ttl=", absl::FormatDuration(options.sessions.session_ttl), ")",
       " buffer_pool_bytes=", memory.buffer_pool_bytes,
       " max_inflight_bytes=", memory.max_inflight_bytes, " (",
       memory.transport_bytes, " for gRPC's buffers) of a memory limit of ",

@@ -1,5 +1,12 @@
 #include "attnserve/server/rpc/call_gate.h"
 
+#include <openssl/sha.h>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/string_view.h"
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/security/auth_context.h"
+
 namespace attnserve {
 namespace {
 
@@ -22,16 +29,45 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
     return absl::UnavailableError(
         "the server is shutting down; retry on another replica");
   }
-  if (bearer_token_.empty()) return absl::OkStatus();
+  if (bearer_tokens_.empty()) return absl::OkStatus();
   const auto header = context.client_metadata().find("authorization");
-  if (header == context.client_metadata().end() ||
-      !ConstantTimeEquals("Bearer " + bearer_token_, header->second)) {
+  bool matched = false;
+  if (header != context.client_metadata().end()) {
+    // Every token compared, so the time taken does not say which matched.
+    for (const std::string& token : bearer_tokens_) {
+      matched =
+          ConstantTimeEquals("Bearer " + token, header->second) || matched;
+    }
+  }
+  if (!matched) {
     return absl::UnauthenticatedError(
         "authorization is missing or wrong, expected the header "
         "\"authorization: Bearer "
         "<token>\" with the server's token");
   }
   return absl::OkStatus();
+}
+
+std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
+  if (!bearer_tokens_.empty()) {
+    const auto header = context.client_metadata().find("authorization");
+    if (header == context.client_metadata().end()) return "";
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(header->second.data()),
+           header->second.size(), digest);
+    return "token:" + absl::BytesToHexString(absl::string_view(
+                          reinterpret_cast<const char*>(digest), 16));
+  }
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    const std::vector<grpc::string_ref> subject =
+        auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
+    if (!subject.empty()) {
+      return "x509:" +
+             std::string(subject.front().data(), subject.front().size());
+    }
+  }
+  return "";
 }
 
 std::optional<CallGate::Ticket> CallGate::HoldRefusal(

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "attnserve/common/files.h"
 #include "attnserve/common/status_macros.h"
@@ -116,26 +117,34 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
   return grpc::SslServerCredentials(ssl);
 }
 
-absl::StatusOr<std::string> BearerTokenFor(const std::string& token_file) {
-  if (token_file.empty()) return std::string();
+absl::StatusOr<std::vector<std::string>> BearerTokensFor(
+    const std::string& token_file) {
+  if (token_file.empty()) return std::vector<std::string>();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string text,
                              ReadCredentialFile("auth_token_file", token_file));
-  const absl::string_view token = absl::StripAsciiWhitespace(text);
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth_token_file: ", token_file, " is empty"));
-  }
-  for (size_t i = 0; i < token.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "auth_token_file: %s holds byte 0x%02x at offset %d of its "
-          "token, expected one line of printable ASCII (a client sends the "
-          "token in an HTTP header)",
-          token_file, c, static_cast<int>(token.data() - text.data() + i)));
+  std::vector<std::string> tokens;
+  int line_number = 0;
+  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    const absl::string_view token = absl::StripAsciiWhitespace(line);
+    if (token.empty()) continue;
+    for (size_t i = 0; i < token.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(token[i]);
+      if (c < 0x20 || c > 0x7e) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "auth_token_file: %s holds byte 0x%02x at offset %d of the token "
+            "on line %d, expected one token per line of printable ASCII (a "
+            "client sends the token in an HTTP header)",
+            token_file, c, static_cast<int>(i), line_number));
+      }
     }
+    tokens.emplace_back(token);
   }
-  return std::string(token);
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth_token_file: ", token_file, " holds no token"));
+  }
+  return tokens;
 }
 
 }  // namespace attnserve

@@ -3,6 +3,8 @@
 // causal), over random page sizes, page boundaries, GQA, Tq, storage dtypes,
 // precisions, splits and many items per call, on the vectorised code and the
 // portable one.
+#include "attnserve/core/paged_attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,7 +18,6 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_engine.h"
-#include "attnserve/core/paged_attention.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "reference/tolerance.h"
@@ -43,7 +44,8 @@ struct PagedCache {
       : layout(page_layout) {
     const int64_t hkv = layout.kv_heads;
     const int64_t element = DataTypeBytes(layout.dtype);
-    const int64_t count = (length + layout.page_tokens - 1) / layout.page_tokens;
+    const int64_t count =
+        (length + layout.page_tokens - 1) / layout.page_tokens;
     // Pages are filled with NaN bytes past the length, which the kernel must
     // never read.
     pages.assign(static_cast<size_t>(count),
@@ -86,9 +88,9 @@ struct Case {
 std::string Describe(const Case& c) {
   return absl::StrCat("H=", c.heads, " Hkv=", c.kv_heads, " Tq=", c.query_len,
                       " L=", c.length, " Dk=", c.key_dim, " Dv=", c.value_dim,
-                      " page=", c.page_tokens, " dtype=",
-                      static_cast<int>(c.dtype), " bf16=",
-                      c.precision == Precision::kBFloat16);
+                      " page=", c.page_tokens,
+                      " dtype=", static_cast<int>(c.dtype),
+                      " bf16=", c.precision == Precision::kBFloat16);
 }
 
 // The inputs and outputs of one item.
@@ -148,9 +150,8 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
   void Check(Item& item, float scale) {
     const Case& c = item.c;
     SCOPED_TRACE(Describe(c));
-    const ReferenceShape shape{1,         c.heads,     c.kv_heads,
-                               c.query_len, c.length,  c.key_dim,
-                               c.value_dim};
+    const ReferenceShape shape{1,        c.heads,   c.kv_heads, c.query_len,
+                               c.length, c.key_dim, c.value_dim};
     ReferenceOptions options;
     options.scale = scale;
     options.causal = true;
@@ -197,9 +198,8 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
 TEST_P(PagedAttentionTest, DecodeStepOverPagesOfEveryDtype) {
   for (const DataType dtype :
        {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
-    Item item = MakeItem({8, 2, 1, 300, 64, 64, 64, dtype,
-                          Precision::kFloat32, true},
-                         11);
+    Item item = MakeItem(
+        {8, 2, 1, 300, 64, 64, 64, dtype, Precision::kFloat32, true}, 11);
     const PagedAttend paged = ToPaged(item, 0.125f);
     ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
     Check(item, 0.125f);
@@ -225,8 +225,8 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
       c.value_dim = pick({c.key_dim, 16, 5});
       c.page_tokens = pick({1, 7, 16, 64, 100});
       c.dtype = static_cast<DataType>(pick({0, 1, 2}));
-      c.precision = pick({0, 0, 1}) == 1 ? Precision::kBFloat16
-                                          : Precision::kFloat32;
+      c.precision =
+          pick({0, 0, 1}) == 1 ? Precision::kBFloat16 : Precision::kFloat32;
       c.return_lse = pick({0, 1}) == 1;
       items.push_back(MakeItem(c, static_cast<uint64_t>(round * 100 + i)));
     }
@@ -244,9 +244,8 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
 
 TEST_P(PagedAttentionTest, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
   // Tq > L: the first Tq − L rows see no key.
-  Item item = MakeItem({2, 1, 5, 3, 8, 8, 4, DataType::kFloat32,
-                        Precision::kFloat32, true},
-                       3);
+  Item item = MakeItem(
+      {2, 1, 5, 3, 8, 8, 4, DataType::kFloat32, Precision::kFloat32, true}, 3);
   const PagedAttend paged = ToPaged(item, 0.5f);
   ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
   for (int64_t h = 0; h < 2; ++h) {
@@ -260,9 +259,9 @@ TEST_P(PagedAttentionTest, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
 }
 
 TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
-  Item item = MakeItem({4, 2, 1, 130, 8, 8, 64, DataType::kFloat32,
-                        Precision::kFloat32, false},
-                       5);
+  Item item = MakeItem(
+      {4, 2, 1, 130, 8, 8, 64, DataType::kFloat32, Precision::kFloat32, false},
+      5);
   PagedAttend paged = ToPaged(item, 0.5f);
   paged.pages = paged.pages.subspan(0, 2);  // 130 tokens need 3 pages.
   absl::Status status = engine_->AttendPaged({&paged, 1});

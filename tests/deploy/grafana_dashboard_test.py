@@ -19,11 +19,11 @@ documented = open(os.path.join(root, "docs/metrics.md")).read()
 failures = []
 titles = " | ".join(panel["title"] for panel in dashboard["panels"])
 for needed in ["by RPC and code", "latency p50 / p99", "Queue wait", "Batch size", "FLOP/s",
-               "In flight"]:
+               "In flight", "Sessions", "KV cache bytes", "Session removals", "steps per call"]:
     if needed not in titles:
         failures.append(f"no panel for '{needed}' (panels: {titles})")
 
-expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+expressions = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
 for expression in expressions:
     for metric in set(re.findall(r"\battnserve_[a-z_]+", expression)):
         base = re.sub(r"_(bucket|sum|count)$", "", metric)

@@ -63,11 +63,11 @@ expected_status=2 expect_start_failure \
 dir="${workdir}/passwd_copy" && make_weights "${dir}/set" && head -3 /etc/passwd >"${dir}/set/config.txt"
 expect_start_failure "config.txt: line 1 is not key=integer" --weights_dir="${dir}"
 
-printf 'secret\nsecond line\n' >"${workdir}/token_two_lines"
-expect_start_failure "holds byte 0x0a at offset 6 of its token, expected one line of printable ASCII" \
+printf 'secret\nsec\x01ond\n' >"${workdir}/token_two_lines"
+expect_start_failure "holds byte 0x01 at offset 3 of the token on line 2, expected one token per line of printable ASCII" \
   --auth_token_file="${workdir}/token_two_lines"
-printf 'sec\x01ret\n' >"${workdir}/token_control"
-expect_start_failure "holds byte 0x01 at offset 3" --auth_token_file="${workdir}/token_control"
+printf '\n \n' >"${workdir}/token_blank"
+expect_start_failure "token_blank holds no token" --auth_token_file="${workdir}/token_blank"
 mkfifo "${workdir}/token_fifo"
 expect_start_failure "token_fifo is a FIFO, expected a regular file" \
   --auth_token_file="${workdir}/token_fifo"

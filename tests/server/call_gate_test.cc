@@ -8,7 +8,7 @@ namespace attnserve {
 namespace {
 
 TEST(CallGateTest, HoldsRefusalsOnlyBetweenHoldAndRelease) {
-  CallGate gate("");
+  CallGate gate({});
   std::vector<int> answered;
   EXPECT_FALSE(gate.HoldRefusal([&] { answered.push_back(0); }).has_value());
   gate.HoldRefusals();

@@ -70,7 +70,8 @@ for flag in address port threads io_threads io_spin_us executors max_queue max_b
             metrics_port max_weights_bytes max_inflight_bytes stream_idle_timeout_seconds max_client_resets_per_second weights_dir drain_grace_seconds tls_cert tls_key \
             tls_client_ca auth_token_file attention_kernel portable_kernels demo_weights \
             max_concurrent_streams message_timeout_seconds accept_compressed_requests \
-            buffer_pool_bytes metrics_address; do
+            buffer_pool_bytes metrics_address kv_cache_bytes kv_eviction kv_page_tokens max_sessions \
+            max_session_tokens max_session_layers session_ttl_seconds max_steps_per_call; do
   grep -q -- "-${flag} " <<<"${help}" || fail "--help does not document --${flag}"
 done
 grep -q "ATTNSERVE_" <<<"${help}" || fail "--help does not mention ATTNSERVE_ variables"

@@ -187,9 +187,12 @@ TEST_F(GrpcServicesTest, ReflectionListsServicesAndServesDescriptors) {
   for (const auto& method : attention.service(0).method()) {
     methods.insert(method.name());
   }
-  EXPECT_EQ(methods, (std::set<std::string>{"Attend", "AttendStream",
-                                            "MultiHeadAttention", "PutWeights",
-                                            "ListWeights", "DeleteWeights"}));
+  EXPECT_EQ(methods,
+            (std::set<std::string>{
+                "Attend", "AttendStream", "MultiHeadAttention", "PutWeights",
+                "ListWeights", "DeleteWeights", "CreateSession", "Step",
+                "ForkSession", "TruncateSession", "DeleteSession", "GetSession",
+                "ListSessions"}));
   // Every file it imports comes with it, once.
   std::set<std::string> sent;
   for (const std::string& bytes : files.file_descriptor_proto()) {

@@ -128,33 +128,49 @@ TEST_F(MemoryLimitTest, CgroupV1AndTheContainersOwnRoot) {
   EXPECT_EQ(Read().bytes, 536870912);
 }
 
+// PlanMemory with these budgets asked for.
+absl::StatusOr<MemoryPlan> Plan(int64_t weights, int64_t kv_cache, int64_t pool,
+                                int64_t inflight, const MemoryLimit& limit) {
+  MemoryOptions requested;
+  requested.max_weights_bytes = weights;
+  requested.kv_cache_bytes = kv_cache;
+  requested.buffer_pool_bytes = pool;
+  requested.max_inflight_bytes = inflight;
+  return PlanMemory(requested, limit);
+}
+
 TEST(PlanMemoryTest, DerivesWhatIsLeftAtZero) {
   const MemoryLimit limit{int64_t{8} << 30, "cgroup x"};
-  const absl::StatusOr<MemoryPlan> plan = PlanMemory(0, 256 * kMiB, 0, limit);
+  const absl::StatusOr<MemoryPlan> plan = Plan(0, 0, 256 * kMiB, 0, limit);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->max_weights_bytes, int64_t{2} << 30);  // a quarter
-  // (8 GiB - 2 GiB - 256 MiB - 256 MiB) * 3/4 = 4224 MiB
-  EXPECT_EQ(plan->max_inflight_bytes, 4224 * kMiB);
-  EXPECT_EQ(plan->transport_bytes, 1056 * kMiB);
+  EXPECT_EQ(plan->kv_cache_bytes, int64_t{2} << 30);     // a quarter
+  // (8 GiB - 2 GiB - 2 GiB - 256 MiB - 256 MiB) * 3/4 = 2688 MiB
+  EXPECT_EQ(plan->max_inflight_bytes, 2688 * kMiB);
+  EXPECT_EQ(plan->transport_bytes, 672 * kMiB);
   const absl::StatusOr<MemoryPlan> big =
-      PlanMemory(0, 0, 0, {int64_t{64} << 30, "physical memory"});
+      Plan(0, 0, 0, 0, {int64_t{64} << 30, "physical memory"});
   EXPECT_EQ(big->max_weights_bytes, int64_t{4} << 30);  // at most 4 GiB
+  EXPECT_EQ(big->kv_cache_bytes, int64_t{16} << 30);
 }
 
 TEST(PlanMemoryTest, RefusesBudgetsThatDoNotFit) {
   const MemoryLimit limit{int64_t{3} << 30, "cgroup /sys/fs/cgroup/memory.max"};
-  EXPECT_TRUE(PlanMemory(512 * kMiB, 128 * kMiB, 2048 * kMiB, limit).ok());
+  EXPECT_TRUE(Plan(512 * kMiB, 64 * kMiB, 128 * kMiB, 2048 * kMiB, limit).ok());
   const absl::StatusOr<MemoryPlan> over =
-      PlanMemory(int64_t{1} << 30, 128 * kMiB, 2048 * kMiB, limit);
+      Plan(int64_t{1} << 30, 64 * kMiB, 128 * kMiB, 2048 * kMiB, limit);
   ASSERT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(over.status().message(),
               AllOf(HasSubstr("max_weights_bytes 1073741824"),
+                    HasSubstr("kv_cache_bytes 67108864"),
                     HasSubstr("max_inflight_bytes 2147483648"),
                     HasSubstr("3221225472 bytes of cgroup /sys/fs/cgroup")));
   // Weights alone past the limit leave nothing to derive.
-  EXPECT_THAT(PlanMemory(int64_t{3} << 30, 0, 0, limit).status().message(),
+  EXPECT_THAT(Plan(int64_t{3} << 30, 0, 0, 0, limit).status().message(),
               HasSubstr("(derived: none left)"));
-  EXPECT_EQ(PlanMemory(-1, 0, 0, limit).status().code(),
+  EXPECT_EQ(Plan(-1, 0, 0, 0, limit).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Plan(0, -1, 0, 0, limit).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

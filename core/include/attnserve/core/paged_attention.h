@@ -43,9 +43,9 @@ struct PagedAttend {
   PageLayout layout;
   // The cache's pages in token order: at least ceil(length / page_tokens).
   absl::Span<const char* const> pages;
-  int64_t length = 0;     // L, tokens in the cache
-  int64_t heads = 1;      // H, a multiple of layout.kv_heads
-  int64_t query_len = 1;  // Tq
+  int64_t length = 0;             // L, tokens in the cache
+  int64_t heads = 1;              // H, a multiple of layout.kv_heads
+  int64_t query_len = 1;          // Tq
   absl::Span<const float> query;  // [H, Tq, Dk]
   float scale = 1.0f;
   // kBFloat16 rounds the query, keys, values and probabilities to bf16 before

@@ -15,6 +15,7 @@
 #include "attnserve/server/process/memory_plan.h"
 #include "attnserve/server/rpc/credentials.h"
 #include "attnserve/server/rpc/transport_options.h"
+#include "attnserve/server/sessions/session_store.h"
 
 namespace attnserve {
 
@@ -36,10 +37,14 @@ struct ServerOptions {
   // The memory budgets; Start refuses (FAILED_PRECONDITION) budgets that do
   // not fit the memory limit.
   MemoryOptions memory;
+  // KV-cache sessions: eviction, page size, limits. Their byte budget is
+  // memory.kv_cache_bytes (sessions.kv_cache_bytes is ignored here).
+  SessionOptions sessions;
   // TLS; no certificate file: plaintext.
   ServerTlsOptions tls;
-  // A file holding the bearer token every call but health checks must carry;
-  // empty: none.
+  // A file holding the bearer tokens, one per line, of which every call but
+  // health checks must carry one; each token is an identity of its own (for
+  // session ownership). Empty: none.
   std::string auth_token_file;
 
   // Port of the Prometheus /metrics endpoint, on `metrics_address`; 0 picks a

@@ -16,6 +16,7 @@
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/read_watchdog.h"
 #include "attnserve/server/rpc/transport_options.h"
+#include "attnserve/server/sessions/session_store.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 
@@ -32,8 +33,9 @@ class AttentionServiceImpl final {
  public:
   AttentionServiceImpl(ServerMetrics* metrics, AttentionEngine* engine,
                        Scheduler* scheduler, WeightsRegistry* registry,
-                       const CallGate* gate, MemoryBudget* budget,
-                       RequestChecks checks, TransportOptions transport,
+                       SessionStore* sessions, const CallGate* gate,
+                       MemoryBudget* budget, RequestChecks checks,
+                       TransportOptions transport,
                        std::shared_ptr<BytesPool> pool);
 
   // Serves every method of the service on `loop`.
@@ -108,6 +110,27 @@ class AttentionServiceImpl final {
   void ServeDeleteWeights(const Call& call,
                           const v1::DeleteWeightsRequest& request,
                           v1::DeleteWeightsResponse* response);
+  void ServeCreateSession(const Call& call,
+                          const v1::CreateSessionRequest& request,
+                          v1::CreateSessionResponse* response);
+  void ServeStep(const Call& call, const v1::StepRequest& request,
+                 v1::StepResponse* response);
+  void ServeForkSession(const Call& call, const v1::ForkSessionRequest& request,
+                        v1::ForkSessionResponse* response);
+  void ServeTruncateSession(const Call& call,
+                            const v1::TruncateSessionRequest& request,
+                            v1::TruncateSessionResponse* response);
+  void ServeDeleteSession(const Call& call,
+                          const v1::DeleteSessionRequest& request,
+                          v1::DeleteSessionResponse* response);
+  void ServeGetSession(const Call& call, const v1::GetSessionRequest& request,
+                       v1::GetSessionResponse* response);
+  void ServeListSessions(const Call& call,
+                         const v1::ListSessionsRequest& request,
+                         v1::ListSessionsResponse* response);
+
+  // The identity the caller's sessions belong to (CallGate::Identity).
+  std::string Owner(const Call& call) const;
 
   // Gives a response tensor that will hold `elements` of `dtype` kept memory
   // of that size, if the pool has some.
@@ -128,6 +151,7 @@ class AttentionServiceImpl final {
   ServerMetrics* const metrics_;
   AttentionEngine* const engine_;
   WeightsRegistry* const registry_;
+  SessionStore* const sessions_;
   const CallGate* const gate_;
   MemoryBudget* const budget_;
   const RequestChecks checks_;

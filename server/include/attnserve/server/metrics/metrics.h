@@ -2,8 +2,9 @@
 // all).
 //
 // Every family and every series is created in the constructor, so recording
-// never allocates or takes the registry's lock, and labels are bounded: rpc (6
-// values) and gRPC code (17 values). Thread-safe.
+// never allocates or takes the registry's lock, and labels are bounded: rpc (13
+// values), gRPC code (17 values) and session removal reason (4 values).
+// Thread-safe.
 #ifndef ATTNSERVE_SERVER_METRICS_METRICS_H_
 #define ATTNSERVE_SERVER_METRICS_METRICS_H_
 
@@ -34,9 +35,16 @@ enum class Rpc {
   kMultiHeadAttention,
   kPutWeights,
   kListWeights,
-  kDeleteWeights
+  kDeleteWeights,
+  kCreateSession,
+  kStep,
+  kForkSession,
+  kTruncateSession,
+  kDeleteSession,
+  kGetSession,
+  kListSessions
 };
-inline constexpr int kRpcCount = 6;
+inline constexpr int kRpcCount = 13;
 inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
 
 // The `rpc` label value: "Attend", "MultiHeadAttention", ...
@@ -87,6 +95,17 @@ class ServerMetrics {
   // An io thread polled without an event for `spun` (--io_spin_us).
   void IoSpun(absl::Duration spun);
 
+  // The KV cache: `sessions` held, `pages` alive, `used` bytes of pages of
+  // the `budget`, `shared` of them held by more than one session.
+  void SetKvCache(int64_t sessions, int64_t pages, int64_t used, int64_t shared,
+                  int64_t budget);
+  // A session left the store: "evicted", "expired", "deleted" or "drained".
+  void SessionRemoved(const char* reason);
+  // Tokens appended to sessions' layers.
+  void TokensAppended(int64_t tokens);
+  // A Step call carried `steps` steps.
+  void StepsPerCall(int64_t steps);
+
  private:
   struct PerRpc {
     std::array<prometheus::Counter*, kStatusCodeCount> requests{};
@@ -115,6 +134,15 @@ class ServerMetrics {
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
+  prometheus::Gauge* sessions_ = nullptr;
+  prometheus::Gauge* kv_pages_ = nullptr;
+  prometheus::Gauge* kv_used_bytes_ = nullptr;
+  prometheus::Gauge* kv_shared_bytes_ = nullptr;
+  prometheus::Gauge* kv_budget_bytes_ = nullptr;
+  // By reason: evicted, expired, deleted, drained.
+  std::array<prometheus::Counter*, 4> session_removals_{};
+  prometheus::Counter* tokens_appended_ = nullptr;
+  prometheus::Histogram* steps_per_call_ = nullptr;
 };
 
 }  // namespace attnserve

@@ -1,5 +1,6 @@
 // The process's memory limit and the budgets that must fit in it: registered
-// weights, the buffer pool, and what calls in flight may hold (the in-flight
+// weights, the sessions' KV cache, the buffer pool, and what calls in flight
+// may hold (the in-flight
 // budget of rpc/memory_budget.h and gRPC's transport quota).
 #ifndef ATTNSERVE_SERVER_PROCESS_MEMORY_PLAN_H_
 #define ATTNSERVE_SERVER_PROCESS_MEMORY_PLAN_H_
@@ -17,12 +18,17 @@ struct MemoryOptions {
   // weights_dir, demo). 0: a quarter of the memory limit (the cgroup's, or
   // physical memory), at most 4 GiB.
   int64_t max_weights_bytes = 0;
+  // The most bytes of KV-cache pages the sessions hold (the store's hard
+  // budget). 0: a quarter of the memory limit (the cgroup's, or physical
+  // memory).
+  int64_t kv_cache_bytes = 0;
   // The memory that requests in flight may hold at once: a quarter for gRPC's
   // transport buffers (its ResourceQuota: connections and messages still
   // arriving), the rest for calls from their message's arrival through the
   // queue and the compute to their answer's send. Past it calls get
   // RESOURCE_EXHAUSTED at once. 0: three quarters of what the memory limit
-  // leaves after the weights, the buffer pool and 256 MiB for the process.
+  // leaves after the weights, the KV cache, the buffer pool and 256 MiB for
+  // the process.
   int64_t max_inflight_bytes = 0;
   // Memory kept between calls for requests' and responses' tensor bytes, so
   // that large tensors are read and written into pages already mapped; 0
@@ -52,6 +58,7 @@ inline constexpr int64_t kProcessOverheadBytes = int64_t{256} << 20;
 // The budgets that must fit in the memory limit together.
 struct MemoryPlan {
   int64_t max_weights_bytes = 0;
+  int64_t kv_cache_bytes = 0;
   int64_t buffer_pool_bytes = 0;
   int64_t max_inflight_bytes = 0;
   // The part of max_inflight_bytes given to gRPC's ResourceQuota: the buffers
@@ -63,15 +70,14 @@ struct MemoryPlan {
 // Fills in the budgets left at 0 (derived from `limit`) and checks that they
 // fit:
 // - max_weights_bytes 0: a quarter of the limit, at most 4 GiB;
+// - kv_cache_bytes 0: a quarter of the limit;
 // - max_inflight_bytes 0: three quarters of what the limit leaves after the
-//   weights, the buffer pool and kProcessOverheadBytes (the last quarter is
-//   the allocator's slack and gRPC's overshoot of its quota).
-// FAILED_PRECONDITION, naming every term, when weights + pool + in-flight +
-// kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a negative
-// budget.
-absl::StatusOr<MemoryPlan> PlanMemory(int64_t max_weights_bytes,
-                                      int64_t buffer_pool_bytes,
-                                      int64_t max_inflight_bytes,
+//   weights, the KV cache, the buffer pool and kProcessOverheadBytes (the
+//   last quarter is the allocator's slack and gRPC's overshoot of its quota).
+// FAILED_PRECONDITION, naming every term, when weights + KV cache + pool +
+// in-flight + kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a
+// negative budget.
+absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                                       const MemoryLimit& limit);
 
 }  // namespace attnserve

@@ -1,5 +1,6 @@
 // CallGate: whether a call may enter — the server still takes calls (not
-// draining) and the caller holds the bearer token, if one is configured. Health
+// draining) and the caller holds one of the bearer tokens, if any are
+// configured — and who the caller is (Identity), for what it owns. Health
 // checks never pass through it.
 //
 // At the very end of a drain the gate holds the calls it refuses instead of
@@ -28,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -41,13 +43,20 @@ class CallGate {
  public:
   using Ticket = uint64_t;
 
-  // `bearer_token` empty: calls need no token.
-  explicit CallGate(std::string bearer_token)
-      : bearer_token_(std::move(bearer_token)) {}
+  // No `bearer_tokens`: calls need no token. Each token is an identity of
+  // its own.
+  explicit CallGate(std::vector<std::string> bearer_tokens)
+      : bearer_tokens_(std::move(bearer_tokens)) {}
 
   // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without
-  // "authorization: Bearer <token>" when a token is configured.
+  // "authorization: Bearer <token>" for one of the tokens, when there are.
   absl::Status Admit(const grpc::ServerContextBase& context) const;
+
+  // Who an admitted caller is: with tokens, "token:" and the first 128 bits
+  // of the SHA-256 of the caller's token in hex (the token itself is never
+  // kept); else with a verified client certificate (mutual TLS), "x509:" and
+  // its subject; else "" (one namespace for every caller).
+  std::string Identity(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).
   void Close() { closed_.store(true); }
@@ -72,7 +81,7 @@ class CallGate {
   int ReleaseHeld() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  const std::string bearer_token_;
+  const std::vector<std::string> bearer_tokens_;
   std::atomic<bool> closed_{false};
   mutable std::atomic<int64_t> refused_closed_{0};
   // The held answers are the gate's working state, not what it admits: the

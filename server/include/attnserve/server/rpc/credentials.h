@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/server_credentials.h"
@@ -29,12 +30,14 @@ struct ServerTlsOptions {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     const ServerTlsOptions& tls);
 
-// "" for no `token_file`; else the token: the file's one line, without
-// surrounding whitespace. INVALID_ARGUMENT naming the file if it is empty or
-// holds anything but printable ASCII (a control character or a second line,
-// which no client could send in an authorization header); the message gives
-// the offending byte's offset, never the token.
-absl::StatusOr<std::string> BearerTokenFor(const std::string& token_file);
+// No tokens for no `token_file`; else its tokens, one per line without
+// surrounding whitespace (blank lines skipped). Each token is an identity of
+// its own (CallGate). INVALID_ARGUMENT naming the file if it holds no token or
+// a token with anything but printable ASCII (a control character, which no
+// client could send in an authorization header); the message gives the
+// offending byte's line and offset, never the token.
+absl::StatusOr<std::vector<std::string>> BearerTokensFor(
+    const std::string& token_file);
 
 }  // namespace attnserve
 

@@ -1,0 +1,267 @@
+// SessionStore: the KV-cache sessions the server holds, in pages under one
+// byte budget.
+//
+// A session is one sequence's keys and values for `layers` layers. Each layer
+// keeps a page table: pages of `page_tokens` tokens (keys [Hkv, page_tokens,
+// Dk], then values [Hkv, page_tokens, Dv], in the session's dtype:
+// attnserve/core/paged_attention.h). A fork shares its parent's pages by
+// reference; a page is written only while one table holds it and no step is
+// reading it, so a shared or read page is copied first (copy on write). Every
+// page is charged to the budget from its allocation to its release, so the
+// pages held never exceed it: past it the store evicts the least recently
+// used sessions no step is using (EvictionPolicy::kLru), or refuses
+// (kNone). Sessions idle past their TTL expire.
+//
+// A session belongs to the identity that created it (rpc/call_gate.h's
+// CallerIdentity); any other identity gets NOT_FOUND for it, with the very
+// message an unknown id gets. The owner learns why a session is gone
+// (expired, evicted, deleted) for the last `max_tombstones` removals.
+//
+// Thread-safe: one mutex guards the tables; the compute reads pages outside
+// it through the references a view holds.
+#ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_STORE_H_
+#define ATTNSERVE_SERVER_SESSIONS_SESSION_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnserve/common/dtype.h"
+#include "attnserve/core/paged_attention.h"
+#include "attnserve/server/metrics/metrics.h"
+
+namespace attnserve {
+
+enum class EvictionPolicy {
+  kLru,   // Past the budget, evict the least recently used idle sessions.
+  kNone,  // Past the budget, refuse with RESOURCE_EXHAUSTED.
+};
+
+// The store's budget and limits (flags: docs/api.md, "Sessions").
+struct SessionOptions {
+  // The most bytes of pages held at once. 0: derived by the memory plan.
+  int64_t kv_cache_bytes = 0;
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  int64_t page_tokens = 64;
+  int64_t max_sessions = 4096;
+  // Caps each session's max_tokens (the most tokens a layer may hold).
+  int64_t max_session_tokens = 131072;
+  int64_t max_session_layers = 256;
+  // Caps each session's TTL; also its default.
+  absl::Duration session_ttl = absl::Minutes(10);
+  int64_t max_steps_per_call = 1024;
+  // The most bytes one page may take (page_tokens × Hkv × (Dk + Dv) × dtype).
+  int64_t max_page_bytes = int64_t{16} << 20;
+  // Removed sessions whose reason the owner can still learn.
+  int64_t max_tombstones = 65536;
+};
+
+// What a session is made with (validated by the caller against the limits).
+struct SessionConfig {
+  int64_t layers = 1;
+  int64_t heads = 1;     // H
+  int64_t kv_heads = 1;  // Hkv
+  int64_t key_dim = 1;
+  int64_t value_dim = 1;
+  DataType dtype = DataType::kFloat32;
+  int64_t max_tokens = 1;
+  absl::Duration ttl = absl::Minutes(10);
+  std::optional<float> scale;  // Steps' default; nullopt: 1 / sqrt(Dk).
+};
+
+// A session as GetSession and ListSessions report it.
+struct SessionDescription {
+  std::string id;
+  SessionConfig config;
+  std::vector<int64_t> lengths;  // Per layer.
+  int64_t bytes = 0;             // Of the pages its tables hold.
+  int64_t shared_bytes = 0;      // Of those, held by other sessions too.
+  absl::Time created;
+  absl::Time last_used;
+  std::string forked_from;
+};
+
+// Tokens to append to one layer: key [Hkv, T, Dk] and value [Hkv, T, Dv],
+// packed, little-endian, in their own dtypes.
+struct KvAppend {
+  int64_t tokens = 0;  // T
+  const char* key = nullptr;
+  DataType key_dtype = DataType::kFloat32;
+  const char* value = nullptr;
+  DataType value_dtype = DataType::kFloat32;
+};
+
+// The store's totals, for the metrics.
+struct SessionTotals {
+  int64_t sessions = 0;
+  int64_t pages = 0;
+  int64_t used_bytes = 0;    // Pages allocated (read by steps included).
+  int64_t shared_bytes = 0;  // Pages held by more than one session.
+  int64_t budget_bytes = 0;
+};
+
+class SessionStore {
+ public:
+  struct Session;
+  struct Page;
+
+  // A session pinned for a call's step: looked up and owner-checked, and not
+  // evicted or expired until the pin is dropped (deleting it still works).
+  class Pin {
+   public:
+    Pin(SessionStore* store, std::shared_ptr<Session> session);
+    Pin(Pin&& other) noexcept = default;
+    Pin& operator=(Pin&&) = delete;
+    ~Pin();
+
+    const SessionConfig& config() const;
+    const std::string& id() const;
+
+   private:
+    friend class SessionStore;
+    SessionStore* store_;
+    std::shared_ptr<Session> session_;
+  };
+
+  // One layer's cache as a step's compute reads it: its pages, held until
+  // the view is dropped, so that nothing writes or frees them meanwhile.
+  struct View {
+    PageLayout layout;
+    int64_t length = 0;
+    std::vector<std::shared_ptr<const Page>> pages;
+    std::vector<const char*> data;  // pages[i]'s bytes
+  };
+
+  // `metrics` may be null (tests).
+  SessionStore(const SessionOptions& options, ServerMetrics* metrics);
+  ~SessionStore();
+
+  SessionStore(const SessionStore&) = delete;
+  SessionStore& operator=(const SessionStore&) = delete;
+
+  const SessionOptions& options() const { return options_; }
+
+  // A new session owned by `owner`. RESOURCE_EXHAUSTED at max_sessions when
+  // no idle session may be evicted.
+  absl::StatusOr<SessionDescription> Create(const std::string& owner,
+                                            const SessionConfig& config);
+
+  // A new session sharing the first `length` tokens (nullopt: all) of each of
+  // `id`'s layers. `ttl` zero: the parent's.
+  absl::StatusOr<SessionDescription> Fork(const std::string& owner,
+                                          const std::string& id,
+                                          std::optional<int64_t> length,
+                                          absl::Duration ttl);
+  // Drops every layer's tokens past `length`.
+  absl::StatusOr<SessionDescription> Truncate(const std::string& owner,
+                                              const std::string& id,
+                                              int64_t length);
+  absl::StatusOr<SessionDescription> Delete(const std::string& owner,
+                                            const std::string& id);
+  absl::StatusOr<SessionDescription> Get(const std::string& owner,
+                                         const std::string& id);
+  // `owner`'s sessions, oldest first.
+  std::vector<SessionDescription> List(const std::string& owner);
+
+  // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
+  absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);
+
+  // Checks that `layer` holds `expected_length` tokens (FAILED_PRECONDITION
+  // naming both lengths otherwise), appends `append` if it has tokens (its
+  // shapes checked against the session by the caller), and returns the view
+  // of the layer with them. Nothing is appended on any error:
+  // RESOURCE_EXHAUSTED past the session's max_tokens or the budget; NOT_FOUND
+  // if the session was deleted meanwhile. `*length` gets the tokens the layer
+  // holds when the call returns (on any error but NOT_FOUND).
+  absl::StatusOr<View> AppendAndView(const Pin& pin, int64_t layer,
+                                     int64_t expected_length,
+                                     const KvAppend& append, int64_t* length);
+
+  // Expires the idle sessions past their TTL (also done on each call, at most
+  // once a second).
+  void ExpireIdle(absl::Time now);
+
+  // Drops every session (the server is shutting down).
+  void Clear();
+
+  SessionTotals Totals();
+
+ private:
+  friend class Pin;
+  struct Tombstone {
+    std::string owner;
+    std::string reason;
+  };
+
+  PageLayout LayoutOf(const SessionConfig& config) const;
+
+  // The session `id` if `owner` owns it, else NOT_FOUND with the reason the
+  // owner may know. Expires sessions first.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& owner,
+                                                const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Room for one more session: evicts the least recently used idle one at
+  // max_sessions (kLru), else RESOURCE_EXHAUSTED.
+  absl::Status MakeRoomForSession() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Room in the budget for `bytes` more, evicting idle sessions other than
+  // `keep` least recently used first (kLru); RESOURCE_EXHAUSTED if there is
+  // none.
+  absl::Status MakeRoom(int64_t bytes, const Session* keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  std::shared_ptr<Page> NewPage(const PageLayout& layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Adds a page to / drops it from a session's table, keeping the shared
+  // bytes.
+  void Hold(const std::shared_ptr<Page>& page)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Release(std::shared_ptr<Page>* page)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Removes a session from the tables (its pages go once no view holds
+  // them), leaving a tombstone with `reason` for its owner.
+  void Remove(const std::shared_ptr<Session>& session,
+              const std::string& reason, const char* metric_reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Touch(Session* session, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void MaybeExpire(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  SessionDescription Describe(const Session& session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A fresh, unused 128-bit id as 32 lowercase hex digits.
+  std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void RecordTotals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const SessionOptions options_;
+  ServerMetrics* const metrics_;
+  // Bytes and count of the pages alive, changed by pages' destructors too.
+  std::shared_ptr<std::atomic<int64_t>> used_bytes_;
+  std::shared_ptr<std::atomic<int64_t>> pages_;
+
+  absl::Mutex mutex_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mutex_);
+  // Least recently used first.
+  std::list<Session*> lru_ ABSL_GUARDED_BY(mutex_);
+  absl::flat_hash_map<std::string, Tombstone> tombstones_
+      ABSL_GUARDED_BY(mutex_);
+  std::deque<std::string> tombstone_order_ ABSL_GUARDED_BY(mutex_);
+  int64_t shared_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Time last_expiry_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+};
+
+// Whether `id` has the form of a session id: 32 lowercase hex digits.
+bool IsSessionId(const std::string& id);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_STORE_H_

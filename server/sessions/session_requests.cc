@@ -1,0 +1,195 @@
+#include "attnserve/server/sessions/session_requests.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/server/tensors/tensor_checks.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+
+namespace attnserve {
+namespace {
+
+// Heads and head dimensions beyond this are no attention anyone runs, and
+// keep every product of them far from overflowing.
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxHeadDim = 4096;
+
+// An id shown in a message: a hostile 1 MB string is cut short.
+std::string Quoted(const std::string& id) {
+  return id.size() <= 64 ? absl::StrCat("'", id, "'")
+                         : absl::StrCat("'", id.substr(0, 64), "...' (",
+                                        id.size(), " bytes)");
+}
+
+absl::Status CheckRange(absl::string_view field, int64_t value, int64_t low,
+                        int64_t high, absl::string_view why = "") {
+  if (value >= low && value <= high) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", value, ", expected ", low, " to ", high, why));
+}
+
+int64_t UnixMillis(absl::Time time) { return absl::ToUnixMillis(time); }
+
+}  // namespace
+
+absl::Status ValidateSessionId(absl::string_view field, const std::string& id) {
+  if (IsSessionId(id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", Quoted(id),
+                   ", expected 32 lowercase hex digits (an id CreateSession "
+                   "or ForkSession returned)"));
+}
+
+absl::StatusOr<SessionConfig> ValidateCreateSession(
+    const v1::CreateSessionRequest& request, const SessionOptions& options) {
+  SessionConfig config;
+  if (absl::Status s =
+          CheckRange("num_layers", request.num_layers(), 1,
+                     options.max_session_layers, " (max_session_layers)");
+      !s.ok()) {
+    return s;
+  }
+  config.layers = request.num_layers();
+  if (absl::Status s =
+          CheckRange("num_heads", request.num_heads(), 1, kMaxHeads);
+      !s.ok()) {
+    return s;
+  }
+  config.heads = request.num_heads();
+  config.kv_heads =
+      request.num_kv_heads() == 0 ? config.heads : request.num_kv_heads();
+  if (config.kv_heads < 1 || config.heads % config.kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_kv_heads is ", request.num_kv_heads(),
+                     ", expected a divisor of num_heads ", config.heads,
+                     " (0 means ", config.heads, ")"));
+  }
+  if (absl::Status s = CheckRange("key_dim", request.key_dim(), 1, kMaxHeadDim);
+      !s.ok()) {
+    return s;
+  }
+  config.key_dim = request.key_dim();
+  config.value_dim =
+      request.value_dim() == 0 ? config.key_dim : request.value_dim();
+  if (absl::Status s = CheckRange("value_dim", config.value_dim, 1, kMaxHeadDim,
+                                  " (0 means key_dim)");
+      !s.ok()) {
+    return s;
+  }
+  if (request.dtype() != v1::FLOAT32 && request.dtype() != v1::BFLOAT16 &&
+      request.dtype() != v1::FLOAT16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype is ", DTypeName(request.dtype()),
+        ", expected FLOAT32, BFLOAT16 or FLOAT16 (how the cache is stored)"));
+  }
+  config.dtype = ToDataType(request.dtype());
+  config.max_tokens = request.max_tokens() == 0 ? options.max_session_tokens
+                                                : request.max_tokens();
+  if (absl::Status s = CheckRange("max_tokens", config.max_tokens, 1,
+                                  options.max_session_tokens,
+                                  " (max_session_tokens; 0 means it)");
+      !s.ok()) {
+    return s;
+  }
+  const int64_t ttl_cap = absl::ToInt64Seconds(options.session_ttl);
+  if (absl::Status s = CheckRange("ttl_seconds", request.ttl_seconds(), 0,
+                                  ttl_cap, " (session_ttl; 0 means it)");
+      !s.ok()) {
+    return s;
+  }
+  config.ttl = request.ttl_seconds() == 0
+                   ? options.session_ttl
+                   : absl::Seconds(request.ttl_seconds());
+  if (request.defaults().has_scale()) {
+    if (!std::isfinite(request.defaults().scale())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("defaults.scale is ", request.defaults().scale(),
+                       ", expected a finite number"));
+    }
+    config.scale = request.defaults().scale();
+  }
+  PageLayout layout;
+  layout.page_tokens = options.page_tokens;
+  layout.kv_heads = config.kv_heads;
+  layout.key_dim = config.key_dim;
+  layout.value_dim = config.value_dim;
+  layout.dtype = config.dtype;
+  const int64_t page_bytes = layout.PageBytes();
+  if (page_bytes > options.max_page_bytes ||
+      page_bytes > options.kv_cache_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one page of this session (", options.page_tokens,
+        " tokens x num_kv_heads ", config.kv_heads, " x (key_dim ",
+        config.key_dim, " + value_dim ", config.value_dim, ") x ",
+        DataTypeBytes(config.dtype), " bytes) takes ", page_bytes,
+        " bytes, over ",
+        page_bytes > options.max_page_bytes
+            ? absl::StrCat("the page limit of ", options.max_page_bytes)
+            : absl::StrCat("the KV cache budget (kv_cache_bytes) of ",
+                           options.kv_cache_bytes),
+        " bytes"));
+  }
+  return config;
+}
+
+absl::StatusOr<ForkPlan> ValidateForkSession(
+    const v1::ForkSessionRequest& request, const SessionOptions& options) {
+  if (absl::Status id = ValidateSessionId("session_id", request.session_id());
+      !id.ok()) {
+    return id;
+  }
+  ForkPlan plan;
+  if (request.has_length()) {
+    if (request.length() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("length is ", request.length(),
+                       ", expected >= 0 (absent: every token)"));
+    }
+    plan.length = request.length();
+  }
+  if (absl::Status s = CheckRange("ttl_seconds", request.ttl_seconds(), 0,
+                                  absl::ToInt64Seconds(options.session_ttl),
+                                  " (session_ttl; 0 means the parent's)");
+      !s.ok()) {
+    return s;
+  }
+  plan.ttl = absl::Seconds(request.ttl_seconds());
+  return plan;
+}
+
+absl::Status ValidateTruncateSession(
+    const v1::TruncateSessionRequest& request) {
+  if (absl::Status id = ValidateSessionId("session_id", request.session_id());
+      !id.ok()) {
+    return id;
+  }
+  if (request.length() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("length is ", request.length(), ", expected >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+void DescribeSession(const SessionDescription& d, v1::SessionInfo* info) {
+  const SessionConfig& c = d.config;
+  info->set_session_id(d.id);
+  info->set_num_layers(c.layers);
+  info->set_num_heads(c.heads);
+  info->set_num_kv_heads(c.kv_heads);
+  info->set_key_dim(c.key_dim);
+  info->set_value_dim(c.value_dim);
+  info->set_dtype(c.dtype == DataType::kFloat32    ? v1::FLOAT32
+                  : c.dtype == DataType::kBFloat16 ? v1::BFLOAT16
+                                                   : v1::FLOAT16);
+  info->set_max_tokens(c.max_tokens);
+  info->set_ttl_seconds(absl::ToInt64Seconds(c.ttl));
+  if (c.scale) info->mutable_defaults()->set_scale(*c.scale);
+  for (const int64_t length : d.lengths) info->add_lengths(length);
+  info->set_bytes(d.bytes);
+  info->set_shared_bytes(d.shared_bytes);
+  info->set_created_unix_ms(UnixMillis(d.created));
+  info->set_last_used_unix_ms(UnixMillis(d.last_used));
+  info->set_forked_from(d.forked_from);
+}
+
+}  // namespace attnserve

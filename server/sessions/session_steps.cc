@@ -1,0 +1,353 @@
+#include "attnserve/server/sessions/session_steps.h"
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/flops.h"
+#include "attnserve/server/sessions/session_requests.h"
+#include "attnserve/server/tensors/tensor_checks.h"
+#include "attnserve/server/tensors/tensor_codec.h"
+
+namespace attnserve {
+namespace {
+
+// Bytes of a result's framing on the wire beyond its tensors' data (tags,
+// lengths, shapes, the length field).
+constexpr int64_t kResultOverheadBytes = 64;
+
+void SetError(int index, const absl::Status& status, v1::StepResult* result) {
+  result->Clear();
+  result->mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  result->mutable_error()->set_message(
+      absl::StrCat("steps[", index, "]: ", status.message()));
+}
+
+absl::Status CheckDims(const std::string& field, const v1::Tensor& tensor,
+                       int dim, const char* name, int64_t expected,
+                       const char* why) {
+  return CheckDimEquals(DimField(field, dim, name), tensor.shape(dim), expected,
+                        why);
+}
+
+// Checks one step's fields against its session's config and the limits, and
+// fills `work` with what it asks.
+absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
+                       const SessionConfig& config, const StepLimits& limits,
+                       StepWork* work) {
+  if (step.layer() < 0 || step.layer() >= config.layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "layer is ", step.layer(), ", expected 0 to ",
+        config.layers - 1, " (the session's num_layers ", config.layers, ")"));
+  }
+  work->layer = step.layer();
+  if (step.expected_length() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "expected_length is ", step.expected_length(),
+                     ", expected >= 0 (the tokens the layer holds before "
+                     "this step)"));
+  }
+  work->expected_length = step.expected_length();
+  if (step.has_key() != step.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix,
+                     step.has_key() ? "key is set but value is missing"
+                                    : "value is set but key is missing",
+                     ", expected both (the tokens to append) or neither"));
+  }
+  if (step.has_key()) {
+    const std::string key = prefix + "key";
+    const std::string value = prefix + "value";
+    if (absl::Status s = CheckTensor(key, true, step.key(), kFloatDTypes,
+                                     {"Hkv", "T", "Dk"});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckTensor(value, true, step.value(), kFloatDTypes,
+                                     {"Hkv", "T", "Dv"});
+        !s.ok()) {
+      return s;
+    }
+    for (absl::Status s :
+         {CheckDims(key, step.key(), 0, "Hkv", config.kv_heads,
+                    "the session's num_kv_heads"),
+          CheckDims(key, step.key(), 2, "Dk", config.key_dim,
+                    "the session's key_dim"),
+          CheckDims(value, step.value(), 0, "Hkv", config.kv_heads,
+                    "the session's num_kv_heads"),
+          CheckDims(value, step.value(), 1, "T", step.key().shape(1),
+                    "key.shape[1] (T)"),
+          CheckDims(value, step.value(), 2, "Dv", config.value_dim,
+                    "the session's value_dim")}) {
+      if (!s.ok()) return s;
+    }
+    const int64_t tokens = step.key().shape(1);
+    if (tokens > config.max_tokens) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(DimField(key, 1, "T"), " is ", tokens,
+                       ", over the session's max_tokens ", config.max_tokens));
+    }
+    work->append.tokens = tokens;
+    work->append.key = step.key().data().data();
+    work->append.key_dtype = ToDataType(step.key().dtype());
+    work->append.value = step.value().data().data();
+    work->append.value_dtype = ToDataType(step.value().dtype());
+  }
+  const v1::StepOptions& options = step.options();
+  if (step.has_query()) {
+    const std::string query = prefix + "query";
+    if (absl::Status s = CheckTensor(query, true, step.query(), kFloatDTypes,
+                                     {"H", "Tq", "Dk"});
+        !s.ok()) {
+      return s;
+    }
+    for (absl::Status s :
+         {CheckDims(query, step.query(), 0, "H", config.heads,
+                    "the session's num_heads"),
+          CheckDims(query, step.query(), 2, "Dk", config.key_dim,
+                    "the session's key_dim")}) {
+      if (!s.ok()) return s;
+    }
+    work->query = &step.query();
+    work->query_len = step.query().shape(1);
+    if (work->query_len > config.max_tokens) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(DimField(query, 1, "Tq"), " is ", work->query_len,
+                       ", over the session's max_tokens ", config.max_tokens));
+    }
+    const int64_t outputs = config.heads * work->query_len * config.value_dim;
+    if (outputs > limits.max_elements) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(prefix, "the output [H, Tq, Dv] would hold ", outputs,
+                       " elements, over the limit of ", limits.max_elements,
+                       " (max_elements)"));
+    }
+  } else if (options.return_lse()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix,
+                     "options.return_lse is set but the step has no "
+                     "query, expected a query to return lse for"));
+  }
+  if (options.has_scale()) {
+    if (!std::isfinite(options.scale())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "options.scale is ", options.scale(),
+                       ", expected a finite number"));
+    }
+    work->scale = options.scale();
+  } else {
+    work->scale = config.scale.value_or(
+        1.0f / std::sqrt(static_cast<float>(config.key_dim)));
+  }
+  switch (options.precision()) {
+    case v1::AttentionOptions::F32:
+      work->precision = Precision::kFloat32;
+      break;
+    case v1::AttentionOptions::BF16:
+      work->precision = Precision::kBFloat16;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "options.precision is ", options.precision(),
+                       ", expected F32 (0) or BF16 (1)"));
+  }
+  work->return_lse = options.return_lse();
+  if (options.output_dtype() == v1::DTYPE_UNSPECIFIED) {
+    work->output_dtype = step.has_query() ? step.query().dtype() : v1::FLOAT32;
+  } else if (options.output_dtype() == v1::FLOAT32 ||
+             options.output_dtype() == v1::BFLOAT16 ||
+             options.output_dtype() == v1::FLOAT16) {
+    work->output_dtype = options.output_dtype();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "options.output_dtype is ", DTypeName(options.output_dtype()),
+        ", expected FLOAT32, BFLOAT16 or FLOAT16 (unset: the query's)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
+                                      const std::string& owner,
+                                      SessionStore& store,
+                                      const AttentionEngine& engine,
+                                      const StepLimits& limits,
+                                      v1::StepResponse* response) {
+  const int64_t count = request.steps_size();
+  const int64_t most = store.options().max_steps_per_call;
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "steps is empty, expected 1 to ", most, " steps (max_steps_per_call)"));
+  }
+  if (count > most) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("steps holds ", count, " steps, over max_steps_per_call ",
+                     most, "; split the call"));
+  }
+  StepCall call;
+  call.steps.reserve(static_cast<size_t>(count));
+  response->mutable_results()->Reserve(static_cast<int>(count));
+  int64_t response_bytes = 0;
+  std::vector<PagedAttend> sizes;  // The kernel's view of the queries' sizes.
+  for (int i = 0; i < static_cast<int>(count); ++i) {
+    const v1::SessionStep& step = request.steps(i);
+    v1::StepResult* result = response->add_results();
+    const std::string prefix = absl::StrCat("steps[", i, "].");
+    if (absl::Status id =
+            ValidateSessionId(prefix + "session_id", step.session_id());
+        !id.ok()) {
+      SetError(i, id, result);
+      continue;
+    }
+    absl::StatusOr<SessionStore::Pin> pin =
+        store.Acquire(owner, step.session_id());
+    if (!pin.ok()) {
+      SetError(i, pin.status(), result);
+      continue;
+    }
+    StepWork work(i, *std::move(pin));
+    const SessionConfig& config = work.pin.config();
+    if (absl::Status s = CheckStep(step, prefix, config, limits, &work);
+        !s.ok()) {
+      SetError(i, s, result);
+      continue;
+    }
+    if (work.query != nullptr) {
+      const int64_t rows = config.heads * work.query_len;
+      const int64_t output_bytes =
+          rows * config.value_dim * (work.output_dtype == v1::FLOAT32 ? 4 : 2);
+      const int64_t lse_bytes = work.return_lse ? rows * 4 : 0;
+      response_bytes += output_bytes + lse_bytes + kResultOverheadBytes;
+      call.memory_bytes += output_bytes + lse_bytes;
+      if (work.query->dtype() != v1::FLOAT32) {
+        call.memory_bytes += rows * config.key_dim * 4;
+      }
+      if (work.output_dtype != v1::FLOAT32) {
+        call.memory_bytes += rows * config.value_dim * 4;
+      }
+      const int64_t length = work.expected_length + work.append.tokens;
+      call.flops += AttentionFlops(
+          {1.0, static_cast<double>(config.heads),
+           static_cast<double>(work.query_len), static_cast<double>(length),
+           static_cast<double>(config.key_dim),
+           static_cast<double>(config.value_dim)},
+          /*causal=*/false);
+      PagedAttend size;
+      size.layout.page_tokens = store.options().page_tokens;
+      size.layout.kv_heads = config.kv_heads;
+      size.layout.key_dim = config.key_dim;
+      size.layout.value_dim = config.value_dim;
+      size.heads = config.heads;
+      size.query_len = work.query_len;
+      sizes.push_back(size);
+    } else {
+      response_bytes += kResultOverheadBytes;
+    }
+    call.steps.push_back(std::move(work));
+  }
+  if (response_bytes > limits.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response would take about ", response_bytes,
+        " bytes, over the message limit of ", limits.max_message_bytes,
+        " bytes (max_message_bytes); split the call or ask for fewer query "
+        "rows"));
+  }
+  const int64_t workspace = engine.PagedWorkspaceBytes(sizes);
+  if (workspace > engine.options().max_workspace_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the call's attention needs ", workspace,
+                     " bytes of scratch, over the engine's workspace limit of ",
+                     engine.options().max_workspace_bytes,
+                     " bytes (max_workspace_bytes); split the call"));
+  }
+  call.memory_bytes += workspace;
+  if (call.memory_bytes > limits.max_request_memory_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the call's compute would need ", call.memory_bytes,
+        " bytes, over the limit of ", limits.max_request_memory_bytes,
+        " bytes (max_request_memory_bytes); split the call"));
+  }
+  return call;
+}
+
+namespace {
+
+// A step whose query is being computed, and where its results go.
+struct Computing {
+  int index;
+  SessionStore::View view;
+  std::vector<float> query_storage;
+  std::unique_ptr<OutputTensor> output;
+  std::unique_ptr<OutputTensor> lse;
+};
+
+}  // namespace
+
+void RunSteps(StepCall& call, SessionStore& store, AttentionEngine& engine,
+              v1::StepResponse* response) {
+  std::vector<Computing> computing;
+  computing.reserve(call.steps.size());  // The items point into them.
+  std::vector<PagedAttend> items;
+  for (StepWork& work : call.steps) {
+    v1::StepResult* result = response->mutable_results(work.index);
+    int64_t length = 0;
+    absl::StatusOr<SessionStore::View> view = store.AppendAndView(
+        work.pin, work.layer, work.expected_length, work.append, &length);
+    if (!view.ok()) {
+      SetError(work.index, view.status(), result);
+      // What the layer holds, so that a client retrying can tell whether its
+      // first attempt landed without asking GetSession.
+      if (view.status().code() != absl::StatusCode::kNotFound) {
+        result->set_length(length);
+      }
+      continue;
+    }
+    result->set_length(view->length);
+    if (work.query == nullptr) continue;
+    const SessionConfig& config = work.pin.config();
+    Computing& c = computing.emplace_back();
+    c.index = work.index;
+    c.view = *std::move(view);
+    PagedAttend item;
+    item.layout = c.view.layout;
+    item.pages = c.view.data;
+    item.length = c.view.length;
+    item.heads = config.heads;
+    item.query_len = work.query_len;
+    item.query = FloatElements(*work.query, &c.query_storage);
+    item.scale = work.scale;
+    item.precision = work.precision;
+    const int64_t output_shape[] = {config.heads, work.query_len,
+                                    config.value_dim};
+    c.output = std::make_unique<OutputTensor>(work.output_dtype, output_shape,
+                                              result->mutable_output());
+    item.output = c.output->values();
+    if (work.return_lse) {
+      const int64_t lse_shape[] = {config.heads, work.query_len};
+      c.lse = std::make_unique<OutputTensor>(v1::FLOAT32, lse_shape,
+                                             result->mutable_lse());
+      item.lse = c.lse->values();
+    }
+    items.push_back(item);
+  }
+  const absl::Status computed = engine.AttendPaged(items);
+  for (Computing& c : computing) {
+    v1::StepResult* result = response->mutable_results(c.index);
+    if (!computed.ok()) {
+      SetError(c.index,
+               absl::Status(computed.code(),
+                            absl::StrCat("the attention failed after the "
+                                         "append (the layer now holds ",
+                                         c.view.length,
+                                         " tokens): ", computed.message())),
+               result);
+      continue;
+    }
+    c.output->Finish();
+    if (c.lse != nullptr) c.lse->Finish();
+  }
+}
+
+}  // namespace attnserve

@@ -1,0 +1,562 @@
+#include "attnserve/server/sessions/session_store.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace attnserve {
+
+// One page: its bytes, charged to the store's budget while it lives.
+struct SessionStore::Page {
+  Page(std::shared_ptr<std::atomic<int64_t>> used,
+       std::shared_ptr<std::atomic<int64_t>> count, int64_t page_bytes)
+      : bytes(page_bytes),
+        data(new (std::align_val_t{64}) char[static_cast<size_t>(page_bytes)]),
+        used_bytes(std::move(used)),
+        pages(std::move(count)) {
+    used_bytes->fetch_add(bytes);
+    pages->fetch_add(1);
+  }
+  ~Page() {
+    ::operator delete[](data, std::align_val_t{64});
+    used_bytes->fetch_sub(bytes);
+    pages->fetch_sub(1);
+  }
+  Page(const Page&) = delete;
+  Page& operator=(const Page&) = delete;
+
+  const int64_t bytes;
+  char* const data;
+  // Session tables holding the page (guarded by the store's mutex); views
+  // hold references without counting here.
+  int tables = 0;
+  const std::shared_ptr<std::atomic<int64_t>> used_bytes;
+  const std::shared_ptr<std::atomic<int64_t>> pages;
+};
+
+struct SessionStore::Session {
+  struct Layer {
+    std::vector<std::shared_ptr<Page>> pages;
+    int64_t length = 0;
+  };
+
+  std::string id;
+  std::string owner;
+  SessionConfig config;
+  PageLayout layout;
+  std::vector<Layer> layers;
+  absl::Time created;
+  absl::Time last_used;
+  std::string forked_from;
+  int pins = 0;          // Steps in flight on it: not evicted meanwhile.
+  bool removed = false;  // Gone from the tables (deleted while pinned).
+  std::string removed_reason;
+  std::list<Session*>::iterator lru;
+};
+
+namespace {
+
+std::string NotFound(const std::string& id, const std::string& why) {
+  return absl::StrCat("session ", id, " ", why,
+                      "; create a new session and prefill it from your own "
+                      "tokens");
+}
+
+// What an id nobody may know about gets: the same for an id never made, one
+// whose tombstone is gone, and another identity's.
+absl::Status UnknownSession(const std::string& id) {
+  return absl::NotFoundError(
+      NotFound(id,
+               "is unknown: never created on this server (or not since it "
+               "restarted), or not created by this caller"));
+}
+
+}  // namespace
+
+bool IsSessionId(const std::string& id) {
+  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+SessionStore::Pin::Pin(SessionStore* store, std::shared_ptr<Session> session)
+    : store_(store), session_(std::move(session)) {}
+
+SessionStore::Pin::~Pin() {
+  if (session_ == nullptr) return;  // Moved from.
+  absl::MutexLock lock(&store_->mutex_);
+  --session_->pins;
+}
+
+const SessionConfig& SessionStore::Pin::config() const {
+  return session_->config;
+}
+
+const std::string& SessionStore::Pin::id() const { return session_->id; }
+
+SessionStore::SessionStore(const SessionOptions& options,
+                           ServerMetrics* metrics)
+    : options_(options),
+      metrics_(metrics),
+      used_bytes_(std::make_shared<std::atomic<int64_t>>(0)),
+      pages_(std::make_shared<std::atomic<int64_t>>(0)) {
+  absl::MutexLock lock(&mutex_);
+  RecordTotals();
+}
+
+SessionStore::~SessionStore() { Clear(); }
+
+PageLayout SessionStore::LayoutOf(const SessionConfig& config) const {
+  PageLayout layout;
+  layout.page_tokens = options_.page_tokens;
+  layout.kv_heads = config.kv_heads;
+  layout.key_dim = config.key_dim;
+  layout.value_dim = config.value_dim;
+  layout.dtype = config.dtype;
+  return layout;
+}
+
+std::string SessionStore::NewId() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (;;) {
+    unsigned char bits[16];
+    // OpenSSL's CSPRNG, seeded from the operating system; it fails only if
+    // the system has no entropy source, which no server should run without.
+    if (RAND_bytes(bits, sizeof(bits)) != 1) std::abort();
+    std::string id(32, '0');
+    for (int i = 0; i < 16; ++i) {
+      id[static_cast<size_t>(2 * i)] = kHex[bits[i] >> 4];
+      id[static_cast<size_t>(2 * i + 1)] = kHex[bits[i] & 15];
+    }
+    if (!sessions_.contains(id) && !tombstones_.contains(id)) return id;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SessionStore::Session>> SessionStore::Find(
+    const std::string& owner, const std::string& id) {
+  MaybeExpire(absl::Now());
+  const auto it = sessions_.find(id);
+  if (it != sessions_.end() && it->second->owner == owner) return it->second;
+  const auto tombstone = tombstones_.find(id);
+  if (tombstone != tombstones_.end() && tombstone->second.owner == owner) {
+    return absl::NotFoundError(NotFound(id, tombstone->second.reason));
+  }
+  return UnknownSession(id);
+}
+
+void SessionStore::Touch(Session* session, absl::Time now) {
+  session->last_used = now;
+  lru_.splice(lru_.end(), lru_, session->lru);
+}
+
+absl::Status SessionStore::MakeRoomForSession() {
+  while (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    Session* victim = nullptr;
+    if (options_.eviction == EvictionPolicy::kLru) {
+      for (Session* session : lru_) {
+        if (session->pins == 0) {
+          victim = session;
+          break;
+        }
+      }
+    }
+    if (victim == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds max_sessions ", options_.max_sessions, " sessions",
+          options_.eviction == EvictionPolicy::kLru
+              ? ", all in use by steps"
+              : " and kv_eviction is none",
+          "; delete sessions you no longer need"));
+    }
+    Remove(sessions_.at(victim->id),
+           absl::StrCat("was evicted (least recently used) to make room for a "
+                        "new session under max_sessions ",
+                        options_.max_sessions),
+           "evicted");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
+  const int64_t budget = options_.kv_cache_bytes;
+  if (bytes > budget) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the step needs ", bytes,
+                     " bytes of pages, more than the whole KV cache budget "
+                     "(kv_cache_bytes) of ",
+                     budget, " bytes"));
+  }
+  auto candidate = lru_.begin();
+  while (used_bytes_->load() + bytes > budget) {
+    if (options_.eviction == EvictionPolicy::kLru) {
+      while (candidate != lru_.end() &&
+             ((*candidate)->pins > 0 || *candidate == keep)) {
+        ++candidate;
+      }
+    }
+    if (options_.eviction == EvictionPolicy::kNone || candidate == lru_.end()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the KV cache budget (kv_cache_bytes) of ", budget,
+          " bytes is full (", used_bytes_->load(),
+          " bytes held; the step needs ", bytes, " more)",
+          options_.eviction == EvictionPolicy::kNone
+              ? "; kv_eviction is none: delete or truncate sessions"
+              : " and every other session is in use by a step or shares "
+                "its pages"));
+    }
+    Session* victim = *candidate++;
+    Remove(sessions_.at(victim->id),
+           absl::StrCat("was evicted (least recently used) to make room in "
+                        "the KV cache budget of ",
+                        budget, " bytes"),
+           "evicted");
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<SessionStore::Page> SessionStore::NewPage(
+    const PageLayout& layout) {
+  return std::make_shared<Page>(used_bytes_, pages_, layout.PageBytes());
+}
+
+void SessionStore::Hold(const std::shared_ptr<Page>& page) {
+  if (++page->tables == 2) shared_bytes_ += page->bytes;
+}
+
+void SessionStore::Release(std::shared_ptr<Page>* page) {
+  if ((*page)->tables-- == 2) shared_bytes_ -= (*page)->bytes;
+  page->reset();
+}
+
+void SessionStore::Remove(const std::shared_ptr<Session>& removed,
+                          const std::string& reason,
+                          const char* metric_reason) {
+  // A copy: `removed` may be the map's own reference, erased below.
+  const std::shared_ptr<Session> session = removed;
+  for (Session::Layer& layer : session->layers) {
+    for (std::shared_ptr<Page>& page : layer.pages) Release(&page);
+    layer.pages.clear();
+    layer.length = 0;
+  }
+  lru_.erase(session->lru);
+  session->removed = true;
+  session->removed_reason = reason;
+  if (options_.max_tombstones > 0) {
+    while (static_cast<int64_t>(tombstone_order_.size()) >=
+           options_.max_tombstones) {
+      tombstones_.erase(tombstone_order_.front());
+      tombstone_order_.pop_front();
+    }
+    tombstones_[session->id] = {session->owner, reason};
+    tombstone_order_.push_back(session->id);
+  }
+  if (metrics_ != nullptr) metrics_->SessionRemoved(metric_reason);
+  sessions_.erase(std::string(session->id));
+}
+
+void SessionStore::MaybeExpire(absl::Time now) {
+  if (now - last_expiry_ < absl::Seconds(1)) return;
+  last_expiry_ = now;
+  std::vector<std::shared_ptr<Session>> expired;
+  for (const auto& [id, session] : sessions_) {
+    if (session->pins == 0 && now - session->last_used > session->config.ttl) {
+      expired.push_back(session);
+    }
+  }
+  for (const std::shared_ptr<Session>& session : expired) {
+    Remove(session,
+           absl::StrCat("expired after ",
+                        absl::ToInt64Seconds(session->config.ttl),
+                        " s without a call (its TTL)"),
+           "expired");
+  }
+  if (!expired.empty()) RecordTotals();
+}
+
+void SessionStore::ExpireIdle(absl::Time now) {
+  absl::MutexLock lock(&mutex_);
+  last_expiry_ = absl::InfinitePast();
+  MaybeExpire(now);
+  RecordTotals();
+}
+
+SessionDescription SessionStore::Describe(const Session& session) const {
+  SessionDescription d;
+  d.id = session.id;
+  d.config = session.config;
+  d.created = session.created;
+  d.last_used = session.last_used;
+  d.forked_from = session.forked_from;
+  for (const Session::Layer& layer : session.layers) {
+    d.lengths.push_back(layer.length);
+    for (const std::shared_ptr<Page>& page : layer.pages) {
+      d.bytes += page->bytes;
+      if (page->tables > 1) d.shared_bytes += page->bytes;
+    }
+  }
+  return d;
+}
+
+void SessionStore::RecordTotals() {
+  if (metrics_ == nullptr) return;
+  metrics_->SetKvCache(static_cast<int64_t>(sessions_.size()), pages_->load(),
+                       used_bytes_->load(), shared_bytes_,
+                       options_.kv_cache_bytes);
+}
+
+absl::StatusOr<SessionDescription> SessionStore::Create(
+    const std::string& owner, const SessionConfig& config) {
+  absl::MutexLock lock(&mutex_);
+  const absl::Time now = absl::Now();
+  MaybeExpire(now);
+  if (absl::Status room = MakeRoomForSession(); !room.ok()) return room;
+  auto session = std::make_shared<Session>();
+  session->id = NewId();
+  session->owner = owner;
+  session->config = config;
+  session->layout = LayoutOf(config);
+  session->layers.resize(static_cast<size_t>(config.layers));
+  session->created = session->last_used = now;
+  session->lru = lru_.insert(lru_.end(), session.get());
+  sessions_[session->id] = session;
+  RecordTotals();
+  return Describe(*session);
+}
+
+absl::StatusOr<SessionDescription> SessionStore::Fork(
+    const std::string& owner, const std::string& id,
+    std::optional<int64_t> length, absl::Duration ttl) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<std::shared_ptr<Session>> parent = Find(owner, id);
+  if (!parent.ok()) return parent.status();
+  // Pinned while room is made, so that it is not the session evicted.
+  ++(*parent)->pins;
+  const absl::Status room = MakeRoomForSession();
+  --(*parent)->pins;
+  if (!room.ok()) return room;
+  const absl::Time now = absl::Now();
+  Touch(parent->get(), now);
+  auto child = std::make_shared<Session>();
+  child->id = NewId();
+  child->owner = owner;
+  child->config = (*parent)->config;
+  if (ttl > absl::ZeroDuration()) child->config.ttl = ttl;
+  child->layout = (*parent)->layout;
+  child->created = child->last_used = now;
+  child->forked_from = id;
+  child->layers.resize((*parent)->layers.size());
+  const int64_t page_tokens = child->layout.page_tokens;
+  for (size_t l = 0; l < child->layers.size(); ++l) {
+    const Session::Layer& from = (*parent)->layers[l];
+    Session::Layer& to = child->layers[l];
+    to.length = std::min(from.length, length.value_or(from.length));
+    const int64_t pages = (to.length + page_tokens - 1) / page_tokens;
+    for (int64_t p = 0; p < pages; ++p) {
+      to.pages.push_back(from.pages[static_cast<size_t>(p)]);
+      Hold(to.pages.back());
+    }
+  }
+  child->lru = lru_.insert(lru_.end(), child.get());
+  sessions_[child->id] = child;
+  RecordTotals();
+  return Describe(*child);
+}
+
+absl::StatusOr<SessionDescription> SessionStore::Truncate(
+    const std::string& owner, const std::string& id, int64_t length) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
+  if (!session.ok()) return session.status();
+  Touch(session->get(), absl::Now());
+  const int64_t page_tokens = (*session)->layout.page_tokens;
+  for (Session::Layer& layer : (*session)->layers) {
+    layer.length = std::min(layer.length, length);
+    const size_t keep =
+        static_cast<size_t>((layer.length + page_tokens - 1) / page_tokens);
+    while (layer.pages.size() > keep) {
+      Release(&layer.pages.back());
+      layer.pages.pop_back();
+    }
+  }
+  RecordTotals();
+  return Describe(**session);
+}
+
+absl::StatusOr<SessionDescription> SessionStore::Delete(
+    const std::string& owner, const std::string& id) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
+  if (!session.ok()) return session.status();
+  SessionDescription described = Describe(**session);
+  Remove(*session, "was deleted", "deleted");
+  RecordTotals();
+  return described;
+}
+
+absl::StatusOr<SessionDescription> SessionStore::Get(const std::string& owner,
+                                                     const std::string& id) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
+  if (!session.ok()) return session.status();
+  return Describe(**session);
+}
+
+std::vector<SessionDescription> SessionStore::List(const std::string& owner) {
+  absl::MutexLock lock(&mutex_);
+  MaybeExpire(absl::Now());
+  std::vector<SessionDescription> listed;
+  for (const auto& [id, session] : sessions_) {
+    if (session->owner == owner) listed.push_back(Describe(*session));
+  }
+  std::sort(listed.begin(), listed.end(),
+            [](const SessionDescription& a, const SessionDescription& b) {
+              return a.created != b.created ? a.created < b.created
+                                            : a.id < b.id;
+            });
+  return listed;
+}
+
+absl::StatusOr<SessionStore::Pin> SessionStore::Acquire(
+    const std::string& owner, const std::string& id) {
+  absl::MutexLock lock(&mutex_);
+  absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
+  if (!session.ok()) return session.status();
+  ++(*session)->pins;
+  Touch(session->get(), absl::Now());
+  return Pin(this, *std::move(session));
+}
+
+namespace {
+
+// Copies `tokens` rows of `dim` elements from `source` (in `from`) to
+// `destination` (in `to`), converting through f32 when the dtypes differ.
+void CopyRows(const char* source, DataType from, int64_t rows, int64_t dim,
+              char* destination, DataType to) {
+  const int64_t count = rows * dim;
+  if (from == to) {
+    std::memcpy(destination, source,
+                static_cast<size_t>(count * DataTypeBytes(to)));
+    return;
+  }
+  float buffer[1024];
+  for (int64_t done = 0; done < count; done += 1024) {
+    const int64_t n = std::min<int64_t>(1024, count - done);
+    ConvertToFloat32(from, source + done * DataTypeBytes(from), n, buffer);
+    ConvertFromFloat32(buffer, n, to, destination + done * DataTypeBytes(to));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
+    const Pin& pin, int64_t layer_index, int64_t expected_length,
+    const KvAppend& append, int64_t* length) {
+  absl::MutexLock lock(&mutex_);
+  Session& session = *pin.session_;
+  if (session.removed) {
+    return absl::NotFoundError(NotFound(session.id, session.removed_reason));
+  }
+  Session::Layer& layer = session.layers[static_cast<size_t>(layer_index)];
+  *length = layer.length;
+  if (layer.length != expected_length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", session.id, " layer ", layer_index, " holds ",
+                     layer.length, " tokens, the step expected ",
+                     expected_length, "; nothing was appended"));
+  }
+  const PageLayout& layout = session.layout;
+  const int64_t page_tokens = layout.page_tokens;
+  const int64_t tokens = append.tokens;
+  if (tokens > 0) {
+    if (layer.length + tokens > session.config.max_tokens) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session ", session.id, " layer ", layer_index,
+                       " holds ", layer.length, " tokens; appending ", tokens,
+                       " would pass its max_tokens ", session.config.max_tokens,
+                       "; nothing was appended"));
+    }
+    // A partly filled last page is written in place only if this table alone
+    // holds it and no step reads it; else it is copied first.
+    const bool partial = layer.length % page_tokens != 0;
+    const bool copy_last = partial && layer.pages.back().use_count() > 1;
+    const int64_t new_pages =
+        (layer.length + tokens + page_tokens - 1) / page_tokens -
+        static_cast<int64_t>(layer.pages.size());
+    const int64_t bytes =
+        (new_pages + (copy_last ? 1 : 0)) * layout.PageBytes();
+    if (absl::Status room = MakeRoom(bytes, &session); !room.ok()) {
+      RecordTotals();
+      return room;
+    }
+    if (copy_last) {
+      std::shared_ptr<Page> copy = NewPage(layout);
+      std::memcpy(copy->data, layer.pages.back()->data,
+                  static_cast<size_t>(layout.PageBytes()));
+      Release(&layer.pages.back());
+      layer.pages.back() = std::move(copy);
+      Hold(layer.pages.back());
+    }
+    for (int64_t p = 0; p < new_pages; ++p) {
+      layer.pages.push_back(NewPage(layout));
+      Hold(layer.pages.back());
+    }
+    const int64_t element = DataTypeBytes(layout.dtype);
+    const int64_t key_in = DataTypeBytes(append.key_dtype);
+    const int64_t value_in = DataTypeBytes(append.value_dtype);
+    // Runs of tokens that stay in one page, for each kv head.
+    for (int64_t t = 0; t < tokens;) {
+      const int64_t at = layer.length + t;
+      const int64_t offset = at % page_tokens;
+      const int64_t run = std::min(tokens - t, page_tokens - offset);
+      char* page = layer.pages[static_cast<size_t>(at / page_tokens)]->data;
+      for (int64_t h = 0; h < layout.kv_heads; ++h) {
+        const int64_t slot = h * page_tokens + offset;
+        CopyRows(append.key + (h * tokens + t) * layout.key_dim * key_in,
+                 append.key_dtype, run, layout.key_dim,
+                 page + slot * layout.key_dim * element, layout.dtype);
+        CopyRows(append.value + (h * tokens + t) * layout.value_dim * value_in,
+                 append.value_dtype, run, layout.value_dim,
+                 page + layout.KeyBytes() + slot * layout.value_dim * element,
+                 layout.dtype);
+      }
+      t += run;
+    }
+    layer.length += tokens;
+    *length = layer.length;
+    if (metrics_ != nullptr) metrics_->TokensAppended(tokens);
+  }
+  Touch(&session, absl::Now());
+  View view;
+  view.layout = layout;
+  view.length = layer.length;
+  for (const std::shared_ptr<Page>& page : layer.pages) {
+    view.pages.push_back(page);
+    view.data.push_back(page->data);
+  }
+  RecordTotals();
+  return view;
+}
+
+void SessionStore::Clear() {
+  absl::MutexLock lock(&mutex_);
+  std::vector<std::shared_ptr<Session>> all;
+  for (const auto& [id, session] : sessions_) all.push_back(session);
+  for (const std::shared_ptr<Session>& session : all) {
+    Remove(session, "was dropped when the server shut down", "drained");
+  }
+  RecordTotals();
+}
+
+SessionTotals SessionStore::Totals() {
+  absl::MutexLock lock(&mutex_);
+  return {static_cast<int64_t>(sessions_.size()), pages_->load(),
+          used_bytes_->load(), shared_bytes_, options_.kv_cache_bytes};
+}
+
+}  // namespace attnserve

@@ -1,0 +1,854 @@
+// KV-cache sessions through a real server: every session RPC, the property
+// that a session's steps equal stateless bottom-right Attends over the same
+// keys and values (random page boundaries, forks, truncations, GQA, T and
+// Tq > 1, every storage dtype), retries through the expected length,
+// NOT_FOUND reasons, ownership between tokens, the KV budget (eviction and
+// refusal), sharing by forks, limits and malformed steps.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attnserve/client/client.h"
+#include "attnserve/common/dtype.h"
+#include "attnserve/server/server.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "reference/tolerance.h"
+#include "server/metrics_scrape.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::ReferenceAttention;
+using ::attnserve::testing::ReferenceOptions;
+using ::attnserve::testing::ReferenceShape;
+using ::testing::HasSubstr;
+
+// One layer's keys and values as the server stores them, per kv head.
+struct LayerModel {
+  std::vector<std::vector<float>> keys, values;  // [Hkv][L * D]
+  int64_t length = 0;
+};
+
+// What a session holds, kept by the test from what it sent.
+struct SessionModel {
+  std::string id;
+  int64_t heads, kv_heads, dim;
+  v1::DType dtype;
+  std::vector<LayerModel> layers;
+};
+
+// `values` as stored in `dtype` and read back.
+std::vector<float> Stored(const std::vector<float>& values, v1::DType dtype) {
+  if (dtype == v1::FLOAT32) return values;
+  const DataType type =
+      dtype == v1::BFLOAT16 ? DataType::kBFloat16 : DataType::kFloat16;
+  std::vector<char> bytes(values.size() * 2);
+  ConvertFromFloat32(values.data(), static_cast<int64_t>(values.size()), type,
+                     bytes.data());
+  std::vector<float> out(values.size());
+  ConvertToFloat32(type, bytes.data(), static_cast<int64_t>(values.size()),
+                   out.data());
+  return out;
+}
+
+class SessionsTest : public ::testing::Test {
+ protected:
+  static ServerOptions Options() {
+    ServerOptions options;
+    options.address = "127.0.0.1";
+    options.port = 0;
+    options.metrics_port = 0;
+    options.metrics_address = "127.0.0.1";
+    options.transport.max_message_bytes = 4 << 20;
+    options.engine.max_workspace_bytes = 64 << 20;
+    options.sessions.page_tokens = 16;
+    options.memory.kv_cache_bytes = 64 << 20;
+    options.demo_weights = false;
+    return options;
+  }
+
+  void Start(const ServerOptions& options) {
+    absl::StatusOr<std::unique_ptr<AttnServer>> server =
+        AttnServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::AttentionService::NewStub(channel_);
+  }
+
+  void SetUp() override { Start(Options()); }
+
+  std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "") {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(60));
+    if (!token.empty()) {
+      context->AddMetadata("authorization", "Bearer " + token);
+    }
+    return context;
+  }
+
+  grpc::Status Create(const v1::CreateSessionRequest& request,
+                      v1::CreateSessionResponse* response,
+                      const std::string& token = "") {
+    return stub_->CreateSession(Context(token).get(), request, response);
+  }
+
+  SessionModel NewSession(int64_t layers, int64_t heads, int64_t kv_heads,
+                          int64_t dim, v1::DType dtype,
+                          const std::string& token = "") {
+    v1::CreateSessionRequest request;
+    request.set_num_layers(layers);
+    request.set_num_heads(heads);
+    request.set_num_kv_heads(kv_heads);
+    request.set_key_dim(dim);
+    request.set_dtype(dtype);
+    v1::CreateSessionResponse response;
+    const grpc::Status status = Create(request, &response, token);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    SessionModel model{response.session().session_id(),
+                       heads,
+                       kv_heads,
+                       dim,
+                       dtype,
+                       std::vector<LayerModel>(static_cast<size_t>(layers))};
+    for (LayerModel& layer : model.layers) {
+      layer.keys.resize(static_cast<size_t>(kv_heads));
+      layer.values.resize(static_cast<size_t>(kv_heads));
+    }
+    return model;
+  }
+
+  // A step of `model` appending `tokens` random tokens (0: none) to `layer`
+  // and asking `query_len` query rows (0: none), and the model updated with
+  // what the server will store.
+  v1::SessionStep MakeStep(SessionModel& model, int64_t layer, int64_t tokens,
+                           int64_t query_len, uint64_t seed,
+                           std::vector<float>* query = nullptr) {
+    v1::SessionStep step;
+    step.set_session_id(model.id);
+    step.set_layer(layer);
+    LayerModel& l = model.layers[static_cast<size_t>(layer)];
+    step.set_expected_length(l.length);
+    if (tokens > 0) {
+      const std::vector<float> key =
+          RandomValues(model.kv_heads * tokens * model.dim, seed);
+      const std::vector<float> value =
+          RandomValues(model.kv_heads * tokens * model.dim, seed + 1);
+      *step.mutable_key() =
+          MakeFloat32Tensor({model.kv_heads, tokens, model.dim}, key);
+      *step.mutable_value() =
+          MakeFloat32Tensor({model.kv_heads, tokens, model.dim}, value);
+      const std::vector<float> stored_key = Stored(key, model.dtype);
+      const std::vector<float> stored_value = Stored(value, model.dtype);
+      const size_t row = static_cast<size_t>(tokens * model.dim);
+      for (size_t h = 0; h < l.keys.size(); ++h) {
+        l.keys[h].insert(l.keys[h].end(), stored_key.begin() + h * row,
+                         stored_key.begin() + (h + 1) * row);
+        l.values[h].insert(l.values[h].end(), stored_value.begin() + h * row,
+                           stored_value.begin() + (h + 1) * row);
+      }
+      l.length += tokens;
+    }
+    if (query_len > 0) {
+      std::vector<float> q =
+          RandomValues(model.heads * query_len * model.dim, seed + 2);
+      *step.mutable_query() =
+          MakeFloat32Tensor({model.heads, query_len, model.dim}, q);
+      step.mutable_options()->set_return_lse(true);
+      if (query != nullptr) *query = std::move(q);
+    }
+    return step;
+  }
+
+  // Checks a step's output against the reference over the model's layer, and
+  // against a stateless Attend of the same keys and values.
+  void CheckOutput(const SessionModel& model, int64_t layer,
+                   const std::vector<float>& query, int64_t query_len,
+                   const v1::StepResult& result) {
+    const LayerModel& l = model.layers[static_cast<size_t>(layer)];
+    ASSERT_FALSE(result.has_error()) << result.error().message();
+    ASSERT_EQ(result.length(), l.length);
+    std::vector<float> keys, values;
+    for (size_t h = 0; h < l.keys.size(); ++h) {
+      keys.insert(keys.end(), l.keys[h].begin(), l.keys[h].end());
+      values.insert(values.end(), l.values[h].begin(), l.values[h].end());
+    }
+    absl::StatusOr<std::vector<float>> output = FloatValues(result.output());
+    ASSERT_TRUE(output.ok());
+    absl::StatusOr<std::vector<float>> lse = FloatValues(result.lse());
+    ASSERT_TRUE(lse.ok());
+    ReferenceOptions options;
+    options.causal = true;
+    options.bottom_right = true;
+    if (l.length > 0) {
+      const auto expected =
+          ReferenceAttention({1, model.heads, model.kv_heads, query_len,
+                              l.length, model.dim, model.dim},
+                             query, keys, values, options);
+      ExpectNear("output", *output, expected.output, testing::kOutputF32);
+      ExpectNear("lse", *lse, expected.lse, testing::kLseF32);
+      v1::AttendRequest attend;
+      *attend.mutable_query() =
+          MakeFloat32Tensor({1, model.heads, query_len, model.dim}, query);
+      *attend.mutable_key() =
+          MakeFloat32Tensor({1, model.kv_heads, l.length, model.dim}, keys);
+      *attend.mutable_value() =
+          MakeFloat32Tensor({1, model.kv_heads, l.length, model.dim}, values);
+      attend.mutable_options()->set_causal(true);
+      attend.mutable_options()->set_causal_alignment(
+          v1::AttentionOptions::BOTTOM_RIGHT);
+      v1::AttendResponse stateless;
+      const grpc::Status status =
+          stub_->Attend(Context().get(), attend, &stateless);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      const std::vector<float> want = *FloatValues(stateless.output());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR((*output)[i], want[i],
+                    2e-6 * std::max(1.0f, std::abs(want[i])))
+            << "against Attend at " << i;
+      }
+    }
+  }
+
+  grpc::Status Step(const v1::StepRequest& request, v1::StepResponse* response,
+                    const std::string& token = "") {
+    return stub_->Step(Context(token).get(), request, response);
+  }
+
+  std::map<std::string, double> Metrics() {
+    return testing::Samples(testing::Scrape(server_->metrics_port()));
+  }
+
+  std::unique_ptr<AttnServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+TEST_F(SessionsTest, DecodeLoopOverEveryDtype) {
+  for (const v1::DType dtype : {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16}) {
+    SessionModel model = NewSession(2, 8, 2, 16, dtype);
+    // Prefill in chunks without a query, then with one, then decode.
+    for (int64_t chunk : {20, 17}) {
+      v1::StepRequest request;
+      *request.add_steps() = MakeStep(model, 0, chunk, 0, chunk);
+      v1::StepResponse response;
+      ASSERT_TRUE(Step(request, &response).ok());
+      ASSERT_FALSE(response.results(0).has_error());
+      EXPECT_EQ(response.results(0).length(), model.layers[0].length);
+      EXPECT_FALSE(response.results(0).has_output());
+    }
+    for (int step = 0; step < 20; ++step) {
+      std::vector<float> query;
+      v1::StepRequest request;
+      *request.add_steps() =
+          MakeStep(model, 0, step == 0 ? 5 : 1, step == 0 ? 3 : 1,
+                   1000 + static_cast<uint64_t>(step), &query);
+      v1::StepResponse response;
+      ASSERT_TRUE(Step(request, &response).ok());
+      ASSERT_NO_FATAL_FAILURE(
+          CheckOutput(model, 0, query, step == 0 ? 3 : 1, response.results(0)));
+      EXPECT_GT(response.timing().server_us(), 0);
+    }
+    v1::GetSessionRequest get;
+    get.set_session_id(model.id);
+    v1::GetSessionResponse got;
+    ASSERT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+    EXPECT_THAT(got.session().lengths(), ::testing::ElementsAre(61, 0));
+    EXPECT_EQ(got.session().dtype(), dtype);
+    // 61 tokens in pages of 16: 4 pages of 16 tokens x 2 heads x (16 + 16).
+    EXPECT_EQ(got.session().bytes(),
+              4 * 16 * 2 * 32 * (dtype == v1::FLOAT32 ? 4 : 2));
+  }
+}
+
+// The property: random appends, queries, forks and truncations over several
+// sessions, batched into multi-session calls, each query's output equal to
+// the reference and to a stateless Attend of what the session holds.
+TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
+  std::mt19937_64 rng(42);
+  const auto uniform = [&rng](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(rng);
+  };
+  const v1::DType dtypes[] = {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16};
+  std::vector<SessionModel> sessions;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t kv_heads = uniform(1, 2);
+    sessions.push_back(NewSession(2, kv_heads * uniform(1, 3), kv_heads,
+                                  8 * uniform(1, 2), dtypes[i]));
+  }
+  uint64_t seed = 1;
+  for (int round = 0; round < 40; ++round) {
+    const int64_t op = uniform(0, 9);
+    if (op == 0 && sessions.size() < 8) {  // Fork
+      SessionModel& parent =
+          sessions[static_cast<size_t>(uniform(0, sessions.size() - 1))];
+      v1::ForkSessionRequest fork;
+      fork.set_session_id(parent.id);
+      const int64_t length = uniform(0, parent.layers[0].length + 5);
+      fork.set_length(length);
+      v1::ForkSessionResponse forked;
+      ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+      SessionModel child = parent;
+      child.id = forked.session().session_id();
+      EXPECT_EQ(forked.session().forked_from(), parent.id);
+      for (LayerModel& layer : child.layers) {
+        const int64_t keep = std::min(layer.length, length);
+        for (auto* rows : {&layer.keys, &layer.values}) {
+          for (std::vector<float>& head : *rows) {
+            head.resize(static_cast<size_t>(keep * child.dim));
+          }
+        }
+        layer.length = keep;
+      }
+      sessions.push_back(child);
+      continue;
+    }
+    if (op == 1) {  // Truncate
+      SessionModel& model =
+          sessions[static_cast<size_t>(uniform(0, sessions.size() - 1))];
+      const int64_t length = uniform(0, model.layers[0].length);
+      v1::TruncateSessionRequest truncate;
+      truncate.set_session_id(model.id);
+      truncate.set_length(length);
+      v1::TruncateSessionResponse truncated;
+      ASSERT_TRUE(
+          stub_->TruncateSession(Context().get(), truncate, &truncated).ok());
+      for (LayerModel& layer : model.layers) {
+        const int64_t keep = std::min(layer.length, length);
+        for (auto* rows : {&layer.keys, &layer.values}) {
+          for (std::vector<float>& head : *rows) {
+            head.resize(static_cast<size_t>(keep * model.dim));
+          }
+        }
+        layer.length = keep;
+      }
+      continue;
+    }
+    // A call of 1 to 4 steps over random sessions and layers (a session and
+    // layer may come twice: the later step sees the earlier one's tokens).
+    v1::StepRequest request;
+    struct Asked {
+      size_t session;
+      int64_t layer, query_len;
+      std::vector<float> query;
+      std::vector<LayerModel> after;  // The layer as the step sees it.
+    };
+    std::vector<Asked> asked;
+    const int64_t steps = uniform(1, 4);
+    for (int64_t s = 0; s < steps; ++s) {
+      const size_t which = static_cast<size_t>(uniform(0, sessions.size() - 1));
+      SessionModel& model = sessions[which];
+      const int64_t layer = uniform(0, 1);
+      const int64_t tokens = uniform(0, 3) == 0 ? 0 : uniform(1, 40);
+      const int64_t query_len = tokens == 0          ? uniform(1, 4)
+                                : uniform(0, 2) == 0 ? 0
+                                                     : uniform(1, tokens + 2);
+      Asked a{which, layer, query_len, {}, {}};  // NOLINT
+      *request.add_steps() =
+          MakeStep(model, layer, tokens, query_len, seed += 3, &a.query);
+      a.after = model.layers;
+      asked.push_back(std::move(a));
+    }
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_EQ(response.results_size(), steps);
+    for (int64_t s = 0; s < steps; ++s) {
+      const Asked& a = asked[static_cast<size_t>(s)];
+      SessionModel seen = sessions[a.session];
+      seen.layers = a.after;
+      SCOPED_TRACE(absl::StrCat("round ", round, " step ", s));
+      if (a.query_len == 0) {
+        ASSERT_FALSE(response.results(s).has_error())
+            << response.results(s).error().message();
+        EXPECT_EQ(response.results(s).length(),
+                  seen.layers[static_cast<size_t>(a.layer)].length);
+        continue;
+      }
+      ASSERT_NO_FATAL_FAILURE(CheckOutput(seen, a.layer, a.query, a.query_len,
+                                          response.results(s)));
+    }
+  }
+}
+
+TEST_F(SessionsTest, ARetriedStepIsRefusedAndAppendsNothing) {
+  SessionModel model = NewSession(1, 4, 4, 8, v1::FLOAT32);
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(model, 0, 3, 1, 7);
+  v1::StepResponse first, retried;
+  ASSERT_TRUE(Step(request, &first).ok());
+  ASSERT_FALSE(first.results(0).has_error());
+  ASSERT_TRUE(Step(request, &retried).ok());
+  ASSERT_TRUE(retried.results(0).has_error());
+  EXPECT_EQ(retried.results(0).error().code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(retried.results(0).error().message(),
+              HasSubstr("layer 0 holds 3 tokens, the step expected 0; nothing "
+                        "was appended"));
+  EXPECT_EQ(retried.results(0).length(), 3);  // The first attempt landed.
+  v1::GetSessionRequest get;
+  get.set_session_id(model.id);
+  v1::GetSessionResponse got;
+  ASSERT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+  EXPECT_EQ(got.session().lengths(0), 3);
+}
+
+TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
+  SessionModel a = NewSession(1, 4, 2, 8, v1::FLOAT32);
+  SessionModel b = NewSession(1, 4, 2, 8, v1::BFLOAT16);
+  v1::StepRequest request;
+  std::vector<float> query_a, query_b;
+  *request.add_steps() = MakeStep(a, 0, 4, 2, 1, &query_a);
+  v1::SessionStep* bad = request.add_steps();
+  *bad = MakeStep(b, 0, 2, 0, 2);
+  bad->mutable_key()->set_dtype(v1::BOOL);  // Malformed.
+  v1::SessionStep* unknown = request.add_steps();
+  unknown->set_session_id(std::string(32, 'a'));
+  v1::SessionStep* wrong = request.add_steps();
+  wrong->set_session_id(b.id);
+  wrong->set_expected_length(0);
+  *wrong->mutable_query() = MakeFloat32Tensor({4, 1, 16}, RandomValues(64, 3));
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  ASSERT_EQ(response.results_size(), 4);
+  ASSERT_NO_FATAL_FAILURE(CheckOutput(a, 0, query_a, 2, response.results(0)));
+  EXPECT_EQ(response.results(1).error().code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(response.results(1).error().message(), HasSubstr("steps[1].key"));
+  EXPECT_EQ(response.results(2).error().code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(response.results(2).error().message(),
+              HasSubstr("steps[2]: session aaaa"));
+  EXPECT_THAT(response.results(3).error().message(),
+              HasSubstr("steps[3].query.shape[2] (Dk) is 16, expected 8 (the "
+                        "session's key_dim)"));
+}
+
+TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {
+  v1::GetSessionRequest get;
+  v1::GetSessionResponse got;
+  get.set_session_id(std::string(32, '0'));
+  grpc::Status status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("is unknown: never created on this server"));
+  EXPECT_THAT(status.error_message(), HasSubstr("prefill it"));
+
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  v1::DeleteSessionRequest del;
+  del.set_session_id(model.id);
+  v1::DeleteSessionResponse deleted;
+  ASSERT_TRUE(stub_->DeleteSession(Context().get(), del, &deleted).ok());
+  EXPECT_EQ(deleted.deleted().session_id(), model.id);
+  get.set_session_id(model.id);
+  status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("was deleted"));
+
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  create.set_ttl_seconds(1);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(Create(create, &created).ok());
+  EXPECT_EQ(created.session().ttl_seconds(), 1);
+  absl::SleepFor(absl::Milliseconds(2200));
+  get.set_session_id(created.session().session_id());
+  status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("expired after 1 s without a call"));
+  EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"expired\"}"],
+            1);
+}
+
+TEST_F(SessionsTest, ARestartedServerKnowsNoOldSession) {
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  server_->Shutdown();
+  server_.reset();
+  Start(Options());
+  v1::GetSessionRequest get;
+  get.set_session_id(model.id);
+  v1::GetSessionResponse got;
+  const grpc::Status status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+}
+
+TEST_F(SessionsTest, ForksSharePagesAndCopyOnlyTheLastOnWrite) {
+  SessionModel parent = NewSession(1, 4, 2, 16, v1::BFLOAT16);
+  for (int chunk = 0; chunk < 4; ++chunk) {  // 4 x 100 = 400 tokens.
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(parent, 0, 100, 0, 10 + chunk);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_FALSE(response.results(0).has_error());
+  }
+  const double one_copy = Metrics()["attnserve_kv_cache_bytes"];
+  // 400 tokens: 25 pages of 16 tokens x 2 heads x 32 x 2 bytes.
+  EXPECT_EQ(one_copy, 25 * 16 * 2 * 32 * 2);
+  std::vector<SessionModel> children;
+  for (int i = 0; i < 64; ++i) {
+    v1::ForkSessionRequest fork;
+    fork.set_session_id(parent.id);
+    v1::ForkSessionResponse forked;
+    ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+    SessionModel child = parent;
+    child.id = forked.session().session_id();
+    children.push_back(child);
+  }
+  std::map<std::string, double> metrics = Metrics();
+  EXPECT_EQ(metrics["attnserve_kv_cache_bytes"], one_copy);
+  EXPECT_EQ(metrics["attnserve_kv_cache_shared_bytes"], one_copy);
+  EXPECT_EQ(metrics["attnserve_sessions"], 65);
+  // Each child decodes one token of its own: 400 % 16 == 0, so one new page
+  // each, and nothing copied.
+  for (int i = 0; i < 64; ++i) {
+    std::vector<float> query;
+    v1::StepRequest request;
+    *request.add_steps() =
+        MakeStep(children[static_cast<size_t>(i)], 0, 1, 1, 500 + i, &query);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    if (i % 16 == 0) {
+      ASSERT_NO_FATAL_FAILURE(CheckOutput(children[static_cast<size_t>(i)], 0,
+                                          query, 1, response.results(0)));
+    }
+  }
+  const double page = 16 * 2 * 32 * 2;
+  metrics = Metrics();
+  EXPECT_EQ(metrics["attnserve_kv_cache_bytes"], one_copy + 64 * page);
+  EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 1.1 * one_copy + 64 * page);
+  // A fork at a page's middle copies only its partial last page when written.
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(parent.id);
+  fork.set_length(390);
+  v1::ForkSessionResponse forked;
+  ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+  SessionModel mid = parent;
+  mid.id = forked.session().session_id();
+  for (auto* rows : {&mid.layers[0].keys, &mid.layers[0].values}) {
+    for (std::vector<float>& head : *rows) head.resize(390 * 16);
+  }
+  mid.layers[0].length = 390;
+  std::vector<float> query;
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(mid, 0, 2, 2, 900, &query);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  ASSERT_NO_FATAL_FAILURE(CheckOutput(mid, 0, query, 2, response.results(0)));
+  EXPECT_EQ(Metrics()["attnserve_kv_cache_bytes"], one_copy + 65 * page);
+  // The parent's own tokens are untouched by the fork's write.
+  std::vector<float> parent_query;
+  v1::StepRequest parent_request;
+  *parent_request.add_steps() = MakeStep(parent, 0, 0, 3, 901, &parent_query);
+  ASSERT_TRUE(Step(parent_request, &response).ok());
+  ASSERT_NO_FATAL_FAILURE(
+      CheckOutput(parent, 0, parent_query, 3, response.results(0)));
+}
+
+TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
+  v1::CreateSessionRequest create;
+  v1::CreateSessionResponse created;
+  create.set_num_layers(0);
+  grpc::Status status = Create(create, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("num_layers is 0, expected 1 to 256"));
+  create.set_num_layers(1);
+  create.set_num_heads(6);
+  create.set_num_kv_heads(4);
+  status = Create(create, &created);
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr("num_kv_heads is 4, expected a divisor of num_heads 6"));
+  create.set_num_kv_heads(2);
+  create.set_key_dim(8);
+  status = Create(create, &created);
+  EXPECT_THAT(status.error_message(), HasSubstr("dtype is DTYPE_UNSPECIFIED"));
+  create.set_dtype(v1::FLOAT32);
+  create.set_max_tokens(1 << 30);
+  status = Create(create, &created);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_tokens is 1073741824"));
+  create.set_max_tokens(0);
+  create.set_key_dim(4000);
+  create.set_num_kv_heads(6);
+  status = Create(create, &created);  // A page of 16 x 6 x 8000 x 4 = 3 MiB.
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  create.set_num_heads(600);
+  create.set_num_kv_heads(600);
+  status = Create(create, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("over the page limit"));
+
+  v1::StepRequest empty;
+  v1::StepResponse response;
+  status = Step(empty, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("steps is empty"));
+  v1::StepRequest many;
+  for (int i = 0; i < 1025; ++i) many.add_steps();
+  status = Step(many, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("over max_steps_per_call 1024"));
+
+  SessionModel model = NewSession(2, 4, 2, 8, v1::FLOAT32);
+  v1::StepRequest request;
+  v1::SessionStep* step = request.add_steps();
+  step->set_session_id(std::string(100000, 'x'));
+  step = request.add_steps();
+  step->set_session_id(model.id);
+  step->set_layer(2);
+  step = request.add_steps();
+  *step = MakeStep(model, 0, 2, 0, 1);
+  step->mutable_value()->clear_shape();
+  step = request.add_steps();
+  step->set_session_id(model.id);
+  step->mutable_options()->set_return_lse(true);
+  step = request.add_steps();
+  step->set_session_id(model.id);
+  step->set_expected_length(-1);
+  ASSERT_TRUE(Step(request, &response).ok());
+  EXPECT_THAT(response.results(0).error().message(),
+              HasSubstr("steps[0].session_id is 'xxxx"));
+  EXPECT_LT(response.results(0).error().message().size(), 300u);
+  EXPECT_THAT(response.results(1).error().message(),
+              HasSubstr("steps[1].layer is 2, expected 0 to 1"));
+  EXPECT_THAT(response.results(2).error().message(),
+              HasSubstr("steps[2].value"));
+  EXPECT_THAT(response.results(3).error().message(),
+              HasSubstr("options.return_lse is set but the step has no query"));
+  EXPECT_THAT(response.results(4).error().message(),
+              HasSubstr("expected_length is -1"));
+  // A query whose output would pass the message limit is refused whole: Dv 64
+  // makes a 640 KB query's output 5 MB.
+  create.set_num_heads(4);
+  create.set_num_kv_heads(4);
+  create.set_key_dim(8);
+  create.set_value_dim(64);
+  ASSERT_TRUE(Create(create, &created).ok());
+  v1::StepRequest huge;
+  v1::SessionStep* wide = huge.add_steps();
+  wide->set_session_id(created.session().session_id());
+  *wide->mutable_query() =
+      MakeFloat32Tensor({4, 5000, 8}, RandomValues(4 * 5000 * 8, 4));
+  status = Step(huge, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("over the message limit of 4194304 bytes"));
+}
+
+class SessionBudgetTest : public SessionsTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
+  ServerOptions options = Options();
+  // Pages of 16 x 2 x 16 x 4 = 2 KiB; a budget of 20 pages.
+  options.memory.kv_cache_bytes = 20 * 2048;
+  Start(options);
+  std::vector<SessionModel> models;
+  for (int i = 0; i < 6; ++i) {
+    models.push_back(NewSession(1, 2, 2, 8, v1::FLOAT32));
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(models.back(), 0, 64, 0, i);  // 4 pages.
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_FALSE(response.results(0).has_error())
+        << response.results(0).error().message();
+    EXPECT_LE(Metrics()["attnserve_kv_cache_bytes"], 20 * 2048);
+  }
+  // 6 x 4 pages past 20: the first session went.
+  v1::GetSessionRequest get;
+  get.set_session_id(models[0].id);
+  v1::GetSessionResponse got;
+  const grpc::Status status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("evicted (least recently used) to make room in the KV "
+                        "cache budget of 40960 bytes"));
+  get.set_session_id(models[5].id);
+  EXPECT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+  EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"evicted\"}"],
+            1);
+  // A step larger than the whole budget is refused, naming it.
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(models[5], 0, 400, 0, 99);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  EXPECT_EQ(response.results(0).error().code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(response.results(0).error().message(),
+              HasSubstr("KV cache budget (kv_cache_bytes) of 40960 bytes"));
+}
+
+TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {
+  ServerOptions options = Options();
+  options.memory.kv_cache_bytes = 20 * 2048;
+  options.sessions.eviction = EvictionPolicy::kNone;
+  options.sessions.max_sessions = 3;
+  Start(options);
+  std::vector<SessionModel> models;
+  for (int i = 0; i < 3; ++i) {
+    models.push_back(NewSession(1, 2, 2, 8, v1::FLOAT32));
+  }
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionResponse created;
+  grpc::Status status = Create(create, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("max_sessions 3 sessions and kv_eviction is none"));
+  for (int i = 0; i < 3; ++i) {
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(models[static_cast<size_t>(i)], 0, 112, 0,
+                                    i);  // 7 pages each.
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    if (i < 2) {
+      EXPECT_FALSE(response.results(0).has_error());
+    } else {
+      EXPECT_EQ(response.results(0).error().code(),
+                grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_THAT(response.results(0).error().message(),
+                  HasSubstr("kv_eviction is none"));
+    }
+  }
+  EXPECT_EQ(Metrics()["attnserve_kv_cache_bytes"], 14 * 2048);
+  // Every session still answers: nothing was evicted.
+  for (const SessionModel& model : models) {
+    v1::GetSessionRequest get;
+    get.set_session_id(model.id);
+    v1::GetSessionResponse got;
+    EXPECT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+  }
+}
+
+TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
+  ServerOptions options = Options();
+  const std::string tokens = ::testing::TempDir() + "/sessions_tokens";
+  std::ofstream(tokens) << "alice-token\n\nbob-token\n";
+  options.auth_token_file = tokens;
+  Start(options);
+  SessionModel alices = NewSession(1, 2, 2, 8, v1::FLOAT32, "alice-token");
+  const std::string unknown(32, 'c');
+  // Every call on alice's session from bob gets what an unknown id gets.
+  const auto message_for = [&](const std::string& id,
+                               const std::string& token) {
+    std::vector<std::string> messages;
+    v1::GetSessionRequest get;
+    get.set_session_id(id);
+    v1::GetSessionResponse got;
+    grpc::Status status = stub_->GetSession(Context(token).get(), get, &got);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    messages.push_back(status.error_message());
+    v1::ForkSessionRequest fork;
+    fork.set_session_id(id);
+    v1::ForkSessionResponse forked;
+    status = stub_->ForkSession(Context(token).get(), fork, &forked);
+    messages.push_back(status.error_message());
+    v1::TruncateSessionRequest truncate;
+    truncate.set_session_id(id);
+    v1::TruncateSessionResponse truncated;
+    status = stub_->TruncateSession(Context(token).get(), truncate, &truncated);
+    messages.push_back(status.error_message());
+    v1::DeleteSessionRequest del;
+    del.set_session_id(id);
+    v1::DeleteSessionResponse deleted;
+    status = stub_->DeleteSession(Context(token).get(), del, &deleted);
+    messages.push_back(status.error_message());
+    v1::StepRequest request;
+    request.add_steps()->set_session_id(id);
+    v1::StepResponse response;
+    EXPECT_TRUE(Step(request, &response, token).ok());
+    messages.push_back(response.results(0).error().message());
+    for (std::string& m : messages) {
+      const size_t at = m.find(id);
+      if (at != std::string::npos) m.replace(at, id.size(), "ID");
+    }
+    return messages;
+  };
+  const std::vector<std::string> from_bob = message_for(alices.id, "bob-token");
+  EXPECT_EQ(from_bob, message_for(unknown, "bob-token"));
+  for (const std::string& m : from_bob) EXPECT_THAT(m, HasSubstr("is unknown"));
+  v1::ListSessionsResponse listed;
+  ASSERT_TRUE(stub_
+                  ->ListSessions(Context("bob-token").get(),
+                                 v1::ListSessionsRequest(), &listed)
+                  .ok());
+  EXPECT_EQ(listed.sessions_size(), 0);
+  ASSERT_TRUE(stub_
+                  ->ListSessions(Context("alice-token").get(),
+                                 v1::ListSessionsRequest(), &listed)
+                  .ok());
+  ASSERT_EQ(listed.sessions_size(), 1);
+  EXPECT_EQ(listed.sessions(0).session_id(), alices.id);
+  // Alice's session is whole after bob's attempts.
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(alices, 0, 3, 1, 5);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response, "alice-token").ok());
+  EXPECT_FALSE(response.results(0).has_error())
+      << response.results(0).error().message();
+  // Without a token: refused at the gate.
+  v1::GetSessionRequest get;
+  get.set_session_id(alices.id);
+  v1::GetSessionResponse got;
+  EXPECT_EQ(stub_->GetSession(Context().get(), get, &got).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// A flood of creations and appends far past the budget and max_sessions:
+// the pages held never pass the budget, the sessions never pass their limit,
+// and every refusal or eviction is reported.
+TEST_F(SessionBudgetTest, AFloodStaysWithinTheBudget) {
+  ServerOptions options = Options();
+  options.memory.kv_cache_bytes = 40 * 2048;
+  options.sessions.max_sessions = 16;
+  Start(options);
+  int evictions_seen = 0;
+  for (int i = 0; i < 200; ++i) {
+    SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, 48, 0, i);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    if (response.results(0).has_error()) {
+      EXPECT_EQ(response.results(0).error().code(),
+                grpc::StatusCode::NOT_FOUND);
+    }
+    if (i % 20 == 0) {
+      std::map<std::string, double> metrics = Metrics();
+      EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 40 * 2048);
+      EXPECT_LE(metrics["attnserve_sessions"], 16);
+      evictions_seen = static_cast<int>(
+          metrics["attnserve_session_removals_total{reason=\"evicted\"}"]);
+    }
+  }
+  EXPECT_GT(evictions_seen, 100);
+}
+
+}  // namespace
+}  // namespace attnserve

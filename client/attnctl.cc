@@ -2,7 +2,8 @@
 //
 //   attnctl [--target=localhost:50051] [--timeout=30s] COMMAND [ARGS] [FLAGS]
 //
-// Commands: health, services, attend, mha, weights, bench, grid; see kUsage
+// Commands: health, services, attend, mha, weights, session, bench, grid; see
+// kUsage
 // and docs/client.md; --help lists every flag (attnserve/common/flags_help.h).
 // Exits 0 on success, 1 when a call fails (the gRPC status is printed) or an
 // output cannot be written, 2 on a usage error.
@@ -19,6 +20,7 @@
 #include "attnctl/cli.h"
 #include "attnctl/grid.h"
 #include "attnctl/request_flags.h"
+#include "attnctl/sessions.h"
 #include "attnctl/weights.h"
 #include "attnserve/client/client.h"
 #include "attnserve/common/flags_help.h"
@@ -44,9 +46,22 @@ constexpr char kUsage[] =
     "  weights [list]       the registered weight sets\n"
     "  weights put NAME FOLDER   register a folder of .npy weights\n"
     "  weights delete NAME  delete a registered weight set\n"
+    "  session [list]       the caller's KV-cache sessions\n"
+    "  session create       --layers=1 --heads --kv_heads --key_dim "
+    "--value_dim\n"
+    "                       [--cache_dtype=float32 --max_tokens=N --ttl=10m]\n"
+    "  session step ID      append and attend on --layer: --key=k.npy\n"
+    "                       --value=v.npy [--query=q.npy --output=o.npy\n"
+    "                       --lse_out=l.npy], or --demo --tokens=1\n"
+    "                       --query_tokens=1\n"
+    "  session fork ID [LENGTH]   a new session sharing ID's first tokens\n"
+    "  session truncate ID LENGTH\n"
+    "  session get ID | delete ID\n"
     "  bench                closed-loop load: --rpc=attend|mha\n"
     "                       --concurrency=4 (--duration=10s | --requests=N)\n"
-    "                       [--warmup=1s --json], shape flags as --demo\n"
+    "                       [--warmup=1s --json], shape flags as --demo;\n"
+    "                       --rpc=step --sessions=N --context=L --steps=K\n"
+    "                       [--layers --compare_stateless]: decode steps\n"
     "  grid                 attention-weights heatmap: --png=out.png or\n"
     "                       --svg=out.svg [--cell=8 --head=N "
     "--batch_index=B],\n"
@@ -105,9 +120,10 @@ int Run(const std::vector<char*>& argv) {
   const std::vector<std::string> args(argv.begin() + 2, argv.end());
   const bool known = command == "health" || command == "services" ||
                      command == "attend" || command == "mha" ||
-                     command == "weights" || command == "bench" ||
-                     command == "grid";
-  const bool takes_args = command == "health" || command == "weights";
+                     command == "weights" || command == "session" ||
+                     command == "bench" || command == "grid";
+  const bool takes_args =
+      command == "health" || command == "weights" || command == "session";
   if (!known || (!takes_args && !args.empty()) ||
       (command == "health" && args.size() > 1)) {
     std::fprintf(stderr, "attnctl: unknown command or arguments\n%s\n", kUsage);
@@ -122,6 +138,7 @@ int Run(const std::vector<char*>& argv) {
   if (command == "attend") return RunAttend(client);
   if (command == "mha") return RunMultiHead(client);
   if (command == "weights") return RunWeights(client, args, InputReadOptions());
+  if (command == "session") return RunSession(client, args);
   if (command == "bench") return RunBench(client);
   return RunGrid(client);
 }

@@ -122,7 +122,8 @@ absl::StatusOr<Response> Client::CallWithRetries(
     grpc::Status (v1::AttentionService::Stub::*method)(grpc::ClientContext*,
                                                        const Request&,
                                                        Response*),
-    const Request& request, absl::Duration timeout, bool retryable) {
+    const Request& request, absl::Duration timeout, bool retryable,
+    int* attempts) {
   const RetryPolicy& policy = options_.retry;
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = policy.initial_backoff;
@@ -132,6 +133,7 @@ absl::StatusOr<Response> Client::CallWithRetries(
     Response response;
     const grpc::Status status =
         ((*stub_).*method)(context.get(), request, &response);
+    if (attempts != nullptr) *attempts = attempt;
     if (status.ok()) return response;
     if (!retryable || attempt >= policy.max_attempts ||
         !IsRetryable(policy, status)) {
@@ -259,6 +261,55 @@ absl::StatusOr<v1::DeleteWeightsResponse> Client::DeleteWeights(
   request.set_name(std::string(name));
   return CallWithRetries(&v1::AttentionService::Stub::DeleteWeights, request,
                          timeout, options_.retry.retry_weight_changes);
+}
+
+absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
+    const v1::CreateSessionRequest& request, absl::Duration timeout) {
+  return CallWithRetries(&v1::AttentionService::Stub::CreateSession, request,
+                         timeout, options_.retry.retry_session_creation);
+}
+
+absl::StatusOr<v1::StepResponse> Client::Step(const v1::StepRequest& request,
+                                              absl::Duration timeout,
+                                              int* attempts) {
+  // Retryable whatever the steps: each carries its expected_length, so a
+  // retry never appends what an earlier attempt did.
+  return CallWithRetries(&v1::AttentionService::Stub::Step, request, timeout,
+                         true, attempts);
+}
+
+absl::StatusOr<v1::ForkSessionResponse> Client::ForkSession(
+    const v1::ForkSessionRequest& request, absl::Duration timeout) {
+  return CallWithRetries(&v1::AttentionService::Stub::ForkSession, request,
+                         timeout, options_.retry.retry_session_creation);
+}
+
+absl::StatusOr<v1::TruncateSessionResponse> Client::TruncateSession(
+    const v1::TruncateSessionRequest& request, absl::Duration timeout) {
+  return CallWithRetries(&v1::AttentionService::Stub::TruncateSession, request,
+                         timeout, true);
+}
+
+absl::StatusOr<v1::DeleteSessionResponse> Client::DeleteSession(
+    absl::string_view session_id, absl::Duration timeout, int* attempts) {
+  v1::DeleteSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  return CallWithRetries(&v1::AttentionService::Stub::DeleteSession, request,
+                         timeout, true, attempts);
+}
+
+absl::StatusOr<v1::GetSessionResponse> Client::GetSession(
+    absl::string_view session_id, absl::Duration timeout) {
+  v1::GetSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  return CallWithRetries(&v1::AttentionService::Stub::GetSession, request,
+                         timeout, true);
+}
+
+absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
+    absl::Duration timeout) {
+  return CallWithRetries(&v1::AttentionService::Stub::ListSessions,
+                         v1::ListSessionsRequest(), timeout, true);
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>

@@ -1,5 +1,6 @@
 #include "bench.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -11,17 +12,22 @@
 #include <utility>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/client/session.h"
 #include "attnserve/common/flops.h"
 #include "bench_report.h"
 #include "cli.h"
 #include "request_flags.h"
 #include "weights.h"
+
+// Defined with the other random-input flags (request_flags.cc).
+ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(int32_t, concurrency, 4,
           "bench: workers, each with one call in flight (1 to 1024).");
@@ -32,7 +38,17 @@ ABSL_FLAG(int64_t, requests, 0,
           "--duration. With both, whichever ends first.");
 ABSL_FLAG(absl::Duration, warmup, absl::ZeroDuration(),
           "bench: call for this long first, uncounted (up to 10m).");
-ABSL_FLAG(std::string, rpc, "attend", "bench: attend or mha.");
+ABSL_FLAG(std::string, rpc, "attend", "bench: attend, mha or step.");
+ABSL_FLAG(int64_t, sessions, 4,
+          "bench --rpc=step: KV-cache sessions decoded together (1 to 1024).");
+ABSL_FLAG(int64_t, context, 1024,
+          "bench --rpc=step: tokens each session is prefilled with.");
+ABSL_FLAG(int64_t, steps, 64,
+          "bench --rpc=step: decode steps measured (1 to 1e6), after one "
+          "uncounted.");
+ABSL_FLAG(bool, compare_stateless, false,
+          "bench --rpc=step: also decode the same shapes with Attend calls "
+          "that carry the whole context, and compare.");
 ABSL_FLAG(bool, json, false, "bench: print the report as one JSON object.");
 
 namespace attnserve {
@@ -219,9 +235,243 @@ int PrepareMultiHead(Client& client, BenchTarget& target) {
   return kExitOk;
 }
 
+constexpr int64_t kMaxSessions = 1024;
+constexpr int64_t kMaxSteps = 1'000'000;
+constexpr int64_t kMaxContext = int64_t{1} << 24;
+
+struct DecodeConfig {
+  int64_t sessions = 0;
+  int64_t context = 0;
+  int64_t steps = 0;
+  bool compare_stateless = false;
+};
+
+absl::StatusOr<DecodeConfig> DecodeConfigFromFlags() {
+  DecodeConfig config;
+  config.sessions = absl::GetFlag(FLAGS_sessions);
+  config.context = absl::GetFlag(FLAGS_context);
+  config.steps = absl::GetFlag(FLAGS_steps);
+  config.compare_stateless = absl::GetFlag(FLAGS_compare_stateless);
+  if (config.sessions < 1 || config.sessions > kMaxSessions ||
+      config.context < 0 || config.context > kMaxContext || config.steps < 1 ||
+      config.steps > kMaxSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bench --rpc=step needs --sessions in [1, ", kMaxSessions,
+                     "], --context in [0, 2^24] and --steps in [1, ", kMaxSteps,
+                     "]; got --sessions=", config.sessions,
+                     " --context=", config.context, " --steps=", config.steps));
+  }
+  return config;
+}
+
+// Bytes of one element of `dtype` as sent.
+int64_t ElementBytes(v1::DType dtype) { return dtype == v1::FLOAT32 ? 4 : 2; }
+
+// Fills each session's every layer with `context` random tokens, in chunks
+// of at most a quarter of --max_message_bytes.
+absl::Status Prefill(std::vector<Session>& sessions, int64_t context) {
+  if (context == 0 || sessions.empty()) return absl::OkStatus();
+  const v1::SessionInfo& info = sessions[0].info();
+  const int64_t token_bytes =
+      info.num_kv_heads() * (info.key_dim() + info.value_dim()) * 4;
+  const int64_t chunk = std::clamp<int64_t>(
+      MaxMessageBytes() / 4 / std::max<int64_t>(token_bytes, 1), 1, context);
+  for (int64_t layer = 0; layer < info.num_layers(); ++layer) {
+    // One random chunk per size, sent to every session: the values do not
+    // matter to the timing.
+    std::map<int64_t, StepInputs> chunks;
+    for (Session& session : sessions) {
+      for (int64_t done = 0; done < context;) {
+        const int64_t tokens = std::min(chunk, context - done);
+        auto it = chunks.find(tokens);
+        if (it == chunks.end()) {
+          absl::StatusOr<StepInputs> inputs =
+              RandomStepInputs(info, layer, tokens, 0, 7 + tokens);
+          if (!inputs.ok()) return inputs.status();
+          it = chunks.emplace(tokens, *std::move(inputs)).first;
+        }
+        absl::StatusOr<StepOutput> out =
+            session.Step(it->second, CallTimeout());
+        if (!out.ok()) return out.status();
+        done += tokens;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Times `steps` decode steps (after one uncounted), each made of one call per
+// layer; `call(step, layer, &request_bytes, &response_bytes)` makes one.
+void RunDecodePhase(int64_t steps, int64_t layers,
+                    const std::function<absl::Status(int64_t, int64_t, int64_t*,
+                                                     int64_t*)>& call,
+                    DecodePhase& phase) {
+  int64_t scratch = 0;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    if (!call(0, layer, &scratch, &scratch).ok()) break;  // Warm-up.
+  }
+  const absl::Time start = absl::Now();
+  for (int64_t step = 1; step <= steps; ++step) {
+    ++phase.steps;
+    const absl::Time step_start = absl::Now();
+    int64_t request_bytes = 0, response_bytes = 0;
+    absl::Status status;
+    for (int64_t layer = 0; layer < layers && status.ok(); ++layer) {
+      status = call(step, layer, &request_bytes, &response_bytes);
+    }
+    if (!status.ok()) {
+      // The sessions' lengths are not known past a failed step.
+      ++phase.errors[status.code()];
+      break;
+    }
+    phase.latencies.Record(absl::Now() - step_start);
+    phase.request_bytes += request_bytes;
+    phase.response_bytes += response_bytes;
+  }
+  phase.elapsed = absl::Now() - start;
+}
+
+// The first failed result of `response`, else OK.
+absl::Status FirstStepError(const v1::StepResponse& response) {
+  for (const v1::StepResult& result : response.results()) {
+    if (result.has_error() && result.error().code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(result.error().code()),
+                          result.error().message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// bench --rpc=step: create --sessions sessions, prefill --context tokens
+// each, then time --steps decode steps of one token per session (one Step
+// call per layer carrying every session's step); with --compare_stateless,
+// the same decode as Attend calls carrying the whole context.
+int RunDecodeBench(Client& client) {
+  absl::StatusOr<DecodeConfig> config = DecodeConfigFromFlags();
+  if (!config.ok()) return UsageError(config.status());
+  absl::StatusOr<v1::CreateSessionRequest> create =
+      CreateSessionRequestFromFlags();
+  if (!create.ok()) return UsageError(create.status());
+  if (create->max_tokens() == 0) {
+    create->set_max_tokens(config->context + config->steps + 1);
+  }
+  DecodeBenchReport report;
+  report.sessions = config->sessions;
+  report.cache_dtype = v1::DType_Name(create->dtype());
+
+  const absl::Time prefill_start = absl::Now();
+  std::vector<Session> sessions;
+  const auto cleanup = [&] {
+    for (Session& session : sessions)
+      session.Delete(CallTimeout()).IgnoreError();
+  };
+  for (int64_t i = 0; i < config->sessions; ++i) {
+    absl::StatusOr<Session> session =
+        Session::Create(&client, *create, CallTimeout());
+    if (!session.ok()) {
+      cleanup();
+      return Fail(session.status());
+    }
+    sessions.push_back(*std::move(session));
+  }
+  const v1::SessionInfo info = sessions[0].info();
+  const absl::Status prefilled = Prefill(sessions, config->context);
+  if (!prefilled.ok()) {
+    cleanup();
+    return Fail(prefilled);
+  }
+  report.prefill = absl::Now() - prefill_start;
+
+  // One request per layer, every session's one-token step; each decode step
+  // only moves the expected lengths on.
+  const int64_t layers = info.num_layers();
+  std::vector<v1::StepRequest> requests(layers);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    absl::StatusOr<StepInputs> inputs =
+        RandomStepInputs(info, layer, 1, 1, absl::GetFlag(FLAGS_seed) + layer);
+    if (!inputs.ok()) {
+      cleanup();
+      return UsageError(inputs.status());
+    }
+    report.input_dtype = v1::DType_Name(inputs->query->dtype());
+    for (Session& session : sessions) {
+      *requests[layer].add_steps() =
+          session.BuildStep(*inputs, session.length(layer));
+    }
+  }
+  const v1::DType input_dtype = requests[0].steps(0).query().dtype();
+  const v1::DType output_dtype =
+      requests[0].steps(0).options().output_dtype() == v1::DTYPE_UNSPECIFIED
+          ? input_dtype
+          : requests[0].steps(0).options().output_dtype();
+  report.payload_bytes_per_step =
+      layers * config->sessions *
+      ((info.num_heads() * info.key_dim() +
+        info.num_kv_heads() * (info.key_dim() + info.value_dim())) *
+           ElementBytes(input_dtype) +
+       info.num_heads() * info.value_dim() * ElementBytes(output_dtype));
+  report.shape = absl::StrCat(
+      "sessions=", config->sessions, " context=", config->context,
+      " layers=", layers, " H=", info.num_heads(), " Hkv=", info.num_kv_heads(),
+      " Dk=", info.key_dim(), " Dv=", info.value_dim());
+
+  DecodePhase step_phase;
+  step_phase.rpc = "step";
+  RunDecodePhase(
+      config->steps, layers,
+      [&](int64_t step, int64_t layer, int64_t* request_bytes,
+          int64_t* response_bytes) {
+        v1::StepRequest& request = requests[layer];
+        for (v1::SessionStep& session_step : *request.mutable_steps()) {
+          session_step.set_expected_length(config->context + step);
+        }
+        absl::StatusOr<v1::StepResponse> response =
+            client.Step(request, CallTimeout());
+        if (!response.ok()) return response.status();
+        *request_bytes += static_cast<int64_t>(request.ByteSizeLong());
+        *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
+        return FirstStepError(*response);
+      },
+      step_phase);
+  report.phases.push_back(std::move(step_phase));
+  cleanup();
+
+  if (config->compare_stateless) {
+    // One Attend per layer with B = the sessions, over the context the first
+    // decode step sees: the shapes of the Step phase, every key and value
+    // shipped every time.
+    absl::StatusOr<v1::AttendRequest> attend = RandomDecodeAttendRequest(
+        info, config->sessions, config->context + 1, absl::GetFlag(FLAGS_seed));
+    if (!attend.ok()) return UsageError(attend.status());
+    DecodePhase attend_phase;
+    attend_phase.rpc = "attend";
+    RunDecodePhase(
+        config->steps, layers,
+        [&](int64_t, int64_t, int64_t* request_bytes, int64_t* response_bytes) {
+          absl::StatusOr<v1::AttendResponse> response =
+              client.Attend(*attend, CallTimeout());
+          if (!response.ok()) return response.status();
+          *request_bytes += static_cast<int64_t>(attend->ByteSizeLong());
+          *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
+          return absl::OkStatus();
+        },
+        attend_phase);
+    report.phases.push_back(std::move(attend_phase));
+  }
+
+  const std::string text = absl::GetFlag(FLAGS_json)
+                               ? FormatDecodeBenchJson(report)
+                               : FormatDecodeBenchText(report);
+  std::fputs(text.c_str(), stdout);
+  return report.phases[0].latencies.count() > 0 ? kExitOk : kExitCallFailed;
+}
+
 }  // namespace
 
 int RunBench(Client& client) {
+  if (absl::AsciiStrToLower(absl::GetFlag(FLAGS_rpc)) == "step") {
+    return RunDecodeBench(client);
+  }
   absl::StatusOr<LoopConfig> config = LoopConfigFromFlags();
   if (!config.ok()) return UsageError(config.status());
   BenchReport report;
@@ -233,8 +483,9 @@ int RunBench(Client& client) {
   } else if (report.rpc == "mha") {
     prepared = PrepareMultiHead(client, target);
   } else {
-    return UsageError(absl::InvalidArgumentError(absl::StrCat(
-        "--rpc is '", absl::GetFlag(FLAGS_rpc), "', expected attend or mha")));
+    return UsageError(absl::InvalidArgumentError(
+        absl::StrCat("--rpc is '", absl::GetFlag(FLAGS_rpc),
+                     "', expected attend, mha or step")));
   }
   if (prepared != kExitOk) return prepared;
   report.shape = target.shape;

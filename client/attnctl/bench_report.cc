@@ -163,4 +163,114 @@ std::string FormatBenchJson(const BenchReport& report) {
   return DumpWithFixedDecimals(json, "") + "\n";
 }
 
+int64_t DecodePhase::error_count() const {
+  int64_t total = 0;
+  for (const auto& [code, count] : errors) total += count;
+  return total;
+}
+
+double DecodePhase::tokens_per_second(int64_t sessions) const {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  return seconds > 0
+             ? static_cast<double>(latencies.count() * sessions) / seconds
+             : 0.0;
+}
+
+double DecodePhase::request_bytes_per_step() const {
+  return latencies.count() > 0 ? static_cast<double>(request_bytes) /
+                                     static_cast<double>(latencies.count())
+                               : 0.0;
+}
+
+double DecodePhase::response_bytes_per_step() const {
+  return latencies.count() > 0 ? static_cast<double>(response_bytes) /
+                                     static_cast<double>(latencies.count())
+                               : 0.0;
+}
+
+std::string FormatDecodeBenchText(const DecodeBenchReport& report) {
+  std::string text =
+      absl::StrFormat("bench step %s %s, cache %s, prefill %s\n", report.shape,
+                      report.input_dtype, report.cache_dtype,
+                      absl::FormatDuration(report.prefill));
+  const double payload = static_cast<double>(report.payload_bytes_per_step);
+  std::map<absl::StatusCode, int64_t> errors;
+  for (const DecodePhase& phase : report.phases) {
+    const double wire =
+        phase.request_bytes_per_step() + phase.response_bytes_per_step();
+    absl::StrAppendFormat(
+        &text,
+        "%s: %d steps ok %d errors %d in %s, %.1f tokens/s, step p50 %.3fms "
+        "p99 %.3fms\n"
+        "%s: wire %.0f bytes/step (request %.0f + response %.0f), q+k+v+o "
+        "%.0f bytes/step (%.2fx)\n",
+        phase.rpc, phase.steps, phase.latencies.count(), phase.error_count(),
+        absl::FormatDuration(phase.elapsed),
+        phase.tokens_per_second(report.sessions),
+        Milliseconds(phase.latencies.Percentile(0.50)),
+        Milliseconds(phase.latencies.Percentile(0.99)), phase.rpc, wire,
+        phase.request_bytes_per_step(), phase.response_bytes_per_step(),
+        payload, payload > 0 ? wire / payload : 0.0);
+    for (const auto& [code, count] : phase.errors) errors[code] += count;
+  }
+  if (report.phases.size() == 2) {
+    const DecodePhase& step = report.phases[0];
+    const DecodePhase& attend = report.phases[1];
+    const double attend_rate = attend.tokens_per_second(report.sessions);
+    const double attend_wire =
+        attend.request_bytes_per_step() + attend.response_bytes_per_step();
+    absl::StrAppendFormat(
+        &text, "%s vs %s: %.2fx tokens/s, %.4fx bytes/step\n", step.rpc,
+        attend.rpc,
+        attend_rate > 0 ? step.tokens_per_second(report.sessions) / attend_rate
+                        : 0.0,
+        attend_wire > 0
+            ? (step.request_bytes_per_step() + step.response_bytes_per_step()) /
+                  attend_wire
+            : 0.0);
+  }
+  if (!errors.empty()) {
+    text += "errors by code:";
+    for (const auto& [code, count] : errors) {
+      absl::StrAppend(&text, " ", absl::StatusCodeToString(code), "=", count);
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+std::string FormatDecodeBenchJson(const DecodeBenchReport& report) {
+  nlohmann::ordered_json phases = nlohmann::ordered_json::object();
+  for (const DecodePhase& phase : report.phases) {
+    nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+    for (const auto& [code, count] : phase.errors) {
+      errors[absl::StatusCodeToString(code)] = count;
+    }
+    phases[phase.rpc] = {
+        {"steps", phase.steps},
+        {"ok", phase.latencies.count()},
+        {"error_count", phase.error_count()},
+        {"errors", errors},
+        {"elapsed_s", absl::ToDoubleSeconds(phase.elapsed)},
+        {"tokens_per_s", phase.tokens_per_second(report.sessions)},
+        {"latency_ms",
+         {{"p50", Milliseconds(phase.latencies.Percentile(0.50))},
+          {"p99", Milliseconds(phase.latencies.Percentile(0.99))},
+          {"max", Milliseconds(phase.latencies.max())},
+          {"mean", Milliseconds(phase.latencies.mean())}}},
+        {"request_bytes_per_step", phase.request_bytes_per_step()},
+        {"response_bytes_per_step", phase.response_bytes_per_step()}};
+  }
+  const nlohmann::ordered_json json = {
+      {"rpc", "step"},
+      {"shape", report.shape},
+      {"input_dtype", report.input_dtype},
+      {"cache_dtype", report.cache_dtype},
+      {"sessions", report.sessions},
+      {"prefill_s", absl::ToDoubleSeconds(report.prefill)},
+      {"payload_bytes_per_step", report.payload_bytes_per_step},
+      {"phases", phases}};
+  return DumpWithFixedDecimals(json, "") + "\n";
+}
+
 }  // namespace attnserve

@@ -84,6 +84,58 @@ std::string FormatBenchText(const BenchReport& report);
 // (3 for throughput_rps, 6 for the others).
 std::string FormatBenchJson(const BenchReport& report);
 
+// One phase of bench --rpc=step: decode steps through Step, or (with
+// --compare_stateless) the same decode done with Attend calls that carry the
+// whole context every step.
+struct DecodePhase {
+  std::string rpc;    // "step" or "attend".
+  int64_t steps = 0;  // Decode steps measured (each: one call per layer).
+  // Failed steps by code; a phase stops at its first failure, since the
+  // sessions' lengths are then unknown.
+  std::map<absl::StatusCode, int64_t> errors;
+  absl::Duration elapsed;
+  // Latencies of the successful steps.
+  LatencyHistogram latencies;
+  // Serialized request and response bytes of the successful steps, summed:
+  // what gRPC carries, less HTTP/2 framing.
+  int64_t request_bytes = 0;
+  int64_t response_bytes = 0;
+
+  int64_t error_count() const;
+  // Tokens decoded a second: `sessions` per successful step.
+  double tokens_per_second(int64_t sessions) const;
+  double request_bytes_per_step() const;
+  double response_bytes_per_step() const;
+};
+
+// bench --rpc=step: N sessions prefilled with `context` tokens, then decode
+// steps of one token each.
+struct DecodeBenchReport {
+  // e.g. "sessions=4 context=4096 layers=1 H=8 Hkv=8 Dk=64 Dv=64".
+  std::string shape;
+  std::string input_dtype;  // The tensors sent, e.g. "FLOAT32".
+  std::string cache_dtype;  // How the server stores them.
+  int64_t sessions = 0;
+  // Bytes of the query, key, value and output of one decode step, over every
+  // session and layer: the least a step could ship.
+  int64_t payload_bytes_per_step = 0;
+  absl::Duration prefill;  // Creating the sessions and filling them.
+  std::vector<DecodePhase> phases;
+};
+
+// The report as lines of text:
+//   bench step sessions=4 context=4096 ... FLOAT32, cache FLOAT32, prefill 1.2s
+//   step: 64 steps ok 64 errors 0 in 91.2ms, 2807.0 tokens/s, step p50 1.402ms
+//     p99 2.105ms
+//   step: wire 9896 bytes/step (request 5524 + response 4372), q+k+v+o 8192
+//     bytes/step (1.21x)
+// with the same two lines for attend, then "step vs attend: 15.20x tokens/s,
+// 0.0001x bytes/step" and the errors by code when there are any.
+std::string FormatDecodeBenchText(const DecodeBenchReport& report);
+
+// The report as one JSON object on one line.
+std::string FormatDecodeBenchJson(const DecodeBenchReport& report);
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_CLIENT_ATTNCTL_BENCH_REPORT_H_

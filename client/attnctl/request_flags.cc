@@ -22,7 +22,8 @@
 
 // Random inputs.
 ABSL_FLAG(bool, demo, false,
-          "attend, mha, grid: send random inputs drawn from --seed.");
+          "attend, mha, grid, session step: send random inputs drawn from "
+          "--seed.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of random inputs.");
 ABSL_FLAG(int64_t, batch, 1, "Random inputs: B.");
 ABSL_FLAG(int64_t, heads, 8, "Random inputs: H, query heads.");
@@ -36,9 +37,15 @@ ABSL_FLAG(std::string, input_dtype, "float32",
           "Random inputs: float32, bfloat16 or float16.");
 
 // Inputs from .npy files.
-ABSL_FLAG(std::string, query, "", "attend, grid: query [B, H, Lq, Dk] .npy.");
-ABSL_FLAG(std::string, key, "", "attend, grid: key [B, Hkv, Lk, Dk] .npy.");
-ABSL_FLAG(std::string, value, "", "attend, grid: value [B, Hkv, Lk, Dv] .npy.");
+ABSL_FLAG(std::string, query, "",
+          "attend, grid: query [B, H, Lq, Dk] .npy; session step: query "
+          "[H, Tq, Dk].");
+ABSL_FLAG(std::string, key, "",
+          "attend, grid: key [B, Hkv, Lk, Dk] .npy; session step: keys to "
+          "append [Hkv, T, Dk].");
+ABSL_FLAG(std::string, value, "",
+          "attend, grid: value [B, Hkv, Lk, Dv] .npy; session step: values to "
+          "append [Hkv, T, Dv].");
 ABSL_FLAG(std::string, query_input, "", "mha: query_input [B, Lq, E] .npy.");
 ABSL_FLAG(std::string, kv_input, "",
           "mha: kv_input [B, Lk, Ekv] .npy; absent: self-attention.");
@@ -64,6 +71,23 @@ ABSL_FLAG(bool, return_lse, false, "Ask for lse [B, H, Lq].");
 ABSL_FLAG(std::string, precision, "f32", "f32 or bf16.");
 ABSL_FLAG(std::string, output_dtype, "",
           "float32, bfloat16 or float16; empty: the input's dtype.");
+
+// KV-cache sessions.
+ABSL_FLAG(int64_t, layers, 1, "session create, bench --rpc=step: layers.");
+ABSL_FLAG(std::string, cache_dtype, "float32",
+          "session create, bench --rpc=step: how the server stores keys and "
+          "values: float32, bfloat16 or float16.");
+ABSL_FLAG(int64_t, max_tokens, 0,
+          "session create, bench --rpc=step: most tokens a layer may hold; 0: "
+          "the server's limit.");
+ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
+          "session create and fork: idle time before the session expires "
+          "(whole seconds); 0: the server's (fork: the parent's).");
+ABSL_FLAG(int64_t, layer, 0, "session step: the layer to step.");
+ABSL_FLAG(int64_t, tokens, 1,
+          "session step --demo: random tokens to append (0: none).");
+ABSL_FLAG(int64_t, query_tokens, 1,
+          "session step --demo: random query rows (0: append only).");
 
 namespace attnserve {
 namespace {
@@ -217,7 +241,149 @@ absl::Status SetChoices(v1::AttentionOptions* options) {
   return absl::OkStatus();
 }
 
+// Whole seconds of --ttl.
+absl::StatusOr<int64_t> TtlSeconds() {
+  const absl::Duration ttl = absl::GetFlag(FLAGS_ttl);
+  if (ttl < absl::ZeroDuration() ||
+      ttl % absl::Seconds(1) != absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ttl is ", absl::FormatDuration(ttl),
+                     ", expected whole seconds >= 0"));
+  }
+  return absl::ToInt64Seconds(ttl);
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> TtlSecondsFromFlags() { return TtlSeconds(); }
+
+absl::StatusOr<v1::CreateSessionRequest> CreateSessionRequestFromFlags() {
+  const int64_t layers = absl::GetFlag(FLAGS_layers),
+                h = absl::GetFlag(FLAGS_heads),
+                hkv = absl::GetFlag(FLAGS_kv_heads),
+                dk = absl::GetFlag(FLAGS_key_dim),
+                dv = absl::GetFlag(FLAGS_value_dim);
+  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({layers, h, hkv, dk, dv}));
+  v1::CreateSessionRequest request;
+  request.set_num_layers(layers);
+  request.set_num_heads(h);
+  request.set_num_kv_heads(hkv);
+  request.set_key_dim(dk);
+  request.set_value_dim(dv);
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const v1::DType dtype,
+      ParseFloatDType("cache_dtype", absl::GetFlag(FLAGS_cache_dtype)));
+  request.set_dtype(dtype);
+  request.set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  ATTNSERVE_ASSIGN_OR_RETURN(const int64_t ttl, TtlSeconds());
+  request.set_ttl_seconds(ttl);
+  v1::AttentionOptions scale;
+  ATTNSERVE_RETURN_IF_ERROR(SetScaleAndKeyLengths(&scale));
+  if (scale.has_scale()) request.mutable_defaults()->set_scale(scale.scale());
+  return request;
+}
+
+absl::StatusOr<v1::StepOptions> StepOptionsFromFlags() {
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::AttentionOptions attention,
+                             AttentionOptionsFromFlags());
+  v1::StepOptions options;
+  if (attention.has_scale()) options.set_scale(attention.scale());
+  options.set_precision(attention.precision());
+  options.set_return_lse(attention.return_lse());
+  options.set_output_dtype(attention.output_dtype());
+  return options;
+}
+
+absl::StatusOr<StepInputs> RandomStepInputs(const v1::SessionInfo& info,
+                                            int64_t layer, int64_t tokens,
+                                            int64_t query_tokens,
+                                            uint64_t seed) {
+  if (tokens < 0 || tokens > kMaxRandomDim || query_tokens < 0 ||
+      query_tokens > kMaxRandomDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens and --query_tokens are ", tokens, " and ",
+                     query_tokens, ", expected 0 to 2^20"));
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
+  StepInputs inputs;
+  inputs.layer = layer;
+  ATTNSERVE_ASSIGN_OR_RETURN(inputs.options, StepOptionsFromFlags());
+  std::mt19937_64 generator(seed);
+  const int64_t h = info.num_heads(), hkv = info.num_kv_heads(),
+                dk = info.key_dim(), dv = info.value_dim();
+  if (tokens > 0) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        inputs.key, RandomTensor(dtype, {hkv, tokens, dk}, generator));
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        inputs.value, RandomTensor(dtype, {hkv, tokens, dv}, generator));
+  }
+  if (query_tokens > 0) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        inputs.query, RandomTensor(dtype, {h, query_tokens, dk}, generator));
+  }
+  return inputs;
+}
+
+absl::StatusOr<v1::AttendRequest> RandomDecodeAttendRequest(
+    const v1::SessionInfo& info, int64_t batch, int64_t key_len,
+    uint64_t seed) {
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
+  ATTNSERVE_ASSIGN_OR_RETURN(const v1::StepOptions step,
+                             StepOptionsFromFlags());
+  v1::AttendRequest request;
+  v1::AttentionOptions& options = *request.mutable_options();
+  if (step.has_scale()) options.set_scale(step.scale());
+  options.set_precision(step.precision());
+  options.set_return_lse(step.return_lse());
+  options.set_output_dtype(step.output_dtype());
+  std::mt19937_64 generator(seed);
+  const int64_t h = info.num_heads(), hkv = info.num_kv_heads(),
+                dk = info.key_dim(), dv = info.value_dim();
+  ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_query(),
+                             RandomTensor(dtype, {batch, h, 1, dk}, generator));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      *request.mutable_key(),
+      RandomTensor(dtype, {batch, hkv, key_len, dk}, generator));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      *request.mutable_value(),
+      RandomTensor(dtype, {batch, hkv, key_len, dv}, generator));
+  return request;
+}
+
+absl::StatusOr<StepInputs> StepInputsFromFlags(const v1::SessionInfo& info) {
+  const std::string paths[] = {absl::GetFlag(FLAGS_key),
+                               absl::GetFlag(FLAGS_value),
+                               absl::GetFlag(FLAGS_query)};
+  const bool any_file =
+      !paths[0].empty() || !paths[1].empty() || !paths[2].empty();
+  ATTNSERVE_ASSIGN_OR_RETURN(const bool random,
+                             UseRandomInputs(InputMode::kFilesOrDemo, any_file,
+                                             "--key/--value/--query"));
+  const int64_t layer = absl::GetFlag(FLAGS_layer);
+  if (random) {
+    return RandomStepInputs(info, layer, absl::GetFlag(FLAGS_tokens),
+                            absl::GetFlag(FLAGS_query_tokens),
+                            absl::GetFlag(FLAGS_seed));
+  }
+  if (paths[0].empty() != paths[1].empty()) {
+    return absl::InvalidArgumentError("--key and --value are needed together");
+  }
+  StepInputs inputs;
+  inputs.layer = layer;
+  ATTNSERVE_ASSIGN_OR_RETURN(inputs.options, StepOptionsFromFlags());
+  const TensorReadOptions read_options = InputReadOptions();
+  if (!paths[0].empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(inputs.key,
+                               ReadTensorFile(paths[0], read_options));
+    ATTNSERVE_ASSIGN_OR_RETURN(inputs.value,
+                               ReadTensorFile(paths[1], read_options));
+  }
+  if (!paths[2].empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(inputs.query,
+                               ReadTensorFile(paths[2], read_options));
+  }
+  return inputs;
+}
 
 TensorReadOptions InputReadOptions() {
   TensorReadOptions options;

@@ -7,6 +7,7 @@
 #define ATTNSERVE_CLIENT_ATTNCTL_REQUEST_FLAGS_H_
 
 #include "absl/status/statusor.h"
+#include "attnserve/client/session.h"
 #include "attnserve/v1/attention.pb.h"
 #include "tensor_io.h"
 
@@ -58,6 +59,47 @@ absl::StatusOr<MultiHeadDraft> MultiHeadDraftFromFlags(InputMode mode);
 // dimension outside [1, 2^20].
 absl::Status AddRandomMultiHeadInputs(const v1::WeightsInfo& weights,
                                       v1::MultiHeadAttentionRequest* request);
+
+// KV-cache sessions.
+
+// A CreateSession request: --layers, --heads (H), --kv_heads, --key_dim,
+// --value_dim, --cache_dtype, --max_tokens, --ttl, and --scale as the
+// session's default. INVALID_ARGUMENT for a value that does not parse or a
+// dimension outside [1, 2^20].
+absl::StatusOr<v1::CreateSessionRequest> CreateSessionRequestFromFlags();
+
+// --ttl in whole seconds (0: unset). INVALID_ARGUMENT for a negative or
+// fractional one.
+absl::StatusOr<int64_t> TtlSecondsFromFlags();
+
+// The options of a step: --scale, --precision, --return_lse,
+// --output_dtype.
+absl::StatusOr<v1::StepOptions> StepOptionsFromFlags();
+
+// One step of the session `info` describes, on --layer: key and value from
+// --key and --value ([Hkv, T, Dk], [Hkv, T, Dv]) and the query from --query
+// ([H, Tq, Dk]), any of them absent; or random ones (--demo) of --tokens
+// tokens (0: append nothing) and --query_tokens query rows (0: no query),
+// in --input_dtype from --seed. Options from StepOptionsFromFlags.
+absl::StatusOr<StepInputs> StepInputsFromFlags(const v1::SessionInfo& info);
+
+// `tokens` random tokens' keys [Hkv, T, Dk] and values [Hkv, T, Dv] and
+// `query_tokens` query rows [H, Tq, Dk] for the session `info` describes
+// (no query for 0), in --input_dtype drawn from `seed`, options from
+// StepOptionsFromFlags: what bench --rpc=step sends.
+absl::StatusOr<StepInputs> RandomStepInputs(const v1::SessionInfo& info,
+                                            int64_t layer, int64_t tokens,
+                                            int64_t query_tokens,
+                                            uint64_t seed);
+
+// The stateless twin of a decode step over `batch` sessions that `info`
+// describes: an Attend request with query [B, H, 1, Dk], key [B, Hkv, key_len,
+// Dk] and value [B, Hkv, key_len, Dv], random in --input_dtype from `seed`,
+// with the options of StepOptionsFromFlags. INVALID_ARGUMENT if a tensor would
+// not fit in
+// --max_message_bytes.
+absl::StatusOr<v1::AttendRequest> RandomDecodeAttendRequest(
+    const v1::SessionInfo& info, int64_t batch, int64_t key_len, uint64_t seed);
 
 }  // namespace attnserve
 

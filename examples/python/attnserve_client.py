@@ -10,9 +10,18 @@ build/tests/python/stubs. As a library:
     stub = connect("localhost:50051")
     out = attend(stub, q, k, v, causal=True, key_lengths=[7, 5]).output
 
+A KV-cache session (the server keeps the keys and values; a decode step sends one token's):
+
+    session = Session.create(stub, num_layers=2, num_heads=8, num_kv_heads=2, key_dim=64)
+    session.step(layer, k=prompt_k, v=prompt_v)            # prefill: append only
+    out = session.step(layer, k=k_t, v=v_t, q=q_t).output  # decode: append, then attend
+    child = session.fork(length=16)
+    session.delete()
+
 As a program it runs a few checks against a live server and exits non-zero if any fails:
 
     python3 attnserve_client.py --target localhost:50051 --stubs build/tests/python/stubs
+    python3 attnserve_client.py ... --sessions-only   # just the session decode loop
 """
 import argparse
 import collections
@@ -129,6 +138,72 @@ def multi_head_attention(stub, query_input, kv_input=None, weights=None, weights
             key: value if key.startswith("num_") else to_tensor(value)
             for key, value in weights.items()}))
     return _result(stub.MultiHeadAttention(request, timeout=timeout))
+
+
+# ---- KV-cache sessions -----------------------------------------------------------------------
+StepResult = collections.namedtuple("StepResult", "output lse length")
+
+
+class Session:
+    """A KV-cache session on the server, seen from a decode loop.
+
+    The server holds each layer's keys and values; this object keeps each layer's length and
+    sends it as every step's expected_length. The server appends nothing to a layer holding
+    another length (FAILED_PRECONDITION), so resending a step whose answer was lost cannot
+    append it twice; the C++ library (attnserve/client/session.h) turns that refusal back into
+    the step's result, this example only raises it. One writer per session.
+    """
+
+    def __init__(self, stub, info):
+        self.stub, self.info = stub, info
+        self.id = info.session_id
+        self.lengths = list(info.lengths) or [0] * info.num_layers
+
+    @classmethod
+    def create(cls, stub, num_layers, num_heads, key_dim, num_kv_heads=0, value_dim=0,
+               dtype="FLOAT32", max_tokens=0, ttl_seconds=0, timeout=30):
+        request = pb2.CreateSessionRequest(
+            num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+            key_dim=key_dim, value_dim=value_dim, dtype=dtype, max_tokens=max_tokens,
+            ttl_seconds=ttl_seconds)
+        return cls(stub, stub.CreateSession(request, timeout=timeout).session)
+
+    def step(self, layer, k=None, v=None, q=None, timeout=30, **options):
+        """Appends k [Hkv, T, Dk] and v [Hkv, T, Dv] to `layer` (both or neither), then, with
+        q [H, Tq, Dk], attends over the whole cache, causal and bottom-right aligned. options:
+        StepOptions fields (scale, precision, return_lse, output_dtype). Raises grpc.RpcError
+        for a failed call, RuntimeError carrying the code and message for a failed step."""
+        step = pb2.SessionStep(session_id=self.id, layer=layer,
+                               expected_length=self.lengths[layer],
+                               options=pb2.StepOptions(**options))
+        if k is not None:
+            step.key.CopyFrom(to_tensor(k))
+            step.value.CopyFrom(to_tensor(v))
+        if q is not None:
+            step.query.CopyFrom(to_tensor(q))
+        result = self.stub.Step(pb2.StepRequest(steps=[step]), timeout=timeout).results[0]
+        if result.HasField("error") and result.error.code != 0:
+            raise RuntimeError(f"step failed with code {result.error.code}: "
+                               f"{result.error.message}")
+        self.lengths[layer] = result.length
+        return StepResult(from_tensor(result.output) if result.HasField("output") else None,
+                          from_tensor(result.lse) if result.HasField("lse") else None,
+                          result.length)
+
+    def fork(self, length=None, ttl_seconds=0, timeout=30):
+        """A new session sharing this one's first `length` tokens of every layer (all if None)."""
+        request = pb2.ForkSessionRequest(session_id=self.id, ttl_seconds=ttl_seconds)
+        if length is not None:
+            request.length = length
+        return Session(self.stub, self.stub.ForkSession(request, timeout=timeout).session)
+
+    def truncate(self, length, timeout=30):
+        request = pb2.TruncateSessionRequest(session_id=self.id, length=length)
+        self.info = self.stub.TruncateSession(request, timeout=timeout).session
+        self.lengths = list(self.info.lengths)
+
+    def delete(self, timeout=30):
+        self.stub.DeleteSession(pb2.DeleteSessionRequest(session_id=self.id), timeout=timeout)
 
 
 # ---- NumPy reference, in float64 ------------------------------------------------------------
@@ -249,17 +324,96 @@ def run_checks(stub, rng):
         yield "invalid_argument", ok, f"{error.code().name}: {error.details()}"
 
 
+def run_session_checks(stub, rng):
+    """A decode loop over a KV-cache session: create, prefill in chunks, decode token by token,
+    fork, delete; every output against reference_sdpa over the tokens sent. Yields as
+    run_checks."""
+    H, Hkv, Dk, Dv, layers = 4, 2, 8, 8, 2
+
+    def uniform(*shape):
+        return rng.uniform(-1, 1, shape).astype(np.float32)
+
+    def expected(q, k, v):  # [H, Tq, Dk] over [Hkv, L, D]: bottom-right causal, as a step
+        return reference_sdpa(q[None], k[None], v[None], causal=True,
+                              causal_alignment="BOTTOM_RIGHT")[0]
+
+    session = Session.create(stub, num_layers=layers, num_heads=H, num_kv_heads=Hkv,
+                             key_dim=Dk, value_dim=Dv)
+    keys = [np.zeros((Hkv, 0, Dk), np.float32) for _ in range(layers)]
+    values = [np.zeros((Hkv, 0, Dv), np.float32) for _ in range(layers)]
+    worst = 0.0
+    # Prefill 20 tokens in chunks of 8, 8 and 4, the last chunk with its queries (causal).
+    for layer in range(layers):
+        for chunk in (8, 8, 4):
+            k, v = uniform(Hkv, chunk, Dk), uniform(Hkv, chunk, Dv)
+            q = uniform(H, chunk, Dk) if chunk == 4 else None
+            result = session.step(layer, k=k, v=v, q=q)
+            keys[layer] = np.concatenate([keys[layer], k], axis=1)
+            values[layer] = np.concatenate([values[layer], v], axis=1)
+            if q is not None:
+                worst = max(worst, np.abs(result.output - expected(q, keys[layer],
+                                                                   values[layer])).max())
+    # Decode: one token a step on every layer, with lse.
+    ok_lse = True
+    for _ in range(5):
+        for layer in range(layers):
+            k, v, q = uniform(Hkv, 1, Dk), uniform(Hkv, 1, Dv), uniform(H, 1, Dk)
+            result = session.step(layer, k=k, v=v, q=q, return_lse=True)
+            keys[layer] = np.concatenate([keys[layer], k], axis=1)
+            values[layer] = np.concatenate([values[layer], v], axis=1)
+            worst = max(worst, np.abs(result.output - expected(q, keys[layer],
+                                                               values[layer])).max())
+            ok_lse = ok_lse and result.lse is not None and result.lse.shape == (H, 1)
+    yield ("session_decode", worst < 1e-4 and ok_lse and session.lengths == [25, 25],
+           f"lengths {session.lengths} max_abs_err={worst:.2e}")
+
+    # A fork shares the first 12 tokens; its own token goes only to it.
+    child = session.fork(length=12)
+    k, v, q = uniform(Hkv, 1, Dk), uniform(Hkv, 1, Dv), uniform(H, 1, Dk)
+    out = child.step(0, k=k, v=v, q=q).output
+    err = np.abs(out - expected(q, np.concatenate([keys[0][:, :12], k], axis=1),
+                                np.concatenate([values[0][:, :12], v], axis=1))).max()
+    yield ("session_fork", err < 1e-4 and child.lengths == [13, 12]
+           and child.info.forked_from == session.id,
+           f"child lengths {child.lengths} max_abs_err={err:.2e}")
+
+    # A step that expects another length is refused and appends nothing.
+    session.lengths[0] -= 1
+    try:
+        session.step(0, k=k, v=v)
+        yield "session_expected_length", False, "the stale step succeeded"
+    except RuntimeError as error:
+        session.lengths[0] += 1
+        held = stub.GetSession(pb2.GetSessionRequest(session_id=session.id)).session.lengths
+        yield ("session_expected_length", "code 9" in str(error) and list(held) == [25, 25],
+               f"{error}; lengths {list(held)}")
+
+    session.delete()
+    child.delete()
+    try:
+        stub.GetSession(pb2.GetSessionRequest(session_id=session.id))
+        yield "session_delete", False, "the deleted session is still there"
+    except grpc.RpcError as error:
+        yield ("session_delete", error.code() == grpc.StatusCode.NOT_FOUND,
+               f"{error.code().name}: {error.details()}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="localhost:50051", help="attnserve's HOST:PORT")
     parser.add_argument("--stubs", default=os.environ.get("ATTNSERVE_PY_STUBS"),
                         help="folder holding attnserve/v1/attention_pb2*.py")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sessions-only", action="store_true",
+                        help="run only the KV-cache session decode loop")
     args = parser.parse_args()
     load_stubs(args.stubs)
     stub = connect(args.target)
     failures = 0
-    for name, ok, detail in run_checks(stub, np.random.default_rng(args.seed)):
+    rng = np.random.default_rng(args.seed)
+    checks = [] if args.sessions_only else [run_checks(stub, rng)]
+    checks.append(run_session_checks(stub, rng))
+    for name, ok, detail in (check for group in checks for check in group):
         print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
         failures += not ok
     print(f"{failures} of the checks failed" if failures else "all checks passed")

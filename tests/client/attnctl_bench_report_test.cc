@@ -103,5 +103,64 @@ TEST(BenchReportTest, TextNamesEveryErrorCode) {
   EXPECT_NE(text.find("latency p50 5.000ms"), std::string::npos) << text;
 }
 
+DecodeBenchReport SampleDecodeReport() {
+  DecodeBenchReport report;
+  report.shape = "sessions=4 context=16 layers=1 H=2 Hkv=2 Dk=8 Dv=8";
+  report.input_dtype = "FLOAT32";
+  report.cache_dtype = "BFLOAT16";
+  report.sessions = 4;
+  report.payload_bytes_per_step = 1000;
+  report.prefill = absl::Seconds(1);
+  DecodePhase step;
+  step.rpc = "step";
+  step.steps = 2;
+  step.elapsed = absl::Seconds(1);
+  step.latencies.Record(absl::Milliseconds(2));
+  step.latencies.Record(absl::Milliseconds(2));
+  step.request_bytes = 1800;
+  step.response_bytes = 600;
+  DecodePhase attend = step;
+  attend.rpc = "attend";
+  attend.steps = 2;
+  attend.elapsed = absl::Seconds(4);
+  attend.latencies = LatencyHistogram();
+  attend.latencies.Record(absl::Milliseconds(8));
+  attend.request_bytes = 20000;
+  attend.response_bytes = 400;
+  attend.errors[absl::StatusCode::kResourceExhausted] = 1;
+  report.phases = {step, attend};
+  return report;
+}
+
+TEST(DecodeBenchReportTest, TextComparesTheStepsWithStatelessCalls) {
+  const std::string text = FormatDecodeBenchText(SampleDecodeReport());
+  for (const char* line :
+       {"bench step sessions=4 context=16 layers=1 H=2 Hkv=2 Dk=8 Dv=8 "
+        "FLOAT32, cache BFLOAT16, prefill 1s\n",
+        "step: 2 steps ok 2 errors 0 in 1s, 8.0 tokens/s, step p50 2.000ms "
+        "p99 2.000ms\n",
+        "step: wire 1200 bytes/step (request 900 + response 300), q+k+v+o "
+        "1000 bytes/step (1.20x)\n",
+        "attend: 2 steps ok 1 errors 1 in 4s, 1.0 tokens/s",
+        "attend: wire 20400 bytes/step",
+        "step vs attend: 8.00x tokens/s, 0.0588x bytes/step\n",
+        "errors by code: RESOURCE_EXHAUSTED=1\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in " << text;
+  }
+}
+
+TEST(DecodeBenchReportTest, JsonHasOnePhaseObjectEach) {
+  const std::string json = FormatDecodeBenchJson(SampleDecodeReport());
+  EXPECT_EQ(json.find('\n'), json.size() - 1);
+  for (const char* field :
+       {"\"rpc\":\"step\"", "\"cache_dtype\":\"BFLOAT16\"",
+        "\"payload_bytes_per_step\":1000", "\"phases\":{\"step\":{\"steps\":2,",
+        "\"tokens_per_s\":8.000000", "\"request_bytes_per_step\":900.000000",
+        "\"attend\":{\"steps\":2,\"ok\":1,\"error_count\":1,"
+        "\"errors\":{\"RESOURCE_EXHAUSTED\":1}"}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  }
+}
+
 }  // namespace
 }  // namespace attnserve

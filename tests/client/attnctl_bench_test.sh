@@ -79,7 +79,7 @@ expect_exit 2 "expected 1 to 1024" ctl bench --requests=1 --concurrency=1025
 expect_exit 2 "expected 1 to 1024" ctl bench --requests=1 --concurrency=0
 expect_exit 2 "up to 1h" ctl bench --duration=2h
 expect_exit 2 "expected 0 to 10m" ctl bench --requests=1 --warmup=11m
-expect_exit 2 "expected attend or mha" ctl bench --requests=1 --rpc=grpc
+expect_exit 2 "expected attend, mha or step" ctl bench --requests=1 --rpc=grpc
 expect_exit 2 "would not fit" ctl bench --requests=1 --query_len=1048576 --key_dim=1024
 
 stop_server

@@ -11,10 +11,17 @@ files the page names (q.npy, m.npy, my_weights/, ...) are written to DIR
 first; a command that names a file this script does not make fails, so a page
 that starts needing a new file fails here until the file is added below.
 
+Session ids are random, so the page writes SESSION for the id the last
+`session create` printed (the first word of its output) and CHILD for the one
+the last `session fork` printed; such an argument is replaced before the
+command runs.
+
 The sample outputs are checked against what attnctl prints: the attend sample
 (the block starting "output shape") against the first attend command, the
-bench text report against the first bench command without --json, and the
-```json sample's keys against the first bench --json line. In samples every
+bench text report against the first bench command without --json or
+--rpc=step, the decode report (the block starting "bench step") against the
+first bench --rpc=step command, and the ```json sample's keys against the
+first bench --json line. In samples every
 number (with a duration's unit) stands for any number; a line holding
 "(only when" is skipped.
 
@@ -32,8 +39,8 @@ import sys
 import numpy as np
 
 # Fewer commands than this means the extraction broke, not that the page
-# shrank: the page shows 18 today.
-MIN_COMMANDS = 15
+# shrank: the page shows 31 today.
+MIN_COMMANDS = 25
 COMMAND_TIMEOUT_S = 60
 
 
@@ -87,6 +94,10 @@ def write_inputs(directory):
         np.save(f"{directory}/{name}_bf16.npy",
                 ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16))
     np.save(f"{directory}/m.npy", rng.uniform(0, 1, (5, 8)) < 0.8)
+    # session step: H=8, Hkv=2, Dk=Dv=64; a 16-token prefill, then one token.
+    for name, shape in (("sk", (2, 16, 64)), ("sv", (2, 16, 64)), ("sk1", (2, 1, 64)),
+                        ("sv1", (2, 1, 64)), ("sq1", (8, 1, 64))):
+        np.save(f"{directory}/{name}.npy", uniform(*shape))
     # mha: E = Ekv = 64, the built-in demo set's width; my_weights/ has H=2,
     # Dk=Dv=4 and is the folder layout the weights section documents.
     np.save(f"{directory}/x.npy", uniform(2, 3, 64))
@@ -154,11 +165,11 @@ def main():
                  f"expected at least {MIN_COMMANDS}: the extraction is broken")
     write_inputs(args.workdir)
 
-    failures, outputs = [], []
+    failures, outputs, ids = [], [], {}
     for argv, status in commands:
         shown = "attnctl " + " ".join(argv)
         run = [args.attnctl, f"--target={args.target}"] + [
-            arg for arg in argv if not arg.startswith("--target=")]
+            ids.get(arg, arg) for arg in argv if not arg.startswith("--target=")]
         try:
             result = subprocess.run(run, cwd=args.workdir, capture_output=True, text=True,
                                     timeout=COMMAND_TIMEOUT_S)
@@ -170,6 +181,8 @@ def main():
             failures.append(f"'{shown}' exited {result.returncode}, the page documents "
                             f"{status}: {result.stderr.strip() or result.stdout.strip()}")
         outputs.append((argv, result.stdout))
+        if argv[:2] in (["session", "create"], ["session", "fork"]) and result.stdout:
+            ids["SESSION" if argv[1] == "create" else "CHILD"] = result.stdout.split()[0]
 
     def first_output(command, wanted):
         return next((out for argv, out in outputs if argv[:1] == [command] and wanted(argv)),
@@ -177,7 +190,10 @@ def main():
 
     checks = {
         "attend": first_output("attend", lambda argv: True),
-        "bench": first_output("bench", lambda argv: "--json" not in argv),
+        "bench": first_output("bench", lambda argv: "--json" not in argv
+                              and "--rpc=step" not in argv),
+        "step": first_output("bench", lambda argv: "--rpc=step" in argv
+                             and "--json" not in argv),
         "json": first_output("bench", lambda argv: "--json" in argv),
     }
     checked = set()
@@ -186,6 +202,7 @@ def main():
             continue
         kind = ("json" if language == "json" else
                 "attend" if language == "" and lines[0].startswith("output shape") else
+                "step" if language == "" and lines[0].startswith("bench step ") else
                 "bench" if language == "" and lines[0].startswith("bench ") else None)
         if kind is None:
             continue

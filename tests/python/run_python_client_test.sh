@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the Python client example against a live server: starts attnserve on a free loopback
 # port, runs examples/python/attnserve_client.py (its checks compare Attend and
-# MultiHeadAttention with a NumPy reference), then stops the server with SIGTERM and expects
-# exit status 0.
+# MultiHeadAttention with a NumPy reference, then run a decode loop over a KV-cache session:
+# create, prefill in chunks, decode, fork, a stale expected_length, delete), then stops the
+# server with SIGTERM and expects exit status 0.
 #
 # usage: run_python_client_test.sh ATTNSERVE STUBS_DIR EXAMPLE
 set -euo pipefail
@@ -24,10 +25,15 @@ source "${here}/../attnserve_process_lib.sh"
 start_attnserve "${attnserve}" --threads=2
 
 set +e
-timeout 60 "${python}" "${example}" --target "127.0.0.1:${port}" --stubs "${stubs_dir}"
-status=$?
+timeout 60 "${python}" "${example}" --target "127.0.0.1:${port}" --stubs "${stubs_dir}" \
+  | tee "${workdir}/checks.txt"
+status=${PIPESTATUS[0]}
 set -e
 [[ ${status} -eq 0 ]] || fail "the Python client exited ${status}"
+# The session decode loop ran, not just the stateless checks.
+for check in session_decode session_fork session_expected_length session_delete; do
+  grep -q "^PASS ${check}:" "${workdir}/checks.txt" || fail "no passing ${check} check"
+done
 kill -0 "${server_pid}" 2>/dev/null || fail "attnserve died during the Python checks"
 
 stop_attnserve

@@ -14,7 +14,8 @@
 // unchanged. The library depends on the generated proto code only (plus Abseil
 // and gRPC). This header brings in the tensor helpers
 // (attnserve/client/tensors.h) and AttendSession
-// (attnserve/client/attend_session.h).
+// (attnserve/client/attend_session.h); KV-cache sessions are
+// attnserve/client/session.h, over the session calls below.
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
@@ -45,6 +46,18 @@ namespace attnserve {
 // Attend, MultiHeadAttention and the read-only weights calls are idempotent;
 // PutWeights and DeleteWeights are retried only if `retry_weight_changes` is
 // set, since a retried put may register a second version.
+//
+// KV-cache sessions: Step is always retryable, since every step carries the
+// layer length it expects and the server appends nothing when the length
+// differs, so a retry whose first attempt landed cannot append twice
+// (Session in attnserve/client/session.h turns that refusal back into the
+// step's result). GetSession, ListSessions and TruncateSession are
+// idempotent; DeleteSession is retried too (a retry whose first attempt
+// landed answers NOT_FOUND, and the session is gone either way).
+// CreateSession and ForkSession are retried only if `retry_session_creation`
+// is set: a retried create whose first attempt landed but whose answer was
+// lost leaves a session nobody knows the id of, holding cache memory until
+// its TTL passes.
 struct RetryPolicy {
   int max_attempts = 1;  // 1: no retries.
   absl::Duration initial_backoff = absl::Milliseconds(50);
@@ -53,6 +66,7 @@ struct RetryPolicy {
   bool retry_unavailable = true;
   bool retry_resource_exhausted = true;
   bool retry_weight_changes = false;
+  bool retry_session_creation = false;
 };
 
 // TLS for the channel: server authentication, and client authentication (mTLS)
@@ -143,6 +157,34 @@ class Client {
   absl::StatusOr<v1::DeleteWeightsResponse> DeleteWeights(
       absl::string_view name, absl::Duration timeout);
 
+  // KV-cache sessions (docs/api.md, "Sessions"): thin wrappers, one call
+  // each, with the retries of RetryPolicy. Session (session.h) keeps each
+  // layer's length and builds the steps; use these directly to manage
+  // sessions by id. Calls on an unknown, expired, evicted, deleted or another
+  // identity's session answer NOT_FOUND.
+  absl::StatusOr<v1::CreateSessionResponse> CreateSession(
+      const v1::CreateSessionRequest& request, absl::Duration timeout);
+  // A failed step fails only its own StepResult (its `error`), so an OK
+  // status says only that the call as a whole went through. `attempts`, when
+  // not null, receives how many times the call was sent: more than one means
+  // an earlier attempt may have appended before its answer was lost.
+  absl::StatusOr<v1::StepResponse> Step(const v1::StepRequest& request,
+                                        absl::Duration timeout,
+                                        int* attempts = nullptr);
+  absl::StatusOr<v1::ForkSessionResponse> ForkSession(
+      const v1::ForkSessionRequest& request, absl::Duration timeout);
+  absl::StatusOr<v1::TruncateSessionResponse> TruncateSession(
+      const v1::TruncateSessionRequest& request, absl::Duration timeout);
+  // `attempts` as for Step: NOT_FOUND after more than one attempt may mean
+  // that the first one deleted the session.
+  absl::StatusOr<v1::DeleteSessionResponse> DeleteSession(
+      absl::string_view session_id, absl::Duration timeout,
+      int* attempts = nullptr);
+  absl::StatusOr<v1::GetSessionResponse> GetSession(
+      absl::string_view session_id, absl::Duration timeout);
+  // The caller's sessions, by creation time.
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions(absl::Duration timeout);
+
   // Asks grpc.health.v1.Health about `service` ("" for the server as a whole).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
   CheckHealth(absl::string_view service, absl::Duration timeout);
@@ -159,13 +201,14 @@ class Client {
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
 
   // Calls `method` with retries per the policy; `retryable` says whether this
-  // RPC may be.
+  // RPC may be. `attempts`, when not null, receives how many calls were made.
   template <typename Request, typename Response>
   absl::StatusOr<Response> CallWithRetries(
       grpc::Status (v1::AttentionService::Stub::*method)(grpc::ClientContext*,
                                                          const Request&,
                                                          Response*),
-      const Request& request, absl::Duration timeout, bool retryable);
+      const Request& request, absl::Duration timeout, bool retryable,
+      int* attempts = nullptr);
 
   // Starts an asynchronous call: `start` calls the stub's async method with
   // the context, request, response and callback it is given.

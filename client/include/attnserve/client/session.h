@@ -1,0 +1,207 @@
+// attnserve::Session: a KV-cache session on the server, seen from the client.
+//
+// clang-format off
+//   v1::CreateSessionRequest create;
+//   create.set_num_layers(32); create.set_num_heads(32);
+//   create.set_num_kv_heads(8); create.set_key_dim(128);
+//   ATTNSERVE_ASSIGN_OR_RETURN(Session session,
+//                              Session::Create(client.get(), create, timeout));
+//   // Prefill: append the prompt's keys and values, layer by layer.
+//   ATTNSERVE_RETURN_IF_ERROR(session.Append(layer, key, value, timeout));
+//   // Decode: append one token and attend with its query.
+//   ATTNSERVE_ASSIGN_OR_RETURN(StepOutput out,
+//       session.Attend(layer, key, value, query, v1::StepOptions(), timeout));
+//   // A model server's decode batch: one call for many sessions' steps.
+//   ATTNSERVE_ASSIGN_OR_RETURN(auto outputs, StepMany({{&a, step}, {&b, step}},
+//                                                     timeout));
+// clang-format on
+//
+// The server holds the keys and values; the client keeps each layer's length,
+// so that every step carries the `expected_length` it must meet. That is what
+// makes steps safe to retry:
+//
+// - Every attempt of a step (Client::Step's retries on UNAVAILABLE and
+//   RESOURCE_EXHAUSTED, and a caller's own retry after a failed call) sends
+//   the same expected_length E. The server appends only if the layer holds
+//   exactly E tokens, so a step is never appended twice.
+// - A retried step whose first attempt landed (its answer lost) comes back
+//   FAILED_PRECONDITION. When the step may have landed before (the call was
+//   sent more than once, or the previous call on that layer failed without an
+//   answer), the library asks the server for the session's lengths
+//   (GetSession) rather than reading the message: if the layer holds E + T
+//   (T the step's tokens), the step had landed, and the library records the
+//   new length and, if the step had a query, re-sends the query alone with
+//   expected_length E + T. The server attends over the same E + T tokens with
+//   the same bottom-right alignment, so the output and lse are those the lost
+//   answer held; StepOutput::recovered says it happened. If the layer holds
+//   E, the refusal had another cause and is returned as is; any other length
+//   means someone else changed the session: FAILED_PRECONDITION naming both
+//   lengths, and nothing is recorded (Sync() accepts the server's lengths).
+// - Several steps of one layer in one StepMany call run in order (each
+//   expects the previous one's end); after a lost answer they landed as a
+//   prefix, found the same way. Only the last landed step's output can be
+//   recomputed (the cache has moved past the others): an earlier one with a
+//   query gets DATA_LOSS, its tokens kept.
+// - After a call fails without an answer (DEADLINE_EXCEEDED, UNAVAILABLE past
+//   the retries, ...), retry the same step with the same tensors: the rule
+//   above finds out whether it had landed. To give up on it instead, call
+//   Sync() before the next step, which takes the server's lengths as they are.
+//
+// This assumes one writer per session: the recovery cannot tell this
+// client's lost step from another writer's step of the same size. Not
+// thread-safe; a Session may move between threads. Destroying a Session does
+// not delete the server's session (it expires after its TTL): call Delete().
+#ifndef ATTNSERVE_CLIENT_SESSION_H_
+#define ATTNSERVE_CLIENT_SESSION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "attnserve/client/client.h"
+#include "attnserve/v1/attention.pb.h"
+
+namespace attnserve {
+
+// What one step of one session does: append `key` and `value` to `layer`
+// (both or neither), then, with a query, attend over the whole cache.
+struct StepInputs {
+  int64_t layer = 0;
+  std::optional<v1::Tensor> key;    // [Hkv, T, Dk], T >= 1
+  std::optional<v1::Tensor> value;  // [Hkv, T, Dv]
+  // [H, Tq, Dk]; absent: append only (a prefill chunk). Row i sees the
+  // cache's keys j <= i + L - Tq, L the length after the append.
+  std::optional<v1::Tensor> query;
+  v1::StepOptions options;
+};
+
+// What a step gave back.
+struct StepOutput {
+  std::optional<v1::Tensor> output;  // [H, Tq, Dv], when the step had a query
+  std::optional<v1::Tensor> lse;     // [H, Tq] FLOAT32, with return_lse
+  int64_t length = 0;                // the layer's tokens after the step
+  // The step had landed on an earlier attempt whose answer was lost; its
+  // output (if any) was recomputed by a query-only step.
+  bool recovered = false;
+};
+
+class Session;
+
+// One step in a batched call: `session`'s step `inputs`.
+struct SessionStepInputs {
+  Session* session = nullptr;
+  StepInputs inputs;
+};
+
+// Per step, in order: its output, or its own error (the others stand).
+using StepManyResults = std::vector<absl::StatusOr<StepOutput>>;
+
+class Session {
+ public:
+  // Creates a session on the server (Client::CreateSession: retried only with
+  // RetryPolicy::retry_session_creation). `client` must outlive the Session.
+  static absl::StatusOr<Session> Create(Client* client,
+                                        const v1::CreateSessionRequest& request,
+                                        absl::Duration timeout);
+
+  // Takes over an existing session by id (GetSession), its lengths as the
+  // server has them: for a process that did not create it, such as attnctl.
+  static absl::StatusOr<Session> Attach(Client* client,
+                                        absl::string_view session_id,
+                                        absl::Duration timeout);
+
+  // Sets up a Session for `info` without a call (as Create would after the
+  // call); for callers that made the call themselves, and for tests.
+  static Session FromInfo(Client* client, const v1::SessionInfo& info);
+
+  Session(Session&&) = default;
+  Session& operator=(Session&&) = default;
+  // One server session, one tracker of its lengths: no copies.
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& id() const { return info_.session_id(); }
+  // What the server said of the session at the last call that returned it
+  // (Create, Attach, Fork, Truncate, Sync); its lengths may be behind.
+  const v1::SessionInfo& info() const { return info_; }
+  int64_t num_layers() const { return static_cast<int64_t>(lengths_.size()); }
+  // The tokens `layer` holds as far as this client knows: the expected_length
+  // of its next step.
+  int64_t length(int64_t layer) const { return lengths_.at(layer); }
+  const std::vector<int64_t>& lengths() const { return lengths_; }
+  // Whether a call on `layer` failed without an answer since its length was
+  // last known (see the header comment).
+  bool uncertain(int64_t layer) const { return uncertain_.at(layer); }
+  bool deleted() const { return deleted_; }
+
+  // One step; its StepResult's error as the status if it failed.
+  absl::StatusOr<StepOutput> Step(StepInputs inputs, absl::Duration timeout);
+  // Appends `key` [Hkv, T, Dk] and `value` [Hkv, T, Dv] to `layer`.
+  absl::Status Append(int64_t layer, v1::Tensor key, v1::Tensor value,
+                      absl::Duration timeout);
+  // Appends, then attends with `query` [H, Tq, Dk].
+  absl::StatusOr<StepOutput> Attend(int64_t layer, v1::Tensor key,
+                                    v1::Tensor value, v1::Tensor query,
+                                    const v1::StepOptions& options,
+                                    absl::Duration timeout);
+
+  // A new session sharing this one's first `length` tokens of every layer
+  // (all of them when absent), with `ttl_seconds` (0: this one's). Retried
+  // only with RetryPolicy::retry_session_creation.
+  absl::StatusOr<Session> Fork(std::optional<int64_t> length,
+                               absl::Duration timeout,
+                               int64_t ttl_seconds = 0) const;
+  // Every layer keeps its first `length` tokens.
+  absl::Status Truncate(int64_t length, absl::Duration timeout);
+  // Deletes the server's session. NOT_FOUND after a retried call counts as
+  // done (the first attempt deleted it); a Session once deleted refuses steps
+  // with FAILED_PRECONDITION.
+  absl::Status Delete(absl::Duration timeout);
+  // Takes the server's lengths as they are (GetSession), clearing every
+  // layer's uncertainty.
+  absl::Status Sync(absl::Duration timeout);
+
+  // The SessionStep this session would send for `inputs` with
+  // `expected_length`; no call. Exposed for StepMany and for tests.
+  v1::SessionStep BuildStep(const StepInputs& inputs,
+                            int64_t expected_length) const;
+
+ private:
+  friend absl::StatusOr<StepManyResults> StepMany(
+      std::vector<SessionStepInputs> steps, absl::Duration timeout);
+
+  Session(Client* client, const v1::SessionInfo& info);
+  // Takes `info` as the server's word: lengths and metadata.
+  void Adopt(const v1::SessionInfo& info);
+
+  Client* client_ = nullptr;
+  v1::SessionInfo info_;
+  std::vector<int64_t> lengths_;
+  std::vector<bool> uncertain_;
+  bool deleted_ = false;
+};
+
+// Sends the steps of many sessions (all on one Client) in one Step call, in
+// order; a session may appear more than once (each of its steps then expects
+// the previous one's end). Returns the call's error if it failed as a whole
+// (every layer it touched is then uncertain), else one entry per step.
+// Checks locally, before any call (INVALID_ARGUMENT, FAILED_PRECONDITION for
+// a deleted Session): every session non-null and on the same Client, layers
+// in range, key and value both or neither, rank 3 with one token count
+// T >= 1.
+absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
+                                         absl::Duration timeout);
+
+// The number of tokens `inputs` appends: key.shape[1], 0 without a key.
+// INVALID_ARGUMENT when key and value do not come together as [Hkv, T, D]
+// with the same T >= 1.
+absl::StatusOr<int64_t> AppendedTokens(const StepInputs& inputs);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_CLIENT_SESSION_H_

@@ -1,0 +1,434 @@
+#include "attnserve/client/session.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/common/status_macros.h"
+
+namespace attnserve {
+namespace {
+
+// A layer of a session, as StepMany groups its steps.
+using LayerKey = std::pair<Session*, int64_t>;
+
+absl::Status FromErrorStatus(const v1::ErrorStatus& error) {
+  return absl::Status(static_cast<absl::StatusCode>(error.code()),
+                      error.message());
+}
+
+bool Failed(const v1::StepResult& result) {
+  return result.has_error() && result.error().code() != 0;
+}
+
+// Fills `step` from `inputs`, moving its tensors (a prefill chunk's keys and
+// values may be megabytes).
+void FillStep(const std::string& session_id, StepInputs&& inputs,
+              int64_t expected_length, v1::SessionStep* step) {
+  step->set_session_id(session_id);
+  step->set_layer(inputs.layer);
+  step->set_expected_length(expected_length);
+  if (inputs.key) *step->mutable_key() = std::move(*inputs.key);
+  if (inputs.value) *step->mutable_value() = std::move(*inputs.value);
+  if (inputs.query) *step->mutable_query() = std::move(*inputs.query);
+  *step->mutable_options() = std::move(inputs.options);
+}
+
+StepOutput OutputOf(v1::StepResult&& result) {
+  StepOutput output;
+  if (result.has_output()) output.output = std::move(*result.mutable_output());
+  if (result.has_lse()) output.lse = std::move(*result.mutable_lse());
+  output.length = result.length();
+  return output;
+}
+
+absl::Duration Remaining(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> AppendedTokens(const StepInputs& inputs) {
+  if (!inputs.key && !inputs.value) return 0;
+  if (!inputs.key || !inputs.value) {
+    return absl::InvalidArgumentError(
+        "a step's key and value come together: both or neither");
+  }
+  const v1::Tensor& key = *inputs.key;
+  const v1::Tensor& value = *inputs.value;
+  if (key.shape_size() != 3 || value.shape_size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step's key and value are [Hkv, T, D]; got ranks ",
+                     key.shape_size(), " and ", value.shape_size()));
+  }
+  if (key.shape(1) < 1 || key.shape(1) != value.shape(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step's key and value hold the same T >= 1 tokens; got ",
+                     key.shape(1), " and ", value.shape(1)));
+  }
+  return key.shape(1);
+}
+
+Session::Session(Client* client, const v1::SessionInfo& info)
+    : client_(client) {
+  Adopt(info);
+}
+
+void Session::Adopt(const v1::SessionInfo& info) {
+  info_ = info;
+  lengths_.assign(info.lengths().begin(), info.lengths().end());
+  // A server that left lengths out of a new session's info holds none.
+  if (lengths_.empty() && info.num_layers() > 0) {
+    lengths_.assign(static_cast<size_t>(info.num_layers()), 0);
+  }
+  uncertain_.assign(lengths_.size(), false);
+}
+
+Session Session::FromInfo(Client* client, const v1::SessionInfo& info) {
+  return Session(client, info);
+}
+
+absl::StatusOr<Session> Session::Create(Client* client,
+                                        const v1::CreateSessionRequest& request,
+                                        absl::Duration timeout) {
+  if (client == nullptr) return absl::InvalidArgumentError("client is null");
+  ATTNSERVE_ASSIGN_OR_RETURN(v1::CreateSessionResponse response,
+                             client->CreateSession(request, timeout));
+  return Session(client, response.session());
+}
+
+absl::StatusOr<Session> Session::Attach(Client* client,
+                                        absl::string_view session_id,
+                                        absl::Duration timeout) {
+  if (client == nullptr) return absl::InvalidArgumentError("client is null");
+  ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
+                             client->GetSession(session_id, timeout));
+  return Session(client, response.session());
+}
+
+v1::SessionStep Session::BuildStep(const StepInputs& inputs,
+                                   int64_t expected_length) const {
+  v1::SessionStep step;
+  FillStep(id(), StepInputs(inputs), expected_length, &step);
+  return step;
+}
+
+absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
+                                         absl::Duration timeout) {
+  std::vector<SessionStepInputs> steps;
+  steps.push_back({this, std::move(inputs)});
+  ATTNSERVE_ASSIGN_OR_RETURN(StepManyResults results,
+                             StepMany(std::move(steps), timeout));
+  return std::move(results[0]);
+}
+
+absl::Status Session::Append(int64_t layer, v1::Tensor key, v1::Tensor value,
+                             absl::Duration timeout) {
+  StepInputs inputs;
+  inputs.layer = layer;
+  inputs.key = std::move(key);
+  inputs.value = std::move(value);
+  return Step(std::move(inputs), timeout).status();
+}
+
+absl::StatusOr<StepOutput> Session::Attend(int64_t layer, v1::Tensor key,
+                                           v1::Tensor value, v1::Tensor query,
+                                           const v1::StepOptions& options,
+                                           absl::Duration timeout) {
+  StepInputs inputs;
+  inputs.layer = layer;
+  inputs.key = std::move(key);
+  inputs.value = std::move(value);
+  inputs.query = std::move(query);
+  inputs.options = options;
+  return Step(std::move(inputs), timeout);
+}
+
+absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
+                                      absl::Duration timeout,
+                                      int64_t ttl_seconds) const {
+  v1::ForkSessionRequest request;
+  request.set_session_id(id());
+  if (length) request.set_length(*length);
+  request.set_ttl_seconds(ttl_seconds);
+  ATTNSERVE_ASSIGN_OR_RETURN(v1::ForkSessionResponse response,
+                             client_->ForkSession(request, timeout));
+  return Session(client_, response.session());
+}
+
+absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
+  v1::TruncateSessionRequest request;
+  request.set_session_id(id());
+  request.set_length(length);
+  ATTNSERVE_ASSIGN_OR_RETURN(v1::TruncateSessionResponse response,
+                             client_->TruncateSession(request, timeout));
+  Adopt(response.session());
+  return absl::OkStatus();
+}
+
+absl::Status Session::Delete(absl::Duration timeout) {
+  int attempts = 0;
+  absl::StatusOr<v1::DeleteSessionResponse> response =
+      client_->DeleteSession(id(), timeout, &attempts);
+  if (!response.ok() &&
+      !(attempts > 1 && absl::IsNotFound(response.status()))) {
+    return response.status();
+  }
+  deleted_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Session::Sync(absl::Duration timeout) {
+  ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
+                             client_->GetSession(id(), timeout));
+  Adopt(response.session());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
+                                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (steps.empty()) {
+    return absl::InvalidArgumentError("StepMany needs at least one step");
+  }
+  const size_t n = steps.size();
+  Client* const client =
+      steps[0].session == nullptr ? nullptr : steps[0].session->client_;
+  std::vector<int64_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Session* session = steps[i].session;
+    if (session == nullptr || session->client_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, " has no session"));
+    }
+    if (session->client_ != client) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", i, "'s session is on another Client than step 0's"));
+    }
+    if (session->deleted_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", session->id(), " was deleted"));
+    }
+    const int64_t layer = steps[i].inputs.layer;
+    if (layer < 0 || layer >= session->num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, "'s layer is ", layer, ", expected 0 to ",
+                       session->num_layers() - 1));
+    }
+    absl::StatusOr<int64_t> appended = AppendedTokens(steps[i].inputs);
+    if (!appended.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, ": ", appended.status().message()));
+    }
+    tokens[i] = *appended;
+  }
+
+  // Each step expects its layer's length plus what earlier steps of the same
+  // layer in this call append.
+  std::vector<int64_t> expected(n);
+  std::map<LayerKey, std::vector<size_t>> groups;
+  std::map<LayerKey, int64_t> running;
+  v1::StepRequest request;
+  for (size_t i = 0; i < n; ++i) {
+    Session* session = steps[i].session;
+    const LayerKey key{session, steps[i].inputs.layer};
+    auto [it, inserted] =
+        running.try_emplace(key, session->lengths_[key.second]);
+    expected[i] = it->second;
+    it->second += tokens[i];
+    groups[key].push_back(i);
+    FillStep(session->id(), std::move(steps[i].inputs), expected[i],
+             request.add_steps());
+  }
+
+  int attempts = 0;
+  absl::StatusOr<v1::StepResponse> response =
+      client->Step(request, Remaining(deadline), &attempts);
+  if (response.ok() && response->results_size() != static_cast<int>(n)) {
+    response = absl::InternalError(absl::StrCat("the server answered ",
+                                                response->results_size(),
+                                                " results for ", n, " steps"));
+  }
+  if (!response.ok()) {
+    // The steps may or may not have landed: the next step on these layers
+    // finds out (see session.h).
+    for (const auto& [key, indices] : groups) {
+      key.first->uncertain_[key.second] = true;
+    }
+    return response.status();
+  }
+
+  StepManyResults results(n, absl::UnknownError("unset"));
+  // Steps that landed on an earlier attempt and whose output is to be
+  // recomputed by a query-only step at this length.
+  std::vector<std::pair<size_t, int64_t>> recompute;
+  // GetSession's answer per session, asked at most once.
+  std::map<Session*, absl::StatusOr<v1::SessionInfo>> fetched;
+
+  for (const auto& [key, indices] : groups) {
+    Session* session = key.first;
+    const int64_t layer = key.second;
+    const int64_t start = expected[indices[0]];
+    const bool may_have_landed = attempts > 1 || session->uncertain_[layer];
+    const auto end_of = [&](size_t i) { return expected[i] + tokens[i]; };
+
+    // The leading steps refused for their expected length, when an earlier
+    // attempt may have appended them.
+    size_t refused = 0;
+    if (may_have_landed) {
+      while (refused < indices.size()) {
+        const v1::StepResult& result = response->results(indices[refused]);
+        if (!Failed(result) ||
+            result.error().code() !=
+                static_cast<int>(absl::StatusCode::kFailedPrecondition)) {
+          break;
+        }
+        ++refused;
+      }
+    }
+
+    // How far the earlier attempt got: the expected length of the first step
+    // that was taken after the refused ones, else the server's length now.
+    std::optional<int64_t> landed_end;
+    absl::Status lookup_error;
+    if (refused > 0) {
+      if (refused < indices.size() &&
+          !Failed(response->results(indices[refused]))) {
+        landed_end = expected[indices[refused]];
+      } else {
+        auto [it, inserted] = fetched.try_emplace(session, v1::SessionInfo());
+        if (inserted) {
+          absl::StatusOr<v1::GetSessionResponse> info =
+              client->GetSession(session->id(), Remaining(deadline));
+          if (info.ok()) {
+            it->second = info->session();
+          } else {
+            it->second = info.status();
+          }
+        }
+        if (!it->second.ok()) {
+          lookup_error = it->second.status();
+        } else if (layer < it->second->lengths_size()) {
+          landed_end = it->second->lengths(static_cast<int>(layer));
+        }
+      }
+    }
+    // The last refused step whose end is where the earlier attempt got.
+    std::optional<size_t> last_landed;
+    if (landed_end && *landed_end != start) {
+      for (size_t j = 0; j < refused; ++j) {
+        if (end_of(indices[j]) == *landed_end) last_landed = j;
+      }
+    }
+
+    int64_t final_length = session->lengths_[layer];
+    // Whether this layer's length is now known from the server's word (a
+    // server still at `start` had not taken the earlier attempt).
+    bool known = landed_end.has_value() && *landed_end == start;
+    const size_t first_recompute = recompute.size();
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const size_t i = indices[j];
+      v1::StepResult& result = *response->mutable_results(static_cast<int>(i));
+      if (!Failed(result)) {
+        final_length = result.length();
+        known = true;
+        results[i] = OutputOf(std::move(result));
+        continue;
+      }
+      absl::Status error = FromErrorStatus(result.error());
+      if (j < refused && last_landed && j <= *last_landed) {
+        StepOutput output;
+        output.length = end_of(i);
+        output.recovered = true;
+        results[i] = std::move(output);
+        final_length = end_of(i);
+        known = true;
+        if (request.steps(static_cast<int>(i)).has_query()) {
+          recompute.emplace_back(i, end_of(i));
+        }
+        continue;
+      }
+      if (j < refused && !lookup_error.ok()) {
+        error = absl::Status(error.code(),
+                             absl::StrCat(error.message(),
+                                          " (and asking the server for the "
+                                          "session's lengths failed: ",
+                                          lookup_error.ToString(), ")"));
+      } else if (j < refused && landed_end && *landed_end != start) {
+        error = absl::FailedPreconditionError(absl::StrCat(
+            "session ", session->id(), " layer ", layer, " holds ", *landed_end,
+            " tokens, this client expected ", start,
+            ": another writer changed it (Session::Sync takes the server's "
+            "lengths); the server said: ",
+            error.message()));
+      }
+      results[i] = std::move(error);
+    }
+    session->lengths_[layer] = final_length;
+    if (known) session->uncertain_[layer] = false;
+    // A recomputed output is the lost one only if nothing was appended after
+    // its step; otherwise the cache has moved past it.
+    for (size_t r = first_recompute; r < recompute.size(); ++r) {
+      auto& [i, length] = recompute[r];
+      if (length != final_length) {
+        results[i] = absl::DataLossError(absl::StrCat(
+            "step ", i,
+            " had landed on an earlier attempt, but its output "
+            "was lost and cannot be recomputed: later tokens followed it "
+            "(its tokens are kept)"));
+        length = -1;
+      }
+    }
+  }
+  recompute.erase(
+      std::remove_if(recompute.begin(), recompute.end(),
+                     [](const auto& entry) { return entry.second < 0; }),
+      recompute.end());
+  if (recompute.empty()) return results;
+
+  // The lost answers' outputs: the same queries over the same tokens, with
+  // nothing appended, so this call is safe to retry as it stands.
+  v1::StepRequest again;
+  for (const auto& [i, length] : recompute) {
+    const v1::SessionStep& original = request.steps(static_cast<int>(i));
+    v1::SessionStep* step = again.add_steps();
+    step->set_session_id(original.session_id());
+    step->set_layer(original.layer());
+    step->set_expected_length(length);
+    *step->mutable_query() = original.query();
+    *step->mutable_options() = original.options();
+  }
+  absl::StatusOr<v1::StepResponse> answers =
+      client->Step(again, Remaining(deadline));
+  if (answers.ok() && answers->results_size() != again.steps_size()) {
+    answers = absl::InternalError(
+        absl::StrCat("the server answered ", answers->results_size(),
+                     " results for ", again.steps_size(), " steps"));
+  }
+  for (size_t r = 0; r < recompute.size(); ++r) {
+    const size_t i = recompute[r].first;
+    absl::Status error;
+    if (!answers.ok()) {
+      error = answers.status();
+    } else if (Failed(answers->results(static_cast<int>(r)))) {
+      error = FromErrorStatus(answers->results(static_cast<int>(r)).error());
+    }
+    if (!error.ok()) {
+      results[i] = absl::Status(
+          error.code(),
+          absl::StrCat("the step had landed on an earlier attempt (its tokens "
+                       "are kept), but recomputing its lost output failed: ",
+                       error.message()));
+      continue;
+    }
+    StepOutput output =
+        OutputOf(std::move(*answers->mutable_results(static_cast<int>(r))));
+    output.recovered = true;
+    results[i] = std::move(output);
+  }
+  return results;
+}
+
+}  // namespace attnserve

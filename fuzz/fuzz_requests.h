@@ -18,11 +18,33 @@
 namespace attnserve::fuzz {
 
 enum class RequestKind : uint8_t {
-  kAttend = 0,      // v1::AttendRequest
-  kMultiHead = 1,   // v1::MultiHeadAttentionRequest
-  kPutWeights = 2,  // v1::PutWeightsRequest
+  kAttend = 0,         // v1::AttendRequest
+  kMultiHead = 1,      // v1::MultiHeadAttentionRequest
+  kPutWeights = 2,     // v1::PutWeightsRequest
+  kCreateSession = 3,  // v1::CreateSessionRequest
+  kStep = 4,           // v1::StepRequest
 };
-inline constexpr int kRequestKinds = 3;
+inline constexpr int kRequestKinds = 5;
+
+// request_fuzzer's store holds, before every Step input, one session of
+// kTinySession's shape with kTinySessionTokens tokens in layer 0; a step
+// whose session_id is kTinySessionMarker is sent to it (its real id is
+// random), so that inputs reach past the id's check.
+inline constexpr char kTinySessionMarker[] = "tiny-session";
+inline constexpr int64_t kTinySessionTokens = 5;
+
+// Layers 2, H 4, Hkv 2, Dk 3, Dv 2, stored as bf16.
+inline v1::CreateSessionRequest TinySession() {
+  v1::CreateSessionRequest request;
+  request.set_num_layers(2);
+  request.set_num_heads(4);
+  request.set_num_kv_heads(2);
+  request.set_key_dim(3);
+  request.set_value_dim(2);
+  request.set_dtype(v1::BFLOAT16);
+  request.set_max_tokens(64);
+  return request;
+}
 
 // A FLOAT32 tensor of `shape` holding sin(1 + i + offset) at flat index i.
 inline v1::Tensor SineTensor(std::initializer_list<int64_t> shape,

@@ -1,19 +1,25 @@
 // libFuzzer target: raw protobuf bytes through the server's request path.
 //
 // The input (fuzz_requests.h) is parsed as an AttendRequest,
-// MultiHeadAttentionRequest or PutWeightsRequest as the service parses it
-// (ParseWire on a grpc::ByteBuffer) and taken through exactly what the service
-// does before its compute: ValidateAttendRequest (and the batch key), the
-// weights name and registry lookup or ValidateProjectionWeights, then
-// ValidateMultiHeadRequest, or PutWeightsInto. A request that validates is then
-// converted and computed (ComputeAttend, ComputeAttendBatch, ComputeMultiHead)
-// when it is tiny. Besides the sanitizers' findings, it traps when
+// MultiHeadAttentionRequest, PutWeightsRequest, CreateSessionRequest or
+// StepRequest as the service parses it (ParseWire on a grpc::ByteBuffer) and
+// taken through exactly what the service does before its compute:
+// ValidateAttendRequest (and the batch key), the weights name and registry
+// lookup or ValidateProjectionWeights, then ValidateMultiHeadRequest, or
+// PutWeightsInto, or ValidateCreateSession and the store's Create, or
+// PrepareSteps against a store holding one tiny session. A request that
+// validates is then converted and computed (ComputeAttend, ComputeAttendBatch,
+// ComputeMultiHead, RunSteps) when it is tiny. Besides the sanitizers'
+// findings, it traps when
 //   - validation fails with a code other than INVALID_ARGUMENT, NOT_FOUND or
 //     RESOURCE_EXHAUSTED, or with an empty message (INTERNAL is never the
 //     answer to bad input);
 //   - a request that validated fails in its compute (the validator let through
 //     something the engine refuses);
-//   - a response tensor's bytes do not match its shape and dtype.
+//   - a response tensor's bytes do not match its shape and dtype;
+//   - a step's result is neither an error (with a code a caller can act on
+//     and a message) nor a length, with the output its query asked for;
+//   - the store holds more page bytes than its budget.
 // With ATTNSERVE_FUZZ_VERBOSE set it prints what became of each input (to see
 // what a corpus reaches: build-fuzz/fuzz/request_fuzzer -runs=0 CORPUS).
 #include <cstddef>
@@ -31,6 +37,9 @@
 #include "attnserve/server/attention/attention_compute.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/rpc/wire_messages.h"
+#include "attnserve/server/sessions/session_requests.h"
+#include "attnserve/server/sessions/session_steps.h"
+#include "attnserve/server/sessions/session_store.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 #include "attnserve/server/weights/weights_loader.h"
 #include "attnserve/server/weights/weights_registry.h"
@@ -235,6 +244,96 @@ void FuzzMultiHead(const v1::MultiHeadAttentionRequest& request) {
   Note("MultiHeadAttention computed", absl::OkStatus());
 }
 
+// A store as small as the limits above: inputs of a few KiB reach its budget
+// and every limit.
+SessionOptions FuzzSessionOptions() {
+  SessionOptions options;
+  options.kv_cache_bytes = 16 << 10;
+  options.page_tokens = 4;
+  options.max_sessions = 4;
+  options.max_session_tokens = 64;
+  options.max_session_layers = 4;
+  options.max_steps_per_call = 8;
+  options.max_page_bytes = 4 << 10;
+  return options;
+}
+
+void FuzzCreateSession(const v1::CreateSessionRequest& request) {
+  SessionStore store(FuzzSessionOptions(), nullptr);
+  const absl::StatusOr<SessionConfig> config =
+      ValidateCreateSession(request, store.options());
+  if (!config.ok()) return CheckRefusal(config.status());
+  const absl::StatusOr<SessionDescription> created = store.Create("", *config);
+  Require("Create of a validated session", created.status());
+  v1::SessionInfo info;
+  DescribeSession(*created, &info);
+  if (info.num_layers() != request.num_layers() ||
+      info.lengths_size() != request.num_layers()) {
+    Fail("DescribeSession", absl::InternalError("layers differ"));
+  }
+  Note("CreateSession created", absl::OkStatus());
+}
+
+void FuzzStep(v1::StepRequest& request) {
+  Fixture& fixture = TheFixture();
+  SessionStore store(FuzzSessionOptions(), nullptr);
+  const absl::StatusOr<SessionConfig> config =
+      ValidateCreateSession(TinySession(), store.options());
+  Require("the tiny session's config", config.status());
+  const absl::StatusOr<SessionDescription> tiny = store.Create("", *config);
+  Require("the tiny session", tiny.status());
+  {
+    absl::StatusOr<SessionStore::Pin> pin = store.Acquire("", tiny->id);
+    Require("pinning the tiny session", pin.status());
+    const std::vector<float> keys(2 * kTinySessionTokens * 3, 0.5f);
+    const std::vector<float> values(2 * kTinySessionTokens * 2, -0.25f);
+    KvAppend append;
+    append.tokens = kTinySessionTokens;
+    append.key = reinterpret_cast<const char*>(keys.data());
+    append.value = reinterpret_cast<const char*>(values.data());
+    int64_t length = 0;
+    Require("the tiny session's tokens",
+            store.AppendAndView(*pin, 0, 0, append, &length).status());
+  }
+  for (v1::SessionStep& step : *request.mutable_steps()) {
+    if (step.session_id() == kTinySessionMarker) step.set_session_id(tiny->id);
+  }
+  const StepLimits limits{FuzzLimits().max_elements,
+                          FuzzLimits().max_request_memory_bytes,
+                          kMaxMessageBytes};
+  v1::StepResponse response;
+  absl::StatusOr<StepCall> call =
+      PrepareSteps(request, "", store, *fixture.engine, limits, &response);
+  if (!call.ok()) return CheckRefusal(call.status());
+  if (call->flops > kMaxComputeFlops) return Note("Step too large", {});
+  RunSteps(*call, store, *fixture.engine, &response);
+  if (response.results_size() != request.steps_size()) {
+    Fail("Step", absl::InternalError("a result is missing"));
+  }
+  for (int i = 0; i < response.results_size(); ++i) {
+    const v1::StepResult& result = response.results(i);
+    if (result.has_error()) {
+      const absl::Status error(
+          static_cast<absl::StatusCode>(result.error().code()),
+          result.error().message());
+      if (error.code() != absl::StatusCode::kFailedPrecondition) {
+        CheckRefusal(error);
+      }
+      continue;
+    }
+    if (request.steps(i).has_query() != result.has_output()) {
+      Fail("Step", absl::InternalError("output and query disagree"));
+    }
+    if (result.has_output()) CheckResponseTensor("output", result.output());
+    if (result.has_lse()) CheckResponseTensor("lse", result.lse());
+  }
+  const SessionTotals totals = store.Totals();
+  if (totals.used_bytes > totals.budget_bytes) {
+    Fail("the store", absl::InternalError("holds more than its budget"));
+  }
+  Note("Step computed", absl::OkStatus());
+}
+
 void FuzzPutWeights(const v1::PutWeightsRequest& request) {
   WeightsRegistry registry(kMaxWeightsBytes);
   const absl::StatusOr<v1::PutWeightsResponse> put =
@@ -282,6 +381,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case RequestKind::kPutWeights: {
       attnserve::v1::PutWeightsRequest request;
       if (Parse(data + 1, size - 1, &request)) FuzzPutWeights(request);
+      break;
+    }
+    case RequestKind::kCreateSession: {
+      attnserve::v1::CreateSessionRequest request;
+      if (Parse(data + 1, size - 1, &request)) FuzzCreateSession(request);
+      break;
+    }
+    case RequestKind::kStep: {
+      attnserve::v1::StepRequest request;
+      if (Parse(data + 1, size - 1, &request)) FuzzStep(request);
       break;
     }
   }

@@ -175,6 +175,38 @@ void WritePutWeightsSeeds(const std::string& folder) {
   Write(folder, "put_invalid_kv_heads", RequestKind::kPutWeights, r);
 }
 
+void WriteSessionSeeds(const std::string& folder) {
+  Write(folder, "create_tiny", RequestKind::kCreateSession, TinySession());
+  v1::CreateSessionRequest create = TinySession();
+  create.set_num_kv_heads(3);
+  Write(folder, "create_bad_kv_heads", RequestKind::kCreateSession, create);
+  // A decode step on the tiny session (H 4, Hkv 2, Dk 3, Dv 2, 5 tokens), a
+  // prefill chunk on layer 1, a query alone, and a stale expected length.
+  v1::StepRequest request;
+  v1::SessionStep* step = request.add_steps();
+  step->set_session_id(kTinySessionMarker);
+  step->set_expected_length(kTinySessionTokens);
+  *step->mutable_key() = SineTensor({2, 1, 3}, 1);
+  *step->mutable_value() = SineTensor({2, 1, 2}, 2);
+  *step->mutable_query() = SineTensor({4, 1, 3}, 3);
+  step->mutable_options()->set_return_lse(true);
+  step = request.add_steps();
+  step->set_session_id(kTinySessionMarker);
+  step->set_layer(1);
+  *step->mutable_key() = SineTensor({2, 6, 3}, 4);
+  *step->mutable_value() = SineTensor({2, 6, 2}, 5);
+  step = request.add_steps();
+  step->set_session_id(kTinySessionMarker);
+  step->set_expected_length(kTinySessionTokens + 1);
+  *step->mutable_query() = SineTensor({4, 2, 3}, 6);
+  step->mutable_options()->set_output_dtype(v1::FLOAT16);
+  step = request.add_steps();
+  step->set_session_id(kTinySessionMarker);
+  step->set_expected_length(0);
+  *step->mutable_query() = SineTensor({4, 1, 3}, 7);
+  Write(folder, "step_tiny", RequestKind::kStep, request);
+}
+
 void WriteOptionsSeeds(const std::string& folder) {
   std::mt19937 generator(20261130);
   int n = 0;
@@ -201,6 +233,7 @@ int main(int argc, char** argv) {
   attnserve::fuzz::WriteAttendSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WriteMultiHeadSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WritePutWeightsSeeds(root + "/request_fuzzer");
+  attnserve::fuzz::WriteSessionSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WriteOptionsSeeds(root + "/attention_options_fuzzer");
   return 0;
 }

@@ -8,7 +8,8 @@
 // After the runs, a summary prints each attention run's median rate as a ratio
 // of the same run's median GEMM rate at its precision (the practical ceiling
 // on this machine), fused against unfused, causal time against non-causal
-// time, and decode's K/V bytes per second against a plain streaming read.
+// time, and decode's K/V bytes per second (stateless, and over paged caches
+// as the server's sessions keep them) against a plain streaming read.
 // Absolute rates drift on shared machines; the ratios are what BENCHMARKS.md
 // records.
 #include <omp.h>
@@ -259,6 +260,76 @@ BENCHMARK(BM_MultiHeadSelfAttentionF32)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// Decode over paged KV caches (AttentionEngine::AttendPaged, the server's
+// Step): S sessions of L tokens each (H, Hkv, D; pages of 64 tokens) stored
+// as f32 (dtype 0), bf16 (1) or f16 (2), one query token each, all in one
+// call. BYTES counts the keys and values read, for the ratio to the
+// streaming read.
+void BM_PagedDecode(benchmark::State& state) {
+  const int64_t sessions = state.range(0);
+  const int64_t heads = state.range(1);
+  PageLayout layout;
+  layout.kv_heads = state.range(2);
+  const int64_t length = state.range(3);
+  layout.key_dim = layout.value_dim = state.range(4);
+  layout.dtype = static_cast<DataType>(state.range(5));
+  layout.page_tokens = 64;
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const int64_t pages_each =
+      (length + layout.page_tokens - 1) / layout.page_tokens;
+  // Every page filled with small values (0x3c00 is 1.0 in f16, 0x3f80 in
+  // bf16; scaled down so the softmax stays finite).
+  std::vector<std::vector<char>> pages(
+      static_cast<size_t>(sessions * pages_each),
+      std::vector<char>(static_cast<size_t>(layout.PageBytes()),
+                        static_cast<char>(0x21)));
+  std::vector<std::vector<const char*>> tables(static_cast<size_t>(sessions));
+  const std::vector<float> query = Filled(heads * layout.key_dim, 0.01f);
+  std::vector<std::vector<float>> outputs(static_cast<size_t>(sessions));
+  std::vector<PagedAttend> items(static_cast<size_t>(sessions));
+  for (int64_t s = 0; s < sessions; ++s) {
+    for (int64_t p = 0; p < pages_each; ++p) {
+      tables[static_cast<size_t>(s)].push_back(
+          pages[static_cast<size_t>(s * pages_each + p)].data());
+    }
+    outputs[static_cast<size_t>(s)] = Filled(heads * layout.value_dim, 0.0f);
+    PagedAttend& item = items[static_cast<size_t>(s)];
+    item.layout = layout;
+    item.pages = tables[static_cast<size_t>(s)];
+    item.length = length;
+    item.heads = heads;
+    item.query_len = 1;
+    item.query = query;
+    item.scale = 0.088f;
+    item.output = absl::MakeSpan(outputs[static_cast<size_t>(s)]);
+  }
+  for (auto _ : state) {
+    const absl::Status status = engine->AttendPaged(items);
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["FLOPS"] = benchmark::Counter(
+      4.0 * sessions * heads * length * static_cast<double>(layout.key_dim),
+      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["BYTES"] = benchmark::Counter(
+      static_cast<double>(sessions) * length * layout.kv_heads *
+          (layout.key_dim + layout.value_dim) * DataTypeBytes(layout.dtype),
+      benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_PagedDecode)
+    ->ArgNames({"S", "H", "Hkv", "L", "D", "dtype"})
+    ->Args({32, 32, 8, 8192, 128, 1})
+    ->Args({32, 32, 8, 4096, 128, 0})
+    ->Args({32, 32, 8, 8192, 128, 2})
+    ->Args({1, 32, 8, 4096, 128, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // Prints the console table as usual and keeps each benchmark's median
 // counters, then a summary: each attention run's rate as a ratio of the same
 // run's GEMM rate at its precision, fused against unfused, causal time against
@@ -323,6 +394,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   bf16 ? "bf16" : "f32", causal ? "yes" : "no", m.flops / 1e9,
                   gemm > 0 ? Ratio(m.flops / gemm).c_str() : "n/a",
                   vs_unfused.c_str(), causal_time.c_str(), kv_read.c_str());
+    }
+    std::printf("\n%-44s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)", "cache",
+                "GB/s", "KV/read");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("BM_PagedDecode/", 0) != 0) continue;
+      const std::map<std::string, int64_t> a = Args(name);
+      const char* const kDtypes[] = {"f32", "bf16", "f16"};
+      const std::string shape =
+          absl::StrCat("(", a.at("S"), ",", a.at("H"), ",", a.at("Hkv"), ",",
+                       a.at("L"), ",", a.at("D"), ")");
+      std::printf("%-44s %6s %8.1f %8s\n", shape.c_str(),
+                  kDtypes[a.at("dtype")], m.bytes / 1e9,
+                  stream > 0 ? Ratio(m.bytes / stream).c_str() : "n/a");
     }
   }
 

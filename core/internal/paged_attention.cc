@@ -1,5 +1,12 @@
 #include "internal/paged_attention.h"
 
+// GCC warns that a function returning or taking a 32-byte vector would pass
+// it differently with AVX enabled; the block kernels' helpers are always
+// inlined, so no such value ever crosses a call.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 #include <omp.h>
 
 #include <algorithm>
@@ -60,6 +67,28 @@ inline float RoundToBf16(float x) {
   const uint32_t bits = BitsOf(x);
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
   return (bits & 0x7fffffffu) > 0x7f800000u ? x : FloatOf(rounded);
+}
+
+// Whether `item`'s blocks take the bf16 kernels' pairwise layout: bf16 pages
+// whose head dimensions are multiples of 16. Those kernels read sixteen bf16
+// values as eight 32-bit words and widen the even and the odd ones with one
+// instruction each, so the query rows they multiply, and the output rows they
+// accumulate, hold each run of sixteen columns as its eight even columns then
+// its eight odd ones (WriteRows puts them back in order).
+bool Deinterleaved(const PagedAttend& item) {
+  return item.layout.dtype == DataType::kBFloat16 &&
+         item.layout.key_dim % 16 == 0 && item.layout.value_dim % 16 == 0;
+}
+
+// Columns [16c, 16c + 16) of `row` as their even columns then their odd
+// ones, into `out`, for every whole run of sixteen.
+void Deinterleave(const float* row, int64_t columns, float* out) {
+  for (int64_t c = 0; c + 16 <= columns; c += 16) {
+    for (int64_t i = 0; i < 8; ++i) {
+      out[c + i] = row[c + 2 * i];
+      out[c + 8 + i] = row[c + 2 * i + 1];
+    }
+  }
 }
 
 // One unit of work: rows [q0, q0 + qn) of every query head reading kv head
@@ -131,7 +160,7 @@ Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
   // Per row: its end (an int64_t, 2 floats), its state (4 floats), its
   // output, query and scores; then a block of keys and one of values. Whole
   // cache lines, so that threads never share one.
-  const int64_t rows = plan.max_rows;
+  const int64_t rows = (plan.max_rows + 3) / 4 * 4;
   plan.thread_floats =
       rows * (6 + plan.max_value_dim + plan.max_key_dim + kBlock) +
       kBlock * (plan.max_key_dim + plan.max_value_dim);
@@ -153,7 +182,7 @@ struct UnitBuffers {
 UnitBuffers BuffersOf(float* base, const Plan& plan) {
   static_assert(sizeof(RowState) <= 4 * sizeof(float));
   UnitBuffers b;
-  const int64_t rows = plan.max_rows;
+  const int64_t rows = (plan.max_rows + 3) / 4 * 4;
   b.ends = reinterpret_cast<int64_t*>(base);
   b.states = reinterpret_cast<RowState*>(base + 2 * rows);
   b.output = base + 6 * rows;
@@ -214,41 +243,423 @@ __attribute__((always_inline)) inline void ConvertRows(const char* source,
   }
 }
 
-// Folds one block's raw scores s[0, n) of a row into `state` (keys at or past
-// `visible` masked); writes the probabilities over s and returns the factor
-// by which the row's accumulated output must be multiplied.
-__attribute__((always_inline)) inline float FoldScores(float* s, int64_t n,
-                                                       int64_t visible,
-                                                       float scale, bool round,
-                                                       RowState* state) {
-  float block_max = kNegativeInfinity;
-  bool nan = false;
-#pragma omp simd reduction(max : block_max) reduction(|| : nan)
-  for (int64_t j = 0; j < n; ++j) {
-    const float x = j < visible ? s[j] * scale : kNegativeInfinity;
-    nan = nan || x != x;
-    block_max = std::max(block_max, x);
-    s[j] = x;
+// The block kernels: GCC/Clang vector extensions, eight floats a vector,
+// inlined into one function per instruction set (UnitAvx512, UnitAvx2,
+// UnitPortable) so that they compile to that set's instructions. Keys and
+// values are read from the page in its dtype and widened in registers.
+typedef float F8 __attribute__((vector_size(32)));
+typedef float F4 __attribute__((vector_size(16)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef uint16_t H8 __attribute__((vector_size(16)));
+
+#define ATTNSERVE_PAGED_INLINE __attribute__((always_inline)) inline
+
+ATTNSERVE_PAGED_INLINE F8 LoadFloats(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+ATTNSERVE_PAGED_INLINE void StoreFloats(float* p, F8 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// Elements [index, index + 8) of `row` (in T) as f32.
+template <DataType T>
+ATTNSERVE_PAGED_INLINE F8 Load8(const char* row, int64_t index) {
+  if constexpr (T == DataType::kFloat32) {
+    return LoadFloats(reinterpret_cast<const float*>(row) + index);
+  } else {
+    H8 h;
+    std::memcpy(&h, row + 2 * index, sizeof(h));
+    const U8 u = __builtin_convertvector(h, U8);
+    if constexpr (T == DataType::kBFloat16) {
+      return (F8)(u << 16);
+    } else {
+      // HalfToFloat, eight at a time.
+      const U8 sign = (u & 0x8000u) << 16;
+      const U8 magnitude = u & 0x7fffu;
+      const U8 scaled = (U8)((F8)(magnitude << 13) * 0x1p112f);
+      const U8 special = (U8)(magnitude >= 0x7c00u);
+      const U8 bits =
+          (scaled & ~special) | (((magnitude << 13) | 0x7f800000u) & special);
+      return (F8)(bits | sign);
+    }
   }
+}
+
+template <DataType T>
+ATTNSERVE_PAGED_INLINE float Load1(const char* row, int64_t index) {
+  if constexpr (T == DataType::kFloat32) {
+    return reinterpret_cast<const float*>(row)[index];
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * index, sizeof(h));
+    return T == DataType::kBFloat16 ? Bf16ToFloat(h) : HalfToFloat(h);
+  }
+}
+
+ATTNSERVE_PAGED_INLINE float Sum8(F8 v) {
+  F4 x = __builtin_shufflevector(v, v, 0, 1, 2, 3) +
+         __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  x += __builtin_shufflevector(x, x, 2, 3, 0, 1);
+  x += __builtin_shufflevector(x, x, 1, 0, 3, 2);
+  return x[0];
+}
+
+typedef int32_t I8 __attribute__((vector_size(32)));
+
+// Lanes of `a` where `mask` is set, else of `b`.
+ATTNSERVE_PAGED_INLINE F8 Select(I8 mask, F8 a, F8 b) {
+  return (F8)(((I8)a & mask) | ((I8)b & ~mask));
+}
+
+ATTNSERVE_PAGED_INLINE float Max8(F8 v) {
+  float m = v[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// ExpNonPositive (internal/fast_exp.h), eight lanes at a time: the same
+// reduction and polynomial, so the same results.
+ATTNSERVE_PAGED_INLINE F8 ExpNonPositive8(F8 x) {
+  const I8 in_range = x >= -87.3f;  // False for NaN.
+  const F8 clamped = Select(in_range, x, F8{} - 87.3f);
+  const F8 n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const F8 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I8 exponent = (__builtin_convertvector(n, I8) + 127) << 23;
+  const F8 result = p * (F8)exponent;
+  return Select(in_range, result, Select(x != x, x, F8{}));
+}
+
+// Folds one block's raw scores s[0, n) of a row into `state` (keys at or
+// past `visible` masked); writes the probabilities over s (and zeros up to
+// the next multiple of 8, within kBlock) and returns the factor by which the
+// row's accumulated output must be multiplied.
+ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
+                                        float scale, bool round,
+                                        RowState* state) {
+  const int64_t n8 = (n + 7) / 8 * 8;
+  const I8 lanes = {0, 1, 2, 3, 4, 5, 6, 7};
+  const F8 minus_infinity = F8{} + kNegativeInfinity;
+  F8 maxima = minus_infinity;
+  I8 nans{};
+  for (int64_t j = 0; j < n8; j += 8) {
+    const I8 seen =
+        lanes + static_cast<int32_t>(j) < static_cast<int32_t>(visible);
+    const F8 x = Select(seen, LoadFloats(s + j) * scale, minus_infinity);
+    nans |= x != x;
+    maxima = Select(x > maxima, x, maxima);
+    StoreFloats(s + j, x);
+  }
+  bool nan = false;
+  for (int i = 0; i < 8; ++i) nan = nan || nans[i] != 0;
   if (nan) state->nan = true;
+  const float block_max = Max8(maxima);
   const float new_max = std::max(state->max, block_max);
   if (new_max == kNegativeInfinity) {
-    std::fill(s, s + n, 0.0f);
+    std::fill(s, s + n8, 0.0f);
     return 1.0f;
   }
   const float alpha = state->max == kNegativeInfinity
                           ? 0.0f
                           : ExpNonPositive(state->max - new_max);
   state->max = new_max;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    const float p = ExpNonPositive(s[j] - new_max);
-    sum += p;
-    s[j] = round ? RoundToBf16(p) : p;
+  F8 sums{};
+  for (int64_t j = 0; j < n8; j += 8) {
+    const F8 p = ExpNonPositive8(LoadFloats(s + j) - new_max);
+    sums += p;
+    StoreFloats(s + j, p);
   }
-  state->sum = state->sum * alpha + sum;
+  if (round) {
+    for (int64_t j = 0; j < n; ++j) s[j] = RoundToBf16(s[j]);
+  }
+  state->sum = state->sum * alpha + Sum8(sums);
   return alpha;
+}
+
+// Eight 32-bit words of a bf16 row, each two bf16 values, widened: the even
+// values (the low halves) and the odd ones.
+ATTNSERVE_PAGED_INLINE void LoadBf16Pairs(const char* p, F8* even, F8* odd) {
+  U8 u;
+  std::memcpy(&u, p, sizeof(u));
+  *even = (F8)(u << 16);
+  *odd = (F8)(u & 0xffff0000u);
+}
+
+// BlockScores for bf16 keys of an item that is Deinterleaved (above): dk a
+// multiple of 16, q's rows deinterleaved.
+ATTNSERVE_PAGED_INLINE void BlockScoresPairwise(const float* q, int64_t rows4,
+                                                int64_t dk, const char* keys,
+                                                int64_t n, float* s,
+                                                const char* next_keys) {
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* q0 = q + r0 * dk;
+    const float* q1 = q0 + dk;
+    const float* q2 = q1 + dk;
+    const float* q3 = q2 + dk;
+    float* s0 = s + r0 * kBlock;
+    for (int64_t j = 0; j < n; j += 2) {
+      const int64_t j1 = j + 1 < n ? j + 1 : j;
+      const char* k0 = keys + j * dk * 2;
+      const char* k1 = keys + j1 * dk * 2;
+      if (r0 == 0 && next_keys != nullptr) {
+        for (int64_t at = j * dk * 2; at < (j + 2) * dk * 2; at += 64) {
+          __builtin_prefetch(next_keys + at, 0, 2);
+        }
+      }
+      F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
+      for (int64_t d = 0; d < dk; d += 16) {
+        F8 e0, o0, e1, o1;
+        LoadBf16Pairs(k0 + 2 * d, &e0, &o0);
+        LoadBf16Pairs(k1 + 2 * d, &e1, &o1);
+        F8 y = LoadFloats(q0 + d), z = LoadFloats(q0 + d + 8);
+        a00 += y * e0;
+        a00 += z * o0;
+        a01 += y * e1;
+        a01 += z * o1;
+        y = LoadFloats(q1 + d);
+        z = LoadFloats(q1 + d + 8);
+        a10 += y * e0;
+        a10 += z * o0;
+        a11 += y * e1;
+        a11 += z * o1;
+        y = LoadFloats(q2 + d);
+        z = LoadFloats(q2 + d + 8);
+        a20 += y * e0;
+        a20 += z * o0;
+        a21 += y * e1;
+        a21 += z * o1;
+        y = LoadFloats(q3 + d);
+        z = LoadFloats(q3 + d + 8);
+        a30 += y * e0;
+        a30 += z * o0;
+        a31 += y * e1;
+        a31 += z * o1;
+      }
+      const float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
+                          Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
+      for (int64_t r = 0; r < 4; ++r) {
+        s0[r * kBlock + j] = t[2 * r];
+        if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
+      }
+    }
+  }
+}
+
+// BlockAccumulate for bf16 values of an item that is Deinterleaved: dv a
+// multiple of 16, o's rows deinterleaved. Values are taken four rows at a
+// time, each walked front to back, so the block streams through the cache
+// in order; the next block's rows are prefetched as these are used.
+ATTNSERVE_PAGED_INLINE void BlockAccumulatePairwise(const float* p,
+                                                    int64_t rows4, int64_t n,
+                                                    const char* values,
+                                                    int64_t dv, float* o,
+                                                    const char* next_values) {
+  const int64_t row_bytes = dv * 2;
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* p0 = p + r0 * kBlock;
+    const float* p1 = p0 + kBlock;
+    const float* p2 = p1 + kBlock;
+    const float* p3 = p2 + kBlock;
+    float* o0 = o + r0 * dv;
+    float* o1 = o0 + dv;
+    float* o2 = o1 + dv;
+    float* o3 = o2 + dv;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+      const int64_t j_end = std::min<int64_t>(j0 + 4, n);
+      if (r0 == 0 && next_values != nullptr) {
+        for (int64_t at = j0 * row_bytes; at < j_end * row_bytes; at += 64) {
+          __builtin_prefetch(next_values + at, 0, 2);
+        }
+      }
+      for (int64_t c = 0; c < dv; c += 16) {
+        F8 a0 = LoadFloats(o0 + c), b0 = LoadFloats(o0 + c + 8);
+        F8 a1 = LoadFloats(o1 + c), b1 = LoadFloats(o1 + c + 8);
+        F8 a2 = LoadFloats(o2 + c), b2 = LoadFloats(o2 + c + 8);
+        F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
+        for (int64_t j = j0; j < j_end; ++j) {
+          F8 x, y;
+          LoadBf16Pairs(values + j * row_bytes + c * 2, &x, &y);
+          a0 += p0[j] * x;
+          b0 += p0[j] * y;
+          a1 += p1[j] * x;
+          b1 += p1[j] * y;
+          a2 += p2[j] * x;
+          b2 += p2[j] * y;
+          a3 += p3[j] * x;
+          b3 += p3[j] * y;
+        }
+        StoreFloats(o0 + c, a0);
+        StoreFloats(o0 + c + 8, b0);
+        StoreFloats(o1 + c, a1);
+        StoreFloats(o1 + c + 8, b1);
+        StoreFloats(o2 + c, a2);
+        StoreFloats(o2 + c + 8, b2);
+        StoreFloats(o3 + c, a3);
+        StoreFloats(o3 + c + 8, b3);
+      }
+    }
+  }
+}
+
+// s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
+// multiple of 4, rows past the unit's zero) and key j < n of `keys`
+// ([n, dk] in T): four rows and two keys at a time, eight accumulators.
+template <DataType T>
+ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
+                                        int64_t dk, const char* keys, int64_t n,
+                                        float* s, const char* next_keys,
+                                        bool pairwise) {
+  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
+  if constexpr (T == DataType::kBFloat16) {
+    if (pairwise) {
+      return BlockScoresPairwise(q, rows4, dk, keys, n, s, next_keys);
+    }
+  }
+  const int64_t vector_end = dk / 8 * 8;
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* q0 = q + r0 * dk;
+    const float* q1 = q0 + dk;
+    const float* q2 = q1 + dk;
+    const float* q3 = q2 + dk;
+    float* s0 = s + r0 * kBlock;
+    for (int64_t j = 0; j < n; j += 2) {
+      // The last odd key pairs with itself; its second result is dropped.
+      const int64_t j1 = j + 1 < n ? j + 1 : j;
+      const char* k0 = keys + j * dk * element;
+      const char* k1 = keys + j1 * dk * element;
+      if (r0 == 0 && next_keys != nullptr) {
+        // The next block's rows, into L2 while this one computes: a page's
+        // rows are too short a run for the hardware prefetcher to catch.
+        for (int64_t at = j * dk * element; at < (j + 2) * dk * element;
+             at += 64) {
+          __builtin_prefetch(next_keys + at, 0, 2);
+        }
+      }
+      F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
+      for (int64_t d = 0; d < vector_end; d += 8) {
+        const F8 x0 = Load8<T>(k0, d);
+        const F8 x1 = Load8<T>(k1, d);
+        F8 y = LoadFloats(q0 + d);
+        a00 += y * x0;
+        a01 += y * x1;
+        y = LoadFloats(q1 + d);
+        a10 += y * x0;
+        a11 += y * x1;
+        y = LoadFloats(q2 + d);
+        a20 += y * x0;
+        a21 += y * x1;
+        y = LoadFloats(q3 + d);
+        a30 += y * x0;
+        a31 += y * x1;
+      }
+      float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
+                    Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
+      for (int64_t d = vector_end; d < dk; ++d) {
+        const float x0 = Load1<T>(k0, d);
+        const float x1 = Load1<T>(k1, d);
+        t[0] += q0[d] * x0;
+        t[1] += q0[d] * x1;
+        t[2] += q1[d] * x0;
+        t[3] += q1[d] * x1;
+        t[4] += q2[d] * x0;
+        t[5] += q2[d] * x1;
+        t[6] += q3[d] * x0;
+        t[7] += q3[d] * x1;
+      }
+      for (int64_t r = 0; r < 4; ++r) {
+        s0[r * kBlock + j] = t[2 * r];
+        if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
+      }
+    }
+  }
+}
+
+// o_r += Σ_j p[r · kBlock + j] · v_j for every row r of `o` ([rows4, dv])
+// and value j < n of `values` ([n, dv] in T): four rows and sixteen columns
+// at a time, eight accumulators.
+template <DataType T>
+ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
+                                            int64_t n, const char* values,
+                                            int64_t dv, float* o,
+                                            const char* next_values,
+                                            bool pairwise) {
+  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
+  if constexpr (T == DataType::kBFloat16) {
+    if (pairwise) {
+      return BlockAccumulatePairwise(p, rows4, n, values, dv, o, next_values);
+    }
+  }
+  if (next_values != nullptr) {
+    for (int64_t at = 0; at < n * dv * element; at += 64) {
+      __builtin_prefetch(next_values + at, 0, 2);
+    }
+  }
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* p0 = p + r0 * kBlock;
+    const float* p1 = p0 + kBlock;
+    const float* p2 = p1 + kBlock;
+    const float* p3 = p2 + kBlock;
+    float* o0 = o + r0 * dv;
+    float* o1 = o0 + dv;
+    float* o2 = o1 + dv;
+    float* o3 = o2 + dv;
+    const int64_t vector_end = dv / 16 * 16;
+    // Four value rows at a time, each walked front to back (as in
+    // BlockAccumulatePairwise).
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+      const int64_t j_end = std::min<int64_t>(j0 + 4, n);
+      for (int64_t c = 0; c < vector_end; c += 16) {
+        F8 a0 = LoadFloats(o0 + c), b0 = LoadFloats(o0 + c + 8);
+        F8 a1 = LoadFloats(o1 + c), b1 = LoadFloats(o1 + c + 8);
+        F8 a2 = LoadFloats(o2 + c), b2 = LoadFloats(o2 + c + 8);
+        F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
+        for (int64_t j = j0; j < j_end; ++j) {
+          const char* v = values + j * dv * element;
+          const F8 x = Load8<T>(v, c);
+          const F8 y = Load8<T>(v, c + 8);
+          a0 += p0[j] * x;
+          b0 += p0[j] * y;
+          a1 += p1[j] * x;
+          b1 += p1[j] * y;
+          a2 += p2[j] * x;
+          b2 += p2[j] * y;
+          a3 += p3[j] * x;
+          b3 += p3[j] * y;
+        }
+        StoreFloats(o0 + c, a0);
+        StoreFloats(o0 + c + 8, b0);
+        StoreFloats(o1 + c, a1);
+        StoreFloats(o1 + c + 8, b1);
+        StoreFloats(o2 + c, a2);
+        StoreFloats(o2 + c + 8, b2);
+        StoreFloats(o3 + c, a3);
+        StoreFloats(o3 + c + 8, b3);
+      }
+    }
+    for (int64_t c = vector_end; c < dv; ++c) {
+      float a[4] = {o0[c], o1[c], o2[c], o3[c]};
+      for (int64_t j = 0; j < n; ++j) {
+        const float x = Load1<T>(values + j * dv * element, c);
+        a[0] += p0[j] * x;
+        a[1] += p1[j] * x;
+        a[2] += p2[j] * x;
+        a[3] += p3[j] * x;
+      }
+      o0[c] = a[0];
+      o1[c] = a[1];
+      o2[c] = a[2];
+      o3[c] = a[3];
+    }
+  }
 }
 
 __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
@@ -262,6 +673,7 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
   const int64_t group = GroupOf(item);
   const int64_t rows = group * unit.qn;
   const bool round = item.precision == Precision::kBFloat16;
+  const bool pairwise = Deinterleaved(item);
   int64_t tile_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = unit.kv_head * group + r / unit.qn;
@@ -274,12 +686,25 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
     } else {
       std::memcpy(row, q, static_cast<size_t>(dk) * sizeof(float));
     }
+    if (pairwise) {
+      float ordered[16];
+      for (int64_t c = 0; c < dk; c += 16) {
+        std::memcpy(ordered, row + c, sizeof(ordered));
+        Deinterleave(ordered, 16, row + c);
+      }
+    }
     b.ends[r] = std::clamp<int64_t>(i + item.length - item.query_len + 1, 0,
                                     item.length);
     tile_end = std::max(tile_end, b.ends[r]);
     std::fill(b.output + r * dv, b.output + (r + 1) * dv, 0.0f);
     b.states[r] = {kNegativeInfinity, 0.0f, false};
   }
+  // The block kernels take rows four at a time: the rows past the unit's
+  // are zero (their scores and output are computed and never read).
+  const int64_t rows4 = (rows + 3) / 4 * 4;
+  std::fill(b.query + rows * dk, b.query + rows4 * dk, 0.0f);
+  std::fill(b.output + rows * dv, b.output + rows4 * dv, 0.0f);
+  std::fill(b.scores + rows * kBlock, b.scores + rows4 * kBlock, 0.0f);
   int64_t first, last;
   SplitRange(item.length, splits, unit.split, &first, &last);
   last = std::min(last, tile_end);
@@ -291,18 +716,44 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
     const int64_t n = std::min({kBlock, page_tokens - offset, last - k0});
     const char* base = item.pages[static_cast<size_t>(page)];
     const int64_t row0 = unit.kv_head * page_tokens + offset;
-    ConvertRows(base + row0 * dk * element, n * dk, layout.dtype, round,
-                b.keys);
+    const char* keys = base + row0 * dk * element;
+    const char* values = base + layout.KeyBytes() + row0 * dv * element;
+    DataType type = layout.dtype;
+    if (round && type != DataType::kBFloat16) {
+      // BF16 precision on f32 or f16 pages: the block rounded to bf16 in the
+      // thread's buffers, then read as f32.
+      ConvertRows(keys, n * dk, type, true, b.keys);
+      ConvertRows(values, n * dv, type, true, b.values);
+      keys = reinterpret_cast<const char*>(b.keys);
+      values = reinterpret_cast<const char*>(b.values);
+      type = DataType::kFloat32;
+    }
+    // Where the next block lies, to prefetch it.
+    const char* next_keys = nullptr;
+    const char* next_values = nullptr;
+    if (const int64_t next = k0 + n; next < last && type == layout.dtype) {
+      const char* next_base =
+          item.pages[static_cast<size_t>(next / page_tokens)];
+      const int64_t next_row = unit.kv_head * page_tokens + next % page_tokens;
+      next_keys = next_base + next_row * dk * element;
+      next_values = next_base + layout.KeyBytes() + next_row * dv * element;
+    }
+    switch (type) {
+      case DataType::kFloat32:
+        BlockScores<DataType::kFloat32>(b.query, rows4, dk, keys, n, b.scores,
+                                        next_keys, pairwise);
+        break;
+      case DataType::kBFloat16:
+        BlockScores<DataType::kBFloat16>(b.query, rows4, dk, keys, n, b.scores,
+                                         next_keys, pairwise);
+        break;
+      case DataType::kFloat16:
+        BlockScores<DataType::kFloat16>(b.query, rows4, dk, keys, n, b.scores,
+                                        next_keys, pairwise);
+        break;
+    }
     for (int64_t r = 0; r < rows; ++r) {
-      const float* q = b.query + r * dk;
       float* s = b.scores + r * kBlock;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* k = b.keys + j * dk;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < dk; ++d) dot += q[d] * k[d];
-        s[j] = dot;
-      }
       const int64_t visible = std::clamp<int64_t>(b.ends[r] - k0, 0, n);
       const float alpha =
           FoldScores(s, n, visible, item.scale, round, &b.states[r]);
@@ -312,18 +763,19 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
         for (int64_t c = 0; c < dv; ++c) o[c] *= alpha;
       }
     }
-    ConvertRows(base + layout.KeyBytes() + row0 * dv * element, n * dv,
-                layout.dtype, round, b.values);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* p = b.scores + r * kBlock;
-      float* o = b.output + r * dv;
-      for (int64_t j = 0; j < n; ++j) {
-        const float w = p[j];
-        if (w == 0.0f) continue;
-        const float* v = b.values + j * dv;
-#pragma omp simd
-        for (int64_t c = 0; c < dv; ++c) o[c] += w * v[c];
-      }
+    switch (type) {
+      case DataType::kFloat32:
+        BlockAccumulate<DataType::kFloat32>(b.scores, rows4, n, values, dv,
+                                            b.output, next_values, pairwise);
+        break;
+      case DataType::kBFloat16:
+        BlockAccumulate<DataType::kBFloat16>(b.scores, rows4, n, values, dv,
+                                             b.output, next_values, pairwise);
+        break;
+      case DataType::kFloat16:
+        BlockAccumulate<DataType::kFloat16>(b.scores, rows4, n, values, dv,
+                                            b.output, next_values, pairwise);
+        break;
     }
     k0 += n;
   }
@@ -348,11 +800,11 @@ UnitAvx512(const PagedAttend& item, const Unit& unit, int64_t splits,
   UnitBody(item, unit, splits, b, partial);
 }
 
-__attribute__((target("avx2,fma"))) void UnitAvx2(const PagedAttend& item,
-                                                  const Unit& unit,
-                                                  int64_t splits,
-                                                  const UnitBuffers& b,
-                                                  float* partial) {
+__attribute__((target("avx2,fma,f16c"))) void UnitAvx2(const PagedAttend& item,
+                                                       const Unit& unit,
+                                                       int64_t splits,
+                                                       const UnitBuffers& b,
+                                                       float* partial) {
   UnitBody(item, unit, splits, b, partial);
 }
 
@@ -396,7 +848,16 @@ void WriteRows(const PagedAttend& item, const Unit& unit,
     } else {
       const float inverse = 1.0f / state.sum;
       const float* a = accumulated + r * dv;
-      for (int64_t c = 0; c < dv; ++c) out[c] = a[c] * inverse;
+      if (Deinterleaved(item)) {
+        for (int64_t c = 0; c < dv; c += 16) {
+          for (int64_t e = 0; e < 8; ++e) {
+            out[c + 2 * e] = a[c + e] * inverse;
+            out[c + 2 * e + 1] = a[c + 8 + e] * inverse;
+          }
+        }
+      } else {
+        for (int64_t c = 0; c < dv; ++c) out[c] = a[c] * inverse;
+      }
       lse = state.max + std::log(state.sum);
     }
     if (!item.lse.empty()) item.lse[static_cast<size_t>(at)] = lse;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/server/sessions/page_arena.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
@@ -114,7 +115,7 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
   layout.key_dim = config.key_dim;
   layout.value_dim = config.value_dim;
   layout.dtype = config.dtype;
-  const int64_t page_bytes = layout.PageBytes();
+  const int64_t page_bytes = PageArena::Footprint(layout.PageBytes());
   if (page_bytes > options.max_page_bytes ||
       page_bytes > options.kv_cache_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

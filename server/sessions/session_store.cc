@@ -13,26 +13,33 @@
 namespace attnserve {
 
 // One page: its bytes, charged to the store's budget while it lives.
+// One page: its bytes (from the arena), charged to the store's budget while
+// it lives.
 struct SessionStore::Page {
-  Page(std::shared_ptr<std::atomic<int64_t>> used,
-       std::shared_ptr<std::atomic<int64_t>> count, int64_t page_bytes)
-      : bytes(page_bytes),
-        data(new (std::align_val_t{64}) char[static_cast<size_t>(page_bytes)]),
+  Page(std::shared_ptr<PageArena> page_arena,
+       std::shared_ptr<std::atomic<int64_t>> used,
+       std::shared_ptr<std::atomic<int64_t>> count, int64_t footprint)
+      : bytes(footprint),
+        arena(std::move(page_arena)),
+        data(arena->Allocate(bytes)),
         used_bytes(std::move(used)),
         pages(std::move(count)) {
+    if (data == nullptr) return;
     used_bytes->fetch_add(bytes);
     pages->fetch_add(1);
   }
   ~Page() {
-    ::operator delete[](data, std::align_val_t{64});
+    if (data == nullptr) return;
+    arena->Free(data, bytes);
     used_bytes->fetch_sub(bytes);
     pages->fetch_sub(1);
   }
   Page(const Page&) = delete;
   Page& operator=(const Page&) = delete;
 
-  const int64_t bytes;
-  char* const data;
+  const int64_t bytes;  // PageArena::Footprint of the layout's page.
+  const std::shared_ptr<PageArena> arena;
+  char* const data;  // Null if the arena could not map memory.
   // Session tables holding the page (guarded by the store's mutex); views
   // hold references without counting here.
   int tables = 0;
@@ -104,6 +111,7 @@ SessionStore::SessionStore(const SessionOptions& options,
                            ServerMetrics* metrics)
     : options_(options),
       metrics_(metrics),
+      arena_(std::make_shared<PageArena>()),
       used_bytes_(std::make_shared<std::atomic<int64_t>>(0)),
       pages_(std::make_shared<std::atomic<int64_t>>(0)) {
   absl::MutexLock lock(&mutex_);
@@ -222,7 +230,10 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
 
 std::shared_ptr<SessionStore::Page> SessionStore::NewPage(
     const PageLayout& layout) {
-  return std::make_shared<Page>(used_bytes_, pages_, layout.PageBytes());
+  auto page = std::make_shared<Page>(arena_, used_bytes_, pages_,
+                                     PageArena::Footprint(layout.PageBytes()));
+  if (page->data == nullptr) return nullptr;
+  return page;
 }
 
 void SessionStore::Hold(const std::shared_ptr<Page>& page) {
@@ -488,22 +499,34 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     const int64_t new_pages =
         (layer.length + tokens + page_tokens - 1) / page_tokens -
         static_cast<int64_t>(layer.pages.size());
-    const int64_t bytes =
-        (new_pages + (copy_last ? 1 : 0)) * layout.PageBytes();
+    const int64_t bytes = (new_pages + (copy_last ? 1 : 0)) *
+                          PageArena::Footprint(layout.PageBytes());
     if (absl::Status room = MakeRoom(bytes, &session); !room.ok()) {
       RecordTotals();
       return room;
     }
+    // Every page first, so that a failed mapping leaves the layer as it was.
+    std::vector<std::shared_ptr<Page>> fresh;
+    for (int64_t p = 0; p < new_pages + (copy_last ? 1 : 0); ++p) {
+      fresh.push_back(NewPage(layout));
+      if (fresh.back() == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the system has no memory to map for KV-cache pages (",
+                         used_bytes_->load(), " bytes held of the budget of ",
+                         options_.kv_cache_bytes, "); nothing was appended"));
+      }
+    }
+    auto next = fresh.begin();
     if (copy_last) {
-      std::shared_ptr<Page> copy = NewPage(layout);
+      std::shared_ptr<Page> copy = *next++;
       std::memcpy(copy->data, layer.pages.back()->data,
                   static_cast<size_t>(layout.PageBytes()));
       Release(&layer.pages.back());
       layer.pages.back() = std::move(copy);
       Hold(layer.pages.back());
     }
-    for (int64_t p = 0; p < new_pages; ++p) {
-      layer.pages.push_back(NewPage(layout));
+    for (; next != fresh.end(); ++next) {
+      layer.pages.push_back(std::move(*next));
       Hold(layer.pages.back());
     }
     const int64_t element = DataTypeBytes(layout.dtype);

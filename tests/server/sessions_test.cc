@@ -272,9 +272,9 @@ TEST_F(SessionsTest, DecodeLoopOverEveryDtype) {
     ASSERT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
     EXPECT_THAT(got.session().lengths(), ::testing::ElementsAre(61, 0));
     EXPECT_EQ(got.session().dtype(), dtype);
-    // 61 tokens in pages of 16: 4 pages of 16 tokens x 2 heads x (16 + 16).
-    EXPECT_EQ(got.session().bytes(),
-              4 * 16 * 2 * 32 * (dtype == v1::FLOAT32 ? 4 : 2));
+    // 61 tokens in pages of 16: 4 pages of 16 tokens x 2 heads x (16 + 16)
+    // elements, each charged as its whole 4 KiB (f32: exactly 4 KiB).
+    EXPECT_EQ(got.session().bytes(), 4 * 4096);
   }
 }
 
@@ -502,8 +502,9 @@ TEST_F(SessionsTest, ForksSharePagesAndCopyOnlyTheLastOnWrite) {
     ASSERT_FALSE(response.results(0).has_error());
   }
   const double one_copy = Metrics()["attnserve_kv_cache_bytes"];
-  // 400 tokens: 25 pages of 16 tokens x 2 heads x 32 x 2 bytes.
-  EXPECT_EQ(one_copy, 25 * 16 * 2 * 32 * 2);
+  // 400 tokens: 25 pages of 16 tokens x 2 heads x 32 x 2 bytes, each 2 KiB
+  // charged as a whole 4 KiB page.
+  EXPECT_EQ(one_copy, 25 * 4096);
   std::vector<SessionModel> children;
   for (int i = 0; i < 64; ++i) {
     v1::ForkSessionRequest fork;
@@ -532,7 +533,7 @@ TEST_F(SessionsTest, ForksSharePagesAndCopyOnlyTheLastOnWrite) {
                                           query, 1, response.results(0)));
     }
   }
-  const double page = 16 * 2 * 32 * 2;
+  const double page = 4096;
   metrics = Metrics();
   EXPECT_EQ(metrics["attnserve_kv_cache_bytes"], one_copy + 64 * page);
   EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 1.1 * one_copy + 64 * page);
@@ -663,8 +664,8 @@ class SessionBudgetTest : public SessionsTest {
 
 TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   ServerOptions options = Options();
-  // Pages of 16 x 2 x 16 x 4 = 2 KiB; a budget of 20 pages.
-  options.memory.kv_cache_bytes = 20 * 2048;
+  // Pages of 16 x 2 x 16 x 4 = 2 KiB, each charged as 4 KiB; a budget of 20.
+  options.memory.kv_cache_bytes = 20 * 4096;
   Start(options);
   std::vector<SessionModel> models;
   for (int i = 0; i < 6; ++i) {
@@ -675,7 +676,7 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
     ASSERT_TRUE(Step(request, &response).ok());
     ASSERT_FALSE(response.results(0).has_error())
         << response.results(0).error().message();
-    EXPECT_LE(Metrics()["attnserve_kv_cache_bytes"], 20 * 2048);
+    EXPECT_LE(Metrics()["attnserve_kv_cache_bytes"], 20 * 4096);
   }
   // 6 x 4 pages past 20: the first session went.
   v1::GetSessionRequest get;
@@ -685,7 +686,7 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(),
               HasSubstr("evicted (least recently used) to make room in the KV "
-                        "cache budget of 40960 bytes"));
+                        "cache budget of 81920 bytes"));
   get.set_session_id(models[5].id);
   EXPECT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
   EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"evicted\"}"],
@@ -698,12 +699,12 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   EXPECT_EQ(response.results(0).error().code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("KV cache budget (kv_cache_bytes) of 40960 bytes"));
+              HasSubstr("KV cache budget (kv_cache_bytes) of 81920 bytes"));
 }
 
 TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {
   ServerOptions options = Options();
-  options.memory.kv_cache_bytes = 20 * 2048;
+  options.memory.kv_cache_bytes = 20 * 4096;
   options.sessions.eviction = EvictionPolicy::kNone;
   options.sessions.max_sessions = 3;
   Start(options);
@@ -736,7 +737,7 @@ TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {
                   HasSubstr("kv_eviction is none"));
     }
   }
-  EXPECT_EQ(Metrics()["attnserve_kv_cache_bytes"], 14 * 2048);
+  EXPECT_EQ(Metrics()["attnserve_kv_cache_bytes"], 14 * 4096);
   // Every session still answers: nothing was evicted.
   for (const SessionModel& model : models) {
     v1::GetSessionRequest get;
@@ -825,7 +826,7 @@ TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
 // and every refusal or eviction is reported.
 TEST_F(SessionBudgetTest, AFloodStaysWithinTheBudget) {
   ServerOptions options = Options();
-  options.memory.kv_cache_bytes = 40 * 2048;
+  options.memory.kv_cache_bytes = 40 * 4096;
   options.sessions.max_sessions = 16;
   Start(options);
   int evictions_seen = 0;
@@ -841,7 +842,7 @@ TEST_F(SessionBudgetTest, AFloodStaysWithinTheBudget) {
     }
     if (i % 20 == 0) {
       std::map<std::string, double> metrics = Metrics();
-      EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 40 * 2048);
+      EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 40 * 4096);
       EXPECT_LE(metrics["attnserve_sessions"], 16);
       evictions_seen = static_cast<int>(
           metrics["attnserve_session_removals_total{reason=\"evicted\"}"]);

@@ -7,10 +7,11 @@
 // attnserve/core/paged_attention.h). A fork shares its parent's pages by
 // reference; a page is written only while one table holds it and no step is
 // reading it, so a shared or read page is copied first (copy on write). Every
-// page is charged to the budget from its allocation to its release, so the
-// pages held never exceed it: past it the store evicts the least recently
-// used sessions no step is using (EvictionPolicy::kLru), or refuses
-// (kNone). Sessions idle past their TTL expire.
+// page is charged to the budget from its allocation to its release (in whole
+// 4 KiB pages: PageArena::Footprint), so the pages held never exceed it: past
+// it the store evicts the least recently used sessions no step is using
+// (EvictionPolicy::kLru), or refuses (kNone). Sessions idle past their TTL
+// expire.
 //
 // A session belongs to the identity that created it (rpc/call_gate.h's
 // CallerIdentity); any other identity gets NOT_FOUND for it, with the very
@@ -40,6 +41,7 @@
 #include "attnserve/common/dtype.h"
 #include "attnserve/core/paged_attention.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/sessions/page_arena.h"
 
 namespace attnserve {
 
@@ -219,6 +221,7 @@ class SessionStore {
   // none.
   absl::Status MakeRoom(int64_t bytes, const Session* keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A page of `layout` from the arena; null if it could not map memory.
   std::shared_ptr<Page> NewPage(const PageLayout& layout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Adds a page to / drops it from a session's table, keeping the shared
@@ -243,6 +246,8 @@ class SessionStore {
 
   const SessionOptions options_;
   ServerMetrics* const metrics_;
+  // Where pages' memory comes from (each page holds it too).
+  std::shared_ptr<PageArena> arena_;
   // Bytes and count of the pages alive, changed by pages' destructors too.
   std::shared_ptr<std::atomic<int64_t>> used_bytes_;
   std::shared_ptr<std::atomic<int64_t>> pages_;

@@ -43,6 +43,7 @@ const FLAG_DEFAULTS = {
   max_request_memory_bytes: String(4 * 2 ** 30),
   max_weights_bytes: "0",
   max_inflight_bytes: "0",
+  kv_cache_bytes: "0",
   buffer_pool_bytes: String(256 * 2 ** 20),
   drain_grace_seconds: "5",
   demo_weights: "true",
@@ -235,14 +236,15 @@ const INVARIANTS = [
     });
   }],
 
-  ["memory limit holds weights + pool + in-flight budget + 256 MiB, each set explicitly",
+  ["memory limit holds weights + KV cache + pool + in-flight budget + 256 MiB, each set explicitly",
     (r) => {
       const flag = (name) => Number(r.flags()[name]);
       // 0 derives a budget from the cgroup's limit at start-up; the manifests say theirs.
-      const unset = ["max_weights_bytes", "max_inflight_bytes"].filter((name) => !(flag(name) > 0));
+      const unset = ["max_weights_bytes", "kv_cache_bytes", "max_inflight_bytes"]
+          .filter((name) => !(flag(name) > 0));
       if (unset.length) return [`${unset.join(", ")} not set in the flag file`];
-      const needed = flag("max_weights_bytes") + flag("buffer_pool_bytes") +
-          flag("max_inflight_bytes") + BASE_MEMORY_BYTES;
+      const needed = flag("max_weights_bytes") + flag("kv_cache_bytes") +
+          flag("buffer_pool_bytes") + flag("max_inflight_bytes") + BASE_MEMORY_BYTES;
       const limit = quantity(r.container.resources.limits.memory);
       return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
     }],
@@ -457,6 +459,10 @@ const MUTATIONS = [
     (o) => replaceFlag(o, "max_inflight_bytes", String(16 * 2 ** 30))],
   ["in-flight budget left to the default", "memory limit holds",
     (o) => replaceFlag(o, "max_inflight_bytes", "0")],
+  ["KV-cache budget over the memory limit", "memory limit holds",
+    (o) => replaceFlag(o, "kv_cache_bytes", String(16 * 2 ** 30))],
+  ["KV-cache budget left to the default", "memory limit holds",
+    (o) => replaceFlag(o, "kv_cache_bytes", "0")],
   ["demo weights in a rendering with its own Namespace", "registers no demo weights",
     (o) => {
       if (!find(o, "Namespace")) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "reference/reference_attention.h"
 #include "reference/tolerance.h"
 #include "server/metrics_scrape.h"
+#include "server/test_certificates.h"
 
 namespace attnserve {
 namespace {
@@ -819,6 +821,55 @@ TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
   v1::GetSessionResponse got;
   EXPECT_EQ(stub_->GetSession(Context().get(), get, &got).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// Under mutual TLS without tokens, each client certificate's subject owns
+// its sessions.
+TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
+  std::optional<testing::TestCertificates> certs = testing::MakeCertificates();
+  ASSERT_TRUE(certs.has_value()) << "openssl could not make certificates";
+  ServerOptions options = Options();
+  options.tls = {certs->directory + "/server.crt",
+                 certs->directory + "/server.key",
+                 certs->directory + "/ca.crt"};
+  Start(options);
+  const auto stub_for = [&](const std::string& cert, const std::string& key) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = certs->ca;
+    ssl.pem_cert_chain = cert;
+    ssl.pem_private_key = key;
+    return v1::AttentionService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::SslCredentials(ssl)));
+  };
+  auto client = stub_for(certs->client_cert, certs->client_key);
+  auto other = stub_for(certs->other_cert, certs->other_key);
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(client->CreateSession(Context().get(), create, &created).ok());
+  const std::string id = created.session().session_id();
+  v1::GetSessionRequest get;
+  get.set_session_id(id);
+  v1::GetSessionResponse got;
+  EXPECT_TRUE(client->GetSession(Context().get(), get, &got).ok());
+  grpc::Status status = other->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+  v1::DeleteSessionRequest del;
+  del.set_session_id(id);
+  v1::DeleteSessionResponse deleted;
+  EXPECT_EQ(other->DeleteSession(Context().get(), del, &deleted).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::ListSessionsResponse listed;
+  ASSERT_TRUE(
+      other->ListSessions(Context().get(), v1::ListSessionsRequest(), &listed)
+          .ok());
+  EXPECT_EQ(listed.sessions_size(), 0);
+  EXPECT_TRUE(client->DeleteSession(Context().get(), del, &deleted).ok());
 }
 
 // A flood of creations and appends far past the budget and max_sessions:

@@ -19,8 +19,9 @@
 namespace attnserve::testing {
 
 // Certificates made with openssl for this test run: a CA, a server certificate
-// for 127.0.0.1, and a client certificate, as PEM text, and the folder holding
-// them as files (ca.crt, server.crt, server.key, client.crt, client.key). The
+// for 127.0.0.1, and two client certificates (subjects CN=client and
+// CN=other), as PEM text, and the folder holding them as files (ca.crt,
+// server.crt, server.key, client.crt, client.key, other.crt, other.key). The
 // folder is removed with the last owner, so private keys do not pile up in the
 // temporary directory run after run.
 struct TestCertificates {
@@ -33,6 +34,8 @@ struct TestCertificates {
         server_key(std::move(other.server_key)),
         client_cert(std::move(other.client_cert)),
         client_key(std::move(other.client_key)),
+        other_cert(std::move(other.other_cert)),
+        other_key(std::move(other.other_key)),
         directory(std::exchange(other.directory, std::string())) {}
   TestCertificates& operator=(TestCertificates&&) = delete;
   ~TestCertificates() {
@@ -42,6 +45,7 @@ struct TestCertificates {
   }
 
   std::string ca, server_cert, server_key, client_cert, client_key;
+  std::string other_cert, other_key;
   std::string directory;
 };
 
@@ -61,7 +65,7 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
       "-keyout ca.key "
       "-out ca.crt 2>/dev/null;",
-      "for who in server client; do ",
+      "for who in server client other; do ",
       "openssl req -newkey rsa:2048 -nodes -subj /CN=$who -keyout $who.key "
       "-out $who.csr "
       "2>/dev/null;",
@@ -82,6 +86,8 @@ inline std::optional<TestCertificates> MakeCertificates() {
   certs->server_key = ReadFile(dir + "/server.key");
   certs->client_cert = ReadFile(dir + "/client.crt");
   certs->client_key = ReadFile(dir + "/client.key");
+  certs->other_cert = ReadFile(dir + "/other.crt");
+  certs->other_key = ReadFile(dir + "/other.key");
   return certs;
 }
 

@@ -18,13 +18,11 @@ build/tests/python/stubs (the Python stubs the build generates).
 """
 import argparse
 import os
-import re
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
+
+from bench_server import scrape, start_attnserve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,38 +46,17 @@ def main():
     from attnserve.v1 import attention_pb2 as pb  # noqa: E402
     from attnserve.v1 import attention_pb2_grpc as rpc  # noqa: E402
 
-    with socket.socket() as probe:  # A free port for /metrics (0 turns it off).
-        probe.bind(("127.0.0.1", 0))
-        free_port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [args.attnserve, "--address=127.0.0.1", "--port=0", f"--metrics_port={free_port}",
-         "--drain_grace_seconds=0", "--demo_weights=false",
-         f"--kv_cache_bytes={args.kv_cache_bytes}", f"--kv_eviction={args.eviction}",
-         "--max_sessions=100000", f"--buffer_pool_bytes={args.buffer_pool_bytes}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server, port, metrics_port = start_attnserve(
+        args.attnserve, f"--kv_cache_bytes={args.kv_cache_bytes}",
+        f"--kv_eviction={args.eviction}", "--max_sessions=100000",
+        f"--buffer_pool_bytes={args.buffer_pool_bytes}")
     try:
-        line = server.stdout.readline()
-        ports = re.findall(r"127\.0\.0\.1:(\d+)", line)
-        if len(ports) < 2:
-            raise SystemExit(f"attnserve did not start: {line}")
-        port, metrics_port = ports[0], ports[1]
-
         def rss():
             with open(f"/proc/{server.pid}/status") as status:
                 for field in status:
                     if field.startswith("VmRSS:"):
                         return int(field.split()[1]) * 1024
             return 0
-
-        def metrics():
-            text = urllib.request.urlopen(
-                f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-            samples = {}
-            for row in text.splitlines():
-                if row and not row.startswith("#"):
-                    name, value = row.rsplit(" ", 1)
-                    samples[name] = float(value)
-            return samples
 
         heads, dim = 8, 128
         tokens = np.random.default_rng(1).uniform(-1, 1, (heads, args.chunk, dim)).astype(
@@ -122,7 +99,7 @@ def main():
         while any(worker.is_alive() for worker in workers):
             peak[0] = max(peak[0], rss())
             time.sleep(0.05)
-        samples = metrics()
+        samples = scrape(metrics_port)
         appended = samples.get("attnserve_session_tokens_appended_total", 0)
         evicted = samples.get('attnserve_session_removals_total{reason="evicted"}', 0)
         token_bytes = heads * dim * 2 * 4

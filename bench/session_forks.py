@@ -10,11 +10,9 @@ the forks' own new pages.
 """
 import argparse
 import os
-import re
-import socket
-import subprocess
 import sys
-import urllib.request
+
+from bench_server import scrape, start_attnserve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,25 +33,15 @@ def main():
     from attnserve.v1 import attention_pb2 as pb  # noqa: E402
     from attnserve.v1 import attention_pb2_grpc as rpc  # noqa: E402
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        metrics_port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [args.attnserve, "--address=127.0.0.1", "--port=0", f"--metrics_port={metrics_port}",
-         "--drain_grace_seconds=0", "--demo_weights=false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server, port, metrics_port = start_attnserve(args.attnserve)
     try:
-        port = re.findall(r"127\.0\.0\.1:(\d+)", server.stdout.readline())[0]
         stub = rpc.AttentionServiceStub(grpc.insecure_channel(
             f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]))
 
         def gauges():
-            text = urllib.request.urlopen(
-                f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-            found = dict(re.findall(r"^(attnserve_kv_cache_(?:shared_)?bytes) (\S+)$", text,
-                                    re.M))
-            return (float(found["attnserve_kv_cache_bytes"]),
-                    float(found["attnserve_kv_cache_shared_bytes"]))
+            samples = scrape(metrics_port)
+            return (samples["attnserve_kv_cache_bytes"],
+                    samples["attnserve_kv_cache_shared_bytes"])
 
         heads, kv_heads, dim = 32, 8, 128
         rng = np.random.default_rng(3)

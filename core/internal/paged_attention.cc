@@ -17,6 +17,7 @@
 #include <new>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "internal/fast_exp.h"
 #include "internal/tile_kernels.h"
@@ -37,17 +38,8 @@ constexpr int64_t kUnitRows = 64;
 constexpr int64_t kUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 64;
 
-float FloatOf(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint32_t BitsOf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
+float FloatOf(uint32_t bits) { return absl::bit_cast<float>(bits); }
+uint32_t BitsOf(float value) { return absl::bit_cast<uint32_t>(value); }
 
 // Branch-free conversions, so that the loops around them vectorise.
 inline float Bf16ToFloat(uint16_t h) { return FloatOf(uint32_t{h} << 16); }
@@ -323,19 +315,12 @@ ATTNSERVE_PAGED_INLINE float Max8(F8 v) {
 // ExpNonPositive (internal/fast_exp.h), eight lanes at a time: the same
 // reduction and polynomial, so the same results.
 ATTNSERVE_PAGED_INLINE F8 ExpNonPositive8(F8 x) {
-  const I8 in_range = x >= -87.3f;  // False for NaN.
-  const F8 clamped = Select(in_range, x, F8{} - 87.3f);
-  const F8 n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const F8 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  F8 p = F8{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  const I8 in_range = x >= kExpLowest;  // False for NaN.
+  const F8 clamped = Select(in_range, x, F8{} + kExpLowest);
+  const F8 n = (clamped * kExpLog2e + kExpRoundMagic) - kExpRoundMagic;
+  const F8 r = clamped - n * kExpLn2High - n * kExpLn2Low;
   const I8 exponent = (__builtin_convertvector(n, I8) + 127) << 23;
-  const F8 result = p * (F8)exponent;
+  const F8 result = ExpPolynomial(r) * (F8)exponent;
   return Select(in_range, result, Select(x != x, x, F8{}));
 }
 
@@ -385,21 +370,58 @@ ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
   return alpha;
 }
 
-// Eight 32-bit words of a bf16 row, each two bf16 values, widened: the even
-// values (the low halves) and the odd ones.
-ATTNSERVE_PAGED_INLINE void LoadBf16Pairs(const char* p, F8* even, F8* odd) {
-  U8 u;
-  std::memcpy(&u, p, sizeof(u));
-  *even = (F8)(u << 16);
-  *odd = (F8)(u & 0xffff0000u);
+// Sixteen elements of a row, from `d`, as two vectors: those that pair with
+// the query's (or accumulate into the output's) columns [d, d + 8) and
+// [d + 8, d + 16). Pairwise (bf16 rows of an item that is Deinterleaved):
+// eight 32-bit words, each two bf16 values, the even ones widened with one
+// instruction and the odd ones with another; the query and output rows hold
+// each run of sixteen columns as its even columns then its odd ones.
+template <DataType T, bool kPairwise>
+ATTNSERVE_PAGED_INLINE void Load16(const char* row, int64_t d, F8* first,
+                                   F8* second) {
+  if constexpr (kPairwise) {
+    U8 u;
+    std::memcpy(&u, row + 2 * d, sizeof(u));
+    *first = (F8)(u << 16);
+    *second = (F8)(u & 0xffff0000u);
+  } else {
+    *first = Load8<T>(row, d);
+    *second = Load8<T>(row, d + 8);
+  }
 }
 
-// BlockScores for bf16 keys of an item that is Deinterleaved (above): dk a
-// multiple of 16, q's rows deinterleaved.
-ATTNSERVE_PAGED_INLINE void BlockScoresPairwise(const float* q, int64_t rows4,
-                                                int64_t dk, const char* keys,
-                                                int64_t n, float* s,
-                                                const char* next_keys) {
+// One query row's sixteen columns at `q` against two keys' (first and second
+// halves: Load16), into the row's two accumulators.
+ATTNSERVE_PAGED_INLINE void Dot16(const float* q, F8 first0, F8 second0,
+                                  F8 first1, F8 second1, F8& a0, F8& a1) {
+  const F8 y = LoadFloats(q);
+  const F8 z = LoadFloats(q + 8);
+  a0 += y * first0;
+  a0 += z * second0;
+  a1 += y * first1;
+  a1 += z * second1;
+}
+
+// The same for eight columns.
+ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
+                                 F8& a1) {
+  const F8 y = LoadFloats(q);
+  a0 += y * key0;
+  a1 += y * key1;
+}
+
+// s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
+// multiple of 4, rows past the unit's zero) and key j < n of `keys`
+// ([n, dk] in T): four rows and two keys at a time, eight accumulators; the
+// next block's rows prefetched into L2 as these are used (a page's rows are
+// too short a run for the hardware prefetcher to catch).
+template <DataType T, bool kPairwise>
+ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
+                                        int64_t dk, const char* keys, int64_t n,
+                                        float* s, const char* next_keys) {
+  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
+  const int64_t end16 = dk / 16 * 16;
+  const int64_t end8 = dk / 8 * 8;  // Pairwise: dk % 16 == 0.
   for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
     const float* q0 = q + r0 * dk;
     const float* q1 = q0 + dk;
@@ -407,45 +429,45 @@ ATTNSERVE_PAGED_INLINE void BlockScoresPairwise(const float* q, int64_t rows4,
     const float* q3 = q2 + dk;
     float* s0 = s + r0 * kBlock;
     for (int64_t j = 0; j < n; j += 2) {
+      // The last odd key pairs with itself; its second result is dropped.
       const int64_t j1 = j + 1 < n ? j + 1 : j;
-      const char* k0 = keys + j * dk * 2;
-      const char* k1 = keys + j1 * dk * 2;
+      const char* k0 = keys + j * dk * element;
+      const char* k1 = keys + j1 * dk * element;
       if (r0 == 0 && next_keys != nullptr) {
-        for (int64_t at = j * dk * 2; at < (j + 2) * dk * 2; at += 64) {
+        for (int64_t at = j * dk * element; at < (j + 2) * dk * element;
+             at += 64) {
           __builtin_prefetch(next_keys + at, 0, 2);
         }
       }
       F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
-      for (int64_t d = 0; d < dk; d += 16) {
+      for (int64_t d = 0; d < end16; d += 16) {
         F8 e0, o0, e1, o1;
-        LoadBf16Pairs(k0 + 2 * d, &e0, &o0);
-        LoadBf16Pairs(k1 + 2 * d, &e1, &o1);
-        F8 y = LoadFloats(q0 + d), z = LoadFloats(q0 + d + 8);
-        a00 += y * e0;
-        a00 += z * o0;
-        a01 += y * e1;
-        a01 += z * o1;
-        y = LoadFloats(q1 + d);
-        z = LoadFloats(q1 + d + 8);
-        a10 += y * e0;
-        a10 += z * o0;
-        a11 += y * e1;
-        a11 += z * o1;
-        y = LoadFloats(q2 + d);
-        z = LoadFloats(q2 + d + 8);
-        a20 += y * e0;
-        a20 += z * o0;
-        a21 += y * e1;
-        a21 += z * o1;
-        y = LoadFloats(q3 + d);
-        z = LoadFloats(q3 + d + 8);
-        a30 += y * e0;
-        a30 += z * o0;
-        a31 += y * e1;
-        a31 += z * o1;
+        Load16<T, kPairwise>(k0, d, &e0, &o0);
+        Load16<T, kPairwise>(k1, d, &e1, &o1);
+        Dot16(q0 + d, e0, o0, e1, o1, a00, a01);
+        Dot16(q1 + d, e0, o0, e1, o1, a10, a11);
+        Dot16(q2 + d, e0, o0, e1, o1, a20, a21);
+        Dot16(q3 + d, e0, o0, e1, o1, a30, a31);
       }
-      const float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
-                          Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
+      for (int64_t d = end16; d < end8; d += 8) {
+        const F8 x0 = Load8<T>(k0, d);
+        const F8 x1 = Load8<T>(k1, d);
+        Dot8(q0 + d, x0, x1, a00, a01);
+        Dot8(q1 + d, x0, x1, a10, a11);
+        Dot8(q2 + d, x0, x1, a20, a21);
+        Dot8(q3 + d, x0, x1, a30, a31);
+      }
+      float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
+                    Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
+      for (int64_t d = end8; d < dk; ++d) {
+        const float x0 = Load1<T>(k0, d);
+        const float x1 = Load1<T>(k1, d);
+        const float* rows[4] = {q0, q1, q2, q3};
+        for (int r = 0; r < 4; ++r) {
+          t[2 * r] += rows[r][d] * x0;
+          t[2 * r + 1] += rows[r][d] * x1;
+        }
+      }
       for (int64_t r = 0; r < 4; ++r) {
         s0[r * kBlock + j] = t[2 * r];
         if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
@@ -454,16 +476,19 @@ ATTNSERVE_PAGED_INLINE void BlockScoresPairwise(const float* q, int64_t rows4,
   }
 }
 
-// BlockAccumulate for bf16 values of an item that is Deinterleaved: dv a
-// multiple of 16, o's rows deinterleaved. Values are taken four rows at a
-// time, each walked front to back, so the block streams through the cache
-// in order; the next block's rows are prefetched as these are used.
-ATTNSERVE_PAGED_INLINE void BlockAccumulatePairwise(const float* p,
-                                                    int64_t rows4, int64_t n,
-                                                    const char* values,
-                                                    int64_t dv, float* o,
-                                                    const char* next_values) {
-  const int64_t row_bytes = dv * 2;
+// o_r += Σ_j p[r · kBlock + j] · v_j for every row r of `o` ([rows4, dv])
+// and value j < n of `values` ([n, dv] in T): four rows and sixteen columns
+// at a time, eight accumulators, the values taken four rows at a time, each
+// walked front to back, so the block streams through the cache in order; the
+// next block's rows prefetched as these are used.
+template <DataType T, bool kPairwise>
+ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
+                                            int64_t n, const char* values,
+                                            int64_t dv, float* o,
+                                            const char* next_values) {
+  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
+  const int64_t row_bytes = dv * element;
+  const int64_t end16 = dv / 16 * 16;  // Pairwise: dv % 16 == 0.
   for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
     const float* p0 = p + r0 * kBlock;
     const float* p1 = p0 + kBlock;
@@ -480,14 +505,14 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulatePairwise(const float* p,
           __builtin_prefetch(next_values + at, 0, 2);
         }
       }
-      for (int64_t c = 0; c < dv; c += 16) {
+      for (int64_t c = 0; c < end16; c += 16) {
         F8 a0 = LoadFloats(o0 + c), b0 = LoadFloats(o0 + c + 8);
         F8 a1 = LoadFloats(o1 + c), b1 = LoadFloats(o1 + c + 8);
         F8 a2 = LoadFloats(o2 + c), b2 = LoadFloats(o2 + c + 8);
         F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
         for (int64_t j = j0; j < j_end; ++j) {
           F8 x, y;
-          LoadBf16Pairs(values + j * row_bytes + c * 2, &x, &y);
+          Load16<T, kPairwise>(values + j * row_bytes, c, &x, &y);
           a0 += p0[j] * x;
           b0 += p0[j] * y;
           a1 += p1[j] * x;
@@ -507,159 +532,49 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulatePairwise(const float* p,
         StoreFloats(o3 + c + 8, b3);
       }
     }
-  }
-}
-
-// s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
-// multiple of 4, rows past the unit's zero) and key j < n of `keys`
-// ([n, dk] in T): four rows and two keys at a time, eight accumulators.
-template <DataType T>
-ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
-                                        int64_t dk, const char* keys, int64_t n,
-                                        float* s, const char* next_keys,
-                                        bool pairwise) {
-  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
-  if constexpr (T == DataType::kBFloat16) {
-    if (pairwise) {
-      return BlockScoresPairwise(q, rows4, dk, keys, n, s, next_keys);
-    }
-  }
-  const int64_t vector_end = dk / 8 * 8;
-  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
-    const float* q0 = q + r0 * dk;
-    const float* q1 = q0 + dk;
-    const float* q2 = q1 + dk;
-    const float* q3 = q2 + dk;
-    float* s0 = s + r0 * kBlock;
-    for (int64_t j = 0; j < n; j += 2) {
-      // The last odd key pairs with itself; its second result is dropped.
-      const int64_t j1 = j + 1 < n ? j + 1 : j;
-      const char* k0 = keys + j * dk * element;
-      const char* k1 = keys + j1 * dk * element;
-      if (r0 == 0 && next_keys != nullptr) {
-        // The next block's rows, into L2 while this one computes: a page's
-        // rows are too short a run for the hardware prefetcher to catch.
-        for (int64_t at = j * dk * element; at < (j + 2) * dk * element;
-             at += 64) {
-          __builtin_prefetch(next_keys + at, 0, 2);
+    float* rows[4] = {o0, o1, o2, o3};
+    const float* weights[4] = {p0, p1, p2, p3};
+    for (int64_t c = end16; c < dv; ++c) {
+      for (int r = 0; r < 4; ++r) {
+        float a = rows[r][c];
+        for (int64_t j = 0; j < n; ++j) {
+          a += weights[r][j] * Load1<T>(values + j * row_bytes, c);
         }
-      }
-      F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
-      for (int64_t d = 0; d < vector_end; d += 8) {
-        const F8 x0 = Load8<T>(k0, d);
-        const F8 x1 = Load8<T>(k1, d);
-        F8 y = LoadFloats(q0 + d);
-        a00 += y * x0;
-        a01 += y * x1;
-        y = LoadFloats(q1 + d);
-        a10 += y * x0;
-        a11 += y * x1;
-        y = LoadFloats(q2 + d);
-        a20 += y * x0;
-        a21 += y * x1;
-        y = LoadFloats(q3 + d);
-        a30 += y * x0;
-        a31 += y * x1;
-      }
-      float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
-                    Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
-      for (int64_t d = vector_end; d < dk; ++d) {
-        const float x0 = Load1<T>(k0, d);
-        const float x1 = Load1<T>(k1, d);
-        t[0] += q0[d] * x0;
-        t[1] += q0[d] * x1;
-        t[2] += q1[d] * x0;
-        t[3] += q1[d] * x1;
-        t[4] += q2[d] * x0;
-        t[5] += q2[d] * x1;
-        t[6] += q3[d] * x0;
-        t[7] += q3[d] * x1;
-      }
-      for (int64_t r = 0; r < 4; ++r) {
-        s0[r * kBlock + j] = t[2 * r];
-        if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
+        rows[r][c] = a;
       }
     }
   }
 }
 
-// o_r += Σ_j p[r · kBlock + j] · v_j for every row r of `o` ([rows4, dv])
-// and value j < n of `values` ([n, dv] in T): four rows and sixteen columns
-// at a time, eight accumulators.
-template <DataType T>
-ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
-                                            int64_t n, const char* values,
-                                            int64_t dv, float* o,
-                                            const char* next_values,
-                                            bool pairwise) {
-  const int64_t element = T == DataType::kFloat32 ? 4 : 2;
-  if constexpr (T == DataType::kBFloat16) {
-    if (pairwise) {
-      return BlockAccumulatePairwise(p, rows4, n, values, dv, o, next_values);
-    }
-  }
-  if (next_values != nullptr) {
-    for (int64_t at = 0; at < n * dv * element; at += 64) {
-      __builtin_prefetch(next_values + at, 0, 2);
-    }
-  }
-  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
-    const float* p0 = p + r0 * kBlock;
-    const float* p1 = p0 + kBlock;
-    const float* p2 = p1 + kBlock;
-    const float* p3 = p2 + kBlock;
-    float* o0 = o + r0 * dv;
-    float* o1 = o0 + dv;
-    float* o2 = o1 + dv;
-    float* o3 = o2 + dv;
-    const int64_t vector_end = dv / 16 * 16;
-    // Four value rows at a time, each walked front to back (as in
-    // BlockAccumulatePairwise).
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-      const int64_t j_end = std::min<int64_t>(j0 + 4, n);
-      for (int64_t c = 0; c < vector_end; c += 16) {
-        F8 a0 = LoadFloats(o0 + c), b0 = LoadFloats(o0 + c + 8);
-        F8 a1 = LoadFloats(o1 + c), b1 = LoadFloats(o1 + c + 8);
-        F8 a2 = LoadFloats(o2 + c), b2 = LoadFloats(o2 + c + 8);
-        F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
-        for (int64_t j = j0; j < j_end; ++j) {
-          const char* v = values + j * dv * element;
-          const F8 x = Load8<T>(v, c);
-          const F8 y = Load8<T>(v, c + 8);
-          a0 += p0[j] * x;
-          b0 += p0[j] * y;
-          a1 += p1[j] * x;
-          b1 += p1[j] * y;
-          a2 += p2[j] * x;
-          b2 += p2[j] * y;
-          a3 += p3[j] * x;
-          b3 += p3[j] * y;
+// One block of a unit: scores, their fold into each row's softmax (and the
+// rows' rescaling), then the values, for keys and values in T.
+template <DataType T, bool kPairwise>
+ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
+                                     const UnitBuffers& b, int64_t rows,
+                                     int64_t rows4, int64_t k0, int64_t n,
+                                     bool round, const char* keys,
+                                     const char* values, const char* next_keys,
+                                     const char* next_values) {
+  const int64_t dk = item.layout.key_dim;
+  const int64_t dv = item.layout.value_dim;
+  BlockScores<T, kPairwise>(b.query, rows4, dk, keys, n, b.scores, next_keys);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t visible = std::clamp<int64_t>(b.ends[r] - k0, 0, n);
+    const float alpha = FoldScores(b.scores + r * kBlock, n, visible,
+                                   item.scale, round, &b.states[r]);
+    if (alpha != 1.0f) {
+      float* o = b.output + r * dv;
+      for (int64_t c = 0; c < dv; c += 8) {
+        if (c + 8 <= dv) {
+          StoreFloats(o + c, LoadFloats(o + c) * alpha);
+        } else {
+          for (int64_t i = c; i < dv; ++i) o[i] *= alpha;
         }
-        StoreFloats(o0 + c, a0);
-        StoreFloats(o0 + c + 8, b0);
-        StoreFloats(o1 + c, a1);
-        StoreFloats(o1 + c + 8, b1);
-        StoreFloats(o2 + c, a2);
-        StoreFloats(o2 + c + 8, b2);
-        StoreFloats(o3 + c, a3);
-        StoreFloats(o3 + c + 8, b3);
       }
-    }
-    for (int64_t c = vector_end; c < dv; ++c) {
-      float a[4] = {o0[c], o1[c], o2[c], o3[c]};
-      for (int64_t j = 0; j < n; ++j) {
-        const float x = Load1<T>(values + j * dv * element, c);
-        a[0] += p0[j] * x;
-        a[1] += p1[j] * x;
-        a[2] += p2[j] * x;
-        a[3] += p3[j] * x;
-      }
-      o0[c] = a[0];
-      o1[c] = a[1];
-      o2[c] = a[2];
-      o3[c] = a[3];
     }
   }
+  BlockAccumulate<T, kPairwise>(b.scores, rows4, n, values, dv, b.output,
+                                next_values);
 }
 
 __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
@@ -738,44 +653,19 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
       next_keys = next_base + next_row * dk * element;
       next_values = next_base + layout.KeyBytes() + next_row * dv * element;
     }
-    switch (type) {
-      case DataType::kFloat32:
-        BlockScores<DataType::kFloat32>(b.query, rows4, dk, keys, n, b.scores,
-                                        next_keys, pairwise);
-        break;
-      case DataType::kBFloat16:
-        BlockScores<DataType::kBFloat16>(b.query, rows4, dk, keys, n, b.scores,
-                                         next_keys, pairwise);
-        break;
-      case DataType::kFloat16:
-        BlockScores<DataType::kFloat16>(b.query, rows4, dk, keys, n, b.scores,
-                                        next_keys, pairwise);
-        break;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = b.scores + r * kBlock;
-      const int64_t visible = std::clamp<int64_t>(b.ends[r] - k0, 0, n);
-      const float alpha =
-          FoldScores(s, n, visible, item.scale, round, &b.states[r]);
-      if (alpha != 1.0f) {
-        float* o = b.output + r * dv;
-#pragma omp simd
-        for (int64_t c = 0; c < dv; ++c) o[c] *= alpha;
-      }
-    }
-    switch (type) {
-      case DataType::kFloat32:
-        BlockAccumulate<DataType::kFloat32>(b.scores, rows4, n, values, dv,
-                                            b.output, next_values, pairwise);
-        break;
-      case DataType::kBFloat16:
-        BlockAccumulate<DataType::kBFloat16>(b.scores, rows4, n, values, dv,
-                                             b.output, next_values, pairwise);
-        break;
-      case DataType::kFloat16:
-        BlockAccumulate<DataType::kFloat16>(b.scores, rows4, n, values, dv,
-                                            b.output, next_values, pairwise);
-        break;
+    if (pairwise) {
+      RunBlock<DataType::kBFloat16, true>(item, b, rows, rows4, k0, n, round,
+                                          keys, values, next_keys, next_values);
+    } else if (type == DataType::kFloat32) {
+      RunBlock<DataType::kFloat32, false>(item, b, rows, rows4, k0, n, round,
+                                          keys, values, next_keys, next_values);
+    } else if (type == DataType::kBFloat16) {
+      RunBlock<DataType::kBFloat16, false>(item, b, rows, rows4, k0, n, round,
+                                           keys, values, next_keys,
+                                           next_values);
+    } else {
+      RunBlock<DataType::kFloat16, false>(item, b, rows, rows4, k0, n, round,
+                                          keys, values, next_keys, next_values);
     }
     k0 += n;
   }

@@ -109,13 +109,8 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
     }
     config.scale = request.defaults().scale();
   }
-  PageLayout layout;
-  layout.page_tokens = options.page_tokens;
-  layout.kv_heads = config.kv_heads;
-  layout.key_dim = config.key_dim;
-  layout.value_dim = config.value_dim;
-  layout.dtype = config.dtype;
-  const int64_t page_bytes = PageArena::Footprint(layout.PageBytes());
+  const int64_t page_bytes = PageArena::Footprint(
+      PageLayoutOf(config, options.page_tokens).PageBytes());
   if (page_bytes > options.max_page_bytes ||
       page_bytes > options.kv_cache_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

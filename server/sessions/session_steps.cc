@@ -235,10 +235,7 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
            static_cast<double>(config.value_dim)},
           /*causal=*/false);
       PagedAttend size;
-      size.layout.page_tokens = store.options().page_tokens;
-      size.layout.kv_heads = config.kv_heads;
-      size.layout.key_dim = config.key_dim;
-      size.layout.value_dim = config.value_dim;
+      size.layout = PageLayoutOf(config, store.options().page_tokens);
       size.heads = config.heads;
       size.query_len = work.query_len;
       sizes.push_back(size);

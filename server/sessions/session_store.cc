@@ -120,9 +120,9 @@ SessionStore::SessionStore(const SessionOptions& options,
 
 SessionStore::~SessionStore() { Clear(); }
 
-PageLayout SessionStore::LayoutOf(const SessionConfig& config) const {
+PageLayout PageLayoutOf(const SessionConfig& config, int64_t page_tokens) {
   PageLayout layout;
-  layout.page_tokens = options_.page_tokens;
+  layout.page_tokens = page_tokens;
   layout.kv_heads = config.kv_heads;
   layout.key_dim = config.key_dim;
   layout.value_dim = config.value_dim;
@@ -331,7 +331,7 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
   session->id = NewId();
   session->owner = owner;
   session->config = config;
-  session->layout = LayoutOf(config);
+  session->layout = PageLayoutOf(config, options_.page_tokens);
   session->layers.resize(static_cast<size_t>(config.layers));
   session->created = session->last_used = now;
   session->lru = lru_.insert(lru_.end(), session.get());

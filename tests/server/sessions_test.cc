@@ -54,6 +54,20 @@ struct SessionModel {
   std::vector<LayerModel> layers;
 };
 
+// Every layer of `model` keeps its first `length` tokens, as the server's
+// TruncateSession (and a fork's shared prefix) does.
+void Truncate(SessionModel& model, int64_t length) {
+  for (LayerModel& layer : model.layers) {
+    const int64_t keep = std::min(layer.length, length);
+    for (auto* rows : {&layer.keys, &layer.values}) {
+      for (std::vector<float>& head : *rows) {
+        head.resize(static_cast<size_t>(keep * model.dim));
+      }
+    }
+    layer.length = keep;
+  }
+}
+
 // `values` as stored in `dtype` and read back.
 std::vector<float> Stored(const std::vector<float>& values, v1::DType dtype) {
   if (dtype == v1::FLOAT32) return values;
@@ -310,15 +324,7 @@ TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
       SessionModel child = parent;
       child.id = forked.session().session_id();
       EXPECT_EQ(forked.session().forked_from(), parent.id);
-      for (LayerModel& layer : child.layers) {
-        const int64_t keep = std::min(layer.length, length);
-        for (auto* rows : {&layer.keys, &layer.values}) {
-          for (std::vector<float>& head : *rows) {
-            head.resize(static_cast<size_t>(keep * child.dim));
-          }
-        }
-        layer.length = keep;
-      }
+      Truncate(child, length);
       sessions.push_back(child);
       continue;
     }
@@ -332,15 +338,7 @@ TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
       v1::TruncateSessionResponse truncated;
       ASSERT_TRUE(
           stub_->TruncateSession(Context().get(), truncate, &truncated).ok());
-      for (LayerModel& layer : model.layers) {
-        const int64_t keep = std::min(layer.length, length);
-        for (auto* rows : {&layer.keys, &layer.values}) {
-          for (std::vector<float>& head : *rows) {
-            head.resize(static_cast<size_t>(keep * model.dim));
-          }
-        }
-        layer.length = keep;
-      }
+      Truncate(model, length);
       continue;
     }
     // A call of 1 to 4 steps over random sessions and layers (a session and
@@ -547,10 +545,7 @@ TEST_F(SessionsTest, ForksSharePagesAndCopyOnlyTheLastOnWrite) {
   ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
   SessionModel mid = parent;
   mid.id = forked.session().session_id();
-  for (auto* rows : {&mid.layers[0].keys, &mid.layers[0].values}) {
-    for (std::vector<float>& head : *rows) head.resize(390 * 16);
-  }
-  mid.layers[0].length = 390;
+  Truncate(mid, 390);
   std::vector<float> query;
   v1::StepRequest request;
   *request.add_steps() = MakeStep(mid, 0, 2, 2, 900, &query);

@@ -82,6 +82,10 @@ struct SessionConfig {
   std::optional<float> scale;  // Steps' default; nullopt: 1 / sqrt(Dk).
 };
 
+// How the pages of a session of `config` are laid out, at `page_tokens`
+// tokens a page.
+PageLayout PageLayoutOf(const SessionConfig& config, int64_t page_tokens);
+
 // A session as GetSession and ListSessions report it.
 struct SessionDescription {
   std::string id;
@@ -205,8 +209,6 @@ class SessionStore {
     std::string owner;
     std::string reason;
   };
-
-  PageLayout LayoutOf(const SessionConfig& config) const;
 
   // The session `id` if `owner` owns it, else NOT_FOUND with the reason the
   // owner may know. Expires sessions first.

@@ -184,10 +184,11 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
                              item.cache->stored_key, item.cache->stored_value,
                              absl::MakeSpan(output))
                     .ok());
-    // The two kernels sum in different orders: a few f32 roundings apart.
+    // The two kernels sum in different orders, a few f32 roundings apart:
+    // within 1e-6 relative (the sessions' promise; 2e-7 held too).
     for (size_t i = 0; i < output.size(); ++i) {
       ASSERT_NEAR(item.output[i], output[i],
-                  2e-6 * std::max(1.0f, std::abs(output[i])))
+                  1e-6 * std::max(1.0f, std::abs(output[i])))
           << "against Attend at " << i;
     }
   }

@@ -16,12 +16,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
@@ -73,15 +73,23 @@ class ServerProcess {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
-    const std::regex listening(R"(listening on 127\.0\.0\.1:(\d+),)");
+    // The start-up line says "listening on 127.0.0.1:PORT,". (Not std::regex:
+    // GCC 12's <regex> trips -Wmaybe-uninitialized under AddressSanitizer.)
+    const std::string listening = "listening on 127.0.0.1:";
     for (int i = 0; i < 200 && pid_ > 0 && port_ == 0; ++i) {
       std::ifstream file(log_);
       std::stringstream text;
       text << file.rdbuf();
-      std::smatch match;
       const std::string log = text.str();
-      if (std::regex_search(log, match, listening)) {
-        port_ = std::stoi(match[1]);
+      const size_t at = log.find(listening);
+      const size_t end =
+          at == std::string::npos ? at : log.find(',', at + listening.size());
+      int port = 0;
+      if (end != std::string::npos &&
+          absl::SimpleAtoi(
+              log.substr(at + listening.size(), end - at - listening.size()),
+              &port)) {
+        port_ = port;
       } else {
         absl::SleepFor(absl::Milliseconds(50));
       }

@@ -1,11 +1,9 @@
 #include "internal/paged_attention.h"
 
-// GCC warns that a function returning or taking a 32-byte vector would pass
-// it differently with AVX enabled; the block kernels' helpers are always
-// inlined, so no such value ever crosses a call.
-#if defined(__GNUC__) && !defined(__clang__)
+// GCC and Clang warn that a function returning or taking a 32-byte vector
+// would pass it differently with AVX enabled; the block kernels' helpers are
+// always inlined, so no such value ever crosses a call.
 #pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 
 #include <omp.h>
 

@@ -42,11 +42,14 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
         config.layers - 1, " (the session's num_layers ", config.layers, ")"));
   }
   work->layer = step.layer();
-  if (step.expected_length() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "expected_length is ", step.expected_length(),
-                     ", expected >= 0 (the tokens the layer holds before "
-                     "this step)"));
+  // No layer holds more than max_tokens: a larger expectation can never be
+  // met (and would overflow the sums below).
+  if (step.expected_length() < 0 ||
+      step.expected_length() > config.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "expected_length is ", step.expected_length(),
+        ", expected 0 to the session's max_tokens ", config.max_tokens,
+        " (the tokens the layer holds before this step)"));
   }
   work->expected_length = step.expected_length();
   if (step.has_key() != step.has_value()) {

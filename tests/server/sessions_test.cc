@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -625,6 +626,11 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
   step = request.add_steps();
   step->set_session_id(model.id);
   step->set_expected_length(-1);
+  step = request.add_steps();
+  step->set_session_id(model.id);
+  step->set_expected_length(std::numeric_limits<int64_t>::max());
+  *step->mutable_key() = MakeFloat32Tensor({2, 1, 8}, RandomValues(16, 5));
+  *step->mutable_value() = MakeFloat32Tensor({2, 1, 8}, RandomValues(16, 6));
   ASSERT_TRUE(Step(request, &response).ok());
   EXPECT_THAT(response.results(0).error().message(),
               HasSubstr("steps[0].session_id is 'xxxx"));
@@ -636,7 +642,10 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
   EXPECT_THAT(response.results(3).error().message(),
               HasSubstr("options.return_lse is set but the step has no query"));
   EXPECT_THAT(response.results(4).error().message(),
-              HasSubstr("expected_length is -1"));
+              HasSubstr("expected_length is -1, expected 0 to the session's "
+                        "max_tokens 131072"));
+  EXPECT_THAT(response.results(5).error().message(),
+              HasSubstr("expected_length is 9223372036854775807"));
   // A query whose output would pass the message limit is refused whole: Dv 64
   // makes a 640 KB query's output 5 MB.
   create.set_num_heads(4);

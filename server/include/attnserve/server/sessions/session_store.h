@@ -13,8 +13,8 @@
 // (EvictionPolicy::kLru), or refuses (kNone). Sessions idle past their TTL
 // expire.
 //
-// A session belongs to the identity that created it (rpc/call_gate.h's
-// CallerIdentity); any other identity gets NOT_FOUND for it, with the very
+// A session belongs to the identity that created it (CallGate::Identity in
+// rpc/call_gate.h); any other identity gets NOT_FOUND for it, with the very
 // message an unknown id gets. The owner learns why a session is gone
 // (expired, evicted, deleted) for the last `max_tombstones` removals.
 //

@@ -15,8 +15,8 @@
 #include <new>
 #include <vector>
 
-#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/dtype.h"
 #include "internal/fast_exp.h"
 #include "internal/tile_kernels.h"
 
@@ -36,28 +36,8 @@ constexpr int64_t kUnitRows = 64;
 constexpr int64_t kUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 64;
 
-float FloatOf(uint32_t bits) { return absl::bit_cast<float>(bits); }
-uint32_t BitsOf(float value) { return absl::bit_cast<uint32_t>(value); }
-
-// Branch-free conversions, so that the loops around them vectorise.
-inline float Bf16ToFloat(uint16_t h) { return FloatOf(uint32_t{h} << 16); }
-
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16;
-  const uint32_t magnitude = uint32_t{h} & 0x7fffu;
-  // The half's exponent and mantissa in a float's, scaled by 2^112 from the
-  // bias difference: exact for normal and subnormal halves alike.
-  uint32_t bits = BitsOf(FloatOf(magnitude << 13) * 0x1p112f);
-  if (magnitude >= 0x7c00u) bits = (magnitude << 13) | 0x7f800000u;
-  return FloatOf(bits | sign);
-}
-
-// x rounded to the nearest bf16, ties to even (NaN stays NaN).
-inline float RoundToBf16(float x) {
-  const uint32_t bits = BitsOf(x);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  return (bits & 0x7fffffffu) > 0x7f800000u ? x : FloatOf(rounded);
-}
+// x rounded to bf16 and back (BF16 precision), as the tile kernels do.
+float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
 
 // Whether `item`'s blocks take the bf16 kernels' pairwise layout: bf16 pages
 // whose head dimensions are multiples of 16. Those kernels read sixteen bf16
@@ -193,43 +173,13 @@ void SplitRange(int64_t length, int64_t splits, int64_t split, int64_t* first,
   *last = std::min(length, (split + 1) * per_split * kBlock);
 }
 
-// The unit's work, inlined into one function per instruction set (below) so
-// that its loops vectorise at that set's width.
-__attribute__((always_inline)) inline void ConvertRows(const char* source,
-                                                       int64_t count,
-                                                       DataType dtype,
-                                                       bool round,
-                                                       float* destination) {
-  switch (dtype) {
-    case DataType::kFloat32: {
-      const float* f = reinterpret_cast<const float*>(source);
-      if (round) {
-#pragma omp simd
-        for (int64_t i = 0; i < count; ++i) destination[i] = RoundToBf16(f[i]);
-      } else {
-        std::memcpy(destination, f, static_cast<size_t>(count) * 4);
-      }
-      break;
-    }
-    case DataType::kBFloat16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(source);
-#pragma omp simd
-      for (int64_t i = 0; i < count; ++i) destination[i] = Bf16ToFloat(h[i]);
-      break;
-    }
-    case DataType::kFloat16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(source);
-      if (round) {
-#pragma omp simd
-        for (int64_t i = 0; i < count; ++i) {
-          destination[i] = RoundToBf16(HalfToFloat(h[i]));
-        }
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < count; ++i) destination[i] = HalfToFloat(h[i]);
-      }
-      break;
-    }
+// BF16 precision over f32 or f16 pages: `count` elements of `source` (in
+// `dtype`) rounded to bf16, as f32, into `destination` (a thread buffer).
+void RoundRowsToBf16(const char* source, int64_t count, DataType dtype,
+                     float* destination) {
+  ConvertToFloat32(dtype, source, count, destination);
+  for (int64_t i = 0; i < count; ++i) {
+    destination[i] = RoundToBf16(destination[i]);
   }
 }
 
@@ -266,7 +216,10 @@ ATTNSERVE_PAGED_INLINE F8 Load8(const char* row, int64_t index) {
     if constexpr (T == DataType::kBFloat16) {
       return (F8)(u << 16);
     } else {
-      // HalfToFloat, eight at a time.
+      // Float16ToFloat32 (common/dtype.h) without branches, eight at a time:
+      // the half's exponent and mantissa in a float's, scaled by 2^112 from
+      // the bias difference (exact for normal and subnormal halves), infinity
+      // and NaN put back.
       const U8 sign = (u & 0x8000u) << 16;
       const U8 magnitude = u & 0x7fffu;
       const U8 scaled = (U8)((F8)(magnitude << 13) * 0x1p112f);
@@ -285,7 +238,8 @@ ATTNSERVE_PAGED_INLINE float Load1(const char* row, int64_t index) {
   } else {
     uint16_t h;
     std::memcpy(&h, row + 2 * index, sizeof(h));
-    return T == DataType::kBFloat16 ? Bf16ToFloat(h) : HalfToFloat(h);
+    return T == DataType::kBFloat16 ? BFloat16ToFloat32(h)
+                                    : Float16ToFloat32(h);
   }
 }
 
@@ -594,7 +548,6 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
     const float* q = item.query.data() + (h * item.query_len + i) * dk;
     float* row = b.query + r * dk;
     if (round) {
-#pragma omp simd
       for (int64_t d = 0; d < dk; ++d) row[d] = RoundToBf16(q[d]);
     } else {
       std::memcpy(row, q, static_cast<size_t>(dk) * sizeof(float));
@@ -635,8 +588,8 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
     if (round && type != DataType::kBFloat16) {
       // BF16 precision on f32 or f16 pages: the block rounded to bf16 in the
       // thread's buffers, then read as f32.
-      ConvertRows(keys, n * dk, type, true, b.keys);
-      ConvertRows(values, n * dv, type, true, b.values);
+      RoundRowsToBf16(keys, n * dk, type, b.keys);
+      RoundRowsToBf16(values, n * dv, type, b.values);
       keys = reinterpret_cast<const char*>(b.keys);
       values = reinterpret_cast<const char*>(b.values);
       type = DataType::kFloat32;

@@ -1,6 +1,5 @@
 #include "attnserve/server/metrics/metrics.h"
 
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,8 +46,9 @@ bool IsCompute(Rpc rpc) {
          rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep;
 }
 
-constexpr const char* kRemovalReasons[] = {"evicted", "expired", "deleted",
-                                           "drained"};
+// The `reason` label values, by SessionRemoval.
+constexpr const char* kRemovalReasons[kSessionRemovalCount] = {
+    "evicted", "expired", "deleted", "drained"};
 
 }  // namespace
 
@@ -334,12 +334,8 @@ void ServerMetrics::SetKvCache(int64_t sessions, int64_t pages, int64_t used,
   kv_budget_bytes_->Set(static_cast<double>(budget));
 }
 
-void ServerMetrics::SessionRemoved(const char* reason) {
-  for (size_t i = 0; i < session_removals_.size(); ++i) {
-    if (std::string_view(reason) == kRemovalReasons[i]) {
-      session_removals_[i]->Increment();
-    }
-  }
+void ServerMetrics::SessionRemoved(SessionRemoval reason) {
+  session_removals_[static_cast<size_t>(reason)]->Increment();
 }
 
 void ServerMetrics::TokensAppended(int64_t tokens) {

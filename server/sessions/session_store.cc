@@ -186,7 +186,7 @@ absl::Status SessionStore::MakeRoomForSession() {
            absl::StrCat("was evicted (least recently used) to make room for a "
                         "new session under max_sessions ",
                         options_.max_sessions),
-           "evicted");
+           SessionRemoval::kEvicted);
   }
   return absl::OkStatus();
 }
@@ -223,7 +223,7 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
            absl::StrCat("was evicted (least recently used) to make room in "
                         "the KV cache budget of ",
                         budget, " bytes"),
-           "evicted");
+           SessionRemoval::kEvicted);
   }
   return absl::OkStatus();
 }
@@ -247,7 +247,7 @@ void SessionStore::Release(std::shared_ptr<Page>* page) {
 
 void SessionStore::Remove(const std::shared_ptr<Session>& removed,
                           const std::string& reason,
-                          const char* metric_reason) {
+                          SessionRemoval metric_reason) {
   // A copy: `removed` may be the map's own reference, erased below.
   const std::shared_ptr<Session> session = removed;
   for (Session::Layer& layer : session->layers) {
@@ -285,7 +285,7 @@ void SessionStore::MaybeExpire(absl::Time now) {
            absl::StrCat("expired after ",
                         absl::ToInt64Seconds(session->config.ttl),
                         " s without a call (its TTL)"),
-           "expired");
+           SessionRemoval::kExpired);
   }
   if (!expired.empty()) RecordTotals();
 }
@@ -405,7 +405,7 @@ absl::StatusOr<SessionDescription> SessionStore::Delete(
   absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
   if (!session.ok()) return session.status();
   SessionDescription described = Describe(**session);
-  Remove(*session, "was deleted", "deleted");
+  Remove(*session, "was deleted", SessionRemoval::kDeleted);
   RecordTotals();
   return described;
 }
@@ -571,7 +571,8 @@ void SessionStore::Clear() {
   std::vector<std::shared_ptr<Session>> all;
   for (const auto& [id, session] : sessions_) all.push_back(session);
   for (const std::shared_ptr<Session>& session : all) {
-    Remove(session, "was dropped when the server shut down", "drained");
+    Remove(session, "was dropped when the server shut down",
+           SessionRemoval::kDrained);
   }
   RecordTotals();
 }

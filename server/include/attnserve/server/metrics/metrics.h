@@ -47,6 +47,10 @@ enum class Rpc {
 inline constexpr int kRpcCount = 13;
 inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
 
+// Why a session left the store, as the `reason` label names it.
+enum class SessionRemoval { kEvicted, kExpired, kDeleted, kDrained };
+inline constexpr int kSessionRemovalCount = 4;
+
 // The `rpc` label value: "Attend", "MultiHeadAttention", ...
 const char* RpcName(Rpc rpc);
 
@@ -99,8 +103,8 @@ class ServerMetrics {
   // the `budget`, `shared` of them held by more than one session.
   void SetKvCache(int64_t sessions, int64_t pages, int64_t used, int64_t shared,
                   int64_t budget);
-  // A session left the store: "evicted", "expired", "deleted" or "drained".
-  void SessionRemoved(const char* reason);
+  // A session left the store.
+  void SessionRemoved(SessionRemoval reason);
   // Tokens appended to sessions' layers.
   void TokensAppended(int64_t tokens);
   // A Step call carried `steps` steps.
@@ -139,8 +143,8 @@ class ServerMetrics {
   prometheus::Gauge* kv_used_bytes_ = nullptr;
   prometheus::Gauge* kv_shared_bytes_ = nullptr;
   prometheus::Gauge* kv_budget_bytes_ = nullptr;
-  // By reason: evicted, expired, deleted, drained.
-  std::array<prometheus::Counter*, 4> session_removals_{};
+  // By SessionRemoval.
+  std::array<prometheus::Counter*, kSessionRemovalCount> session_removals_{};
   prometheus::Counter* tokens_appended_ = nullptr;
   prometheus::Histogram* steps_per_call_ = nullptr;
 };

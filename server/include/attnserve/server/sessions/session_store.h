@@ -235,7 +235,7 @@ class SessionStore {
   // Removes a session from the tables (its pages go once no view holds
   // them), leaving a tombstone with `reason` for its owner.
   void Remove(const std::shared_ptr<Session>& session,
-              const std::string& reason, const char* metric_reason)
+              const std::string& reason, SessionRemoval metric_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Touch(Session* session, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

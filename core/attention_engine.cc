@@ -225,7 +225,7 @@ absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,
 }
 
 absl::Status AttentionEngineImpl::AttendPaged(
-    absl::Span<const PagedAttend> items) {
+    absl::Span<const PagedAttend> items, const StopCheck& stop) {
   ATTNSERVE_RETURN_IF_ERROR(ValidatePagedAttend(items));
   ATTNSERVE_RETURN_IF_ERROR(
       CheckWorkspace("paged attention", PagedWorkspaceBytes(items)));
@@ -233,7 +233,8 @@ absl::Status AttentionEngineImpl::AttendPaged(
   for (const PagedAttend& item : items) {
     flops += AttentionFlops(item.Dims(), /*causal=*/false);
   }
-  return RunPagedAttention(items, TeamSize(flops), options_.portable_kernels);
+  return RunPagedAttention(items, TeamSize(flops), options_.portable_kernels,
+                           stop);
 }
 
 int64_t AttentionEngineImpl::PagedWorkspaceBytes(

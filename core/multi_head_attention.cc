@@ -58,6 +58,12 @@ void SetProjectedViews(const MultiHeadShape& shape, const float* q,
                             1};
 }
 
+// The stop check's verdict between the projections and the attention (each
+// a oneDNN matmul that runs to its end once started).
+absl::Status StopIfAsked(const AttentionOptions& options) {
+  return options.stop ? options.stop() : absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status AttentionEngineImpl::MultiHeadAttention(
@@ -127,17 +133,20 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
          shape.kv_embed_dim, weights.w_v.data(), OrNull(weights.b_v),
          kv + k_out, kv_out}};
     for (const LinearProblem& projection : projections) {
+      ATTNSERVE_RETURN_IF_ERROR(StopIfAsked(options));
       ATTNSERVE_RETURN_IF_ERROR(
           RunLinear(stream, projection, options.precision));
     }
     SetProjectedViews(shape, q, q_out, kv, kv_out, &problem);
   }
 
+  ATTNSERVE_RETURN_IF_ERROR(StopIfAsked(options));
   std::vector<float> context(static_cast<size_t>(q_rows * context_out));
   problem.output = context.data();
   problem.output_strides = {shape.query_len * context_out, shape.value_dim,
                             context_out, 1};
   ATTNSERVE_RETURN_IF_ERROR(RunSdpa(stream, problem, flops));
+  ATTNSERVE_RETURN_IF_ERROR(StopIfAsked(options));
   return RunLinear(stream,
                    {q_rows, context_out, shape.embed_dim, context.data(),
                     context_out, weights.w_o.data(), OrNull(weights.b_o),

@@ -46,7 +46,9 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   absl::Span<const float> query_input,
                                   absl::Span<const float> kv_input,
                                   AttentionOutputs outputs) override;
-  absl::Status AttendPaged(absl::Span<const PagedAttend> items) override;
+  using AttentionEngine::AttendPaged;
+  absl::Status AttendPaged(absl::Span<const PagedAttend> items,
+                           const StopCheck& stop) override;
   int64_t PagedWorkspaceBytes(
       absl::Span<const PagedAttend> items) const override;
   RuntimeInfo runtime_info() const override;

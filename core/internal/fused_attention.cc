@@ -28,7 +28,8 @@ FusedRun::FusedRun(const SdpaProblem& p, const Geometry& g,
       kernels_(kernels),
       mask_(p.options->mask ? &*p.options->mask : nullptr),
       mask_strides_(mask_ != nullptr ? StridesOf(*mask_)
-                                     : MaskStrides{0, 0, 0, 0}) {}
+                                     : MaskStrides{0, 0, 0, 0}),
+      stopper_(p.options->stop) {}
 
 absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
                            TilePlanCache& cache, ScratchPool& pool) {
@@ -40,6 +41,8 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   std::vector<ThreadContext> contexts(static_cast<size_t>(threads));
   ATTNSERVE_RETURN_IF_ERROR(MakeThreadContexts(engine, threads, &contexts));
   ATTNSERVE_RETURN_IF_ERROR(RunTiles(threads, contexts));
+  // Stopped: the tiles left are skipped, the outputs undefined.
+  if (stopper_.stopped()) return stopper_.status();
   if (g_.splits > 1) MergeSplits(threads);
   return absl::OkStatus();
 }
@@ -178,7 +181,10 @@ absl::Status FusedRun::RunTiles(int threads,
 #pragma omp parallel for num_threads(threads) \
     schedule(dynamic, 1) if (threads > 1 && items > 1)
   for (int64_t item = 0; item < items; ++item) {
-    if (failure.load(std::memory_order_relaxed) != dnnl_success) continue;
+    if (failure.load(std::memory_order_relaxed) != dnnl_success ||
+        stopper_.ShouldStop()) {
+      continue;
+    }
     const int64_t split = item % g_.splits;
     const int64_t order = item / g_.splits;
     const int64_t q_block = g_.q_blocks - 1 - order % g_.q_blocks;

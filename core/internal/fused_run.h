@@ -15,6 +15,7 @@
 #include "internal/fused_plan.h"
 #include "internal/scratch_pool.h"
 #include "internal/sdpa_problem.h"
+#include "internal/stopper.h"
 #include "internal/tile_kernels.h"
 #include "internal/tile_matmuls.h"
 #include "internal/visibility.h"
@@ -198,6 +199,9 @@ class FusedRun {
   std::shared_ptr<const TilePlan> plans_[2][kKeyWidths];
   dnnl_engine_t engine_ = nullptr;
   char* partials_ = nullptr;
+  // The call's stop check as the threads poll it: between tiles and between
+  // key blocks.
+  Stopper stopper_;
 };
 
 }  // namespace attnserve::internal::fused

@@ -29,6 +29,8 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
   const char* const value_rows = Rows(value_, &ValueOf, p_.value_strides,
                                       s_.value_dim, tile.b, tile.kv_head);
   for (int64_t block = blocks.first; block < blocks.last; ++block) {
+    // A stopped call's tile is abandoned; Run returns the stop's status.
+    if (stopper_.ShouldStop()) return dnnl_success;
     const KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
     dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
     if (status != dnnl_success) return status;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/dtype.h"
 #include "internal/fast_exp.h"
+#include "internal/stopper.h"
 #include "internal/tile_kernels.h"
 
 namespace attnserve::internal {
@@ -32,6 +33,8 @@ constexpr int64_t kBlock = 64;
 // Query rows a unit computes at most (a kv head's whole group when the group
 // is larger): decode steps have group · Tq rows, far fewer.
 constexpr int64_t kUnitRows = 64;
+// Blocks a unit runs between polls of the call's stop check (1,024 keys).
+constexpr int64_t kBlocksPerStopPoll = 16;
 // Units per thread the keys are split into when the steps alone give fewer.
 constexpr int64_t kUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 64;
@@ -529,11 +532,11 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
                                 next_values);
 }
 
-__attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
-                                                    const Unit& unit,
-                                                    int64_t splits,
-                                                    const UnitBuffers& b,
-                                                    float* partial) {
+// Computes `unit` into b's buffers (and `partial`, for a split). Returns
+// early, its results undefined, once `stopper` says stop.
+__attribute__((always_inline)) inline void UnitBody(
+    const PagedAttend& item, const Unit& unit, int64_t splits,
+    const UnitBuffers& b, float* partial, Stopper& stopper) {
   const PageLayout& layout = item.layout;
   const int64_t dk = layout.key_dim;
   const int64_t dv = layout.value_dim;
@@ -576,7 +579,11 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
   last = std::min(last, tile_end);
   const int64_t page_tokens = layout.page_tokens;
   const int64_t element = DataTypeBytes(layout.dtype);
-  for (int64_t k0 = first; k0 < last;) {
+  for (int64_t k0 = first, blocks = 0; k0 < last; ++blocks) {
+    if (blocks % kBlocksPerStopPoll == kBlocksPerStopPoll - 1 &&
+        stopper.ShouldStop()) {
+      return;
+    }
     const int64_t page = k0 / page_tokens;
     const int64_t offset = k0 % page_tokens;
     const int64_t n = std::min({kBlock, page_tokens - offset, last - k0});
@@ -633,25 +640,23 @@ __attribute__((always_inline)) inline void UnitBody(const PagedAttend& item,
 }
 
 using UnitFunction = void (*)(const PagedAttend&, const Unit&, int64_t,
-                              const UnitBuffers&, float*);
+                              const UnitBuffers&, float*, Stopper&);
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void
 UnitAvx512(const PagedAttend& item, const Unit& unit, int64_t splits,
-           const UnitBuffers& b, float* partial) {
-  UnitBody(item, unit, splits, b, partial);
+           const UnitBuffers& b, float* partial, Stopper& stopper) {
+  UnitBody(item, unit, splits, b, partial, stopper);
 }
 
-__attribute__((target("avx2,fma,f16c"))) void UnitAvx2(const PagedAttend& item,
-                                                       const Unit& unit,
-                                                       int64_t splits,
-                                                       const UnitBuffers& b,
-                                                       float* partial) {
-  UnitBody(item, unit, splits, b, partial);
+__attribute__((target("avx2,fma,f16c"))) void UnitAvx2(
+    const PagedAttend& item, const Unit& unit, int64_t splits,
+    const UnitBuffers& b, float* partial, Stopper& stopper) {
+  UnitBody(item, unit, splits, b, partial, stopper);
 }
 
 void UnitPortable(const PagedAttend& item, const Unit& unit, int64_t splits,
-                  const UnitBuffers& b, float* partial) {
-  UnitBody(item, unit, splits, b, partial);
+                  const UnitBuffers& b, float* partial, Stopper& stopper) {
+  UnitBody(item, unit, splits, b, partial, stopper);
 }
 
 UnitFunction SelectUnit(bool portable_only) {
@@ -797,7 +802,7 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads) {
 }
 
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
-                               bool portable_only) {
+                               bool portable_only, const StopCheck& stop) {
   if (items.empty()) return absl::OkStatus();
   threads = std::max(threads, 1);
   static const UnitFunction kUnit = SelectUnit(false);
@@ -815,27 +820,31 @@ absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
   }
   float* partials = workspace.get() + plan.thread_floats * team;
   const int64_t merges = plan.splits > 1 ? units / plan.splits : 0;
+  Stopper stopper(stop);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
     const UnitBuffers buffers = BuffersOf(
         workspace.get() + plan.thread_floats * omp_get_thread_num(), plan);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
+      if (stopper.ShouldStop()) continue;
       const Unit& unit = plan.units[static_cast<size_t>(u)];
       const PagedAttend& item = items[static_cast<size_t>(unit.item)];
       unit_function(item, unit, plan.splits, buffers,
-                    plan.splits > 1 ? partials + unit.partial : nullptr);
-      if (plan.splits == 1) {
+                    plan.splits > 1 ? partials + unit.partial : nullptr,
+                    stopper);
+      if (plan.splits == 1 && !stopper.stopped()) {
         WriteRows(item, unit, buffers.output, buffers.states);
       }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t m = 0; m < merges; ++m) {
+      if (stopper.stopped()) continue;
       MergeSplits(items, plan, m * plan.splits, partials, buffers.output,
                   buffers.states);
     }
   }
-  return absl::OkStatus();
+  return stopper.status();
 }
 
 }  // namespace attnserve::internal

@@ -27,9 +27,11 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads);
 
 // Computes every item on up to `threads` threads. The items must be valid
 // (ValidatePagedAttend). `portable_only` runs the baseline x86-64 code even
-// where the CPU has AVX2 or AVX-512 (tests cover it that way).
+// where the CPU has AVX2 or AVX-512 (tests cover it that way). `stop` is
+// polled between units and every 1,024 keys within one; once
+// it says stop, the call returns its error with the outputs undefined.
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
-                               bool portable_only);
+                               bool portable_only, const StopCheck& stop);
 
 }  // namespace attnserve::internal
 

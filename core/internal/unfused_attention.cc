@@ -14,6 +14,7 @@
 #include "internal/dnnl_status.h"
 #include "internal/matmul.h"
 #include "internal/score_pass.h"
+#include "internal/stopper.h"
 
 namespace attnserve::internal {
 namespace {
@@ -205,7 +206,9 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
   const Precision precision = p.options->precision;
   const MatmulInput input = MatmulInputFor(precision);
   const bool bf16 = input == MatmulInput::kBf16;
-  return CallDnnl("unfused attention", [&] {
+  // Polled between slabs: a stopped call skips the slabs left.
+  Stopper stopper(p.options->stop);
+  ATTNSERVE_RETURN_IF_ERROR(CallDnnl("unfused attention", [&] {
     Bf16Buffer query_bf16, key_bf16, value_bf16;
     Operands in{MatmulInput::kF32, p.query, p.query_strides, p.key,
                 p.key_strides,     p.value, p.value_strides};
@@ -238,8 +241,10 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     std::vector<uint16_t> probabilities(bf16 ? static_cast<size_t>(slab_scores)
                                              : 0);
 
-    for (int64_t b = 0; b < s.batch; b += full.batch_count) {
+    for (int64_t b = 0; b < s.batch && !stopper.stopped();
+         b += full.batch_count) {
       for (int64_t kv = 0; kv < s.kv_heads; kv += full.kv_head_count) {
+        if (stopper.ShouldStop()) break;
         const SlabExtent extent{std::min(full.batch_count, s.batch - b),
                                 std::min(full.kv_head_count, s.kv_heads - kv)};
         const std::shared_ptr<const SlabPlan> cached = cache.GetOrCreate(
@@ -285,7 +290,8 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
       }
     }
     stream.wait();
-  });
+  }));
+  return stopper.status();
 }
 
 }  // namespace attnserve::internal

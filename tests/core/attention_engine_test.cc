@@ -1,6 +1,7 @@
 #include "attnserve/core/attention_engine.h"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -365,6 +366,112 @@ TEST(AttentionOptionsTest, RejectsKeyLengthsOutOfRange) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
               HasSubstr("options.key_lengths[1] is 5, expected 0 to 4"));
+}
+
+// A stop check that says stop from its `stop_at`-th poll on, counting polls.
+// Thread-safe, as the engine's threads poll it concurrently.
+struct CountingStop {
+  explicit CountingStop(int64_t stop_at_poll) : stop_at(stop_at_poll) {}
+
+  StopCheck Check() {
+    return [this]() -> absl::Status {
+      if (polls.fetch_add(1) + 1 >= stop_at) {
+        return absl::CancelledError("stopped by the test");
+      }
+      return absl::OkStatus();
+    };
+  }
+
+  const int64_t stop_at;
+  std::atomic<int64_t> polls{0};
+};
+
+// Attend with `stop` in its options; returns its status and output.
+absl::Status AttendWithStop(AttentionEngine& engine,
+                            const AttentionShape& shape, StopCheck stop,
+                            std::vector<float>* output) {
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 41);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 42);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 43);
+  output->assign(static_cast<size_t>(shape.OutputElements()), 0.0f);
+  AttentionOptions options;
+  options.stop = std::move(stop);
+  return engine.Attend(shape, options, query, key, value,
+                       absl::MakeSpan(*output));
+}
+
+// The fused kernel polls between tiles and key blocks: a check that says
+// stop on its fifth poll ends the call with the check's error; one that never
+// does changes nothing in the output.
+TEST(StopCheckTest, FusedAttendStopsBetweenTilesAndBlocks) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  const AttentionShape shape = SdpaShape(1, 2, 2, 256, 2048, 32, 32);
+  std::vector<float> plain, polled, stopped;
+  ASSERT_TRUE(AttendWithStop(*engine, shape, StopCheck(), &plain).ok());
+  CountingStop never(std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(AttendWithStop(*engine, shape, never.Check(), &polled).ok());
+  EXPECT_EQ(plain, polled);
+  // Every tile's every key block at least.
+  EXPECT_GE(never.polls.load(), 2 * (256 / 64) * (2048 / 512));
+  CountingStop fifth(5);
+  const absl::Status status =
+      AttendWithStop(*engine, shape, fifth.Check(), &stopped);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_THAT(status.message(), HasSubstr("stopped by the test"));
+  // Once stopped, the other threads stop polling the check itself.
+  EXPECT_LT(fifth.polls.load(), never.polls.load());
+}
+
+// The unfused path polls between its slabs.
+TEST(StopCheckTest, UnfusedAttendStopsBetweenSlabs) {
+  EngineOptions options;
+  options.kernel = AttentionKernel::kUnfused;
+  options.max_workspace_bytes = 5 << 10;  // One group of scores per slab.
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(options);
+  const AttentionShape shape = SdpaShape(2, 2, 2, 32, 32, 8, 8);
+  std::vector<float> plain, polled, stopped;
+  ASSERT_TRUE(AttendWithStop(*engine, shape, StopCheck(), &plain).ok());
+  CountingStop never(std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(AttendWithStop(*engine, shape, never.Check(), &polled).ok());
+  EXPECT_EQ(plain, polled);
+  EXPECT_EQ(never.polls.load(), 4);  // Four slabs.
+  CountingStop second(2);
+  EXPECT_EQ(AttendWithStop(*engine, shape, second.Check(), &stopped).code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(second.polls.load(), 2);
+}
+
+// MultiHeadAttention polls between its projections and its attention.
+TEST(StopCheckTest, MultiHeadAttentionStopsBetweenStages) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  MultiHeadShape s;
+  s.query_len = s.key_len = 16;
+  s.embed_dim = s.kv_embed_dim = 32;
+  s.heads = s.kv_heads = 2;
+  s.key_dim = s.value_dim = 16;
+  const std::vector<float> w_q = RandomValues(32 * 32, 51);
+  const std::vector<float> w_k = RandomValues(32 * 32, 52);
+  const std::vector<float> w_v = RandomValues(32 * 32, 53);
+  const std::vector<float> w_o = RandomValues(32 * 32, 54);
+  ProjectionWeights weights;
+  weights.w_q = w_q;
+  weights.w_k = w_k;
+  weights.w_v = w_v;
+  weights.w_o = w_o;
+  const std::vector<float> input = RandomValues(16 * 32, 55);
+  std::vector<float> output(input.size());
+  for (const int64_t stop_at : {1, 2, 4, 5}) {
+    SCOPED_TRACE(stop_at);
+    CountingStop stop(stop_at);
+    AttentionOptions options;
+    options.stop = stop.Check();
+    EXPECT_EQ(engine
+                  ->MultiHeadAttention(s, weights, options, input, {},
+                                       absl::MakeSpan(output))
+                  .code(),
+              absl::StatusCode::kCancelled);
+    EXPECT_EQ(stop.polls.load(), stop_at);
+  }
 }
 
 TEST(AttentionEngineTest, CreateRejectsNegativeThreads) {

@@ -6,6 +6,7 @@
 #include "attnserve/core/paged_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -274,6 +275,38 @@ TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
   status = engine_->AttendPaged({&paged, 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("heads is 3"), std::string::npos) << status;
+}
+
+// The paged kernel polls its stop check between units and every 1,024 keys
+// of one: a check that says stop on its third poll ends the call with its
+// error; one that never does changes nothing.
+TEST_P(PagedAttentionTest, StopCheckEndsTheCallWithItsError) {
+  Item item = MakeItem({8, 2, 1, 8192, 64, 64, 64, DataType::kBFloat16,
+                        Precision::kFloat32, false},
+                       13);
+  PagedAttend paged = ToPaged(item, 0.125f);
+  ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
+  const std::vector<float> plain = item.output;
+  std::atomic<int64_t> polls{0};
+  const StopCheck never = [&polls] {
+    polls.fetch_add(1);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(engine_->AttendPaged({&paged, 1}, never).ok());
+  EXPECT_EQ(item.output, plain);
+  // Each unit at its start, and within it every 1,024 of 16,384 keys.
+  EXPECT_GE(polls.load(), 16);
+  polls = 0;
+  const StopCheck third = [&polls]() -> absl::Status {
+    if (polls.fetch_add(1) + 1 >= 3) {
+      return absl::DeadlineExceededError("stopped by the test");
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = engine_->AttendPaged({&paged, 1}, third);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_EQ(status.message(), "stopped by the test");
+  EXPECT_LT(polls.load(), 16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionTest, ::testing::Bool(),

@@ -52,7 +52,8 @@ class AttentionEngine {
   // `options`. Returns INVALID_ARGUMENT for an inconsistent shape, span or
   // option, RESOURCE_EXHAUSTED if the call would need more than
   // max_workspace_bytes of scratch, INTERNAL if oneDNN fails. Non-finite inputs
-  // propagate as IEEE arithmetic does.
+  // propagate as IEEE arithmetic does. options.stop, if set, may stop the call
+  // early with its error.
   virtual absl::Status Attend(const AttentionShape& shape,
                               const AttentionOptions& options,
                               absl::Span<const float> query,
@@ -90,8 +91,13 @@ class AttentionEngine {
   // decode steps of many sequences in one call. Reads the pages in their
   // dtype, where they lie. Returns INVALID_ARGUMENT naming the item whose
   // layout, pages or spans do not fit, RESOURCE_EXHAUSTED over
-  // max_workspace_bytes.
-  virtual absl::Status AttendPaged(absl::Span<const PagedAttend> items) = 0;
+  // max_workspace_bytes, and the error of `stop` (attention_types.h) if it
+  // stops the call.
+  virtual absl::Status AttendPaged(absl::Span<const PagedAttend> items,
+                                   const StopCheck& stop) = 0;
+  absl::Status AttendPaged(absl::Span<const PagedAttend> items) {
+    return AttendPaged(items, StopCheck());
+  }
 
   // The scratch bytes AttendPaged would allocate for `items` (which must be
   // valid).

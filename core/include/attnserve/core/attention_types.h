@@ -12,9 +12,11 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "attnserve/common/flops.h"
 
@@ -89,6 +91,13 @@ struct AttentionMask {
   const float* bias = nullptr;
 };
 
+// Asked by a running computation, from any of its threads and between its
+// tiles (every few milliseconds of work at most), whether to go on: OK goes
+// on; an error stops it, and the call frees its scratch and returns that error
+// with its outputs undefined. Must be thread-safe and cheap (a clock read and
+// an atomic load). Empty: the computation runs to its end.
+using StopCheck = std::function<absl::Status()>;
+
 // How one call computes. Defaults are PyTorch's.
 struct AttentionOptions {
   // Multiplies Q Kᵀ. nullopt: 1 / sqrt(key_dim). Must be finite.
@@ -102,6 +111,9 @@ struct AttentionOptions {
   AttentionWeightsMode weights = AttentionWeightsMode::kNone;
   bool return_lse = false;
   Precision precision = Precision::kFloat32;
+  // Stops the call early (a cancelled caller, a passed deadline). Not part of
+  // what the call computes: batching and plan caches ignore it.
+  StopCheck stop;
 };
 
 // Where a call writes. A query row that may attend to no key gets output 0,

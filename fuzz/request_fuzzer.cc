@@ -182,8 +182,9 @@ void FuzzAttend(const v1::AttendRequest& request) {
   }
   Fixture& fixture = TheFixture();
   v1::AttendResponse response;
-  Require("ComputeAttend of a validated request",
-          ComputeAttend(*fixture.engine, *work, request, &response));
+  Require(
+      "ComputeAttend of a validated request",
+      ComputeAttend(*fixture.engine, *work, request, StopCheck(), &response));
   CheckResponse(response);
   Note("Attend computed", absl::OkStatus());
   if (batch_key.empty()) return;
@@ -233,12 +234,12 @@ void FuzzMultiHead(const v1::MultiHeadAttentionRequest& request) {
   if (registered != nullptr) {
     Require("ComputeMultiHead with registered weights",
             ComputeMultiHead(*fixture.engine, *work, registered->views(),
-                             request, &response));
+                             request, StopCheck(), &response));
   } else {
     const WeightViews inline_weights(request.weights());
     Require("ComputeMultiHead with inline weights",
             ComputeMultiHead(*fixture.engine, *work, inline_weights.views(),
-                             request, &response));
+                             request, StopCheck(), &response));
   }
   CheckResponse(response);
   Note("MultiHeadAttention computed", absl::OkStatus());
@@ -306,7 +307,8 @@ void FuzzStep(v1::StepRequest& request) {
       PrepareSteps(request, "", store, *fixture.engine, limits, &response);
   if (!call.ok()) return CheckRefusal(call.status());
   if (call->flops > kMaxComputeFlops) return Note("Step too large", {});
-  RunSteps(*call, store, *fixture.engine, &response);
+  Require("RunSteps",
+          RunSteps(*call, store, *fixture.engine, StopCheck(), &response));
   if (response.results_size() != request.steps_size()) {
     Fail("Step", absl::InternalError("a result is missing"));
   }

@@ -130,8 +130,7 @@ class AttendStreamCall final : public ServerCall {
 
     absl::Status StillWanted() const override {
       if (!stream_->cancelled()) return absl::OkStatus();
-      return absl::CancelledError(
-          "the stream was cancelled before this compute started");
+      return absl::CancelledError("the stream was cancelled");
     }
 
     void Computed(const absl::Status& status) override {

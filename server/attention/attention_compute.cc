@@ -27,6 +27,7 @@ v1::Tensor* LseTensor(const OptionsPlan& plan, Response* response) {
 
 absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
                            const v1::AttendRequest& request,
+                           const StopCheck& stop,
                            v1::AttendResponse* response) {
   std::vector<float> query_copy, key_copy, value_copy, mask_copy;
   const AttentionShape& s = work.shape;
@@ -34,9 +35,11 @@ absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
   AttentionResponseTensors tensors(
       work.plan, s, output_shape, response->mutable_output(),
       WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  AttentionOptions options =
+      BindOptions(work.plan, request.options(), &mask_copy);
+  options.stop = stop;
   ATTNSERVE_RETURN_IF_ERROR(engine.Attend(
-      s, BindOptions(work.plan, request.options(), &mask_copy),
-      FloatElements(request.query(), &query_copy),
+      s, options, FloatElements(request.query(), &query_copy),
       FloatElements(request.key(), &key_copy),
       FloatElements(request.value(), &value_copy), tensors.outputs()));
   tensors.Finish();
@@ -47,6 +50,7 @@ absl::Status ComputeMultiHead(AttentionEngine& engine,
                               const MultiHeadWork& work,
                               const ProjectionWeights& weights,
                               const v1::MultiHeadAttentionRequest& request,
+                              const StopCheck& stop,
                               v1::MultiHeadAttentionResponse* response) {
   std::vector<float> query_copy, kv_copy, mask_copy;
   const MultiHeadShape& s = work.shape;
@@ -54,9 +58,11 @@ absl::Status ComputeMultiHead(AttentionEngine& engine,
   AttentionResponseTensors tensors(
       work.plan, s.Heads(), output_shape, response->mutable_output(),
       WeightsTensor(work.plan, response), LseTensor(work.plan, response));
+  AttentionOptions options =
+      BindOptions(work.plan, request.options(), &mask_copy);
+  options.stop = stop;
   ATTNSERVE_RETURN_IF_ERROR(engine.MultiHeadAttention(
-      s, weights, BindOptions(work.plan, request.options(), &mask_copy),
-      FloatElements(request.query_input(), &query_copy),
+      s, weights, options, FloatElements(request.query_input(), &query_copy),
       work.self_attention ? absl::Span<const float>()
                           : FloatElements(request.kv_input(), &kv_copy),
       tensors.outputs()));

@@ -21,6 +21,14 @@
 
 namespace attnserve {
 
+namespace {
+
+// How long before its deadline a call's cancel is taken for the client's own
+// deadline (DeadlineWithin).
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(250);
+
+}  // namespace
+
 // A unary call's side of its compute job.
 class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
  public:
@@ -28,16 +36,21 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
               google::protobuf::Message* response)
       : service_(service), call_(call), response_(response) {}
 
-  // A passed deadline also cancels the call: it is checked first, so that the
-  // metrics tell the two apart.
+  // A passed deadline also cancels the call: it is checked first, and a
+  // cancel within kDeadlineSlack of the deadline counts as the deadline's, so
+  // that the metrics tell the two apart.
   absl::Status StillWanted() const override {
-    if (DeadlinePassed(call_.handler->context())) {
+    const grpc::ServerContextBase& context = call_.handler->context();
+    if (DeadlinePassed(context)) {
       return absl::DeadlineExceededError(
           "the deadline passed before the compute started");
     }
     if (call_.handler->cancelled()) {
-      return absl::CancelledError(
-          "the call was cancelled before its compute started");
+      if (DeadlineWithin(context, kDeadlineSlack)) {
+        return absl::DeadlineExceededError(
+            "the deadline passed before the compute started");
+      }
+      return absl::CancelledError("the call was cancelled");
     }
     return absl::OkStatus();
   }
@@ -289,14 +302,14 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
   SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
              work->plan.output_dtype, response->mutable_output());
   auto compute = [this, request = &request, response, registered,
-                  work = *std::move(work)] {
+                  work = *std::move(work)](const StopCheck& stop) {
     if (registered != nullptr) {
       return ComputeMultiHead(*engine_, work, registered->views(), *request,
-                              response);
+                              stop, response);
     }
     const WeightViews inline_weights(request->weights());
     return ComputeMultiHead(*engine_, work, inline_weights.views(), *request,
-                            response);
+                            stop, response);
   };
   ComputeJob::Submit(ComputeJob::Alone(
       compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
@@ -373,9 +386,9 @@ void AttentionServiceImpl::ServeStep(const Call& call,
     return Finish(call, held, response);
   }
   const double flops = steps->flops;
-  auto compute = [this, response, steps = *std::move(steps)]() mutable {
-    RunSteps(steps, *sessions_, *engine_, response);
-    return absl::OkStatus();
+  auto compute = [this, response,
+                  steps = *std::move(steps)](const StopCheck& stop) mutable {
+    return RunSteps(steps, *sessions_, *engine_, stop, response);
   };
   ComputeJob::Submit(ComputeJob::Alone(
       compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),

@@ -1,9 +1,11 @@
 #include "attnserve/server/attention/compute_job.h"
 
 #include <array>
+#include <atomic>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/server/attention/attend_batch.h"
@@ -45,9 +47,9 @@ std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
   job->attend_request_ = request;
   job->attend_response_ = response;
   ComputeJob* const raw = job.get();
-  job->compute_ = [raw] {
+  job->compute_ = [raw](const StopCheck& stop) {
     return ComputeAttend(*raw->context_.engine, *raw->attend_work_,
-                         *raw->attend_request_, raw->attend_response_);
+                         *raw->attend_request_, stop, raw->attend_response_);
   };
   return job;
 }
@@ -56,7 +58,7 @@ std::unique_ptr<ComputeJob> ComputeJob::Alone(
     const ComputeContext& context, Rpc rpc,
     std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
     double flops, v1::ServerTiming* timing,
-    absl::AnyInvocable<absl::Status() &&> compute) {
+    absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute) {
   std::unique_ptr<ComputeJob> job(new ComputeJob(
       context, rpc, std::move(caller), call_started, flops, timing));
   job->compute_ = std::move(compute);
@@ -83,6 +85,26 @@ absl::Status ComputeJob::Dequeue(absl::Time now) {
   return caller_->StillWanted();
 }
 
+absl::Status ComputeJob::RunAlone() {
+  std::atomic<bool> stopped{false};
+  const ComputeCaller* const caller = caller_.get();
+  const StopCheck stop = [caller, &stopped]() -> absl::Status {
+    const absl::Status wanted = caller->StillWanted();
+    if (wanted.ok()) return wanted;
+    stopped.store(true, std::memory_order_relaxed);
+    return absl::Status(
+        wanted.code(),
+        wanted.code() == absl::StatusCode::kDeadlineExceeded
+            ? "the deadline passed while the compute ran: it stopped"
+            : absl::StrCat("the compute stopped: ", wanted.message()));
+  };
+  const absl::Status status = std::move(compute_)(stop);
+  if (stopped.load() && !status.ok()) {
+    context_.metrics->ComputeStopped(rpc_, status.code());
+  }
+  return status;
+}
+
 void ComputeJob::Run(absl::Span<Job* const> batch) {
   std::vector<ComputeJob*> live;
   std::vector<AttendBatchItem> items;
@@ -102,9 +124,10 @@ void ComputeJob::Run(absl::Span<Job* const> batch) {
   }
   if (live.empty()) return;
   const absl::Time started = absl::Now();
-  // Only Attends share a key, so a batch of several is all Attends.
+  // Only Attends share a key, so a batch of several is all Attends. A batch
+  // (of calls small enough to batch) runs to its end.
   const absl::Status status = live.size() == 1
-                                  ? std::move(live[0]->compute_)()
+                                  ? live[0]->RunAlone()
                                   : ComputeAttendBatch(*context_.engine, items);
   const absl::Duration elapsed = absl::Now() - started;
   // A batch may mix unary and streamed Attends: each RPC records its share.

@@ -93,6 +93,13 @@ ServerMetrics::ServerMetrics(const std::string& version,
                         "convention, plus "
                         "2 per multiply-add of the projections).")
                     .Register(*registry_);
+  auto& stopped =
+      prometheus::BuildCounter()
+          .Name("attnserve_computes_stopped_total")
+          .Help(
+              "Computes stopped while they ran, by RPC and reason: deadline "
+              "(the call's deadline passed), cancelled (its client went).")
+          .Register(*registry_);
   auto& request_bytes =
       prometheus::BuildCounter()
           .Name("attnserve_request_bytes_total")
@@ -119,6 +126,10 @@ ServerMetrics::ServerMetrics(const std::string& version,
           &queue_wait.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
       per.compute = &compute.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
       per.flops = &flops.Add({{"rpc", RpcName(rpc)}});
+      per.stopped[0] =
+          &stopped.Add({{"rpc", RpcName(rpc)}, {"reason", "deadline"}});
+      per.stopped[1] =
+          &stopped.Add({{"rpc", RpcName(rpc)}, {"reason", "cancelled"}});
     }
   }
   batch_size_ = &prometheus::BuildHistogram()
@@ -290,6 +301,12 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, double flops) {
   PerRpc& per = rpcs_[static_cast<int>(rpc)];
   per.compute->Observe(absl::ToDoubleSeconds(elapsed));
   per.flops->Increment(flops);
+}
+
+void ServerMetrics::ComputeStopped(Rpc rpc, absl::StatusCode code) {
+  PerRpc& per = rpcs_[static_cast<int>(rpc)];
+  if (per.stopped[0] == nullptr) return;
+  per.stopped[code == absl::StatusCode::kDeadlineExceeded ? 0 : 1]->Increment();
 }
 
 namespace {

@@ -200,6 +200,15 @@ bool DeadlinePassed(const grpc::ServerContextBase& context) {
   return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
 }
 
+bool DeadlineWithin(const grpc::ServerContextBase& context,
+                    absl::Duration slack) {
+  const gpr_timespec deadline = context.raw_deadline();
+  const gpr_timespec horizon = gpr_time_add(
+      gpr_now(deadline.clock_type),
+      gpr_time_from_micros(absl::ToInt64Microseconds(slack), GPR_TIMESPAN));
+  return gpr_time_cmp(deadline, horizon) < 0;
+}
+
 grpc::GenericServerContext& ServerCall::context() const {
   return slot_->context();
 }

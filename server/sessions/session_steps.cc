@@ -285,8 +285,9 @@ struct Computing {
 
 }  // namespace
 
-void RunSteps(StepCall& call, SessionStore& store, AttentionEngine& engine,
-              v1::StepResponse* response) {
+absl::Status RunSteps(StepCall& call, SessionStore& store,
+                      AttentionEngine& engine, const StopCheck& stop,
+                      v1::StepResponse* response) {
   std::vector<Computing> computing;
   computing.reserve(call.steps.size());  // The items point into them.
   std::vector<PagedAttend> items;
@@ -332,7 +333,12 @@ void RunSteps(StepCall& call, SessionStore& store, AttentionEngine& engine,
     }
     items.push_back(item);
   }
-  const absl::Status computed = engine.AttendPaged(items);
+  const absl::Status computed = engine.AttendPaged(items, stop);
+  if (computed.code() == absl::StatusCode::kCancelled ||
+      computed.code() == absl::StatusCode::kDeadlineExceeded) {
+    // Stopped: the caller is gone or past its deadline; the appends stand.
+    return computed;
+  }
   for (Computing& c : computing) {
     v1::StepResult* result = response->mutable_results(c.index);
     if (!computed.ok()) {
@@ -348,6 +354,7 @@ void RunSteps(StepCall& call, SessionStore& store, AttentionEngine& engine,
     c.output->Finish();
     if (c.lse != nullptr) c.lse->Finish();
   }
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve

@@ -11,17 +11,19 @@
 namespace attnserve {
 
 // Computes `request`, validated into `work`, into `response` (output, and
-// weights and lse when asked). Errors are the engine's.
+// weights and lse when asked); `stop` may end it early with its error. Errors
+// are the engine's.
 absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
                            const v1::AttendRequest& request,
-                           v1::AttendResponse* response);
+                           const StopCheck& stop, v1::AttendResponse* response);
 
 // Computes a validated MultiHeadAttention `request` with `weights` into
-// `response`.
+// `response`; `stop` as for ComputeAttend.
 absl::Status ComputeMultiHead(AttentionEngine& engine,
                               const MultiHeadWork& work,
                               const ProjectionWeights& weights,
                               const v1::MultiHeadAttentionRequest& request,
+                              const StopCheck& stop,
                               v1::MultiHeadAttentionResponse* response);
 
 }  // namespace attnserve

@@ -5,6 +5,9 @@
 // the compute is still wanted (the deadline, the client), runs — alone, or
 // batched with Attends alike but for B — times the compute, records the
 // metrics and the response's timing, and hands the status back to its caller.
+// A job run alone keeps asking while it computes (the engine polls between
+// its tiles): once the caller's deadline passes or the client goes, the
+// compute stops, frees its scratch and the executor takes the next job.
 #ifndef ATTNSERVE_SERVER_ATTENTION_COMPUTE_JOB_H_
 #define ATTNSERVE_SERVER_ATTENTION_COMPUTE_JOB_H_
 
@@ -29,8 +32,9 @@ class ComputeCaller {
  public:
   virtual ~ComputeCaller() = default;
 
-  // Why the compute should no longer start (the deadline passed, the client
-  // went away), or OK.
+  // Why the compute should no longer start, or go on (the deadline passed,
+  // the client went away), or OK. Called from the computing threads,
+  // concurrently: must be thread-safe.
   virtual absl::Status StillWanted() const = 0;
 
   // The compute's outcome, or why it never ran; with OK the response is
@@ -57,13 +61,13 @@ class ComputeJob final : public Job {
       AttendWork work, const v1::AttendRequest* request,
       v1::AttendResponse* response);
 
-  // Any other compute, run alone: `compute` fills the response that `timing`
-  // belongs to and does `flops`.
+  // Any other compute, run alone: `compute(stop)` fills the response that
+  // `timing` belongs to and does `flops`, handing `stop` to the engine.
   static std::unique_ptr<ComputeJob> Alone(
       const ComputeContext& context, Rpc rpc,
       std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
       double flops, v1::ServerTiming* timing,
-      absl::AnyInvocable<absl::Status() &&> compute);
+      absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute);
 
   const std::string& batch_key() const override { return batch_key_; }
   bool runs_inline() const override { return runs_inline_; }
@@ -81,6 +85,9 @@ class ComputeJob final : public Job {
   // Records the wait; the caller's verdict on whether to compute.
   absl::Status Dequeue(absl::Time now);
 
+  // Runs the job alone, its caller polled while it computes; counts a stop.
+  absl::Status RunAlone();
+
   const ComputeContext context_;
   const Rpc rpc_;
   const std::shared_ptr<ComputeCaller> caller_;
@@ -88,7 +95,7 @@ class ComputeJob final : public Job {
   const double flops_;
   v1::ServerTiming* const timing_;
   // The compute when the job runs alone.
-  absl::AnyInvocable<absl::Status() &&> compute_;
+  absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute_;
   // An Attend's, to run it in a batch; unset for other computes.
   std::optional<AttendWork> attend_work_;
   const v1::AttendRequest* attend_request_ = nullptr;

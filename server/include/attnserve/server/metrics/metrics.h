@@ -81,6 +81,9 @@ class ServerMetrics {
   // A compute that ran `rpc`'s requests took `elapsed` and did `flops` for
   // them (recorded once per RPC in a batch).
   void Computed(Rpc rpc, absl::Duration elapsed, double flops);
+  // A running compute of `rpc` stopped early with `code` (DEADLINE_EXCEEDED:
+  // its deadline passed; CANCELLED: its client went).
+  void ComputeStopped(Rpc rpc, absl::StatusCode code);
 
   // The registry now holds `sets` weight sets of `bytes` in all.
   void SetWeightsHeld(int64_t sets, int64_t bytes);
@@ -117,6 +120,8 @@ class ServerMetrics {
     prometheus::Histogram* queue_wait = nullptr;  // Compute RPCs only.
     prometheus::Histogram* compute = nullptr;     // Compute RPCs only.
     prometheus::Counter* flops = nullptr;         // Compute RPCs only.
+    // Computes stopped early: [0] deadline, [1] cancelled. Compute RPCs only.
+    std::array<prometheus::Counter*, 2> stopped{};
     prometheus::Counter* request_bytes = nullptr;
     prometheus::Counter* response_bytes = nullptr;
   };

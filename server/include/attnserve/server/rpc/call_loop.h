@@ -106,6 +106,13 @@ class ServerCall {
 // no deadline.
 bool DeadlinePassed(const grpc::ServerContextBase& context);
 
+// Whether the call's deadline passes within `slack` from now (or has passed).
+// A client's own deadline reaches the server as a cancel at about the moment
+// the server's copy of that deadline passes, sometimes a little before: a
+// cancel this close to the deadline is the deadline's.
+bool DeadlineWithin(const grpc::ServerContextBase& context,
+                    absl::Duration slack);
+
 // Thread-safe after Start.
 class CallLoop {
  public:

@@ -71,9 +71,12 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
 
 // Appends and computes the steps of `call` into `response` (as PrepareSteps
 // left it). A step that fails now (its expected length, the budget, a
-// session deleted meanwhile) gets its error; the others stand.
-void RunSteps(StepCall& call, SessionStore& store, AttentionEngine& engine,
-              v1::StepResponse* response);
+// session deleted meanwhile) gets its error; the others stand. If `stop` stops
+// the compute, returns its error for the whole call (the appends stand, as
+// for a lost response: the expected length tells a retry); otherwise OK.
+absl::Status RunSteps(StepCall& call, SessionStore& store,
+                      AttentionEngine& engine, const StopCheck& stop,
+                      v1::StepResponse* response);
 
 }  // namespace attnserve
 

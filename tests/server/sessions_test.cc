@@ -411,6 +411,71 @@ TEST_F(SessionsTest, ARetriedStepIsRefusedAndAppendsNothing) {
   EXPECT_EQ(got.session().lengths(0), 3);
 }
 
+// A Step whose attention runs past the call's deadline stops (the paged
+// kernel polls every 1,024 keys), fails as a whole and frees the executor;
+// its session serves the next step.
+TEST_F(SessionsTest, AStepPastItsDeadlineStopsItsCompute) {
+  ServerOptions options = Options();
+  options.transport.max_message_bytes = 16 << 20;
+  options.memory.kv_cache_bytes = 256 << 20;
+  options.sessions.page_tokens = 64;
+  Start(options);
+  // 131,072 tokens of (Hkv 1, D 64) f32, prefilled in chunks of 16,384.
+  const int64_t chunk = 16384, chunks = 8, dim = 64, heads = 8;
+  SessionModel model = NewSession(1, heads, 1, dim, v1::FLOAT32);
+  for (int64_t c = 0; c < chunks; ++c) {
+    v1::StepRequest prefill;
+    v1::SessionStep* step = prefill.add_steps();
+    step->set_session_id(model.id);
+    step->set_expected_length(c * chunk);
+    *step->mutable_key() = MakeFloat32Tensor(
+        {1, chunk, dim}, RandomValues(chunk * dim, static_cast<uint64_t>(c)));
+    *step->mutable_value() = MakeFloat32Tensor(
+        {1, chunk, dim}, RandomValues(chunk * dim, static_cast<uint64_t>(c)));
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(prefill, &response).ok());
+    ASSERT_FALSE(response.results(0).has_error())
+        << response.results(0).error().message();
+  }
+  // 4,096 query rows of 8 heads over all of it: 1.1 TFLOP, many seconds on
+  // any CPU, asked with a 2 s deadline.
+  const int64_t length = chunk * chunks, query_len = 4096;
+  v1::StepRequest slow;
+  v1::SessionStep* step = slow.add_steps();
+  step->set_session_id(model.id);
+  step->set_expected_length(length);
+  *step->mutable_query() = MakeFloat32Tensor(
+      {heads, query_len, dim}, RandomValues(heads * query_len * dim, 99));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(2));
+  v1::StepResponse slow_response;
+  const grpc::Status expired = stub_->Step(&context, slow, &slow_response);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const absl::Time expired_at = absl::Now();
+  // The next step of the session is answered once the compute has stopped.
+  v1::StepRequest decode;
+  step = decode.add_steps();
+  step->set_session_id(model.id);
+  step->set_expected_length(length);
+  *step->mutable_query() =
+      MakeFloat32Tensor({heads, 1, dim}, RandomValues(heads * dim, 98));
+  v1::StepResponse decoded;
+  ASSERT_TRUE(Step(decode, &decoded).ok());
+  ASSERT_FALSE(decoded.results(0).has_error());
+  EXPECT_EQ(decoded.results(0).length(), length);
+  EXPECT_LT(absl::Now() - expired_at, absl::Seconds(5));
+  const std::string deadline =
+      R"(attnserve_computes_stopped_total{reason="deadline",rpc="Step"})";
+  const std::string cancelled =
+      R"(attnserve_computes_stopped_total{reason="cancelled",rpc="Step"})";
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (Metrics()[deadline] + Metrics()[cancelled] < 1 && absl::Now() < by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(Metrics()[deadline] + Metrics()[cancelled], 1);
+}
+
 TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
   SessionModel a = NewSession(1, 4, 2, 8, v1::FLOAT32);
   SessionModel b = NewSession(1, 4, 2, 8, v1::BFLOAT16);

@@ -532,6 +532,14 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
                                 next_values);
 }
 
+// The first value row of page `page` of `item`.
+ATTNSERVE_PAGED_INLINE const char* ValuesOf(const PagedAttend& item,
+                                            int64_t page) {
+  return item.value_pages.empty()
+             ? item.pages[static_cast<size_t>(page)] + item.layout.KeyBytes()
+             : item.value_pages[static_cast<size_t>(page)];
+}
+
 // Computes `unit` into b's buffers (and `partial`, for a split). Returns
 // early, its results undefined, once `stopper` says stop.
 __attribute__((always_inline)) inline void UnitBody(
@@ -587,10 +595,10 @@ __attribute__((always_inline)) inline void UnitBody(
     const int64_t page = k0 / page_tokens;
     const int64_t offset = k0 % page_tokens;
     const int64_t n = std::min({kBlock, page_tokens - offset, last - k0});
-    const char* base = item.pages[static_cast<size_t>(page)];
     const int64_t row0 = unit.kv_head * page_tokens + offset;
-    const char* keys = base + row0 * dk * element;
-    const char* values = base + layout.KeyBytes() + row0 * dv * element;
+    const char* keys =
+        item.pages[static_cast<size_t>(page)] + row0 * dk * element;
+    const char* values = ValuesOf(item, page) + row0 * dv * element;
     DataType type = layout.dtype;
     if (round && type != DataType::kBFloat16) {
       // BF16 precision on f32 or f16 pages: the block rounded to bf16 in the
@@ -605,11 +613,11 @@ __attribute__((always_inline)) inline void UnitBody(
     const char* next_keys = nullptr;
     const char* next_values = nullptr;
     if (const int64_t next = k0 + n; next < last && type == layout.dtype) {
-      const char* next_base =
-          item.pages[static_cast<size_t>(next / page_tokens)];
+      const int64_t next_page = next / page_tokens;
       const int64_t next_row = unit.kv_head * page_tokens + next % page_tokens;
-      next_keys = next_base + next_row * dk * element;
-      next_values = next_base + layout.KeyBytes() + next_row * dv * element;
+      next_keys =
+          item.pages[static_cast<size_t>(next_page)] + next_row * dk * element;
+      next_values = ValuesOf(item, next_page) + next_row * dv * element;
     }
     if (pairwise) {
       RunBlock<DataType::kBFloat16, true>(item, b, rows, rows4, k0, n, round,
@@ -781,6 +789,17 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items) {
     for (int64_t p = 0; p < pages; ++p) {
       if (item.pages[static_cast<size_t>(p)] == nullptr) {
         return invalid("page ", p, " is null");
+      }
+    }
+    if (!item.value_pages.empty()) {
+      if (static_cast<int64_t>(item.value_pages.size()) < pages) {
+        return invalid(item.value_pages.size(), " value pages for ",
+                       item.length, " tokens, expected at least ", pages);
+      }
+      for (int64_t p = 0; p < pages; ++p) {
+        if (item.value_pages[static_cast<size_t>(p)] == nullptr) {
+          return invalid("value page ", p, " is null");
+        }
       }
     }
     const int64_t rows = item.heads * item.query_len;

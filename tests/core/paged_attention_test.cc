@@ -277,6 +277,44 @@ TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
   EXPECT_NE(status.message().find("heads is 3"), std::string::npos) << status;
 }
 
+// Values apart from the keys (value_pages, as a stateless call's tensors
+// are read) give what values after the keys in one page give, bit for bit.
+TEST_P(PagedAttentionTest, ValuePagesApartFromTheKeys) {
+  for (const DataType dtype :
+       {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    Item item = MakeItem(
+        {8, 2, 1, 150, 32, 48, 64, dtype, Precision::kFloat32, true}, 17);
+    const PagedAttend together = ToPaged(item, 0.25f);
+    ASSERT_TRUE(engine_->AttendPaged({&together, 1}).ok());
+    const std::vector<float> output = item.output, lse = item.lse;
+    // Each page's keys and values copied to buffers of their own.
+    const PageLayout& layout = item.cache->layout;
+    std::vector<std::vector<char>> keys, values;
+    std::vector<const char*> key_pages, value_pages;
+    for (const std::vector<char>& page : item.cache->pages) {
+      keys.emplace_back(page.begin(), page.begin() + layout.KeyBytes());
+      values.emplace_back(page.begin() + layout.KeyBytes(), page.end());
+    }
+    for (size_t p = 0; p < keys.size(); ++p) {
+      key_pages.push_back(keys[p].data());
+      value_pages.push_back(values[p].data());
+    }
+    PagedAttend apart = ToPaged(item, 0.25f);
+    apart.pages = key_pages;
+    apart.value_pages = value_pages;
+    std::fill(item.output.begin(), item.output.end(), -7.0f);
+    ASSERT_TRUE(engine_->AttendPaged({&apart, 1}).ok());
+    EXPECT_EQ(item.output, output);
+    EXPECT_EQ(item.lse, lse);
+    apart.value_pages = absl::MakeConstSpan(value_pages).subspan(0, 2);
+    const absl::Status status = engine_->AttendPaged({&apart, 1});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("2 value pages for 150 tokens"),
+              std::string::npos)
+        << status;
+  }
+}
+
 // The paged kernel polls its stop check between units and every 1,024 keys
 // of one: a check that says stop on its third poll ends the call with its
 // error; one that never does changes nothing.

@@ -43,6 +43,11 @@ struct PagedAttend {
   PageLayout layout;
   // The cache's pages in token order: at least ceil(length / page_tokens).
   absl::Span<const char* const> pages;
+  // Empty: each page holds its values after its keys (the layout above).
+  // Otherwise the values of page p lie apart, at value_pages[p] ([Hkv,
+  // page_tokens, Dv]), and pages[p] holds only keys: a stateless call's key
+  // and value tensors read as one page each.
+  absl::Span<const char* const> value_pages;
   int64_t length = 0;             // L, tokens in the cache
   int64_t heads = 1;              // H, a multiple of layout.kv_heads
   int64_t query_len = 1;          // Tq

@@ -1,10 +1,15 @@
 // A server on loopback, called through the client library, against the
 // reference.
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/attention/request_validator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -69,6 +74,126 @@ TEST_F(RoundTripTest, AttendMatchesReferenceAcrossShapes) {
     ExpectMatchesReference(Float32Values(response->output()).value(),
                            Expected(s, request));
   }
+}
+
+// Decode-shaped Attends over BFLOAT16 and FLOAT16 keys and values are read in
+// place, in their dtype (the paged kernel); their answers equal those of the
+// same values sent as FLOAT32 (the fused kernel) within 1e-6 relative, with
+// GQA, key lengths (one of 0), lse, and without or with the bottom-right
+// causal mask.
+TEST_F(RoundTripTest, HalfPrecisionDecodeReadInPlaceAgreesWithFloat32) {
+  const int64_t batch = 3, heads = 8, kv_heads = 2, keys = 300, dim = 128;
+  for (const v1::DType dtype : {v1::BFLOAT16, v1::FLOAT16}) {
+    for (const bool causal : {false, true}) {
+      for (const bool lengths : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(v1::DType_Name(dtype), " causal ", causal,
+                                  " key_lengths ", lengths));
+        v1::AttendRequest half;
+        *half.mutable_query() =
+            MakeTensor(dtype, {batch, heads, 1, dim},
+                       RandomValues(batch * heads * dim, 1));
+        *half.mutable_key() =
+            MakeTensor(dtype, {batch, kv_heads, keys, dim},
+                       RandomValues(batch * kv_heads * keys * dim, 2));
+        *half.mutable_value() =
+            MakeTensor(dtype, {batch, kv_heads, keys, dim},
+                       RandomValues(batch * kv_heads * keys * dim, 3));
+        v1::AttentionOptions& options = *half.mutable_options();
+        options.set_return_lse(true);
+        if (causal) {
+          options.set_causal(true);
+          options.set_causal_alignment(v1::AttentionOptions::BOTTOM_RIGHT);
+        }
+        if (lengths) {
+          for (const int64_t length : {300, 0, 17}) {
+            options.add_key_lengths(length);
+          }
+        }
+        v1::AttendRequest full = half;
+        for (v1::Tensor* tensor :
+             {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
+          const std::vector<float> values = FloatValues(*tensor).value();
+          *tensor = MakeTensor(v1::FLOAT32,
+                               std::vector<int64_t>(tensor->shape().begin(),
+                                                    tensor->shape().end()),
+                               values);
+        }
+        full.mutable_options()->set_output_dtype(v1::FLOAT32);
+        half.mutable_options()->set_output_dtype(v1::FLOAT32);
+        const absl::StatusOr<v1::AttendResponse> in_place =
+            client_->Attend(half, kTimeout);
+        const absl::StatusOr<v1::AttendResponse> widened =
+            client_->Attend(full, kTimeout);
+        ASSERT_TRUE(in_place.ok()) << in_place.status();
+        ASSERT_TRUE(widened.ok()) << widened.status();
+        const std::vector<float> a = FloatValues(in_place->output()).value();
+        const std::vector<float> b = FloatValues(widened->output()).value();
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_NEAR(a[i], b[i], 1e-6 * std::max(1.0f, std::abs(b[i])))
+              << "output " << i;
+        }
+        const std::vector<float> lse_a = FloatValues(in_place->lse()).value();
+        const std::vector<float> lse_b = FloatValues(widened->lse()).value();
+        ASSERT_EQ(lse_a.size(), lse_b.size());
+        for (size_t i = 0; i < lse_a.size(); ++i) {
+          if (std::isinf(lse_b[i])) {
+            EXPECT_EQ(lse_a[i], lse_b[i]) << "lse " << i;
+          } else {
+            ASSERT_NEAR(lse_a[i], lse_b[i],
+                        1e-6 * std::max(1.0f, std::abs(lse_b[i])))
+                << "lse " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Which Attends ComputeAttend reads in place: decode-shaped, half-precision
+// keys and values, no mask, no weights, no top-left causal mask.
+TEST(AttendReadsKeysInPlaceTest, OnlyHalfPrecisionDecodeWithoutMasks) {
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(EngineOptions{}).value();
+  RequestChecks checks;
+  checks.engine = engine.get();
+  const auto decide = [&checks](v1::DType dtype, int64_t query_len,
+                                const auto& set_options) {
+    v1::AttendRequest request;
+    *request.mutable_query() = MakeTensor(dtype, {2, 4, query_len, 16},
+                                          RandomValues(128 * query_len, 1));
+    *request.mutable_key() =
+        MakeTensor(dtype, {2, 2, 40, 16}, RandomValues(2 * 2 * 40 * 16, 2));
+    *request.mutable_value() =
+        MakeTensor(dtype, {2, 2, 40, 16}, RandomValues(2 * 2 * 40 * 16, 3));
+    set_options(request.mutable_options());
+    const absl::StatusOr<AttendWork> work =
+        ValidateAttendRequest(request, checks);
+    EXPECT_TRUE(work.ok()) << work.status();
+    return work.ok() && AttendReadsKeysInPlace(*work, request);
+  };
+  const auto none = [](v1::AttentionOptions*) {};
+  EXPECT_TRUE(decide(v1::BFLOAT16, 1, none));
+  EXPECT_TRUE(decide(v1::FLOAT16, 1, none));
+  EXPECT_FALSE(decide(v1::FLOAT32, 1, none));  // Read in place anyway.
+  EXPECT_FALSE(decide(v1::BFLOAT16, 2, none));
+  EXPECT_TRUE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
+    o->set_causal(true);
+    o->set_causal_alignment(v1::AttentionOptions::BOTTOM_RIGHT);
+    o->add_key_lengths(40);
+    o->add_key_lengths(0);
+    o->set_return_lse(true);
+    o->set_precision(v1::AttentionOptions::BF16);
+  }));
+  EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
+    o->set_causal(true);  // Top-left: the one row sees key 0 alone.
+  }));
+  EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
+    o->set_return_weights(v1::AttentionOptions::PER_HEAD);
+  }));
+  EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
+    *o->mutable_attn_mask() = MakeBoolTensor({40}, std::vector<bool>(40, true));
+  }));
 }
 
 TEST_F(RoundTripTest, CustomScaleTravelsToTheEngine) {

@@ -39,17 +39,25 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
     if (!absl::SimpleAtoi(entry.second, &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": line ", number,
-          " is not key=integer, expected num_heads=H or num_kv_heads=Hkv"));
+          " is not key=integer, expected num_heads=H, num_kv_heads=Hkv or "
+          "version=N"));
     }
     if (entry.first == "num_heads") {
       config.num_heads = value;
     } else if (entry.first == "num_kv_heads") {
       config.num_kv_heads = value;
+    } else if (entry.first == "version") {
+      if (value < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": line ", number, " sets version to ", value,
+                         ", expected a positive integer"));
+      }
+      config.version = value;
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": line ", number,
-                       " has an unknown key, expected num_heads or "
-                       "num_kv_heads"));
+                       " has an unknown key, expected num_heads, "
+                       "num_kv_heads or version"));
     }
   }
   return config;

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attnserve/common/status_macros.h"
@@ -265,6 +266,16 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
   std::shared_ptr<const WeightSet> registered;
   std::string origin = "weights";
   WeightsShape weights_shape;
+  if (request.weights_version() < 0 ||
+      (request.weights_version() != 0 &&
+       request.weights_source_case() !=
+           v1::MultiHeadAttentionRequest::kWeightsName)) {
+    return Finish(call,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "weights_version is ", request.weights_version(),
+                      ", expected 0, or a positive version with weights_name")),
+                  response);
+  }
   if (request.weights_source_case() ==
       v1::MultiHeadAttentionRequest::kWeightsName) {
     absl::Status name =
@@ -273,6 +284,20 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
     absl::StatusOr<WeightsRegistry::Entry> entry =
         registry_->Get(request.weights_name());
     if (!entry.ok()) return Finish(call, entry.status(), response);
+    if (request.weights_version() != 0 &&
+        request.weights_version() != entry->version) {
+      return Finish(
+          call,
+          absl::FailedPreconditionError(absl::StrCat(
+              "weights_name '", request.weights_name(), "' is at version ",
+              entry->version,
+              " on this server, the request's weights_version "
+              "is ",
+              request.weights_version(),
+              "; replicas reloading a shared weights_dir agree within its "
+              "reload interval: retry, or send weights_version 0 for any")),
+          response);
+    }
     registered = entry->weights;
     response->set_weights_version(entry->version);
     origin = "weights '" + request.weights_name() + "'";

@@ -159,6 +159,17 @@ ServerMetrics::ServerMetrics(const std::string& version,
                         .Help("Bytes of weights held by the registry.")
                         .Register(*registry_)
                         .Add({});
+  auto& weights_dir_changes =
+      prometheus::BuildCounter()
+          .Name("attnserve_weights_dir_changes_total")
+          .Help(
+              "Weight sets --weights_dir's reloads registered at a new "
+              "version, removed with their folder, or failed to load (the "
+              "last good version kept), by change.")
+          .Register(*registry_);
+  weights_dir_changes_ = {&weights_dir_changes.Add({{"change", "registered"}}),
+                          &weights_dir_changes.Add({{"change", "removed"}}),
+                          &weights_dir_changes.Add({{"change", "failed"}})};
   buffer_pool_bytes_ =
       &prometheus::BuildGauge()
            .Name("attnserve_buffer_pool_bytes")
@@ -366,6 +377,13 @@ void ServerMetrics::StepsPerCall(int64_t steps) {
 void ServerMetrics::SetWeightsHeld(int64_t sets, int64_t bytes) {
   weight_sets_->Set(static_cast<double>(sets));
   weights_bytes_->Set(static_cast<double>(bytes));
+}
+
+void ServerMetrics::WeightsDirChanged(int64_t registered, int64_t removed,
+                                      int64_t failed) {
+  weights_dir_changes_[0]->Increment(static_cast<double>(registered));
+  weights_dir_changes_[1]->Increment(static_cast<double>(removed));
+  weights_dir_changes_[2]->Increment(static_cast<double>(failed));
 }
 
 }  // namespace attnserve

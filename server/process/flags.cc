@@ -159,7 +159,14 @@ ABSL_FLAG(bool, demo_weights, Defaults().demo_weights,
           "turn off in production, where only your own sets should answer.");
 ABSL_FLAG(std::string, weights_dir, Defaults().weights_dir,
           "Folder of weight sets to register at start-up: one folder per name "
-          "holding config.txt (num_heads=H) and w_q/w_k/w_v/w_o[/b_*].npy.");
+          "holding config.txt (num_heads=H, optionally version=N) and "
+          "w_q/w_k/w_v/w_o[/b_*].npy; looked at again every "
+          "--weights_reload_seconds.");
+ABSL_FLAG(double, weights_reload_seconds,
+          absl::ToDoubleSeconds(Defaults().weights_reload_interval),
+          "Seconds between looks at --weights_dir for sets added, changed "
+          "(registered at their new version) or removed (deleted); 0: only at "
+          "start-up.");
 ABSL_FLAG(double, drain_grace_seconds, kDefaultDrainGraceSeconds,
           "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
           "new calls with UNAVAILABLE; then queued and running work finishes "
@@ -229,6 +236,7 @@ constexpr FlagOption kFlags[] = {
     {"buffer_pool_bytes", "memory.buffer_pool_bytes"},
     {"demo_weights", "demo_weights"},
     {"weights_dir", "weights_dir"},
+    {"weights_reload_seconds", "weights_reload_interval"},
     {"drain_grace_seconds", "drain_grace"},
     {"tls_cert", "tls.cert_file"},
     {"tls_key", "tls.key_file"},
@@ -379,6 +387,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
   options.demo_weights = absl::GetFlag(FLAGS_demo_weights);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
+  const double reload = absl::GetFlag(FLAGS_weights_reload_seconds);
+  if (!(reload >= 0 && reload <= 1e9)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights_reload_seconds is ", reload, ", expected 0 to 1e9"));
+  }
+  options.weights_reload_interval = absl::Seconds(reload);
   return options;
 }
 

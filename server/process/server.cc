@@ -22,6 +22,7 @@
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/reflection_service.h"
 #include "attnserve/server/sessions/session_store.h"
+#include "attnserve/server/weights/weights_dir_watcher.h"
 #include "attnserve/server/weights/weights_loader.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "grpcpp/grpcpp.h"
@@ -106,10 +107,15 @@ class AttnServerImpl final : public AttnServer {
       startup_weights_.push_back(kDemoWeightsName);
     }
     if (options.weights_dir.empty()) return absl::OkStatus();
-    ATTNSERVE_ASSIGN_OR_RETURN(
-        std::vector<std::string> names,
-        LoadWeightsDir(options.weights_dir, memory_.max_weights_bytes,
-                       registry_));
+    watcher_ = std::make_unique<WeightsDirWatcher>(
+        options.weights_dir, memory_.max_weights_bytes, &registry_,
+        [this](const WeightsDirWatcher::Changes& changes) {
+          metrics_.WeightsDirChanged(changes.registered, changes.removed,
+                                     changes.failed);
+          service_.RecordWeightsHeld();
+        });
+    ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                               watcher_->LoadAll());
     for (const std::string& name : names) {
       // A folder named demo replaces the built-in set; list it once.
       if (name != kDemoWeightsName || !options.demo_weights) {
@@ -214,6 +220,10 @@ class AttnServerImpl final : public AttnServer {
     loop_.Start(io_threads_, transport.io_spin,
                 [this](absl::Duration spun) { metrics_.IoSpun(spun); });
     trimmer_ = std::thread([this] { TrimMemory(); });
+    if (watcher_ != nullptr &&
+        options.weights_reload_interval > absl::ZeroDuration()) {
+      watcher_->Start(options.weights_reload_interval);
+    }
     health_.SetServing(true);
     return absl::OkStatus();
   }
@@ -315,6 +325,9 @@ class AttnServerImpl final : public AttnServer {
   CallLoop loop_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;  // Scrapes read metrics_.
+  // Keeps weights_dir's sets registered; stopped first, while the registry,
+  // the metrics and the service it updates stand.
+  std::unique_ptr<WeightsDirWatcher> watcher_;
   int metrics_port_ = 0;
   std::thread trimmer_;
   absl::Mutex trim_mutex_;

@@ -91,6 +91,12 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return OutOfRange("sessions.page_tokens", sessions.page_tokens,
                       "1 to 4096");
   }
+  if (options.weights_reload_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights_reload_interval is ",
+                     absl::FormatDuration(options.weights_reload_interval),
+                     ", expected zero (off) or positive"));
+  }
   if (sessions.session_ttl < absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sessions.session_ttl is ", absl::FormatDuration(sessions.session_ttl),
@@ -143,7 +149,14 @@ std::string DescribeOptions(const ServerOptions& options,
           : (options.tls.client_ca_file.empty() ? "on" : "mutual"),
       " auth_token=", options.auth_token_file.empty() ? "off" : "on",
       " demo_weights=", options.demo_weights ? "on" : "off", " weights_dir=",
-      options.weights_dir.empty() ? "(none)" : options.weights_dir);
+      options.weights_dir.empty()
+          ? "(none)"
+          : absl::StrCat(
+                options.weights_dir, " (reload ",
+                options.weights_reload_interval == absl::ZeroDuration()
+                    ? "off"
+                    : absl::FormatDuration(options.weights_reload_interval),
+                ")"));
 }
 
 }  // namespace attnserve

@@ -105,8 +105,33 @@ absl::Status CheckNotOneSet(const std::string& directory,
       set.filename().string(), "')"));
 }
 
-// The folders of `directory`, skipping hidden entries (Kubernetes' ..data),
-// each checked with everything in it by CheckStaysInside.
+}  // namespace
+
+v1::PutWeightsRequest DemoWeights() {
+  constexpr int64_t kEmbed = 64, kHeads = 8, kHeadDim = 8;
+  std::mt19937_64 generator(20261130);
+  const float bound =
+      1.0f / std::sqrt(static_cast<float>(kEmbed));  // nn.Linear's init range.
+  v1::PutWeightsRequest request;
+  request.set_name(kDemoWeightsName);
+  v1::ProjectionWeights& w = *request.mutable_weights();
+  w.set_num_heads(kHeads);
+  w.set_num_kv_heads(kHeads);
+  *w.mutable_w_q() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_k() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_v() =
+      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
+  *w.mutable_w_o() =
+      RandomTensor({kEmbed, kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_q() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_k() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_v() = RandomTensor({kHeads * kHeadDim}, bound, generator);
+  *w.mutable_b_o() = RandomTensor({kEmbed}, bound, generator);
+  return request;
+}
+
 absl::StatusOr<std::vector<std::string>> WeightsFolders(
     const std::string& directory) {
   std::error_code error;
@@ -136,33 +161,6 @@ absl::StatusOr<std::vector<std::string>> WeightsFolders(
   return folders;
 }
 
-}  // namespace
-
-v1::PutWeightsRequest DemoWeights() {
-  constexpr int64_t kEmbed = 64, kHeads = 8, kHeadDim = 8;
-  std::mt19937_64 generator(20261130);
-  const float bound =
-      1.0f / std::sqrt(static_cast<float>(kEmbed));  // nn.Linear's init range.
-  v1::PutWeightsRequest request;
-  request.set_name(kDemoWeightsName);
-  v1::ProjectionWeights& w = *request.mutable_weights();
-  w.set_num_heads(kHeads);
-  w.set_num_kv_heads(kHeads);
-  *w.mutable_w_q() =
-      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
-  *w.mutable_w_k() =
-      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
-  *w.mutable_w_v() =
-      RandomTensor({kHeads * kHeadDim, kEmbed}, bound, generator);
-  *w.mutable_w_o() =
-      RandomTensor({kEmbed, kHeads * kHeadDim}, bound, generator);
-  *w.mutable_b_q() = RandomTensor({kHeads * kHeadDim}, bound, generator);
-  *w.mutable_b_k() = RandomTensor({kHeads * kHeadDim}, bound, generator);
-  *w.mutable_b_v() = RandomTensor({kHeads * kHeadDim}, bound, generator);
-  *w.mutable_b_o() = RandomTensor({kEmbed}, bound, generator);
-  return request;
-}
-
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes) {
   v1::PutWeightsRequest request;
@@ -178,26 +176,6 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
             return NpyToTensor(std::move(array), path);
           }));
   return request;
-}
-
-absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
-    const std::string& directory, int64_t max_file_bytes,
-    WeightsRegistry& registry) {
-  ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<std::string> folders,
-                             WeightsFolders(directory));
-  std::vector<std::string> names;
-  for (const std::string& folder : folders) {
-    absl::StatusOr<v1::PutWeightsRequest> request =
-        ReadWeightsFolder(folder, max_file_bytes);
-    absl::Status status = request.status();
-    if (status.ok()) status = PutWeightsInto(registry, *request).status();
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("weights folder ", folder,
-                                                      ": ", status.message()));
-    }
-    names.push_back(request->name());
-  }
-  return names;
 }
 
 }  // namespace attnserve

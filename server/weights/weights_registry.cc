@@ -106,7 +106,8 @@ absl::Status WeightsRegistry::CheckCapacityLocked(const std::string& name,
 }
 
 absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Put(
-    const std::string& name, std::shared_ptr<const WeightSet> weights) {
+    const std::string& name, std::shared_ptr<const WeightSet> weights,
+    int64_t version) {
   absl::MutexLock lock(&mutex_);
   const absl::Status capacity = CheckCapacityLocked(name, weights->bytes());
   if (!capacity.ok()) return capacity;
@@ -114,7 +115,7 @@ absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Put(
   if (entry.weights != nullptr) total_bytes_ -= entry.weights->bytes();
   total_bytes_ += weights->bytes();
   entry.weights = std::move(weights);
-  entry.version = ++last_version_;
+  entry.version = version > 0 ? version : ++last_version_;
   return entry;
 }
 
@@ -167,7 +168,8 @@ v1::WeightsInfo DescribeWeights(const std::string& name,
 }
 
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
-    WeightsRegistry& registry, const v1::PutWeightsRequest& request) {
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request,
+    int64_t version) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
   if (!request.has_weights()) {
     return absl::InvalidArgumentError(
@@ -181,7 +183,7 @@ absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
   ATTNSERVE_ASSIGN_OR_RETURN(
       const WeightsRegistry::Entry entry,
       registry.Put(request.name(),
-                   WeightSet::FromProto(request.weights(), shape)));
+                   WeightSet::FromProto(request.weights(), shape), version));
   v1::PutWeightsResponse response;
   response.set_version(entry.version);
   response.set_bytes(entry.weights->bytes());

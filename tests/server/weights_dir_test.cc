@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
+#include "server/metrics_scrape.h"
 #include "server/server_fixture.h"
 #include "server/weights_helpers.h"
 
@@ -188,6 +191,150 @@ TEST_F(WeightsDirTest, FoldersAreRegisteredAtStartAndMatchReference) {
   ASSERT_TRUE(response.ok()) << response.status();
   ExpectNear(response->output(), Expected(gqa, request, gqa_weights).output,
              kAbs, kRel, "gqa64 output");
+}
+
+// The version a folder registers under is its config.txt's version=N, or one
+// derived from its contents: two servers reading the same folder agree.
+TEST_F(WeightsDirTest, VersionsComeFromTheFolderSoReplicasAgree) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("pinned", "num_heads=2\nversion=7\n", MakeWeights(tiny, 400),
+              "<f4");
+  WriteFolder("derived", "num_heads=2\n", MakeWeights(tiny, 410), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<AttnServer>> other =
+      AttnServer::Start(options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<std::unique_ptr<Client>> other_client =
+      Client::Connect(absl::StrCat("127.0.0.1:", (*other)->port()));
+  ASSERT_TRUE(other_client.ok()) << other_client.status();
+  absl::StatusOr<v1::ListWeightsResponse> first =
+      client_->ListWeights(kTimeout);
+  absl::StatusOr<v1::ListWeightsResponse> second =
+      (*other_client)->ListWeights(kTimeout);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_THAT(NamesOf(*first), ElementsAre("derived", "pinned"));
+  ASSERT_THAT(NamesOf(*second), ElementsAre("derived", "pinned"));
+  EXPECT_EQ(first->weights(1).version(), 7);
+  EXPECT_EQ(second->weights(1).version(), 7);
+  EXPECT_GT(first->weights(0).version(), 0);
+  EXPECT_EQ(first->weights(0).version(), second->weights(0).version());
+}
+
+// Waits up to 30 s for `done`, polling every 20 ms.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > by) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// A running server keeps up with the folder: sets added appear, a changed set
+// is registered at its new version (and a request may insist on a version),
+// a removed set goes, and a set whose folder breaks keeps its last good
+// version.
+TEST_F(WeightsDirTest, ReloadsAddedChangedRemovedAndBrokenSets) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  // "tiny" is a link to a hidden folder, swapped atomically for another as a
+  // Kubernetes volume update does.
+  WriteFolder(".tiny.1", "num_heads=2\nversion=1\n", MakeWeights(tiny, 420),
+              "<f4");
+  std::filesystem::create_directory_symlink(".tiny.1", root_ / "tiny");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  options.weights_reload_interval = absl::Milliseconds(50);
+  options.metrics_port = 0;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  const auto versions = [this] {
+    std::map<std::string, int64_t> found;
+    absl::StatusOr<v1::ListWeightsResponse> list =
+        client_->ListWeights(kTimeout);
+    if (list.ok()) {
+      for (const v1::WeightsInfo& info : list->weights()) {
+        found[info.name()] = info.version();
+      }
+    }
+    return found;
+  };
+  EXPECT_EQ(versions(), (std::map<std::string, int64_t>{{"tiny", 1}}));
+
+  // Added (written apart, then renamed in whole).
+  WriteFolder(".second", "num_heads=2\nversion=3\n", MakeWeights(tiny, 430),
+              "<f4");
+  std::filesystem::rename(root_ / ".second", root_ / "second");
+  EXPECT_TRUE(Eventually([&] { return versions().count("second") == 1; }));
+  // Changed: written apart, then the link swapped.
+  const v1::ProjectionWeights changed = MakeWeights(tiny, 440);
+  WriteFolder(".tiny.2", "num_heads=2\nversion=2\n", changed, "<f4");
+  std::filesystem::create_directory_symlink(".tiny.2", root_ / ".tiny.link");
+  std::filesystem::rename(root_ / ".tiny.link", root_ / "tiny");
+  EXPECT_TRUE(Eventually([&] { return versions()["tiny"] == 2; }));
+  v1::MultiHeadAttentionRequest request = MakeRequest(tiny, 450, false);
+  request.set_weights_name("tiny");
+  request.set_weights_version(2);
+  absl::StatusOr<v1::MultiHeadAttentionResponse> answer =
+      client_->MultiHeadAttention(request, kTimeout);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->weights_version(), 2);
+  ExpectNear(answer->output(), Expected(tiny, request, changed).output, kAbs,
+             kRel, "the new version's output");
+  request.set_weights_version(1);
+  const absl::Status stale =
+      client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.message()),
+              HasSubstr("weights_name 'tiny' is at version 2 on this server, "
+                        "the request's weights_version is 1"));
+  // Removed.
+  std::filesystem::remove_all(root_ / "second");
+  EXPECT_TRUE(Eventually([&] { return versions().count("second") == 0; }));
+  // Broken: the last good version stays.
+  const auto samples = [this](const std::string& key) {
+    const auto found = ::attnserve::testing::Samples(
+        ::attnserve::testing::Scrape(server_->metrics_port()));
+    const auto it = found.find(key);
+    return it == found.end() ? -1.0 : it->second;
+  };
+  const std::string failed =
+      R"(attnserve_weights_dir_changes_total{change="failed"})";
+  EXPECT_EQ(samples(failed), 0);
+  WriteFile(root_ / ".tiny.2" / "config.txt", "num_heads=two\n");
+  EXPECT_TRUE(Eventually([&] { return samples(failed) >= 1; }));
+  EXPECT_EQ(versions(), (std::map<std::string, int64_t>{{"tiny", 2}}));
+  EXPECT_EQ(
+      samples(R"(attnserve_weights_dir_changes_total{change="registered"})"),
+      2);
+  EXPECT_EQ(samples(R"(attnserve_weights_dir_changes_total{change="removed"})"),
+            1);
+}
+
+// weights_version is checked like any field.
+TEST_F(WeightsDirTest, WeightsVersionNeedsAPositiveVersionAndAName) {
+  StartServer(DefaultOptions());
+  if (HasFatalFailure()) return;
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  v1::MultiHeadAttentionRequest request = MakeRequest(tiny, 460, false);
+  *request.mutable_weights() = MakeWeights(tiny, 470);
+  request.set_weights_version(3);
+  absl::Status status = client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("weights_version is 3, expected 0, or a positive "
+                        "version with weights_name"));
+  request.set_weights_name("demo");
+  request.set_weights_version(-1);
+  status = client_->MultiHeadAttention(request, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 // With demo_weights off only weights_dir's sets answer; `demo` is not found.

@@ -1,6 +1,7 @@
 // The config.txt of a weights folder (docs/api.md, "Weights registry"): one
-// key=value a line, `num_heads=H` and optionally `num_kv_heads=Hkv`; blank
-// lines and lines starting with '#' are ignored. Read by the server's
+// key=value a line, `num_heads=H` and optionally `num_kv_heads=Hkv` and
+// `version=N`; blank lines and lines starting with '#' are ignored. Read by the
+// server's
 // --weights_dir loader and by `attnctl weights put`.
 #ifndef ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_
 #define ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_
@@ -15,6 +16,9 @@ namespace attnserve {
 struct WeightsConfig {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // 0: the same as num_heads.
+  // The version the server registers the set under (positive); 0: none given,
+  // the server derives one from the set's contents.
+  int64_t version = 0;
 };
 
 // Reads the file at `path`. NOT_FOUND if it is missing; INVALID_ARGUMENT,

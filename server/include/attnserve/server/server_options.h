@@ -65,6 +65,9 @@ struct ServerOptions {
   // A folder of weight sets to register at start-up, one sub-folder per set
   // (format in weights/weights_loader.h); empty: none.
   std::string weights_dir;
+  // How often weights_dir is looked at again for sets added, changed or
+  // removed (weights/weights_dir_watcher.h); zero: only at start-up.
+  absl::Duration weights_reload_interval = absl::Seconds(10);
 };
 
 // INVALID_ARGUMENT naming the first option out of range (by its name here,

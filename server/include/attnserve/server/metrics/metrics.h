@@ -87,6 +87,9 @@ class ServerMetrics {
 
   // The registry now holds `sets` weight sets of `bytes` in all.
   void SetWeightsHeld(int64_t sets, int64_t bytes);
+  // A look at --weights_dir registered, removed, and failed to load so many
+  // sets.
+  void WeightsDirChanged(int64_t registered, int64_t removed, int64_t failed);
 
   // The buffer pool keeps `bytes` for reuse.
   void SetBufferPoolBytes(int64_t bytes);
@@ -133,6 +136,8 @@ class ServerMetrics {
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* weight_sets_ = nullptr;
   prometheus::Gauge* weights_bytes_ = nullptr;
+  // --weights_dir changes: registered, removed, failed.
+  std::array<prometheus::Counter*, 3> weights_dir_changes_{};
   prometheus::Gauge* buffer_pool_bytes_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;
   prometheus::Gauge* inflight_limit_bytes_ = nullptr;

@@ -1,10 +1,11 @@
-// Weight sets the server registers at start-up: the built-in `demo` set, and
-// folders of .npy files (--weights_dir).
+// Weight sets the server registers: the built-in `demo` set, and folders of
+// .npy files (--weights_dir, kept in step by weights_dir_watcher.h).
 //
 // --weights_dir layout: one folder per weight-set name, holding
-//   config.txt            num_heads=H and optionally num_kv_heads=Hkv, one
-//   key=value a line w_q.npy w_k.npy w_v.npy w_o.npy          torch.nn.Linear
-//   layout ([out, in]) b_q.npy b_k.npy b_v.npy b_o.npy          optional biases
+//   config.txt                        num_heads=H, optionally num_kv_heads=Hkv
+//                                     and version=N, one key=value a line
+//   w_q.npy w_k.npy w_v.npy w_o.npy   torch.nn.Linear layout ([out, in])
+//   b_q.npy b_k.npy b_v.npy b_o.npy   optional biases
 // Arrays may be float32, float16 or float64 ('<f4', '<f2', '<f8'); float64 is
 // rounded to float32. A PyTorch nn.MultiheadAttention state dict fits after
 // cutting in_proj_weight in three.
@@ -29,18 +30,19 @@ inline constexpr char kDemoWeightsName[] = "demo";
 // numbers.
 v1::PutWeightsRequest DemoWeights();
 
+// The set folders of `directory` (sorted), skipping hidden entries
+// (Kubernetes' ..data); every entry, and everything in each folder, must be a
+// folder or a regular file, or a symbolic link resolving to one inside
+// `directory`. NOT_FOUND if it cannot be read; INVALID_ARGUMENT naming the
+// first entry that is none of those, or a set's file directly in `directory`.
+absl::StatusOr<std::vector<std::string>> WeightsFolders(
+    const std::string& directory);
+
 // Reads the weight set in `folder` (named by its last path component) as a
 // PutWeights request. Each file is refused over `max_file_bytes` before it is
 // read.
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes);
-
-// Registers every weight set under `directory` (a folder named `demo` replaces
-// the built-in set); returns their names. Fails on the first folder that does
-// not load, naming it.
-absl::StatusOr<std::vector<std::string>> LoadWeightsDir(
-    const std::string& directory, int64_t max_file_bytes,
-    WeightsRegistry& registry);
 
 }  // namespace attnserve
 

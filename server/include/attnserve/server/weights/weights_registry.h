@@ -66,9 +66,11 @@ class WeightsRegistry {
   absl::Status CheckCapacity(const std::string& name, int64_t bytes) const;
 
   // Stores `weights` under `name`, replacing any previous version, and returns
-  // the new entry.
+  // the new entry: at `version` if positive (a --weights_dir set's own), else
+  // at the next of the registry's count of puts.
   absl::StatusOr<Entry> Put(const std::string& name,
-                            std::shared_ptr<const WeightSet> weights);
+                            std::shared_ptr<const WeightSet> weights,
+                            int64_t version = 0);
 
   // NOT_FOUND for an unknown name.
   absl::StatusOr<Entry> Get(const std::string& name) const;
@@ -98,8 +100,10 @@ v1::WeightsInfo DescribeWeights(const std::string& name,
 
 // Validates, converts and registers `request` (shared by PutWeights and the
 // start-up loaders).
+// `version` as for WeightsRegistry::Put.
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
-    WeightsRegistry& registry, const v1::PutWeightsRequest& request);
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request,
+    int64_t version = 0);
 
 }  // namespace attnserve
 

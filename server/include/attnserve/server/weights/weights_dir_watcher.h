@@ -1,0 +1,96 @@
+// Keeps the registry's weight sets in step with --weights_dir, so that every
+// replica mounting the same folder serves the same sets at the same versions.
+//
+// Every `interval` the watcher looks at each set folder's files (names, sizes,
+// modification times, where the folder resolves to: a Kubernetes volume
+// update swaps a symbolic link). A folder that changed is read again and
+// registered at its version (config.txt's `version=N`, else one derived from
+// its contents, so that replicas agree without being told): the new version
+// replaces the old atomically, and calls running keep the one they started
+// with. A folder that disappeared has its set deleted (unless a PutWeights
+// has replaced it since). A folder that no longer loads keeps its last good
+// version; the failure is counted and reported on stderr, once per change.
+#ifndef ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_DIR_WATCHER_H_
+#define ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_DIR_WATCHER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "attnserve/server/weights/weights_registry.h"
+
+namespace attnserve {
+
+class WeightsDirWatcher {
+ public:
+  // What a scan did.
+  struct Changes {
+    int64_t registered = 0;  // Sets registered at a new version.
+    int64_t removed = 0;     // Sets deleted with their folder.
+    int64_t failed = 0;      // Changed folders that did not load.
+  };
+
+  // Watches `directory` for `registry` (which must outlive the watcher),
+  // reading files of at most `max_file_bytes`; `on_change` (may be empty) is
+  // called after each scan that changed or failed something.
+  WeightsDirWatcher(std::string directory, int64_t max_file_bytes,
+                    WeightsRegistry* registry,
+                    std::function<void(const Changes&)> on_change);
+
+  WeightsDirWatcher(const WeightsDirWatcher&) = delete;
+  WeightsDirWatcher& operator=(const WeightsDirWatcher&) = delete;
+
+  // Stops the scans.
+  ~WeightsDirWatcher();
+
+  // Registers every set folder (at start-up); returns their names. Fails on
+  // the first folder that does not load, naming it.
+  absl::StatusOr<std::vector<std::string>> LoadAll();
+
+  // Scans every `interval` from now on, on a thread of its own.
+  void Start(absl::Duration interval);
+
+  // One scan, on the calling thread.
+  Changes Scan();
+
+ private:
+  // What the watcher last saw of a folder, and the version it registered.
+  struct Seen {
+    std::string fingerprint;
+    int64_t version = 0;  // 0: the folder has never loaded.
+  };
+
+  // Reads and registers the set in `folder` as `name`, remembering it as
+  // `fingerprint`. Returns the registration's outcome.
+  absl::Status Register(const std::string& name, const std::string& folder,
+                        const std::string& fingerprint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const std::string directory_;
+  const int64_t max_file_bytes_;
+  WeightsRegistry* const registry_;
+  const std::function<void(const Changes&)> on_change_;
+  absl::Mutex mutex_;  // One scan at a time.
+  std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mutex_);  // By set name.
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// The version a set read from `folder` (as `request`) registers under:
+// config.txt's `version=N` if it has one, else the first 56 bits of the
+// SHA-256 of the set's weights (their deterministic serialisation), at least
+// 1.
+absl::StatusOr<int64_t> WeightsFolderVersion(
+    const std::string& folder, const v1::PutWeightsRequest& request);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_DIR_WATCHER_H_

@@ -1,0 +1,183 @@
+#include "attnserve/server/weights/weights_dir_watcher.h"
+
+#include <openssl/sha.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/common/weights_config.h"
+#include "attnserve/server/weights/weights_loader.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace attnserve {
+namespace {
+
+// What identifies a folder's state without reading it: where it resolves to,
+// and each entry's name, size and modification time.
+std::string Fingerprint(const std::string& folder) {
+  std::error_code error;
+  std::string print = std::filesystem::canonical(folder, error).string();
+  std::set<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+    std::error_code entry_error;
+    const auto size =
+        entry.is_regular_file(entry_error) ? entry.file_size(entry_error) : 0;
+    const auto modified = entry.last_write_time(entry_error);
+    entries.insert(absl::StrCat(entry.path().filename().string(), ":", size,
+                                ":", modified.time_since_epoch().count()));
+  }
+  if (error) return "";  // Unreadable: never equal to a readable state.
+  for (const std::string& entry : entries) absl::StrAppend(&print, "|", entry);
+  return print;
+}
+
+std::string NameOf(const std::string& folder) {
+  return std::filesystem::path(folder).filename().string();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> WeightsFolderVersion(
+    const std::string& folder, const v1::PutWeightsRequest& request) {
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsConfig config,
+      ReadWeightsConfig(
+          (std::filesystem::path(folder) / "config.txt").string()));
+  if (config.version > 0) return config.version;
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    request.weights().SerializeToCodedStream(&coded);
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+         digest);
+  int64_t version = 0;
+  for (int i = 0; i < 7; ++i) version = (version << 8) | digest[i];
+  return version > 0 ? version : 1;
+}
+
+WeightsDirWatcher::WeightsDirWatcher(
+    std::string directory, int64_t max_file_bytes, WeightsRegistry* registry,
+    std::function<void(const Changes&)> on_change)
+    : directory_(std::move(directory)),
+      max_file_bytes_(max_file_bytes),
+      registry_(registry),
+      on_change_(std::move(on_change)) {}
+
+WeightsDirWatcher::~WeightsDirWatcher() {
+  stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status WeightsDirWatcher::Register(const std::string& name,
+                                         const std::string& folder,
+                                         const std::string& fingerprint) {
+  Seen& seen = seen_[name];
+  seen.fingerprint = fingerprint;
+  absl::StatusOr<v1::PutWeightsRequest> request =
+      ReadWeightsFolder(folder, max_file_bytes_);
+  if (!request.ok()) return request.status();
+  ATTNSERVE_ASSIGN_OR_RETURN(const int64_t version,
+                             WeightsFolderVersion(folder, *request));
+  if (version == seen.version) {
+    // Touched, not changed: the registry holds this version already.
+    const absl::StatusOr<WeightsRegistry::Entry> held = registry_->Get(name);
+    if (held.ok() && held->version == version) return absl::OkStatus();
+  }
+  ATTNSERVE_RETURN_IF_ERROR(
+      PutWeightsInto(*registry_, *request, version).status());
+  seen.version = version;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> WeightsDirWatcher::LoadAll() {
+  absl::MutexLock lock(&mutex_);
+  ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<std::string> folders,
+                             WeightsFolders(directory_));
+  std::vector<std::string> names;
+  for (const std::string& folder : folders) {
+    // The fingerprint before the read: a change while reading shows next scan.
+    const absl::Status status =
+        Register(NameOf(folder), folder, Fingerprint(folder));
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("weights folder ", folder,
+                                                      ": ", status.message()));
+    }
+    names.push_back(NameOf(folder));
+  }
+  return names;
+}
+
+void WeightsDirWatcher::Start(absl::Duration interval) {
+  thread_ = std::thread([this, interval] {
+    while (!stop_.WaitForNotificationWithTimeout(interval)) Scan();
+  });
+}
+
+WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
+  Changes changes;
+  {
+    absl::MutexLock lock(&mutex_);
+    absl::StatusOr<std::vector<std::string>> folders =
+        WeightsFolders(directory_);
+    if (!folders.ok()) {
+      // The folder itself is unreadable (mid-update, or gone): keep every
+      // set as it is rather than deleting them all.
+      std::fprintf(stderr, "attnserve: %s; keeping the weights registered\n",
+                   std::string(folders.status().message()).c_str());
+      changes.failed = 1;
+    } else {
+      std::set<std::string> present;
+      for (const std::string& folder : *folders) {
+        const std::string name = NameOf(folder);
+        present.insert(name);
+        const std::string fingerprint = Fingerprint(folder);
+        const auto it = seen_.find(name);
+        if (it != seen_.end() && it->second.fingerprint == fingerprint) {
+          continue;
+        }
+        const int64_t before = it == seen_.end() ? 0 : it->second.version;
+        const absl::Status status = Register(name, folder, fingerprint);
+        if (!status.ok()) {
+          ++changes.failed;
+          std::fprintf(stderr, "attnserve: weights folder %s: %s; keeping %s\n",
+                       folder.c_str(), std::string(status.message()).c_str(),
+                       before > 0 ? absl::StrCat("version ", before).c_str()
+                                  : "it unregistered");
+        } else if (seen_[name].version != before) {
+          ++changes.registered;
+        }
+      }
+      for (auto it = seen_.begin(); it != seen_.end();) {
+        if (present.count(it->first) > 0) {
+          ++it;
+          continue;
+        }
+        // Deleted only if what the registry holds is what the folder gave.
+        const absl::StatusOr<WeightsRegistry::Entry> held =
+            registry_->Get(it->first);
+        if (held.ok() && held->version == it->second.version &&
+            registry_->Delete(it->first).ok()) {
+          ++changes.removed;
+        }
+        it = seen_.erase(it);
+      }
+    }
+  }
+  if (on_change_ &&
+      (changes.registered > 0 || changes.removed > 0 || changes.failed > 0)) {
+    on_change_(changes);
+  }
+  return changes;
+}
+
+}  // namespace attnserve

@@ -160,7 +160,12 @@ const INVARIANTS = [
     const failures = Object.entries(expected)
       .filter(([kind, count]) => r.ofKind(kind).length !== count)
       .map(([kind, count]) => `${r.ofKind(kind).length} ${kind}, expected ${count}`);
-    const extra = r.objects.filter((o) => !(o.kind in expected) && o.kind !== "Namespace");
+    // A PersistentVolumeClaim for --weights_dir may come with the rendering.
+    const optional = { Namespace: 1, PersistentVolumeClaim: 1 };
+    const extra = r.objects.filter((o) => !(o.kind in expected) && !(o.kind in optional));
+    for (const [kind, most] of Object.entries(optional)) {
+      if (r.ofKind(kind).length > most) failures.push(`${r.ofKind(kind).length} ${kind}`);
+    }
     return failures.concat(extra.map((o) => `unexpected ${o.kind}/${o.metadata.name}`));
   }],
 
@@ -285,6 +290,25 @@ const INVARIANTS = [
     }
     if (r.pod.automountServiceAccountToken !== false) {
       failures.push("automountServiceAccountToken is not false");
+    }
+    return failures;
+  }],
+
+  // --weights_dir is read from a volume every replica mounts (the same sets everywhere), read-only;
+  // a claim the rendering makes is ReadOnlyMany, as many pods on many nodes mount it.
+  ["--weights_dir is a read-only volume shared by the replicas", (r) => {
+    const dir = r.flags().weights_dir;
+    if (!dir) return [];
+    const mount = (r.container.volumeMounts || []).find((m) => m.mountPath === dir);
+    if (!mount) return [`--weights_dir=${dir} but no volume is mounted there`];
+    const failures = mount.readOnly ? [] : [`the volume at ${dir} is writable`];
+    const volume = (r.pod.volumes || []).find((v) => v.name === mount.name) || {};
+    if (volume.emptyDir) failures.push(`${dir} is an emptyDir: each replica's own, and empty`);
+    const claimName = volume.persistentVolumeClaim && volume.persistentVolumeClaim.claimName;
+    const claim = claimName &&
+        r.ofKind("PersistentVolumeClaim").find((c) => c.metadata.name === claimName);
+    if (claim && !(claim.spec.accessModes || []).includes("ReadOnlyMany")) {
+      failures.push(`claim ${claimName} is not ReadOnlyMany`);
     }
     return failures;
   }],
@@ -425,6 +449,15 @@ const replaceFlag = (objects, flag, value) => {
   data[key] = data[key].replace(new RegExp(`^--${flag}=.*$`, "m"), `--${flag}=${value}`);
 };
 
+// Sets --flag=value in the flag file, appending it if absent.
+const setFlag = (objects, flag, value) => {
+  const data = find(objects, "ConfigMap").data;
+  const key = Object.keys(data)[0];
+  const line = new RegExp(`^--${flag}=.*$`, "m");
+  data[key] = line.test(data[key]) ? data[key].replace(line, `--${flag}=${value}`)
+                                   : `${data[key].replace(/\n?$/, "\n")}--${flag}=${value}\n`;
+};
+
 const MUTATIONS = [
   ["readiness probe on another port", "gRPC health probes",
     (o) => { containerOf(o).readinessProbe.grpc.port = 50052; }],
@@ -488,6 +521,8 @@ const MUTATIONS = [
   ["annotation on another port", "Prometheus scrape annotations",
     (o) => { find(o, "Deployment").spec.template.metadata.annotations["prometheus.io/port"] =
       "8080"; }],
+  ["--weights_dir where no volume is mounted", "--weights_dir is a read-only volume",
+    (o) => setFlag(o, "weights_dir", "/srv/weights")],
   ["containerPort as a string", "API schemas",
     (o) => { containerOf(o).ports[0].containerPort = "50051"; }],
   ["probe period as a string", "API schemas",

@@ -62,11 +62,13 @@ NODE_PATH="${node_dir}/node_modules" timeout 120 \
   fail "manifest checks failed"
 
 # The flags as attnserve reads them: later flags override the flag file's, so the server
-# listens on loopback only, on a free port, without metrics, and stops without a drain grace.
+# listens on loopback only, on a free port, without metrics, stops without a drain grace, and
+# reads an empty weights folder (the pods' volume is not here).
+mkdir -p "${workdir}/weights"
 for flags in "${workdir}"/*.flags; do
   log=${flags%.flags}.server.log
   "${attnserve}" --flagfile="${flags}" --address=127.0.0.1 --port=0 --metrics_port=0 \
-    --drain_grace_seconds=0 >"${log}" 2>&1 &
+    --drain_grace_seconds=0 --weights_dir="${workdir}/weights" >"${log}" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 100); do
     grep -q "^attnserve .* listening on 127\.0\.0\.1:" "${log}" && break

@@ -87,9 +87,11 @@ void Require(const char* what, const absl::Status& status) {
 void CheckRefusal(const absl::Status& status) {
   Note("refused", status);
   const absl::StatusCode code = status.code();
+  // FAILED_PRECONDITION: a weights_version the registry does not hold.
   if (code != absl::StatusCode::kInvalidArgument &&
       code != absl::StatusCode::kNotFound &&
-      code != absl::StatusCode::kResourceExhausted) {
+      code != absl::StatusCode::kResourceExhausted &&
+      code != absl::StatusCode::kFailedPrecondition) {
     Fail("a malformed request got an unexpected code", status);
   }
   if (status.message().empty()) Fail("a refusal without a message", status);
@@ -200,31 +202,16 @@ void FuzzAttend(const v1::AttendRequest& request) {
 // As AttentionServiceImpl::MultiHeadAttention, less the scheduler.
 void FuzzMultiHead(const v1::MultiHeadAttentionRequest& request) {
   Fixture& fixture = TheFixture();
-  std::shared_ptr<const WeightSet> registered;
-  std::string origin = "weights";
-  WeightsShape weights_shape;
   if (request.weights_source_case() ==
-      v1::MultiHeadAttentionRequest::kWeightsName) {
-    const absl::Status name =
-        ValidateWeightsName("weights_name", request.weights_name());
-    if (!name.ok()) return CheckRefusal(name);
-    const absl::StatusOr<WeightsRegistry::Entry> entry =
-        fixture.registry.Get(request.weights_name());
-    if (!entry.ok()) return CheckRefusal(entry.status());
-    registered = entry->weights;
-    origin = "weights '" + request.weights_name() + "'";
-    weights_shape = registered->shape();
-  } else if (request.weights_source_case() ==
-             v1::MultiHeadAttentionRequest::kWeights) {
-    const absl::StatusOr<WeightsShape> shape =
-        ValidateProjectionWeights(request.weights(), "weights");
-    if (!shape.ok()) return CheckRefusal(shape.status());
-    weights_shape = *shape;
-  } else {
+      v1::MultiHeadAttentionRequest::WEIGHTS_SOURCE_NOT_SET) {
     return;  // The service refuses it before any check.
   }
+  const absl::StatusOr<MultiHeadWeights> weights =
+      ResolveMultiHeadWeights(request, fixture.registry);
+  if (!weights.ok()) return CheckRefusal(weights.status());
+  const std::shared_ptr<const WeightSet> registered = weights->registered;
   const absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
-      request, weights_shape, origin, TheFixture().checks);
+      request, weights->shape, weights->origin, TheFixture().checks);
   if (!work.ok()) return CheckRefusal(work.status());
   if (MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
                      work->plan.options.causal) > kMaxComputeFlops) {

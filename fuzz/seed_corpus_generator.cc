@@ -162,6 +162,13 @@ void WriteMultiHeadSeeds(const std::string& folder) {
   *r.mutable_query_input() = Tensor(v1::FLOAT32, {1, 2, 4});
   r.set_weights_name("missing");
   write("unknown_weights_name", r);
+
+  // A version the registry does not hold: FAILED_PRECONDITION.
+  r.Clear();
+  *r.mutable_query_input() = Tensor(v1::FLOAT32, {1, 2, 64});
+  r.set_weights_name("demo");
+  r.set_weights_version(123456789);
+  write("demo_other_weights_version", r);
 }
 
 void WritePutWeightsSeeds(const std::string& folder) {

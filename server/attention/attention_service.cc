@@ -263,61 +263,15 @@ void AttentionServiceImpl::ServeAttend(const Call& call,
 void AttentionServiceImpl::ServeMultiHeadAttention(
     const Call& call, const v1::MultiHeadAttentionRequest& request,
     v1::MultiHeadAttentionResponse* response) {
-  std::shared_ptr<const WeightSet> registered;
-  std::string origin = "weights";
-  WeightsShape weights_shape;
-  if (request.weights_version() < 0 ||
-      (request.weights_version() != 0 &&
-       request.weights_source_case() !=
-           v1::MultiHeadAttentionRequest::kWeightsName)) {
-    return Finish(call,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "weights_version is ", request.weights_version(),
-                      ", expected 0, or a positive version with weights_name")),
-                  response);
+  absl::StatusOr<MultiHeadWeights> weights =
+      ResolveMultiHeadWeights(request, *registry_);
+  if (!weights.ok()) return Finish(call, weights.status(), response);
+  if (weights->registered != nullptr) {
+    response->set_weights_version(weights->version);
   }
-  if (request.weights_source_case() ==
-      v1::MultiHeadAttentionRequest::kWeightsName) {
-    absl::Status name =
-        ValidateWeightsName("weights_name", request.weights_name());
-    if (!name.ok()) return Finish(call, name, response);
-    absl::StatusOr<WeightsRegistry::Entry> entry =
-        registry_->Get(request.weights_name());
-    if (!entry.ok()) return Finish(call, entry.status(), response);
-    if (request.weights_version() != 0 &&
-        request.weights_version() != entry->version) {
-      return Finish(
-          call,
-          absl::FailedPreconditionError(absl::StrCat(
-              "weights_name '", request.weights_name(), "' is at version ",
-              entry->version,
-              " on this server, the request's weights_version "
-              "is ",
-              request.weights_version(),
-              "; replicas reloading a shared weights_dir agree within its "
-              "reload interval: retry, or send weights_version 0 for any")),
-          response);
-    }
-    registered = entry->weights;
-    response->set_weights_version(entry->version);
-    origin = "weights '" + request.weights_name() + "'";
-    weights_shape = registered->shape();
-  } else if (request.weights_source_case() ==
-             v1::MultiHeadAttentionRequest::kWeights) {
-    absl::StatusOr<WeightsShape> shape =
-        ValidateProjectionWeights(request.weights(), "weights");
-    if (!shape.ok()) return Finish(call, shape.status(), response);
-    weights_shape = *shape;
-  } else {
-    return Finish(
-        call,
-        absl::InvalidArgumentError(
-            "weights and weights_name are both missing, expected one: "
-            "inline ProjectionWeights or a name registered by PutWeights"),
-        response);
-  }
-  absl::StatusOr<MultiHeadWork> work =
-      ValidateMultiHeadRequest(request, weights_shape, origin, checks_);
+  const std::shared_ptr<const WeightSet> registered = weights->registered;
+  absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
+      request, weights->shape, weights->origin, checks_);
   if (!work.ok()) return Finish(call, work.status(), response);
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return Finish(call, held, response);

@@ -381,4 +381,48 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   return work;
 }
 
+absl::StatusOr<MultiHeadWeights> ResolveMultiHeadWeights(
+    const v1::MultiHeadAttentionRequest& request,
+    const WeightsRegistry& registry) {
+  const bool named = request.weights_source_case() ==
+                     v1::MultiHeadAttentionRequest::kWeightsName;
+  if (request.weights_version() < 0 ||
+      (request.weights_version() != 0 && !named)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights_version is ", request.weights_version(),
+                     ", expected 0, or a positive version with weights_name"));
+  }
+  MultiHeadWeights weights;
+  if (named) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        ValidateWeightsName("weights_name", request.weights_name()));
+    ATTNSERVE_ASSIGN_OR_RETURN(const WeightsRegistry::Entry entry,
+                               registry.Get(request.weights_name()));
+    if (request.weights_version() != 0 &&
+        request.weights_version() != entry.version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "weights_name '", request.weights_name(), "' is at version ",
+          entry.version, " on this server, the request's weights_version is ",
+          request.weights_version(),
+          "; replicas reloading a shared weights_dir agree within its "
+          "reload interval: retry, or send weights_version 0 for any"));
+    }
+    weights.registered = entry.weights;
+    weights.version = entry.version;
+    weights.origin = absl::StrCat("weights '", request.weights_name(), "'");
+    weights.shape = entry.weights->shape();
+    return weights;
+  }
+  if (request.weights_source_case() !=
+      v1::MultiHeadAttentionRequest::kWeights) {
+    return absl::InvalidArgumentError(
+        "weights and weights_name are both missing, expected one: inline "
+        "ProjectionWeights or a name registered by PutWeights");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      weights.shape, ValidateProjectionWeights(request.weights(), "weights"));
+  weights.origin = "weights";
+  return weights;
+}
+
 }  // namespace attnserve

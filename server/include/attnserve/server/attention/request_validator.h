@@ -9,11 +9,13 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/weights/weights_registry.h"
 #include "attnserve/server/weights/weights_validator.h"
 #include "attnserve/v1/attention.pb.h"
 
@@ -69,6 +71,23 @@ struct MultiHeadWork {
 // malformed field, or RESOURCE_EXHAUSTED if it is over `checks`.
 absl::StatusOr<AttendWork> ValidateAttendRequest(
     const v1::AttendRequest& request, const RequestChecks& checks);
+
+// The projection weights a MultiHeadAttention request names or carries.
+struct MultiHeadWeights {
+  std::shared_ptr<const WeightSet> registered;  // Null for inline weights.
+  int64_t version = 0;  // The registered set's version; 0 for inline ones.
+  std::string origin;   // "weights" or "weights 'NAME'", for messages.
+  WeightsShape shape;
+};
+
+// Finds the weights of `request` in `registry`, or checks its inline ones.
+// INVALID_ARGUMENT for neither, a malformed name or inline set, or a
+// weights_version that is negative or comes without weights_name; NOT_FOUND
+// for an unknown name; FAILED_PRECONDITION, naming both versions, for a
+// weights_version other than the registered set's.
+absl::StatusOr<MultiHeadWeights> ResolveMultiHeadWeights(
+    const v1::MultiHeadAttentionRequest& request,
+    const WeightsRegistry& registry);
 
 // Returns the work a MultiHeadAttention request describes against weights of
 // `weights_shape`

@@ -5,6 +5,7 @@
 // always inlined, so no such value ever crosses a call.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -207,11 +208,27 @@ ATTNSERVE_PAGED_INLINE void StoreFloats(float* p, F8 v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-// Elements [index, index + 8) of `row` (in T) as f32.
-template <DataType T>
+// Whether kF16c kernels widen f16 with F16C's instruction. GCC checks a
+// builtin's instruction set in the function it is inlined into (UnitAvx2,
+// compiled for F16C); Clang checks it in the template that calls it, so Clang
+// builds (the fuzzers') keep the portable widening.
+#if defined(__clang__)
+constexpr bool kF16cBuiltin = false;
+#else
+constexpr bool kF16cBuiltin = true;
+#endif
+
+// Elements [index, index + 8) of `row` (in T) as f32; kF16c: f16 widened by
+// one F16C instruction (the calling function must be compiled for F16C).
+template <DataType T, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE F8 Load8(const char* row, int64_t index) {
   if constexpr (T == DataType::kFloat32) {
     return LoadFloats(reinterpret_cast<const float*>(row) + index);
+  } else if constexpr (T == DataType::kFloat16 && kF16c && kF16cBuiltin) {
+    typedef short S8 __attribute__((vector_size(16)));
+    S8 h;
+    std::memcpy(&h, row + 2 * index, sizeof(h));
+    return (F8)__builtin_ia32_vcvtph2ps256(h);
   } else {
     H8 h;
     std::memcpy(&h, row + 2 * index, sizeof(h));
@@ -331,7 +348,7 @@ ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
 // eight 32-bit words, each two bf16 values, the even ones widened with one
 // instruction and the odd ones with another; the query and output rows hold
 // each run of sixteen columns as its even columns then its odd ones.
-template <DataType T, bool kPairwise>
+template <DataType T, bool kPairwise, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE void Load16(const char* row, int64_t d, F8* first,
                                    F8* second) {
   if constexpr (kPairwise) {
@@ -340,8 +357,8 @@ ATTNSERVE_PAGED_INLINE void Load16(const char* row, int64_t d, F8* first,
     *first = (F8)(u << 16);
     *second = (F8)(u & 0xffff0000u);
   } else {
-    *first = Load8<T>(row, d);
-    *second = Load8<T>(row, d + 8);
+    *first = Load8<T, kF16c>(row, d);
+    *second = Load8<T, kF16c>(row, d + 8);
   }
 }
 
@@ -370,7 +387,7 @@ ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
 // ([n, dk] in T): four rows and two keys at a time, eight accumulators; the
 // next block's rows prefetched into L2 as these are used (a page's rows are
 // too short a run for the hardware prefetcher to catch).
-template <DataType T, bool kPairwise>
+template <DataType T, bool kPairwise, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
                                         int64_t dk, const char* keys, int64_t n,
                                         float* s, const char* next_keys) {
@@ -397,16 +414,16 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
       F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
       for (int64_t d = 0; d < end16; d += 16) {
         F8 e0, o0, e1, o1;
-        Load16<T, kPairwise>(k0, d, &e0, &o0);
-        Load16<T, kPairwise>(k1, d, &e1, &o1);
+        Load16<T, kPairwise, kF16c>(k0, d, &e0, &o0);
+        Load16<T, kPairwise, kF16c>(k1, d, &e1, &o1);
         Dot16(q0 + d, e0, o0, e1, o1, a00, a01);
         Dot16(q1 + d, e0, o0, e1, o1, a10, a11);
         Dot16(q2 + d, e0, o0, e1, o1, a20, a21);
         Dot16(q3 + d, e0, o0, e1, o1, a30, a31);
       }
       for (int64_t d = end16; d < end8; d += 8) {
-        const F8 x0 = Load8<T>(k0, d);
-        const F8 x1 = Load8<T>(k1, d);
+        const F8 x0 = Load8<T, kF16c>(k0, d);
+        const F8 x1 = Load8<T, kF16c>(k1, d);
         Dot8(q0 + d, x0, x1, a00, a01);
         Dot8(q1 + d, x0, x1, a10, a11);
         Dot8(q2 + d, x0, x1, a20, a21);
@@ -436,7 +453,7 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
 // at a time, eight accumulators, the values taken four rows at a time, each
 // walked front to back, so the block streams through the cache in order; the
 // next block's rows prefetched as these are used.
-template <DataType T, bool kPairwise>
+template <DataType T, bool kPairwise, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
                                             int64_t n, const char* values,
                                             int64_t dv, float* o,
@@ -467,7 +484,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
         F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
         for (int64_t j = j0; j < j_end; ++j) {
           F8 x, y;
-          Load16<T, kPairwise>(values + j * row_bytes, c, &x, &y);
+          Load16<T, kPairwise, kF16c>(values + j * row_bytes, c, &x, &y);
           a0 += p0[j] * x;
           b0 += p0[j] * y;
           a1 += p1[j] * x;
@@ -503,7 +520,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
 
 // One block of a unit: scores, their fold into each row's softmax (and the
 // rows' rescaling), then the values, for keys and values in T.
-template <DataType T, bool kPairwise>
+template <DataType T, bool kPairwise, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
                                      const UnitBuffers& b, int64_t rows,
                                      int64_t rows4, int64_t k0, int64_t n,
@@ -512,7 +529,8 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
                                      const char* next_values) {
   const int64_t dk = item.layout.key_dim;
   const int64_t dv = item.layout.value_dim;
-  BlockScores<T, kPairwise>(b.query, rows4, dk, keys, n, b.scores, next_keys);
+  BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys, n, b.scores,
+                                   next_keys);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t visible = std::clamp<int64_t>(b.ends[r] - k0, 0, n);
     const float alpha = FoldScores(b.scores + r * kBlock, n, visible,
@@ -528,8 +546,8 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
       }
     }
   }
-  BlockAccumulate<T, kPairwise>(b.scores, rows4, n, values, dv, b.output,
-                                next_values);
+  BlockAccumulate<T, kPairwise, kF16c>(b.scores, rows4, n, values, dv, b.output,
+                                       next_values);
 }
 
 // The first value row of page `page` of `item`.
@@ -541,7 +559,9 @@ ATTNSERVE_PAGED_INLINE const char* ValuesOf(const PagedAttend& item,
 }
 
 // Computes `unit` into b's buffers (and `partial`, for a split). Returns
-// early, its results undefined, once `stopper` says stop.
+// early, its results undefined, once `stopper` says stop. kF16c: the caller is
+// compiled for F16C, which widens f16 pages.
+template <bool kF16c>
 __attribute__((always_inline)) inline void UnitBody(
     const PagedAttend& item, const Unit& unit, int64_t splits,
     const UnitBuffers& b, float* partial, Stopper& stopper) {
@@ -630,8 +650,9 @@ __attribute__((always_inline)) inline void UnitBody(
                                            keys, values, next_keys,
                                            next_values);
     } else {
-      RunBlock<DataType::kFloat16, false>(item, b, rows, rows4, k0, n, round,
-                                          keys, values, next_keys, next_values);
+      RunBlock<DataType::kFloat16, false, kF16c>(item, b, rows, rows4, k0, n,
+                                                 round, keys, values, next_keys,
+                                                 next_values);
     }
     k0 += n;
   }
@@ -650,21 +671,21 @@ __attribute__((always_inline)) inline void UnitBody(
 using UnitFunction = void (*)(const PagedAttend&, const Unit&, int64_t,
                               const UnitBuffers&, float*, Stopper&);
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) void
 UnitAvx512(const PagedAttend& item, const Unit& unit, int64_t splits,
            const UnitBuffers& b, float* partial, Stopper& stopper) {
-  UnitBody(item, unit, splits, b, partial, stopper);
+  UnitBody<true>(item, unit, splits, b, partial, stopper);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void UnitAvx2(
     const PagedAttend& item, const Unit& unit, int64_t splits,
     const UnitBuffers& b, float* partial, Stopper& stopper) {
-  UnitBody(item, unit, splits, b, partial, stopper);
+  UnitBody<true>(item, unit, splits, b, partial, stopper);
 }
 
 void UnitPortable(const PagedAttend& item, const Unit& unit, int64_t splits,
                   const UnitBuffers& b, float* partial, Stopper& stopper) {
-  UnitBody(item, unit, splits, b, partial, stopper);
+  UnitBody<false>(item, unit, splits, b, partial, stopper);
 }
 
 UnitFunction SelectUnit(bool portable_only) {

@@ -3,9 +3,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -83,6 +85,9 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
       CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
                      AttendWorkspaceBytes(shape, options)));
 
+  if (DecodesPaged(shape, options)) {
+    return AttendDecodePaged(shape, options, query, key, value, outputs);
+  }
   SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
   problem.query = query.data();
   problem.key = key.data();
@@ -91,6 +96,58 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
   ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                              NewStream(AttentionFlops(shape)));
   return RunSdpa(stream, problem, AttentionFlops(shape));
+}
+
+bool AttentionEngineImpl::DecodesPaged(const AttentionShape& shape,
+                                       const AttentionOptions& options) const {
+  // An engine told to run the portable code (tests of it) keeps its fused
+  // kernel for decode too.
+  return !options_.portable_kernels &&
+         std::string_view(kernels_.name) == "portable" && UseFused(options) &&
+         shape.query_len == 1 && !options.mask &&
+         options.weights == AttentionWeightsMode::kNone &&
+         (!options.causal ||
+          options.causal_alignment == CausalAlignment::kBottomRight);
+}
+
+absl::Status AttentionEngineImpl::AttendDecodePaged(
+    const AttentionShape& shape, const AttentionOptions& options,
+    absl::Span<const float> query, absl::Span<const float> key,
+    absl::Span<const float> value, AttentionOutputs outputs) {
+  PageLayout layout;
+  layout.page_tokens = shape.key_len;
+  layout.kv_heads = shape.kv_heads;
+  layout.key_dim = shape.key_dim;
+  layout.value_dim = shape.value_dim;
+  layout.dtype = DataType::kFloat32;
+  const float scale = options.scale.value_or(
+      1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
+  const size_t batch = static_cast<size_t>(shape.batch);
+  std::vector<const char*> key_pages(batch), value_pages(batch);
+  std::vector<PagedAttend> items(batch);
+  const int64_t heads = shape.heads;
+  for (size_t b = 0; b < batch; ++b) {
+    key_pages[b] =
+        reinterpret_cast<const char*>(key.data()) + b * layout.KeyBytes();
+    value_pages[b] =
+        reinterpret_cast<const char*>(value.data()) + b * layout.ValueBytes();
+    PagedAttend& item = items[b];
+    item.layout = layout;
+    item.pages = absl::MakeConstSpan(&key_pages[b], 1);
+    item.value_pages = absl::MakeConstSpan(&value_pages[b], 1);
+    item.length =
+        options.key_lengths.empty() ? shape.key_len : options.key_lengths[b];
+    item.heads = heads;
+    item.query_len = 1;
+    item.query =
+        query.subspan(b * heads * shape.key_dim, heads * shape.key_dim);
+    item.scale = scale;
+    item.precision = options.precision;
+    item.output = outputs.output.subspan(b * heads * shape.value_dim,
+                                         heads * shape.value_dim);
+    if (!outputs.lse.empty()) item.lse = outputs.lse.subspan(b * heads, heads);
+  }
+  return AttendPaged(items, options.stop);
 }
 
 std::optional<int64_t> AttentionEngineImpl::AttendWorkspaceBytes(

@@ -57,6 +57,19 @@ class AttentionEngineImpl final : public AttentionEngine {
  private:
   // Whether a call with `options` runs the fused kernel.
   bool UseFused(const AttentionOptions& options) const;
+  // Whether Attend computes `shape` with the paged kernel, each batch entry's
+  // keys and values one page: decode (Lq = 1, every key up to the entry's key
+  // length visible, no mask, no weights) where the fused kernel's tile code
+  // is the portable one because the CPU lacks AVX-512: the paged kernel's
+  // AVX2 code outruns its small-rows path several times.
+  bool DecodesPaged(const AttentionShape& shape,
+                    const AttentionOptions& options) const;
+  absl::Status AttendDecodePaged(const AttentionShape& shape,
+                                 const AttentionOptions& options,
+                                 absl::Span<const float> query,
+                                 absl::Span<const float> key,
+                                 absl::Span<const float> value,
+                                 AttentionOutputs outputs);
 
   // Validates an Attend's (or an AttendBatch part's) shape, spans and options.
   static absl::Status ValidateInputs(const AttentionShape& shape,

@@ -86,7 +86,13 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
                      AttendWorkspaceBytes(shape, options)));
 
   if (DecodesPaged(shape, options)) {
-    return AttendDecodePaged(shape, options, query, key, value, outputs);
+    return AttendDecode(
+        shape, options, query, DataType::kFloat32,
+        absl::MakeConstSpan(reinterpret_cast<const char*>(key.data()),
+                            key.size() * sizeof(float)),
+        absl::MakeConstSpan(reinterpret_cast<const char*>(value.data()),
+                            value.size() * sizeof(float)),
+        outputs);
   }
   SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
   problem.query = query.data();
@@ -98,39 +104,64 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
   return RunSdpa(stream, problem, AttentionFlops(shape));
 }
 
+bool AttentionEngineImpl::DecodeReadsInPlace(
+    const AttentionShape& shape, const AttentionOptions& options) const {
+  return shape.query_len == 1 && !options.mask &&
+         options.weights == AttentionWeightsMode::kNone &&
+         (!options.causal ||
+          options.causal_alignment == CausalAlignment::kBottomRight);
+}
+
 bool AttentionEngineImpl::DecodesPaged(const AttentionShape& shape,
                                        const AttentionOptions& options) const {
   // An engine told to run the portable code (tests of it) keeps its fused
   // kernel for decode too.
   return !options_.portable_kernels &&
          std::string_view(kernels_.name) == "portable" && UseFused(options) &&
-         shape.query_len == 1 && !options.mask &&
-         options.weights == AttentionWeightsMode::kNone &&
-         (!options.causal ||
-          options.causal_alignment == CausalAlignment::kBottomRight);
+         DecodeReadsInPlace(shape, options);
 }
 
-absl::Status AttentionEngineImpl::AttendDecodePaged(
+absl::Status AttentionEngineImpl::AttendDecode(
     const AttentionShape& shape, const AttentionOptions& options,
-    absl::Span<const float> query, absl::Span<const float> key,
-    absl::Span<const float> value, AttentionOutputs outputs) {
+    absl::Span<const float> query, DataType dtype, absl::Span<const char> key,
+    absl::Span<const char> value, AttentionOutputs outputs) {
+  if (!DecodeReadsInPlace(shape, options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttendDecode takes decode (Lq = 1) without a mask, weights or a "
+        "top-left causal mask; got ",
+        shape.DebugString()));
+  }
   PageLayout layout;
   layout.page_tokens = shape.key_len;
   layout.kv_heads = shape.kv_heads;
   layout.key_dim = shape.key_dim;
   layout.value_dim = shape.value_dim;
-  layout.dtype = DataType::kFloat32;
+  layout.dtype = dtype;
+  const size_t batch = static_cast<size_t>(shape.batch);
+  if (static_cast<int64_t>(key.size()) != shape.batch * layout.KeyBytes() ||
+      static_cast<int64_t>(value.size()) != shape.batch * layout.ValueBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key and value hold ", key.size(), " and ", value.size(),
+        " bytes, expected ", shape.batch * layout.KeyBytes(), " and ",
+        shape.batch * layout.ValueBytes(), " for ", shape.DebugString()));
+  }
+  const int64_t heads = shape.heads;
+  if (static_cast<int64_t>(query.size()) != shape.QueryElements() ||
+      static_cast<int64_t>(outputs.output.size()) != shape.OutputElements() ||
+      (!outputs.lse.empty() &&
+       static_cast<int64_t>(outputs.lse.size()) != shape.batch * heads) ||
+      (!options.key_lengths.empty() &&
+       static_cast<int64_t>(options.key_lengths.size()) != shape.batch)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query, output, lse or key_lengths do not fit ", shape.DebugString()));
+  }
   const float scale = options.scale.value_or(
       1.0f / std::sqrt(static_cast<float>(shape.key_dim)));
-  const size_t batch = static_cast<size_t>(shape.batch);
   std::vector<const char*> key_pages(batch), value_pages(batch);
   std::vector<PagedAttend> items(batch);
-  const int64_t heads = shape.heads;
   for (size_t b = 0; b < batch; ++b) {
-    key_pages[b] =
-        reinterpret_cast<const char*>(key.data()) + b * layout.KeyBytes();
-    value_pages[b] =
-        reinterpret_cast<const char*>(value.data()) + b * layout.ValueBytes();
+    key_pages[b] = key.data() + b * layout.KeyBytes();
+    value_pages[b] = value.data() + b * layout.ValueBytes();
     PagedAttend& item = items[b];
     item.layout = layout;
     item.pages = absl::MakeConstSpan(&key_pages[b], 1);
@@ -147,6 +178,7 @@ absl::Status AttentionEngineImpl::AttendDecodePaged(
                                          heads * shape.value_dim);
     if (!outputs.lse.empty()) item.lse = outputs.lse.subspan(b * heads, heads);
   }
+  // ValidatePagedAttend (in AttendPaged) checks the lengths against the page.
   return AttendPaged(items, options.stop);
 }
 

@@ -46,6 +46,14 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   absl::Span<const float> query_input,
                                   absl::Span<const float> kv_input,
                                   AttentionOutputs outputs) override;
+  bool DecodeReadsInPlace(const AttentionShape& shape,
+                          const AttentionOptions& options) const override;
+  absl::Status AttendDecode(const AttentionShape& shape,
+                            const AttentionOptions& options,
+                            absl::Span<const float> query, DataType dtype,
+                            absl::Span<const char> key,
+                            absl::Span<const char> value,
+                            AttentionOutputs outputs) override;
   using AttentionEngine::AttendPaged;
   absl::Status AttendPaged(absl::Span<const PagedAttend> items,
                            const StopCheck& stop) override;
@@ -57,19 +65,12 @@ class AttentionEngineImpl final : public AttentionEngine {
  private:
   // Whether a call with `options` runs the fused kernel.
   bool UseFused(const AttentionOptions& options) const;
-  // Whether Attend computes `shape` with the paged kernel, each batch entry's
-  // keys and values one page: decode (Lq = 1, every key up to the entry's key
-  // length visible, no mask, no weights) where the fused kernel's tile code
-  // is the portable one because the CPU lacks AVX-512: the paged kernel's
-  // AVX2 code outruns its small-rows path several times.
+  // Whether Attend computes a call DecodeReadsInPlace takes through
+  // AttendDecode: where the fused kernel's tile code is the portable one
+  // because the CPU lacks AVX-512, the paged kernel's AVX2 code outruns its
+  // small-rows path several times.
   bool DecodesPaged(const AttentionShape& shape,
                     const AttentionOptions& options) const;
-  absl::Status AttendDecodePaged(const AttentionShape& shape,
-                                 const AttentionOptions& options,
-                                 absl::Span<const float> query,
-                                 absl::Span<const float> key,
-                                 absl::Span<const float> value,
-                                 AttentionOutputs outputs);
 
   // Validates an Attend's (or an AttendBatch part's) shape, spans and options.
   static absl::Status ValidateInputs(const AttentionShape& shape,

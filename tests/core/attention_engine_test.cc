@@ -1,5 +1,6 @@
 #include "attnserve/core/attention_engine.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <ostream>
 #include <vector>
 
+#include "attnserve/common/dtype.h"
 #include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -472,6 +474,66 @@ TEST(StopCheckTest, MultiHeadAttentionStopsBetweenStages) {
               absl::StatusCode::kCancelled);
     EXPECT_EQ(stop.polls.load(), stop_at);
   }
+}
+
+// AttendDecode reads bf16 keys and values where they lie and answers as
+// Attend over the same values widened; it refuses what it does not take.
+TEST(AttendDecodeTest, EqualsAttendOverTheWidenedValuesAndRefusesTheRest) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  const AttentionShape shape = SdpaShape(2, 4, 2, 1, 77, 32, 16);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 61);
+  std::vector<uint16_t> key(static_cast<size_t>(shape.KeyElements()));
+  std::vector<uint16_t> value(static_cast<size_t>(shape.ValueElements()));
+  std::vector<float> key_f32(key.size()), value_f32(value.size());
+  const std::vector<float> k = RandomValues(shape.KeyElements(), 62);
+  const std::vector<float> v = RandomValues(shape.ValueElements(), 63);
+  for (size_t i = 0; i < key.size(); ++i) {
+    key[i] = Float32ToBFloat16(k[i]);
+    key_f32[i] = BFloat16ToFloat32(key[i]);
+  }
+  for (size_t i = 0; i < value.size(); ++i) {
+    value[i] = Float32ToBFloat16(v[i]);
+    value_f32[i] = BFloat16ToFloat32(value[i]);
+  }
+  const auto bytes = [](const std::vector<uint16_t>& values) {
+    return absl::MakeConstSpan(reinterpret_cast<const char*>(values.data()),
+                               values.size() * sizeof(uint16_t));
+  };
+  AttentionOptions options;
+  const int64_t lengths[] = {77, 5};
+  options.key_lengths = lengths;
+  options.causal = true;
+  options.causal_alignment = CausalAlignment::kBottomRight;
+  std::vector<float> decoded(shape.OutputElements()), attended(decoded.size());
+  ASSERT_TRUE(engine
+                  ->AttendDecode(shape, options, query, DataType::kBFloat16,
+                                 bytes(key), bytes(value),
+                                 absl::MakeSpan(decoded))
+                  .ok());
+  ASSERT_TRUE(engine
+                  ->Attend(shape, options, query, key_f32, value_f32,
+                           absl::MakeSpan(attended))
+                  .ok());
+  for (size_t i = 0; i < decoded.size(); ++i) {
+    ASSERT_NEAR(decoded[i], attended[i],
+                1e-6 * std::max(1.0f, std::abs(attended[i])))
+        << i;
+  }
+  // Not decode-shaped, and bytes that do not fit.
+  const AttentionShape two_rows = SdpaShape(2, 4, 2, 2, 77, 32, 16);
+  std::vector<float> more(two_rows.OutputElements());
+  EXPECT_EQ(engine
+                ->AttendDecode(two_rows, options,
+                               RandomValues(two_rows.QueryElements(), 64),
+                               DataType::kBFloat16, bytes(key), bytes(value),
+                               absl::MakeSpan(more))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status short_key = engine->AttendDecode(
+      shape, options, query, DataType::kBFloat16,
+      bytes(key).subspan(0, key.size()), bytes(value), absl::MakeSpan(decoded));
+  EXPECT_EQ(short_key.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_key.message(), HasSubstr("expected 19712 and 9856"));
 }
 
 TEST(AttentionEngineTest, CreateRejectsNegativeThreads) {

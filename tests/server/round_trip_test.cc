@@ -157,8 +157,8 @@ TEST(AttendReadsKeysInPlaceTest, OnlyHalfPrecisionDecodeWithoutMasks) {
       AttentionEngine::Create(EngineOptions{}).value();
   RequestChecks checks;
   checks.engine = engine.get();
-  const auto decide = [&checks](v1::DType dtype, int64_t query_len,
-                                const auto& set_options) {
+  const auto decide = [&checks, &engine](v1::DType dtype, int64_t query_len,
+                                         const auto& set_options) {
     v1::AttendRequest request;
     *request.mutable_query() = MakeTensor(dtype, {2, 4, query_len, 16},
                                           RandomValues(128 * query_len, 1));
@@ -170,7 +170,7 @@ TEST(AttendReadsKeysInPlaceTest, OnlyHalfPrecisionDecodeWithoutMasks) {
     const absl::StatusOr<AttendWork> work =
         ValidateAttendRequest(request, checks);
     EXPECT_TRUE(work.ok()) << work.status();
-    return work.ok() && AttendReadsKeysInPlace(*work, request);
+    return work.ok() && AttendReadsKeysInPlace(*engine, *work, request);
   };
   const auto none = [](v1::AttentionOptions*) {};
   EXPECT_TRUE(decide(v1::BFLOAT16, 1, none));

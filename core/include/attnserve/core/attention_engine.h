@@ -61,6 +61,26 @@ class AttentionEngine {
                               absl::Span<const float> value,
                               AttentionOutputs outputs) = 0;
 
+  // Whether AttendDecode takes `shape` and `options`: decode (Lq = 1) seeing
+  // every key up to its batch entry's key length — no causal mask, or the
+  // bottom-right one, which for Lq = 1 hides nothing — with no mask and no
+  // weights asked.
+  virtual bool DecodeReadsInPlace(const AttentionShape& shape,
+                                  const AttentionOptions& options) const = 0;
+
+  // Attend for a call DecodeReadsInPlace takes, whose key [B, Hkv, Lk, Dk]
+  // and value [B, Hkv, Lk, Dv] are packed in `dtype` (FLOAT32, BFLOAT16 or
+  // FLOAT16): the paged kernel reads them where they lie, each batch entry's
+  // keys and values one page, widening in registers (no f32 copy). Errors as
+  // for Attend, and INVALID_ARGUMENT for a call it does not take or spans
+  // that do not fit.
+  virtual absl::Status AttendDecode(const AttentionShape& shape,
+                                    const AttentionOptions& options,
+                                    absl::Span<const float> query,
+                                    DataType dtype, absl::Span<const char> key,
+                                    absl::Span<const char> value,
+                                    AttentionOutputs outputs) = 0;
+
   // Computes several Attends alike but for B in one kernel call (dynamic
   // batching), reading and writing each part's tensors where they are: as
   // Attend over the parts' batches in order, `shape.batch` ignored. `options`

@@ -11,13 +11,12 @@
 namespace attnserve {
 
 // Whether ComputeAttend reads `request`'s keys and values in place, in their
-// dtype: a decode-shaped Attend over BFLOAT16 or FLOAT16 keys and values (one
-// query row, Lq = 1, seeing every key up to its batch entry's key length — no
-// causal mask, or the bottom-right one, which for Lq = 1 hides nothing — with
-// no mask tensor and no weights asked), which the engine's paged kernel
-// computes with each batch entry's keys and values as one page. Any other
-// call's half-precision tensors are widened to f32 copies first.
-bool AttendReadsKeysInPlace(const AttendWork& work,
+// dtype (AttentionEngine::AttendDecode): a decode the engine takes that way
+// (DecodeReadsInPlace: Lq = 1, no mask tensor, no weights, no top-left causal
+// mask) over BFLOAT16 or FLOAT16 keys and values. Any other call's
+// half-precision tensors are widened to f32 copies first.
+bool AttendReadsKeysInPlace(const AttentionEngine& engine,
+                            const AttendWork& work,
                             const v1::AttendRequest& request);
 
 // Computes `request`, validated into `work`, into `response` (output, and

@@ -42,17 +42,13 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
   // that the metrics tell the two apart.
   absl::Status StillWanted() const override {
     const grpc::ServerContextBase& context = call_.handler->context();
-    if (DeadlinePassed(context)) {
+    const bool cancelled = call_.handler->cancelled();
+    if (DeadlineWithin(context,
+                       cancelled ? kDeadlineSlack : absl::ZeroDuration())) {
       return absl::DeadlineExceededError(
           "the deadline passed before the compute started");
     }
-    if (call_.handler->cancelled()) {
-      if (DeadlineWithin(context, kDeadlineSlack)) {
-        return absl::DeadlineExceededError(
-            "the deadline passed before the compute started");
-      }
-      return absl::CancelledError("the call was cancelled");
-    }
+    if (cancelled) return absl::CancelledError("the call was cancelled");
     return absl::OkStatus();
   }
 

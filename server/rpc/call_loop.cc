@@ -196,8 +196,7 @@ constexpr absl::Duration kFinishTimeout = absl::Seconds(5);
 }  // namespace
 
 bool DeadlinePassed(const grpc::ServerContextBase& context) {
-  const gpr_timespec deadline = context.raw_deadline();
-  return gpr_time_cmp(deadline, gpr_now(deadline.clock_type)) < 0;
+  return DeadlineWithin(context, absl::ZeroDuration());
 }
 
 bool DeadlineWithin(const grpc::ServerContextBase& context,

@@ -81,10 +81,7 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
                                          AttentionOutputs outputs) {
   ATTNSERVE_RETURN_IF_ERROR(
       ValidateInputs(shape, options, query, key, value, outputs));
-  ATTNSERVE_RETURN_IF_ERROR(
-      CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
-                     AttendWorkspaceBytes(shape, options)));
-
+  // Decode on the paged kernel, which checks its own workspace.
   if (DecodesPaged(shape, options)) {
     return AttendDecode(
         shape, options, query, DataType::kFloat32,
@@ -94,6 +91,10 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
                             value.size() * sizeof(float)),
         outputs);
   }
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
+                     AttendWorkspaceBytes(shape, options)));
+
   SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
   problem.query = query.data();
   problem.key = key.data();

@@ -1,9 +1,10 @@
 #include "attnserve/server/weights/weights_dir_watcher.h"
 
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -13,7 +14,7 @@
 #include "attnserve/common/weights_config.h"
 #include "attnserve/server/weights/weights_loader.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 
 namespace attnserve {
 namespace {
@@ -37,6 +38,35 @@ std::string Fingerprint(const std::string& folder) {
   return print;
 }
 
+// A protobuf output stream that feeds SHA-256 a buffer at a time.
+class Sha256Stream final : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  explicit Sha256Stream(EVP_MD_CTX* context) : context_(context) {}
+  ~Sha256Stream() override { Flush(); }
+
+  bool Next(void** data, int* size) override {
+    Flush();
+    *data = buffer_;
+    *size = sizeof(buffer_);
+    pending_ = sizeof(buffer_);
+    return true;
+  }
+  void BackUp(int count) override { pending_ -= count; }
+  int64_t ByteCount() const override { return hashed_ + pending_; }
+
+ private:
+  void Flush() {
+    EVP_DigestUpdate(context_, buffer_, static_cast<size_t>(pending_));
+    hashed_ += pending_;
+    pending_ = 0;
+  }
+
+  EVP_MD_CTX* const context_;
+  char buffer_[64 << 10];
+  int pending_ = 0;  // Bytes of buffer_ handed out and not backed up.
+  int64_t hashed_ = 0;
+};
+
 std::string NameOf(const std::string& folder) {
   return std::filesystem::path(folder).filename().string();
 }
@@ -50,16 +80,24 @@ absl::StatusOr<int64_t> WeightsFolderVersion(
       ReadWeightsConfig(
           (std::filesystem::path(folder) / "config.txt").string()));
   if (config.version > 0) return config.version;
-  std::string bytes;
+  // The serialisation streams through the hash a buffer at a time: a set
+  // may be gigabytes, and is already held twice while it loads.
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(
+      EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (context == nullptr ||
+      EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1) {
+    return absl::InternalError("cannot start a SHA-256 digest");
+  }
   {
-    google::protobuf::io::StringOutputStream stream(&bytes);
+    Sha256Stream stream(context.get());
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
     request.weights().SerializeToCodedStream(&coded);
   }
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
-         digest);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  if (EVP_DigestFinal_ex(context.get(), digest, nullptr) != 1) {
+    return absl::InternalError("cannot finish a SHA-256 digest");
+  }
   int64_t version = 0;
   for (int i = 0; i < 7; ++i) version = (version << 8) | digest[i];
   return version > 0 ? version : 1;

@@ -1,9 +1,22 @@
 """What the Python benchmarks share: attnserve started on free loopback ports,
 and its /metrics read as {series: value}."""
+import os
 import re
 import socket
 import subprocess
 import urllib.request
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def add_server_arguments(parser):
+    """The positional ATTNSERVE and STUBS_DIR every script here takes: the
+    server binary and the Python stubs the build generates."""
+    parser.add_argument("attnserve", nargs="?",
+                        default=os.path.join(ROOT, "build/server/attnserve"))
+    parser.add_argument("stubs", nargs="?",
+                        default=os.path.join(ROOT, "build/tests/python/stubs"))
 
 
 def start_attnserve(binary, *flags):

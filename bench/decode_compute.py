@@ -8,24 +8,19 @@ client's round trip) over CALLS calls, after ten uncounted ones.
   bench/decode_compute.py [--context=4096] [--calls=50] [ATTNSERVE [STUBS_DIR]]
 """
 import argparse
-import os
 import statistics
 import sys
 import time
 
-from bench_server import start_attnserve
+from bench_server import add_server_arguments, start_attnserve
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADS, KV_HEADS, DIM = 32, 8, 128
 WARMUP = 10
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("attnserve", nargs="?",
-                        default=os.path.join(ROOT, "build/server/attnserve"))
-    parser.add_argument("stubs", nargs="?",
-                        default=os.path.join(ROOT, "build/tests/python/stubs"))
+    add_server_arguments(parser)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()

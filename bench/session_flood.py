@@ -17,22 +17,15 @@ ATTNSERVE defaults to build/server/attnserve, STUBS_DIR to
 build/tests/python/stubs (the Python stubs the build generates).
 """
 import argparse
-import os
 import sys
 import threading
 import time
 
-from bench_server import scrape, start_attnserve
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from bench_server import add_server_arguments, scrape, start_attnserve
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("attnserve", nargs="?",
-                        default=os.path.join(ROOT, "build/server/attnserve"))
-    parser.add_argument("stubs", nargs="?",
-                        default=os.path.join(ROOT, "build/tests/python/stubs"))
+    add_server_arguments(parser)
     parser.add_argument("--kv_cache_bytes", type=int, default=64 << 20)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=8)

@@ -9,20 +9,13 @@ the forks' own new pages.
       [ATTNSERVE [STUBS_DIR]]
 """
 import argparse
-import os
 import sys
 
-from bench_server import scrape, start_attnserve
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from bench_server import add_server_arguments, scrape, start_attnserve
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("attnserve", nargs="?",
-                        default=os.path.join(ROOT, "build/server/attnserve"))
-    parser.add_argument("stubs", nargs="?",
-                        default=os.path.join(ROOT, "build/tests/python/stubs"))
+    add_server_arguments(parser)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--forks", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1)

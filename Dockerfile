@@ -30,9 +30,12 @@ RUN apt-get update -q \
         ocl-icd-opencl-dev opencl-c-headers openssl libssl-dev zlib1g-dev \
         libpng-dev nlohmann-json3-dev \
     && rm -rf /var/lib/apt/lists/*
+# The commit `attnserve --version` names: the build context has no .git (scripts/image-test
+# passes git's short hash).
+ARG ATTNSERVE_GIT_COMMIT=
 WORKDIR /src
 COPY . .
-RUN scripts/build -DATTNSERVE_BUILD_BENCHMARKS=OFF
+RUN scripts/build -DATTNSERVE_BUILD_BENCHMARKS=OFF -DATTNSERVE_GIT_COMMIT="${ATTNSERVE_GIT_COMMIT}"
 # The unit tests: every GoogleTest case (ctest names them Suite.Case). The script tests, named
 # *_test, need tools this stage does not carry (Prometheus, Python, buildah, kubectl, node) or
 # test the image itself; CI runs them on the host.

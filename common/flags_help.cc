@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "attnserve_build_info.h"
 
 namespace attnserve {
 namespace {
@@ -62,6 +63,15 @@ void AppendWrapped(absl::string_view first, absl::string_view text,
 
 }  // namespace
 
+std::string VersionText() {
+  return absl::StrCat(program_usage.program, " " ATTNSERVE_VERSION "\n",
+                      "commit " ATTNSERVE_GIT_COMMIT ", " ATTNSERVE_BUILD_TYPE
+                      " build, " ATTNSERVE_COMPILER "\n",
+                      program_usage.version_details == nullptr
+                          ? ""
+                          : program_usage.version_details());
+}
+
 void ConfigureUsage(const ProgramUsage& usage) {
   program_usage = usage;
   absl::SetProgramUsageMessage(usage.usage);
@@ -70,9 +80,7 @@ void ConfigureUsage(const ProgramUsage& usage) {
     return absl::StartsWith(file, program_usage.source_folder);
   };
   config.contains_helpshort_flags = config.contains_help_flags;
-  config.version_string = [] {
-    return absl::StrCat(program_usage.program, " " ATTNSERVE_VERSION "\n");
-  };
+  config.version_string = VersionText;
   config.normalize_filename = NormalizeFilename;
   absl::SetFlagsUsageConfig(config);
 }

@@ -255,15 +255,7 @@ bool AttentionEngineImpl::AttendRunsOnCallingThread(
 }
 
 RuntimeInfo AttentionEngineImpl::runtime_info() const {
-  RuntimeInfo info;
-  const dnnl_version_t* version = dnnl_version();
-  info.onednn_version =
-      absl::StrCat(version->major, ".", version->minor, ".", version->patch);
-  info.threading = version->cpu_runtime == DNNL_RUNTIME_OMP   ? "OMP"
-                   : version->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
-                   : version->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
-                                                              : "other";
-  info.cpu_isa = IsaName(dnnl::get_effective_cpu_isa());
+  RuntimeInfo info = OneDnnRuntimeInfo();
   info.threads = threads_;
   info.kernels = kernels_.name;
   return info;
@@ -383,6 +375,19 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   }));
   return std::unique_ptr<AttentionEngine>(
       new internal::AttentionEngineImpl(options, std::move(engine)));
+}
+
+RuntimeInfo OneDnnRuntimeInfo() {
+  RuntimeInfo info;
+  const dnnl_version_t* version = dnnl_version();
+  info.onednn_version =
+      absl::StrCat(version->major, ".", version->minor, ".", version->patch);
+  info.threading = version->cpu_runtime == DNNL_RUNTIME_OMP   ? "OMP"
+                   : version->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+                   : version->cpu_runtime == DNNL_RUNTIME_SEQ ? "SEQ"
+                                                              : "other";
+  info.cpu_isa = internal::IsaName(dnnl::get_effective_cpu_isa());
+  return info;
 }
 
 }  // namespace attnserve

@@ -59,8 +59,8 @@ class AttendStreamCall final : public ServerCall {
     }
     auto slot = std::make_shared<Slot>();
     slot->started = absl::Now();
-    deps_.compute.metrics->CallStarted(
-        Rpc::kAttendStream, static_cast<int64_t>(incoming_.Length()));
+    slot->request_bytes = static_cast<int64_t>(incoming_.Length());
+    deps_.compute.metrics->CallStarted(Rpc::kAttendStream, slot->request_bytes);
     // A message that is not an AttendRequest, that inflates past the message
     // limit, or that the memory budget has no room for, fails only its own
     // answer.
@@ -118,6 +118,7 @@ class AttendStreamCall final : public ServerCall {
     v1::AttendStreamResponse answer;
     grpc::ByteBuffer wire_answer;  // `answer` serialised, while it is written.
     absl::Time started;
+    int64_t request_bytes = 0;  // On the wire.
     bool ready = false;
     MemoryBudget::Hold hold;  // Given back when the slot goes, once written.
   };
@@ -166,9 +167,27 @@ class AttendStreamCall final : public ServerCall {
       slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));
       slot.answer.mutable_error()->set_message(std::string(status.message()));
     }
-    deps_.compute.metrics->CallFinished(
-        Rpc::kAttendStream, status.code(), absl::Now() - slot.started,
-        status.ok() ? static_cast<int64_t>(slot.answer.ByteSizeLong()) : 0);
+    const absl::Time now = absl::Now();
+    const int64_t response_bytes =
+        status.ok() ? static_cast<int64_t>(slot.answer.ByteSizeLong()) : 0;
+    deps_.compute.metrics->CallFinished(Rpc::kAttendStream, status.code(),
+                                        now - slot.started, response_bytes);
+    if (deps_.access_log != nullptr) {
+      AccessRecord record;
+      record.time = now;
+      record.rpc = RpcName(Rpc::kAttendStream);
+      record.status = status;
+      record.peer = context().peer();
+      record.stream_index = slot.answer.index();
+      record.request_bytes = slot.request_bytes;
+      record.response_bytes = response_bytes;
+      record.server = now - slot.started;
+      if (status.ok()) {
+        record.queue_us = slot.answer.response().timing().queue_us();
+        record.compute_us = slot.answer.response().timing().compute_us();
+      }
+      deps_.access_log->Write(record);
+    }
     absl::MutexLock lock(&mutex_);
     slot.ready = true;
   }

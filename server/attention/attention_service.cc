@@ -66,7 +66,7 @@ AttentionServiceImpl::AttentionServiceImpl(
     ServerMetrics* metrics, AttentionEngine* engine, Scheduler* scheduler,
     WeightsRegistry* registry, SessionStore* sessions, const CallGate* gate,
     MemoryBudget* budget, RequestChecks checks, TransportOptions transport,
-    std::shared_ptr<BytesPool> pool)
+    std::shared_ptr<BytesPool> pool, AccessLog* access_log)
     : metrics_(metrics),
       engine_(engine),
       registry_(registry),
@@ -78,7 +78,8 @@ AttentionServiceImpl::AttentionServiceImpl(
       pool_(std::move(pool)),
       compute_{metrics, engine, scheduler},
       watchdog_(transport_.message_timeout),
-      stream_watchdog_(transport_.stream_idle_timeout) {}
+      stream_watchdog_(transport_.stream_idle_timeout),
+      access_log_(access_log) {}
 
 namespace {
 
@@ -89,6 +90,80 @@ absl::Status NotReceived(const grpc::ServerContextBase& context) {
         "the deadline passed before the request arrived");
   }
   return absl::CancelledError("the call ended before its request arrived");
+}
+
+// What the access log says of each RPC's request and response (the response
+// only once the call succeeded: a failed one's may be half filled).
+void DescribeTiming(const v1::ServerTiming& timing, AccessRecord* record) {
+  if (!record->status.ok()) return;
+  record->queue_us = timing.queue_us();
+  record->compute_us = timing.compute_us();
+}
+
+template <typename Request, typename Response>
+void DescribeCall(const Request&, const Response&, AccessRecord*) {}
+
+void DescribeCall(const v1::AttendRequest&, const v1::AttendResponse& response,
+                  AccessRecord* record) {
+  DescribeTiming(response.timing(), record);
+}
+
+void DescribeCall(const v1::MultiHeadAttentionRequest& request,
+                  const v1::MultiHeadAttentionResponse& response,
+                  AccessRecord* record) {
+  record->weights = request.weights_name();
+  record->weights_version = response.weights_version();
+  DescribeTiming(response.timing(), record);
+}
+
+void DescribeCall(const v1::PutWeightsRequest& request,
+                  const v1::PutWeightsResponse& response,
+                  AccessRecord* record) {
+  record->weights = request.name();
+  if (record->status.ok()) record->weights_version = response.version();
+}
+
+void DescribeCall(const v1::DeleteWeightsRequest& request,
+                  const v1::DeleteWeightsResponse&, AccessRecord* record) {
+  record->weights = request.name();
+}
+
+void DescribeCall(const v1::CreateSessionRequest&,
+                  const v1::CreateSessionResponse& response,
+                  AccessRecord* record) {
+  if (record->status.ok()) record->session = response.session().session_id();
+}
+
+// The first step's session; a decode batch names many.
+void DescribeCall(const v1::StepRequest& request,
+                  const v1::StepResponse& response, AccessRecord* record) {
+  record->steps = request.steps_size();
+  if (request.steps_size() > 0) record->session = request.steps(0).session_id();
+  DescribeTiming(response.timing(), record);
+}
+
+void DescribeCall(const v1::ForkSessionRequest& request,
+                  const v1::ForkSessionResponse& response,
+                  AccessRecord* record) {
+  record->session = request.session_id();
+  if (record->status.ok()) {
+    record->created_session = response.session().session_id();
+  }
+}
+
+void DescribeCall(const v1::TruncateSessionRequest& request,
+                  const v1::TruncateSessionResponse&, AccessRecord* record) {
+  record->session = request.session_id();
+}
+
+void DescribeCall(const v1::DeleteSessionRequest& request,
+                  const v1::DeleteSessionResponse&, AccessRecord* record) {
+  record->session = request.session_id();
+}
+
+void DescribeCall(const v1::GetSessionRequest& request,
+                  const v1::GetSessionResponse&, AccessRecord* record) {
+  record->session = request.session_id();
 }
 
 }  // namespace
@@ -103,6 +178,10 @@ class AttentionServiceImpl::WireCall final
 
   Request request;
   Response response;
+
+  void Describe(AccessRecord* record) const override {
+    DescribeCall(request, response, record);
+  }
 
  private:
   // The gate is checked on the headers: a caller without the token, or one
@@ -203,7 +282,8 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                            "/AttendStream"),
               [this] {
                 return MakeAttendStreamCall({compute_, gate_, budget_, checks_,
-                                             transport_, &stream_watchdog_});
+                                             transport_, &stream_watchdog_,
+                                             access_log_});
               });
 }
 
@@ -212,11 +292,11 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
                                  grpc::ByteBuffer* wire_request,
                                  const absl::Status& admitted,
                                  Handler<Request, Response> serve) {
-  metrics_->CallStarted(rpc,
-                        wire_request == nullptr
-                            ? 0
-                            : static_cast<int64_t>(wire_request->Length()));
-  Call call{rpc, handler, absl::Now(), admitted};
+  const int64_t request_bytes =
+      wire_request == nullptr ? 0
+                              : static_cast<int64_t>(wire_request->Length());
+  metrics_->CallStarted(rpc, request_bytes);
+  Call call{rpc, handler, absl::Now(), request_bytes, admitted};
   if (call.admitted.ok() && wire_request == nullptr) {
     call.admitted = NotReceived(handler->context());
   }
@@ -235,10 +315,24 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
   absl::Status answer = status;
   grpc::ByteBuffer* wire_response = &call.handler->wire_response;
   if (answer.ok()) answer = SerializeWire(response, wire_response, pool_);
-  metrics_->CallFinished(
-      call.rpc, answer.code(), absl::Now() - call.started,
-      answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0);
+  const absl::Time now = absl::Now();
+  const int64_t response_bytes =
+      answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0;
+  metrics_->CallFinished(call.rpc, answer.code(), now - call.started,
+                         response_bytes);
   metrics_->SetBufferPoolBytes(pool_->held_bytes());
+  if (access_log_ != nullptr) {
+    AccessRecord record;
+    record.time = now;
+    record.rpc = RpcName(call.rpc);
+    record.status = answer;
+    record.peer = call.handler->context().peer();
+    record.request_bytes = call.request_bytes;
+    record.response_bytes = response_bytes;
+    record.server = now - call.started;
+    call.handler->Describe(&record);
+    access_log_->Write(record);
+  }
   call.handler->Answer(ToGrpcStatus(answer));
 }
 

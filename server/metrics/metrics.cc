@@ -212,6 +212,15 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "(rapid-reset floods).")
            .Register(*registry_)
            .Add({});
+  access_log_dropped_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_access_log_dropped_lines_total")
+           .Help(
+               "Access-log lines (--access_log) not written: dropped while "
+               "4 MiB of lines waited for a slow disk or pipe, or lost to a "
+               "failed write.")
+           .Register(*registry_)
+           .Add({});
   io_spin_seconds_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_spin_seconds_total")
@@ -343,6 +352,11 @@ void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
 void ServerMetrics::SetResetClosures(int64_t closed) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(reset_closures_, closed, &reset_closures_seen_);
+}
+
+void ServerMetrics::SetAccessLogDropped(int64_t dropped) {
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(access_log_dropped_, dropped, &access_log_dropped_seen_);
 }
 
 void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {

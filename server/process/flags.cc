@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "attnserve/common/echo.h"
+#include "attnserve/common/log.h"
 
 namespace {
 
@@ -178,6 +181,14 @@ ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,
 ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
           "PEM CA bundle; when set, clients must present a certificate it "
           "signed (mTLS).");
+ABSL_FLAG(std::string, log_level, LogLevelName(Defaults().log_level),
+          "The server's own log lines to write: debug, info (the start-up "
+          "line, drains), warning (weights folders that failed to load) or "
+          "error; debug also turns on gRPC's debug logs.");
+ABSL_FLAG(std::string, access_log, Defaults().access_log,
+          "One JSON line per call (RPC, status, bytes, queue/compute/server "
+          "time, peer, weights and session; no tensor data, no token) to "
+          "stdout, stderr or a file appended to; empty: none.");
 ABSL_FLAG(
     std::string, auth_token_file, Defaults().auth_token_file,
     "File holding bearer tokens, one per line; every call except health "
@@ -241,7 +252,9 @@ constexpr FlagOption kFlags[] = {
     {"tls_cert", "tls.cert_file"},
     {"tls_key", "tls.key_file"},
     {"tls_client_ca", "tls.client_ca_file"},
-    {"auth_token_file", "auth_token_file"}};
+    {"auth_token_file", "auth_token_file"},
+    {"log_level", "log_level"},
+    {"access_log", "access_log"}};
 
 }  // namespace
 
@@ -393,6 +406,15 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         "weights_reload_seconds is ", reload, ", expected 0 to 1e9"));
   }
   options.weights_reload_interval = absl::Seconds(reload);
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  const std::optional<LogLevel> log_level = ParseLogLevel(level);
+  if (!log_level) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_level is ", EchoText(level),
+                     ", expected debug, info, warning or error"));
+  }
+  options.log_level = *log_level;
+  options.access_log = absl::GetFlag(FLAGS_access_log);
   return options;
 }
 

@@ -22,14 +22,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/config.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/common/flags_help.h"
+#include "attnserve/common/log.h"
+#include "attnserve/core/attention_engine.h"
 #include "attnserve/server/process/termination_signals.h"
 #include "attnserve/server/server.h"
 #include "flags.h"
+#include "google/protobuf/stubs/common.h"
+#include "grpcpp/grpcpp.h"
 
 namespace {
 
@@ -40,6 +46,19 @@ int ExitCodeFor(const absl::Status& status) {
                  status.code() == absl::StatusCode::kFailedPrecondition
              ? 2
              : 1;
+}
+
+// --version's last line: the libraries this binary runs with (gRPC and oneDNN
+// as loaded, protobuf and Abseil as compiled in) and the ISA oneDNN picks on
+// this CPU.
+std::string LibraryVersions() {
+  const attnserve::RuntimeInfo onednn = attnserve::OneDnnRuntimeInfo();
+  constexpr int kProtobuf = GOOGLE_PROTOBUF_VERSION;  // 3021012: 3.21.12
+  return absl::StrCat("gRPC ", grpc::Version(), ", protobuf ",
+                      kProtobuf / 1000000, ".", kProtobuf / 1000 % 1000, ".",
+                      kProtobuf % 1000, ", Abseil ", ABSL_LTS_RELEASE_VERSION,
+                      ", oneDNN ", onednn.onednn_version, " (",
+                      onednn.threading, "), CPU ISA ", onednn.cpu_isa, "\n");
 }
 
 }  // namespace
@@ -91,7 +110,8 @@ void KeepFreedMemoryForTheNextCalls() {
 int main(int argc, char** argv) {
   PreferPassiveOpenMpThreads(argv);
   KeepFreedMemoryForTheNextCalls();
-  attnserve::ConfigureUsage({"attnserve", attnserve::kUsage, "server/"});
+  attnserve::ConfigureUsage(
+      {"attnserve", attnserve::kUsage, "server/", LibraryVersions});
   if (std::optional<int> status = attnserve::HandleHelpFlags(argc, argv)) {
     return *status;
   }
@@ -120,17 +140,18 @@ int main(int argc, char** argv) {
     return ExitCodeFor(server.status());
   }
   signals.Started();
-  std::printf("%s\n", (*server)->Describe().c_str());
+  attnserve::Log(attnserve::LogLevel::kInfo, (*server)->Describe());
   const std::vector<std::string>& weights = (*server)->startup_weights();
-  std::printf(
-      "attnserve weights: %s\n",
-      weights.empty() ? "(none)" : absl::StrJoin(weights, ", ").c_str());
-  std::fflush(stdout);
+  attnserve::Log(
+      attnserve::LogLevel::kInfo,
+      absl::StrCat("attnserve weights: ",
+                   weights.empty() ? "(none)" : absl::StrJoin(weights, ", ")));
 
   const int signal_number = signals.Wait();
-  std::printf("attnserve: signal %d, draining\n", signal_number);
-  std::fflush(stdout);
+  attnserve::Log(
+      attnserve::LogLevel::kInfo,
+      absl::StrCat("attnserve: signal ", signal_number, ", draining"));
   (*server)->Shutdown();
-  std::printf("attnserve: drained, exiting\n");
+  attnserve::Log(attnserve::LogLevel::kInfo, "attnserve: drained, exiting");
   return 0;
 }

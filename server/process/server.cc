@@ -11,10 +11,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/attention/attention_service.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/credentials.h"
@@ -25,6 +27,7 @@
 #include "attnserve/server/weights/weights_dir_watcher.h"
 #include "attnserve/server/weights/weights_loader.h"
 #include "attnserve/server/weights/weights_registry.h"
+#include "grpc/support/log.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -81,10 +84,12 @@ class AttnServerImpl final : public AttnServer {
   // `options` carry the budgets `memory` planned.
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
                  const ServerOptions& options, const MemoryPlan& memory,
-                 std::vector<std::string> bearer_tokens)
+                 std::vector<std::string> bearer_tokens,
+                 std::unique_ptr<AccessLog> access_log)
       : options_(options),
         memory_(memory),
         engine_(std::move(engine)),
+        access_log_(std::move(access_log)),
         metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
         budget_(memory.max_inflight_bytes - memory.transport_bytes),
         registry_(memory.max_weights_bytes),
@@ -97,7 +102,8 @@ class AttnServerImpl final : public AttnServer {
                  {options.limits, options.transport.max_message_bytes,
                   engine_.get()},
                  options.transport,
-                 std::make_shared<BytesPool>(memory.buffer_pool_bytes)) {}
+                 std::make_shared<BytesPool>(memory.buffer_pool_bytes),
+                 access_log_.get()) {}
 
   // Registers the demo weights (unless off) and those of weights_dir.
   absl::Status LoadWeights(const ServerOptions& options) {
@@ -291,6 +297,9 @@ class AttnServerImpl final : public AttnServer {
       metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
+      if (access_log_ != nullptr) {
+        metrics_.SetAccessLogDropped(access_log_->dropped());
+      }
       // Idle sessions expire on time even when no call comes.
       sessions_.ExpireIdle(absl::Now());
       const int64_t ended = loop_.calls_ended();
@@ -307,6 +316,7 @@ class AttnServerImpl final : public AttnServer {
   const ServerOptions options_;
   const MemoryPlan memory_;
   std::unique_ptr<AttentionEngine> engine_;
+  std::unique_ptr<AccessLog> access_log_;  // Null without --access_log.
   ServerMetrics metrics_;
   MemoryBudget budget_;  // Calls in flight; outlives the loop and services.
   ResetGuard reset_guard_{options_.transport.max_client_resets_per_second};
@@ -341,6 +351,10 @@ class AttnServerImpl final : public AttnServer {
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& requested) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
+  SetLogLevel(requested.log_level);
+  if (requested.log_level == LogLevel::kDebug) {
+    gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
+  }
   ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
                              PlanMemory(requested.memory, ReadMemoryLimit()));
   ServerOptions options = requested;
@@ -354,8 +368,13 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                              AttentionEngine::Create(options.engine));
   ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
                              BearerTokensFor(options.auth_token_file));
+  std::unique_ptr<AccessLog> access_log;
+  if (!options.access_log.empty()) {
+    ATTNSERVE_ASSIGN_OR_RETURN(access_log, AccessLog::Open(options.access_log));
+  }
   auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
-                                                 memory, std::move(tokens));
+                                                 memory, std::move(tokens),
+                                                 std::move(access_log));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));

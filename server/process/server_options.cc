@@ -156,7 +156,9 @@ std::string DescribeOptions(const ServerOptions& options,
                 options.weights_reload_interval == absl::ZeroDuration()
                     ? "off"
                     : absl::FormatDuration(options.weights_reload_interval),
-                ")"));
+                ")"),
+      "; log_level=", LogLevelName(options.log_level),
+      " access_log=", options.access_log.empty() ? "off" : options.access_log);
 }
 
 }  // namespace attnserve

@@ -2,7 +2,6 @@
 
 #include <openssl/evp.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/common/weights_config.h"
 #include "attnserve/server/weights/weights_loader.h"
@@ -170,8 +170,9 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
     if (!folders.ok()) {
       // The folder itself is unreadable (mid-update, or gone): keep every
       // set as it is rather than deleting them all.
-      std::fprintf(stderr, "attnserve: %s; keeping the weights registered\n",
-                   std::string(folders.status().message()).c_str());
+      Log(LogLevel::kWarning,
+          absl::StrCat("attnserve: ", folders.status().message(),
+                       "; keeping the weights registered"));
       changes.failed = 1;
     } else {
       std::set<std::string> present;
@@ -187,10 +188,11 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
         const absl::Status status = Register(name, folder, fingerprint);
         if (!status.ok()) {
           ++changes.failed;
-          std::fprintf(stderr, "attnserve: weights folder %s: %s; keeping %s\n",
-                       folder.c_str(), std::string(status.message()).c_str(),
-                       before > 0 ? absl::StrCat("version ", before).c_str()
-                                  : "it unregistered");
+          Log(LogLevel::kWarning,
+              absl::StrCat("attnserve: weights folder ", folder, ": ",
+                           status.message(), "; keeping ",
+                           before > 0 ? absl::StrCat("version ", before)
+                                      : "it unregistered"));
         } else if (seen_[name].version != before) {
           ++changes.registered;
         }
@@ -210,6 +212,12 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
         it = seen_.erase(it);
       }
     }
+  }
+  if (LogEnabled(LogLevel::kDebug)) {
+    Log(LogLevel::kDebug,
+        absl::StrCat("attnserve: weights_dir ", directory_,
+                     " looked at: ", changes.registered, " registered, ",
+                     changes.removed, " removed, ", changes.failed, " failed"));
   }
   if (on_change_ &&
       (changes.registered > 0 || changes.removed > 0 || changes.failed > 0)) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # attnctl's help and version, no server: --help (and -help, --helpshort) lists every flag that a
 # source file under client/ defines, exits 0 and shows no absolute path; --helpfull adds Abseil's
-# --flagfile and exits 0; --version prints "attnctl X.Y.Z"; `attnctl help` is still an unknown
+# --flagfile and exits 0; --version prints "attnctl X.Y.Z" and the commit it was built from; `attnctl help` is still an unknown
 # command (exit 2).
 #
 # usage: attnctl_help_test.sh ATTNCTL CLIENT_SOURCE_DIR
@@ -36,8 +36,8 @@ grep -q -- "^    --flagfile (" <<<"${full}" || fail "--helpfull does not list --
 grep -q -- "^    --tls_ca (" <<<"${full}" || fail "--helpfull does not list --tls_ca"
 
 version=$(timeout 10 "${attnctl}" --version) || fail "attnctl --version exited $?"
-[[ ${version} =~ ^attnctl\ [0-9]+\.[0-9]+\.[0-9]+$ ]] ||
-  fail "attnctl --version printed '${version}', expected 'attnctl X.Y.Z'"
+[[ ${version} =~ ^attnctl\ [0-9]+\.[0-9]+\.[0-9]+$'\n'commit\ ([0-9a-f]{12}(-dirty)?|unknown),\ [A-Za-z]+\ build,\ [A-Za-z]+\ [0-9.]+$ ]] ||
+  fail "attnctl --version printed '${version}', expected 'attnctl X.Y.Z' and its commit"
 
 set +e
 timeout 10 "${attnctl}" help >/dev/null 2>&1

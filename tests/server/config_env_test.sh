@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # attnserve's configuration: every flag reads ATTNSERVE_<FLAG> from the environment, the command
 # line wins, --help documents each flag (exit 0, paths from the repository root), --version
-# prints the version, and the start-up line shows the effective values.
+# prints the version, the commit and the libraries, and the start-up line shows the effective
+# values.
 #
-# usage: config_env_test.sh ATTNSERVE
+# usage: config_env_test.sh ATTNSERVE SOURCE_DIR
 set -euo pipefail
 attnserve=$1
+source_dir=$2
 workdir=$(mktemp -d)
 trap 'pkill -KILL -f "${workdir}/marker" 2>/dev/null || true; rm -rf "${workdir}"' EXIT
 
@@ -56,7 +58,25 @@ line=$(startup_line "${attnserve}" --demo_weights=false)
 [[ ${line} == *"demo_weights=off "* ]] || fail "--demo_weights=false not in effect: ${line}"
 
 version=$("${attnserve}" --version) || fail "--version exited non-zero"
-[[ ${version} =~ ^attnserve\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "--version printed '${version}'"
+mapfile -t version_lines <<<"${version}"
+[[ ${#version_lines[@]} -eq 3 ]] || fail "--version printed ${#version_lines[@]} lines: ${version}"
+[[ ${version_lines[0]} =~ ^attnserve\ [0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+  fail "--version's first line is '${version_lines[0]}', expected 'attnserve X.Y.Z'"
+commit_pattern='^commit ([0-9a-f]{12}(-dirty)?|unknown), [A-Za-z]+ build, [A-Za-z]+ [0-9.]+$'
+[[ ${version_lines[1]} =~ ${commit_pattern} ]] ||
+  fail "--version's second line is '${version_lines[1]}', expected 'commit HASH, TYPE build, COMPILER'"
+# Built from this checkout: the commit is its HEAD (ctest runs after the build).
+if head=$(git -C "${source_dir}" rev-parse --short=12 HEAD 2>/dev/null); then
+  [[ ${version_lines[1]} == "commit ${head}"[,-]* ]] ||
+    fail "--version names '${version_lines[1]}', but the checkout is at ${head}"
+fi
+# The oneDNN and ISA it names are the ones the server reports at start-up.
+line=$(startup_line "${attnserve}")
+onednn=$(sed -E 's/.*; (oneDNN [0-9.]+ \([A-Z]+\)), ([a-z0-9_]+),.*/\1, CPU ISA \2/' <<<"${line}")
+[[ ${version_lines[2]} =~ ^gRPC\ 1\.[0-9]+\.[0-9]+,\ protobuf\ [0-9]+\.[0-9]+\.[0-9]+,\ Abseil\ [0-9]{8},\ (.*)$ ]] ||
+  fail "--version's third line is '${version_lines[2]}', expected the library versions"
+[[ ${BASH_REMATCH[1]} == "${onednn}" ]] ||
+  fail "--version names '${BASH_REMATCH[1]}', the start-up line '${onednn}'"
 
 for help_flag in --help --helpfull -help; do
   help=$("${attnserve}" "${help_flag}") || fail "${help_flag} exited non-zero"

@@ -210,6 +210,67 @@ TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {
   ExpectEightBatched("AttendStream");
 }
 
+// --access_log: a line per unary call and per request on a stream, with its
+// code, times and stream index; the lines of concurrent calls never mix.
+TEST_F(ServiceTest, TheAccessLogHasALinePerCallAndPerStreamRequest) {
+  const std::string path = ::testing::TempDir() + "/service_test_access.log";
+  std::remove(path.c_str());
+  ServerOptions options = DefaultOptions();
+  options.access_log = path;
+  Start(options);
+  const ReferenceShape s = {1, 2, 2, 5, 7, 8, 8};
+  v1::AttendRequest bad = Request(s, 2);
+  bad.mutable_key()->set_shape(0, 3);  // A batch of 3 keys for 1 query.
+
+  // Concurrent unary calls, half of them refused.
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
+  for (int i = 0; i < 16; ++i) {
+    calls.push_back(
+        client_->AttendFuture(i % 2 == 0 ? Request(s, i) : bad, kTimeout));
+  }
+  for (auto& call : calls) call.get().status().IgnoreError();
+  std::unique_ptr<AttendSession> stream = client_->OpenAttendSession(kTimeout);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(stream->Send(i == 1 ? bad : Request(s, 10 + i)).ok());
+  }
+  ASSERT_TRUE(stream->CloseSend().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream->Receive().ok());
+  ASSERT_TRUE(stream->Finish().ok());
+  server_.reset();  // Writes what is queued.
+
+  std::ifstream file(path);
+  std::map<std::string, int> unary;
+  std::map<int64_t, std::string> stream_codes;
+  std::string line;
+  while (std::getline(file, line)) {
+    SCOPED_TRACE(line);
+    ASSERT_EQ(line.front(), '{');
+    ASSERT_EQ(line.back(), '}');
+    EXPECT_THAT(line, HasSubstr(R"("peer":"ipv4:127.0.0.1:)"));
+    const bool ok = line.find(R"("code":"OK")") != std::string::npos;
+    if (ok) {
+      EXPECT_THAT(line, HasSubstr(R"("compute_us":)"));
+    } else {
+      EXPECT_THAT(line, HasSubstr(R"("code":"INVALID_ARGUMENT","message":")"));
+      EXPECT_THAT(line, HasSubstr(R"("response_bytes":0,)"));
+    }
+    if (line.find(R"("rpc":"Attend",)") != std::string::npos) {
+      ++unary[ok ? "OK" : "INVALID_ARGUMENT"];
+    } else {
+      ASSERT_THAT(line, HasSubstr(R"("rpc":"AttendStream",)"));
+      const size_t at = line.find(R"("stream_index":)");
+      ASSERT_NE(at, std::string::npos);
+      stream_codes[std::stoll(line.substr(at + 15))] =
+          ok ? "OK" : "INVALID_ARGUMENT";
+    }
+  }
+  EXPECT_EQ(unary["OK"], 8);
+  EXPECT_EQ(unary["INVALID_ARGUMENT"], 8);
+  EXPECT_EQ(stream_codes, (std::map<int64_t, std::string>{
+                              {0, "OK"}, {1, "INVALID_ARGUMENT"}, {2, "OK"}}));
+  std::remove(path.c_str());
+}
+
 // The first io thread polls without sleeping for --io_spin_us after each
 // event; calls are answered alike with it sleeping at once, spinning longer
 // than the test's gaps (so it is still spinning at the shutdown), and next to

@@ -28,7 +28,16 @@ struct ProgramUsage {
   // The program's own flags are those defined under this folder of the
   // repository ("client/"), shown from there on.
   const char* source_folder;
+  // More lines for --version after the build's (the libraries the program
+  // runs with, ...), each ending in "\n"; none when null.
+  std::string (*version_details)() = nullptr;
 };
+
+// --version's text: "PROGRAM VERSION", then the build ("commit 0123456789ab,
+// Release build, GNU 12.2.0"; the commit is "unknown" for a build outside a
+// git checkout, and ends in "-dirty" when tracked files differed from it),
+// then the program's version_details.
+std::string VersionText();
 
 // Sets Abseil's program usage message and its usage configuration from
 // `usage`: --version, and flag locations shown from the repository root (for

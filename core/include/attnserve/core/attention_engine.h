@@ -147,6 +147,10 @@ class AttentionEngine {
   AttentionEngine() = default;
 };
 
+// The oneDNN this process runs with, without an engine: RuntimeInfo's
+// onednn_version, threading and cpu_isa (threads 0, kernels empty).
+RuntimeInfo OneDnnRuntimeInfo();
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_CORE_ATTENTION_ENGINE_H_

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "attnserve/common/log.h"
 #include "attnserve/core/attention_types.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
@@ -68,6 +69,13 @@ struct ServerOptions {
   // How often weights_dir is looked at again for sets added, changed or
   // removed (weights/weights_dir_watcher.h); zero: only at start-up.
   absl::Duration weights_reload_interval = absl::Seconds(10);
+
+  // The server's own log lines below this level are not written (process-wide:
+  // Start sets it). kDebug also turns on gRPC's debug logs.
+  LogLevel log_level = LogLevel::kInfo;
+  // Where one JSON line per call goes (rpc/access_log.h): "stdout", "stderr"
+  // or a file appended to; empty (the default): no access log.
+  std::string access_log;
 };
 
 // INVALID_ARGUMENT naming the first option out of range (by its name here,

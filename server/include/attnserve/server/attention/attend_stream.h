@@ -17,6 +17,7 @@
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/memory_budget.h"
@@ -40,6 +41,8 @@ struct StreamDependencies {
   // Cancels a stream whose next message has not arrived within
   // transport.stream_idle_timeout of the read's start.
   ReadWatchdog* watchdog;
+  // One line per request when not null (--access_log).
+  AccessLog* access_log = nullptr;
 };
 
 // The handler of one AttendStream call, whose messages are AttendRequests and

@@ -10,6 +10,7 @@
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/bytes_pool.h"
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
@@ -36,7 +37,8 @@ class AttentionServiceImpl final {
                        SessionStore* sessions, const CallGate* gate,
                        MemoryBudget* budget, RequestChecks checks,
                        TransportOptions transport,
-                       std::shared_ptr<BytesPool> pool);
+                       std::shared_ptr<BytesPool> pool,
+                       AccessLog* access_log = nullptr);
 
   // Serves every method of the service on `loop`.
   void AddTo(CallLoop& loop);
@@ -55,6 +57,10 @@ class AttentionServiceImpl final {
     // The call's share of the memory budget: its message from arrival, then
     // its compute's memory too, until the answer has been sent (OnDone).
     MemoryBudget::Hold hold;
+
+    // Fills in what the access log says of the call's request and response:
+    // the weights or session it named, the server's timing.
+    virtual void Describe(AccessRecord* record) const = 0;
 
     // Ends the call with `status`, and with wire_response if OK.
     void Answer(const grpc::Status& status) {
@@ -76,6 +82,7 @@ class AttentionServiceImpl final {
     Rpc rpc;
     UnaryCall* handler;  // Owns the request and the response.
     absl::Time started;
+    int64_t request_bytes;  // On the wire, as it arrived (compressed or not).
     absl::Status admitted;  // The gate's verdict, then the parse's: not OK
                             // means answer at once with it.
   };
@@ -164,6 +171,8 @@ class AttentionServiceImpl final {
   ReadWatchdog watchdog_;
   // Cancels AttendStreams whose next message does not come.
   ReadWatchdog stream_watchdog_;
+  // One line per call when not null (--access_log).
+  AccessLog* const access_log_;
 };
 
 }  // namespace attnserve

@@ -102,6 +102,10 @@ class ServerMetrics {
   // (sampled each second).
   void SetResetClosures(int64_t closed);
 
+  // Access-log lines dropped (its queue full, or a failed write) since the
+  // start (sampled each second).
+  void SetAccessLogDropped(int64_t dropped);
+
   // An io thread polled without an event for `spun` (--io_spin_us).
   void IoSpun(absl::Duration spun);
 
@@ -143,10 +147,12 @@ class ServerMetrics {
   prometheus::Gauge* inflight_limit_bytes_ = nullptr;
   prometheus::Counter* inflight_refused_ = nullptr;
   prometheus::Counter* reset_closures_ = nullptr;
+  prometheus::Counter* access_log_dropped_ = nullptr;
   // What the sampled counters have been brought up to.
   absl::Mutex sampled_mutex_;
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t access_log_dropped_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;
   prometheus::Gauge* kv_pages_ = nullptr;

@@ -7,17 +7,27 @@
 //     conversion);
 //   - 64 calls in flight of a small Attend (B=1, H=8, L=128, D=64): requests/s
 //   with dynamic
-//     batching off (max_batch 1) and on (max_batch 32).
+//     batching off (max_batch 1) and on (max_batch 32);
+//   - compression: zlib as gRPC runs it (gzip, default level) on 1 MiB of
+//     each kind of tensor a request carries (random float32/bfloat16/float16,
+//     and BOOL masks: causal, key padding, random), its ratio and speed; and
+//     a call's p50 over loopback with requests and responses gzipped or not,
+//     for random tensors and for a request that is mostly a BOOL mask.
 //
 //   build/bench/service_bench [--benchmark_filter=...]
+#include <zlib.h>
+
 #include <algorithm>
 #include <memory>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
+#include "attnserve/client/tensors.h"
 #include "attnserve/server/rpc/wire_messages.h"
 #include "attnserve/server/server.h"
 #include "benchmark/benchmark.h"
@@ -41,15 +51,26 @@ struct Served {
   std::unique_ptr<Client> client;
 };
 
-Served Serve(int max_batch) {
+// With `compression`, requests are sent compressed so and the server
+// compresses its responses alike.
+Served Serve(int max_batch, Compression compression = Compression::kNone) {
   ServerOptions options;
   options.address = "127.0.0.1";
   options.port = 0;
   options.scheduling.max_batch = max_batch;
+  if (compression != Compression::kNone) {
+    options.transport.accept_compressed_requests = true;
+    options.transport.response_compression = compression == Compression::kGzip
+                                                 ? GRPC_COMPRESS_GZIP
+                                                 : GRPC_COMPRESS_DEFLATE;
+  }
+  ClientOptions client_options;
+  client_options.compression = compression;
   Served served;
   served.server = AttnServer::Start(options).value();
   served.client =
-      Client::Connect(absl::StrCat("127.0.0.1:", served.server->port()))
+      Client::Connect(absl::StrCat("127.0.0.1:", served.server->port()),
+                      client_options)
           .value();
   return served;
 }
@@ -63,10 +84,10 @@ double Percentile(std::vector<double> values, double p) {
 // Calls Attend with `request` once per iteration at concurrency 1, after 200
 // warm-up calls, and reports the round trip's p50 and p99; `expected` is the
 // code every call must end with. Returns the answers' server_us.
-std::vector<double> MeasureLatency(benchmark::State& state,
-                                   const v1::AttendRequest& request,
-                                   absl::StatusCode expected) {
-  Served served = Serve(1);
+std::vector<double> MeasureLatency(
+    benchmark::State& state, const v1::AttendRequest& request,
+    absl::StatusCode expected, Compression compression = Compression::kNone) {
+  Served served = Serve(1, compression);
   for (int i = 0; i < 200; ++i)
     served.client->Attend(request, kTimeout).IgnoreError();  // Warm.
   std::vector<double> latencies, server_us;
@@ -233,6 +254,165 @@ BENCHMARK(BM_SmallAttendThroughput)
     ->Arg(4)
     ->Arg(32)
     ->Iterations(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The tensors requests carry, 1 MiB of each: what compression makes of them.
+enum PayloadKind {
+  kRandomFloat32,
+  kRandomBfloat16,
+  kRandomFloat16,
+  kCausalMask,
+  kPaddingMask,
+  kRandomMask,
+};
+const char* const kPayloadNames[] = {
+    "random_float32",   "random_bfloat16",       "random_float16",
+    "causal_bool_mask", "key_padding_bool_mask", "random_bool_mask"};
+
+std::string Payload(PayloadKind kind) {
+  constexpr int64_t kBytes = 1 << 20;
+  std::mt19937 random(17);
+  std::normal_distribution<float> normal;
+  switch (kind) {
+    case kRandomFloat32:
+    case kRandomBfloat16:
+    case kRandomFloat16: {
+      const int64_t width = kind == kRandomFloat32 ? 4 : 2;
+      std::vector<float> values(static_cast<size_t>(kBytes / width));
+      for (float& value : values) value = normal(random);
+      const v1::DType dtype = kind == kRandomFloat32    ? v1::FLOAT32
+                              : kind == kRandomBfloat16 ? v1::BFLOAT16
+                                                        : v1::FLOAT16;
+      return MakeTensor(dtype, {static_cast<int64_t>(values.size())}, values)
+          .data();
+    }
+    case kCausalMask:
+    case kPaddingMask:
+    case kRandomMask: {
+      constexpr int64_t kSide = 1024;  // [1024, 1024] bytes
+      std::string mask(kBytes, '\0');
+      std::bernoulli_distribution coin(0.5);
+      for (int64_t i = 0; i < kSide; ++i) {
+        for (int64_t j = 0; j < kSide; ++j) {
+          const bool visible = kind == kCausalMask    ? j <= i
+                               : kind == kPaddingMask ? j < 700
+                                                      : coin(random);
+          mask[static_cast<size_t>(i * kSide + j)] = visible ? 1 : 0;
+        }
+      }
+      return mask;
+    }
+  }
+  return {};
+}
+
+// gzip as gRPC 1.51 compresses a message (message_compress.cc: deflateInit2
+// with Z_DEFAULT_COMPRESSION, 15 | 16 window bits, memLevel 8).
+std::string Gzip(const std::string& input) {
+  z_stream stream{};
+  deflateInit2(&stream, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 | 16, 8,
+               Z_DEFAULT_STRATEGY);
+  std::string output(deflateBound(&stream, input.size()), '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(input.data()));
+  stream.avail_in = static_cast<uInt>(input.size());
+  stream.next_out = reinterpret_cast<Bytef*>(output.data());
+  stream.avail_out = static_cast<uInt>(output.size());
+  deflate(&stream, Z_FINISH);
+  output.resize(stream.total_out);
+  deflateEnd(&stream);
+  return output;
+}
+
+std::string Gunzip(const std::string& input, size_t size) {
+  z_stream stream{};
+  inflateInit2(&stream, 15 | 16);
+  std::string output(size, '\0');
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(input.data()));
+  stream.avail_in = static_cast<uInt>(input.size());
+  stream.next_out = reinterpret_cast<Bytef*>(output.data());
+  stream.avail_out = static_cast<uInt>(output.size());
+  inflate(&stream, Z_FINISH);
+  output.resize(stream.total_out);
+  inflateEnd(&stream);
+  return output;
+}
+
+void BM_Compress(benchmark::State& state) {
+  const auto kind = static_cast<PayloadKind>(state.range(0));
+  state.SetLabel(kPayloadNames[kind]);
+  const std::string payload = Payload(kind);
+  double deflate_s = 0, inflate_s = 0;
+  size_t compressed_bytes = 0;
+  for (auto _ : state) {
+    absl::Time start = absl::Now();
+    const std::string compressed = Gzip(payload);
+    deflate_s += absl::ToDoubleSeconds(absl::Now() - start);
+    start = absl::Now();
+    const std::string inflated = Gunzip(compressed, payload.size());
+    inflate_s += absl::ToDoubleSeconds(absl::Now() - start);
+    if (inflated != payload) state.SkipWithError("the round trip differs");
+    compressed_bytes = compressed.size();
+  }
+  const double n = static_cast<double>(state.iterations());
+  const double megabytes = static_cast<double>(payload.size()) / 1e6;
+  state.counters["ratio"] = static_cast<double>(compressed_bytes) /
+                            static_cast<double>(payload.size());
+  state.counters["deflate_MBps"] = megabytes * n / deflate_s;
+  state.counters["inflate_MBps"] = megabytes * n / inflate_s;
+}
+BENCHMARK(BM_Compress)
+    ->ArgName("payload")
+    ->DenseRange(kRandomFloat32, kRandomMask)
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// A call's round trip with requests and responses compressed (gzip) or not:
+// a 1 MiB Attend of random float32 tensors (1, 8, 128, 64) each of Q, K, V
+// with 256 KiB), and a masked one whose request is mostly its BOOL mask
+// ([1, 8, 512, 512] causal: 2 MiB; Q, K, V of (1, 8, 512, 8) random float32).
+void BM_CompressedAttendLatency(benchmark::State& state) {
+  const bool masked = state.range(0) == 1;
+  const auto compression = static_cast<Compression>(state.range(1));
+  state.SetLabel(
+      absl::StrCat(masked ? "causal_mask" : "random_float32", "/",
+                   compression == Compression::kNone ? "none" : "gzip"));
+  std::mt19937 random(5);
+  std::normal_distribution<float> normal;
+  const auto random_tensor = [&](std::vector<int64_t> shape) {
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim;
+    std::vector<float> values(static_cast<size_t>(count));
+    for (float& value : values) value = normal(random);
+    return MakeFloat32Tensor(shape, values);
+  };
+  v1::AttendRequest request;
+  const int64_t length = masked ? 512 : 128, dim = masked ? 8 : 64;
+  *request.mutable_query() = random_tensor({1, 8, length, dim});
+  *request.mutable_key() = random_tensor({1, 8, length, dim});
+  *request.mutable_value() = random_tensor({1, 8, length, dim});
+  if (masked) {
+    std::vector<bool> mask(8 * 512 * 512);
+    for (int64_t h = 0; h < 8; ++h) {
+      for (int64_t i = 0; i < 512; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+          mask[static_cast<size_t>((h * 512 + i) * 512 + j)] = j <= i;
+        }
+      }
+    }
+    *request.mutable_options()->mutable_attn_mask() =
+        MakeBoolTensor({1, 8, 512, 512}, mask);
+  }
+  state.counters["request_bytes"] = static_cast<double>(request.ByteSizeLong());
+  MeasureLatency(state, request, absl::StatusCode::kOk, compression);
+}
+BENCHMARK(BM_CompressedAttendLatency)
+    ->ArgNames({"masked", "compression"})
+    ->ArgsProduct({{0, 1},
+                   {static_cast<int64_t>(Compression::kNone),
+                    static_cast<int64_t>(Compression::kGzip)}})
+    ->Iterations(300)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

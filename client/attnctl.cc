@@ -73,7 +73,7 @@ constexpr char kUsage[] =
     "  --output_dtype=float32|bfloat16|float16 --bf16_as_uint16\n"
     "Connection (every command): --target --timeout --max_message_bytes\n"
     "  --tls_ca --tls_cert --tls_key --tls_server_name --auth_token_file\n"
-    "  --wait_for_ready\n"
+    "  --wait_for_ready --compression=none|gzip|deflate\n"
     "--help lists every flag, --version prints attnctl's version.";
 
 int RunHealth(Client& client, const std::string& service) {

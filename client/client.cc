@@ -114,7 +114,24 @@ std::unique_ptr<grpc::ClientContext> Client::NewContext(
   if (!options_.bearer_token.empty()) {
     context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
   }
+  switch (options_.compression) {
+    case Compression::kNone:
+      break;
+    case Compression::kGzip:
+      context->set_compression_algorithm(GRPC_COMPRESS_GZIP);
+      break;
+    case Compression::kDeflate:
+      context->set_compression_algorithm(GRPC_COMPRESS_DEFLATE);
+      break;
+  }
   return context;
+}
+
+std::optional<Compression> ParseCompression(absl::string_view name) {
+  if (name == "none") return Compression::kNone;
+  if (name == "gzip") return Compression::kGzip;
+  if (name == "deflate") return Compression::kDeflate;
+  return std::nullopt;
 }
 
 template <typename Request, typename Response>

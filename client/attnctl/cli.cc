@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -28,6 +29,9 @@ ABSL_FLAG(
 ABSL_FLAG(bool, wait_for_ready, false,
           "Calls wait, up to --timeout, for a connection to the server instead "
           "of failing UNAVAILABLE at once while it cannot be reached.");
+ABSL_FLAG(std::string, compression, "none",
+          "Compress every request: none, gzip or deflate (the server must run "
+          "with --accept_compressed_requests).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token to send as \"authorization: Bearer "
           "<token>\".");
@@ -73,6 +77,14 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   ClientOptions options;
   options.max_message_bytes = static_cast<int>(max_message_bytes);
   options.wait_for_ready = absl::GetFlag(FLAGS_wait_for_ready);
+  const std::string compression = absl::GetFlag(FLAGS_compression);
+  const std::optional<Compression> parsed = ParseCompression(compression);
+  if (!parsed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compression is \"", compression,
+                     "\", expected none, gzip or deflate"));
+  }
+  options.compression = *parsed;
   const std::string ca = absl::GetFlag(FLAGS_tls_ca),
                     cert = absl::GetFlag(FLAGS_tls_cert),
                     key = absl::GetFlag(FLAGS_tls_key),

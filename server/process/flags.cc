@@ -84,6 +84,10 @@ ABSL_FLAG(double, stream_idle_timeout_seconds,
           "How long an AttendStream may wait for its next whole message; past "
           "it the stream is cancelled (an idle or stalled stream is not held "
           "open forever).");
+ABSL_FLAG(std::string, response_compression, "none",
+          "Compress responses with gzip or deflate for clients that accept "
+          "it (their grpc-accept-encoding), or none. Costs CPU and saves "
+          "little on dense float tensors; helps masks and sparse outputs.");
 ABSL_FLAG(bool, accept_compressed_requests,
           Defaults().transport.accept_compressed_requests,
           "Take requests compressed with gzip or deflate. Off: they get "
@@ -232,6 +236,7 @@ constexpr FlagOption kFlags[] = {
     {"max_concurrent_streams", "transport.max_concurrent_streams"},
     {"max_client_resets_per_second", "transport.max_client_resets_per_second"},
     {"accept_compressed_requests", "transport.accept_compressed_requests"},
+    {"response_compression", "transport.response_compression"},
     {"message_timeout_seconds", "transport.message_timeout"},
     {"stream_idle_timeout_seconds", "transport.stream_idle_timeout"},
     {"max_weights_bytes", "memory.max_weights_bytes"},
@@ -354,6 +359,19 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       absl::GetFlag(FLAGS_max_client_resets_per_second);
   transport.accept_compressed_requests =
       absl::GetFlag(FLAGS_accept_compressed_requests);
+  const std::string response_compression =
+      absl::GetFlag(FLAGS_response_compression);
+  if (response_compression == "none") {
+    transport.response_compression = GRPC_COMPRESS_NONE;
+  } else if (response_compression == "gzip") {
+    transport.response_compression = GRPC_COMPRESS_GZIP;
+  } else if (response_compression == "deflate") {
+    transport.response_compression = GRPC_COMPRESS_DEFLATE;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_compression is ", EchoText(response_compression),
+                     ", expected none, gzip or deflate"));
+  }
   transport.message_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
   transport.stream_idle_timeout =

@@ -192,15 +192,24 @@ class AttnServerImpl final : public AttnServer {
         static_cast<int>(transport.max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                transport.max_concurrent_streams);
+    const bool compresses =
+        transport.response_compression != GRPC_COMPRESS_NONE;
     if (!transport.accept_compressed_requests) {
-      // Identity only: a compressed request is refused unread.
+      // Identity only: a compressed request is refused unread. gRPC compresses
+      // responses only with an algorithm enabled here, which also lets
+      // requests in with it: the handlers refuse those (AdmitMessage).
       builder.AddChannelArgument(
           GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
-          1 << GRPC_COMPRESS_NONE);
-    } else {
+          (1 << GRPC_COMPRESS_NONE) |
+              (compresses ? 1 << transport.response_compression : 0));
+    }
+    if (transport.accept_compressed_requests || compresses) {
       // gRPC 1.51 would inflate a whole message before applying the size
       // limit: the handlers inflate instead, with a bound (inflate.h).
       builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
+    }
+    if (compresses) {
+      builder.SetDefaultCompressionAlgorithm(transport.response_compression);
     }
     builder.SetMaxSendMessageSize(
         static_cast<int>(transport.max_message_bytes));

@@ -43,6 +43,14 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return OutOfRange("transport.max_client_resets_per_second",
                       transport.max_client_resets_per_second, ">= 0");
   }
+  if (transport.response_compression != GRPC_COMPRESS_NONE &&
+      transport.response_compression != GRPC_COMPRESS_GZIP &&
+      transport.response_compression != GRPC_COMPRESS_DEFLATE) {
+    return OutOfRange("transport.response_compression",
+                      static_cast<int64_t>(transport.response_compression),
+                      "GRPC_COMPRESS_NONE, GRPC_COMPRESS_GZIP or "
+                      "GRPC_COMPRESS_DEFLATE");
+  }
   if (transport.max_concurrent_streams < 1) {
     return OutOfRange("transport.max_concurrent_streams",
                       transport.max_concurrent_streams, ">= 1");
@@ -138,6 +146,10 @@ std::string DescribeOptions(const ServerOptions& options,
       " max_client_resets_per_second=", transport.max_client_resets_per_second,
       " compressed_requests=",
       transport.accept_compressed_requests ? "on" : "off",
+      " response_compression=",
+      transport.response_compression == GRPC_COMPRESS_GZIP      ? "gzip"
+      : transport.response_compression == GRPC_COMPRESS_DEFLATE ? "deflate"
+                                                                : "none",
       "; io_threads=", io_threads,
       " io_spin=", absl::FormatDuration(transport.io_spin),
       " executors=", scheduling.executors, " max_queue=", scheduling.max_queue,

@@ -92,13 +92,32 @@ absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message) {
   return absl::OkStatus();
 }
 
+absl::Status RefuseCompressedRequest(const grpc::ByteBuffer& message) {
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) {
+    return absl::InternalError("the request's bytes could not be read");
+  }
+  const std::string head = Head(slices);
+  const bool gzip = LooksGzip(head);
+  if (!gzip && !LooksZlib(head)) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the request is ", gzip ? "gzip" : "deflate",
+      "-compressed, and this server takes compressed requests only with "
+      "accept_compressed_requests on; send it uncompressed"));
+}
+
 absl::StatusOr<MemoryBudget::Hold> AdmitMessage(
     const TransportOptions& transport, MemoryBudget& budget,
     const std::string& peer, grpc::ByteBuffer* message) {
-  const absl::Status inflated =
-      transport.accept_compressed_requests
-          ? InflateRequest(transport.max_message_bytes, message)
-          : absl::OkStatus();
+  // Without response compression gRPC refuses compressed requests itself,
+  // before reading them; with it, gRPC must take the encoding (or it would
+  // not compress the responses either) and hands the bytes over as they came.
+  absl::Status inflated = absl::OkStatus();
+  if (transport.accept_compressed_requests) {
+    inflated = InflateRequest(transport.max_message_bytes, message);
+  } else if (transport.response_compression != GRPC_COMPRESS_NONE) {
+    inflated = RefuseCompressedRequest(*message);
+  }
   absl::StatusOr<MemoryBudget::Hold> held =
       inflated.ok() ? budget.Take(static_cast<int64_t>(message->Length()), peer)
                     : absl::StatusOr<MemoryBudget::Hold>(inflated);

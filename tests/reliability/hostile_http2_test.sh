@@ -12,6 +12,7 @@
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
 #   compressed requests refused unread;
 # - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
+#   with --response_compression=gzip alone: refused UNIMPLEMENTED, unread, bombs included;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
 #   and idle streams, with RSS bounded and a well-behaved client served meanwhile;
 # - rapid_reset_test.py: HEADERS + RST_STREAM on one connection: shut down past
@@ -87,6 +88,9 @@ run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7
 stop_server
 start_server --accept_compressed_requests --max_message_bytes=$((4 << 20))
 run "${here}/compressed_requests_test.py" "${port}" "${server_pid}" "${stubs_dir}"
+stop_server
+start_server --response_compression=gzip --max_message_bytes=$((4 << 20))
+run "${here}/compressed_requests_test.py" "${port}" "${server_pid}" "${stubs_dir}" --refused
 stop_server
 
 printf 'the-token\n' >"${workdir}/token"

@@ -79,6 +79,17 @@ struct TlsOptions {
   std::string server_name_override;
 };
 
+// How a client's requests are compressed on the wire. The server takes them
+// only with --accept_compressed_requests (else UNIMPLEMENTED, unread);
+// compression costs CPU on both sides and saves little on dense float tensors
+// (BENCHMARKS.md, "Compression"), so it pays off for masks and other
+// repetitive data over slow links only.
+enum class Compression { kNone, kGzip, kDeflate };
+
+// "none", "gzip", "deflate" (as attnctl's --compression takes them); nullopt
+// for anything else.
+std::optional<Compression> ParseCompression(absl::string_view name);
+
 struct ClientOptions {
   // The largest message sent or received, in bytes; match the server's
   // --max_message_bytes.
@@ -107,6 +118,10 @@ struct ClientOptions {
   // shows as DEADLINE_EXCEEDED once the whole deadline has passed, not as
   // UNAVAILABLE at once.
   bool wait_for_ready = false;
+  // Every call's request compressed so (each call's context carries it).
+  // Responses come compressed when the server's --response_compression asks,
+  // whatever this says: the channel accepts gzip and deflate.
+  Compression compression = Compression::kNone;
 };
 
 // A channel to one attnserve target. Thread-safe: calls may run concurrently on
@@ -193,8 +208,8 @@ class Client {
   // for one), with contexts from NewContext.
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
 
-  // A context with `deadline`, the client's bearer token and its
-  // wait_for_ready set.
+  // A context with `deadline`, the client's bearer token, its wait_for_ready
+  // and its compression set.
   std::unique_ptr<grpc::ClientContext> NewContext(absl::Time deadline) const;
 
  private:

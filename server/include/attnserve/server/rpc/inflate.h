@@ -31,8 +31,14 @@ namespace attnserve {
 // are left as they are.
 absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message);
 
+// UNIMPLEMENTED if `message` starts as a gzip or zlib stream does (as
+// InflateRequest tells them); OK otherwise.
+absl::Status RefuseCompressedRequest(const grpc::ByteBuffer& message);
+
 // Takes a request `message` that has arrived from `peer`: inflates it (with
-// `transport.accept_compressed_requests`), then takes its bytes from `budget`.
+// `transport.accept_compressed_requests`; without it, a compressed message
+// that reached the handler, as one can with `transport.response_compression`
+// on, is refused UNIMPLEMENTED), then takes its bytes from `budget`.
 // On an error (the inflation's, or the budget's RESOURCE_EXHAUSTED) the
 // message is cleared, so that its bytes are not held.
 absl::StatusOr<MemoryBudget::Hold> AdmitMessage(

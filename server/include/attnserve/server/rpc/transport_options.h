@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "grpc/compression.h"
 
 namespace attnserve {
 
@@ -29,6 +30,11 @@ struct TransportOptions {
   // turned off (gRPC 1.51 inflates a whole message before it applies
   // max_message_bytes) and the handlers inflate with a bound (inflate.h).
   bool accept_compressed_requests = false;
+  // How responses are compressed, for clients that accept it (their
+  // grpc-accept-encoding names it; others get them plain): GRPC_COMPRESS_NONE,
+  // GRPC_COMPRESS_GZIP or GRPC_COMPRESS_DEFLATE. Compression costs CPU and
+  // saves little on dense float tensors (BENCHMARKS.md).
+  grpc_compression_algorithm response_compression = GRPC_COMPRESS_NONE;
   // How long a unary call's request may take to arrive after its headers;
   // past it the call is cancelled, so a client that stops sending cannot make
   // the server hold a partial message.

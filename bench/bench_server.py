@@ -12,11 +12,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def add_server_arguments(parser):
     """The positional ATTNSERVE and STUBS_DIR every script here takes: the
-    server binary and the Python stubs the build generates."""
+    server binary and the Python package the build assembles (build/python)."""
     parser.add_argument("attnserve", nargs="?",
                         default=os.path.join(ROOT, "build/server/attnserve"))
     parser.add_argument("stubs", nargs="?",
-                        default=os.path.join(ROOT, "build/tests/python/stubs"))
+                        default=os.path.join(ROOT, "build/python"))
 
 
 def start_attnserve(binary, *flags):

@@ -14,7 +14,7 @@ next to the budget and the KV gauges and eviction counter the server exports.
       [--eviction=lru|none] [--buffer_pool_bytes=N] [ATTNSERVE [STUBS_DIR]]
 
 ATTNSERVE defaults to build/server/attnserve, STUBS_DIR to
-build/tests/python/stubs (the Python stubs the build generates).
+build/python (the Python package the build assembles, its stubs in attnserve/v1).
 """
 import argparse
 import sys

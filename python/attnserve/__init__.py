@@ -1,0 +1,27 @@
+"""attnserve: a Python client for attnserve, multi-head attention as a gRPC service.
+
+    import attnserve
+    with attnserve.Client("localhost:50051") as client:
+        out = client.attend(q, k, v, causal=True).output           # NumPy in, NumPy out
+        mha = client.mha(x, weights_name="llama-l0").output
+        session = client.create_session(num_layers=32, num_heads=32, num_kv_heads=8,
+                                        key_dim=128)
+        session.step(0, key=prompt_k, value=prompt_v)               # prefill
+        step = session.step(0, key=k_t, value=v_t, query=q_t)       # decode one token
+        merged = attnserve.sharded_attend([client, other], q, k, v, shards=4)
+
+Errors are attnserve.AttnserveError, carrying the gRPC code and the server's message.
+bfloat16 travels from float32 values (input_dtype="bfloat16") or uint16 bit patterns, and
+comes back widened to float32 (attnserve.tensors).
+"""
+from attnserve.client import (AttendResult, AttnserveError, Client, MhaResult,
+                              PutWeightsResult, RetryPolicy, Timing, attention_options)
+from attnserve.session import Session, StepResult
+from attnserve.sharded import sharded_attend
+from attnserve.tensors import (bfloat16_bits_to_float32, float32_to_bfloat16_bits,
+                               from_tensor, to_tensor)
+
+__all__ = ["AttendResult", "AttnserveError", "Client", "MhaResult", "PutWeightsResult",
+           "RetryPolicy", "Session", "StepResult", "Timing", "attention_options",
+           "bfloat16_bits_to_float32", "float32_to_bfloat16_bits", "from_tensor",
+           "sharded_attend", "to_tensor"]

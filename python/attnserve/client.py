@@ -1,0 +1,291 @@
+"""attnserve.Client: every RPC of attnserve.v1.AttentionService with NumPy arrays."""
+import collections
+import dataclasses
+import random
+import time
+
+import grpc
+
+from attnserve.tensors import from_tensor, to_tensor, wire_dtype
+from attnserve.v1 import attention_pb2 as pb2
+from attnserve.v1 import attention_pb2_grpc as pb2_grpc
+
+
+class AttnserveError(Exception):
+    """A call that failed: `code` is its grpc.StatusCode, `message` the server's (or gRPC's)
+    message, which names the field at fault and what was expected."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.attempts = 1  # calls made before it was given up
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of a call that failed with one of `retry_on`: exponential backoff with jitter
+    (each wait drawn from [0.5, 1) of the backoff), never past the call's deadline.
+    Weight puts and deletes are retried only with `retry_weight_changes`, session creates and
+    forks only with `retry_session_creation` (a create whose answer was lost would leave a
+    session nobody knows the id of); every other call is safe to repeat."""
+    max_attempts: int = 3
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    backoff_multiplier: float = 2.0
+    retry_on: tuple = (grpc.StatusCode.UNAVAILABLE,)
+    retry_weight_changes: bool = False
+    retry_session_creation: bool = False
+
+
+# The server's times for a call (ServerTiming), in microseconds: waiting for an executor,
+# computing, and from the parsed request to the response handed to gRPC.
+Timing = collections.namedtuple("Timing", "queue_us compute_us server_us")
+# An Attend's output [B, H, Lq, Dv], lse [B, H, Lq] or None, weights or None.
+AttendResult = collections.namedtuple("AttendResult", "output lse weights timing")
+# A MultiHeadAttention's output [B, Lq, E]; weights_version: the registered set's version used.
+MhaResult = collections.namedtuple("MhaResult",
+                                   "output lse weights weights_version timing")
+PutWeightsResult = collections.namedtuple("PutWeightsResult", "version bytes")
+
+_ALIGNMENTS = {"top_left": "TOP_LEFT", "bottom_right": "BOTTOM_RIGHT"}
+_RETURN_WEIGHTS = {None: "NONE", "none": "NONE", "per_head": "PER_HEAD",
+                   "head_mean": "HEAD_MEAN"}
+_PRECISIONS = {None: "F32", "f32": "F32", "bf16": "BF16"}
+_COMPRESSION = {None: grpc.Compression.NoCompression, "none": grpc.Compression.NoCompression,
+                "gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}
+
+
+def _choice(table, value, name):
+    key = value.lower() if isinstance(value, str) else value
+    if key not in table:
+        expected = ", ".join(str(k) for k in table if k is not None)
+        raise ValueError(f"{name} is {value!r}, expected one of {expected}")
+    return table[key]
+
+
+def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
+                      key_lengths=None, attn_mask=None, return_lse=False,
+                      return_weights=None, precision=None, output_dtype=None):
+    """AttentionOptions from Python values. attn_mask: a NumPy array, bool (True = may
+    attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk]."""
+    options = pb2.AttentionOptions(
+        causal=causal,
+        causal_alignment=_choice(_ALIGNMENTS, causal_alignment, "causal_alignment"),
+        return_lse=return_lse,
+        return_weights=_choice(_RETURN_WEIGHTS, return_weights, "return_weights"),
+        precision=_choice(_PRECISIONS, precision, "precision"))
+    if scale is not None:
+        options.scale = scale
+    if key_lengths is not None:
+        options.key_lengths.extend(int(length) for length in key_lengths)
+    if attn_mask is not None:
+        options.attn_mask.CopyFrom(to_tensor(attn_mask))
+    if output_dtype is not None:
+        options.output_dtype = pb2.DType.Value(wire_dtype(output_dtype))
+    return options
+
+
+def _timing(response):
+    timing = response.timing
+    return Timing(timing.queue_us, timing.compute_us, timing.server_us)
+
+
+def _optional(response, field):
+    return from_tensor(getattr(response, field)) if response.HasField(field) else None
+
+
+class Client:
+    """A channel to one attnserve target ("localhost:50051",
+    "dns:///attnserve-headless.ml.svc:50051"), thread-safe.
+
+    tls: True for TLS with gRPC's default roots, or give root_certificates (PEM bytes) and,
+    for mutual TLS, certificate_chain and private_key; server_name_override when the target is
+    an address. token: sent as "authorization: Bearer <token>" on every call. compression:
+    "gzip" or "deflate" compresses every request (the server needs
+    --accept_compressed_requests). timeout: each call's default deadline, in seconds.
+    """
+
+    def __init__(self, target, *, tls=False, root_certificates=None, certificate_chain=None,
+                 private_key=None, server_name_override=None, token=None,
+                 retry=RetryPolicy(), compression=None, timeout=30.0,
+                 max_message_bytes=64 << 20, wait_for_ready=False):
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.lb_policy_name", "round_robin"),
+                   ("grpc.keepalive_time_ms", 30000),
+                   ("grpc.keepalive_timeout_ms", 10000)]
+        if server_name_override:
+            options.append(("grpc.ssl_target_name_override", server_name_override))
+        if tls or root_certificates or certificate_chain:
+            credentials = grpc.ssl_channel_credentials(root_certificates, private_key,
+                                                       certificate_chain)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._stub = pb2_grpc.AttentionServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._compression = _choice(_COMPRESSION, compression, "compression")
+        self._retry = retry
+        self._timeout = timeout
+        self._wait_for_ready = wait_for_ready
+        self.target = target
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.close()
+
+    # ---- calls ------------------------------------------------------------------------------
+
+    def call(self, method, request, timeout=None, retryable=True):
+        """Calls `method` (a name of AttentionService's, "Attend") with `request`, retried per
+        the RetryPolicy within `timeout` in all. Raises AttnserveError."""
+        return self.call_counting(method, request, timeout, retryable)[0]
+
+    def call_counting(self, method, request, timeout=None, retryable=True):
+        """call(), returning (response, the number of attempts it took). An AttnserveError
+        it raises carries `attempts` too."""
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        rpc = getattr(self._stub, method)
+        backoff = self._retry.initial_backoff
+        attempt = 1
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                failure = AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                         f"{method}: the deadline passed before an answer")
+                failure.attempts = attempt
+                raise failure
+            try:
+                return rpc(request, timeout=left, metadata=self._metadata,
+                           compression=self._compression,
+                           wait_for_ready=self._wait_for_ready), attempt
+            except grpc.RpcError as error:
+                failure = AttnserveError(error.code(), error.details())
+                failure.attempts = attempt
+                if (not retryable or attempt >= self._retry.max_attempts
+                        or failure.code not in self._retry.retry_on):
+                    raise failure from None
+                wait = backoff * random.uniform(0.5, 1.0)
+                if time.monotonic() + wait >= deadline:
+                    raise failure from None
+                time.sleep(wait)
+                backoff = min(backoff * self._retry.backoff_multiplier,
+                              self._retry.max_backoff)
+                attempt += 1
+
+    def attend_request(self, query, key, value, *, input_dtype=None, **options):
+        """The AttendRequest attend() sends (for AttendStream or sharding)."""
+        return pb2.AttendRequest(query=to_tensor(query, input_dtype),
+                                 key=to_tensor(key, input_dtype),
+                                 value=to_tensor(value, input_dtype),
+                                 options=attention_options(**options))
+
+    def attend(self, query, key, value, *, input_dtype=None, timeout=None, **options):
+        """Scaled dot-product attention: query [B, H, Lq, Dk], key [B, Hkv, Lk, Dk], value
+        [B, Hkv, Lk, Dv] -> AttendResult with output [B, H, Lq, Dv].
+
+        input_dtype ("float32", "bfloat16", "float16") converts the three before sending.
+        options: causal, causal_alignment ("top_left", "bottom_right"), scale, key_lengths,
+        attn_mask, return_lse, return_weights ("per_head", "head_mean"), precision ("f32",
+        "bf16"), output_dtype.
+        """
+        request = self.attend_request(query, key, value, input_dtype=input_dtype, **options)
+        response = self.call("Attend", request, timeout)
+        return AttendResult(from_tensor(response.output), _optional(response, "lse"),
+                            _optional(response, "weights"), _timing(response))
+
+    def mha(self, query_input, kv_input=None, *, weights_name=None, weights_version=0,
+            weights=None, num_heads=None, num_kv_heads=0, input_dtype=None, timeout=None,
+            **options):
+        """nn.MultiheadAttention, batch first: query_input [B, Lq, E], kv_input [B, Lk, Ekv]
+        or None (self-attention) -> MhaResult with output [B, Lq, E].
+
+        The projections: a registered set (weights_name, and weights_version to insist on
+        one), or inline `weights`, a dict of w_q, w_k, w_v, w_o and optional b_q, b_k, b_v,
+        b_o arrays in torch.nn.Linear layout, with num_heads (and num_kv_heads).
+        """
+        request = pb2.MultiHeadAttentionRequest(
+            query_input=to_tensor(query_input, input_dtype),
+            options=attention_options(**options))
+        if kv_input is not None:
+            request.kv_input.CopyFrom(to_tensor(kv_input, input_dtype))
+        if (weights_name is None) == (weights is None):
+            raise ValueError("give weights_name or weights, not both or neither")
+        if weights_name is not None:
+            request.weights_name = weights_name
+            request.weights_version = weights_version
+        else:
+            request.weights.CopyFrom(_projection_weights(weights, num_heads, num_kv_heads))
+        response = self.call("MultiHeadAttention", request, timeout)
+        return MhaResult(from_tensor(response.output), _optional(response, "lse"),
+                         _optional(response, "weights"), response.weights_version,
+                         _timing(response))
+
+    def put_weights(self, name, weights, *, num_heads, num_kv_heads=0, timeout=None):
+        """Registers `weights` (as mha() takes them inline) under `name` -> PutWeightsResult
+        (the new version, the bytes the server holds for them)."""
+        request = pb2.PutWeightsRequest(
+            name=name, weights=_projection_weights(weights, num_heads, num_kv_heads))
+        response = self.call("PutWeights", request, timeout,
+                             retryable=self._retry.retry_weight_changes)
+        return PutWeightsResult(response.version, response.bytes)
+
+    def list_weights(self, timeout=None):
+        """The registered weight sets: WeightsInfo messages (name, version, bytes, num_heads,
+        num_kv_heads, embed_dim, kv_embed_dim, key_dim, value_dim, has_bias), by name."""
+        return list(self.call("ListWeights", pb2.ListWeightsRequest(), timeout).weights)
+
+    def delete_weights(self, name, timeout=None):
+        self.call("DeleteWeights", pb2.DeleteWeightsRequest(name=name), timeout,
+                  retryable=self._retry.retry_weight_changes)
+
+    # ---- KV-cache sessions ------------------------------------------------------------------
+
+    def create_session(self, *, num_layers, num_heads, key_dim, num_kv_heads=0, value_dim=0,
+                       dtype="float32", max_tokens=0, ttl_seconds=0, scale=None,
+                       timeout=None):
+        """A new KV-cache session (attnserve.Session); dtype: how the server stores keys and
+        values ("float32", "bfloat16", "float16")."""
+        from attnserve.session import Session
+        request = pb2.CreateSessionRequest(
+            num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+            key_dim=key_dim, value_dim=value_dim, dtype=wire_dtype(dtype),
+            max_tokens=max_tokens, ttl_seconds=ttl_seconds)
+        if scale is not None:
+            request.defaults.scale = scale
+        response = self.call("CreateSession", request, timeout,
+                             retryable=self._retry.retry_session_creation)
+        return Session(self, response.session)
+
+    def session(self, session_id, timeout=None):
+        """A Session for an existing id, with the lengths the server holds."""
+        from attnserve.session import Session
+        return Session(self, self.get_session(session_id, timeout))
+
+    def get_session(self, session_id, timeout=None):
+        """The server's SessionInfo of `session_id`."""
+        request = pb2.GetSessionRequest(session_id=session_id)
+        return self.call("GetSession", request, timeout).session
+
+    def list_sessions(self, timeout=None):
+        """This caller's sessions (SessionInfo messages), by creation time."""
+        return list(self.call("ListSessions", pb2.ListSessionsRequest(), timeout).sessions)
+
+
+def _projection_weights(weights, num_heads, num_kv_heads):
+    if num_heads is None:
+        raise ValueError("inline weights need num_heads")
+    unknown = set(weights) - {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"}
+    if unknown:
+        raise ValueError(f"unknown weights {sorted(unknown)}: expected w_q, w_k, w_v, w_o "
+                         f"and optional b_q, b_k, b_v, b_o")
+    message = pb2.ProjectionWeights(num_heads=num_heads, num_kv_heads=num_kv_heads)
+    for name, array in weights.items():
+        getattr(message, name).CopyFrom(to_tensor(array))
+    return message

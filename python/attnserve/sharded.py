@@ -1,0 +1,99 @@
+"""Exact attention over keys and values split along Lk, across replicas.
+
+Shard s covers keys [s·Lk/n, (s+1)·Lk/n) and goes to clients[s % len(clients)], every shard at
+once. Each answers its output o_s and lse_s over its own keys; the merge is exact (in float64):
+
+    lse = log Σ_s exp(lse_s),   o = Σ_s exp(lse_s − lse) · o_s
+
+Every option carries over: key_lengths are cut per shard, a mask along Lk, and causality
+becomes a per-shard mask of global key positions. A row that sees no key in any shard gets
+output 0 and lse −inf, as from one call. Attention weights cannot be returned (each shard
+sees only its keys).
+"""
+import concurrent.futures
+
+import numpy as np
+
+from attnserve.client import AttendResult, Timing
+from attnserve.tensors import from_tensor
+
+
+def _shard_bounds(length, shards):
+    return [(s * length // shards, (s + 1) * length // shards) for s in range(shards)]
+
+
+def _causal_visible(lq, begin, end, offsets):
+    """[B or 1, 1, Lq, end - begin] bool: which of the shard's keys each query row sees,
+    query i seeing global key j iff j <= i + offset (offset per batch item: 0 top-left,
+    L_b − Lq bottom-right)."""
+    rows = np.arange(lq)[:, None]
+    keys = np.arange(begin, end)[None, :]
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 1, 1, 1)
+    return keys[None, None] <= rows[None, None] + offsets
+
+
+def sharded_attend(clients, query, key, value, shards, *, causal=False,
+                   causal_alignment="top_left", key_lengths=None, attn_mask=None,
+                   return_lse=False, return_weights=None, timeout=None, input_dtype=None,
+                   **options):
+    """attend() of query [B, H, Lq, Dk] over key/value [B, Hkv, Lk, D] in `shards` pieces
+    (1 to Lk) on `clients` (attnserve.Client, at least one), merged exactly. Returns an
+    AttendResult whose timing is the slowest shard's; raises the first failing shard's
+    AttnserveError, ValueError for arguments that cannot be sharded."""
+    if return_weights not in (None, "none"):
+        raise ValueError("return_weights cannot be sharded: each shard sees only its keys")
+    if not clients:
+        raise ValueError("sharded_attend needs at least one client")
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    if key.ndim != 4 or query.ndim != 4:
+        raise ValueError("query and key must be [B, H, L, D]")
+    lq, lk = query.shape[2], key.shape[2]
+    if not 1 <= shards <= lk:
+        raise ValueError(f"shards is {shards}, expected 1 to Lk = {lk}")
+    mask = None if attn_mask is None else np.asarray(attn_mask)
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # rank 4, broadcastable
+
+    requests = []
+    for begin, end in _shard_bounds(lk, shards):
+        shard_mask = None if mask is None else (
+            mask[..., begin:end] if mask.shape[-1] != 1 else mask)
+        if causal:
+            if str(causal_alignment).lower() == "bottom_right":
+                lengths = key_lengths if key_lengths is not None else [lk]
+                offsets = np.asarray(lengths, dtype=np.int64) - lq
+            else:
+                offsets = [0]
+            visible = _causal_visible(lq, begin, end, offsets)
+            if shard_mask is None:
+                shard_mask = visible
+            elif shard_mask.dtype == np.bool_:
+                shard_mask = np.logical_and(shard_mask, visible)
+            else:
+                shard_mask = np.where(visible, shard_mask.astype(np.float32),
+                                      np.float32(-np.inf))
+        shard_lengths = None if key_lengths is None else [
+            int(np.clip(length - begin, 0, end - begin)) for length in key_lengths]
+        requests.append(clients[0].attend_request(
+            query, key[:, :, begin:end], value[:, :, begin:end], input_dtype=input_dtype,
+            key_lengths=shard_lengths, attn_mask=shard_mask, return_lse=True,
+            **options))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=shards) as pool:
+        futures = [pool.submit(clients[s % len(clients)].call, "Attend", request, timeout)
+                   for s, request in enumerate(requests)]
+        responses = [future.result() for future in futures]  # the first error raises
+
+    outputs = np.stack([from_tensor(r.output).astype(np.float64) for r in responses])
+    lses = np.stack([from_tensor(r.lse).astype(np.float64) for r in responses])
+    with np.errstate(invalid="ignore", over="ignore"):
+        lse = np.logaddexp.reduce(lses, axis=0)
+        shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
+    output = np.einsum("s...,s...d->...d", shares, outputs)
+    output = np.where(np.isneginf(lse)[..., None], 0.0, output)
+    timing = Timing(max(r.timing.queue_us for r in responses),
+                    max(r.timing.compute_us for r in responses),
+                    max(r.timing.server_us for r in responses))
+    out_dtype = from_tensor(responses[0].output).dtype
+    return AttendResult(output.astype(out_dtype),
+                        lse.astype(np.float32) if return_lse else None, None, timing)

@@ -1,0 +1,79 @@
+"""NumPy arrays to and from attnserve's Tensor messages.
+
+NumPy has no bfloat16. A BFLOAT16 tensor is sent from float32 values rounded to nearest, ties
+to even (``to_tensor(array, "bfloat16")``), or from a uint16 array of bit patterns (the upper
+half of each float32) as they are; BFLOAT16 tensors the server returns come back widened to
+float32, which holds every bfloat16 exactly.
+"""
+import numpy as np
+
+from attnserve.v1 import attention_pb2 as pb2
+
+# Wire dtype name -> the little-endian NumPy dtype of its packed bytes.
+_PACKED = {"FLOAT32": "<f4", "FLOAT16": "<f2", "BFLOAT16": "<u2", "BOOL": "u1"}
+# A NumPy array's dtype -> the wire dtype it travels as by default.
+_DEFAULT_WIRE = {np.dtype(np.float32): "FLOAT32", np.dtype(np.float16): "FLOAT16",
+                 np.dtype(np.uint16): "BFLOAT16", np.dtype(np.bool_): "BOOL",
+                 np.dtype(np.float64): "FLOAT32"}
+_NAMES = {"float32": "FLOAT32", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "bool": "BOOL"}
+
+
+def float32_to_bfloat16_bits(values):
+    """bfloat16 bit patterns (uint16) of float32 values, rounded to nearest, ties to even;
+    NaN stays NaN."""
+    values = np.asarray(values, dtype=np.float32)
+    bits = values.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)
+
+
+def bfloat16_bits_to_float32(bits):
+    """float32 values of bfloat16 bit patterns (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def wire_dtype(name):
+    """"float32", "bfloat16", "float16", "bool" (any case) -> the proto's DType name."""
+    upper = _NAMES.get(str(name).lower())
+    if upper is None:
+        raise ValueError(f"dtype is {name!r}, expected float32, bfloat16, float16 or bool")
+    return upper
+
+
+def to_tensor(array, dtype=None):
+    """A Tensor holding `array`.
+
+    Without `dtype`: float32 (and float64, narrowed) -> FLOAT32, float16 -> FLOAT16, uint16 ->
+    BFLOAT16 bit patterns, bool -> BOOL. With `dtype` ("float32", "bfloat16", "float16",
+    "bool"), the values are converted to it (float to bfloat16 rounds to nearest even).
+    """
+    array = np.asarray(array)
+    if dtype is None:
+        name = _DEFAULT_WIRE.get(array.dtype)
+        if name is None:
+            raise TypeError(f"no attnserve dtype for a NumPy {array.dtype} array: pass "
+                            f"float32, float16, bool, or uint16 bfloat16 bits")
+    else:
+        name = wire_dtype(dtype)
+        if name == "BFLOAT16" and array.dtype != np.uint16:
+            array = float32_to_bfloat16_bits(array)
+    data = np.ascontiguousarray(array, dtype=_PACKED[name]).tobytes()
+    return pb2.Tensor(dtype=name, shape=array.shape, data=data)
+
+
+def from_tensor(tensor):
+    """The array a Tensor holds: float32, float16 or bool; BFLOAT16 widened to float32."""
+    name = pb2.DType.Name(tensor.dtype)
+    if name not in _PACKED:
+        raise ValueError(f"a tensor of dtype {name} cannot be read")
+    shape = tuple(tensor.shape)
+    array = np.frombuffer(tensor.data, dtype=_PACKED[name])
+    if array.size != int(np.prod(shape, dtype=np.int64)):
+        raise ValueError(f"a {name} tensor of shape {list(shape)} holds {len(tensor.data)} "
+                         f"bytes")
+    array = array.reshape(shape)
+    if name == "BFLOAT16":
+        return bfloat16_bits_to_float32(array)
+    if name == "BOOL":
+        return array.astype(np.bool_)
+    return array.astype(array.dtype.newbyteorder("="))  # a writable native copy

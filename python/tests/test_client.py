@@ -1,0 +1,263 @@
+"""attnserve (the Python package) against live servers, every answer checked against the
+float64 NumPy reference of examples/python (reference_sdpa, reference_mha)."""
+import os
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import attnserve
+from attnserve_client import reference_mha, reference_sdpa
+
+RNG = np.random.default_rng(2026)
+
+
+def uniform(*shape):
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def reference_lse(q, k, scale=None, **masking):
+    """log Σ_j exp(scale · q·k_j) over the keys each row sees (the reference's own masking,
+    through the outputs of an all-ones value)."""
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    group = q.shape[1] // k.shape[1]
+    k64 = np.repeat(k64, group, axis=1)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scores = scale * q64 @ k64.swapaxes(-1, -2)
+    # Which keys each row sees: the reference over one-hot values.
+    eye = np.broadcast_to(np.eye(k.shape[2]), k.shape[:2] + (k.shape[2], k.shape[2]))
+    seen = reference_sdpa(q, k, eye, scale=scale, **masking) > 0
+    scores = np.where(seen, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    return (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def test_the_package_is_the_installed_one():
+    expected = os.environ.get("ATTNSERVE_EXPECTED_PACKAGE_DIR")
+    if expected is None:
+        pytest.skip("ATTNSERVE_EXPECTED_PACKAGE_DIR is not set")
+    assert os.path.realpath(attnserve.__file__).startswith(os.path.realpath(expected))
+
+
+def test_attend_matches_the_reference(server):
+    q, k, v = uniform(2, 4, 5, 16), uniform(2, 2, 9, 16), uniform(2, 2, 9, 8)
+    options = dict(causal=True, causal_alignment="bottom_right", key_lengths=[9, 6], scale=0.3)
+    with attnserve.Client(server.target) as client:
+        result = client.attend(q, k, v, return_lse=True, **options)
+    assert result.output.dtype == np.float32 and result.output.shape == (2, 4, 5, 8)
+    np.testing.assert_allclose(result.output, reference_sdpa(q, k, v, **options), atol=1e-5)
+    np.testing.assert_allclose(result.lse, reference_lse(q, k, **options), atol=1e-5)
+    assert result.weights is None
+    assert 0 <= result.timing.compute_us <= result.timing.server_us
+
+
+def test_weights_and_masks(server):
+    q, k, v = uniform(1, 2, 6, 8), uniform(1, 2, 7, 8), uniform(1, 2, 7, 8)
+    mask = RNG.uniform(size=(6, 7)) < 0.7
+    mask[:, 0] = True  # every row sees a key
+    with attnserve.Client(server.target) as client:
+        result = client.attend(q, k, v, attn_mask=mask, return_weights="per_head")
+    expected_weights = reference_sdpa(
+        q, k, np.broadcast_to(np.eye(7), (1, 2, 7, 7)), attn_mask=mask)
+    np.testing.assert_allclose(result.weights, expected_weights, atol=1e-5)
+    np.testing.assert_allclose(result.output, reference_sdpa(q, k, v, attn_mask=mask),
+                               atol=1e-5)
+
+
+def test_bfloat16_goes_from_float32_and_comes_back_widened(server):
+    q, k, v = uniform(1, 2, 4, 16), uniform(1, 2, 6, 16), uniform(1, 2, 6, 16)
+    with attnserve.Client(server.target) as client:
+        result = client.attend(q, k, v, input_dtype="bfloat16", output_dtype="bfloat16")
+    rounded = [attnserve.bfloat16_bits_to_float32(attnserve.float32_to_bfloat16_bits(x))
+               for x in (q, k, v)]
+    assert result.output.dtype == np.float32
+    # Every value is a bfloat16: its low 16 bits are zero.
+    assert not np.any(result.output.view(np.uint32) & 0xFFFF)
+    np.testing.assert_allclose(result.output, reference_sdpa(*rounded), atol=2 ** -7)
+
+
+def test_multi_head_attention_inline_and_registered(server):
+    shapes = dict(w_q=(16, 16), w_k=(8, 16), w_v=(8, 16), w_o=(16, 16), b_q=(16,), b_k=(8,),
+                  b_v=(8,), b_o=(16,))
+    weights = {name: RNG.uniform(-0.5, 0.5, shape).astype(np.float32)
+               for name, shape in shapes.items()}
+    heads = dict(num_heads=4, num_kv_heads=2)
+    x = uniform(2, 5, 16)
+    name = f"pytest-{os.getpid()}"
+    with attnserve.Client(server.target) as client:
+        inline = client.mha(x, weights=weights, causal=True, **heads)
+        put = client.put_weights(name, weights, **heads)
+        assert put.version > 0 and put.bytes > 0
+        listed = {info.name: info for info in client.list_weights()}
+        assert listed[name].version == put.version and listed[name].num_kv_heads == 2
+        registered = client.mha(x, weights_name=name, causal=True)
+        assert registered.weights_version == put.version
+        client.delete_weights(name)
+        assert name not in {info.name for info in client.list_weights()}
+        with pytest.raises(attnserve.AttnserveError) as gone:
+            client.mha(x, weights_name=name)
+    expected = reference_mha(x, weights, heads, causal=True)
+    np.testing.assert_allclose(inline.output, expected, atol=1e-4)
+    np.testing.assert_allclose(registered.output, expected, atol=1e-4)
+    assert gone.value.code == grpc.StatusCode.NOT_FOUND and name in gone.value.message
+
+
+def test_errors_carry_the_code_and_the_field(server):
+    with attnserve.Client(server.target) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.attend(uniform(1, 1, 2, 8), uniform(1, 1, 3, 16), uniform(1, 1, 3, 8))
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "key.shape[3] (Dk)" in error.value.message
+    assert str(error.value).startswith("INVALID_ARGUMENT: ")
+    with pytest.raises(ValueError, match="causal_alignment"):
+        attnserve.attention_options(causal_alignment="sideways")
+
+
+def test_a_deadline_that_passes_is_deadline_exceeded(server):
+    q = uniform(1, 8, 2048, 64)
+    with attnserve.Client(server.target) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.attend(q, q, q, timeout=0.001)
+    assert error.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_unavailable_is_retried_with_backoff():
+    # A port nothing listens on: every attempt fails UNAVAILABLE.
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = attnserve.RetryPolicy(max_attempts=4, initial_backoff=0.02, max_backoff=0.1)
+    with attnserve.Client(f"127.0.0.1:{port}", retry=policy) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.list_weights(timeout=20)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    assert error.value.attempts == 4
+    no_retry = attnserve.RetryPolicy(max_attempts=1)
+    with attnserve.Client(f"127.0.0.1:{port}", retry=no_retry) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.list_weights(timeout=20)
+    assert error.value.attempts == 1
+
+
+def test_compression_both_ways(server):
+    q, k, v = uniform(1, 2, 8, 16), np.zeros((1, 2, 64, 16), np.float32), uniform(1, 2, 64, 16)
+    with attnserve.Client(server.target, compression="gzip") as client:
+        out = client.attend(q, k, v).output
+    np.testing.assert_allclose(out, reference_sdpa(q, k, v), atol=1e-5)
+    with pytest.raises(ValueError, match="compression"):
+        attnserve.Client(server.target, compression="zstd")
+
+
+def test_tls_and_token(secure_server, certificates):
+    read = lambda name: (certificates / name).read_bytes()  # noqa: E731
+    tls = dict(root_certificates=read("ca.crt"), certificate_chain=read("client.crt"),
+               private_key=read("client.key"))
+    with attnserve.Client(secure_server.target, token="pytest-token", **tls) as client:
+        assert any(info.name == "demo" for info in client.list_weights())
+    with attnserve.Client(secure_server.target, **tls) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.list_weights()
+    assert error.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with attnserve.Client(secure_server.target, token="wrong", **tls) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.list_weights()
+    assert error.value.code == grpc.StatusCode.UNAUTHENTICATED
+    # Without a client certificate the mutual-TLS handshake fails.
+    no_retry = attnserve.RetryPolicy(max_attempts=1)
+    with attnserve.Client(secure_server.target, token="pytest-token", retry=no_retry,
+                          root_certificates=read("ca.crt")) as client:
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.list_weights(timeout=10)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def expected_step(q, keys, values):
+    """A step's output: [H, Tq, Dk] over [Hkv, L, D], bottom-right causal."""
+    return reference_sdpa(q[None], keys[None], values[None], causal=True,
+                          causal_alignment="BOTTOM_RIGHT")[0]
+
+
+def test_a_session_from_prefill_to_delete(server):
+    H, Hkv, Dk, Dv = 4, 2, 8, 8
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=2, num_heads=H, num_kv_heads=Hkv,
+                                        key_dim=Dk, value_dim=Dv)
+        keys, values = uniform(Hkv, 10, Dk), uniform(Hkv, 10, Dv)
+        assert session.step(1, key=keys, value=values).output is None
+        for _ in range(3):
+            k, v, q = uniform(Hkv, 1, Dk), uniform(Hkv, 1, Dv), uniform(H, 1, Dk)
+            result = session.step(1, key=k, value=v, query=q, return_lse=True)
+            keys, values = np.concatenate([keys, k], 1), np.concatenate([values, v], 1)
+            np.testing.assert_allclose(result.output, expected_step(q, keys, values),
+                                       atol=1e-5)
+            assert result.lse.shape == (H, 1) and not result.recovered
+        assert session.lengths == [0, 13]
+        child = session.fork(length=11)
+        assert child.lengths == [0, 11] and child.info.forked_from == session.id
+        session.truncate(12)
+        assert session.lengths == [0, 12]
+        assert client.get_session(session.id).lengths == [0, 12]
+        assert {s.session_id for s in client.list_sessions()} >= {session.id, child.id}
+        child.delete()
+        session.delete()
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.get_session(session.id)
+    assert error.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_step_whose_answer_was_lost_is_recovered(server):
+    """The step lands but its answer is lost (the client sees UNAVAILABLE): sent again, the
+    server refuses it (the layer no longer holds the expected length), and the session finds
+    the step landed and recomputes its output."""
+    H, Hkv, D = 2, 1, 8
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=1, num_heads=H, num_kv_heads=Hkv,
+                                        key_dim=D)
+        keys, values = uniform(Hkv, 5, D), uniform(Hkv, 5, D)
+        session.step(0, key=keys, value=values)
+        real = client.call_counting
+
+        def lose_the_answer(method, request, timeout=None, retryable=True):
+            real(method, request, timeout, retryable)
+            raise attnserve.AttnserveError(grpc.StatusCode.UNAVAILABLE, "answer lost")
+
+        k, v, q = uniform(Hkv, 1, D), uniform(Hkv, 1, D), uniform(H, 1, D)
+        client.call_counting = lose_the_answer
+        with pytest.raises(attnserve.AttnserveError):
+            session.step(0, key=k, value=v, query=q)
+        client.call_counting = real
+        assert session.lengths == [5]  # not known to have landed
+        result = session.step(0, key=k, value=v, query=q)
+        keys, values = np.concatenate([keys, k], 1), np.concatenate([values, v], 1)
+        assert result.recovered and result.length == 6 and session.lengths == [6]
+        np.testing.assert_allclose(result.output, expected_step(q, keys, values), atol=1e-5)
+        # A stale length with no doubt about it is the server's refusal, as it is.
+        session.lengths[0] = 3
+        with pytest.raises(attnserve.AttnserveError) as error:
+            session.step(0, key=k, value=v)
+        assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        session.sync()
+        assert session.lengths == [6]
+        session.delete()
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_sharded_attend_is_exact(server, alignment):
+    q, k, v = uniform(2, 4, 6, 8), uniform(2, 2, 23, 8), uniform(2, 2, 23, 8)
+    mask = RNG.uniform(size=(2, 1, 6, 23)) < 0.8
+    options = dict(causal=True, causal_alignment=alignment, key_lengths=[23, 17],
+                   attn_mask=mask)
+    with attnserve.Client(server.target) as one, attnserve.Client(server.target) as two:
+        merged = attnserve.sharded_attend([one, two], q, k, v, shards=3, return_lse=True,
+                                          **options)
+        whole = one.attend(q, k, v, return_lse=True, **options)
+    expected = reference_sdpa(q, k, v, **options)
+    np.testing.assert_allclose(merged.output, expected, atol=1e-5)
+    np.testing.assert_allclose(merged.output, whole.output, atol=2e-6)
+    finite = np.isfinite(whole.lse)
+    np.testing.assert_array_equal(np.isfinite(merged.lse), finite)
+    np.testing.assert_allclose(merged.lse[finite], whole.lse[finite], atol=2e-6)
+    with pytest.raises(ValueError, match="shards"):
+        attnserve.sharded_attend([one], q, k, v, shards=24)

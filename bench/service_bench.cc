@@ -12,7 +12,9 @@
 //     each kind of tensor a request carries (random float32/bfloat16/float16,
 //     and BOOL masks: causal, key padding, random), its ratio and speed; and
 //     a call's p50 over loopback with requests and responses gzipped or not,
-//     for random tensors and for a request that is mostly a BOOL mask.
+//     for random tensors and for a request that is mostly a BOOL mask;
+//   - the Open Inference Protocol: a 1 MiB Attend as ModelInfer against the
+//     same call on the native path, p50s and their ratio.
 //
 //   build/bench/service_bench [--benchmark_filter=...]
 #include <zlib.h>
@@ -31,6 +33,8 @@
 #include "attnserve/server/rpc/wire_messages.h"
 #include "attnserve/server/server.h"
 #include "benchmark/benchmark.h"
+#include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.grpc.pb.h"
 
 namespace attnserve {
 namespace {
@@ -412,6 +416,75 @@ BENCHMARK(BM_CompressedAttendLatency)
     ->ArgsProduct({{0, 1},
                    {static_cast<int64_t>(Compression::kNone),
                     static_cast<int64_t>(Compression::kGzip)}})
+    ->Iterations(300)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The Open Inference Protocol's cost over the native path: the same 1 MiB
+// Attend (Q, K, V of (1, 8, 171, 64) random float32) as attnserve.v1's Attend
+// and as ModelInfer of model sdpa (raw_input_contents), alternated call by
+// call on one server, each with its own channel; the p50s and their ratio.
+void BM_OipAttendOverhead(benchmark::State& state) {
+  Served served = Serve(1);
+  std::mt19937 random(9);
+  std::normal_distribution<float> normal;
+  const std::vector<int64_t> shape = {1, 8, 171, 64};
+  std::vector<float> values(static_cast<size_t>(8 * 171 * 64));
+  v1::AttendRequest native;
+  inference::ModelInferRequest infer;
+  infer.set_model_name("sdpa");
+  for (const char* name : {"QUERY", "KEY", "VALUE"}) {
+    for (float& value : values) value = normal(random);
+    v1::Tensor tensor = MakeFloat32Tensor(shape, values);
+    auto* input = infer.add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    *input->mutable_shape() = tensor.shape();
+    infer.add_raw_input_contents(tensor.data());
+    v1::Tensor* field = name[0] == 'Q'   ? native.mutable_query()
+                        : name[0] == 'K' ? native.mutable_key()
+                                         : native.mutable_value();
+    *field = std::move(tensor);
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  arguments.SetMaxSendMessageSize(64 << 20);
+  const auto stub =
+      inference::GRPCInferenceService::NewStub(grpc::CreateCustomChannel(
+          absl::StrCat("127.0.0.1:", served.server->port()),
+          grpc::InsecureChannelCredentials(), arguments));
+  const auto call_oip = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+    inference::ModelInferResponse response;
+    return stub->ModelInfer(&context, infer, &response).ok() &&
+           response.raw_output_contents_size() == 1;
+  };
+  for (int i = 0; i < 20; ++i) {  // Warm both paths.
+    served.client->Attend(native, kTimeout).IgnoreError();
+    call_oip();
+  }
+  std::vector<double> native_us, oip_us;
+  for (auto _ : state) {
+    absl::Time start = absl::Now();
+    const bool native_ok = served.client->Attend(native, kTimeout).ok();
+    native_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    start = absl::Now();
+    const bool oip_ok = call_oip();
+    oip_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    if (!native_ok || !oip_ok) {
+      state.SkipWithError("a call failed");
+      break;
+    }
+  }
+  if (native_us.empty()) return;
+  state.counters["native_p50_us"] = Percentile(native_us, 0.5);
+  state.counters["oip_p50_us"] = Percentile(oip_us, 0.5);
+  state.counters["oip_over_native"] =
+      Percentile(oip_us, 0.5) / Percentile(native_us, 0.5);
+  state.counters["request_bytes"] = static_cast<double>(native.ByteSizeLong());
+}
+BENCHMARK(BM_OipAttendOverhead)
     ->Iterations(300)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

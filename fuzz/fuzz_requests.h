@@ -23,8 +23,10 @@ enum class RequestKind : uint8_t {
   kPutWeights = 2,     // v1::PutWeightsRequest
   kCreateSession = 3,  // v1::CreateSessionRequest
   kStep = 4,           // v1::StepRequest
+  kModelInfer = 5,     // inference::ModelInferRequest (the Open Inference
+                       // Protocol): model sdpa, or a registered weight set
 };
-inline constexpr int kRequestKinds = 5;
+inline constexpr int kRequestKinds = 6;
 
 // request_fuzzer's store holds, before every Step input, one session of
 // kTinySession's shape with kTinySessionTokens tokens in layer 0; a step

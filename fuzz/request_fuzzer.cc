@@ -1,8 +1,10 @@
 // libFuzzer target: raw protobuf bytes through the server's request path.
 //
 // The input (fuzz_requests.h) is parsed as an AttendRequest,
-// MultiHeadAttentionRequest, PutWeightsRequest, CreateSessionRequest or
-// StepRequest as the service parses it (ParseWire on a grpc::ByteBuffer) and
+// MultiHeadAttentionRequest, PutWeightsRequest, CreateSessionRequest,
+// StepRequest or the Open Inference Protocol's ModelInferRequest (translated
+// to the native Attend or MultiHeadAttention request by oip/, then as those)
+// as the service parses it (ParseWire on a grpc::ByteBuffer) and
 // taken through exactly what the service does before its compute:
 // ValidateAttendRequest (and the batch key), the weights name and registry
 // lookup or ValidateProjectionWeights, then ValidateMultiHeadRequest, or
@@ -36,6 +38,7 @@
 #include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attention_compute.h"
 #include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/oip/inference_models.h"
 #include "attnserve/server/rpc/wire_messages.h"
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/server/sessions/session_steps.h"
@@ -342,6 +345,59 @@ void FuzzPutWeights(const v1::PutWeightsRequest& request) {
   Note("PutWeights registered", absl::OkStatus());
 }
 
+// The translation of ModelInfer, then the native request's own path. A
+// refusal of the translation is checked as the native ones are; an answer
+// translated back holds the outputs asked, each of the bytes its shape says.
+void FuzzModelInfer(inference::ModelInferRequest& request) {
+  const bool weight_set = request.model_name() != oip::kSdpaModel;
+  oip::RequestedOutputs outputs;
+  if (!weight_set) {
+    absl::StatusOr<v1::AttendRequest> attend =
+        oip::AttendRequestFrom(request, &outputs);
+    if (!attend.ok()) {
+      return CheckRefusal(oip::InProtocolNames(attend.status(), false));
+    }
+    const absl::StatusOr<AttendWork> work =
+        ValidateAttendRequest(*attend, TheFixture().checks);
+    if (!work.ok()) {
+      return CheckRefusal(oip::InProtocolNames(work.status(), false));
+    }
+    FuzzAttend(*attend);
+    if (AttentionFlops(work->shape.Dims(), work->plan.options.causal) >
+        kMaxComputeFlops) {
+      return;
+    }
+    v1::AttendResponse answer;
+    Require("ComputeAttend of a translated request",
+            ComputeAttend(*TheFixture().engine, *work, *attend, StopCheck(),
+                          &answer));
+    inference::ModelInferResponse response;
+    oip::FillInferResponse(request, oip::kSdpaVersion, outputs,
+                           answer.mutable_output(), answer.mutable_lse(),
+                           answer.mutable_weights(), &response);
+    const int expected = outputs.output + outputs.lse + outputs.weights;
+    if (response.outputs_size() != expected ||
+        response.raw_output_contents_size() != expected) {
+      Fail("FillInferResponse", absl::InternalError("not the outputs asked"));
+    }
+    for (int i = 0; i < expected; ++i) {
+      int64_t elements = 1;
+      for (int64_t dim : response.outputs(i).shape()) elements *= dim;
+      const int64_t width = response.outputs(i).datatype() == "FP32" ? 4 : 2;
+      if (static_cast<int64_t>(response.raw_output_contents(i).size()) !=
+          elements * width) {
+        Fail("FillInferResponse",
+             absl::InternalError("bytes and shape differ"));
+      }
+    }
+    return;
+  }
+  absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
+      oip::MultiHeadRequestFrom(request, &outputs);
+  if (!mha.ok()) return CheckRefusal(oip::InProtocolNames(mha.status(), true));
+  FuzzMultiHead(*mha);
+}
+
 }  // namespace
 }  // namespace attnserve::fuzz
 
@@ -380,6 +436,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case RequestKind::kStep: {
       attnserve::v1::StepRequest request;
       if (Parse(data + 1, size - 1, &request)) FuzzStep(request);
+      break;
+    }
+    case RequestKind::kModelInfer: {
+      inference::ModelInferRequest request;
+      if (Parse(data + 1, size - 1, &request)) FuzzModelInfer(request);
       break;
     }
   }

@@ -10,6 +10,7 @@
 // hand, as regression_*.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -20,6 +21,7 @@
 #include "attnserve/common/dtype.h"
 #include "attnserve/v1/attention.pb.h"
 #include "fuzz_requests.h"
+#include "inference/grpc_service.pb.h"
 
 namespace attnserve::fuzz {
 namespace {
@@ -214,6 +216,47 @@ void WriteSessionSeeds(const std::string& folder) {
   Write(folder, "step_tiny", RequestKind::kStep, request);
 }
 
+// ModelInfer: sdpa with raw contents and options as parameters, sdpa with
+// typed contents, and the demo weight set.
+void WriteModelInferSeeds(const std::string& folder) {
+  const auto add_input = [](inference::ModelInferRequest* request,
+                            const char* name, const v1::Tensor& tensor,
+                            bool raw) {
+    auto* input = request->add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    *input->mutable_shape() = tensor.shape();
+    if (raw) {
+      request->add_raw_input_contents(tensor.data());
+    } else {
+      auto* values = input->mutable_contents()->mutable_fp32_contents();
+      values->Resize(static_cast<int>(tensor.data().size() / 4), 0.0f);
+      std::memcpy(values->mutable_data(), tensor.data().data(),
+                  tensor.data().size());
+    }
+  };
+  for (const bool raw : {true, false}) {
+    inference::ModelInferRequest request;
+    request.set_model_name("sdpa");
+    add_input(&request, "QUERY", SineTensor({1, 2, 3, 4}), raw);
+    add_input(&request, "KEY", SineTensor({1, 1, 5, 4}, 7), raw);
+    add_input(&request, "VALUE", SineTensor({1, 1, 5, 2}, 3), raw);
+    if (raw) {
+      (*request.mutable_parameters())["causal"].set_bool_param(true);
+      (*request.mutable_parameters())["causal_alignment"].set_string_param(
+          "bottom_right");
+      request.add_outputs()->set_name("OUTPUT");
+      request.add_outputs()->set_name("LSE");
+    }
+    Write(folder, raw ? "infer_sdpa_raw" : "infer_sdpa_contents",
+          RequestKind::kModelInfer, request);
+  }
+  inference::ModelInferRequest request;
+  request.set_model_name("demo");
+  add_input(&request, "INPUT", SineTensor({1, 2, 64}), true);
+  Write(folder, "infer_demo", RequestKind::kModelInfer, request);
+}
+
 void WriteOptionsSeeds(const std::string& folder) {
   std::mt19937 generator(20261130);
   int n = 0;
@@ -241,6 +284,7 @@ int main(int argc, char** argv) {
   attnserve::fuzz::WriteMultiHeadSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WritePutWeightsSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WriteSessionSeeds(root + "/request_fuzzer");
+  attnserve::fuzz::WriteModelInferSeeds(root + "/request_fuzzer");
   attnserve::fuzz::WriteOptionsSeeds(root + "/attention_options_fuzzer");
   return 0;
 }

@@ -12,8 +12,9 @@ declare -A allowed=(
   [weights]="weights tensors"
   [metrics]="metrics"
   [sessions]="sessions tensors metrics"
-  [attention]="attention rpc tensors weights sessions metrics"
-  [process]="process attention rpc tensors weights sessions metrics"
+  [oip]="oip weights tensors"
+  [attention]="attention oip rpc tensors weights sessions metrics"
+  [process]="process attention oip rpc tensors weights sessions metrics"
 )
 
 failures=0

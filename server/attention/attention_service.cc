@@ -5,9 +5,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 #include "attnserve/server/attention/attend_stream.h"
@@ -19,6 +21,7 @@
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/server/sessions/session_steps.h"
 #include "attnserve/server/tensors/tensor_codec.h"
+#include "inference/grpc_service.grpc.pb.h"
 
 namespace attnserve {
 
@@ -33,9 +36,16 @@ constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(250);
 // A unary call's side of its compute job.
 class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
  public:
+  // `complete`, if given, runs once the compute succeeded, before the answer
+  // (a front-end moving the result into its own response); its error becomes
+  // the call's.
   UnaryCaller(const AttentionServiceImpl* service, const Call& call,
-              google::protobuf::Message* response)
-      : service_(service), call_(call), response_(response) {}
+              google::protobuf::Message* response,
+              std::function<absl::Status()> complete = nullptr)
+      : service_(service),
+        call_(call),
+        response_(response),
+        complete_(std::move(complete)) {}
 
   // A passed deadline also cancels the call: it is checked first, and a
   // cancel within kDeadlineSlack of the deadline counts as the deadline's, so
@@ -53,13 +63,16 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
   }
 
   void Computed(const absl::Status& status) override {
-    service_->Finish(call_, status, response_);
+    absl::Status answer = status;
+    if (answer.ok() && complete_) answer = complete_();
+    service_->Finish(call_, answer, response_);
   }
 
  private:
   const AttentionServiceImpl* const service_;
   const Call call_;
   google::protobuf::Message* const response_;
+  const std::function<absl::Status()> complete_;
 };
 
 AttentionServiceImpl::AttentionServiceImpl(
@@ -161,6 +174,18 @@ void DescribeCall(const v1::DeleteSessionRequest& request,
   record->session = request.session_id();
 }
 
+// A weight set's ModelInfer names the set (the model) and its version.
+void DescribeCall(const inference::ModelInferRequest& request,
+                  const inference::ModelInferResponse& response,
+                  AccessRecord* record) {
+  if (request.model_name() == oip::kSdpaModel) return;
+  record->weights = request.model_name();
+  if (record->status.ok() &&
+      !absl::SimpleAtoi(response.model_version(), &record->weights_version)) {
+    record->weights_version = 0;
+  }
+}
+
 void DescribeCall(const v1::GetSessionRequest& request,
                   const v1::GetSessionResponse&, AccessRecord* record) {
   record->session = request.session_id();
@@ -246,12 +271,18 @@ template <typename Request, typename Response>
 void AttentionServiceImpl::HandleMethod(CallLoop& loop, const char* method,
                                         Rpc rpc,
                                         Handler<Request, Response> handler) {
-  loop.Handle(
-      absl::StrCat("/", v1::AttentionService::service_full_name(), "/", method),
-      [this, rpc, handler] {
-        return std::make_unique<WireCall<Request, Response>>(this, rpc,
-                                                             handler);
-      });
+  HandleMethodOf(loop, v1::AttentionService::service_full_name(), method, rpc,
+                 handler);
+}
+
+template <typename Request, typename Response>
+void AttentionServiceImpl::HandleMethodOf(CallLoop& loop,
+                                          const std::string& service,
+                                          const char* method, Rpc rpc,
+                                          Handler<Request, Response> handler) {
+  loop.Handle(absl::StrCat("/", service, "/", method), [this, rpc, handler] {
+    return std::make_unique<WireCall<Request, Response>>(this, rpc, handler);
+  });
 }
 
 void AttentionServiceImpl::AddTo(CallLoop& loop) {
@@ -278,6 +309,7 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
                &AttentionServiceImpl::ServeGetSession);
   HandleMethod(loop, "ListSessions", Rpc::kListSessions,
                &AttentionServiceImpl::ServeListSessions);
+  AddInferenceService(loop);
   loop.Handle(absl::StrCat("/", v1::AttentionService::service_full_name(),
                            "/AttendStream"),
               [this] {
@@ -339,32 +371,48 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
 void AttentionServiceImpl::ServeAttend(const Call& call,
                                        const v1::AttendRequest& request,
                                        v1::AttendResponse* response) {
+  StartAttend(call, request, response,
+              std::make_shared<UnaryCaller>(this, call, response));
+}
+
+void AttentionServiceImpl::StartAttend(const Call& call,
+                                       const v1::AttendRequest& request,
+                                       v1::AttendResponse* response,
+                                       std::shared_ptr<ComputeCaller> caller) {
   absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, checks_);
-  if (!work.ok()) return Finish(call, work.status(), response);
+  if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
-  if (!held.ok()) return Finish(call, held, response);
+  if (!held.ok()) return caller->Computed(held);
   SeedOutput(work->shape.OutputElements(), work->plan.output_dtype,
              response->mutable_output());
-  ComputeJob::Submit(ComputeJob::ForAttend(
-      compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
-      call.started, *std::move(work), &request, response));
+  ComputeJob::Submit(
+      ComputeJob::ForAttend(compute_, call.rpc, std::move(caller), call.started,
+                            *std::move(work), &request, response));
 }
 
 void AttentionServiceImpl::ServeMultiHeadAttention(
     const Call& call, const v1::MultiHeadAttentionRequest& request,
     v1::MultiHeadAttentionResponse* response) {
+  StartMultiHeadAttention(call, request, response,
+                          std::make_shared<UnaryCaller>(this, call, response));
+}
+
+void AttentionServiceImpl::StartMultiHeadAttention(
+    const Call& call, const v1::MultiHeadAttentionRequest& request,
+    v1::MultiHeadAttentionResponse* response,
+    std::shared_ptr<ComputeCaller> caller) {
   absl::StatusOr<MultiHeadWeights> weights =
       ResolveMultiHeadWeights(request, *registry_);
-  if (!weights.ok()) return Finish(call, weights.status(), response);
+  if (!weights.ok()) return caller->Computed(weights.status());
   if (weights->registered != nullptr) {
     response->set_weights_version(weights->version);
   }
   const std::shared_ptr<const WeightSet> registered = weights->registered;
   absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
       request, weights->shape, weights->origin, checks_);
-  if (!work.ok()) return Finish(call, work.status(), response);
+  if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
-  if (!held.ok()) return Finish(call, held, response);
+  if (!held.ok()) return caller->Computed(held);
   const double flops =
       MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
                      work->plan.options.causal);
@@ -380,9 +428,9 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
     return ComputeMultiHead(*engine_, work, inline_weights.views(), *request,
                             stop, response);
   };
-  ComputeJob::Submit(ComputeJob::Alone(
-      compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),
-      call.started, flops, response->mutable_timing(), std::move(compute)));
+  ComputeJob::Submit(
+      ComputeJob::Alone(compute_, call.rpc, std::move(caller), call.started,
+                        flops, response->mutable_timing(), std::move(compute)));
 }
 
 void AttentionServiceImpl::ServePutWeights(const Call& call,
@@ -535,6 +583,242 @@ void AttentionServiceImpl::RecordWeightsHeld() const {
   const WeightsRegistry::Listing listing = registry_->List();
   metrics_->SetWeightsHeld(static_cast<int64_t>(listing.entries.size()),
                            listing.total_bytes);
+}
+
+// ---- inference.GRPCInferenceService: the Open Inference Protocol ----------
+
+void AttentionServiceImpl::AddInferenceService(CallLoop& loop) {
+  const std::string service =
+      inference::GRPCInferenceService::service_full_name();
+  HandleMethodOf(loop, service, "ServerLive", Rpc::kServerLive,
+                 &AttentionServiceImpl::ServeServerLive);
+  HandleMethodOf(loop, service, "ServerReady", Rpc::kServerReady,
+                 &AttentionServiceImpl::ServeServerReady);
+  HandleMethodOf(loop, service, "ModelReady", Rpc::kModelReady,
+                 &AttentionServiceImpl::ServeModelReady);
+  HandleMethodOf(loop, service, "ServerMetadata", Rpc::kServerMetadata,
+                 &AttentionServiceImpl::ServeServerMetadata);
+  HandleMethodOf(loop, service, "ModelMetadata", Rpc::kModelMetadata,
+                 &AttentionServiceImpl::ServeModelMetadata);
+  HandleMethodOf(loop, service, "ModelConfig", Rpc::kModelConfig,
+                 &AttentionServiceImpl::ServeModelConfig);
+  HandleMethodOf(loop, service, "ModelStatistics", Rpc::kModelStatistics,
+                 &AttentionServiceImpl::ServeModelStatistics);
+  HandleMethodOf(loop, service, "ModelInfer", Rpc::kModelInfer,
+                 &AttentionServiceImpl::ServeModelInfer);
+}
+
+void AttentionServiceImpl::ServeServerLive(
+    const Call& call, const inference::ServerLiveRequest& /*request*/,
+    inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  Finish(call, absl::OkStatus(), response);
+}
+
+// Ready while taking calls: a draining server's gate refuses the call itself.
+void AttentionServiceImpl::ServeServerReady(
+    const Call& call, const inference::ServerReadyRequest& /*request*/,
+    inference::ServerReadyResponse* response) {
+  response->set_ready(true);
+  Finish(call, absl::OkStatus(), response);
+}
+
+absl::StatusOr<WeightsRegistry::Entry> AttentionServiceImpl::WeightSetModel(
+    const std::string& name, const std::string& version) const {
+  absl::StatusOr<WeightsRegistry::Entry> entry = registry_->Get(name);
+  if (!entry.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no model named ", EchoText(name), ": the models are ", oip::kSdpaModel,
+        " and the registered weight sets (ListWeights)"));
+  }
+  if (!version.empty() && version != absl::StrCat(entry->version)) {
+    return absl::NotFoundError(absl::StrCat("model ", name, " has version ",
+                                            entry->version, ", not ",
+                                            EchoText(version)));
+  }
+  return entry;
+}
+
+void AttentionServiceImpl::ServeModelReady(
+    const Call& call, const inference::ModelReadyRequest& request,
+    inference::ModelReadyResponse* response) {
+  response->set_ready(
+      request.name() == oip::kSdpaModel
+          ? (request.version().empty() ||
+             request.version() == oip::kSdpaVersion)
+          : WeightSetModel(request.name(), request.version()).ok());
+  Finish(call, absl::OkStatus(), response);
+}
+
+void AttentionServiceImpl::ServeServerMetadata(
+    const Call& call, const inference::ServerMetadataRequest& /*request*/,
+    inference::ServerMetadataResponse* response) {
+  response->set_name("attnserve");
+  response->set_version(ATTNSERVE_VERSION);
+  response->add_extensions("model_configuration");
+  response->add_extensions("statistics");
+  Finish(call, absl::OkStatus(), response);
+}
+
+void AttentionServiceImpl::ServeModelMetadata(
+    const Call& call, const inference::ModelMetadataRequest& request,
+    inference::ModelMetadataResponse* response) {
+  if (request.name() == oip::kSdpaModel &&
+      (request.version().empty() || request.version() == oip::kSdpaVersion)) {
+    *response = oip::SdpaMetadata();
+    return Finish(call, absl::OkStatus(), response);
+  }
+  absl::StatusOr<WeightsRegistry::Entry> entry =
+      WeightSetModel(request.name(), request.version());
+  if (!entry.ok()) return Finish(call, entry.status(), response);
+  *response = oip::WeightSetMetadata(request.name(), entry->version,
+                                     entry->weights->shape());
+  Finish(call, absl::OkStatus(), response);
+}
+
+void AttentionServiceImpl::ServeModelConfig(
+    const Call& call, const inference::ModelConfigRequest& request,
+    inference::ModelConfigResponse* response) {
+  if (request.name() == oip::kSdpaModel &&
+      (request.version().empty() || request.version() == oip::kSdpaVersion)) {
+    *response->mutable_config() = oip::SdpaConfig();
+    return Finish(call, absl::OkStatus(), response);
+  }
+  absl::StatusOr<WeightsRegistry::Entry> entry =
+      WeightSetModel(request.name(), request.version());
+  if (!entry.ok()) return Finish(call, entry.status(), response);
+  *response->mutable_config() =
+      oip::WeightSetConfig(request.name(), entry->weights->shape());
+  Finish(call, absl::OkStatus(), response);
+}
+
+// Every model (sdpa and each registered set at its version), or the one named.
+void AttentionServiceImpl::ServeModelStatistics(
+    const Call& call, const inference::ModelStatisticsRequest& request,
+    inference::ModelStatisticsResponse* response) {
+  const auto wanted = [&request](const std::string& name,
+                                 const std::string& version) {
+    return (request.name().empty() || request.name() == name) &&
+           (request.version().empty() || request.version() == version);
+  };
+  if (wanted(oip::kSdpaModel, oip::kSdpaVersion)) {
+    *response->add_model_stats() =
+        inference_statistics_.Of(oip::kSdpaModel, oip::kSdpaVersion);
+  }
+  for (const auto& [name, entry] : registry_->List().entries) {
+    const std::string version = absl::StrCat(entry.version);
+    if (wanted(name, version)) {
+      *response->add_model_stats() = inference_statistics_.Of(name, version);
+    }
+  }
+  if (!request.name().empty() && response->model_stats_size() == 0) {
+    return Finish(call,
+                  WeightSetModel(request.name(), request.version()).status(),
+                  response);
+  }
+  Finish(call, absl::OkStatus(), response);
+}
+
+// Translated into the native request (its bytes moved, not copied), computed
+// on the native path, translated back; counted per model for ModelStatistics.
+void AttentionServiceImpl::ServeModelInfer(
+    const Call& call, const inference::ModelInferRequest& /*request*/,
+    inference::ModelInferResponse* response) {
+  // The handler owns the request; its bytes move into the native request.
+  inference::ModelInferRequest& request =
+      static_cast<WireCall<inference::ModelInferRequest,
+                           inference::ModelInferResponse>*>(call.handler)
+          ->request;
+  const bool weight_set = request.model_name() != oip::kSdpaModel;
+  struct Native {
+    oip::RequestedOutputs outputs;
+    std::string version;
+    v1::AttendRequest attend;
+    v1::AttendResponse attended;
+    v1::MultiHeadAttentionRequest mha;
+    v1::MultiHeadAttentionResponse mha_answer;
+  };
+  auto native = std::make_shared<Native>();
+  const auto refuse = [&](const absl::Status& status) {
+    inference_statistics_.Record(request.model_name(), native->version, false,
+                                 absl::Now() - call.started, 0, 0, absl::Now());
+    Finish(call, oip::InProtocolNames(status, weight_set), response);
+  };
+  if (!weight_set) {
+    if (!request.model_version().empty() &&
+        request.model_version() != oip::kSdpaVersion) {
+      return refuse(absl::NotFoundError(
+          absl::StrCat("model sdpa has version ", oip::kSdpaVersion, ", not ",
+                       EchoText(request.model_version()))));
+    }
+    native->version = oip::kSdpaVersion;
+    absl::StatusOr<v1::AttendRequest> attend =
+        oip::AttendRequestFrom(request, &native->outputs);
+    if (!attend.ok()) return refuse(attend.status());
+    native->attend = *std::move(attend);
+  } else {
+    absl::StatusOr<WeightsRegistry::Entry> entry =
+        WeightSetModel(request.model_name(), request.model_version());
+    if (!entry.ok()) {
+      return Finish(call, entry.status(), response);  // Not a model: uncounted.
+    }
+    native->version = absl::StrCat(entry->version);
+    absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
+        oip::MultiHeadRequestFrom(request, &native->outputs);
+    if (!mha.ok()) return refuse(mha.status());
+    native->mha = *std::move(mha);
+  }
+  // Once computed: the answer's tensors move into the protocol's response.
+  auto complete = [this, &request, response, native, weight_set,
+                   started = call.started]() {
+    v1::Tensor* output = weight_set ? native->mha_answer.mutable_output()
+                                    : native->attended.mutable_output();
+    v1::Tensor* lse = weight_set ? native->mha_answer.mutable_lse()
+                                 : native->attended.mutable_lse();
+    v1::Tensor* weights = weight_set ? native->mha_answer.mutable_weights()
+                                     : native->attended.mutable_weights();
+    const v1::ServerTiming& timing =
+        weight_set ? native->mha_answer.timing() : native->attended.timing();
+    inference_statistics_.Record(request.model_name(), native->version, true,
+                                 absl::Now() - started, timing.queue_us(),
+                                 timing.compute_us(), absl::Now());
+    oip::FillInferResponse(request, native->version, native->outputs, output,
+                           lse, weights, response);
+    return absl::OkStatus();
+  };
+  // A refusal on the native path is counted and named as the protocol names
+  // its inputs.
+  class InferCaller final : public ComputeCaller {
+   public:
+    InferCaller(std::shared_ptr<UnaryCaller> unary,
+                std::function<void()> count_failure, bool weight_set)
+        : unary_(std::move(unary)),
+          count_failure_(std::move(count_failure)),
+          weight_set_(weight_set) {}
+    absl::Status StillWanted() const override { return unary_->StillWanted(); }
+    void Computed(const absl::Status& status) override {
+      if (!status.ok()) count_failure_();
+      unary_->Computed(oip::InProtocolNames(status, weight_set_));
+    }
+
+   private:
+    const std::shared_ptr<UnaryCaller> unary_;
+    const std::function<void()> count_failure_;
+    const bool weight_set_;
+  };
+  auto caller = std::make_shared<InferCaller>(
+      std::make_shared<UnaryCaller>(this, call, response, std::move(complete)),
+      [this, &request, native, started = call.started] {
+        inference_statistics_.Record(request.model_name(), native->version,
+                                     false, absl::Now() - started, 0, 0,
+                                     absl::Now());
+      },
+      weight_set);
+  if (weight_set) {
+    return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
+                                   std::move(caller));
+  }
+  StartAttend(call, native->attend, &native->attended, std::move(caller));
 }
 
 }  // namespace attnserve

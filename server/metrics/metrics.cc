@@ -43,7 +43,8 @@ const char* StatusCodeName(int code) {
 
 bool IsCompute(Rpc rpc) {
   return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
-         rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep;
+         rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep ||
+         rpc == Rpc::kModelInfer;
 }
 
 // The `reason` label values, by SessionRemoval.
@@ -53,11 +54,27 @@ constexpr const char* kRemovalReasons[kSessionRemovalCount] = {
 }  // namespace
 
 const char* RpcName(Rpc rpc) {
-  static const char* const kNames[kRpcCount] = {
-      "Attend",      "AttendStream",    "MultiHeadAttention", "PutWeights",
-      "ListWeights", "DeleteWeights",   "CreateSession",      "Step",
-      "ForkSession", "TruncateSession", "DeleteSession",      "GetSession",
-      "ListSessions"};
+  static const char* const kNames[kRpcCount] = {"Attend",
+                                                "AttendStream",
+                                                "MultiHeadAttention",
+                                                "PutWeights",
+                                                "ListWeights",
+                                                "DeleteWeights",
+                                                "CreateSession",
+                                                "Step",
+                                                "ForkSession",
+                                                "TruncateSession",
+                                                "DeleteSession",
+                                                "GetSession",
+                                                "ListSessions",
+                                                "ServerLive",
+                                                "ServerReady",
+                                                "ModelReady",
+                                                "ServerMetadata",
+                                                "ModelMetadata",
+                                                "ModelConfig",
+                                                "ModelStatistics",
+                                                "ModelInfer"};
   return kNames[static_cast<int>(rpc)];
 }
 

@@ -29,6 +29,7 @@
 #include "attnserve/server/weights/weights_registry.h"
 #include "grpc/support/log.h"
 #include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 
@@ -336,10 +337,13 @@ class AttnServerImpl final : public AttnServer {
   CallGate gate_;
   Scheduler scheduler_;
   AttentionServiceImpl service_;
-  HealthService health_{{v1::AttentionService::service_full_name()}};
+  HealthService health_{{v1::AttentionService::service_full_name(),
+                         inference::GRPCInferenceService::service_full_name()}};
   ReflectionService reflection_{
       &gate_,
-      {v1::AttentionService::service_full_name(), "grpc.health.v1.Health"}};
+      {v1::AttentionService::service_full_name(),
+       inference::GRPCInferenceService::service_full_name(),
+       "grpc.health.v1.Health"}};
   int port_ = 0;
   CallLoop loop_;
   std::unique_ptr<grpc::Server> server_;

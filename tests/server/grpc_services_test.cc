@@ -171,11 +171,12 @@ TEST_F(GrpcServicesTest, ReflectionListsServicesAndServesDescriptors) {
   for (const auto& service : responses[0].list_services_response().service()) {
     services.insert(service.name());
   }
-  EXPECT_EQ(services,
-            (std::set<std::string>{"attnserve.v1.AttentionService",
-                                   "grpc.health.v1.Health",
-                                   "grpc.reflection.v1alpha.ServerReflection",
-                                   "grpc.reflection.v1.ServerReflection"}));
+  EXPECT_EQ(
+      services,
+      (std::set<std::string>{
+          "attnserve.v1.AttentionService", "inference.GRPCInferenceService",
+          "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+          "grpc.reflection.v1.ServerReflection"}));
 
   const auto& files = responses[1].file_descriptor_response();
   ASSERT_GE(files.file_descriptor_proto_size(), 1);

@@ -10,6 +10,7 @@
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/oip/inference_models.h"
 #include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/bytes_pool.h"
 #include "attnserve/server/rpc/call_gate.h"
@@ -20,6 +21,7 @@
 #include "attnserve/server/sessions/session_store.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "inference/grpc_service.pb.h"
 
 namespace attnserve {
 
@@ -95,6 +97,11 @@ class AttentionServiceImpl final {
   template <typename Request, typename Response>
   void HandleMethod(CallLoop& loop, const char* method, Rpc rpc,
                     Handler<Request, Response> handler);
+  // `method` of `service` ("inference.GRPCInferenceService").
+  template <typename Request, typename Response>
+  void HandleMethodOf(CallLoop& loop, const std::string& service,
+                      const char* method, Rpc rpc,
+                      Handler<Request, Response> handler);
 
   // Serves one unary call whose request has arrived (nullptr: the call ended
   // before it did, or the gate refused it on its headers with `admitted`):
@@ -107,6 +114,48 @@ class AttentionServiceImpl final {
 
   void ServeAttend(const Call& call, const v1::AttendRequest& request,
                    v1::AttendResponse* response);
+  // Validate `request`, hold its compute's memory and submit the compute;
+  // `caller` hears the outcome, a refusal included. The request and response
+  // must outlive the caller's Computed.
+  void StartAttend(const Call& call, const v1::AttendRequest& request,
+                   v1::AttendResponse* response,
+                   std::shared_ptr<ComputeCaller> caller);
+  void StartMultiHeadAttention(const Call& call,
+                               const v1::MultiHeadAttentionRequest& request,
+                               v1::MultiHeadAttentionResponse* response,
+                               std::shared_ptr<ComputeCaller> caller);
+
+  // inference.GRPCInferenceService, the Open Inference Protocol
+  // (inference_service.cc; models in oip/inference_models.h).
+  void AddInferenceService(CallLoop& loop);
+  void ServeServerLive(const Call& call,
+                       const inference::ServerLiveRequest& request,
+                       inference::ServerLiveResponse* response);
+  void ServeServerReady(const Call& call,
+                        const inference::ServerReadyRequest& request,
+                        inference::ServerReadyResponse* response);
+  void ServeModelReady(const Call& call,
+                       const inference::ModelReadyRequest& request,
+                       inference::ModelReadyResponse* response);
+  void ServeServerMetadata(const Call& call,
+                           const inference::ServerMetadataRequest& request,
+                           inference::ServerMetadataResponse* response);
+  void ServeModelMetadata(const Call& call,
+                          const inference::ModelMetadataRequest& request,
+                          inference::ModelMetadataResponse* response);
+  void ServeModelConfig(const Call& call,
+                        const inference::ModelConfigRequest& request,
+                        inference::ModelConfigResponse* response);
+  void ServeModelStatistics(const Call& call,
+                            const inference::ModelStatisticsRequest& request,
+                            inference::ModelStatisticsResponse* response);
+  void ServeModelInfer(const Call& call,
+                       const inference::ModelInferRequest& request,
+                       inference::ModelInferResponse* response);
+  // The registered set `name` as a model at `version` ("" for any):
+  // NOT_FOUND naming what exists otherwise.
+  absl::StatusOr<WeightsRegistry::Entry> WeightSetModel(
+      const std::string& name, const std::string& version) const;
   void ServeMultiHeadAttention(const Call& call,
                                const v1::MultiHeadAttentionRequest& request,
                                v1::MultiHeadAttentionResponse* response);
@@ -173,6 +222,8 @@ class AttentionServiceImpl final {
   ReadWatchdog stream_watchdog_;
   // One line per call when not null (--access_log).
   AccessLog* const access_log_;
+  // ModelInfer's calls by model, for ModelStatistics.
+  oip::InferenceStatistics inference_statistics_;
 };
 
 }  // namespace attnserve

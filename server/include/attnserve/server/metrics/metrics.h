@@ -42,9 +42,18 @@ enum class Rpc {
   kTruncateSession,
   kDeleteSession,
   kGetSession,
-  kListSessions
+  kListSessions,
+  // inference.GRPCInferenceService (the Open Inference Protocol).
+  kServerLive,
+  kServerReady,
+  kModelReady,
+  kServerMetadata,
+  kModelMetadata,
+  kModelConfig,
+  kModelStatistics,
+  kModelInfer
 };
-inline constexpr int kRpcCount = 13;
+inline constexpr int kRpcCount = 21;
 inline constexpr int kStatusCodeCount = 17;  // OK .. UNAUTHENTICATED
 
 // Why a session left the store, as the `reason` label names it.

@@ -730,7 +730,17 @@ void AttentionServiceImpl::ServeModelInfer(
                            inference::ModelInferResponse>*>(call.handler)
           ->request;
   const bool weight_set = request.model_name() != oip::kSdpaModel;
+  // The native request and answer, until the compute is done; their tensors'
+  // bytes (the request's, moved from raw_input_contents) go back to the pool.
   struct Native {
+    explicit Native(BytesPool* bytes_pool) : pool(bytes_pool) {}
+    ~Native() {
+      GiveTensorBytes(&attend, pool);
+      GiveTensorBytes(&attended, pool);
+      GiveTensorBytes(&mha, pool);
+      GiveTensorBytes(&mha_answer, pool);
+    }
+    BytesPool* const pool;
     oip::RequestedOutputs outputs;
     std::string version;
     v1::AttendRequest attend;
@@ -738,7 +748,7 @@ void AttentionServiceImpl::ServeModelInfer(
     v1::MultiHeadAttentionRequest mha;
     v1::MultiHeadAttentionResponse mha_answer;
   };
-  auto native = std::make_shared<Native>();
+  auto native = std::make_shared<Native>(pool_.get());
   const auto refuse = [&](const absl::Status& status) {
     inference_statistics_.Record(request.model_name(), native->version, false,
                                  absl::Now() - call.started, 0, 0, absl::Now());

@@ -29,6 +29,40 @@ bool IsTensorField(const FieldDescriptor& field) {
          field.message_type() == v1::Tensor::descriptor();
 }
 
+// A message's own repeated bytes field (the Open Inference Protocol's
+// raw_input_contents and raw_output_contents): its entries are tensors' bytes.
+bool IsBytesList(const FieldDescriptor& field) {
+  return field.is_repeated() && field.type() == FieldDescriptor::TYPE_BYTES;
+}
+
+// The strings of `message`'s repeated string `field`, to move in and out.
+// Reflection's replacement (GetMutableRepeatedFieldRef) only copies strings,
+// and moving them is the point, hence the deprecated accessor.
+google::protobuf::RepeatedPtrField<std::string>* MutableStrings(
+    Message* message, const FieldDescriptor* field) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return message->GetReflection()->MutableRepeatedPtrField<std::string>(message,
+                                                                        field);
+#pragma GCC diagnostic pop
+}
+
+// The message's bytes lists that hold entries.
+std::vector<std::pair<int, google::protobuf::RepeatedPtrField<std::string>*>>
+SetBytesLists(Message* message) {
+  std::vector<std::pair<int, google::protobuf::RepeatedPtrField<std::string>*>>
+      lists;
+  const google::protobuf::Descriptor* type = message->GetDescriptor();
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor& field = *type->field(i);
+    if (IsBytesList(field) && reflection->FieldSize(*message, &field) > 0) {
+      lists.emplace_back(field.number(), MutableStrings(message, &field));
+    }
+  }
+  return lists;
+}
+
 // The message's Tensor fields that are set, with their field numbers.
 std::vector<std::pair<int, v1::Tensor*>> SetTensors(Message* message) {
   std::vector<std::pair<int, v1::Tensor*>> tensors;
@@ -46,9 +80,10 @@ std::vector<std::pair<int, v1::Tensor*>> SetTensors(Message* message) {
 }
 
 // The data sizes of the Tensor fields of a `type` message that `wire` carries,
-// one entry per occurrence. Best effort: it stops at the first thing it cannot
-// read, and the parse then says what is wrong. The sizes are claims, not yet
-// checked: they only choose among strings the pool already holds.
+// one entry per occurrence, and of each entry of its bytes lists. Best effort:
+// it stops at the first thing it cannot read, and the parse then says what is
+// wrong. The sizes are claims, not yet checked: they only choose among strings
+// the pool already holds.
 std::vector<std::pair<const FieldDescriptor*, uint32_t>> TensorDataSizes(
     grpc::ByteBuffer* wire, const google::protobuf::Descriptor& type) {
   std::vector<std::pair<const FieldDescriptor*, uint32_t>> sizes;
@@ -59,9 +94,16 @@ std::vector<std::pair<const FieldDescriptor*, uint32_t>> TensorDataSizes(
   while (const uint32_t tag = in.ReadTag()) {
     const FieldDescriptor* field =
         type.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
-    if (field == nullptr || !IsTensorField(*field) ||
-        WireFormatLite::GetTagWireType(tag) !=
-            WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+    const bool delimited = WireFormatLite::GetTagWireType(tag) ==
+                           WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    if (field != nullptr && IsBytesList(*field) && delimited) {
+      uint32_t size = 0;
+      if (!in.ReadVarint32(&size)) break;
+      sizes.emplace_back(field, size);
+      if (!in.Skip(static_cast<int>(size))) break;
+      continue;
+    }
+    if (field == nullptr || !IsTensorField(*field) || !delimited) {
       if (!WireFormatLite::SkipField(&in, tag)) break;
       continue;
     }
@@ -126,6 +168,15 @@ absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
     // tensor the bytes carry is set after the parse in any case).
     for (const auto& [field, size] :
          TensorDataSizes(wire, *message->GetDescriptor())) {
+      if (IsBytesList(*field)) {
+        // Parsed entries reuse a list's cleared strings, in order: one per
+        // entry, kept strings for the large ones.
+        auto* list = MutableStrings(message, field);
+        *list->Add() =
+            size < pool->min_bytes() ? std::string() : pool->Take(size);
+        seeded = seeded || size >= pool->min_bytes();
+        continue;
+      }
       if (size < pool->min_bytes()) continue;
       auto* tensor = static_cast<v1::Tensor*>(
           message->GetReflection()->MutableMessage(message, field));
@@ -136,6 +187,7 @@ absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
       seeded = true;
     }
   }
+  for (const auto& [number, list] : SetBytesLists(message)) list->Clear();
   {
     grpc::ProtoBufferReader reader(wire);
     if (reader.status().ok() && seeded) {
@@ -175,11 +227,46 @@ absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
     sent.emplace_back(number,
                       new SentBytes{std::move(*tensor->mutable_data()), pool});
   }
+  // A bytes list with a large entry leaves whole (its order is its meaning)
+  // and follows the rest, each entry as an occurrence of its field, the large
+  // ones by reference.
+  std::vector<std::pair<int, std::vector<SentBytes*>>> lists;
+  for (const auto& [number, list] : SetBytesLists(message)) {
+    bool large = false;
+    for (const std::string& entry : *list) {
+      large = large || entry.size() >= pool->min_bytes();
+    }
+    if (!large) continue;
+    std::vector<SentBytes*> entries;
+    for (std::string& entry : *list) {
+      entries.push_back(new SentBytes{std::move(entry), pool});
+    }
+    list->Clear();
+    lists.emplace_back(number, std::move(entries));
+  }
   std::string head;
   const bool serialised = message->SerializeToString(&head);
   size_t total = head.size();
   std::vector<grpc::Slice> slices;
   slices.emplace_back(head);
+  for (const auto& [number, entries] : lists) {
+    for (SentBytes* entry : entries) {
+      const size_t size = entry->bytes.size();
+      std::string header;
+      AppendVarint(WireFormatLite::MakeTag(
+                       number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+                   &header);
+      AppendVarint(size, &header);
+      total += header.size() + size;
+      slices.emplace_back(header);
+      if (size > 0) {
+        slices.emplace_back(entry->bytes.data(), size, &SentBytes::Release,
+                            entry);
+      } else {
+        SentBytes::Release(entry);
+      }
+    }
+  }
   for (const auto& [number, bytes] : sent) {
     const size_t size = bytes->bytes.size();
     std::string inner;  // The data field's tag and length.
@@ -208,6 +295,9 @@ absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
 void GiveTensorBytes(Message* message, BytesPool* pool) {
   for (const auto& [number, tensor] : SetTensors(message)) {
     pool->Give(std::move(*tensor->mutable_data()));
+  }
+  for (const auto& [number, list] : SetBytesLists(message)) {
+    for (std::string& entry : *list) pool->Give(std::move(entry));
   }
 }
 

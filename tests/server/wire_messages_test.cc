@@ -9,6 +9,7 @@
 #include "attnserve/v1/attention.pb.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.pb.h"
 #include "server/byte_buffers.h"
 
 namespace attnserve {
@@ -174,6 +175,62 @@ TEST(WireMessagesTest, SendsLargeTensorsInPlaceAndGivesThemBack) {
   }
   EXPECT_GE(pool->held_bytes(), 200000);  // Back once the wire is gone.
   EXPECT_EQ(pool->Take(200000).data(), output_storage);
+}
+
+// The Open Inference Protocol's raw_input_contents: large entries parse into
+// kept strings, in order, small ones as protobuf parses them.
+TEST(WireMessagesTest, ParsesABytesListIntoKeptStringsInOrder) {
+  inference::ModelInferRequest original;
+  original.set_model_name("sdpa");
+  original.add_raw_input_contents(std::string(300000, 'q'));
+  original.add_raw_input_contents("small");
+  original.add_raw_input_contents(std::string(90000, 'v'));
+  original.add_inputs()->set_name("QUERY");
+  BytesPool pool(int64_t{64} << 20);
+  std::string kept;
+  kept.reserve(size_t{1} << 20);
+  const char* kept_storage = kept.data();
+  pool.Give(std::move(kept));
+
+  grpc::ByteBuffer wire = Sliced(original.SerializeAsString(), 4096);
+  inference::ModelInferRequest pooled;
+  ASSERT_TRUE(ParseWire(&wire, &pooled, &pool).ok());
+  EXPECT_TRUE(MessageDifferencer::Equals(pooled, original));
+  EXPECT_EQ(pooled.raw_input_contents(0).data(), kept_storage);
+  GiveTensorBytes(&pooled, &pool);
+  EXPECT_GE(pool.held_bytes(), static_cast<int64_t>((size_t{1} << 20) + 90000));
+}
+
+// raw_output_contents with a large entry leaves whole, in order, after the
+// rest of the message: a plain parse gives the same message.
+TEST(WireMessagesTest, SendsABytesListInOrderWithItsLargeEntriesInPlace) {
+  inference::ModelInferResponse response;
+  response.set_model_name("sdpa");
+  response.add_outputs()->set_name("OUTPUT");
+  response.add_outputs()->set_name("LSE");
+  response.add_raw_output_contents(std::string(200000, 'o'));
+  response.add_raw_output_contents("tiny lse");
+  response.add_raw_output_contents("");
+  const inference::ModelInferResponse original = response;
+  const char* output_storage = response.raw_output_contents(0).data();
+  auto pool = std::make_shared<BytesPool>(int64_t{64} << 20);
+  {
+    grpc::ByteBuffer wire;
+    ASSERT_TRUE(SerializeWire(&response, &wire, pool).ok());
+    EXPECT_EQ(wire.Length(), original.ByteSizeLong());
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(wire.Dump(&slices).ok());
+    bool in_place = false;
+    for (const grpc::Slice& slice : slices) {
+      in_place |=
+          reinterpret_cast<const char*>(slice.begin()) == output_storage;
+    }
+    EXPECT_TRUE(in_place);
+    inference::ModelInferResponse parsed;
+    ASSERT_TRUE(parsed.ParseFromString(testing::ToString(wire)));
+    EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
+  }
+  EXPECT_GE(pool->held_bytes(), 200000);
 }
 
 TEST(WireMessagesTest, SerialisesWithoutAPoolAsProtobufDoes) {

@@ -6,9 +6,10 @@
 // on a stream reads as the client closing its side.)
 //
 // With a BytesPool, the tensors' bytes (the `data` of the message's own Tensor
-// fields) are parsed into kept memory, and a response's are sent without a
-// copy: the wire refers to them, and they go back to the pool once gRPC has
-// sent them.
+// fields, and the entries of its own repeated bytes fields: the Open Inference
+// Protocol's raw_input_contents and raw_output_contents) are parsed into kept
+// memory, and a response's are sent without a copy: the wire refers to them,
+// and they go back to the pool once gRPC has sent them.
 //
 //   absl::Status parsed = ParseWire(&wire_request, &request, pool.get());
 //   ...

@@ -3,7 +3,8 @@
 # validates each rendering with k8s_manifests_test.js (the Kubernetes API schemas, the
 # deployment's invariants, and mutations that each invariant must catch), then starts the real
 # attnserve with each rendering's flag file (on loopback; --address and ports overridden) to
-# prove the ConfigMap's flags parse.
+# prove the ConfigMap's flags parse. KServe's (deploy/kserve) likewise, with
+# kserve_manifests_test.js, its runtime's container args as the flag file.
 #
 # The validator's npm packages (package.json, package-lock.json) are installed with `npm ci`
 # into NODE_DIR when missing or when the lock file changed.
@@ -60,6 +61,14 @@ done
 NODE_PATH="${node_dir}/node_modules" timeout 120 \
   node "${root}/tests/deploy/k8s_manifests_test.js" "${root}/Dockerfile" "${workdir}"/*.yaml ||
   fail "manifest checks failed"
+
+# KServe's runtime and InferenceService (deploy/kserve): their own checks, and the runtime's
+# container args join the flag files below.
+timeout 60 kubectl kustomize "${root}/deploy/kserve" >"${workdir}/kserve.yaml" ||
+  fail "kubectl kustomize deploy/kserve failed"
+NODE_PATH="${node_dir}/node_modules" timeout 120 \
+  node "${root}/tests/deploy/kserve_manifests_test.js" "${root}/Dockerfile" \
+  "${workdir}/kserve.yaml" || fail "KServe manifest checks failed"
 
 # The flags as attnserve reads them: later flags override the flag file's, so the server
 # listens on loopback only, on a free port, without metrics, stops without a drain grace, and

@@ -623,8 +623,17 @@ void AttentionServiceImpl::ServeServerReady(
   Finish(call, absl::OkStatus(), response);
 }
 
-absl::StatusOr<WeightsRegistry::Entry> AttentionServiceImpl::WeightSetModel(
-    const std::string& name, const std::string& version) const {
+absl::StatusOr<std::optional<WeightsRegistry::Entry>>
+AttentionServiceImpl::FindModel(const std::string& name,
+                                const std::string& version) const {
+  if (name == oip::kSdpaModel) {
+    if (!version.empty() && version != oip::kSdpaVersion) {
+      return absl::NotFoundError(absl::StrCat("model sdpa has version ",
+                                              oip::kSdpaVersion, ", not ",
+                                              EchoText(version)));
+    }
+    return std::nullopt;
+  }
   absl::StatusOr<WeightsRegistry::Entry> entry = registry_->Get(name);
   if (!entry.ok()) {
     return absl::NotFoundError(absl::StrCat(
@@ -636,17 +645,13 @@ absl::StatusOr<WeightsRegistry::Entry> AttentionServiceImpl::WeightSetModel(
                                             entry->version, ", not ",
                                             EchoText(version)));
   }
-  return entry;
+  return *entry;
 }
 
 void AttentionServiceImpl::ServeModelReady(
     const Call& call, const inference::ModelReadyRequest& request,
     inference::ModelReadyResponse* response) {
-  response->set_ready(
-      request.name() == oip::kSdpaModel
-          ? (request.version().empty() ||
-             request.version() == oip::kSdpaVersion)
-          : WeightSetModel(request.name(), request.version()).ok());
+  response->set_ready(FindModel(request.name(), request.version()).ok());
   Finish(call, absl::OkStatus(), response);
 }
 
@@ -663,32 +668,24 @@ void AttentionServiceImpl::ServeServerMetadata(
 void AttentionServiceImpl::ServeModelMetadata(
     const Call& call, const inference::ModelMetadataRequest& request,
     inference::ModelMetadataResponse* response) {
-  if (request.name() == oip::kSdpaModel &&
-      (request.version().empty() || request.version() == oip::kSdpaVersion)) {
-    *response = oip::SdpaMetadata();
-    return Finish(call, absl::OkStatus(), response);
-  }
-  absl::StatusOr<WeightsRegistry::Entry> entry =
-      WeightSetModel(request.name(), request.version());
-  if (!entry.ok()) return Finish(call, entry.status(), response);
-  *response = oip::WeightSetMetadata(request.name(), entry->version,
-                                     entry->weights->shape());
+  absl::StatusOr<std::optional<WeightsRegistry::Entry>> model =
+      FindModel(request.name(), request.version());
+  if (!model.ok()) return Finish(call, model.status(), response);
+  *response = *model ? oip::WeightSetMetadata(request.name(), (*model)->version,
+                                              (*model)->weights->shape())
+                     : oip::SdpaMetadata();
   Finish(call, absl::OkStatus(), response);
 }
 
 void AttentionServiceImpl::ServeModelConfig(
     const Call& call, const inference::ModelConfigRequest& request,
     inference::ModelConfigResponse* response) {
-  if (request.name() == oip::kSdpaModel &&
-      (request.version().empty() || request.version() == oip::kSdpaVersion)) {
-    *response->mutable_config() = oip::SdpaConfig();
-    return Finish(call, absl::OkStatus(), response);
-  }
-  absl::StatusOr<WeightsRegistry::Entry> entry =
-      WeightSetModel(request.name(), request.version());
-  if (!entry.ok()) return Finish(call, entry.status(), response);
+  absl::StatusOr<std::optional<WeightsRegistry::Entry>> model =
+      FindModel(request.name(), request.version());
+  if (!model.ok()) return Finish(call, model.status(), response);
   *response->mutable_config() =
-      oip::WeightSetConfig(request.name(), entry->weights->shape());
+      *model ? oip::WeightSetConfig(request.name(), (*model)->weights->shape())
+             : oip::SdpaConfig();
   Finish(call, absl::OkStatus(), response);
 }
 
@@ -712,8 +709,7 @@ void AttentionServiceImpl::ServeModelStatistics(
     }
   }
   if (!request.name().empty() && response->model_stats_size() == 0) {
-    return Finish(call,
-                  WeightSetModel(request.name(), request.version()).status(),
+    return Finish(call, FindModel(request.name(), request.version()).status(),
                   response);
   }
   Finish(call, absl::OkStatus(), response);
@@ -754,25 +750,19 @@ void AttentionServiceImpl::ServeModelInfer(
                                  absl::Now() - call.started, 0, 0, absl::Now());
     Finish(call, oip::InProtocolNames(status, weight_set), response);
   };
+  absl::StatusOr<std::optional<WeightsRegistry::Entry>> model =
+      FindModel(request.model_name(), request.model_version());
+  if (!model.ok()) {
+    return Finish(call, model.status(), response);  // Not a model: uncounted.
+  }
+  native->version =
+      *model ? absl::StrCat((*model)->version) : std::string(oip::kSdpaVersion);
   if (!weight_set) {
-    if (!request.model_version().empty() &&
-        request.model_version() != oip::kSdpaVersion) {
-      return refuse(absl::NotFoundError(
-          absl::StrCat("model sdpa has version ", oip::kSdpaVersion, ", not ",
-                       EchoText(request.model_version()))));
-    }
-    native->version = oip::kSdpaVersion;
     absl::StatusOr<v1::AttendRequest> attend =
         oip::AttendRequestFrom(request, &native->outputs);
     if (!attend.ok()) return refuse(attend.status());
     native->attend = *std::move(attend);
   } else {
-    absl::StatusOr<WeightsRegistry::Entry> entry =
-        WeightSetModel(request.model_name(), request.model_version());
-    if (!entry.ok()) {
-      return Finish(call, entry.status(), response);  // Not a model: uncounted.
-    }
-    native->version = absl::StrCat(entry->version);
     absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
         oip::MultiHeadRequestFrom(request, &native->outputs);
     if (!mha.ok()) return refuse(mha.status());

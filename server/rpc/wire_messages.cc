@@ -1,5 +1,6 @@
 #include "attnserve/server/rpc/wire_messages.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -128,6 +129,101 @@ std::vector<std::pair<const FieldDescriptor*, uint32_t>> TensorDataSizes(
   return sizes;
 }
 
+bool IsRepeatedVarint(const FieldDescriptor& field) {
+  if (!field.is_repeated()) return false;
+  switch (field.type()) {
+    case FieldDescriptor::TYPE_INT32:
+    case FieldDescriptor::TYPE_INT64:
+    case FieldDescriptor::TYPE_UINT32:
+    case FieldDescriptor::TYPE_UINT64:
+    case FieldDescriptor::TYPE_SINT32:
+    case FieldDescriptor::TYPE_SINT64:
+    case FieldDescriptor::TYPE_ENUM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Counts, in `in` (a `type` message), the integers of repeated varint fields,
+// nested messages included, into `*count`; stops once it passes `limit`,
+// naming the field in `*field`. Best effort: it stops at the first thing it
+// cannot read, and the parse then says what is wrong.
+void CountIntegers(CodedInputStream& in,
+                   const google::protobuf::Descriptor& type, int depth,
+                   int64_t limit, int64_t* count,
+                   const FieldDescriptor** field_at) {
+  while (const uint32_t tag = in.ReadTag()) {
+    const FieldDescriptor* field =
+        type.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
+    const auto wire_type = WireFormatLite::GetTagWireType(tag);
+    if (field != nullptr && IsRepeatedVarint(*field)) {
+      if (wire_type == WireFormatLite::WIRETYPE_VARINT) {
+        uint64_t ignored = 0;
+        if (!in.ReadVarint64(&ignored)) return;
+        ++*count;
+      } else if (wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        // Packed: one integer per byte without the continuation bit.
+        uint32_t length = 0;
+        if (!in.ReadVarint32(&length)) return;
+        const void* data = nullptr;
+        int size = 0;
+        uint32_t left = length;
+        while (left > 0 && in.GetDirectBufferPointer(&data, &size)) {
+          const int take = std::min<int64_t>(size, left);
+          const auto* bytes = static_cast<const uint8_t*>(data);
+          for (int i = 0; i < take; ++i) *count += bytes[i] < 0x80;
+          in.Skip(take);
+          left -= static_cast<uint32_t>(take);
+        }
+        if (left > 0) return;
+      } else if (!WireFormatLite::SkipField(&in, tag)) {
+        return;
+      }
+      if (*count > limit) {
+        *field_at = field;
+        return;
+      }
+      continue;
+    }
+    if (field != nullptr && depth < 16 &&
+        field->type() == FieldDescriptor::TYPE_MESSAGE &&
+        wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      uint32_t length = 0;
+      if (!in.ReadVarint32(&length)) return;
+      const CodedInputStream::Limit limit_at =
+          in.PushLimit(static_cast<int>(length));
+      CountIntegers(in, *field->message_type(), depth + 1, limit, count,
+                    field_at);
+      if (*field_at != nullptr) return;
+      in.Skip(in.BytesUntilLimit());
+      in.PopLimit(limit_at);
+      continue;
+    }
+    if (!WireFormatLite::SkipField(&in, tag)) return;
+  }
+}
+
+// INVALID_ARGUMENT if `wire` (a `type` message) holds more than
+// kMaxRepeatedIntegers integers in repeated fields: each parses into 4 or 8
+// bytes from as little as one, so their count, not the message's size, bounds
+// the parse's memory.
+absl::Status CheckIntegerCount(grpc::ByteBuffer* wire,
+                               const google::protobuf::Descriptor& type) {
+  grpc::ProtoBufferReader reader(wire);
+  if (!reader.status().ok()) return absl::OkStatus();
+  CodedInputStream in(&reader);
+  in.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  int64_t count = 0;
+  const FieldDescriptor* field = nullptr;
+  CountIntegers(in, type, 0, kMaxRepeatedIntegers, &count, &field);
+  if (field == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request's repeated integer fields hold more than ",
+      kMaxRepeatedIntegers, " values (", field->full_name(),
+      " passed it); the most a request may hold is ", kMaxRepeatedIntegers));
+}
+
 // A tensor's bytes on their way out: owned by the slice that refers to them,
 // given back to the pool when gRPC drops the slice.
 struct SentBytes {
@@ -160,6 +256,15 @@ absl::Status SerializeError(const Message& message, const std::string& why) {
 absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
                        BytesPool* pool) {
   const size_t bytes = wire->Length();
+  // Cheap for a message of tensors: their bytes are skipped, not read.
+  if (bytes > kMaxRepeatedIntegers) {
+    const absl::Status counted =
+        CheckIntegerCount(wire, *message->GetDescriptor());
+    if (!counted.ok()) {
+      wire->Clear();
+      return counted;
+    }
+  }
   bool parsed = false;
   bool seeded = false;  // Some tensor holds a kept string.
   // A message under min_bytes carries no tensor worth a kept string.

@@ -10,7 +10,7 @@
 # - long_strings_test.py: 60 MiB names (Health.Check, DeleteWeights) and a 5,000,000-dimension
 #   shape answered at once with short messages;
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
-#   compressed requests refused unread;
+#   compressed requests refused unread, 40 million integers refused before their parse;
 # - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
 #   with --response_compression=gzip alone: refused UNIMPLEMENTED, unread, bombs included;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read

@@ -28,6 +28,16 @@ v1::Tensor Floats(int64_t count, float start) {
   return tensor;
 }
 
+// Whether one of `wire`'s slices starts at `storage`: bytes sent in place.
+bool RefersTo(grpc::ByteBuffer& wire, const char* storage) {
+  std::vector<grpc::Slice> slices;
+  if (!wire.Dump(&slices).ok()) return false;
+  for (const grpc::Slice& slice : slices) {
+    if (reinterpret_cast<const char*>(slice.begin()) == storage) return true;
+  }
+  return false;
+}
+
 grpc::ByteBuffer Sliced(const std::string& bytes, size_t slice_bytes) {
   return testing::ToByteBuffer(bytes, slice_bytes);
 }
@@ -160,14 +170,7 @@ TEST(WireMessagesTest, SendsLargeTensorsInPlaceAndGivesThemBack) {
     // The output's field tag and length once more, around its data alone.
     EXPECT_GT(wire.Length(), original.ByteSizeLong());
     EXPECT_LE(wire.Length(), original.ByteSizeLong() + 8);
-    std::vector<grpc::Slice> slices;
-    ASSERT_TRUE(wire.Dump(&slices).ok());
-    bool in_place = false;
-    for (const grpc::Slice& slice : slices) {
-      in_place |=
-          reinterpret_cast<const char*>(slice.begin()) == output_storage;
-    }
-    EXPECT_TRUE(in_place);
+    EXPECT_TRUE(RefersTo(wire, output_storage));
     v1::AttendResponse parsed;
     ASSERT_TRUE(parsed.ParseFromString(testing::ToString(wire)));
     EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
@@ -218,19 +221,60 @@ TEST(WireMessagesTest, SendsABytesListInOrderWithItsLargeEntriesInPlace) {
     grpc::ByteBuffer wire;
     ASSERT_TRUE(SerializeWire(&response, &wire, pool).ok());
     EXPECT_EQ(wire.Length(), original.ByteSizeLong());
-    std::vector<grpc::Slice> slices;
-    ASSERT_TRUE(wire.Dump(&slices).ok());
-    bool in_place = false;
-    for (const grpc::Slice& slice : slices) {
-      in_place |=
-          reinterpret_cast<const char*>(slice.begin()) == output_storage;
-    }
-    EXPECT_TRUE(in_place);
+    EXPECT_TRUE(RefersTo(wire, output_storage));
     inference::ModelInferResponse parsed;
     ASSERT_TRUE(parsed.ParseFromString(testing::ToString(wire)));
     EXPECT_TRUE(MessageDifferencer::Equals(parsed, original));
   }
   EXPECT_GE(pool->held_bytes(), 200000);
+}
+
+// Integers parse into 8 bytes from one: past kMaxRepeatedIntegers in all,
+// nested fields included, the request is refused before it is parsed.
+TEST(WireMessagesTest, RefusesMoreRepeatedIntegersThanTheLimit) {
+  v1::AttendRequest at_limit;
+  at_limit.mutable_query()->mutable_shape()->Resize(
+      static_cast<int>(kMaxRepeatedIntegers / 2), 1);
+  at_limit.mutable_options()->mutable_key_lengths()->Resize(
+      static_cast<int>(kMaxRepeatedIntegers / 2), 0);
+  grpc::ByteBuffer wire = Sliced(at_limit.SerializeAsString(), 16384);
+  v1::AttendRequest parsed;
+  EXPECT_TRUE(ParseWire(&wire, &parsed).ok());
+
+  v1::AttendRequest over = at_limit;
+  over.mutable_options()->add_key_lengths(3);
+  wire = Sliced(over.SerializeAsString(), 16384);
+  absl::Status status = ParseWire(&wire, &parsed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("attnserve.v1.AttentionOptions.key_lengths"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(wire.Length(), 0u);
+
+  // The Open Inference Protocol's int64_contents, two levels down, unpacked
+  // (a tag and a value each).
+  const auto delimited = [](char tag, const std::string& payload) {
+    std::string field(1, tag);
+    for (uint64_t n = payload.size(); true; n >>= 7) {
+      field.push_back(static_cast<char>(n < 0x80 ? n : (n & 0x7f) | 0x80));
+      if (n < 0x80) break;
+    }
+    return field + payload;
+  };
+  std::string unpacked;
+  for (int64_t i = 0; i <= kMaxRepeatedIntegers; ++i) unpacked += "\x18\x01";
+  // ModelInferRequest.inputs (5), InferInputTensor.contents (5).
+  const std::string outer = delimited('\x2a', delimited('\x2a', unpacked));
+  inference::ModelInferRequest reference;
+  ASSERT_TRUE(reference.ParseFromString(outer));
+  ASSERT_EQ(reference.inputs(0).contents().int64_contents_size(),
+            kMaxRepeatedIntegers + 1);
+  wire = Sliced(outer, 16384);
+  inference::ModelInferRequest infer_parsed;
+  status = ParseWire(&wire, &infer_parsed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("int64_contents"), std::string::npos)
+      << status;
 }
 
 TEST(WireMessagesTest, SerialisesWithoutAPoolAsProtobufDoes) {

@@ -3,6 +3,7 @@
 #define ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
@@ -152,9 +153,9 @@ class AttentionServiceImpl final {
   void ServeModelInfer(const Call& call,
                        const inference::ModelInferRequest& request,
                        inference::ModelInferResponse* response);
-  // The registered set `name` as a model at `version` ("" for any):
-  // NOT_FOUND naming what exists otherwise.
-  absl::StatusOr<WeightsRegistry::Entry> WeightSetModel(
+  // The model `name` at `version` ("" for any): sdpa (nullopt) or the
+  // registered set of that name; NOT_FOUND naming what exists otherwise.
+  absl::StatusOr<std::optional<WeightsRegistry::Entry>> FindModel(
       const std::string& name, const std::string& version) const;
   void ServeMultiHeadAttention(const Call& call,
                                const v1::MultiHeadAttentionRequest& request,

@@ -20,6 +20,7 @@
 #ifndef ATTNSERVE_SERVER_RPC_WIRE_MESSAGES_H_
 #define ATTNSERVE_SERVER_RPC_WIRE_MESSAGES_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -29,12 +30,19 @@
 
 namespace attnserve {
 
+// The most integers a request's repeated fields (shapes, key lengths, typed
+// contents) may hold in all: each parses into 4 or 8 bytes from as little as
+// one on the wire, so a message of max_message_bytes could otherwise make the
+// parse allocate 8 times its size, outside the memory budget's count.
+inline constexpr int64_t kMaxRepeatedIntegers = int64_t{1} << 20;
+
 // Parses `wire` into `message`, consuming the bytes (`wire` is left empty, so a
 // request is not held twice). With a pool, `message` must be empty, and the
 // data of each of its Tensor fields is read into a string taken from the pool.
 // INVALID_ARGUMENT naming the message type and the byte count when the bytes
 // are not a valid message (truncated, not protobuf wire format, a string that
-// is not UTF-8).
+// is not UTF-8), or naming the field when its repeated integer fields hold
+// more than kMaxRepeatedIntegers values (counted before anything is parsed).
 absl::Status ParseWire(grpc::ByteBuffer* wire,
                        google::protobuf::Message* message,
                        BytesPool* pool = nullptr);

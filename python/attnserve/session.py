@@ -3,13 +3,14 @@ import collections
 
 import grpc
 
-from attnserve.client import AttnserveError
+from attnserve.client import _PRECISIONS, AttnserveError, Timing, _choice
 from attnserve.tensors import from_tensor, to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
 
 # A step's output [H, Tq, Dv] (None without a query), lse [H, Tq] (with return_lse), the
-# layer's length after it, and whether the output was recomputed after a lost answer.
-StepResult = collections.namedtuple("StepResult", "output lse length recovered")
+# layer's length after it, whether the output was recomputed after a lost answer, and the
+# server's Timing of the call.
+StepResult = collections.namedtuple("StepResult", "output lse length recovered timing")
 
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
@@ -20,8 +21,7 @@ def _code(number):
 
 def _step_options(scale=None, precision=None, return_lse=False, output_dtype=None):
     options = pb2.StepOptions(return_lse=return_lse,
-                              precision={None: "F32", "f32": "F32", "bf16": "BF16"}[
-                                  precision.lower() if precision else None])
+                              precision=_choice(_PRECISIONS, precision, "precision"))
     if scale is not None:
         options.scale = scale
     if output_dtype is not None:
@@ -86,7 +86,7 @@ class Session:
         self._uncertain[layer] = False
         self.lengths[layer] = result.length
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
-                          result.length, False)
+                          result.length, False, _timing(response))
 
     def _recover(self, layer, step, tokens, refusal, timeout):
         expected = step.expected_length
@@ -103,15 +103,16 @@ class Session:
         self.lengths[layer] = held
         self._uncertain[layer] = False
         if not step.HasField("query"):
-            return StepResult(None, None, held, True)
+            return StepResult(None, None, held, True, None)
         again = pb2.SessionStep(session_id=self.id, layer=layer, expected_length=held,
                                 options=step.options)
         again.query.CopyFrom(step.query)
-        result = self._client.call("Step", pb2.StepRequest(steps=[again]), timeout).results[0]
+        response = self._client.call("Step", pb2.StepRequest(steps=[again]), timeout)
+        result = response.results[0]
         if result.HasField("error") and result.error.code != 0:
             raise AttnserveError(_code(result.error.code), result.error.message)
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
-                          result.length, True)
+                          result.length, True, _timing(response))
 
     def fork(self, length=None, ttl_seconds=0, timeout=None):
         """A new session sharing this one's first `length` tokens of every layer (all when
@@ -150,3 +151,8 @@ class Session:
 
 def _optional(message, field):
     return from_tensor(getattr(message, field)) if message.HasField(field) else None
+
+
+def _timing(response):
+    timing = response.timing
+    return Timing(timing.queue_us, timing.compute_us, timing.server_us)

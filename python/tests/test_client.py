@@ -193,6 +193,7 @@ def test_a_session_from_prefill_to_delete(server):
             np.testing.assert_allclose(result.output, expected_step(q, keys, values),
                                        atol=1e-5)
             assert result.lse.shape == (H, 1) and not result.recovered
+            assert 0 <= result.timing.compute_us <= result.timing.server_us
         assert session.lengths == [0, 13]
         child = session.fork(length=11)
         assert child.lengths == [0, 11] and child.info.forked_from == session.id

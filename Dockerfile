@@ -35,7 +35,9 @@ RUN apt-get update -q \
 ARG ATTNSERVE_GIT_COMMIT=
 WORKDIR /src
 COPY . .
-RUN scripts/build -DATTNSERVE_BUILD_BENCHMARKS=OFF -DATTNSERVE_GIT_COMMIT="${ATTNSERVE_GIT_COMMIT}"
+# No Python here: the Python package and its tests are built and run on the host.
+RUN scripts/build -DATTNSERVE_BUILD_BENCHMARKS=OFF -DATTNSERVE_BUILD_PYTHON=OFF \
+        -DATTNSERVE_GIT_COMMIT="${ATTNSERVE_GIT_COMMIT}"
 # The unit tests: every GoogleTest case (ctest names them Suite.Case). The script tests, named
 # *_test, need tools this stage does not carry (Prometheus, Python, buildah, kubectl, node) or
 # test the image itself; CI runs them on the host.

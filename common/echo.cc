@@ -16,14 +16,19 @@ bool IsPlainName(absl::string_view name, size_t max_bytes) {
   return true;
 }
 
-std::string EchoText(absl::string_view text) {
-  if (text.size() <= kMaxEchoBytes) return absl::StrCat("\"", text, "\"");
-  size_t cut = kMaxEchoBytes;
+absl::string_view CutText(absl::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t cut = max_bytes;
   // Back up over UTF-8 continuation bytes (10xxxxxx) to a character's start.
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) {
     --cut;
   }
-  return absl::StrCat("\"", text.substr(0, cut), "…\" (", text.size(),
+  return text.substr(0, cut);
+}
+
+std::string EchoText(absl::string_view text) {
+  if (text.size() <= kMaxEchoBytes) return absl::StrCat("\"", text, "\"");
+  return absl::StrCat("\"", CutText(text, kMaxEchoBytes), "…\" (", text.size(),
                       " bytes)");
 }
 

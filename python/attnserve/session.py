@@ -3,8 +3,8 @@ import collections
 
 import grpc
 
-from attnserve.client import _PRECISIONS, AttnserveError, Timing, _choice
-from attnserve.tensors import from_tensor, to_tensor, wire_dtype
+from attnserve.client import _PRECISIONS, AttnserveError, _choice, _optional, _timing
+from attnserve.tensors import to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
 
 # A step's output [H, Tq, Dv] (None without a query), lse [H, Tq] (with return_lse), the
@@ -147,12 +147,3 @@ class Session:
         self.info = info
         self.lengths = list(info.lengths)
         self._uncertain = [False] * len(self.lengths)
-
-
-def _optional(message, field):
-    return from_tensor(getattr(message, field)) if message.HasField(field) else None
-
-
-def _timing(response):
-    timing = response.timing
-    return Timing(timing.queue_us, timing.compute_us, timing.server_us)

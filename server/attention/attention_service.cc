@@ -745,11 +745,6 @@ void AttentionServiceImpl::ServeModelInfer(
     v1::MultiHeadAttentionResponse mha_answer;
   };
   auto native = std::make_shared<Native>(pool_.get());
-  const auto refuse = [&](const absl::Status& status) {
-    inference_statistics_.Record(request.model_name(), native->version, false,
-                                 absl::Now() - call.started, 0, 0, absl::Now());
-    Finish(call, oip::InProtocolNames(status, weight_set), response);
-  };
   absl::StatusOr<std::optional<WeightsRegistry::Entry>> model =
       FindModel(request.model_name(), request.model_version());
   if (!model.ok()) {
@@ -757,17 +752,6 @@ void AttentionServiceImpl::ServeModelInfer(
   }
   native->version =
       *model ? absl::StrCat((*model)->version) : std::string(oip::kSdpaVersion);
-  if (!weight_set) {
-    absl::StatusOr<v1::AttendRequest> attend =
-        oip::AttendRequestFrom(request, &native->outputs);
-    if (!attend.ok()) return refuse(attend.status());
-    native->attend = *std::move(attend);
-  } else {
-    absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
-        oip::MultiHeadRequestFrom(request, &native->outputs);
-    if (!mha.ok()) return refuse(mha.status());
-    native->mha = *std::move(mha);
-  }
   // Once computed: the answer's tensors move into the protocol's response.
   auto complete = [this, &request, response, native, weight_set,
                    started = call.started]() {
@@ -786,8 +770,8 @@ void AttentionServiceImpl::ServeModelInfer(
                            lse, weights, response);
     return absl::OkStatus();
   };
-  // A refusal on the native path is counted and named as the protocol names
-  // its inputs.
+  // A refusal, of the translation or on the native path, is counted and named
+  // as the protocol names its inputs.
   class InferCaller final : public ComputeCaller {
    public:
     InferCaller(std::shared_ptr<UnaryCaller> unary,
@@ -815,9 +799,17 @@ void AttentionServiceImpl::ServeModelInfer(
       },
       weight_set);
   if (weight_set) {
+    absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
+        oip::MultiHeadRequestFrom(request, &native->outputs);
+    if (!mha.ok()) return caller->Computed(mha.status());
+    native->mha = *std::move(mha);
     return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
                                    std::move(caller));
   }
+  absl::StatusOr<v1::AttendRequest> attend =
+      oip::AttendRequestFrom(request, &native->outputs);
+  if (!attend.ok()) return caller->Computed(attend.status());
+  native->attend = *std::move(attend);
   StartAttend(call, native->attend, &native->attended, std::move(caller));
 }
 

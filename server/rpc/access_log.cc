@@ -84,16 +84,6 @@ void AppendField(absl::string_view name, int64_t value, std::string* out) {
   absl::StrAppend(out, ",\"", name, "\":", value);
 }
 
-// A client's name, at most kMaxEchoBytes of it (cut on a character boundary).
-absl::string_view Bounded(absl::string_view name) {
-  if (name.size() <= kMaxEchoBytes) return name;
-  size_t end = kMaxEchoBytes;
-  while (end > 0 && (static_cast<unsigned char>(name[end]) & 0xC0) == 0x80) {
-    --end;
-  }
-  return name.substr(0, end);
-}
-
 }  // namespace
 
 std::string AccessLogLine(const AccessRecord& record) {
@@ -116,13 +106,13 @@ std::string AccessLogLine(const AccessRecord& record) {
   if (record.queue_us) AppendField("queue_us", *record.queue_us, &line);
   if (record.compute_us) AppendField("compute_us", *record.compute_us, &line);
   if (!record.weights.empty()) {
-    AppendField("weights", Bounded(record.weights), &line);
+    AppendField("weights", CutText(record.weights, kMaxEchoBytes), &line);
     if (record.weights_version > 0) {
       AppendField("weights_version", record.weights_version, &line);
     }
   }
   if (!record.session.empty()) {
-    AppendField("session", Bounded(record.session), &line);
+    AppendField("session", CutText(record.session, kMaxEchoBytes), &line);
   }
   if (!record.created_session.empty()) {
     AppendField("created_session", record.created_session, &line);

@@ -24,6 +24,9 @@ inline constexpr size_t kMaxEchoBytes = 256;
 // callers that need one check that apart.
 bool IsPlainName(absl::string_view name, size_t max_bytes);
 
+// `text`'s first `max_bytes` at most, cut on a UTF-8 character boundary.
+absl::string_view CutText(absl::string_view text, size_t max_bytes);
+
 // `text` in double quotes. Past kMaxEchoBytes it is cut on a UTF-8 character
 // boundary, and its length follows: "abc…" (70000 bytes).
 std::string EchoText(absl::string_view text);

@@ -479,8 +479,11 @@ void AttentionServiceImpl::ServeCreateSession(
       ValidateCreateSession(request, sessions_->options());
   if (!config.ok()) return Finish(call, config.status(), response);
   absl::StatusOr<SessionDescription> created =
-      sessions_->Create(Owner(call), *config);
-  if (created.ok()) DescribeSession(*created, response->mutable_session());
+      sessions_->Create(Owner(call), *config, request.session_id());
+  if (created.ok()) {
+    DescribeSession(*created, response->mutable_session());
+    DescribeReplica(sessions_->replica(), response->mutable_replica());
+  }
   return Finish(call, created.status(), response);
 }
 
@@ -520,7 +523,10 @@ void AttentionServiceImpl::ServeForkSession(
   if (!plan.ok()) return Finish(call, plan.status(), response);
   absl::StatusOr<SessionDescription> forked = sessions_->Fork(
       Owner(call), request.session_id(), plan->length, plan->ttl);
-  if (forked.ok()) DescribeSession(*forked, response->mutable_session());
+  if (forked.ok()) {
+    DescribeSession(*forked, response->mutable_session());
+    DescribeReplica(sessions_->replica(), response->mutable_replica());
+  }
   return Finish(call, forked.status(), response);
 }
 
@@ -555,7 +561,10 @@ void AttentionServiceImpl::ServeGetSession(const Call& call,
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<SessionDescription> got =
       sessions_->Get(Owner(call), request.session_id());
-  if (got.ok()) DescribeSession(*got, response->mutable_session());
+  if (got.ok()) {
+    DescribeSession(*got, response->mutable_session());
+    DescribeReplica(sessions_->replica(), response->mutable_replica());
+  }
   return Finish(call, got.status(), response);
 }
 

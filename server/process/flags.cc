@@ -148,6 +148,10 @@ ABSL_FLAG(double, session_ttl_seconds,
           absl::ToDoubleSeconds(Defaults().sessions.session_ttl),
           "Seconds without a call after which a session expires; caps and "
           "defaults CreateSession's ttl_seconds.");
+ABSL_FLAG(std::string, replica_name, "",
+          "The name CreateSession reports as this replica's (with an "
+          "incarnation drawn at start-up); empty: the host name, a "
+          "Kubernetes pod's name. Up to 253 characters of [A-Za-z0-9._-].");
 ABSL_FLAG(int64_t, max_steps_per_call, Defaults().sessions.max_steps_per_call,
           "Most session steps one Step call may carry.");
 ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
@@ -249,6 +253,7 @@ constexpr FlagOption kFlags[] = {
     {"max_session_layers", "sessions.max_session_layers"},
     {"session_ttl_seconds", "sessions.session_ttl"},
     {"max_steps_per_call", "sessions.max_steps_per_call"},
+    {"replica_name", "sessions.replica_name"},
     {"buffer_pool_bytes", "memory.buffer_pool_bytes"},
     {"demo_weights", "demo_weights"},
     {"weights_dir", "weights_dir"},
@@ -407,6 +412,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   options.sessions.session_ttl = absl::Seconds(ttl);
   options.sessions.max_steps_per_call = absl::GetFlag(FLAGS_max_steps_per_call);
+  options.sessions.replica_name = absl::GetFlag(FLAGS_replica_name);
+  if (!attnserve::IsPlainName(options.sessions.replica_name, 253)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica_name is ", attnserve::EchoText(options.sessions.replica_name),
+        ", expected up to 253 characters of [A-Za-z0-9._-]"));
+  }
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

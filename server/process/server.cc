@@ -251,6 +251,9 @@ class AttnServerImpl final : public AttnServer {
     if (server_ == nullptr || shut_down_) return;
     shut_down_ = true;
     health_.SetServing(false);
+    // New sessions go to other replicas at once; the steps of the sessions
+    // held here are served through the grace period.
+    sessions_.StopCreating();
     absl::SleepFor(options_.drain_grace);
     gate_.Close();
     const absl::Time deadline = absl::Now() + kShutdownGrace;

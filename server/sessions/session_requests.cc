@@ -43,6 +43,12 @@ absl::Status ValidateSessionId(absl::string_view field, const std::string& id) {
 
 absl::StatusOr<SessionConfig> ValidateCreateSession(
     const v1::CreateSessionRequest& request, const SessionOptions& options) {
+  if (!request.session_id().empty() && !IsSessionId(request.session_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_id is ", Quoted(request.session_id()),
+        ", expected empty (the server draws one) or 32 lowercase hex digits "
+        "from a CSPRNG"));
+  }
   SessionConfig config;
   if (absl::Status s =
           CheckRange("num_layers", request.num_layers(), 1,
@@ -164,6 +170,12 @@ absl::Status ValidateTruncateSession(
         absl::StrCat("length is ", request.length(), ", expected >= 0"));
   }
   return absl::OkStatus();
+}
+
+void DescribeReplica(const ReplicaIdentity& replica,
+                     v1::ReplicaIdentity* message) {
+  message->set_name(replica.name);
+  message->set_incarnation(replica.incarnation);
 }
 
 void DescribeSession(const SessionDescription& d, v1::SessionInfo* info) {

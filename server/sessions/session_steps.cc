@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/server/tensors/tensor_checks.h"
@@ -188,6 +189,16 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
     return absl::ResourceExhaustedError(
         absl::StrCat("steps holds ", count, " steps, over max_steps_per_call ",
                      most, "; split the call"));
+  }
+  const ReplicaIdentity& replica = store.replica();
+  if (!request.replica_incarnation().empty() &&
+      request.replica_incarnation() != replica.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica_incarnation is ", EchoText(request.replica_incarnation()),
+        ", but this is replica ", replica.name, " incarnation ",
+        replica.incarnation,
+        ": the process that held the steps' sessions is gone (restarted), "
+        "and they with it; recreate them"));
   }
   StepCall call;
   call.steps.reserve(static_cast<size_t>(count));

@@ -1,8 +1,10 @@
 #include "attnserve/server/sessions/session_store.h"
 
 #include <openssl/rand.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -107,10 +109,41 @@ const SessionConfig& SessionStore::Pin::config() const {
 
 const std::string& SessionStore::Pin::id() const { return session_->id; }
 
+namespace {
+
+// `bytes` random bytes from OpenSSL's CSPRNG (seeded from the operating
+// system; it fails only if the system has no entropy source, which no server
+// should run without) as lowercase hex.
+std::string RandomHex(int bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  unsigned char bits[16];
+  if (bytes > static_cast<int>(sizeof(bits)) || RAND_bytes(bits, bytes) != 1) {
+    std::abort();
+  }
+  std::string hex(static_cast<size_t>(2 * bytes), '0');
+  for (int i = 0; i < bytes; ++i) {
+    hex[static_cast<size_t>(2 * i)] = kHex[bits[i] >> 4];
+    hex[static_cast<size_t>(2 * i + 1)] = kHex[bits[i] & 15];
+  }
+  return hex;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    return "localhost";
+  }
+  return name;
+}
+
+}  // namespace
+
 SessionStore::SessionStore(const SessionOptions& options,
                            ServerMetrics* metrics)
     : options_(options),
       metrics_(metrics),
+      replica_{options.replica_name.empty() ? HostName() : options.replica_name,
+               RandomHex(8)},
       arena_(std::make_shared<PageArena>()),
       used_bytes_(std::make_shared<std::atomic<int64_t>>(0)),
       pages_(std::make_shared<std::atomic<int64_t>>(0)) {
@@ -131,17 +164,8 @@ PageLayout PageLayoutOf(const SessionConfig& config, int64_t page_tokens) {
 }
 
 std::string SessionStore::NewId() {
-  static constexpr char kHex[] = "0123456789abcdef";
   for (;;) {
-    unsigned char bits[16];
-    // OpenSSL's CSPRNG, seeded from the operating system; it fails only if
-    // the system has no entropy source, which no server should run without.
-    if (RAND_bytes(bits, sizeof(bits)) != 1) std::abort();
-    std::string id(32, '0');
-    for (int i = 0; i < 16; ++i) {
-      id[static_cast<size_t>(2 * i)] = kHex[bits[i] >> 4];
-      id[static_cast<size_t>(2 * i + 1)] = kHex[bits[i] & 15];
-    }
+    std::string id = RandomHex(16);
     if (!sessions_.contains(id) && !tombstones_.contains(id)) return id;
   }
 }
@@ -321,14 +345,30 @@ void SessionStore::RecordTotals() {
                        options_.kv_cache_bytes);
 }
 
+absl::Status SessionStore::CheckCreating() const {
+  if (creating_.load()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "replica ", replica_.name,
+      " is draining: it serves the sessions it holds but takes no new ones; "
+      "create the session on another replica"));
+}
+
 absl::StatusOr<SessionDescription> SessionStore::Create(
-    const std::string& owner, const SessionConfig& config) {
+    const std::string& owner, const SessionConfig& config,
+    const std::string& id) {
+  if (absl::Status creating = CheckCreating(); !creating.ok()) return creating;
   absl::MutexLock lock(&mutex_);
   const absl::Time now = absl::Now();
   MaybeExpire(now);
+  if (!id.empty() && (sessions_.contains(id) || tombstones_.contains(id))) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "session_id ", id, " is taken on replica ", replica_.name,
+        ": a session of that id exists or was recently removed; choose "
+        "another random id"));
+  }
   if (absl::Status room = MakeRoomForSession(); !room.ok()) return room;
   auto session = std::make_shared<Session>();
-  session->id = NewId();
+  session->id = id.empty() ? NewId() : id;
   session->owner = owner;
   session->config = config;
   session->layout = PageLayoutOf(config, options_.page_tokens);
@@ -343,6 +383,7 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
 absl::StatusOr<SessionDescription> SessionStore::Fork(
     const std::string& owner, const std::string& id,
     std::optional<int64_t> length, absl::Duration ttl) {
+  if (absl::Status creating = CheckCreating(); !creating.ok()) return creating;
   absl::MutexLock lock(&mutex_);
   absl::StatusOr<std::shared_ptr<Session>> parent = Find(owner, id);
   if (!parent.ok()) return parent.status();

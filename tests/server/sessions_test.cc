@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +25,7 @@
 #include "attnserve/server/server.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -557,6 +559,153 @@ TEST_F(SessionsTest, ARestartedServerKnowsNoOldSession) {
   const grpc::Status status = stub_->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+}
+
+// Sessions die with their process: every answer that describes one names
+// the replica and its incarnation, and a step sent with the incarnation of a
+// process that restarted is refused as a whole, saying so.
+TEST_F(SessionsTest, SessionsNameTheirReplicaAndARestartIsTold) {
+  ServerOptions options = Options();
+  options.sessions.replica_name = "replica-a";
+  server_->Shutdown();
+  Start(options);
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(Create(create, &created).ok());
+  EXPECT_EQ(created.replica().name(), "replica-a");
+  const std::string incarnation = created.replica().incarnation();
+  ASSERT_EQ(incarnation.size(), 16u);
+  EXPECT_EQ(incarnation.find_first_not_of("0123456789abcdef"),
+            std::string::npos);
+  v1::GetSessionRequest get;
+  get.set_session_id(created.session().session_id());
+  v1::GetSessionResponse got;
+  ASSERT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+  EXPECT_EQ(got.replica().incarnation(), incarnation);
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(created.session().session_id());
+  v1::ForkSessionResponse forked;
+  ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+  EXPECT_EQ(forked.replica().incarnation(), incarnation);
+
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  v1::StepRequest step;
+  *step.add_steps() = MakeStep(model, 0, 2, 1, 3);
+  step.set_replica_incarnation(incarnation);
+  v1::StepResponse answered;
+  ASSERT_TRUE(Step(step, &answered).ok());
+  ASSERT_FALSE(answered.results(0).has_error());
+
+  // The same name and address, another process.
+  server_->Shutdown();
+  server_.reset();
+  Start(options);
+  v1::CreateSessionResponse again;
+  ASSERT_TRUE(Create(create, &again).ok());
+  EXPECT_EQ(again.replica().name(), "replica-a");
+  EXPECT_NE(again.replica().incarnation(), incarnation);
+  *step.mutable_steps(0) = MakeStep(model, 0, 1, 1, 5);
+  v1::StepResponse refused;
+  const grpc::Status status = Step(step, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr(absl::StrCat("replica_incarnation is \"", incarnation,
+                                     "\", but this is replica replica-a "
+                                     "incarnation ",
+                                     again.replica().incarnation())));
+  // A hostile incarnation is quoted cut short.
+  step.set_replica_incarnation(std::string(1 << 20, 'x'));
+  const grpc::Status long_one = Step(step, &refused);
+  EXPECT_EQ(long_one.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(long_one.error_message(), HasSubstr("(1048576 bytes)"));
+  EXPECT_LT(long_one.error_message().size(), 700u);
+}
+
+// A caller may choose the id (to place the session by its hash before it
+// knows the replica): it must look random, and be new.
+TEST_F(SessionsTest, ACallerChosenSessionIdIsUsedOnceAndChecked) {
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  create.set_session_id(id);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(Create(create, &created).ok());
+  EXPECT_EQ(created.session().session_id(), id);
+  grpc::Status status = Create(create, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("session_id " + id + " is taken on replica"));
+  // Deleted, its id is still not reused while its tombstone stands.
+  v1::DeleteSessionRequest remove;
+  remove.set_session_id(id);
+  v1::DeleteSessionResponse removed;
+  ASSERT_TRUE(stub_->DeleteSession(Context().get(), remove, &removed).ok());
+  status = Create(create, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  for (const std::string& bad :
+       std::vector<std::string>{"0123", "0123456789ABCDEF0123456789ABCDEF",
+                                std::string(100000, 'a')}) {
+    create.set_session_id(bad);
+    status = Create(create, &created);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr("session_id is "));
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("expected empty (the server draws one) or 32 "
+                          "lowercase hex digits"));
+    EXPECT_LT(status.error_message().size(), 600u);
+  }
+}
+
+// A draining server takes no new sessions but serves the steps of those it
+// holds through its grace period.
+TEST_F(SessionsTest, ADrainRefusesNewSessionsAndServesSteps) {
+  ServerOptions options = Options();
+  options.drain_grace = absl::Seconds(3);
+  server_->Shutdown();
+  Start(options);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  std::thread drain([this] { server_->Shutdown(); });
+  // The drain has begun once health says so.
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  for (int i = 0; i < 200; ++i) {
+    grpc::health::v1::HealthCheckRequest ask;
+    grpc::health::v1::HealthCheckResponse said;
+    if (health->Check(Context().get(), ask, &said).ok() &&
+        said.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionResponse created;
+  const grpc::Status refused = Create(create, &created);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("is draining: it serves the sessions it holds but "
+                        "takes no new ones"));
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(model.id);
+  v1::ForkSessionResponse forked;
+  EXPECT_EQ(stub_->ForkSession(Context().get(), fork, &forked).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  std::vector<float> query;
+  v1::StepRequest step;
+  *step.add_steps() = MakeStep(model, 0, 3, 1, 11, &query);
+  v1::StepResponse answered;
+  ASSERT_TRUE(Step(step, &answered).ok());
+  CheckOutput(model, 0, query, 1, answered.results(0));
+  drain.join();
 }
 
 TEST_F(SessionsTest, ForksSharePagesAndCopyOnlyTheLastOnWrite) {

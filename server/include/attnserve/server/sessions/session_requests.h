@@ -35,6 +35,11 @@ absl::StatusOr<ForkPlan> ValidateForkSession(
 
 absl::Status ValidateTruncateSession(const v1::TruncateSessionRequest& request);
 
+// The replica's identity as CreateSession, ForkSession and GetSession report
+// it.
+void DescribeReplica(const ReplicaIdentity& replica,
+                     v1::ReplicaIdentity* message);
+
 void DescribeSession(const SessionDescription& description,
                      v1::SessionInfo* info);
 

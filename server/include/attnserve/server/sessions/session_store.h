@@ -67,6 +67,14 @@ struct SessionOptions {
   int64_t max_page_bytes = int64_t{16} << 20;
   // Removed sessions whose reason the owner can still learn.
   int64_t max_tombstones = 65536;
+  // The name CreateSession reports as the replica's; empty: the host name.
+  std::string replica_name;
+};
+
+// Which process holds the sessions (v1::ReplicaIdentity).
+struct ReplicaIdentity {
+  std::string name;
+  std::string incarnation;  // 16 lowercase hex digits, drawn per store
 };
 
 // What a session is made with (validated by the caller against the limits).
@@ -158,10 +166,13 @@ class SessionStore {
 
   const SessionOptions& options() const { return options_; }
 
-  // A new session owned by `owner`. RESOURCE_EXHAUSTED at max_sessions when
-  // no idle session may be evicted.
+  // A new session owned by `owner`, with the id `id` (already of the form of
+  // one; empty: a fresh one is drawn). RESOURCE_EXHAUSTED at max_sessions
+  // when no idle session may be evicted; ALREADY_EXISTS when `id` is held or
+  // was recently removed; UNAVAILABLE once StopCreating was called.
   absl::StatusOr<SessionDescription> Create(const std::string& owner,
-                                            const SessionConfig& config);
+                                            const SessionConfig& config,
+                                            const std::string& id = "");
 
   // A new session sharing the first `length` tokens (nullopt: all) of each of
   // `id`'s layers. `ttl` zero: the parent's.
@@ -200,6 +211,15 @@ class SessionStore {
 
   // Drops every session (the server is shutting down).
   void Clear();
+
+  // From now on Create and Fork answer UNAVAILABLE (the server is draining:
+  // steps on the sessions it holds are still served, new sessions go to
+  // another replica).
+  void StopCreating() { creating_.store(false); }
+
+  // This store's replica: its name and the incarnation drawn when the store
+  // was made (sessions live and die with it).
+  const ReplicaIdentity& replica() const { return replica_; }
 
   SessionTotals Totals();
 
@@ -246,8 +266,13 @@ class SessionStore {
   std::string NewId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordTotals() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
+  // UNAVAILABLE once StopCreating was called.
+  absl::Status CheckCreating() const;
+
   const SessionOptions options_;
   ServerMetrics* const metrics_;
+  const ReplicaIdentity replica_;
+  std::atomic<bool> creating_{true};
   // Where pages' memory comes from (each page holds it too).
   std::shared_ptr<PageArena> arena_;
   // Bytes and count of the pages alive, changed by pages' destructors too.

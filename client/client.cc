@@ -36,6 +36,14 @@ absl::Status ValidateOptions(const ClientOptions& options) {
         "initial_backoff and "
         "backoff_multiplier >= 1");
   }
+  if (options.load_balancing_policy.empty() ||
+      options.load_balancing_policy.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_balancing_policy is \"",
+                     options.load_balancing_policy.substr(0, 64),
+                     "\", expected a gRPC policy name such as round_robin"));
+  }
   if (options.tls && options.tls->client_certificate.empty() !=
                          options.tls->client_private_key.empty()) {
     return absl::InvalidArgumentError(
@@ -84,6 +92,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
   arguments.SetLoadBalancingPolicyName(options.load_balancing_policy);
+  if (options.health_check) {
+    // gRPC's client-side health checking: a Watch per address, and the
+    // policy picks only addresses whose server says SERVING.
+    arguments.SetServiceConfigJSON(absl::StrCat(
+        R"({"loadBalancingConfig": [{")", options.load_balancing_policy,
+        R"(": {}}], "healthCheckConfig": {"serviceName": ""}})"));
+  }
   if (options.keepalive_time > absl::ZeroDuration()) {
     arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
                      static_cast<int>(Milliseconds(options.keepalive_time)));
@@ -167,9 +182,9 @@ absl::StatusOr<Response> Client::CallWithRetries(
 }
 
 absl::StatusOr<v1::AttendResponse> Client::Attend(
-    const v1::AttendRequest& request, absl::Duration timeout) {
+    const v1::AttendRequest& request, absl::Duration timeout, int* attempts) {
   return CallWithRetries(&v1::AttentionService::Stub::Attend, request, timeout,
-                         true);
+                         true, attempts);
 }
 
 absl::StatusOr<v1::MultiHeadAttentionResponse> Client::MultiHeadAttention(

@@ -4,8 +4,10 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attnserve/client/replicas.h"
 #include "attnserve/common/status_macros.h"
 
 namespace attnserve {
@@ -96,7 +98,9 @@ absl::StatusOr<Session> Session::Create(Client* client,
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::CreateSessionResponse response,
                              client->CreateSession(request, timeout));
-  return Session(client, response.session());
+  Session session(client, response.session());
+  session.replica_ = response.replica();
+  return session;
 }
 
 absl::StatusOr<Session> Session::Attach(Client* client,
@@ -105,7 +109,9 @@ absl::StatusOr<Session> Session::Attach(Client* client,
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
                              client->GetSession(session_id, timeout));
-  return Session(client, response.session());
+  Session session(client, response.session());
+  session.replica_ = response.replica();
+  return session;
 }
 
 v1::SessionStep Session::BuildStep(const StepInputs& inputs,
@@ -117,11 +123,92 @@ v1::SessionStep Session::BuildStep(const StepInputs& inputs,
 
 absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
                                          absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const bool may_rebuild = rebuild_ != nullptr && !rebuilding_;
+  // The step again after a rebuild: its tensors, kept only when that may
+  // happen (a prefill chunk may be megabytes).
+  std::optional<StepInputs> again;
+  if (may_rebuild) again = inputs;
   std::vector<SessionStepInputs> steps;
   steps.push_back({this, std::move(inputs)});
-  ATTNSERVE_ASSIGN_OR_RETURN(StepManyResults results,
-                             StepMany(std::move(steps), timeout));
-  return std::move(results[0]);
+  absl::StatusOr<StepManyResults> results = StepMany(std::move(steps), timeout);
+  if (results.ok()) return std::move((*results)[0]);
+  if (!may_rebuild || !IsReplicaGone(results.status())) {
+    return results.status();
+  }
+  if (absl::Status rebuilt = Rebuild(Remaining(deadline)); !rebuilt.ok()) {
+    return absl::Status(rebuilt.code(), absl::StrCat(results.status().message(),
+                                                     "; rebuilding it failed: ",
+                                                     rebuilt.message()));
+  }
+  steps.clear();
+  steps.push_back({this, *std::move(again)});
+  ATTNSERVE_ASSIGN_OR_RETURN(StepManyResults retried,
+                             StepMany(std::move(steps), Remaining(deadline)));
+  return std::move(retried[0]);
+}
+
+absl::Status Session::ReplicaGoneOr(absl::Status status) const {
+  if (status.ok() || replicas_ == nullptr) return status;
+  const bool unreachable = absl::IsUnavailable(status);
+  const bool restarted =
+      absl::IsFailedPrecondition(status) &&
+      absl::StrContains(status.message(), "replica_incarnation is");
+  if (!unreachable && !restarted) return status;
+  absl::Status gone = absl::AbortedError(absl::StrCat(
+      "session ", id(), "'s replica ", replica_.name(), " (incarnation ",
+      replica_.incarnation(), ") at ", address_, " is gone, and the session ",
+      "with it: ", unreachable ? "it is unreachable" : "it restarted", " (",
+      status.message(),
+      "); create the session again elsewhere (Session::Rebuild, or a rebuild "
+      "hook)"));
+  gone.SetPayload(kReplicaGonePayload, absl::Cord(address_));
+  return gone;
+}
+
+absl::Status Session::Rebuild(absl::Duration timeout) {
+  if (replicas_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", id(),
+        " was not placed by Replicas, which alone can rebuild a session on "
+        "another replica"));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::vector<int64_t> lengths = lengths_;
+  v1::CreateSessionRequest request;
+  request.set_num_layers(info_.num_layers());
+  request.set_num_heads(info_.num_heads());
+  request.set_num_kv_heads(info_.num_kv_heads());
+  request.set_key_dim(info_.key_dim());
+  request.set_value_dim(info_.value_dim());
+  request.set_dtype(info_.dtype());
+  request.set_max_tokens(info_.max_tokens());
+  request.set_ttl_seconds(info_.ttl_seconds());
+  *request.mutable_defaults() = info_.defaults();
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      Session fresh,
+      replicas_->CreateSession(request, Remaining(deadline), {address_}));
+  RebuildHook hook = std::move(rebuild_);
+  *this = std::move(fresh);
+  rebuild_ = std::move(hook);
+  if (rebuild_ == nullptr) return absl::OkStatus();
+  rebuilding_ = true;
+  const absl::Status restored = rebuild_(*this, lengths, Remaining(deadline));
+  rebuilding_ = false;
+  if (!restored.ok()) {
+    return absl::Status(
+        restored.code(),
+        absl::StrCat("the rebuild hook failed on session ", id(), " at ",
+                     address_, ": ", restored.message()));
+  }
+  for (size_t layer = 0; layer < lengths.size(); ++layer) {
+    if (lengths_[layer] != lengths[layer]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the rebuild hook left layer ", layer, " of session ", id(), " at ",
+          lengths_[layer], " tokens; the lost session held ", lengths[layer]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Session::Append(int64_t layer, v1::Tensor key, v1::Tensor value,
@@ -153,18 +240,24 @@ absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
   request.set_session_id(id());
   if (length) request.set_length(*length);
   request.set_ttl_seconds(ttl_seconds);
-  ATTNSERVE_ASSIGN_OR_RETURN(v1::ForkSessionResponse response,
-                             client_->ForkSession(request, timeout));
-  return Session(client_, response.session());
+  absl::StatusOr<v1::ForkSessionResponse> response =
+      client_->ForkSession(request, timeout);
+  if (!response.ok()) return ReplicaGoneOr(response.status());
+  Session child(client_, response->session());
+  child.replica_ = response->replica();
+  child.address_ = address_;
+  child.replicas_ = replicas_;
+  return child;
 }
 
 absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
   v1::TruncateSessionRequest request;
   request.set_session_id(id());
   request.set_length(length);
-  ATTNSERVE_ASSIGN_OR_RETURN(v1::TruncateSessionResponse response,
-                             client_->TruncateSession(request, timeout));
-  Adopt(response.session());
+  absl::StatusOr<v1::TruncateSessionResponse> response =
+      client_->TruncateSession(request, timeout);
+  if (!response.ok()) return ReplicaGoneOr(response.status());
+  Adopt(response->session());
   return absl::OkStatus();
 }
 
@@ -174,16 +267,17 @@ absl::Status Session::Delete(absl::Duration timeout) {
       client_->DeleteSession(id(), timeout, &attempts);
   if (!response.ok() &&
       !(attempts > 1 && absl::IsNotFound(response.status()))) {
-    return response.status();
+    return ReplicaGoneOr(response.status());
   }
   deleted_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Session::Sync(absl::Duration timeout) {
-  ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
-                             client_->GetSession(id(), timeout));
-  Adopt(response.session());
+  absl::StatusOr<v1::GetSessionResponse> response =
+      client_->GetSession(id(), timeout);
+  if (!response.ok()) return ReplicaGoneOr(response.status());
+  Adopt(response->session());
   return absl::OkStatus();
 }
 
@@ -243,6 +337,15 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
              request.add_steps());
   }
 
+  // The replica the sessions were created on, when they all agree, so that
+  // a restarted one says so instead of NOT_FOUND.
+  const std::string& incarnation = steps[0].session->replica_.incarnation();
+  if (!incarnation.empty() &&
+      std::all_of(steps.begin(), steps.end(), [&](const auto& step) {
+        return step.session->replica_.incarnation() == incarnation;
+      })) {
+    request.set_replica_incarnation(incarnation);
+  }
   int attempts = 0;
   absl::StatusOr<v1::StepResponse> response =
       client->Step(request, Remaining(deadline), &attempts);
@@ -257,7 +360,7 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     for (const auto& [key, indices] : groups) {
       key.first->uncertain_[key.second] = true;
     }
-    return response.status();
+    return steps[0].session->ReplicaGoneOr(response.status());
   }
 
   StepManyResults results(n, absl::UnknownError("unset"));

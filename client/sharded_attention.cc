@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/proto/tensors.h"
+#include "shard_merge.h"
 
 namespace attnserve {
 namespace {
@@ -20,28 +21,6 @@ int64_t Product(const v1::Tensor& tensor, int from, int to) {
   int64_t product = 1;
   for (int d = from; d < to; ++d) product *= tensor.shape(d);
   return product;
-}
-
-// `tensor` with dimension `dim` cut to [begin, end) (keys sit at dim 2 of [B,
-// Hkv, Lk, D], and last in a mask).
-v1::Tensor Slice(const v1::Tensor& tensor, int dim, int64_t begin,
-                 int64_t end) {
-  const int64_t element = DTypeBytes(tensor.dtype());
-  const int64_t outer = Product(tensor, 0, dim);
-  const int64_t length = tensor.shape(dim);
-  const int64_t inner = Product(tensor, dim + 1, tensor.shape_size()) * element;
-  v1::Tensor slice;
-  slice.set_dtype(tensor.dtype());
-  slice.mutable_shape()->CopyFrom(tensor.shape());
-  slice.set_shape(dim, end - begin);
-  std::string* data = slice.mutable_data();
-  data->reserve(static_cast<size_t>(outer * (end - begin) * inner));
-  for (int64_t o = 0; o < outer; ++o) {
-    data->append(tensor.data(),
-                 static_cast<size_t>((o * length + begin) * inner),
-                 static_cast<size_t>((end - begin) * inner));
-  }
-  return slice;
 }
 
 // The user's mask broadcast to [B, H, Lq, Lk]: its additive value at (b, h, i,
@@ -110,8 +89,8 @@ v1::AttendRequest ShardRequest(const v1::AttendRequest& request, const Dims& d,
   const v1::AttentionOptions& options = request.options();
   v1::AttendRequest shard;
   *shard.mutable_query() = request.query();
-  *shard.mutable_key() = Slice(request.key(), 2, begin, end);
-  *shard.mutable_value() = Slice(request.value(), 2, begin, end);
+  *shard.mutable_key() = internal::Slice(request.key(), 2, begin, end);
+  *shard.mutable_value() = internal::Slice(request.value(), 2, begin, end);
   v1::AttentionOptions& o = *shard.mutable_options();
   o = options;
   o.set_return_lse(true);
@@ -160,7 +139,7 @@ v1::AttendRequest ShardRequest(const v1::AttendRequest& request, const Dims& d,
     const v1::Tensor& mask = options.attn_mask();
     const int last = mask.shape_size() - 1;
     if (last >= 0 && mask.shape(last) == d.key_len && d.key_len > 1) {
-      *o.mutable_attn_mask() = Slice(mask, last, begin, end);
+      *o.mutable_attn_mask() = internal::Slice(mask, last, begin, end);
     }
   }
   return shard;
@@ -208,30 +187,8 @@ absl::StatusOr<v1::AttendResponse> ShardedAttend(
     timing.set_compute_us(
         std::max(timing.compute_us(), part.timing().compute_us()));
   }
-  std::vector<float> output(static_cast<size_t>(rows * d.value_dim), 0.0f);
-  std::vector<float> lse(static_cast<size_t>(rows));
-  std::vector<double> row(static_cast<size_t>(d.value_dim));
-  for (int64_t r = 0; r < rows; ++r) {
-    double max_lse = -kInfinity;
-    for (const auto& part_lse : lses)
-      max_lse = std::max<double>(max_lse, part_lse[r]);
-    if (max_lse == -kInfinity) {
-      lse[r] = -std::numeric_limits<float>::infinity();
-      continue;  // No key in any shard: output stays 0.
-    }
-    double total = 0.0;
-    std::fill(row.begin(), row.end(), 0.0);
-    for (size_t s = 0; s < parts.size(); ++s) {
-      const double weight = std::exp(lses[s][r] - max_lse);
-      total += weight;
-      for (int64_t v = 0; v < d.value_dim; ++v)
-        row[v] += weight * outputs[s][r * d.value_dim + v];
-    }
-    for (int64_t v = 0; v < d.value_dim; ++v) {
-      output[r * d.value_dim + v] = static_cast<float>(row[v] / total);
-    }
-    lse[r] = static_cast<float>(max_lse + std::log(total));
-  }
+  std::vector<float> output, lse;
+  internal::MergeByLse(outputs, lses, rows, d.value_dim, &output, &lse);
 
   const v1::DType dtype =
       request.options().output_dtype() == v1::DTYPE_UNSPECIFIED

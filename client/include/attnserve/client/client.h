@@ -103,6 +103,11 @@ struct ClientOptions {
   // "dns:///attnserve-headless.NAMESPACE.svc:50051" so that every pod is used
   // (kube-proxy would pin one long-lived HTTP/2 connection to one pod).
   std::string load_balancing_policy = "round_robin";
+  // gRPC's client-side health checking: the channel watches each address's
+  // grpc.health.v1.Health and sends calls only to those SERVING, so that a
+  // draining replica (NOT_SERVING from its SIGTERM on) stops getting calls
+  // before it refuses them. Applies to round_robin (pick_first ignores it).
+  bool health_check = false;
   // HTTP/2 keepalive pings, so idle connections through proxies and NATs stay
   // open and dead ones are noticed. Zero turns them off.
   absl::Duration keepalive_time = absl::Seconds(30);
@@ -136,9 +141,11 @@ class Client {
       absl::string_view target, const ClientOptions& options = {});
 
   // Calls Attend, waiting at most `timeout` in all (retries included;
-  // DEADLINE_EXCEEDED past it).
+  // DEADLINE_EXCEEDED past it). `attempts`, when not null, receives how many
+  // times the call was sent.
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
-                                            absl::Duration timeout);
+                                            absl::Duration timeout,
+                                            int* attempts = nullptr);
 
   // Calls MultiHeadAttention, waiting at most `timeout`.
   absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(

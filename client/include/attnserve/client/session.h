@@ -55,6 +55,7 @@
 #define ATTNSERVE_CLIENT_SESSION_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -91,6 +92,15 @@ struct StepOutput {
 };
 
 class Session;
+class Replicas;
+
+// Restores a rebuilt session's tokens: `session` is new (on another replica,
+// every layer empty) and must hold `lengths[l]` tokens of layer l when the
+// hook returns OK, the same tokens the lost session held (the caller's own
+// prefill, through session.Append). Its calls may take at most `timeout`.
+using RebuildHook = std::function<absl::Status(
+    Session& session, const std::vector<int64_t>& lengths,
+    absl::Duration timeout)>;
 
 // One step in a batched call: `session`'s step `inputs`.
 struct SessionStepInputs {
@@ -126,6 +136,10 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return info_.session_id(); }
+  // The replica that holds it, as the server said (empty if it did not).
+  const v1::ReplicaIdentity& replica() const { return replica_; }
+  // The address it is pinned to, when Replicas placed it; empty otherwise.
+  const std::string& address() const { return address_; }
   // What the server said of the session at the last call that returned it
   // (Create, Attach, Fork, Truncate, Sync); its lengths may be behind.
   const v1::SessionInfo& info() const { return info_; }
@@ -166,6 +180,18 @@ class Session {
   // layer's uncertainty.
   absl::Status Sync(absl::Duration timeout);
 
+  // For a session Replicas placed: when its replica is gone, Step (and
+  // Append, Attend) rebuild it on the next replica with `hook` and send the
+  // step again, once per call. Without a hook, such calls fail ABORTED
+  // (IsReplicaGone) and Rebuild() is the caller's to call.
+  void SetRebuild(RebuildHook hook) { rebuild_ = std::move(hook); }
+  // Creates the session anew (same shape and options, a new id) on the next
+  // replica in rendezvous order, other than its own, and runs the rebuild
+  // hook, if any, to restore the lengths this client knew (FAILED_PRECONDITION
+  // if the hook leaves others; without a hook the layers stay empty).
+  // FAILED_PRECONDITION for a session Replicas did not place.
+  absl::Status Rebuild(absl::Duration timeout);
+
   // The SessionStep this session would send for `inputs` with
   // `expected_length`; no call. Exposed for StepMany and for tests.
   v1::SessionStep BuildStep(const StepInputs& inputs,
@@ -175,12 +201,25 @@ class Session {
   friend absl::StatusOr<StepManyResults> StepMany(
       std::vector<SessionStepInputs> steps, absl::Duration timeout);
 
+  friend class Replicas;
+
   Session(Client* client, const v1::SessionInfo& info);
   // Takes `info` as the server's word: lengths and metadata.
   void Adopt(const v1::SessionInfo& info);
+  // `status`, from a call to this session's replica, as the replica-gone
+  // error when it says the replica is: UNAVAILABLE past the retries, or a
+  // restarted replica's refusal of the incarnation. Only for a pinned
+  // session; otherwise (and for other errors) `status` as is.
+  absl::Status ReplicaGoneOr(absl::Status status) const;
 
   Client* client_ = nullptr;
   v1::SessionInfo info_;
+  v1::ReplicaIdentity replica_;
+  // Set by Replicas: where the session is pinned, and who placed it.
+  std::string address_;
+  Replicas* replicas_ = nullptr;
+  RebuildHook rebuild_;
+  bool rebuilding_ = false;  // The hook runs: its calls do not rebuild.
   std::vector<int64_t> lengths_;
   std::vector<bool> uncertain_;
   bool deleted_ = false;

@@ -1,0 +1,260 @@
+#include "attnserve/client/replicas.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace attnserve {
+namespace {
+
+absl::Duration Remaining(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+// "host:port" or "[host]:port" split; false without a port.
+bool SplitHostPort(absl::string_view address, std::string* host,
+                   std::string* port) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find("]:");
+    if (close == absl::string_view::npos) return false;
+    *host = std::string(address.substr(1, close - 1));
+    *port = std::string(address.substr(close + 2));
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == absl::string_view::npos) return false;
+    *host = std::string(address.substr(0, colon));
+    *port = std::string(address.substr(colon + 1));
+  }
+  int number = 0;
+  return !host->empty() && absl::SimpleAtoi(*port, &number) && number > 0 &&
+         number < 65536;
+}
+
+// The addresses `host`:`port` resolves to, as "a.b.c.d:port" and
+// "[v6]:port".
+absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host,
+                                                     const std::string& port) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("resolving ", host, ":", port, ": ", gai_strerror(error)));
+  }
+  std::vector<std::string> addresses;
+  for (const addrinfo* entry = found; entry != nullptr;
+       entry = entry->ai_next) {
+    char text[NI_MAXHOST];
+    if (getnameinfo(entry->ai_addr, entry->ai_addrlen, text, sizeof(text),
+                    nullptr, 0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    addresses.push_back(entry->ai_family == AF_INET6
+                            ? absl::StrCat("[", text, "]:", port)
+                            : absl::StrCat(text, ":", port));
+  }
+  freeaddrinfo(found);
+  return addresses;
+}
+
+// The gRPC target of one address.
+std::string TargetOf(const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) return address;
+  return absl::StrCat(absl::StartsWith(address, "[") ? "ipv6:" : "ipv4:",
+                      address);
+}
+
+}  // namespace
+
+bool IsReplicaGone(const absl::Status& status) {
+  return absl::IsAborted(status) &&
+         status.GetPayload(kReplicaGonePayload).has_value();
+}
+
+uint64_t RendezvousWeight(absl::string_view address, absl::string_view key) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  const auto mix = [&hash](absl::string_view text) {
+    for (const char c : text) {
+      hash ^= static_cast<unsigned char>(c);
+      hash *= 0x100000001b3ULL;
+    }
+  };
+  mix(address);
+  mix("/");
+  mix(key);
+  hash ^= hash >> 30;
+  hash *= 0xbf58476d1ce4e5b9ULL;
+  hash ^= hash >> 27;
+  hash *= 0x94d049bb133111ebULL;
+  hash ^= hash >> 31;
+  return hash;
+}
+
+std::string RandomSessionId() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device random;  // The operating system's source on Linux.
+  std::string id(32, '0');
+  for (size_t i = 0; i < id.size(); i += 8) {
+    const uint32_t bits = random();
+    for (size_t j = 0; j < 8; ++j) id[i + j] = kHex[(bits >> (4 * j)) & 15];
+  }
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<Replicas>> Replicas::Connect(
+    absl::string_view target, const ClientOptions& options) {
+  if (target.empty()) return absl::InvalidArgumentError("target is empty");
+  ClientOptions one = options;
+  one.load_balancing_policy = "pick_first";
+  std::unique_ptr<Replicas> replicas(
+      new Replicas(std::string(target), std::move(one)));
+  if (absl::Status resolved = replicas->Refresh(); !resolved.ok()) {
+    return resolved;
+  }
+  return replicas;
+}
+
+absl::StatusOr<std::vector<std::string>> Replicas::Resolve() const {
+  absl::string_view rest = target_;
+  std::vector<std::string> addresses;
+  if (absl::ConsumePrefix(&rest, "ipv4:") ||
+      absl::ConsumePrefix(&rest, "ipv6:")) {
+    for (absl::string_view address : absl::StrSplit(rest, ',')) {
+      std::string host, port;
+      if (!SplitHostPort(address, &host, &port)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("target ", target_, " has the address \"", address,
+                         "\", expected host:port or [host]:port"));
+      }
+      addresses.emplace_back(address);
+    }
+  } else if (absl::StartsWith(rest, "unix:")) {
+    addresses.emplace_back(rest);
+  } else {
+    if (!absl::ConsumePrefix(&rest, "dns:///")) {
+      absl::ConsumePrefix(&rest, "dns:");
+    }
+    std::string host, port;
+    if (!SplitHostPort(rest, &host, &port)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target ", target_,
+          " is not ipv4:, ipv6:, unix:, dns:///host:port or host:port"));
+    }
+    absl::StatusOr<std::vector<std::string>> resolved = ResolveHost(host, port);
+    if (!resolved.ok()) return resolved.status();
+    addresses = *std::move(resolved);
+  }
+  std::sort(addresses.begin(), addresses.end());
+  addresses.erase(std::unique(addresses.begin(), addresses.end()),
+                  addresses.end());
+  if (addresses.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("target ", target_, " resolved to no address"));
+  }
+  return addresses;
+}
+
+absl::Status Replicas::Refresh() {
+  absl::StatusOr<std::vector<std::string>> addresses = Resolve();
+  if (!addresses.ok()) return addresses.status();
+  absl::MutexLock lock(&mutex_);
+  for (const std::string& address : *addresses) {
+    if (clients_.count(address) > 0) continue;
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect(TargetOf(address), options_);
+    if (!client.ok()) return client.status();
+    clients_.emplace(address, *std::move(client));
+  }
+  addresses_ = *std::move(addresses);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Replicas::addresses() const {
+  absl::MutexLock lock(&mutex_);
+  return addresses_;
+}
+
+Client* Replicas::client(absl::string_view address) const {
+  absl::MutexLock lock(&mutex_);
+  const auto it = clients_.find(address);
+  return it == clients_.end() ? nullptr : it->second.get();
+}
+
+std::vector<std::string> Replicas::Rank(absl::string_view key) const {
+  std::vector<std::pair<uint64_t, std::string>> weighted;
+  for (std::string& address : addresses()) {
+    weighted.emplace_back(RendezvousWeight(address, key), std::move(address));
+  }
+  std::sort(weighted.begin(), weighted.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> ranked;
+  for (auto& [weight, address] : weighted) ranked.push_back(std::move(address));
+  return ranked;
+}
+
+absl::StatusOr<Session> Replicas::CreateSession(
+    v1::CreateSessionRequest request, absl::Duration timeout,
+    const std::set<std::string>& avoid) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (request.session_id().empty()) request.set_session_id(RandomSessionId());
+  std::vector<std::string> refusals;
+  std::set<std::string> asked = avoid;
+  // The ranking as resolved now, then once more after resolving the target
+  // again, for the replicas that came meanwhile.
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1 && !Refresh().ok()) break;
+    for (const std::string& address : Rank(request.session_id())) {
+      if (!asked.insert(address).second) continue;
+      Client* replica = client(address);
+      absl::StatusOr<v1::CreateSessionResponse> created =
+          replica->CreateSession(request, Remaining(deadline));
+      if (created.ok()) {
+        Session session(replica, created->session());
+        session.replica_ = created->replica();
+        session.address_ = address;
+        session.replicas_ = this;
+        return session;
+      }
+      if (!absl::IsUnavailable(created.status())) return created.status();
+      refusals.push_back(
+          absl::StrCat(address, ": ", created.status().message()));
+    }
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "no replica of ", target_, " took session ", request.session_id(),
+      refusals.empty() ? " (no replica to ask besides those avoided)"
+                       : absl::StrCat(": ", absl::StrJoin(refusals, "; "))));
+}
+
+absl::StatusOr<Session> Replicas::AttachSession(absl::string_view address,
+                                                absl::string_view session_id,
+                                                absl::Duration timeout) {
+  Client* replica = client(address);
+  if (replica == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address ", address, " is not one of target ", target_, "'s"));
+  }
+  absl::StatusOr<v1::GetSessionResponse> got =
+      replica->GetSession(session_id, timeout);
+  if (!got.ok()) return got.status();
+  Session session(replica, got->session());
+  session.replica_ = got->replica();
+  session.address_ = std::string(address);
+  session.replicas_ = this;
+  return session;
+}
+
+}  // namespace attnserve

@@ -1,0 +1,260 @@
+#include "attnserve/client/sharded_session.h"
+
+#include <algorithm>
+#include <future>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "attnserve/client/tensors.h"
+#include "shard_merge.h"
+
+namespace attnserve {
+namespace {
+
+absl::Duration Remaining(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+}  // namespace
+
+ShardedSession::ShardedSession(Replicas* replicas,
+                               v1::CreateSessionRequest request,
+                               int64_t shard_tokens, Session first)
+    : replicas_(replicas),
+      request_(std::move(request)),
+      shard_tokens_(shard_tokens),
+      lengths_(static_cast<size_t>(first.num_layers()), 0) {
+  shards_.push_back(std::move(first));
+}
+
+absl::StatusOr<ShardedSession> ShardedSession::Create(
+    Replicas* replicas, const v1::CreateSessionRequest& request,
+    int64_t shard_tokens, absl::Duration timeout) {
+  if (replicas == nullptr) {
+    return absl::InvalidArgumentError("replicas is null");
+  }
+  if (!request.session_id().empty()) {
+    return absl::InvalidArgumentError(
+        "session_id must be empty for a sharded session: each shard draws "
+        "its own");
+  }
+  if (shard_tokens < 1 ||
+      (request.max_tokens() > 0 && shard_tokens > request.max_tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard_tokens is ", shard_tokens, ", expected 1 to ",
+        request.max_tokens() > 0
+            ? absl::StrCat(request.max_tokens(), " (the request's max_tokens)")
+            : std::string("the servers' limit")));
+  }
+  v1::CreateSessionRequest shard = request;
+  shard.set_max_tokens(shard_tokens);
+  absl::StatusOr<Session> first = replicas->CreateSession(shard, timeout);
+  if (!first.ok()) return first.status();
+  return ShardedSession(replicas, std::move(shard), shard_tokens,
+                        *std::move(first));
+}
+
+absl::Status ShardedSession::EnsureShard(size_t index, absl::Time deadline) {
+  while (shards_.size() <= index) {
+    // A replica of its own while there is one; then any.
+    std::set<std::string> holding;
+    for (const Session& shard : shards_) holding.insert(shard.address());
+    const std::vector<std::string> all = replicas_->addresses();
+    const bool spare =
+        std::any_of(all.begin(), all.end(), [&](const std::string& address) {
+          return holding.count(address) == 0;
+        });
+    absl::StatusOr<Session> shard =
+        replicas_->CreateSession(request_, Remaining(deadline),
+                                 spare ? holding : std::set<std::string>());
+    if (!shard.ok()) {
+      return absl::Status(shard.status().code(),
+                          absl::StrCat("creating shard ", shards_.size(), ": ",
+                                       shard.status().message()));
+    }
+    shards_.push_back(*std::move(shard));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
+                                                absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const int64_t layer = inputs.layer;
+  if (layer < 0 || layer >= num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer is ", layer, ", expected 0 to ", num_layers() - 1));
+  }
+  absl::StatusOr<int64_t> appended = AppendedTokens(inputs);
+  if (!appended.ok()) return appended.status();
+  const int64_t start = lengths_[layer];
+  const int64_t end = start + *appended;
+  const int64_t query_rows = inputs.query && inputs.query->shape_size() == 3
+                                 ? inputs.query->shape(1)
+                                 : 0;
+  // The shards holding tokens of the layer once the step appended.
+  const size_t used =
+      end == 0 ? 0 : static_cast<size_t>((end - 1) / shard_tokens_) + 1;
+  if (inputs.query && used > 1 && query_rows != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query holds ", query_rows, " rows; a step over a layer that spans ",
+        used,
+        " shards takes one (rows before the last would see keys of the "
+        "last shard's position only partly)"));
+  }
+  if (used > 0) {
+    if (absl::Status made = EnsureShard(used - 1, deadline); !made.ok()) {
+      return made;
+    }
+  }
+
+  // The append, cut at shard boundaries; the last piece goes with the query.
+  StepInputs last;
+  last.layer = layer;
+  last.options = inputs.options;
+  for (int64_t from = start; from < end;) {
+    const size_t shard = static_cast<size_t>(from / shard_tokens_);
+    const int64_t to =
+        std::min(end, static_cast<int64_t>(shard + 1) * shard_tokens_);
+    v1::Tensor key = internal::Slice(*inputs.key, 1, from - start, to - start);
+    v1::Tensor value =
+        internal::Slice(*inputs.value, 1, from - start, to - start);
+    if (to == end) {
+      last.key = std::move(key);
+      last.value = std::move(value);
+      break;
+    }
+    if (absl::Status s = shards_[shard].Append(
+            layer, std::move(key), std::move(value), Remaining(deadline));
+        !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("appending to shard ", shard, " at token ",
+                                 from, ": ", s.message()));
+    }
+    lengths_[layer] = to;
+    from = to;
+  }
+  if (!inputs.query) {
+    if (last.key) {
+      const size_t shard = used - 1;
+      absl::StatusOr<StepOutput> done =
+          shards_[shard].Step(std::move(last), Remaining(deadline));
+      if (!done.ok()) return done.status();
+      lengths_[layer] = end;
+    }
+    StepOutput output;
+    output.length = lengths_[layer];
+    return output;
+  }
+  if (used == 0) {
+    // No key anywhere: as one session, the query attends over nothing.
+    return shards_[0].Step(std::move(inputs), Remaining(deadline));
+  }
+
+  // Every shard attends with the query, at once; the merge needs f32 outputs
+  // and the lse.
+  const v1::DType dtype = inputs.options.output_dtype() == v1::DTYPE_UNSPECIFIED
+                              ? inputs.query->dtype()
+                              : inputs.options.output_dtype();
+  const bool return_lse = inputs.options.return_lse();
+  v1::StepOptions shard_options = inputs.options;
+  shard_options.set_return_lse(true);
+  shard_options.set_output_dtype(v1::FLOAT32);
+  last.options = shard_options;
+  last.query = *inputs.query;
+  std::vector<std::future<absl::StatusOr<StepOutput>>> others;
+  for (size_t s = 0; s + 1 < used; ++s) {
+    StepInputs attend;
+    attend.layer = layer;
+    attend.query = *inputs.query;
+    attend.options = shard_options;
+    others.push_back(std::async(
+        std::launch::async,
+        [this, s, deadline, attend = std::move(attend)]() mutable {
+          return shards_[s].Step(std::move(attend), Remaining(deadline));
+        }));
+  }
+  std::vector<absl::StatusOr<StepOutput>> parts;
+  absl::StatusOr<StepOutput> tail =
+      shards_[used - 1].Step(std::move(last), Remaining(deadline));
+  for (auto& other : others) parts.push_back(other.get());
+  parts.push_back(std::move(tail));
+  for (size_t s = 0; s < parts.size(); ++s) {
+    if (!parts[s].ok()) {
+      return absl::Status(
+          parts[s].status().code(),
+          absl::StrCat("shard ", s, ": ", parts[s].status().message()));
+    }
+  }
+  lengths_[layer] = end;
+
+  const v1::Tensor& shape_of = *parts.back()->output;
+  if (shape_of.shape_size() != 3) {
+    return absl::InternalError("a shard's output is not [H, Tq, Dv]");
+  }
+  const int64_t heads = shape_of.shape(0), value_dim = shape_of.shape(2);
+  const int64_t rows = heads * shape_of.shape(1);
+  std::vector<std::vector<float>> outputs, lses;
+  for (absl::StatusOr<StepOutput>& part : parts) {
+    absl::StatusOr<std::vector<float>> output = FloatValues(*part->output);
+    absl::StatusOr<std::vector<float>> lse =
+        part->lse
+            ? FloatValues(*part->lse)
+            : absl::StatusOr<std::vector<float>>(absl::InternalError("no lse"));
+    if (!output.ok() || !lse.ok() ||
+        static_cast<int64_t>(output->size()) != rows * value_dim ||
+        static_cast<int64_t>(lse->size()) != rows) {
+      return absl::InternalError(
+          "a shard's output or lse does not have the expected size");
+    }
+    outputs.push_back(*std::move(output));
+    lses.push_back(*std::move(lse));
+  }
+  std::vector<float> output, lse;
+  internal::MergeByLse(outputs, lses, rows, value_dim, &output, &lse);
+  StepOutput merged;
+  merged.output =
+      MakeTensor(dtype, {heads, shape_of.shape(1), value_dim}, output);
+  if (return_lse)
+    merged.lse = MakeFloat32Tensor({heads, shape_of.shape(1)}, lse);
+  merged.length = end;
+  merged.recovered = std::any_of(parts.begin(), parts.end(),
+                                 [](const auto& p) { return p->recovered; });
+  return merged;
+}
+
+absl::Status ShardedSession::Append(int64_t layer, v1::Tensor key,
+                                    v1::Tensor value, absl::Duration timeout) {
+  StepInputs inputs;
+  inputs.layer = layer;
+  inputs.key = std::move(key);
+  inputs.value = std::move(value);
+  return Step(std::move(inputs), timeout).status();
+}
+
+absl::StatusOr<StepOutput> ShardedSession::Attend(
+    int64_t layer, v1::Tensor key, v1::Tensor value, v1::Tensor query,
+    const v1::StepOptions& options, absl::Duration timeout) {
+  StepInputs inputs;
+  inputs.layer = layer;
+  inputs.key = std::move(key);
+  inputs.value = std::move(value);
+  inputs.query = std::move(query);
+  inputs.options = options;
+  return Step(std::move(inputs), timeout);
+}
+
+absl::Status ShardedSession::Delete(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status first;
+  for (Session& shard : shards_) {
+    absl::Status deleted = shard.Delete(Remaining(deadline));
+    if (first.ok()) first = deleted;
+  }
+  return first;
+}
+
+}  // namespace attnserve

@@ -37,44 +37,13 @@ using ::attnserve::testing::kTimeout;
 using ::attnserve::testing::MakeRequest;
 using ::attnserve::testing::MakeWeights;
 using ::attnserve::testing::NamesOf;
+using ::attnserve::testing::NpyBytes;
 using ::attnserve::testing::RandomTensor;
 using ::attnserve::testing::ReferenceMhaShape;
 using ::attnserve::testing::ServerFixture;
 using ::attnserve::testing::ValuesOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the .npy files below are written little-endian in place");
-
-// The bytes of a .npy v1.0 file of `descr` ('<f4' or '<f8') holding `values`.
-std::string NpyBytes(const std::string& descr,
-                     const std::vector<int64_t>& shape,
-                     const std::vector<float>& values) {
-  const std::string dims = shape.size() == 1 ? absl::StrCat(shape[0], ",")
-                                             : absl::StrJoin(shape, ", ");
-  std::string header =
-      absl::StrCat("{'descr': '", descr,
-                   "', 'fortran_order': False, 'shape': (", dims, "), }");
-  // Pad with spaces so that magic, version, length and header end on a
-  // multiple of 64 bytes, the last being '\n'.
-  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
-  header.push_back('\n');
-  std::string bytes("\x93NUMPY\x01\x00", 8);
-  bytes.push_back(static_cast<char>(header.size() & 0xff));
-  bytes.push_back(static_cast<char>(header.size() >> 8));
-  bytes += header;
-  if (descr == "<f8") {
-    for (float value : values) {
-      const double wide = value;
-      bytes.append(reinterpret_cast<const char*>(&wide), sizeof(wide));
-    }
-  } else {
-    bytes.append(reinterpret_cast<const char*>(values.data()),
-                 values.size() * sizeof(float));
-  }
-  return bytes;
-}
 
 class WeightsDirTest : public ServerFixture {
  protected:
@@ -95,9 +64,7 @@ class WeightsDirTest : public ServerFixture {
 
   static void WriteFile(const std::filesystem::path& path,
                         const std::string& contents) {
-    std::ofstream file(path, std::ios::binary);
-    file << contents;
-    ASSERT_TRUE(file.good()) << path;
+    ASSERT_TRUE(::attnserve::testing::WriteFile(path, contents)) << path;
   }
 
   // Writes `weights` as folder `name` of root_: config.txt and one .npy per
@@ -105,26 +72,8 @@ class WeightsDirTest : public ServerFixture {
   void WriteFolder(const std::string& name, const std::string& config,
                    const v1::ProjectionWeights& weights,
                    const std::string& descr) {
-    const std::filesystem::path folder = root_ / name;
-    std::filesystem::create_directories(folder);
-    if (!config.empty()) WriteFile(folder / "config.txt", config);
-    const std::pair<const char*, const v1::Tensor*> tensors[] = {
-        {"w_q", weights.has_w_q() ? &weights.w_q() : nullptr},
-        {"w_k", weights.has_w_k() ? &weights.w_k() : nullptr},
-        {"w_v", weights.has_w_v() ? &weights.w_v() : nullptr},
-        {"w_o", weights.has_w_o() ? &weights.w_o() : nullptr},
-        {"b_q", weights.has_b_q() ? &weights.b_q() : nullptr},
-        {"b_k", weights.has_b_k() ? &weights.b_k() : nullptr},
-        {"b_v", weights.has_b_v() ? &weights.b_v() : nullptr},
-        {"b_o", weights.has_b_o() ? &weights.b_o() : nullptr},
-    };
-    for (const auto& [file, tensor] : tensors) {
-      if (tensor == nullptr) continue;
-      const std::vector<int64_t> shape(tensor->shape().begin(),
-                                       tensor->shape().end());
-      WriteFile(folder / absl::StrCat(file, ".npy"),
-                NpyBytes(descr, shape, ValuesOf(*tensor)));
-    }
+    ASSERT_TRUE(::attnserve::testing::WriteWeightsFolder(root_ / name, config,
+                                                         weights, descr));
   }
 
   std::filesystem::path root_;

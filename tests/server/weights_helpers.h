@@ -6,11 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "attnserve/client/client.h"
 #include "gtest/gtest.h"
@@ -19,6 +23,38 @@
 namespace attnserve::testing {
 
 inline constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the .npy files below are written little-endian in place");
+
+// The bytes of a .npy v1.0 file of `descr` ('<f4' or '<f8') holding `values`.
+inline std::string NpyBytes(const std::string& descr,
+                            const std::vector<int64_t>& shape,
+                            const std::vector<float>& values) {
+  const std::string dims = shape.size() == 1 ? absl::StrCat(shape[0], ",")
+                                             : absl::StrJoin(shape, ", ");
+  std::string header =
+      absl::StrCat("{'descr': '", descr,
+                   "', 'fortran_order': False, 'shape': (", dims, "), }");
+  // Pad with spaces so that magic, version, length and header end on a
+  // multiple of 64 bytes, the last being '\n'.
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes.push_back(static_cast<char>(header.size() & 0xff));
+  bytes.push_back(static_cast<char>(header.size() >> 8));
+  bytes += header;
+  if (descr == "<f8") {
+    for (float value : values) {
+      const double wide = value;
+      bytes.append(reinterpret_cast<const char*>(&wide), sizeof(wide));
+    }
+  } else {
+    bytes.append(reinterpret_cast<const char*>(values.data()),
+                 values.size() * sizeof(float));
+  }
+  return bytes;
+}
 
 // f32 tolerance against the double reference: abs + rel * |expected|.
 inline constexpr double kAbs = 1e-5;
@@ -48,6 +84,47 @@ inline std::vector<float> ValuesOf(const v1::Tensor& tensor) {
 }
 
 enum class Biases { kNone, kAll, kQueryAndOutputOnly };
+
+// Writes `contents` to `path`; false if it could not.
+inline bool WriteFile(const std::filesystem::path& path,
+                      const std::string& contents) {
+  std::ofstream file(path, std::ios::binary);
+  file << contents;
+  return file.good();
+}
+
+// Writes `weights` as a --weights_dir folder: `config` as config.txt (none
+// when empty) and one .npy of `descr` ('<f4' or '<f8') per tensor present.
+// False if a file could not be written.
+inline bool WriteWeightsFolder(const std::filesystem::path& folder,
+                               const std::string& config,
+                               const v1::ProjectionWeights& weights,
+                               const std::string& descr) {
+  std::filesystem::create_directories(folder);
+  if (!config.empty() && !WriteFile(folder / "config.txt", config)) {
+    return false;
+  }
+  const std::pair<const char*, const v1::Tensor*> tensors[] = {
+      {"w_q", weights.has_w_q() ? &weights.w_q() : nullptr},
+      {"w_k", weights.has_w_k() ? &weights.w_k() : nullptr},
+      {"w_v", weights.has_w_v() ? &weights.w_v() : nullptr},
+      {"w_o", weights.has_w_o() ? &weights.w_o() : nullptr},
+      {"b_q", weights.has_b_q() ? &weights.b_q() : nullptr},
+      {"b_k", weights.has_b_k() ? &weights.b_k() : nullptr},
+      {"b_v", weights.has_b_v() ? &weights.b_v() : nullptr},
+      {"b_o", weights.has_b_o() ? &weights.b_o() : nullptr},
+  };
+  for (const auto& [file, tensor] : tensors) {
+    if (tensor == nullptr) continue;
+    const std::vector<int64_t> shape(tensor->shape().begin(),
+                                     tensor->shape().end());
+    if (!WriteFile(folder / absl::StrCat(file, ".npy"),
+                   NpyBytes(descr, shape, ValuesOf(*tensor)))) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // Projection weights for the dimensions of `s` (B, Lq and Lk unused): Q and K
 // in [-1, 1) so that the softmax is not flat, V and O scaled like

@@ -1,0 +1,663 @@
+// Three attnserve processes on loopback, as a Deployment's replicas: clients
+// over the multi-address target with round_robin and retries lose no call
+// when a replica is killed (SIGKILL) or drained (SIGTERM) under load, and
+// leave it out by its connection state and its health rather than by failed
+// calls; the replicas agree on a weights version after the shared folder
+// changes; sessions are placed by rendezvous hashing, pinned to their
+// replica, told apart when it is gone (killed or restarted), rebuilt
+// elsewhere through the caller's hook, kept off a draining replica; and a
+// session sharded over the replicas answers as one session does.
+#include "attnserve/client/replicas.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attnserve/client/client.h"
+#include "attnserve/client/session.h"
+#include "attnserve/client/sharded_session.h"
+#include "gmock/gmock.h"
+#include "grpcpp/channel.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+#include "reference/tolerance.h"
+#include "reliability/attnserve_process.h"
+#include "server/weights_helpers.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::AttnserveProcess;
+using ::attnserve::testing::MetricSum;
+using ::attnserve::testing::RandomValues;
+using ::attnserve::testing::ReferenceAttention;
+using ::attnserve::testing::ReferenceMhaShape;
+using ::testing::HasSubstr;
+
+constexpr int kReplicas = 3;
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+
+// Polls `done` every 20 ms for up to `limit`.
+bool Eventually(const std::function<bool()>& done, absl::Duration limit) {
+  const absl::Time by = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > by) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+class ReplicasTest : public ::testing::Test {
+ protected:
+  // Starts replica `i` named "replica-<i>" with `flags`.
+  std::unique_ptr<AttnserveProcess> StartReplica(
+      int i, std::vector<std::string> flags) {
+    flags.push_back(absl::StrCat("--replica_name=replica-", i));
+    absl::StatusOr<std::unique_ptr<AttnserveProcess>> process =
+        AttnserveProcess::Start(ATTNSERVE_BINARY, flags);
+    EXPECT_TRUE(process.ok()) << process.status();
+    return process.ok() ? *std::move(process) : nullptr;
+  }
+
+  void StartReplicas(const std::vector<std::string>& flags) {
+    for (int i = 0; i < kReplicas; ++i) {
+      replicas_.push_back(StartReplica(i, flags));
+      ASSERT_NE(replicas_.back(), nullptr);
+    }
+  }
+
+  // "ipv4:127.0.0.1:p0,127.0.0.1:p1,127.0.0.1:p2": one gRPC target over
+  // all of them, as a headless Service's name resolves to every pod.
+  std::string Target() const {
+    std::vector<std::string> addresses;
+    for (const auto& replica : replicas_) {
+      addresses.push_back(replica->target());
+    }
+    return absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  }
+
+  int IndexOf(const std::string& address) const {
+    for (int i = 0; i < static_cast<int>(replicas_.size()); ++i) {
+      if (replicas_[i] != nullptr && replicas_[i]->target() == address) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  std::vector<std::unique_ptr<AttnserveProcess>> replicas_;
+};
+
+// One small Attend and the reference's answer.
+struct Probe {
+  v1::AttendRequest request;
+  std::vector<double> expected;
+};
+
+Probe MakeProbe(uint64_t seed) {
+  constexpr int64_t kHeads = 2, kQuery = 4, kKeys = 16, kDim = 8;
+  const std::vector<float> q = RandomValues(kHeads * kQuery * kDim, seed);
+  const std::vector<float> k = RandomValues(kHeads * kKeys * kDim, seed + 1);
+  const std::vector<float> v = RandomValues(kHeads * kKeys * kDim, seed + 2);
+  Probe probe;
+  *probe.request.mutable_query() =
+      MakeFloat32Tensor({1, kHeads, kQuery, kDim}, q);
+  *probe.request.mutable_key() = MakeFloat32Tensor({1, kHeads, kKeys, kDim}, k);
+  *probe.request.mutable_value() =
+      MakeFloat32Tensor({1, kHeads, kKeys, kDim}, v);
+  probe.expected = ReferenceAttention(
+                       {1, kHeads, kHeads, kQuery, kKeys, kDim, kDim}, q, k, v)
+                       .output;
+  return probe;
+}
+
+bool Matches(const v1::AttendResponse& response,
+             const std::vector<double>& expected) {
+  absl::StatusOr<std::vector<float>> output = FloatValues(response.output());
+  if (!output.ok() || output->size() != expected.size()) return false;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::abs((*output)[i] - expected[i]) >
+        1e-5 + 1e-5 * std::abs(expected[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// What one call of the load saw.
+struct CallRecord {
+  absl::Time started;
+  int attempts = 0;
+};
+
+TEST_F(ReplicasTest, KilledAndDrainedReplicasLoseNoCall) {
+  StartReplicas({"--drain_grace_seconds=3"});
+  if (HasFatalFailure()) return;
+  ClientOptions options;
+  options.health_check = true;
+  options.retry.max_attempts = 6;
+  options.retry.initial_backoff = absl::Milliseconds(20);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(Target(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  // The load: 3 callers, each call's answer checked against the reference.
+  // Bounded in time (the stop below, or 40 s) and count.
+  constexpr int kCallers = 3;
+  constexpr int kMostCalls = 20000;
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0}, wrong{0};
+  absl::Mutex mutex;
+  std::vector<CallRecord> records;
+  std::vector<std::string> first_errors;
+  std::vector<std::thread> callers;
+  const absl::Time load_started = absl::Now();
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int i = 0; i < kMostCalls && !stop.load(); ++i) {
+        if (absl::Now() - load_started > absl::Seconds(40)) break;
+        const Probe probe = MakeProbe(1000003u * (c + 1) + 7u * i);
+        CallRecord record{absl::Now(), 0};
+        absl::StatusOr<v1::AttendResponse> answer = (*client)->Attend(
+            probe.request, absl::Seconds(10), &record.attempts);
+        absl::MutexLock lock(&mutex);
+        records.push_back(record);
+        if (!answer.ok()) {
+          ++errors;
+          if (first_errors.size() < 5) {
+            first_errors.push_back(answer.status().ToString());
+          }
+        } else if (!Matches(*answer, probe.expected)) {
+          ++wrong;
+        }
+      }
+    });
+  }
+
+  absl::SleepFor(absl::Milliseconds(1500));
+  const absl::Time killed = absl::Now();
+  replicas_[0]->Signal(SIGKILL);
+  ASSERT_TRUE(replicas_[0]->Wait(absl::Seconds(10)).status().code() ==
+              absl::StatusCode::kInternal);  // Ended by a signal.
+  absl::SleepFor(absl::Milliseconds(1500));
+
+  const auto attends = [&](int i) {
+    absl::StatusOr<std::string> metrics = replicas_[i]->ScrapeMetrics();
+    return metrics.ok() ? MetricSum(*metrics, "attnserve_requests_total",
+                                    {{"rpc", "Attend"}})
+                        : -1.0;
+  };
+  const double before_drain = attends(1);
+  const absl::Time drained = absl::Now();
+  replicas_[1]->Signal(SIGTERM);
+  // Within the 3 s grace the replica still serves, but its health says
+  // NOT_SERVING at once and the clients' health checks leave it out.
+  absl::SleepFor(absl::Milliseconds(700));
+  const double early_in_grace = attends(1);
+  absl::SleepFor(absl::Milliseconds(1500));
+  const double late_in_grace = attends(1);
+  absl::StatusOr<int> drain_exit = replicas_[1]->Wait(absl::Seconds(40));
+  absl::SleepFor(absl::Milliseconds(1000));
+  stop = true;
+  for (std::thread& caller : callers) caller.join();
+
+  ASSERT_TRUE(drain_exit.ok()) << drain_exit.status();
+  EXPECT_EQ(*drain_exit, 0);
+  EXPECT_EQ(errors.load(), 0) << absl::StrJoin(first_errors, "\n");
+  EXPECT_EQ(wrong.load(), 0);
+  int after_kill = 0, after_kill_retried = 0, in_drain = 0,
+      in_drain_retried = 0;
+  for (const CallRecord& record : records) {
+    if (record.started > killed + absl::Milliseconds(500) &&
+        record.started < drained) {
+      ++after_kill;
+      if (record.attempts > 1) ++after_kill_retried;
+    }
+    if (record.started > drained) {
+      ++in_drain;
+      if (record.attempts > 1) ++in_drain_retried;
+    }
+  }
+  std::cerr << records.size() << " calls; " << after_kill
+            << " between the kill (+0.5 s) and the drain, " << in_drain
+            << " from the drain on; Attends served by the draining replica: "
+            << before_drain << " before, " << early_in_grace << " at 0.7 s, "
+            << late_in_grace << " at 2.2 s of its grace\n";
+  EXPECT_GT(after_kill, 20);
+  EXPECT_GT(in_drain, 20);
+  // The killed replica's connection is down: the channel sends nothing there,
+  // so no call needs a second attempt.
+  EXPECT_EQ(after_kill_retried, 0);
+  EXPECT_EQ(in_drain_retried, 0);
+  // The draining replica got no call once its health said NOT_SERVING.
+  EXPECT_GT(before_drain, 0);
+  EXPECT_EQ(late_in_grace, early_in_grace);
+}
+
+TEST_F(ReplicasTest, ReplicasAgreeOnAWeightsVersionAfterAChange) {
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) /
+      absl::StrCat("replicas_weights_", getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  const v1::ProjectionWeights first = testing::MakeWeights(tiny, 500);
+  const v1::ProjectionWeights second = testing::MakeWeights(tiny, 510);
+  ASSERT_TRUE(testing::WriteWeightsFolder(
+      root / ".attn.1", "num_heads=2\nversion=1\n", first, "<f4"));
+  std::filesystem::create_directory_symlink(".attn.1", root / "attn");
+  StartReplicas({absl::StrCat("--weights_dir=", root.string()),
+                 "--weights_reload_seconds=1", "--demo_weights=false"});
+  if (HasFatalFailure()) return;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (const auto& replica : replicas_) {
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect(replica->target());
+    ASSERT_TRUE(client.ok());
+    clients.push_back(*std::move(client));
+  }
+  const auto versions = [&] {
+    std::vector<int64_t> seen;
+    for (const auto& client : clients) {
+      absl::StatusOr<v1::ListWeightsResponse> list =
+          client->ListWeights(kTimeout);
+      seen.push_back(list.ok() && list->weights_size() == 1
+                         ? list->weights(0).version()
+                         : -1);
+    }
+    return seen;
+  };
+  EXPECT_EQ(versions(), std::vector<int64_t>(kReplicas, 1));
+
+  // The new version is written apart and swapped in by a link rename, as a
+  // volume's atomic update does.
+  ASSERT_TRUE(testing::WriteWeightsFolder(
+      root / ".attn.2", "num_heads=2\nversion=2\n", second, "<f4"));
+  std::filesystem::create_directory_symlink(".attn.2", root / ".attn.link");
+  std::filesystem::rename(root / ".attn.link", root / "attn");
+  EXPECT_TRUE(Eventually(
+      [&] { return versions() == std::vector<int64_t>(kReplicas, 2); },
+      absl::Seconds(30)))
+      << "versions: " << absl::StrJoin(versions(), ", ");
+
+  v1::MultiHeadAttentionRequest request =
+      testing::MakeRequest(tiny, 520, false);
+  request.set_weights_name("attn");
+  request.set_weights_version(2);
+  const std::vector<double> expected =
+      testing::Expected(tiny, request, second).output;
+  for (int i = 0; i < kReplicas; ++i) {
+    absl::StatusOr<v1::MultiHeadAttentionResponse> answer =
+        clients[i]->MultiHeadAttention(request, kTimeout);
+    ASSERT_TRUE(answer.ok()) << "replica " << i << ": " << answer.status();
+    EXPECT_EQ(answer->weights_version(), 2);
+    testing::ExpectNear(answer->output(), expected, testing::kAbs,
+                        testing::kRel, absl::StrCat("replica ", i));
+  }
+  request.set_weights_version(1);
+  for (int i = 0; i < kReplicas; ++i) {
+    const absl::Status stale =
+        clients[i]->MultiHeadAttention(request, kTimeout).status();
+    EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(stale.message()),
+                HasSubstr("weights_name 'attn' is at version 2 on this server, "
+                          "the request's weights_version is 1"));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(root, ignored);
+}
+
+// A session as the test knows it: every token it appended, per kv head.
+struct SessionModel {
+  static constexpr int64_t kHeads = 2, kKvHeads = 2, kDim = 8;
+  std::vector<std::vector<float>> keys{kKvHeads}, values{kKvHeads};
+  int64_t length = 0;
+
+  // `tokens` random tokens as a step's key and value, recorded.
+  std::pair<v1::Tensor, v1::Tensor> Append(int64_t tokens, uint64_t seed) {
+    const std::vector<float> k = RandomValues(kKvHeads * tokens * kDim, seed);
+    const std::vector<float> v =
+        RandomValues(kKvHeads * tokens * kDim, seed + 1);
+    const size_t row = static_cast<size_t>(tokens * kDim);
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      keys[h].insert(keys[h].end(), k.begin() + h * row,
+                     k.begin() + (h + 1) * row);
+      values[h].insert(values[h].end(), v.begin() + h * row,
+                       v.begin() + (h + 1) * row);
+    }
+    length += tokens;
+    return {MakeFloat32Tensor({kKvHeads, tokens, kDim}, k),
+            MakeFloat32Tensor({kKvHeads, tokens, kDim}, v)};
+  }
+
+  // Tokens [from, to) as a step's key and value (for a rebuild).
+  std::pair<v1::Tensor, v1::Tensor> Tokens(int64_t from, int64_t to) const {
+    std::vector<float> k, v;
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      k.insert(k.end(), keys[h].begin() + from * kDim,
+               keys[h].begin() + to * kDim);
+      v.insert(v.end(), values[h].begin() + from * kDim,
+               values[h].begin() + to * kDim);
+    }
+    return {MakeFloat32Tensor({kKvHeads, to - from, kDim}, k),
+            MakeFloat32Tensor({kKvHeads, to - from, kDim}, v)};
+  }
+
+  // The reference's output for one query row over every token.
+  std::vector<double> Expected(const std::vector<float>& query) const {
+    std::vector<float> k, v;
+    for (size_t h = 0; h < kKvHeads; ++h) {
+      k.insert(k.end(), keys[h].begin(), keys[h].end());
+      v.insert(v.end(), values[h].begin(), values[h].end());
+    }
+    return ReferenceAttention({1, kHeads, kKvHeads, 1, length, kDim, kDim},
+                              query, k, v)
+        .output;
+  }
+};
+
+v1::CreateSessionRequest SmallSession() {
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(SessionModel::kHeads);
+  create.set_num_kv_heads(SessionModel::kKvHeads);
+  create.set_key_dim(SessionModel::kDim);
+  create.set_dtype(v1::FLOAT32);
+  return create;
+}
+
+// A decode step on `session` (one token, one query row), checked against
+// `model`.
+absl::Status Decode(Session& session, SessionModel& model, uint64_t seed) {
+  auto [key, value] = model.Append(1, seed);
+  const std::vector<float> query =
+      RandomValues(SessionModel::kHeads * SessionModel::kDim, seed + 2);
+  absl::StatusOr<StepOutput> out = session.Attend(
+      0, std::move(key), std::move(value),
+      MakeFloat32Tensor({SessionModel::kHeads, 1, SessionModel::kDim}, query),
+      v1::StepOptions(), kTimeout);
+  if (!out.ok()) {
+    model.length -= 1;
+    for (size_t h = 0; h < SessionModel::kKvHeads; ++h) {
+      model.keys[h].resize(model.keys[h].size() - SessionModel::kDim);
+      model.values[h].resize(model.values[h].size() - SessionModel::kDim);
+    }
+    return out.status();
+  }
+  absl::StatusOr<std::vector<float>> output = FloatValues(*out->output);
+  if (!output.ok()) return output.status();
+  const std::vector<double> expected = model.Expected(query);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::abs((*output)[i] - expected[i]) >
+        1e-5 + 1e-5 * std::abs(expected[i])) {
+      return absl::InternalError(absl::StrCat(
+          "output ", i, " is ", (*output)[i], ", expected ", expected[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
+  StartReplicas({"--drain_grace_seconds=1"});
+  if (HasFatalFailure()) return;
+  ClientOptions options;
+  options.retry.max_attempts = 3;
+  options.retry.initial_backoff = absl::Milliseconds(20);
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target(), options);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  ASSERT_EQ((*replicas)->addresses().size(), 3u);
+
+  // Sessions until one replica holds three (the victim's), each placed on
+  // its rendezvous first choice and told which replica holds it.
+  std::vector<Session> sessions;
+  std::vector<SessionModel> models;
+  std::map<std::string, std::vector<size_t>> on;
+  std::string victim;
+  for (int i = 0; i < 60 && victim.empty(); ++i) {
+    absl::StatusOr<Session> session =
+        (*replicas)->CreateSession(SmallSession(), kTimeout);
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_EQ(session->address(), (*replicas)->Rank(session->id())[0]);
+    EXPECT_EQ(session->replica().name(),
+              absl::StrCat("replica-", IndexOf(session->address())));
+    EXPECT_EQ(session->replica().incarnation().size(), 16u);
+    on[session->address()].push_back(sessions.size());
+    if (on[session->address()].size() == 3) victim = session->address();
+    sessions.push_back(*std::move(session));
+    models.emplace_back();
+  }
+  ASSERT_FALSE(victim.empty());
+  EXPECT_GE(on.size(), 2u) << "sessions spread over the replicas";
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    auto [key, value] = models[s].Append(5, 100 * s);
+    ASSERT_TRUE(sessions[s].Append(0, key, value, kTimeout).ok());
+    ASSERT_TRUE(Decode(sessions[s], models[s], 100 * s + 10).ok());
+  }
+
+  const int victim_index = IndexOf(victim);
+  const std::string victim_name = absl::StrCat("replica-", victim_index);
+  const std::string port = victim.substr(victim.rfind(':') + 1);
+  replicas_[victim_index]->Signal(SIGKILL);
+  ASSERT_FALSE(replicas_[victim_index]->Wait(absl::Seconds(10)).ok());
+
+  // Without a hook: the replica is gone, said so, not NOT_FOUND.
+  const size_t a = on[victim][0], b = on[victim][1], c = on[victim][2];
+  absl::Status gone = Decode(sessions[a], models[a], 7000);
+  EXPECT_TRUE(IsReplicaGone(gone)) << gone;
+  EXPECT_EQ(gone.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(gone.message()),
+              HasSubstr(absl::StrCat("'s replica ", victim_name)));
+  EXPECT_THAT(std::string(gone.message()),
+              HasSubstr("is gone, and the session with it: it is unreachable"));
+
+  // With a hook: rebuilt on the next replica from the caller's tokens, and
+  // the step answered there.
+  int rebuilds = 0;
+  sessions[b].SetRebuild([&](Session& fresh,
+                             const std::vector<int64_t>& lengths,
+                             absl::Duration timeout) {
+    ++rebuilds;
+    auto [key, value] = models[b].Tokens(0, lengths[0]);
+    return fresh.Append(0, std::move(key), std::move(value), timeout);
+  });
+  const std::string old_id = sessions[b].id();
+  absl::Status rebuilt = Decode(sessions[b], models[b], 7100);
+  EXPECT_TRUE(rebuilt.ok()) << rebuilt;
+  EXPECT_EQ(rebuilds, 1);
+  EXPECT_NE(sessions[b].address(), victim);
+  EXPECT_NE(sessions[b].id(), old_id);
+  EXPECT_EQ(sessions[b].address(),
+            (*replicas)->Rank(sessions[b].id())[0] == victim
+                ? (*replicas)->Rank(sessions[b].id())[1]
+                : (*replicas)->Rank(sessions[b].id())[0]);
+  EXPECT_TRUE(Decode(sessions[b], models[b], 7200).ok());
+
+  // The other replicas' sessions never noticed.
+  for (const auto& [address, indices] : on) {
+    if (address == victim) continue;
+    for (size_t s : indices) {
+      EXPECT_TRUE(Decode(sessions[s], models[s], 7300 + s).ok()) << address;
+    }
+  }
+
+  // The same name and address, another process: its steps are refused for
+  // their incarnation, and the client says the replica restarted.
+  replicas_[victim_index] =
+      StartReplica(victim_index, {absl::StrCat("--port=", port)});
+  ASSERT_NE(replicas_[victim_index], nullptr);
+  ASSERT_TRUE((*replicas)->client(victim)->channel()->WaitForConnected(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(10))));
+  gone = Decode(sessions[c], models[c], 7400);
+  EXPECT_TRUE(IsReplicaGone(gone)) << gone;
+  EXPECT_THAT(std::string(gone.message()), HasSubstr("it restarted"));
+  EXPECT_THAT(std::string(gone.message()),
+              HasSubstr(absl::StrCat("this is replica ", victim_name)));
+  // Rebuilt by hand (no hook: the layers come back empty).
+  ASSERT_TRUE(sessions[c].Rebuild(kTimeout).ok());
+  EXPECT_EQ(sessions[c].length(0), 0);
+}
+
+TEST_F(ReplicasTest, ADrainingReplicaTakesNoNewSessionsButServesItsOwn) {
+  StartReplicas({"--drain_grace_seconds=4"});
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  // A session on replica 0, then replica 0 drains.
+  std::optional<Session> held;
+  for (int i = 0; i < 60 && !held; ++i) {
+    absl::StatusOr<Session> session =
+        (*replicas)->CreateSession(SmallSession(), kTimeout);
+    ASSERT_TRUE(session.ok()) << session.status();
+    if (session->address() == replicas_[0]->target()) {
+      held = *std::move(session);
+    }
+  }
+  ASSERT_TRUE(held.has_value());
+  SessionModel model;
+  auto [key, value] = model.Append(3, 900);
+  ASSERT_TRUE(held->Append(0, key, value, kTimeout).ok());
+  replicas_[0]->Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(300));
+  // New sessions whose first choice is replica 0 go to their second.
+  int moved = 0;
+  for (int i = 0; i < 30; ++i) {
+    absl::StatusOr<Session> session =
+        (*replicas)->CreateSession(SmallSession(), kTimeout);
+    ASSERT_TRUE(session.ok()) << session.status();
+    EXPECT_NE(session->address(), replicas_[0]->target());
+    if ((*replicas)->Rank(session->id())[0] == replicas_[0]->target()) ++moved;
+  }
+  EXPECT_GT(moved, 0);
+  // Its own session is served through the grace.
+  EXPECT_TRUE(Decode(*held, model, 910).ok());
+  absl::StatusOr<int> exit_status = replicas_[0]->Wait(absl::Seconds(40));
+  ASSERT_TRUE(exit_status.ok()) << exit_status.status();
+  EXPECT_EQ(*exit_status, 0);
+  // After the drain the session is gone with its replica.
+  EXPECT_TRUE(IsReplicaGone(Decode(*held, model, 920)));
+}
+
+TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
+  StartReplicas({});
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  constexpr int64_t kHeads = 4, kKvHeads = 2, kDim = 16, kShard = 64;
+  v1::CreateSessionRequest create;
+  create.set_num_layers(2);
+  create.set_num_heads(kHeads);
+  create.set_num_kv_heads(kKvHeads);
+  create.set_key_dim(kDim);
+  create.set_dtype(v1::FLOAT32);
+  absl::StatusOr<ShardedSession> sharded =
+      ShardedSession::Create(replicas->get(), create, kShard, kTimeout);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  absl::StatusOr<Session> one = (*replicas)->CreateSession(create, kTimeout);
+  ASSERT_TRUE(one.ok()) << one.status();
+
+  // Chunks that cross the shard boundaries, on layer 1 only: layer 0 stays
+  // empty.
+  std::vector<float> keys, values;  // [Hkv, L, D] once assembled
+  std::vector<std::vector<float>> key_heads(kKvHeads), value_heads(kKvHeads);
+  int64_t length = 0;
+  const auto append = [&](int64_t tokens, uint64_t seed) {
+    const std::vector<float> k = RandomValues(kKvHeads * tokens * kDim, seed);
+    const std::vector<float> v =
+        RandomValues(kKvHeads * tokens * kDim, seed + 1);
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      key_heads[h].insert(key_heads[h].end(), k.begin() + h * tokens * kDim,
+                          k.begin() + (h + 1) * tokens * kDim);
+      value_heads[h].insert(value_heads[h].end(), v.begin() + h * tokens * kDim,
+                            v.begin() + (h + 1) * tokens * kDim);
+    }
+    length += tokens;
+    return std::make_pair(MakeFloat32Tensor({kKvHeads, tokens, kDim}, k),
+                          MakeFloat32Tensor({kKvHeads, tokens, kDim}, v));
+  };
+  for (const int64_t chunk : {50, 50, 50, 30}) {
+    auto [k, v] = append(chunk, 1000 + length);
+    ASSERT_TRUE(one->Append(1, k, v, kTimeout).ok());
+    ASSERT_TRUE(sharded->Append(1, k, v, kTimeout).ok());
+  }
+  EXPECT_EQ(sharded->length(1), 180);
+  EXPECT_EQ(sharded->length(0), 0);
+  ASSERT_EQ(sharded->shards().size(), 3u);
+  std::set<std::string> addresses;
+  for (const Session& shard : sharded->shards()) {
+    addresses.insert(shard.address());
+  }
+  EXPECT_EQ(addresses.size(), 3u) << "one shard per replica";
+  EXPECT_EQ(sharded->shards()[0].length(1), kShard);
+  EXPECT_EQ(sharded->shards()[2].length(1), 180 - 2 * kShard);
+
+  v1::StepOptions options;
+  options.set_return_lse(true);
+  for (int step = 0; step < 6; ++step) {  // Crosses into a fourth shard.
+    auto [k, v] = append(step == 3 ? 20 : 1, 5000 + step);
+    const std::vector<float> query = RandomValues(kHeads * kDim, 6000 + step);
+    const v1::Tensor q = MakeFloat32Tensor({kHeads, 1, kDim}, query);
+    absl::StatusOr<StepOutput> single =
+        one->Attend(1, k, v, q, options, kTimeout);
+    absl::StatusOr<StepOutput> merged =
+        sharded->Attend(1, k, v, q, options, kTimeout);
+    ASSERT_TRUE(single.ok()) << single.status();
+    ASSERT_TRUE(merged.ok()) << merged.status();
+    EXPECT_EQ(merged->length, length);
+    std::vector<float> all_keys, all_values;
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      all_keys.insert(all_keys.end(), key_heads[h].begin(), key_heads[h].end());
+      all_values.insert(all_values.end(), value_heads[h].begin(),
+                        value_heads[h].end());
+    }
+    const auto expected =
+        ReferenceAttention({1, kHeads, kKvHeads, 1, length, kDim, kDim}, query,
+                           all_keys, all_values);
+    testing::ExpectNear("merged output", *FloatValues(*merged->output),
+                        expected.output, testing::kOutputF32);
+    testing::ExpectNear("merged lse", *FloatValues(*merged->lse), expected.lse,
+                        testing::kLseF32);
+    const std::vector<float> a = *FloatValues(*single->output);
+    const std::vector<float> b = *FloatValues(*merged->output);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], b[i], 1e-5 * std::max(1.0f, std::abs(a[i])))
+          << "against one session, step " << step << " at " << i;
+    }
+  }
+  EXPECT_EQ(sharded->shards().size(), 4u);
+
+  // Two query rows over more than one shard: refused, naming why.
+  const v1::Tensor rows =
+      MakeFloat32Tensor({kHeads, 2, kDim}, RandomValues(kHeads * 2 * kDim, 9));
+  StepInputs two;
+  two.layer = 1;
+  two.query = rows;
+  const absl::Status refused = sharded->Step(two, kTimeout).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("query holds 2 rows"));
+  EXPECT_TRUE(sharded->Delete(kTimeout).ok());
+}
+
+}  // namespace
+}  // namespace attnserve

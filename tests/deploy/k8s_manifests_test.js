@@ -5,13 +5,21 @@
 //      the flags in the ConfigMap, the grace period outlasts preStop plus the server's drain,
 //      the pod is non-root with a read-only root and no privileges, resources are set and hold
 //      the flags' memory budgets, and Services, HPA, PDB, NetworkPolicy and ServiceMonitor all
-//      point at the Deployment's pods and ports;
+//      point at the Deployment's pods and ports; where the HPA scales on Pods metrics (the
+//      sessions profile), the prometheus-adapter config that comes with the rendering defines
+//      each of them from metrics attnserve exports (docs/metrics.md), and rollouts and
+//      scale-down take one pod at a time;
 //   3. that each invariant catches what it guards: MUTATIONS break a valid rendering one way
 //      each, and the named invariant must fail.
 // Writes each rendering's flag file (the ConfigMap's) beside it as NAME.flags, for the shell
-// test to start attnserve with. Exits 1 on any failure.
+// test to start attnserve with, and the adapter's queries with their templates filled in as
+// NAME.adapter-queries.yml, a Prometheus rules file for promtool. Exits 1 on any failure.
 //
-// usage: NODE_PATH=.../node_modules node k8s_manifests_test.js DOCKERFILE RENDERED.yaml...
+// A rendering NAME.yaml may come with NAME.adapter-config: the prometheus-adapter ConfigMap
+// (prometheus-adapter-config.yaml beside the kustomization, which does not include it).
+//
+// usage: NODE_PATH=.../node_modules node k8s_manifests_test.js DOCKERFILE METRICS_MD \
+//            RENDERED.yaml...
 "use strict";
 
 const fs = require("fs");
@@ -52,6 +60,14 @@ const FLAG_DEFAULTS = {
 // (kProcessOverheadBytes in server/include/attnserve/server/process/memory_plan.h).
 const BASE_MEMORY_BYTES = 256 * 2 ** 20;
 const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
+// A sessions profile (an HPA on Pods metrics) removes a pod only after load stayed low this
+// long: each removal drops the pod's sessions, which their clients rebuild elsewhere.
+const MIN_SESSIONS_SCALE_DOWN_WINDOW_SECONDS = 600;
+// Labels a scrape adds to attnserve's own (the ServiceMonitor's target labels), which adapter
+// queries may match on.
+const TARGET_LABELS = ["namespace", "pod", "job", "instance", "service", "container", "endpoint"];
+// The templates prometheus-adapter fills in a rule's metricsQuery.
+const ADAPTER_TEMPLATES = ["<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"];
 
 // --- Helpers
 
@@ -125,20 +141,102 @@ function containerPort(container, port) {
   return found ? found.containerPort : undefined;
 }
 
+// The series attnserve exports, from docs/metrics.md's table: series name -> { metric, type,
+// labels }. A histogram is NAME_bucket (with le), NAME_sum and NAME_count.
+function exportedSeries(markdown) {
+  const series = new Map();
+  for (const line of markdown.split("\n")) {
+    const row = /^\| `(attnserve_[a-z0-9_]+)` \| ([a-z]+)[^|]* \| ([^|]*) \|/.exec(line);
+    if (!row) continue;
+    const [, metric, type, labelCell] = row;
+    // "`rpc` (compute RPCs: ...)", "`change` (`registered`, ...)": the names outside brackets.
+    const labels = [...labelCell.replace(/\([^)]*\)/g, "").matchAll(/`([a-z_]+)`/g)]
+      .map((match) => match[1]);
+    if (type === "histogram") {
+      series.set(`${metric}_bucket`, { metric, type, labels: labels.concat("le") });
+      series.set(`${metric}_sum`, { metric, type, labels });
+      series.set(`${metric}_count`, { metric, type, labels });
+    } else {
+      series.set(metric, { metric, type, labels });
+    }
+  }
+  return series;
+}
+
+// A PromQL series selector, NAME{label="value",...} or {__name__="NAME",...}: { name, matchers }
+// (name undefined when it names none), or null when it is not one.
+function parseSelector(text) {
+  const match = /^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{([^{}]*)\})?\s*$/.exec(String(text));
+  if (!match || (!match[1] && match[2] === undefined)) return null;
+  const matchers = parseMatchers(match[2] || "");
+  if (!matchers) return null;
+  const named = matchers.find((m) => m.label === "__name__" && m.op === "=");
+  return { name: match[1] || (named && named.value), matchers };
+}
+
+// label="value", label!~"regex", ...: a list of { label, op, value }, or null.
+function parseMatchers(text) {
+  const body = text.trim().replace(/,$/, "");
+  const matcher = new RegExp(String.raw`\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*` +
+                             String.raw`("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*(?:,|$)`, "y");
+  const matchers = [];
+  while (matcher.lastIndex < body.length) {
+    const found = matcher.exec(body);
+    if (!found) return null;
+    matchers.push({ label: found[1], op: found[2], value: found[3].slice(1, -1) });
+  }
+  return matchers;
+}
+
+// The selectors of attnserve series in a metricsQuery: { name, braces } for each
+// `attnserve_x{...}` or `<<.Series>>{...}` (braces null when it has none).
+function querySelectors(query) {
+  return [...String(query).matchAll(
+    /(?<![A-Za-z0-9_:])(attnserve_[A-Za-z0-9_:]*|<<\.Series>>)\s*(\{([^{}]*)\})?/g)]
+    .map((match) => ({ name: match[1], braces: match[2] === undefined ? null : match[3] }));
+}
+
+// The prometheus-adapter rules of the ConfigMap (data["config.yaml"], `rules:`): { rules } or
+// { error }.
+function adapterRules(configMap) {
+  const text = configMap && configMap.data && configMap.data["config.yaml"];
+  if (configMap.kind !== "ConfigMap" || typeof text !== "string") {
+    return { error: "the prometheus-adapter config is not a ConfigMap with a config.yaml key" };
+  }
+  let config;
+  try {
+    config = YAML.parse(text);
+  } catch (error) {
+    return { error: `config.yaml: ${error.message}` };
+  }
+  const rules = config && config.rules;
+  return Array.isArray(rules) && rules.length > 0 ? { rules } :
+    { error: "config.yaml has no `rules:` list" };
+}
+
+// The metrics an HPA takes per pod from the custom metrics API: [{ name, target }].
+function podsMetrics(hpa) {
+  return ((hpa && hpa.spec.metrics) || []).filter((m) => m.type === "Pods" && m.pods)
+    .map((m) => ({ name: m.pods.metric && m.pods.metric.name, target: m.pods.target || {} }));
+}
+
 // --- The rendering, indexed
 
-function index(objects, dockerUid) {
+function index({ objects, adapter }, { dockerUid, exported }) {
   const ofKind = (kind) => objects.filter((o) => o.kind === kind);
+  const hpa = ofKind("HorizontalPodAutoscaler")[0];
   const deployment = ofKind("Deployment")[0];
   const pod = deployment && deployment.spec.template.spec;
   const container = pod && pod.containers.find((c) => c.name === "attnserve");
   const services = ofKind("Service");
   return {
-    objects, ofKind, deployment, pod, container, services, dockerUid,
+    objects, adapter, exported, ofKind, deployment, pod, container, services, dockerUid,
     podLabels: deployment && deployment.spec.template.metadata.labels,
     headless: services.filter((s) => s.spec.clusterIP === "None"),
     clusterIp: services.filter((s) => s.spec.clusterIP !== "None"),
-    hpa: ofKind("HorizontalPodAutoscaler")[0],
+    hpa,
+    // Pods metrics (KV-cache use, queue wait) mark a sessions profile.
+    podsMetrics: podsMetrics(hpa),
     pdb: ofKind("PodDisruptionBudget")[0],
     networkPolicy: ofKind("NetworkPolicy")[0],
     serviceMonitor: ofKind("ServiceMonitor")[0],
@@ -150,7 +248,8 @@ function index(objects, dockerUid) {
 // --- Invariants: [name, function(rendering) -> list of failures]
 
 const INVARIANTS = [
-  ["objects match the Kubernetes API schemas", (r) => r.objects.flatMap(schemaErrors)],
+  ["objects match the Kubernetes API schemas",
+    (r) => r.objects.concat(r.adapter ? [r.adapter] : []).flatMap(schemaErrors)],
 
   ["one of each object, two Services", (r) => {
     const expected = {
@@ -436,6 +535,171 @@ const INVARIANTS = [
     return Object.entries(expected).filter(([key, value]) => annotations[key] !== value)
       .map(([key, value]) => `${key} is ${annotations[key]}, expected ${value}`);
   }],
+
+  // The HPA reads Pods metrics from the custom metrics API, which prometheus-adapter serves by
+  // its rules: a metric no rule defines is never there, and the HPA cannot scale on it.
+  ["HPA Pods metrics each defined by one per-pod prometheus-adapter rule, every rule used", (r) => {
+    if (r.podsMetrics.length === 0 && !r.adapter) return [];
+    const names = r.podsMetrics.map((m) => m.name);
+    if (!r.adapter) {
+      return [`the HPA scales on ${names.join(", ")}, but no prometheus-adapter config comes ` +
+              "with the rendering (prometheus-adapter-config.yaml)"];
+    }
+    const { rules, error } = adapterRules(r.adapter);
+    if (error) return [error];
+    const failures = [];
+    const defined = new Map();
+    rules.forEach((rule, i) => {
+      const as = rule.name && rule.name.as;
+      const fail = (message) => failures.push(`rule ${i} (${as}): ${message}`);
+      if (typeof as !== "string" || !/^[a-zA-Z_:][a-zA-Z0-9_:]*$/.test(as)) {
+        fail("name.as is not a metric name (the rule must name its metric outright)");
+      } else {
+        defined.set(as, (defined.get(as) || 0) + 1);
+      }
+      const selector = parseSelector(rule.seriesQuery);
+      if (rule.name && rule.name.matches && selector && selector.name &&
+          !new RegExp(rule.name.matches).test(selector.name)) {
+        fail(`name.matches ${rule.name.matches} misses the seriesQuery's ${selector.name}`);
+      }
+      // Pods metrics: the adapter must tie each series to its pod and namespace.
+      const overrides = (rule.resources && rule.resources.overrides) || {};
+      const resource = (label) => overrides[label] && overrides[label].resource;
+      if (!["namespace", "namespaces"].includes(resource("namespace"))) {
+        fail("resources.overrides does not map the namespace label to the namespace");
+      }
+      if (!["pod", "pods"].includes(resource("pod"))) {
+        fail("resources.overrides does not map the pod label to the pod");
+      }
+      if (selector && !["namespace", "pod"].every((label) =>
+        selector.matchers.some((m) => m.label === label))) {
+        fail("seriesQuery does not select series with namespace and pod labels");
+      }
+      const query = String(rule.metricsQuery || "");
+      if (!query.includes("<<.GroupBy>>")) fail("metricsQuery does not group by <<.GroupBy>>");
+      const selectors = querySelectors(query);
+      if (selectors.length === 0) fail("metricsQuery reads no attnserve series");
+      for (const { name, braces } of selectors) {
+        if (braces === null || !braces.includes("<<.LabelMatchers>>")) {
+          fail(`metricsQuery reads ${name} without <<.LabelMatchers>>: ` +
+               "every pod's, not the one asked for");
+        }
+      }
+    });
+    for (const { name, target } of r.podsMetrics) {
+      const count = defined.get(name) || 0;
+      if (count !== 1) failures.push(`the HPA's Pods metric ${name} is defined by ${count} rules`);
+      if (target.type !== "AverageValue") {
+        failures.push(`Pods metric ${name}: target type ${target.type}, expected AverageValue`);
+      }
+    }
+    for (const name of defined.keys()) {
+      if (!names.includes(name)) failures.push(`rule defines ${name}, which the HPA does not use`);
+    }
+    return failures;
+  }],
+
+  // A rule over a series attnserve does not export (or a label it does not have) matches nothing:
+  // the metric is missing, and the HPA does not scale on it.
+  ["prometheus-adapter rules query only metrics attnserve exports (docs/metrics.md), " +
+   "by their labels",
+    (r) => {
+      if (!r.adapter) return [];
+      const { rules, error } = adapterRules(r.adapter);
+      if (error) return [error];
+      const failures = [];
+      const checkSeries = (where, name, matchers) => {
+        const series = r.exported.get(name);
+        if (!series) {
+          failures.push(`${where} reads ${name}, which attnserve does not export`);
+          return;
+        }
+        for (const { label } of matchers) {
+          if (label !== "__name__" && !series.labels.includes(label) &&
+              !TARGET_LABELS.includes(label)) {
+            failures.push(`${where} matches label ${label}, which ${name} does not have`);
+          }
+        }
+      };
+      rules.forEach((rule, i) => {
+        const where = `rule ${i} (${rule.name && rule.name.as})`;
+        const selector = parseSelector(rule.seriesQuery);
+        if (!selector || !selector.name) {
+          failures.push(`${where}: seriesQuery ${rule.seriesQuery} does not name one series`);
+          return;
+        }
+        checkSeries(`${where} seriesQuery`, selector.name, selector.matchers);
+        const query = String(rule.metricsQuery || "");
+        const unknown = (query.match(/<<[^>]*>>/g) || [])
+          .filter((template) => !ADAPTER_TEMPLATES.includes(template));
+        if (unknown.length) failures.push(`${where}: metricsQuery uses ${unknown.join(", ")}`);
+        for (const { name, braces } of querySelectors(query)) {
+          const matchers = parseMatchers((braces || "").replace("<<.LabelMatchers>>", "")
+            .replace(/^\s*,/, "").replace(/,\s*,/g, ","));
+          if (!matchers) {
+            failures.push(`${where}: cannot read the matchers {${braces}} of ${name}`);
+            continue;
+          }
+          checkSeries(`${where} metricsQuery`, name === "<<.Series>>" ? selector.name : name,
+                      matchers);
+        }
+      });
+      return failures;
+    }],
+
+  // A sessions profile's pods hold state: removing one drops its sessions, and their clients
+  // rebuild them (a prefill each) on other replicas. So scale-down waits for load to stay low,
+  // removes one pod at a time, and not before the last one has finished draining.
+  ["a sessions profile (HPA on Pods metrics) scales down one pod at a time, slowly", (r) => {
+    if (r.podsMetrics.length === 0) return [];
+    const scaleDown = (r.hpa.spec.behavior || {}).scaleDown;
+    if (!scaleDown) {
+      return ["no behavior.scaleDown (the default removes every surplus pod at once)"];
+    }
+    const failures = [];
+    const window = scaleDown.stabilizationWindowSeconds;
+    if (!(window >= MIN_SESSIONS_SCALE_DOWN_WINDOW_SECONDS)) {
+      failures.push(`scaleDown stabilizationWindowSeconds ${window} < ` +
+                    `${MIN_SESSIONS_SCALE_DOWN_WINDOW_SECONDS}`);
+    }
+    if (scaleDown.selectPolicy === "Disabled") return failures;
+    const policies = scaleDown.policies || [];
+    if (policies.length === 0) failures.push("no scaleDown policies (the default: 100 % at once)");
+    const grace = r.pod.terminationGracePeriodSeconds;
+    for (const policy of policies) {
+      if (policy.type !== "Pods" || policy.value !== 1) {
+        failures.push(`scaleDown policy ${policy.type} ${policy.value}: ` +
+                      "more than one pod a period");
+      }
+      if (!(policy.periodSeconds >= grace)) {
+        failures.push(`scaleDown policy removes a pod every ${policy.periodSeconds} s, less than ` +
+                      `the ${grace} s a removed pod may take to drain`);
+      }
+    }
+    return failures;
+  }],
+
+  // Rolling updates of a sessions profile: a new pod before an old one goes, and old pods
+  // deleted at least a drain grace apart (minReadySeconds), so one replica at a time refuses
+  // new sessions and one replica's sessions are rebuilt at a time.
+  ["a sessions profile rolls out one pod at a time, new before old, minReadySeconds >= drain grace",
+    (r) => {
+      if (r.podsMetrics.length === 0) return [];
+      const strategy = r.deployment.spec.strategy || {};
+      if (strategy.type === "Recreate") return ["strategy Recreate drops every replica's sessions"];
+      const rolling = strategy.rollingUpdate || {};
+      const failures = [];
+      if (rolling.maxSurge !== 1) failures.push(`maxSurge ${rolling.maxSurge}, expected 1`);
+      if (rolling.maxUnavailable !== 0 && rolling.maxUnavailable !== "0%") {
+        failures.push(`maxUnavailable ${rolling.maxUnavailable}, expected 0`);
+      }
+      const minReady = r.deployment.spec.minReadySeconds || 0;
+      const drain = Number(r.flags().drain_grace_seconds);
+      if (!(minReady >= drain)) {
+        failures.push(`minReadySeconds ${minReady} < --drain_grace_seconds=${drain}`);
+      }
+      return failures;
+    }],
 ];
 
 // --- Mutations: each breaks a valid rendering one way; the named invariant must catch it.
@@ -448,6 +712,22 @@ const replaceFlag = (objects, flag, value) => {
   const key = Object.keys(data)[0];
   data[key] = data[key].replace(new RegExp(`^--${flag}=.*$`, "m"), `--${flag}=${value}`);
 };
+
+// The flags the rendering's container runs with.
+const flagsOf = (objects) => containerFlags(podOf(objects), containerOf(objects),
+                                            objects.filter((o) => o.kind === "ConfigMap")).flags;
+const memoryLimitOf = (objects) => String(quantity(containerOf(objects).resources.limits.memory));
+const hpaOf = (objects) => find(objects, "HorizontalPodAutoscaler");
+const hasPodsMetrics = (objects) => podsMetrics(hpaOf(objects)).length > 0;
+// Edits the prometheus-adapter rules of a rendering's config in place.
+const editRules = (rendering, edit) => {
+  const config = YAML.parse(rendering.adapter.data["config.yaml"]);
+  edit(config.rules);
+  rendering.adapter.data["config.yaml"] = YAML.stringify(config);
+};
+// The rule whose metricsQuery or seriesQuery mentions `text`.
+const ruleWith = (rules, text) =>
+  rules.find((rule) => `${rule.seriesQuery} ${rule.metricsQuery}`.includes(text));
 
 // Sets --flag=value in the flag file, appending it if absent.
 const setFlag = (objects, flag, value) => {
@@ -468,11 +748,19 @@ const MUTATIONS = [
   ["--address loopback", "listen on every address",
     (o) => replaceFlag(o, "address", "127.0.0.1")],
   ["grace period equal to the drain", "terminationGracePeriodSeconds outlasts",
-    (o) => { podOf(o).terminationGracePeriodSeconds = 40; }],
+    (o) => {
+      podOf(o).terminationGracePeriodSeconds =
+          Number(flagsOf(o).drain_grace_seconds) + IN_FLIGHT_GRACE_SECONDS;
+    }],
   ["longer drain grace, same grace period", "terminationGracePeriodSeconds outlasts",
-    (o) => replaceFlag(o, "drain_grace_seconds", "30")],
+    (o) => replaceFlag(o, "drain_grace_seconds",
+                       String(podOf(o).terminationGracePeriodSeconds - IN_FLIGHT_GRACE_SECONDS))],
   ["a preStop sleep eating the margin", "terminationGracePeriodSeconds outlasts",
-    (o) => { containerOf(o).lifecycle = { preStop: { exec: { command: ["sleep", "15"] } } }; }],
+    (o) => {
+      const margin = podOf(o).terminationGracePeriodSeconds - IN_FLIGHT_GRACE_SECONDS -
+          Number(flagsOf(o).drain_grace_seconds);
+      containerOf(o).lifecycle = { preStop: { exec: { command: ["sleep", String(margin)] } } };
+    }],
   ["runs as root allowed", "non-root", (o) => { podOf(o).securityContext.runAsNonRoot = false; }],
   ["another uid than the image's", "non-root",
     (o) => { podOf(o).securityContext.runAsUser = 1000; }],
@@ -487,13 +775,13 @@ const MUTATIONS = [
   ["fractional CPU limit", "requests and limits",
     (o) => { containerOf(o).resources.limits.cpu = "1500m"; }],
   ["weights budget over the memory limit", "memory limit holds",
-    (o) => replaceFlag(o, "max_weights_bytes", String(64 * 2 ** 30))],
+    (o) => replaceFlag(o, "max_weights_bytes", memoryLimitOf(o))],
   ["in-flight budget over the memory limit", "memory limit holds",
-    (o) => replaceFlag(o, "max_inflight_bytes", String(16 * 2 ** 30))],
+    (o) => replaceFlag(o, "max_inflight_bytes", memoryLimitOf(o))],
   ["in-flight budget left to the default", "memory limit holds",
     (o) => replaceFlag(o, "max_inflight_bytes", "0")],
   ["KV-cache budget over the memory limit", "memory limit holds",
-    (o) => replaceFlag(o, "kv_cache_bytes", String(16 * 2 ** 30))],
+    (o) => replaceFlag(o, "kv_cache_bytes", memoryLimitOf(o))],
   ["KV-cache budget left to the default", "memory limit holds",
     (o) => replaceFlag(o, "kv_cache_bytes", "0")],
   ["demo weights in a rendering with its own Namespace", "registers no demo weights",
@@ -527,39 +815,141 @@ const MUTATIONS = [
     (o) => { containerOf(o).ports[0].containerPort = "50051"; }],
   ["probe period as a string", "API schemas",
     (o) => { containerOf(o).livenessProbe.periodSeconds = "often"; }],
+  // Scaling on per-pod metrics needs prometheus-adapter rules for them (in any rendering).
+  ["HPA on a Pods metric no rule defines", "defined by one per-pod prometheus-adapter rule",
+    (o) => {
+      hpaOf(o).spec.metrics.push({ type: "Pods", pods: { metric: { name: "attnserve_sessions" },
+        target: { type: "AverageValue", averageValue: "100" } } });
+    }],
+  // The rest break what only a sessions profile has: the adapter's rules, its HPA's behaviour
+  // and its rollout.
+  ["no prometheus-adapter config", "defined by one per-pod prometheus-adapter rule",
+    (o, rendering) => { rendering.adapter = null; }, hasPodsMetrics],
+  ["a rule naming the KV-cache metric otherwise", "defined by one per-pod prometheus-adapter rule",
+    (o, rendering) => editRules(rendering, (rules) => {
+      ruleWith(rules, "attnserve_kv_cache_bytes").name.as = "attnserve_kv_cache_use";
+    }), hasPodsMetrics],
+  ["a Pods metric with a Value target", "defined by one per-pod prometheus-adapter rule",
+    (o) => {
+      hpaOf(o).spec.metrics.find((m) => m.type === "Pods").pods.target =
+          { type: "Value", value: "1" };
+    }, hasPodsMetrics],
+  ["a metricsQuery over every pod", "defined by one per-pod prometheus-adapter rule",
+    (o, rendering) => editRules(rendering, (rules) => {
+      rules[0].metricsQuery = rules[0].metricsQuery.replaceAll("{<<.LabelMatchers>>}", "");
+    }), hasPodsMetrics],
+  ["a seriesQuery without the pod label", "defined by one per-pod prometheus-adapter rule",
+    (o, rendering) => editRules(rendering, (rules) => {
+      rules[0].seriesQuery = rules[0].seriesQuery.replace(/,?\s*pod\s*!=\s*""/, "");
+    }), hasPodsMetrics],
+  ["a seriesQuery over a metric attnserve does not export", "query only metrics attnserve exports",
+    (o, rendering) => editRules(rendering, (rules) => {
+      const rule = ruleWith(rules, "attnserve_kv_cache_bytes");
+      rule.seriesQuery = rule.seriesQuery.replace("attnserve_kv_cache_bytes",
+                                                  "attnserve_kv_cache_used_bytes");
+    }), hasPodsMetrics],
+  ["a metricsQuery dividing by a metric attnserve does not export",
+    "query only metrics attnserve exports",
+    (o, rendering) => editRules(rendering, (rules) => {
+      const rule = ruleWith(rules, "attnserve_kv_cache_budget_bytes");
+      rule.metricsQuery = rule.metricsQuery.replace("attnserve_kv_cache_budget_bytes",
+                                                    "attnserve_kv_cache_limit_bytes");
+    }), hasPodsMetrics],
+  ["a seriesQuery matching a label the metric lacks", "query only metrics attnserve exports",
+    (o, rendering) => editRules(rendering, (rules) => {
+      rules[0].seriesQuery = rules[0].seriesQuery.replace("}", ',code="OK"}');
+    }), hasPodsMetrics],
+  ["a metricsQuery matching a label the histogram lacks", "query only metrics attnserve exports",
+    (o, rendering) => editRules(rendering, (rules) => {
+      const rule = ruleWith(rules, "attnserve_queue_wait_seconds_bucket");
+      rule.metricsQuery = rule.metricsQuery.replace(
+        "attnserve_queue_wait_seconds_bucket{<<.LabelMatchers>>",
+        'attnserve_queue_wait_seconds_bucket{<<.LabelMatchers>>,weights="demo"');
+    }), hasPodsMetrics],
+  ["scale-down by 50 % a period", "scales down one pod at a time",
+    (o) => { hpaOf(o).spec.behavior.scaleDown.policies =
+      [{ type: "Percent", value: 50, periodSeconds: 300 }]; }, hasPodsMetrics],
+  ["scale-down after a minute of low load", "scales down one pod at a time",
+    (o) => { hpaOf(o).spec.behavior.scaleDown.stabilizationWindowSeconds = 60; }, hasPodsMetrics],
+  ["scale-down a pod a minute, within a drain", "scales down one pod at a time",
+    (o) => { hpaOf(o).spec.behavior.scaleDown.policies[0].periodSeconds = 60; }, hasPodsMetrics],
+  ["no scale-down behaviour", "scales down one pod at a time",
+    (o) => { delete hpaOf(o).spec.behavior.scaleDown; }, hasPodsMetrics],
+  ["rollout surging 25 %", "rolls out one pod at a time",
+    (o) => { find(o, "Deployment").spec.strategy.rollingUpdate.maxSurge = "25%"; },
+    hasPodsMetrics],
+  ["rollout taking an old pod down first", "rolls out one pod at a time",
+    (o) => {
+      find(o, "Deployment").spec.strategy.rollingUpdate = { maxSurge: 0, maxUnavailable: 1 };
+    },
+    hasPodsMetrics],
+  ["no minReadySeconds", "rolls out one pod at a time",
+    (o) => { delete find(o, "Deployment").spec.minReadySeconds; }, hasPodsMetrics],
 ];
 
-function evaluate(objects, dockerUid) {
-  const rendering = index(objects, dockerUid);
+function evaluate(rendering, context) {
+  const indexed = index(rendering, context);
   return INVARIANTS.map(([name, check]) => {
     try {
-      return { name, failures: check(rendering) };
+      return { name, failures: check(indexed) };
     } catch (error) {
       return { name, failures: [`cannot check: ${error.message}`] };
     }
   });
 }
 
+// The adapter's queries as Prometheus would get them for two pods of the Deployment: a rules
+// file (one recording rule per query) for `promtool check rules`.
+function adapterQueries(rendering) {
+  const deployment = rendering.objects.find((o) => o.kind === "Deployment");
+  const namespace = deployment.metadata.namespace || "default";
+  const pods = `${deployment.metadata.name}-a|${deployment.metadata.name}-b`;
+  const rules = adapterRules(rendering.adapter).rules.flatMap((rule) => {
+    const selector = parseSelector(rule.seriesQuery) || {};
+    const expr = String(rule.metricsQuery).replaceAll("<<.Series>>", selector.name)
+      .replaceAll("<<.LabelMatchers>>", `namespace="${namespace}",pod=~"${pods}"`)
+      .replaceAll("<<.GroupBy>>", "pod");
+    return [{ record: rule.name.as, expr }, { record: `${rule.name.as}:series`,
+                                             expr: String(rule.seriesQuery) }];
+  });
+  return YAML.stringify({ groups: [{ name: "prometheus-adapter", rules }] });
+}
+
 function main() {
-  const [dockerfile, ...renderings] = process.argv.slice(2);
+  const [dockerfile, metricsDoc, ...files] = process.argv.slice(2);
   const user = /^USER\s+(\d+)/m.exec(fs.readFileSync(dockerfile, "utf8"));
   if (!user) throw new Error(`${dockerfile} has no numeric USER`);
-  const dockerUid = Number(user[1]);
+  const exported = exportedSeries(fs.readFileSync(metricsDoc, "utf8"));
+  if (exported.size < 20) {
+    throw new Error(`${metricsDoc}: only ${exported.size} series in its table`);
+  }
+  const context = { dockerUid: Number(user[1]), exported };
   let failed = 0;
-  for (const file of renderings) {
+  for (const file of files) {
     const name = path.basename(file, ".yaml");
     const objects = YAML.parseAllDocuments(fs.readFileSync(file, "utf8"))
       .map((document) => document.toJSON()).filter(Boolean);
-    console.log(`== ${name}: ${objects.map((o) => `${o.kind}/${o.metadata.name}`).join(" ")}`);
-    for (const { name: invariant, failures } of evaluate(objects, dockerUid)) {
+    const adapterFile = file.replace(/\.yaml$/, ".adapter-config");
+    const adapter = fs.existsSync(adapterFile) ? YAML.parse(fs.readFileSync(adapterFile, "utf8"))
+                                               : null;
+    const rendering = { objects, adapter };
+    console.log(`== ${name}: ${objects.map((o) => `${o.kind}/${o.metadata.name}`).join(" ")}` +
+                (adapter ? `; prometheus-adapter ${adapter.kind}/${adapter.metadata.name}` : ""));
+    for (const { name: invariant, failures } of evaluate(rendering, context)) {
       console.log(`${failures.length ? "FAIL" : "ok  "} ${invariant}`);
       for (const failure of failures) console.log(`       ${failure}`);
       failed += failures.length ? 1 : 0;
     }
-    for (const [mutation, invariant, mutate] of MUTATIONS) {
-      const mutated = structuredClone(objects);
-      mutate(mutated);
-      const caught = evaluate(mutated, dockerUid)
+    const skipped = MUTATIONS.filter(([, , , applies]) => applies && !applies(objects));
+    if (skipped.length) {
+      console.log(`--   ${skipped.length} mutations of a sessions profile: ` +
+                  "not for this rendering (no Pods metrics)");
+    }
+    for (const [mutation, invariant, mutate, applies] of MUTATIONS) {
+      if (applies && !applies(objects)) continue;
+      const mutated = structuredClone(rendering);
+      mutate(mutated.objects, mutated);
+      const caught = evaluate(mutated, context)
         .filter((result) => result.failures.length > 0).map((result) => result.name);
       const ok = caught.some((caughtName) => caughtName.includes(invariant));
       console.log(`${ok ? "ok  " : "FAIL"} mutation "${mutation}" caught by "${invariant}"` +
@@ -571,6 +961,9 @@ function main() {
     const { flagFileText } = containerFlags(pod, pod.containers[0],
                                             objects.filter((o) => o.kind === "ConfigMap"));
     fs.writeFileSync(file.replace(/\.yaml$/, ".flags"), flagFileText);
+    if (adapter && !adapterRules(adapter).error) {
+      fs.writeFileSync(file.replace(/\.yaml$/, ".adapter-queries.yml"), adapterQueries(rendering));
+    }
   }
   console.log(failed ? `FAIL: ${failed} check(s)` : "all checks passed");
   process.exit(failed ? 1 : 0);

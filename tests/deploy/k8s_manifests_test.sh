@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The Kubernetes manifests (deploy/k8s): renders every kustomization with `kubectl kustomize`,
 # validates each rendering with k8s_manifests_test.js (the Kubernetes API schemas, the
-# deployment's invariants, and mutations that each invariant must catch), then starts the real
-# attnserve with each rendering's flag file (on loopback; --address and ports overridden) to
-# prove the ConfigMap's flags parse. KServe's (deploy/kserve) likewise, with
-# kserve_manifests_test.js, its runtime's container args as the flag file.
+# deployment's invariants, and mutations that each invariant must catch), with the
+# prometheus-adapter config beside a kustomization (prometheus-adapter-config.yaml) and
+# attnserve's metrics (docs/metrics.md) for an HPA on Pods metrics; checks the adapter's queries
+# with `promtool check rules`; then starts the real attnserve with each rendering's flag file (on
+# loopback; --address, ports and memory budgets overridden) to prove the ConfigMap's flags
+# parse. KServe's (deploy/kserve) likewise, with kserve_manifests_test.js, its runtime's
+# container args as the flag file.
 #
 # The validator's npm packages (package.json, package-lock.json) are installed with `npm ci`
 # into NODE_DIR when missing or when the lock file changed.
@@ -56,11 +59,25 @@ for dir in "${kustomizations[@]}"; do
   timeout 60 kubectl kustomize "${dir}" >"${workdir}/${name}.yaml" ||
     fail "kubectl kustomize ${dir} failed"
   echo "rendered ${dir#"${root}/"}: $(grep -c '^kind:' "${workdir}/${name}.yaml") objects"
+  # The adapter's rules are not part of the kustomization (they go to the adapter's namespace).
+  if [[ -f ${dir}/prometheus-adapter-config.yaml ]]; then
+    cp "${dir}/prometheus-adapter-config.yaml" "${workdir}/${name}.adapter-config"
+  fi
 done
 
 NODE_PATH="${node_dir}/node_modules" timeout 120 \
-  node "${root}/tests/deploy/k8s_manifests_test.js" "${root}/Dockerfile" "${workdir}"/*.yaml ||
-  fail "manifest checks failed"
+  node "${root}/tests/deploy/k8s_manifests_test.js" "${root}/Dockerfile" \
+  "${root}/docs/metrics.md" "${workdir}"/*.yaml || fail "manifest checks failed"
+
+# prometheus-adapter's queries, their templates filled in for two pods, must be PromQL.
+for queries in "${workdir}"/*.adapter-queries.yml; do
+  [[ -e ${queries} ]] || continue
+  command -v promtool >/dev/null ||
+    fail "promtool is missing (it checks the prometheus-adapter queries)"
+  promtool check rules "${queries}" >"${queries}.log" 2>&1 ||
+    fail "promtool check rules ${queries##*/}: $(cat "${queries}.log")"
+  echo "promtool check rules: the prometheus-adapter queries of ${queries##*/} parse"
+done
 
 # KServe's runtime and InferenceService (deploy/kserve): their own checks, and the runtime's
 # container args join the flag files below.
@@ -71,13 +88,17 @@ NODE_PATH="${node_dir}/node_modules" timeout 120 \
   "${workdir}/kserve.yaml" || fail "KServe manifest checks failed"
 
 # The flags as attnserve reads them: later flags override the flag file's, so the server
-# listens on loopback only, on a free port, without metrics, stops without a drain grace, and
-# reads an empty weights folder (the pods' volume is not here).
+# listens on loopback only, on a free port, without metrics, stops without a drain grace,
+# reads an empty weights folder (the pods' volume is not here), and takes small memory budgets:
+# a pod's (up to 22.75 GiB) need not fit this machine, and k8s_manifests_test.js has checked
+# them against the container's limit.
 mkdir -p "${workdir}/weights"
 for flags in "${workdir}"/*.flags; do
   log=${flags%.flags}.server.log
   "${attnserve}" --flagfile="${flags}" --address=127.0.0.1 --port=0 --metrics_port=0 \
-    --drain_grace_seconds=0 --weights_dir="${workdir}/weights" >"${log}" 2>&1 &
+    --drain_grace_seconds=0 --weights_dir="${workdir}/weights" \
+    --max_weights_bytes=67108864 --kv_cache_bytes=67108864 --buffer_pool_bytes=16777216 \
+    --max_inflight_bytes=268435456 >"${log}" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 100); do
     grep -q "^attnserve .* listening on 127\.0\.0\.1:" "${log}" && break

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
+#include "attnserve/client/replicas.h"
 #include "attnserve/client/sharded_attention.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -490,6 +493,97 @@ TEST(ReadFloatsIntoTest, ChecksShapeAndSize) {
       HasSubstr("tensor.shape is [2, 3], expected [3, 2]"));
   std::vector<float> small(5);
   EXPECT_FALSE(ReadFloatsInto(tensor, {2, 3}, absl::MakeSpan(small)).ok());
+}
+
+// Replicas resolves each form of target to its addresses, one Client each.
+TEST(ReplicasTargetTest, TargetsResolveToTheirAddresses) {
+  absl::StatusOr<std::unique_ptr<Replicas>> two =
+      Replicas::Connect("ipv4:127.0.0.2:7002,127.0.0.1:7001");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_THAT((*two)->addresses(),
+              ::testing::ElementsAre("127.0.0.1:7001", "127.0.0.2:7002"));
+  EXPECT_NE((*two)->client("127.0.0.1:7001"), nullptr);
+  EXPECT_EQ((*two)->client("127.0.0.1:7003"), nullptr);
+  absl::StatusOr<std::unique_ptr<Replicas>> v6 =
+      Replicas::Connect("ipv6:[::1]:7004");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_THAT((*v6)->addresses(), ::testing::ElementsAre("[::1]:7004"));
+  // A name is resolved by the library, to every address it has.
+  for (const char* target : {"dns:///localhost:7005", "localhost:7005"}) {
+    absl::StatusOr<std::unique_ptr<Replicas>> named = Replicas::Connect(target);
+    ASSERT_TRUE(named.ok()) << target << ": " << named.status();
+    ASSERT_FALSE((*named)->addresses().empty());
+    for (const std::string& address : (*named)->addresses()) {
+      EXPECT_TRUE(address == "127.0.0.1:7005" || address == "[::1]:7005")
+          << address;
+    }
+  }
+  for (const char* bad : {"", "ipv4:127.0.0.1", "ipv4:127.0.0.1:0", "localhost",
+                          "dns:///localhost:http"}) {
+    EXPECT_EQ(Replicas::Connect(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(
+      Replicas::Connect("dns:///no-such-host.invalid:7006").status().code(),
+      absl::StatusCode::kUnavailable);
+}
+
+// The rendezvous weight is the same number in every client (the Python
+// package computes it too), and the ranking it gives moves only the keys of
+// a replica that comes or goes.
+TEST(ReplicasTargetTest, RendezvousPlacementMovesOnlyWhatItMust) {
+  EXPECT_EQ(
+      RendezvousWeight("127.0.0.1:50051", "00112233445566778899aabbccddeeff"),
+      18300100417772493994ULL);
+  const auto first = [](const std::vector<std::string>& addresses,
+                        const std::string& key) {
+    std::string best;
+    uint64_t top = 0;
+    for (const std::string& address : addresses) {
+      const uint64_t weight = RendezvousWeight(address, key);
+      if (best.empty() || weight > top) {
+        best = address;
+        top = weight;
+      }
+    }
+    return best;
+  };
+  const std::vector<std::string> five = {"10.0.0.1:50051", "10.0.0.2:50051",
+                                         "10.0.0.3:50051", "10.0.0.4:50051",
+                                         "10.0.0.5:50051"};
+  std::vector<std::string> four = five;
+  four.erase(four.begin() + 2);
+  std::vector<std::string> six = five;
+  six.push_back("10.0.0.6:50051");
+  std::map<std::string, int> load;
+  int moved_by_removal = 0, moved_by_addition = 0;
+  constexpr int kKeys = 3000;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = RandomSessionId();
+    ASSERT_EQ(key.size(), 32u);
+    const std::string home = first(five, key);
+    ++load[home];
+    const std::string without = first(four, key);
+    if (without != home) {
+      ++moved_by_removal;
+      EXPECT_EQ(home, "10.0.0.3:50051")
+          << "only the removed replica's keys move";
+    }
+    const std::string with = first(six, key);
+    if (with != home) {
+      ++moved_by_addition;
+      EXPECT_EQ(with, "10.0.0.6:50051") << "keys move only to the new replica";
+    }
+  }
+  EXPECT_EQ(moved_by_removal, load["10.0.0.3:50051"]);
+  for (const auto& [address, keys] : load) {
+    EXPECT_GT(keys, kKeys / 5 * 0.8) << address;
+    EXPECT_LT(keys, kKeys / 5 * 1.2) << address;
+  }
+  EXPECT_GT(moved_by_addition, kKeys / 6 * 0.8);
+  EXPECT_LT(moved_by_addition, kKeys / 6 * 1.2);
+  EXPECT_FALSE(IsReplicaGone(absl::AbortedError("another abort")));
 }
 
 }  // namespace

@@ -33,6 +33,10 @@ inline constexpr int kRequestKinds = 6;
 // whose session_id is kTinySessionMarker is sent to it (its real id is
 // random), so that inputs reach past the id's check.
 inline constexpr char kTinySessionMarker[] = "tiny-session";
+// A StepRequest whose replica_incarnation is kThisIncarnationMarker carries
+// the fuzzer's store's own incarnation (drawn per store); any other non-empty
+// one is another process's, refused as a whole.
+inline constexpr char kThisIncarnationMarker[] = "this-incarnation";
 inline constexpr int64_t kTinySessionTokens = 5;
 
 // Layers 2, H 4, Hkv 2, Dk 3, Dv 2, stored as bf16.

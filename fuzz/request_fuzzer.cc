@@ -268,13 +268,24 @@ void FuzzCreateSession(const v1::CreateSessionRequest& request) {
   const absl::StatusOr<SessionConfig> config =
       ValidateCreateSession(request, store.options());
   if (!config.ok()) return CheckRefusal(config.status());
-  const absl::StatusOr<SessionDescription> created = store.Create("", *config);
+  const absl::StatusOr<SessionDescription> created =
+      store.Create("", *config, request.session_id());
   Require("Create of a validated session", created.status());
   v1::SessionInfo info;
   DescribeSession(*created, &info);
   if (info.num_layers() != request.num_layers() ||
       info.lengths_size() != request.num_layers()) {
     Fail("DescribeSession", absl::InternalError("layers differ"));
+  }
+  if (!request.session_id().empty() &&
+      info.session_id() != request.session_id()) {
+    Fail("Create", absl::InternalError("the caller's session_id was not used"));
+  }
+  // The same id again is taken.
+  const absl::StatusOr<SessionDescription> again =
+      store.Create("", *config, info.session_id());
+  if (!absl::IsAlreadyExists(again.status())) {
+    Fail("Create with a held id", again.status());
   }
   Note("CreateSession created", absl::OkStatus());
 }
@@ -302,6 +313,9 @@ void FuzzStep(v1::StepRequest& request) {
   }
   for (v1::SessionStep& step : *request.mutable_steps()) {
     if (step.session_id() == kTinySessionMarker) step.set_session_id(tiny->id);
+  }
+  if (request.replica_incarnation() == kThisIncarnationMarker) {
+    request.set_replica_incarnation(store.replica().incarnation);
   }
   const StepLimits limits{FuzzLimits().max_elements,
                           FuzzLimits().max_request_memory_bytes,

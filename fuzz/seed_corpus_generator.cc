@@ -189,6 +189,9 @@ void WriteSessionSeeds(const std::string& folder) {
   v1::CreateSessionRequest create = TinySession();
   create.set_num_kv_heads(3);
   Write(folder, "create_bad_kv_heads", RequestKind::kCreateSession, create);
+  create = TinySession();
+  create.set_session_id("00112233445566778899aabbccddeeff");
+  Write(folder, "create_with_id", RequestKind::kCreateSession, create);
   // A decode step on the tiny session (H 4, Hkv 2, Dk 3, Dv 2, 5 tokens), a
   // prefill chunk on layer 1, a query alone, and a stale expected length.
   v1::StepRequest request;
@@ -214,6 +217,10 @@ void WriteSessionSeeds(const std::string& folder) {
   step->set_expected_length(0);
   *step->mutable_query() = SineTensor({4, 1, 3}, 7);
   Write(folder, "step_tiny", RequestKind::kStep, request);
+  request.set_replica_incarnation(kThisIncarnationMarker);
+  Write(folder, "step_this_incarnation", RequestKind::kStep, request);
+  request.set_replica_incarnation("0123456789abcdef");
+  Write(folder, "step_other_incarnation", RequestKind::kStep, request);
 }
 
 // ModelInfer: sdpa with raw contents and options as parameters, sdpa with

@@ -9,6 +9,8 @@
         session.step(0, key=prompt_k, value=prompt_v)               # prefill
         step = session.step(0, key=k_t, value=v_t, query=q_t)       # decode one token
         merged = attnserve.sharded_attend([client, other], q, k, v, shards=4)
+    replicas = attnserve.Replicas("dns:///attnserve-headless.prod.svc:50051")  # many pods
+    session = replicas.create_session(num_layers=32, num_heads=32, key_dim=128)  # pinned
 
 Errors are attnserve.AttnserveError, carrying the gRPC code and the server's message.
 bfloat16 travels from float32 values (input_dtype="bfloat16") or uint16 bit patterns, and
@@ -16,12 +18,15 @@ comes back widened to float32 (attnserve.tensors).
 """
 from attnserve.client import (AttendResult, AttnserveError, Client, MhaResult,
                               PutWeightsResult, RetryPolicy, Timing, attention_options)
-from attnserve.session import Session, StepResult
+from attnserve.replicas import (Replicas, ShardedSession, random_session_id,
+                                rendezvous_weight)
+from attnserve.session import ReplicaGoneError, Session, StepResult
 from attnserve.sharded import sharded_attend
 from attnserve.tensors import (bfloat16_bits_to_float32, float32_to_bfloat16_bits,
                                from_tensor, to_tensor)
 
 __all__ = ["AttendResult", "AttnserveError", "Client", "MhaResult", "PutWeightsResult",
-           "RetryPolicy", "Session", "StepResult", "Timing", "attention_options",
-           "bfloat16_bits_to_float32", "float32_to_bfloat16_bits", "from_tensor",
-           "sharded_attend", "to_tensor"]
+           "ReplicaGoneError", "Replicas", "RetryPolicy", "Session", "ShardedSession",
+           "StepResult", "Timing", "attention_options", "bfloat16_bits_to_float32",
+           "float32_to_bfloat16_bits", "from_tensor", "random_session_id",
+           "rendezvous_weight", "sharded_attend", "to_tensor"]

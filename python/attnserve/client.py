@@ -249,24 +249,27 @@ class Client:
 
     def create_session(self, *, num_layers, num_heads, key_dim, num_kv_heads=0, value_dim=0,
                        dtype="float32", max_tokens=0, ttl_seconds=0, scale=None,
-                       timeout=None):
+                       session_id=None, timeout=None):
         """A new KV-cache session (attnserve.Session); dtype: how the server stores keys and
-        values ("float32", "bfloat16", "float16")."""
+        values ("float32", "bfloat16", "float16"); session_id: the caller's own (32 lowercase
+        hex digits from a CSPRNG), else the server draws one."""
         from attnserve.session import Session
         request = pb2.CreateSessionRequest(
             num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
             key_dim=key_dim, value_dim=value_dim, dtype=wire_dtype(dtype),
-            max_tokens=max_tokens, ttl_seconds=ttl_seconds)
+            max_tokens=max_tokens, ttl_seconds=ttl_seconds, session_id=session_id or "")
         if scale is not None:
             request.defaults.scale = scale
         response = self.call("CreateSession", request, timeout,
                              retryable=self._retry.retry_session_creation)
-        return Session(self, response.session)
+        return Session(self, response.session, response.replica)
 
     def session(self, session_id, timeout=None):
         """A Session for an existing id, with the lengths the server holds."""
         from attnserve.session import Session
-        return Session(self, self.get_session(session_id, timeout))
+        request = pb2.GetSessionRequest(session_id=session_id)
+        response = self.call("GetSession", request, timeout)
+        return Session(self, response.session, response.replica)
 
     def get_session(self, session_id, timeout=None):
         """The server's SessionInfo of `session_id`."""

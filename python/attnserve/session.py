@@ -15,6 +15,15 @@ StepResult = collections.namedtuple("StepResult", "output lse length recovered t
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 
 
+class ReplicaGoneError(AttnserveError):
+    """A pinned session's replica is gone, and the session with it (code ABORTED): it is
+    unreachable through the retries, or restarted. `address` is where it was."""
+
+    def __init__(self, message, address):
+        super().__init__(grpc.StatusCode.ABORTED, message)
+        self.address = address
+
+
 def _code(number):
     return next(code for code in grpc.StatusCode if code.value[0] == number)
 
@@ -44,12 +53,26 @@ class Session:
     session.
     """
 
-    def __init__(self, client, info):
+    def __init__(self, client, info, replica=None):
         self._client = client
         self.info = info
         self.id = info.session_id
         self.lengths = list(info.lengths) or [0] * info.num_layers
         self._uncertain = [False] * len(self.lengths)
+        # The process that holds it (ReplicaIdentity: name, incarnation), and where it is
+        # pinned when attnserve.Replicas placed it.
+        self.replica = replica if replica is not None else pb2.ReplicaIdentity()
+        self.address = None
+        self._replicas = None
+        self._create_options = None
+        self._rebuilding = False
+        # fn(session, lengths, timeout): restores a rebuilt session's tokens (the caller's own
+        # prefill) up to lengths[layer]; with it, a step that finds the replica gone rebuilds
+        # the session on the next replica and is sent again.
+        self.rebuild_hook = None
+
+    def _pin(self, replicas, address, create_options):
+        self._replicas, self.address, self._create_options = replicas, address, create_options
 
     def step(self, layer, key=None, value=None, query=None, *, input_dtype=None,
              timeout=None, **options):
@@ -57,7 +80,59 @@ class Session:
         with query [H, Tq, Dk], attends over the layer's whole cache, causal and aligned
         bottom-right (query row i sees keys j <= i + L - Tq). options: scale, precision
         ("f32", "bf16"), return_lse, output_dtype. Returns a StepResult; raises
-        AttnserveError."""
+        AttnserveError (ReplicaGoneError when a pinned session's replica is gone and there is
+        no rebuild hook)."""
+        try:
+            return self._step(layer, key, value, query, input_dtype, timeout, options)
+        except ReplicaGoneError:
+            if self.rebuild_hook is None or self._rebuilding:
+                raise
+        self.rebuild(timeout)
+        return self._step(layer, key, value, query, input_dtype, timeout, options)
+
+    def _gone_or(self, error):
+        """`error` as a ReplicaGoneError when it says a pinned session's replica is gone."""
+        if self._replicas is None:
+            return error
+        unreachable = error.code == grpc.StatusCode.UNAVAILABLE
+        restarted = (error.code == grpc.StatusCode.FAILED_PRECONDITION
+                     and "replica_incarnation is" in error.message)
+        if not (unreachable or restarted):
+            return error
+        return ReplicaGoneError(
+            f"session {self.id}'s replica {self.replica.name} (incarnation "
+            f"{self.replica.incarnation}) at {self.address} is gone, and the session with "
+            f"it: {'it is unreachable' if unreachable else 'it restarted'} ({error.message}); "
+            f"create the session again elsewhere (rebuild(), or a rebuild_hook)",
+            self.address)
+
+    def rebuild(self, timeout=None):
+        """Creates the session anew (same shape, a new id) on the next replica in rendezvous
+        order other than its own, then runs rebuild_hook, if any, to restore the lengths it
+        had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed."""
+        if self._replicas is None:
+            raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"session {self.id} was not placed by attnserve.Replicas, "
+                                 f"which alone can rebuild it on another replica")
+        lengths = list(self.lengths)
+        fresh = self._replicas.create_session(avoid={self.address}, timeout=timeout,
+                                              **self._create_options)
+        self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
+        self.lengths, self._uncertain = fresh.lengths, fresh._uncertain
+        self.replica, self.address = fresh.replica, fresh.address
+        if self.rebuild_hook is None:
+            return
+        self._rebuilding = True
+        try:
+            self.rebuild_hook(self, lengths, timeout)
+        finally:
+            self._rebuilding = False
+        if self.lengths != lengths:
+            raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"the rebuild hook left session {self.id} at lengths "
+                                 f"{self.lengths}; the lost session held {lengths}")
+
+    def _step(self, layer, key, value, query, input_dtype, timeout, options):
         if (key is None) != (value is None):
             raise ValueError("give key and value together, or neither")
         expected = self.lengths[layer]
@@ -72,10 +147,12 @@ class Session:
             step.query.CopyFrom(to_tensor(query, input_dtype))
         try:
             response, attempts = self._client.call_counting(
-                "Step", pb2.StepRequest(steps=[step]), timeout)
-        except AttnserveError:
+                "Step", pb2.StepRequest(steps=[step],
+                                        replica_incarnation=self.replica.incarnation),
+                timeout)
+        except AttnserveError as error:
             self._uncertain[layer] = True
-            raise
+            raise self._gone_or(error) from None
         result = response.results[0]
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)
@@ -123,7 +200,9 @@ class Session:
         response = self._client.call(
             "ForkSession", request, timeout,
             retryable=self._client._retry.retry_session_creation)
-        return Session(self._client, response.session)
+        child = Session(self._client, response.session, response.replica)
+        child._pin(self._replicas, self.address, self._create_options)
+        return child
 
     def truncate(self, length, timeout=None):
         """Keeps every layer's first `length` tokens."""

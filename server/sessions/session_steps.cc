@@ -197,8 +197,9 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
         "replica_incarnation is ", EchoText(request.replica_incarnation()),
         ", but this is replica ", replica.name, " incarnation ",
         replica.incarnation,
-        ": the process that held the steps' sessions is gone (restarted), "
-        "and they with it; recreate them"));
+        ": the steps' sessions are another process's (this replica restarted "
+        "since they were created, and they went with it; or the call reached "
+        "another replica: pin sessions to theirs)"));
   }
   StepCall call;
   call.steps.reserve(static_cast<size_t>(count));

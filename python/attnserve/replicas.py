@@ -1,0 +1,229 @@
+"""Sessions over replicas: one channel per address a target resolves to, sessions placed by
+rendezvous hashing and pinned to their replica, rebuilt when it is gone, and one session
+sharded over several (the C++ library's attnserve::Replicas and ShardedSession).
+
+    replicas = attnserve.Replicas("dns:///attnserve-headless.prod.svc:50051")
+    session = replicas.create_session(num_layers=32, num_heads=32, num_kv_heads=8, key_dim=128)
+    session.rebuild_hook = lambda fresh, lengths, timeout: prefill(fresh, lengths, timeout)
+    session.step(0, key=k, value=v, query=q)          # goes to the session's replica only
+
+A session's replica that is gone (unreachable through the retries, or restarted: another
+incarnation answers at its address) makes a step raise ReplicaGoneError (code ABORTED), or,
+with a rebuild hook, recreates the session on the next replica and sends the step again.
+"""
+import concurrent.futures
+import os
+import socket
+
+import numpy as np
+
+from attnserve.client import Client
+
+_MASK = (1 << 64) - 1
+
+
+def rendezvous_weight(address, key):
+    """FNV-1a (64 bits) of address + "/" + key, then SplitMix64's finaliser: the same number
+    as the C++ library's RendezvousWeight, so that every client ranks replicas alike."""
+    h = 0xCBF29CE484222325
+    for byte in f"{address}/{key}".encode():
+        h = ((h ^ byte) * 0x100000001B3) & _MASK
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & _MASK
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & _MASK
+    return h ^ (h >> 31)
+
+
+def random_session_id():
+    """32 lowercase hex digits from the operating system's random source."""
+    return os.urandom(16).hex()
+
+
+def _split_host_port(address):
+    if address.startswith("["):
+        host, _, port = address[1:].partition("]:")
+    else:
+        host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {address!r}: expected host:port or [host]:port")
+    return host, port
+
+
+def resolve(target):
+    """The sorted addresses ("a.b.c.d:port", "[v6]:port") a target names: ipv4:/ipv6: lists,
+    unix: paths, or dns:///host:port and host:port, resolved here."""
+    if target.startswith(("ipv4:", "ipv6:")):
+        addresses = target[5:].split(",")
+        for address in addresses:
+            _split_host_port(address)
+    elif target.startswith("unix:"):
+        addresses = [target]
+    else:
+        name = target[len("dns:///"):] if target.startswith("dns:///") else (
+            target[len("dns:"):] if target.startswith("dns:") else target)
+        host, port = _split_host_port(name)
+        addresses = []
+        for family, _, _, _, sockaddr in socket.getaddrinfo(host, port,
+                                                            type=socket.SOCK_STREAM):
+            ip = sockaddr[0]
+            addresses.append(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+    addresses = sorted(set(addresses))
+    if not addresses:
+        raise ValueError(f"target {target!r} resolved to no address")
+    return addresses
+
+
+def _channel_target(address):
+    if address.startswith("unix:"):
+        return address
+    return ("ipv6:" if address.startswith("[") else "ipv4:") + address
+
+
+class Replicas:
+    """One attnserve.Client per address of `target`; client_options go to each Client."""
+
+    def __init__(self, target, **client_options):
+        self.target = target
+        self._options = client_options
+        self._clients = {}
+        self.addresses = []
+        self.refresh()
+
+    def refresh(self):
+        """Resolves the target again: new addresses get Clients; addresses that left get no
+        new sessions (their Clients stay, for the sessions pinned to them)."""
+        addresses = resolve(self.target)
+        for address in addresses:
+            if address not in self._clients:
+                self._clients[address] = Client(_channel_target(address), **self._options)
+        self.addresses = addresses
+
+    def client(self, address):
+        return self._clients.get(address)
+
+    def rank(self, key):
+        """The addresses by descending rendezvous weight for `key`."""
+        return sorted(self.addresses, key=lambda a: rendezvous_weight(a, key), reverse=True)
+
+    def close(self):
+        for client in self._clients.values():
+            client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.close()
+
+    def create_session(self, *, avoid=(), timeout=None, session_id=None, **session_options):
+        """A session (Client.create_session's options) on the first replica in rendezvous
+        order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
+        (draining or unreachable; the target is resolved again before giving up). Pinned."""
+        import grpc
+
+        from attnserve.client import AttnserveError
+        session_id = session_id or random_session_id()
+        asked, refusals = set(avoid), []
+        for round_ in range(2):
+            if round_:
+                self.refresh()
+            for address in self.rank(session_id):
+                if address in asked:
+                    continue
+                asked.add(address)
+                try:
+                    session = self._clients[address].create_session(
+                        session_id=session_id, timeout=timeout, **session_options)
+                except AttnserveError as error:
+                    if error.code != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    refusals.append(f"{address}: {error.message}")
+                    continue
+                session._pin(self, address, session_options)
+                return session
+        raise AttnserveError(grpc.StatusCode.UNAVAILABLE,
+                             f"no replica of {self.target} took session {session_id}: "
+                             + ("; ".join(refusals) or "no replica to ask besides those avoided"))
+
+
+class ShardedSession:
+    """One session over several replicas: shard s, an ordinary pinned Session, holds tokens
+    [s·C, (s+1)·C) of every layer (C = shard_tokens), on a replica of its own while there is
+    one. A step with a query attends on every shard holding the layer's tokens at once (the
+    last appends and attends, the others attend alone) and merges outputs and lse exactly
+    (float64). A query of more than one row is refused once the layer spans several shards."""
+
+    def __init__(self, replicas, shard_tokens, *, timeout=None, **session_options):
+        if shard_tokens < 1:
+            raise ValueError(f"shard_tokens is {shard_tokens}, expected >= 1")
+        self._replicas = replicas
+        self._options = dict(session_options, max_tokens=shard_tokens)
+        self.shard_tokens = shard_tokens
+        self.shards = [replicas.create_session(timeout=timeout, **self._options)]
+        self.lengths = [0] * len(self.shards[0].lengths)
+
+    def _ensure(self, index, timeout):
+        while len(self.shards) <= index:
+            holding = {shard.address for shard in self.shards}
+            spare = any(a not in holding for a in self._replicas.addresses)
+            self.shards.append(self._replicas.create_session(
+                avoid=holding if spare else (), timeout=timeout, **self._options))
+
+    def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
+             **options):
+        """As Session.step, over all the shards; returns (output, lse or None, length)."""
+        if (key is None) != (value is None):
+            raise ValueError("give key and value together, or neither")
+        start = self.lengths[layer]
+        tokens = 0 if key is None else np.asarray(key).shape[1]
+        end = start + tokens
+        used = 0 if end == 0 else (end - 1) // self.shard_tokens + 1
+        if query is not None and used > 1 and np.asarray(query).shape[1] != 1:
+            raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
+                             f"layer that spans {used} shards takes one")
+        if used:
+            self._ensure(used - 1, timeout)
+        last_key = last_value = None
+        at = start
+        while at < end:
+            shard = at // self.shard_tokens
+            to = min(end, (shard + 1) * self.shard_tokens)
+            k, v = key[:, at - start:to - start], value[:, at - start:to - start]
+            if to == end:
+                last_key, last_value = k, v
+                break
+            self.shards[shard].step(layer, key=k, value=v, timeout=timeout)
+            self.lengths[layer] = at = to
+        if query is None:
+            if last_key is not None:
+                self.shards[used - 1].step(layer, key=last_key, value=last_value,
+                                           timeout=timeout)
+                self.lengths[layer] = end
+            return None, None, self.lengths[layer]
+        if not used:
+            result = self.shards[0].step(layer, query=query, timeout=timeout,
+                                         return_lse=return_lse, **options)
+            return result.output, result.lse, result.length
+        options = dict(options, output_dtype="float32")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:
+            futures = [pool.submit(self.shards[s].step, layer, query=query, timeout=timeout,
+                                   return_lse=True, **options) for s in range(used - 1)]
+            futures.append(pool.submit(self.shards[used - 1].step, layer, key=last_key,
+                                       value=last_value, query=query, timeout=timeout,
+                                       return_lse=True, **options))
+            parts = [future.result() for future in futures]  # the first error raises
+        self.lengths[layer] = end
+        outputs = np.stack([np.asarray(p.output, dtype=np.float64) for p in parts])
+        lses = np.stack([np.asarray(p.lse, dtype=np.float64) for p in parts])
+        with np.errstate(invalid="ignore", over="ignore"):
+            lse = np.logaddexp.reduce(lses, axis=0)
+            shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
+        output = np.einsum("s...,s...d->...d", shares, outputs)
+        output = np.where(np.isneginf(lse)[..., None], 0.0, output)
+        return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
+                end)
+
+    def delete(self, timeout=None):
+        for shard in self.shards:
+            shard.delete(timeout)

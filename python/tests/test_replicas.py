@@ -1,0 +1,134 @@
+"""attnserve.Replicas and ShardedSession against three live replicas: placement by rendezvous
+hashing (the same weights as the C++ library's), pinning, a killed replica told apart and
+rebuilt through the caller's hook, a restarted one refused by incarnation, and a sharded
+session equal to the float64 reference."""
+import grpc
+import numpy as np
+import pytest
+
+import attnserve
+from attnserve.replicas import resolve
+from attnserve_client import reference_sdpa
+from conftest import Server
+
+RNG = np.random.default_rng(24)
+H, HKV, D = 2, 2, 8
+
+
+def uniform(*shape):
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def expected_step(q, keys, values):
+    return reference_sdpa(q[None], keys[None], values[None], causal=True,
+                          causal_alignment="BOTTOM_RIGHT")[0]
+
+
+@pytest.fixture()
+def three():
+    servers = [Server(f"--replica_name=py-{i}") for i in range(3)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_weights_and_targets_match_the_cpp_library():
+    assert attnserve.rendezvous_weight(
+        "127.0.0.1:50051", "00112233445566778899aabbccddeeff") == 18300100417772493994
+    assert resolve("ipv4:127.0.0.2:7002,127.0.0.1:7001") == ["127.0.0.1:7001",
+                                                               "127.0.0.2:7002"]
+    assert resolve("ipv6:[::1]:7004") == ["[::1]:7004"]
+    assert set(resolve("dns:///localhost:7005")) <= {"127.0.0.1:7005", "[::1]:7005"}
+    with pytest.raises(ValueError):
+        resolve("ipv4:127.0.0.1")
+    assert len(attnserve.random_session_id()) == 32
+
+
+class Model:
+    """What a session holds, as the test sent it."""
+
+    def __init__(self):
+        self.keys, self.values = np.zeros((HKV, 0, D), np.float32), np.zeros((HKV, 0, D),
+                                                                             np.float32)
+
+    def append(self, tokens):
+        k, v = uniform(HKV, tokens, D), uniform(HKV, tokens, D)
+        self.keys = np.concatenate([self.keys, k], 1)
+        self.values = np.concatenate([self.values, v], 1)
+        return k, v
+
+
+def decode(session, model):
+    k, v = model.append(1)
+    q = uniform(H, 1, D)
+    try:
+        result = session.step(0, key=k, value=v, query=q)
+    except attnserve.AttnserveError:
+        model.keys, model.values = model.keys[:, :-1], model.values[:, :-1]
+        raise
+    np.testing.assert_allclose(result.output, expected_step(q, model.keys, model.values),
+                               atol=1e-5)
+
+
+def test_sessions_are_pinned_told_gone_and_rebuilt(three):
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target, retry=attnserve.RetryPolicy(max_attempts=2)) as replicas:
+        sessions, models, on = [], [], {}
+        while not any(len(held) == 2 for held in on.values()):
+            session = replicas.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                              key_dim=D)
+            assert session.address == replicas.rank(session.id)[0]
+            index = [s.target for s in three].index(session.address)
+            assert session.replica.name == f"py-{index}"
+            on.setdefault(session.address, []).append(len(sessions))
+            sessions.append(session)
+            models.append(Model())
+            assert len(sessions) < 40
+        for session, model in zip(sessions, models):
+            k, v = model.append(4)
+            session.step(0, key=k, value=v)
+            decode(session, model)
+        victim = next(address for address, held in on.items() if len(held) == 2)
+        a, b = on[victim]
+        three[[s.target for s in three].index(victim)].process.kill()
+
+        with pytest.raises(attnserve.ReplicaGoneError) as gone:
+            decode(sessions[a], models[a])
+        assert gone.value.code == grpc.StatusCode.ABORTED
+        assert "is gone, and the session with it: it is unreachable" in gone.value.message
+
+        calls = []
+
+        def prefill(fresh, lengths, timeout):
+            calls.append(lengths)
+            fresh.step(0, key=models[b].keys[:, :lengths[0]],
+                       value=models[b].values[:, :lengths[0]], timeout=timeout)
+
+        sessions[b].rebuild_hook = prefill
+        decode(sessions[b], models[b])
+        assert calls == [[5]] and sessions[b].address != victim
+        decode(sessions[b], models[b])
+        for address, held in on.items():
+            if address != victim:
+                for s in held:
+                    decode(sessions[s], models[s])
+
+
+def test_a_sharded_session_equals_the_reference(three):
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target) as replicas:
+        sharded = attnserve.ShardedSession(replicas, 16, num_layers=1, num_heads=4,
+                                           num_kv_heads=2, key_dim=D)
+        keys, values = uniform(2, 40, D), uniform(2, 40, D)
+        sharded.step(0, key=keys, value=values)
+        assert [s.lengths[0] for s in sharded.shards] == [16, 16, 8]
+        assert len({s.address for s in sharded.shards}) == 3
+        for _ in range(3):
+            k, v, q = uniform(2, 1, D), uniform(2, 1, D), uniform(4, 1, D)
+            output, lse, length = sharded.step(0, key=k, value=v, query=q, return_lse=True)
+            keys, values = np.concatenate([keys, k], 1), np.concatenate([values, v], 1)
+            assert length == keys.shape[1] and lse.shape == (4, 1)
+            np.testing.assert_allclose(output, expected_step(q, keys, values), atol=1e-5)
+        with pytest.raises(ValueError, match="query holds 2 rows"):
+            sharded.step(0, query=uniform(4, 2, D))
+        sharded.delete()

@@ -47,6 +47,9 @@ constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
 constexpr absl::Duration kRefusalsHeld = absl::Milliseconds(200);
 constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
 constexpr absl::Duration kStopTakingCallsWait = absl::Seconds(5);
+// At the end of a drain with no client calling: how long the calls still
+// open (answers being sent, health watches ending) are given to finish.
+constexpr absl::Duration kSettleWait = absl::Seconds(1);
 
 // How often the server gives freed memory back to the system, if calls ended.
 constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
@@ -264,8 +267,21 @@ class AttnServerImpl final : public AttnServer {
     // moment, gRPC's shutdown starts (it waits for the held calls), then they
     // are answered.
     // Without calls refused since the gate closed, no client is calling.
+    // Then, once the last answers (and the health watches' ends) are out, no
+    // call is left to lose, and gRPC's shutdown is told to disconnect at once.
+    // Otherwise it sends GOAWAY and waits for each idle client to answer its
+    // ping, which an idle gRPC client's backup poller does only every 5 s (a
+    // drain took 5-15 s past its grace with idle clients attached).
     if (gate_.refused_closed() == 0) {
-      server_->Shutdown(absl::ToChronoTime(deadline));
+      const absl::Time settle_by = absl::Now() + kSettleWait;
+      while (loop_.live_calls() > 0 && absl::Now() < settle_by &&
+             gate_.refused_closed() == 0) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    if (gate_.refused_closed() == 0) {
+      server_->Shutdown(absl::ToChronoTime(
+          loop_.live_calls() == 0 ? absl::Now() : deadline));
     } else {
       gate_.HoldRefusals();
       absl::SleepFor(kRefusalsHeld);

@@ -164,6 +164,13 @@ class CallLoop {
   // begun (and with it the GOAWAYs to every connection).
   bool stopped_taking_calls() const { return stopped_taking_calls_.load(); }
 
+  // Calls whose handlers have not finished yet (an answer being sent, a
+  // stream open).
+  int live_calls() const {
+    absl::MutexLock lock(&calls_mutex_);
+    return live_calls_;
+  }
+
   // Calls whose handlers have finished, since the start.
   int64_t calls_ended() const {
     absl::MutexLock lock(&calls_mutex_);

@@ -211,26 +211,35 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status Session::Append(int64_t layer, v1::Tensor key, v1::Tensor value,
-                             absl::Duration timeout) {
+StepInputs AppendInputs(int64_t layer, v1::Tensor key, v1::Tensor value) {
   StepInputs inputs;
   inputs.layer = layer;
   inputs.key = std::move(key);
   inputs.value = std::move(value);
-  return Step(std::move(inputs), timeout).status();
+  return inputs;
+}
+
+StepInputs AttendInputs(int64_t layer, v1::Tensor key, v1::Tensor value,
+                        v1::Tensor query, const v1::StepOptions& options) {
+  StepInputs inputs = AppendInputs(layer, std::move(key), std::move(value));
+  inputs.query = std::move(query);
+  inputs.options = options;
+  return inputs;
+}
+
+absl::Status Session::Append(int64_t layer, v1::Tensor key, v1::Tensor value,
+                             absl::Duration timeout) {
+  return Step(AppendInputs(layer, std::move(key), std::move(value)), timeout)
+      .status();
 }
 
 absl::StatusOr<StepOutput> Session::Attend(int64_t layer, v1::Tensor key,
                                            v1::Tensor value, v1::Tensor query,
                                            const v1::StepOptions& options,
                                            absl::Duration timeout) {
-  StepInputs inputs;
-  inputs.layer = layer;
-  inputs.key = std::move(key);
-  inputs.value = std::move(value);
-  inputs.query = std::move(query);
-  inputs.options = options;
-  return Step(std::move(inputs), timeout);
+  return Step(AttendInputs(layer, std::move(key), std::move(value),
+                           std::move(query), options),
+              timeout);
 }
 
 absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,

@@ -228,23 +228,16 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
 
 absl::Status ShardedSession::Append(int64_t layer, v1::Tensor key,
                                     v1::Tensor value, absl::Duration timeout) {
-  StepInputs inputs;
-  inputs.layer = layer;
-  inputs.key = std::move(key);
-  inputs.value = std::move(value);
-  return Step(std::move(inputs), timeout).status();
+  return Step(AppendInputs(layer, std::move(key), std::move(value)), timeout)
+      .status();
 }
 
 absl::StatusOr<StepOutput> ShardedSession::Attend(
     int64_t layer, v1::Tensor key, v1::Tensor value, v1::Tensor query,
     const v1::StepOptions& options, absl::Duration timeout) {
-  StepInputs inputs;
-  inputs.layer = layer;
-  inputs.key = std::move(key);
-  inputs.value = std::move(value);
-  inputs.query = std::move(query);
-  inputs.options = options;
-  return Step(std::move(inputs), timeout);
+  return Step(AttendInputs(layer, std::move(key), std::move(value),
+                           std::move(query), options),
+              timeout);
 }
 
 absl::Status ShardedSession::Delete(absl::Duration timeout) {

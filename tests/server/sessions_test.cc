@@ -123,6 +123,16 @@ class SessionsTest : public ::testing::Test {
     return context;
   }
 
+  // One layer, H 2, Dk 8, FLOAT32.
+  static v1::CreateSessionRequest SmallSession() {
+    v1::CreateSessionRequest create;
+    create.set_num_layers(1);
+    create.set_num_heads(2);
+    create.set_key_dim(8);
+    create.set_dtype(v1::FLOAT32);
+    return create;
+  }
+
   grpc::Status Create(const v1::CreateSessionRequest& request,
                       v1::CreateSessionResponse* response,
                       const std::string& token = "") {
@@ -569,11 +579,7 @@ TEST_F(SessionsTest, SessionsNameTheirReplicaAndARestartIsTold) {
   options.sessions.replica_name = "replica-a";
   server_->Shutdown();
   Start(options);
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   ASSERT_TRUE(Create(create, &created).ok());
   EXPECT_EQ(created.replica().name(), "replica-a");
@@ -629,11 +635,7 @@ TEST_F(SessionsTest, SessionsNameTheirReplicaAndARestartIsTold) {
 // knows the replica): it must look random, and be new.
 TEST_F(SessionsTest, ACallerChosenSessionIdIsUsedOnceAndChecked) {
   const std::string id = "0123456789abcdef0123456789abcdef";
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   create.set_session_id(id);
   v1::CreateSessionResponse created;
   ASSERT_TRUE(Create(create, &created).ok());
@@ -683,11 +685,7 @@ TEST_F(SessionsTest, ADrainRefusesNewSessionsAndServesSteps) {
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   const grpc::Status refused = Create(create, &created);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);

@@ -102,6 +102,12 @@ using RebuildHook = std::function<absl::Status(
     Session& session, const std::vector<int64_t>& lengths,
     absl::Duration timeout)>;
 
+// The inputs of a step that appends `key` and `value` to `layer`, and, with a
+// query, attends with it under `options`.
+StepInputs AppendInputs(int64_t layer, v1::Tensor key, v1::Tensor value);
+StepInputs AttendInputs(int64_t layer, v1::Tensor key, v1::Tensor value,
+                        v1::Tensor query, const v1::StepOptions& options);
+
 // One step in a batched call: `session`'s step `inputs`.
 struct SessionStepInputs {
   Session* session = nullptr;

@@ -41,10 +41,18 @@ std::optional<int64_t> ParseLength(const std::string& text) {
   return length;
 }
 
+// The session on one line; with `replica`, the process holding it last
+// (" replica=NAME/INCARNATION").
 int PrintInfo(const absl::StatusOr<v1::SessionInfo>& info,
-              const char* prefix = "") {
+              const char* prefix = "",
+              const v1::ReplicaIdentity* replica = nullptr) {
   if (!info.ok()) return Fail(info.status());
-  std::printf("%s%s\n", prefix, FormatSessionInfo(*info).c_str());
+  const std::string holder = replica == nullptr
+                                 ? ""
+                                 : absl::StrCat(" replica=", replica->name(),
+                                                "/", replica->incarnation());
+  std::printf("%s%s%s\n", prefix, FormatSessionInfo(*info).c_str(),
+              holder.c_str());
   return kExitOk;
 }
 
@@ -55,7 +63,7 @@ int RunCreate(Client& client) {
   absl::StatusOr<v1::CreateSessionResponse> response =
       client.CreateSession(*request, CallTimeout());
   if (!response.ok()) return Fail(response.status());
-  return PrintInfo(response->session());
+  return PrintInfo(response->session(), "", &response->replica());
 }
 
 // Prints the step's length, and its output's shape and checksum as attend
@@ -128,7 +136,7 @@ int RunFork(Client& client, const std::vector<std::string>& args) {
   absl::StatusOr<v1::ForkSessionResponse> response =
       client.ForkSession(request, CallTimeout());
   if (!response.ok()) return Fail(response.status());
-  return PrintInfo(response->session());
+  return PrintInfo(response->session(), "", &response->replica());
 }
 
 int RunTruncate(Client& client, const std::vector<std::string>& args) {
@@ -188,7 +196,7 @@ int RunSession(Client& client, const std::vector<std::string>& args) {
     absl::StatusOr<v1::GetSessionResponse> response =
         client.GetSession(args[1], CallTimeout());
     if (!response.ok()) return Fail(response.status());
-    return PrintInfo(response->session());
+    return PrintInfo(response->session(), "", &response->replica());
   }
   if (sub == "delete" && n == 2) {
     absl::StatusOr<v1::DeleteSessionResponse> response =

@@ -31,6 +31,8 @@ id=${line%% *}
 [[ ${id} =~ ^[0-9a-f]{32}$ ]] || fail "session id '${id}' is not 32 hex digits"
 grep -q " layers=2 H=4 Hkv=2 Dk=8 Dv=6 dtype=FLOAT32 lengths=0,0 " <<<"${line}" ||
   fail "create printed '${line}'"
+[[ ${line} =~ \ replica=[A-Za-z0-9._-]+/[0-9a-f]{16}$ ]] ||
+  fail "create did not name the replica: '${line}'"
 
 out=$(ctl session step "${id}" --layer=0 --key=k0.npy --value=v0.npy)
 grep -q "^layer 0 length 0 -> 7," <<<"${out}" || fail "prefill printed '${out}'"
@@ -80,7 +82,7 @@ grep -qx "output shape \[4, 3, 6\] FLOAT32" <<<"${out}" || fail "demo step outpu
 child_line=$(ctl session fork "${id}" 7)
 echo "${child_line}"
 child=${child_line%% *}
-grep -q " lengths=7,6 .* forked_from=${id}$" <<<"${child_line}" || fail "fork printed '${child_line}'"
+grep -q " lengths=7,6 .* forked_from=${id} replica=" <<<"${child_line}" || fail "fork printed '${child_line}'"
 ctl session step "${child}" --key=k2.npy --value=v2.npy --query=q2.npy --output=o2.npy \
   --lse_out=l2.npy >/dev/null
 check_reference k0.npy,k2.npy v0.npy,v2.npy q2.npy o2.npy l2.npy

@@ -280,8 +280,8 @@ class AttnServerImpl final : public AttnServer {
       }
     }
     if (gate_.refused_closed() == 0) {
-      server_->Shutdown(absl::ToChronoTime(
-          loop_.live_calls() == 0 ? absl::Now() : deadline));
+      server_->Shutdown(
+          absl::ToChronoTime(loop_.live_calls() == 0 ? absl::Now() : deadline));
     } else {
       gate_.HoldRefusals();
       absl::SleepFor(kRefusalsHeld);

@@ -427,13 +427,14 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   ASSERT_TRUE(replicas.ok()) << replicas.status();
   ASSERT_EQ((*replicas)->addresses().size(), 3u);
 
-  // Sessions until one replica holds three (the victim's), each placed on
-  // its rendezvous first choice and told which replica holds it.
+  // Sessions until one replica holds three (the victim's) and another holds
+  // some, each placed on its rendezvous first choice and told which replica
+  // holds it.
   std::vector<Session> sessions;
   std::vector<SessionModel> models;
   std::map<std::string, std::vector<size_t>> on;
   std::string victim;
-  for (int i = 0; i < 60 && victim.empty(); ++i) {
+  for (int i = 0; i < 60 && (victim.empty() || on.size() < 2); ++i) {
     absl::StatusOr<Session> session =
         (*replicas)->CreateSession(SmallSession(), kTimeout);
     ASSERT_TRUE(session.ok()) << session.status();
@@ -442,7 +443,9 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
               absl::StrCat("replica-", IndexOf(session->address())));
     EXPECT_EQ(session->replica().incarnation().size(), 16u);
     on[session->address()].push_back(sessions.size());
-    if (on[session->address()].size() == 3) victim = session->address();
+    if (victim.empty() && on[session->address()].size() == 3) {
+      victim = session->address();
+    }
     sessions.push_back(*std::move(session));
     models.emplace_back();
   }

@@ -14,13 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "deadline.h"
 
 namespace attnserve {
-namespace {
 
-absl::Duration Remaining(absl::Time deadline) {
-  return std::max(deadline - absl::Now(), absl::ZeroDuration());
-}
+using internal::Remaining;
+
+namespace {
 
 // "host:port" or "[host]:port" split; false without a port.
 bool SplitHostPort(absl::string_view address, std::string* host,

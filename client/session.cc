@@ -4,13 +4,16 @@
 #include <map>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/replicas.h"
 #include "attnserve/common/status_macros.h"
+#include "deadline.h"
 
 namespace attnserve {
+
+using internal::Remaining;
+
 namespace {
 
 // A layer of a session, as StepMany groups its steps.
@@ -44,10 +47,6 @@ StepOutput OutputOf(v1::StepResult&& result) {
   if (result.has_lse()) output.lse = std::move(*result.mutable_lse());
   output.length = result.length();
   return output;
-}
-
-absl::Duration Remaining(absl::Time deadline) {
-  return std::max(deadline - absl::Now(), absl::ZeroDuration());
 }
 
 }  // namespace
@@ -148,12 +147,14 @@ absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
   return std::move(retried[0]);
 }
 
-absl::Status Session::ReplicaGoneOr(absl::Status status) const {
+absl::Status Session::ReplicaGoneOr(absl::Status status,
+                                    bool incarnation_checked) const {
   if (status.ok() || replicas_ == nullptr) return status;
   const bool unreachable = absl::IsUnavailable(status);
+  // A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole
+  // only for that incarnation (a step's own refusals are in its result).
   const bool restarted =
-      absl::IsFailedPrecondition(status) &&
-      absl::StrContains(status.message(), "replica_incarnation is");
+      incarnation_checked && absl::IsFailedPrecondition(status);
   if (!unreachable && !restarted) return status;
   absl::Status gone = absl::AbortedError(absl::StrCat(
       "session ", id(), "'s replica ", replica_.name(), " (incarnation ",
@@ -369,7 +370,8 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     for (const auto& [key, indices] : groups) {
       key.first->uncertain_[key.second] = true;
     }
-    return steps[0].session->ReplicaGoneOr(response.status());
+    return steps[0].session->ReplicaGoneOr(
+        response.status(), !request.replica_incarnation().empty());
   }
 
   StepManyResults results(n, absl::UnknownError("unset"));

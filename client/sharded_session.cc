@@ -9,16 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/tensors.h"
+#include "deadline.h"
 #include "shard_merge.h"
 
 namespace attnserve {
-namespace {
 
-absl::Duration Remaining(absl::Time deadline) {
-  return std::max(deadline - absl::Now(), absl::ZeroDuration());
-}
-
-}  // namespace
+using internal::Remaining;
 
 ShardedSession::ShardedSession(Replicas* replicas,
                                v1::CreateSessionRequest request,

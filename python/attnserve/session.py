@@ -90,13 +90,14 @@ class Session:
         self.rebuild(timeout)
         return self._step(layer, key, value, query, input_dtype, timeout, options)
 
-    def _gone_or(self, error):
-        """`error` as a ReplicaGoneError when it says a pinned session's replica is gone."""
+    def _gone_or(self, error, incarnation_checked=False):
+        """`error` as a ReplicaGoneError when it says a pinned session's replica is gone:
+        UNAVAILABLE past the retries, or, for a Step call that carried the incarnation (which
+        fails FAILED_PRECONDITION as a whole only for that), a restarted replica."""
         if self._replicas is None:
             return error
         unreachable = error.code == grpc.StatusCode.UNAVAILABLE
-        restarted = (error.code == grpc.StatusCode.FAILED_PRECONDITION
-                     and "replica_incarnation is" in error.message)
+        restarted = incarnation_checked and error.code == grpc.StatusCode.FAILED_PRECONDITION
         if not (unreachable or restarted):
             return error
         return ReplicaGoneError(
@@ -152,7 +153,7 @@ class Session:
                 timeout)
         except AttnserveError as error:
             self._uncertain[layer] = True
-            raise self._gone_or(error) from None
+            raise self._gone_or(error, bool(self.replica.incarnation)) from None
         result = response.results[0]
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)

@@ -213,10 +213,12 @@ class Session {
   // Takes `info` as the server's word: lengths and metadata.
   void Adopt(const v1::SessionInfo& info);
   // `status`, from a call to this session's replica, as the replica-gone
-  // error when it says the replica is: UNAVAILABLE past the retries, or a
-  // restarted replica's refusal of the incarnation. Only for a pinned
-  // session; otherwise (and for other errors) `status` as is.
-  absl::Status ReplicaGoneOr(absl::Status status) const;
+  // error when it says the replica is: UNAVAILABLE past the retries, or (for
+  // a Step call that carried the incarnation, `incarnation_checked`) a
+  // restarted replica's refusal of it. Only for a pinned session; otherwise
+  // (and for other errors) `status` as is.
+  absl::Status ReplicaGoneOr(absl::Status status,
+                             bool incarnation_checked = false) const;
 
   Client* client_ = nullptr;
   v1::SessionInfo info_;

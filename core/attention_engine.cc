@@ -19,6 +19,7 @@
 #include "internal/fused_attention.h"
 #include "internal/linear.h"
 #include "internal/paged_attention.h"
+#include "internal/score_mods.h"
 #include "internal/sdpa_problem.h"
 #include "internal/unfused_attention.h"
 #include "internal/validation.h"
@@ -107,10 +108,15 @@ absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
 
 bool AttentionEngineImpl::DecodeReadsInPlace(
     const AttentionShape& shape, const AttentionOptions& options) const {
+  // The paged kernel places its one query row at the last key (bottom-right):
+  // the same as top-left for a plain non-causal row, not for a window or
+  // ALiBi.
+  const bool bottom_right =
+      options.causal_alignment == CausalAlignment::kBottomRight;
   return shape.query_len == 1 && !options.mask &&
          options.weights == AttentionWeightsMode::kNone &&
-         (!options.causal ||
-          options.causal_alignment == CausalAlignment::kBottomRight);
+         (!options.causal || bottom_right) &&
+         (!HasScoreMods(options) || bottom_right);
 }
 
 bool AttentionEngineImpl::DecodesPaged(const AttentionShape& shape,
@@ -129,7 +135,7 @@ absl::Status AttentionEngineImpl::AttendDecode(
   if (!DecodeReadsInPlace(shape, options)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AttendDecode takes decode (Lq = 1) without a mask, weights or a "
-        "top-left causal mask; got ",
+        "top-left causal mask, window or ALiBi; got ",
         shape.DebugString()));
   }
   PageLayout layout;
@@ -174,6 +180,10 @@ absl::Status AttentionEngineImpl::AttendDecode(
     item.query =
         query.subspan(b * heads * shape.key_dim, heads * shape.key_dim);
     item.scale = scale;
+    item.window_left = options.window_left;
+    item.num_sink_tokens = options.num_sink_tokens;
+    item.softcap = options.softcap.value_or(0.0f);
+    item.alibi_slopes = options.alibi_slopes;
     item.precision = options.precision;
     item.output = outputs.output.subspan(b * heads * shape.value_dim,
                                          heads * shape.value_dim);

@@ -15,6 +15,7 @@
 #include "internal/fused_plan.h"
 #include "internal/fused_run.h"
 #include "internal/matmul.h"
+#include "internal/score_mods.h"
 #include "internal/tile_matmuls.h"
 
 namespace attnserve::internal {
@@ -29,6 +30,8 @@ FusedRun::FusedRun(const SdpaProblem& p, const Geometry& g,
       mask_(p.options->mask ? &*p.options->mask : nullptr),
       mask_strides_(mask_ != nullptr ? StridesOf(*mask_)
                                      : MaskStrides{0, 0, 0, 0}),
+      mods_(HasScoreMods(*p.options)),
+      rules_(RulesOf(*p.options)),
       stopper_(p.options->stop) {}
 
 absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,

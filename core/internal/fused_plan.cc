@@ -6,6 +6,7 @@
 #include "attnserve/common/checked_math.h"
 #include "internal/fused_attention.h"
 #include "internal/tile_kernels.h"
+#include "internal/visibility.h"
 
 namespace attnserve::internal {
 namespace fused {
@@ -49,7 +50,7 @@ ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
   t.probabilities = take(g.NativeBf16Tiles() ? g.rows * g.k_block * 2 : 0);
   t.output = take(g.rows * s.value_dim * 4);
   t.states = take(g.rows * static_cast<int64_t>(sizeof(RowState)));
-  t.ends = take(g.q_block * 8);
+  t.keys = take(g.q_block * static_cast<int64_t>(sizeof(RowKeys)));
   t.scratchpad = take(scratchpad_bytes);
   t.total = at;
   return t;

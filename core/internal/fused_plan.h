@@ -80,7 +80,7 @@ int64_t ScratchpadAllowance(const AttentionShape& s, const Geometry& g);
 
 // Byte offsets of one thread's buffers.
 struct ThreadLayout {
-  int64_t query, scores, probabilities, output, states, ends, scratchpad, total;
+  int64_t query, scores, probabilities, output, states, keys, scratchpad, total;
 };
 
 ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,

@@ -59,7 +59,7 @@ struct TileBuffers {
   uint16_t* probabilities;  // [rows, n] bf16 probabilities (NativeBf16Tiles)
   float* output;            // [rows, Dv] accumulated output
   RowState* states;         // [rows] online-softmax states
-  int64_t* ends;            // [qn] one past the last key each query may see
+  RowKeys* keys;            // [qn] the keys each query may see
   char* scratchpad;         // the tile matmuls' scratchpad
 };
 
@@ -94,7 +94,8 @@ class FusedRun {
 
   // Whether a tile's last block may stop short of a whole block.
   bool ShortensLastBlock() const {
-    return p_.options->causal || !p_.options->key_lengths.empty();
+    return p_.options->causal || !p_.options->key_lengths.empty() ||
+           p_.options->window_right >= 0;
   }
 
   // Bytes per element of the keys and values the tiles read: bf16 for the
@@ -148,9 +149,13 @@ class FusedRun {
   dnnl_status_t RunTile(int64_t index, int64_t split, ThreadContext& context);
   Tile TileAt(int64_t index) const;
   TileBuffers BuffersOf(char* buffer) const;
-  // Writes the keys each query of `tile` may see to buffers.ends; returns the
+  // Writes the keys each query of `tile` may see to buffers.keys; returns the
   // end of the keys any of them sees.
   int64_t FindVisibleKeys(const Tile& tile, const TileBuffers& buffers) const;
+  // Whether any query of `tile` sees a key of `keys` (a window or sinks leave
+  // blocks that none does, which the tile skips).
+  bool TileSees(const Tile& tile, const TileBuffers& buffers,
+                const KeyBlock& keys) const;
   // The key blocks of split `split` (all if < 0) up to `tile_end`.
   BlockRange BlocksToRun(int64_t tile_end, int64_t split) const;
   // Loads the query rows of every head of the group in the matmuls' type, and
@@ -188,6 +193,10 @@ class FusedRun {
   // The call's mask, if any, and its strides.
   const AttentionMask* const mask_;
   const MaskStrides mask_strides_;
+  // Whether the call has a window, sinks, ALiBi or a softcap
+  // (internal/score_mods.h), and the rules of its RowKeys.
+  const bool mods_;
+  const KeyRules rules_;
   ThreadLayout layout_{};
   // Packed keys and values, if the tiles read those: dense rows, f32 or bf16.
   const void* key_ = nullptr;

@@ -8,6 +8,7 @@
 #include "internal/fused_plan.h"
 #include "internal/fused_run.h"
 #include "internal/matmul.h"
+#include "internal/score_mods.h"
 #include "internal/sdpa_problem.h"
 #include "internal/tile_kernels.h"
 #include "internal/tile_matmuls.h"
@@ -32,6 +33,7 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
     // A stopped call's tile is abandoned; Run returns the stop's status.
     if (stopper_.ShouldStop()) return dnnl_success;
     const KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
+    if (mods_ && !TileSees(tile, buffers, keys)) continue;
     dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
     if (status != dnnl_success) return status;
     FoldBlock(tile, keys, buffers);
@@ -70,7 +72,7 @@ TileBuffers FusedRun::BuffersOf(char* buffer) const {
       reinterpret_cast<uint16_t*>(buffer + layout_.probabilities);
   buffers.output = reinterpret_cast<float*>(buffer + layout_.output);
   buffers.states = reinterpret_cast<RowState*>(buffer + layout_.states);
-  buffers.ends = reinterpret_cast<int64_t*>(buffer + layout_.ends);
+  buffers.keys = reinterpret_cast<RowKeys*>(buffer + layout_.keys);
   buffers.scratchpad = buffer + layout_.scratchpad;
   return buffers;
 }
@@ -79,10 +81,22 @@ int64_t FusedRun::FindVisibleKeys(const Tile& tile,
                                   const TileBuffers& buffers) const {
   int64_t tile_end = 0;
   for (int64_t i = 0; i < tile.qn; ++i) {
-    buffers.ends[i] = VisibleKeyEnd(s_, *p_.options, tile.b, tile.q0 + i);
-    tile_end = std::max(tile_end, buffers.ends[i]);
+    buffers.keys[i] = VisibleKeys(s_, *p_.options, tile.b, tile.q0 + i);
+    tile_end = std::max(tile_end, buffers.keys[i].end);
   }
   return tile_end;
+}
+
+bool FusedRun::TileSees(const Tile& tile, const TileBuffers& buffers,
+                        const KeyBlock& keys) const {
+  const int64_t first = keys.k0;
+  const int64_t last = keys.k0 + keys.n;
+  for (int64_t i = 0; i < tile.qn; ++i) {
+    const RowKeys& row = buffers.keys[i];
+    if (first < row.sink_end) return true;
+    if (first < row.end && row.start < last) return true;
+  }
+  return false;
 }
 
 BlockRange FusedRun::BlocksToRun(int64_t tile_end, int64_t split) const {
@@ -166,15 +180,28 @@ dnnl_status_t FusedRun::ScoreBlock(const Tile& tile, const KeyBlock& keys,
 void FusedRun::FoldBlock(const Tile& tile, const KeyBlock& keys,
                          const TileBuffers& buffers) const {
   const int64_t n = keys.n;
+  const int64_t length = KeyLength(s_, *p_.options, tile.b);
   for (int64_t r = 0; r < tile.rows; ++r) {
-    const int64_t visible =
-        std::clamp<int64_t>(buffers.ends[r % tile.qn] - keys.k0, 0, n);
+    const RowKeys& row_keys = buffers.keys[r % tile.qn];
     const RowMask row_mask =
         RowMaskAt(tile.b, tile.Head(r), tile.Query(r), keys.k0);
     float* row_scores = buffers.scores + r * n;
-    const float alpha = kernels_.softmax_block(
-        row_scores, n, visible, p_.scale, row_mask, &buffers.states[r],
-        g_.NativeBf16Tiles() ? buffers.probabilities + r * n : nullptr);
+    uint16_t* row_probabilities =
+        g_.NativeBf16Tiles() ? buffers.probabilities + r * n : nullptr;
+    float alpha;
+    if (mods_) {
+      // The modified scores are final: the kernel scales them by 1.
+      const int64_t position =
+          QueryPosition(rules_, length, s_.query_len, tile.Query(r));
+      ModifyScores(row_scores, n, keys.k0, p_.scale, row_keys,
+                   ModsOf(*p_.options, tile.Head(r), position), row_mask);
+      alpha = kernels_.softmax_block(row_scores, n, n, 1.0f, RowMask(),
+                                     &buffers.states[r], row_probabilities);
+    } else {
+      const int64_t visible = std::clamp<int64_t>(row_keys.end - keys.k0, 0, n);
+      alpha = kernels_.softmax_block(row_scores, n, visible, p_.scale, row_mask,
+                                     &buffers.states[r], row_probabilities);
+    }
     if (g_.Bf16Tiles() && !g_.NativeBf16Tiles()) {
       RoundToBf16Values(row_scores, n, row_scores);
     }

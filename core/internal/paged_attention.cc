@@ -19,8 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/dtype.h"
 #include "internal/fast_exp.h"
+#include "internal/score_mods.h"
 #include "internal/stopper.h"
 #include "internal/tile_kernels.h"
+#include "internal/visibility.h"
 
 namespace attnserve::internal {
 namespace {
@@ -93,6 +95,40 @@ int64_t GroupOf(const PagedAttend& item) {
 
 // Query rows per unit for `item`: the whole group, times as many queries as
 // fit in kUnitRows.
+bool HasScoreMods(const PagedAttend& item) {
+  return item.window_left >= 0 || item.num_sink_tokens > 0 ||
+         item.softcap > 0.0f || !item.alibi_slopes.empty();
+}
+
+// The rules of an item's RowKeys: causal, bottom-right.
+KeyRules RulesOf(const PagedAttend& item) {
+  return {true, true, item.window_left, -1, item.num_sink_tokens};
+}
+
+// The keys between the sinks and the windows that none of the item's query
+// rows [q0, q0 + qn) sees, [first, last) (empty if first >= last): the kernel
+// skips them, and their pages may be null.
+struct KeyGap {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+KeyGap UnseenKeys(const PagedAttend& item, int64_t q0, int64_t qn) {
+  KeyGap gap{0, item.length};
+  const KeyRules rules = RulesOf(item);
+  for (int64_t i = q0; i < q0 + qn; ++i) {
+    const RowKeys keys = VisibleKeys(rules, item.length, item.query_len, i);
+    if (keys.end == 0) continue;
+    if (keys.sink_end == 0 && keys.start == 0) {
+      gap.first = std::max(gap.first, keys.end);  // One run [0, end).
+    } else {
+      gap.first = std::max(gap.first, keys.sink_end);
+      gap.last = std::min(gap.last, keys.start);
+    }
+  }
+  return gap;
+}
+
 int64_t QueriesPerUnit(const PagedAttend& item) {
   return std::clamp<int64_t>(kUnitRows / GroupOf(item), 1, item.query_len);
 }
@@ -131,12 +167,12 @@ Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
       }
     }
   }
-  // Per row: its end (an int64_t, 2 floats), its state (4 floats), its
-  // output, query and scores; then a block of keys and one of values. Whole
-  // cache lines, so that threads never share one.
+  // Per row: its RowKeys (6 floats), its state (4 floats), its output, query
+  // and scores; then a block of keys and one of values. Whole cache lines, so
+  // that threads never share one.
   const int64_t rows = (plan.max_rows + 3) / 4 * 4;
   plan.thread_floats =
-      rows * (6 + plan.max_value_dim + plan.max_key_dim + kBlock) +
+      rows * (10 + plan.max_value_dim + plan.max_key_dim + kBlock) +
       kBlock * (plan.max_key_dim + plan.max_value_dim);
   plan.thread_floats = (plan.thread_floats + 15) / 16 * 16;
   return plan;
@@ -144,22 +180,23 @@ Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
 
 // A thread's buffers as one unit uses them.
 struct UnitBuffers {
-  float* output;     // [rows, Dv] accumulated
-  float* query;      // [rows, Dk]
-  float* scores;     // [rows, kBlock]
-  float* keys;       // [kBlock, Dk]
-  float* values;     // [kBlock, Dv]
-  RowState* states;  // [rows]
-  int64_t* ends;     // [rows] one past the last key each row sees
+  float* output;       // [rows, Dv] accumulated
+  float* query;        // [rows, Dk]
+  float* scores;       // [rows, kBlock]
+  float* keys;         // [kBlock, Dk]
+  float* values;       // [kBlock, Dv]
+  RowState* states;    // [rows]
+  RowKeys* keys_seen;  // [rows] the keys each row sees
 };
 
 UnitBuffers BuffersOf(float* base, const Plan& plan) {
   static_assert(sizeof(RowState) <= 4 * sizeof(float));
+  static_assert(sizeof(RowKeys) <= 6 * sizeof(float));
   UnitBuffers b;
   const int64_t rows = (plan.max_rows + 3) / 4 * 4;
-  b.ends = reinterpret_cast<int64_t*>(base);
-  b.states = reinterpret_cast<RowState*>(base + 2 * rows);
-  b.output = base + 6 * rows;
+  b.keys_seen = reinterpret_cast<RowKeys*>(base);
+  b.states = reinterpret_cast<RowState*>(base + 6 * rows);
+  b.output = base + 10 * rows;
   b.query = b.output + rows * plan.max_value_dim;
   b.scores = b.query + rows * plan.max_key_dim;
   b.keys = b.scores + rows * kBlock;
@@ -521,7 +558,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
 // One block of a unit: scores, their fold into each row's softmax (and the
 // rows' rescaling), then the values, for keys and values in T.
 template <DataType T, bool kPairwise, bool kF16c = false>
-ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
+ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
                                      const UnitBuffers& b, int64_t rows,
                                      int64_t rows4, int64_t k0, int64_t n,
                                      bool round, const char* keys,
@@ -531,10 +568,28 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item,
   const int64_t dv = item.layout.value_dim;
   BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys, n, b.scores,
                                    next_keys);
+  const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t visible = std::clamp<int64_t>(b.ends[r] - k0, 0, n);
-    const float alpha = FoldScores(b.scores + r * kBlock, n, visible,
-                                   item.scale, round, &b.states[r]);
+    const RowKeys& keys_seen = b.keys_seen[r];
+    float* s = b.scores + r * kBlock;
+    float alpha;
+    if (mods) {
+      // The modified scores are final: FoldScores scales them by 1.
+      const int64_t head = unit.kv_head * GroupOf(item) + r / unit.qn;
+      const int64_t position =
+          unit.q0 + r % unit.qn + item.length - item.query_len;
+      RowScoreMods row_mods;
+      row_mods.softcap = item.softcap;
+      row_mods.position = position;
+      if (!item.alibi_slopes.empty()) {
+        row_mods.slope = item.alibi_slopes[static_cast<size_t>(head)];
+      }
+      ModifyScores(s, n, k0, item.scale, keys_seen, row_mods, RowMask());
+      alpha = FoldScores(s, n, n, 1.0f, round, &b.states[r]);
+    } else {
+      const int64_t visible = std::clamp<int64_t>(keys_seen.end - k0, 0, n);
+      alpha = FoldScores(s, n, visible, item.scale, round, &b.states[r]);
+    }
     if (alpha != 1.0f) {
       float* o = b.output + r * dv;
       for (int64_t c = 0; c < dv; c += 8) {
@@ -590,9 +645,8 @@ __attribute__((always_inline)) inline void UnitBody(
         Deinterleave(ordered, 16, row + c);
       }
     }
-    b.ends[r] = std::clamp<int64_t>(i + item.length - item.query_len + 1, 0,
-                                    item.length);
-    tile_end = std::max(tile_end, b.ends[r]);
+    b.keys_seen[r] = VisibleKeys(RulesOf(item), item.length, item.query_len, i);
+    tile_end = std::max(tile_end, b.keys_seen[r].end);
     std::fill(b.output + r * dv, b.output + (r + 1) * dv, 0.0f);
     b.states[r] = {kNegativeInfinity, 0.0f, false};
   }
@@ -607,14 +661,25 @@ __attribute__((always_inline)) inline void UnitBody(
   last = std::min(last, tile_end);
   const int64_t page_tokens = layout.page_tokens;
   const int64_t element = DataTypeBytes(layout.dtype);
-  for (int64_t k0 = first, blocks = 0; k0 < last; ++blocks) {
+  // Keys no row of the unit sees are skipped, never read: their pages may be
+  // null (evicted).
+  const KeyGap gap =
+      HasScoreMods(item) ? UnseenKeys(item, unit.q0, unit.qn) : KeyGap{};
+  // The first key at or past `k` that a row sees.
+  const auto seen_from = [&gap](int64_t k) {
+    return k >= gap.first && k < gap.last ? gap.last : k;
+  };
+  for (int64_t k0 = seen_from(first), blocks = 0; k0 < last; ++blocks) {
     if (blocks % kBlocksPerStopPoll == kBlocksPerStopPoll - 1 &&
         stopper.ShouldStop()) {
       return;
     }
     const int64_t page = k0 / page_tokens;
     const int64_t offset = k0 % page_tokens;
-    const int64_t n = std::min({kBlock, page_tokens - offset, last - k0});
+    const int64_t block_last = k0 < gap.first && gap.first < gap.last
+                                   ? std::min(last, gap.first)
+                                   : last;
+    const int64_t n = std::min({kBlock, page_tokens - offset, block_last - k0});
     const int64_t row0 = unit.kv_head * page_tokens + offset;
     const char* keys =
         item.pages[static_cast<size_t>(page)] + row0 * dk * element;
@@ -632,7 +697,8 @@ __attribute__((always_inline)) inline void UnitBody(
     // Where the next block lies, to prefetch it.
     const char* next_keys = nullptr;
     const char* next_values = nullptr;
-    if (const int64_t next = k0 + n; next < last && type == layout.dtype) {
+    if (const int64_t next = seen_from(k0 + n);
+        next < last && type == layout.dtype) {
       const int64_t next_page = next / page_tokens;
       const int64_t next_row = unit.kv_head * page_tokens + next % page_tokens;
       next_keys =
@@ -640,21 +706,23 @@ __attribute__((always_inline)) inline void UnitBody(
       next_values = ValuesOf(item, next_page) + next_row * dv * element;
     }
     if (pairwise) {
-      RunBlock<DataType::kBFloat16, true>(item, b, rows, rows4, k0, n, round,
-                                          keys, values, next_keys, next_values);
+      RunBlock<DataType::kBFloat16, true>(item, unit, b, rows, rows4, k0, n,
+                                          round, keys, values, next_keys,
+                                          next_values);
     } else if (type == DataType::kFloat32) {
-      RunBlock<DataType::kFloat32, false>(item, b, rows, rows4, k0, n, round,
-                                          keys, values, next_keys, next_values);
+      RunBlock<DataType::kFloat32, false>(item, unit, b, rows, rows4, k0, n,
+                                          round, keys, values, next_keys,
+                                          next_values);
     } else if (type == DataType::kBFloat16) {
-      RunBlock<DataType::kBFloat16, false>(item, b, rows, rows4, k0, n, round,
-                                           keys, values, next_keys,
+      RunBlock<DataType::kBFloat16, false>(item, unit, b, rows, rows4, k0, n,
+                                           round, keys, values, next_keys,
                                            next_values);
     } else {
-      RunBlock<DataType::kFloat16, false, kF16c>(item, b, rows, rows4, k0, n,
-                                                 round, keys, values, next_keys,
-                                                 next_values);
+      RunBlock<DataType::kFloat16, false, kF16c>(item, unit, b, rows, rows4, k0,
+                                                 n, round, keys, values,
+                                                 next_keys, next_values);
     }
-    k0 += n;
+    k0 = seen_from(k0 + n);
   }
   if (partial != nullptr) {
     std::memcpy(partial, b.output,
@@ -807,9 +875,26 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items) {
       return invalid(item.pages.size(), " pages for ", item.length,
                      " tokens, expected at least ", pages);
     }
+    if (item.window_left < -1 || item.num_sink_tokens < 0 ||
+        !(item.softcap >= 0.0f) || !std::isfinite(item.softcap)) {
+      return invalid("window_left is ", item.window_left, ", num_sink_tokens ",
+                     item.num_sink_tokens, " and softcap ", item.softcap,
+                     ", expected >= -1, >= 0 and finite >= 0");
+    }
+    if (!item.alibi_slopes.empty() &&
+        static_cast<int64_t>(item.alibi_slopes.size()) != item.heads) {
+      return invalid(item.alibi_slopes.size(), " ALiBi slopes, expected ",
+                     item.heads, " (heads)");
+    }
+    // A page no query row sees may be null (evicted).
+    const KeyGap gap =
+        HasScoreMods(item) ? UnseenKeys(item, 0, item.query_len) : KeyGap{};
     for (int64_t p = 0; p < pages; ++p) {
-      if (item.pages[static_cast<size_t>(p)] == nullptr) {
-        return invalid("page ", p, " is null");
+      const int64_t first = p * layout.page_tokens;
+      const int64_t last = std::min(first + layout.page_tokens, item.length);
+      if (item.pages[static_cast<size_t>(p)] == nullptr &&
+          !(first >= gap.first && last <= gap.last)) {
+        return invalid("page ", p, " is null, and a query row sees it");
       }
     }
     if (!item.value_pages.empty()) {

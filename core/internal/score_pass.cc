@@ -6,6 +6,7 @@
 
 #include "attnserve/common/dtype.h"
 #include "internal/fast_exp.h"
+#include "internal/score_mods.h"
 #include "internal/visibility.h"
 
 namespace attnserve::internal {
@@ -78,6 +79,7 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
   const MaskStrides mask_strides =
       mask ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
   const float head_mean_factor = 1.0f / static_cast<float>(shape.heads);
+  const bool mods = HasScoreMods(options);
 
   // One (batch item, query) per iteration, all heads of the slab inside it, so
   // that head-mean weights accumulate without races.
@@ -86,7 +88,9 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
     const int64_t local_batch = item / lq;
     const int64_t i = item % lq;
     const int64_t b = slab.first_batch + local_batch;
-    const int64_t end = VisibleKeyEnd(shape, options, b, i);
+    const RowKeys keys = VisibleKeys(shape, options, b, i);
+    const int64_t position =
+        QueryPosition(RulesOf(options), KeyLength(shape, options, b), lq, i);
     for (int64_t local_kv = 0; local_kv < slab.kv_head_count; ++local_kv) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = (slab.first_kv_head + local_kv) * group + g;
@@ -98,11 +102,21 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
                                                h * mask_strides.head +
                                                i * mask_strides.query
                                          : 0;
-        const float row_lse = SoftmaxRow(
-            row, end, lk, mask,
-            mask && mask->allowed ? mask->allowed + mask_offset : nullptr,
-            mask && mask->bias ? mask->bias + mask_offset : nullptr,
-            mask_strides.key);
+        const uint8_t* allowed_row =
+            mask && mask->allowed ? mask->allowed + mask_offset : nullptr;
+        const float* bias_row =
+            mask && mask->bias ? mask->bias + mask_offset : nullptr;
+        float row_lse;
+        if (mods) {
+          // The scores are scaled already: ModifyScores scales by 1.
+          ModifyScores(
+              row, lk, 0, 1.0f, keys, ModsOf(options, h, position),
+              {bias_row, mask_strides.key, allowed_row, mask_strides.key});
+          row_lse = SoftmaxRow(row, keys.end, lk, nullptr, nullptr, nullptr, 0);
+        } else {
+          row_lse = SoftmaxRow(row, keys.end, lk, mask, allowed_row, bias_row,
+                               mask_strides.key);
+        }
         if (!lse.empty()) lse[(b * shape.heads + h) * lq + i] = row_lse;
         if (options.weights == AttentionWeightsMode::kPerHead) {
           std::copy(row, row + lk,

@@ -22,8 +22,9 @@ struct ScoreSlab {
   int64_t kv_head_count = 0;
 };
 
-// For every row of `scores` (already multiplied by the scale): adds a float
-// mask, drops keys that a boolean mask, causality or key_lengths exclude, and
+// For every row of `scores` (already multiplied by the scale): applies the
+// softcap and ALiBi (internal/score_mods.h), adds a float mask, drops keys
+// that a boolean mask, causality, key_lengths, a window or sinks exclude, and
 // replaces the row by its softmax. A row with no key left becomes zeros. Writes
 // each row's log-sum-exp to `lse` and the probabilities to `weights` if
 // `options` ask for them (head-mean weights accumulate: the caller zeroes them

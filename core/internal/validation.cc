@@ -88,6 +88,43 @@ absl::Status ValidateShape(const AttentionShape& s) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The window, sinks, softcap and ALiBi slopes.
+absl::Status ValidateVariants(const AttentionShape& shape,
+                              const AttentionOptions& options) {
+  if (options.window_left < -1 || options.window_right < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.window_left and window_right are ", options.window_left,
+        " and ", options.window_right, ", expected -1 (unbounded) or >= 0"));
+  }
+  if (options.num_sink_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.num_sink_tokens is ", options.num_sink_tokens,
+                     ", expected >= 0"));
+  }
+  if (options.softcap &&
+      !(std::isfinite(*options.softcap) && *options.softcap > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.softcap is ", *options.softcap,
+                     ", expected a finite number > 0 (or none)"));
+  }
+  if (!options.alibi_slopes.empty()) {
+    ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize(
+        "options.alibi_slopes", options.alibi_slopes.size(), shape.heads));
+    for (size_t h = 0; h < options.alibi_slopes.size(); ++h) {
+      if (!std::isfinite(options.alibi_slopes[h])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("options.alibi_slopes[", h, "] is ",
+                         options.alibi_slopes[h], ", expected finite"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateOptionsAndOutputs(const AttentionShape& shape,
                                        const AttentionOptions& options,
                                        const AttentionOutputs& outputs,
@@ -110,6 +147,7 @@ absl::Status ValidateOptionsAndOutputs(const AttentionShape& shape,
   }
   if (options.mask)
     ATTNSERVE_RETURN_IF_ERROR(ValidateMask(shape, *options.mask));
+  ATTNSERVE_RETURN_IF_ERROR(ValidateVariants(shape, options));
   ATTNSERVE_RETURN_IF_ERROR(
       ValidateSpanSize("output", outputs.output.size(), output_elements));
   ATTNSERVE_RETURN_IF_ERROR(

@@ -82,9 +82,46 @@ struct Draw {
   std::vector<int64_t> key_lengths;
   std::vector<uint8_t> allowed;
   std::vector<float> bias;
+  std::vector<float> alibi_slopes;
   std::vector<float> query, key, value;
   std::string description;
 };
+
+// The variants modern models use (a window, sinks, ALiBi, a softcap), each
+// drawn with its own chance after the draw's other options.
+void DrawVariants(std::mt19937_64& rng, Draw& d) {
+  AttentionOptions& o = d.options;
+  ReferenceOptions& ref = d.reference;
+  if (!o.causal && Chance(rng, 0.5)) {
+    // The alignment places windows and ALiBi's distances without causality.
+    ref.bottom_right = true;
+    o.causal_alignment = CausalAlignment::kBottomRight;
+  }
+  if (Chance(rng, 0.35)) {
+    o.window_left = ref.window_left =
+        Pick<int64_t>(rng, {-1, 0, 1, 5, 63, 64, 200, 300});
+    o.window_right = ref.window_right = Pick<int64_t>(rng, {-1, -1, 0, 3, 70});
+  }
+  if (Chance(rng, 0.25)) {
+    o.num_sink_tokens = ref.num_sink_tokens = Pick<int64_t>(rng, {1, 4, 70});
+  }
+  if (Chance(rng, 0.25)) {
+    // ALiBi's geometric slopes 2^(−8(h+1)/H), now and then one negative.
+    for (int64_t h = 0; h < d.shape.heads; ++h) {
+      const double slope =
+          std::pow(2.0, -8.0 * static_cast<double>(h + 1) /
+                            static_cast<double>(d.shape.heads));
+      d.alibi_slopes.push_back(
+          static_cast<float>(Chance(rng, 0.1) ? -slope : slope));
+      ref.alibi_slopes.push_back(d.alibi_slopes.back());
+    }
+    o.alibi_slopes = d.alibi_slopes;
+  }
+  if (Chance(rng, 0.25)) {
+    o.softcap = Pick<float>(rng, {0.5f, 5.0f, 30.0f});
+    ref.softcap = *o.softcap;
+  }
+}
 
 Draw MakeDraw(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -159,6 +196,7 @@ Draw MakeDraw(uint64_t seed) {
   o.key_lengths = d.key_lengths;
   o.return_lse = Chance(rng, 0.5);
   if (Chance(rng, 0.3)) o.precision = Precision::kBFloat16;
+  DrawVariants(rng, d);
 
   std::ostringstream text;
   text << "seed " << seed << ": " << s.DebugString()
@@ -168,7 +206,14 @@ Draw MakeDraw(uint64_t seed) {
        << (d.allowed.empty() ? "" : " bool-mask")
        << (d.bias.empty() ? "" : " float-mask")
        << (o.precision == Precision::kBFloat16 ? " bf16" : "")
-       << (o.return_lse ? " lse" : "");
+       << (o.return_lse ? " lse" : "")
+       << (!o.causal && ref.bottom_right ? " bottom-right" : "");
+  if (o.window_left >= 0 || o.window_right >= 0) {
+    text << " window(" << o.window_left << "," << o.window_right << ")";
+  }
+  if (o.num_sink_tokens > 0) text << " sinks=" << o.num_sink_tokens;
+  if (!o.alibi_slopes.empty()) text << " alibi";
+  if (o.softcap) text << " softcap=" << *o.softcap;
   d.description = text.str();
   return d;
 }

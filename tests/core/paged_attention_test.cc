@@ -84,14 +84,23 @@ struct Case {
   DataType dtype;
   Precision precision;
   bool return_lse;
+  // Variants: a window (−1: none), sinks, ALiBi slopes, a softcap (0: none),
+  // and the pages none of the rows sees passed as null (evicted).
+  int64_t window_left = -1;
+  int64_t sinks = 0;
+  bool alibi = false;
+  float softcap = 0.0f;
+  bool null_unseen_pages = false;
 };
 
 std::string Describe(const Case& c) {
-  return absl::StrCat("H=", c.heads, " Hkv=", c.kv_heads, " Tq=", c.query_len,
-                      " L=", c.length, " Dk=", c.key_dim, " Dv=", c.value_dim,
-                      " page=", c.page_tokens,
-                      " dtype=", static_cast<int>(c.dtype),
-                      " bf16=", c.precision == Precision::kBFloat16);
+  return absl::StrCat(
+      "H=", c.heads, " Hkv=", c.kv_heads, " Tq=", c.query_len, " L=", c.length,
+      " Dk=", c.key_dim, " Dv=", c.value_dim, " page=", c.page_tokens,
+      " dtype=", static_cast<int>(c.dtype),
+      " bf16=", c.precision == Precision::kBFloat16,
+      " window_left=", c.window_left, " sinks=", c.sinks, " alibi=", c.alibi,
+      " softcap=", c.softcap, " null_unseen_pages=", c.null_unseen_pages);
 }
 
 // The inputs and outputs of one item.
@@ -99,6 +108,8 @@ struct Item {
   Case c;
   std::unique_ptr<PagedCache> cache;
   std::vector<float> query, output, lse;
+  std::vector<float> slopes;       // [H] if c.alibi
+  std::vector<const char*> pages;  // as the call reads them
 };
 
 Item MakeItem(const Case& c, uint64_t seed) {
@@ -119,13 +130,42 @@ Item MakeItem(const Case& c, uint64_t seed) {
   if (c.return_lse) {
     item.lse.assign(static_cast<size_t>(c.heads * c.query_len), -7.0f);
   }
+  for (int64_t h = 0; c.alibi && h < c.heads; ++h) {
+    item.slopes.push_back(static_cast<float>(
+        std::pow(2.0, -8.0 * static_cast<double>(h + 1) / c.heads)));
+  }
+  item.pages = item.cache->page_pointers;
+  if (c.null_unseen_pages && c.window_left >= 0) {
+    // Query 0 sees the least: keys from L − Tq − window_left on, and the
+    // sinks. A page wholly between those no row sees.
+    const int64_t window_start = c.length - c.query_len - c.window_left;
+    for (size_t p = 0; p < item.pages.size(); ++p) {
+      const int64_t first = static_cast<int64_t>(p) * c.page_tokens;
+      const int64_t last = std::min(first + c.page_tokens, c.length);
+      if (first >= c.sinks && last <= window_start) item.pages[p] = nullptr;
+    }
+  }
   return item;
+}
+
+// Options of the same variants for the reference and for Attend.
+ReferenceOptions ReferenceVariants(const Item& item) {
+  ReferenceOptions options;
+  options.window_left = item.c.window_left;
+  options.num_sink_tokens = item.c.sinks;
+  options.alibi_slopes.assign(item.slopes.begin(), item.slopes.end());
+  if (item.c.softcap > 0.0f) options.softcap = item.c.softcap;
+  return options;
 }
 
 PagedAttend ToPaged(Item& item, float scale) {
   PagedAttend paged;
   paged.layout = item.cache->layout;
-  paged.pages = item.cache->page_pointers;
+  paged.pages = item.pages;
+  paged.window_left = item.c.window_left;
+  paged.num_sink_tokens = item.c.sinks;
+  paged.softcap = item.c.softcap;
+  paged.alibi_slopes = item.slopes;
   paged.length = item.c.length;
   paged.heads = item.c.heads;
   paged.query_len = item.c.query_len;
@@ -153,7 +193,7 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
     SCOPED_TRACE(Describe(c));
     const ReferenceShape shape{1,        c.heads,   c.kv_heads, c.query_len,
                                c.length, c.key_dim, c.value_dim};
-    ReferenceOptions options;
+    ReferenceOptions options = ReferenceVariants(item);
     options.scale = scale;
     options.causal = true;
     options.bottom_right = true;
@@ -179,6 +219,10 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
     attend.scale = scale;
     attend.causal = true;
     attend.causal_alignment = CausalAlignment::kBottomRight;
+    attend.window_left = c.window_left;
+    attend.num_sink_tokens = c.sinks;
+    attend.alibi_slopes = item.slopes;
+    if (c.softcap > 0.0f) attend.softcap = c.softcap;
     std::vector<float> output(item.output.size());
     ASSERT_TRUE(engine_
                     ->Attend(stateless, attend, item.query,
@@ -230,6 +274,13 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
       c.precision =
           pick({0, 0, 1}) == 1 ? Precision::kBFloat16 : Precision::kFloat32;
       c.return_lse = pick({0, 1}) == 1;
+      if (pick({0, 1}) == 1) {
+        c.window_left = pick({-1, 0, 3, 40, 130});
+        c.sinks = pick({0, 0, 1, 4, 20});
+        c.alibi = pick({0, 1}) == 1;
+        c.softcap = static_cast<float>(pick({0, 0, 1, 30}));
+        c.null_unseen_pages = pick({0, 1}) == 1;
+      }
       items.push_back(MakeItem(c, static_cast<uint64_t>(round * 100 + i)));
     }
     std::vector<PagedAttend> paged;
@@ -241,6 +292,51 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
     for (size_t i = 0; i < items.size(); ++i) {
       Check(items[i], paged[i].scale);
     }
+  }
+}
+
+TEST_P(PagedAttentionTest, SinksAndAWindowReadOnlyTheirPages) {
+  // 4 sinks and a 64-key window over 2,000 tokens in pages of 16: the pages
+  // in between are null, as a session's evicted ones are.
+  Case c{4,   2, 3, 2000, 32, 32, 16, DataType::kBFloat16, Precision::kFloat32,
+         true};
+  c.window_left = 64;
+  c.sinks = 4;
+  c.alibi = true;
+  c.softcap = 20.0f;
+  c.null_unseen_pages = true;
+  Item item = MakeItem(c, 41);
+  ASSERT_GT(std::count(item.pages.begin(), item.pages.end(), nullptr), 100);
+  const PagedAttend paged = ToPaged(item, 0.2f);
+  ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
+  Check(item, 0.2f);
+}
+
+TEST_P(PagedAttentionTest, RefusesANullPageThatARowSees) {
+  Case c{2,    1, 1, 100, 8, 8, 10, DataType::kFloat32, Precision::kFloat32,
+         false};
+  c.window_left = 20;
+  c.sinks = 5;
+  Item item = MakeItem(c, 42);
+  // Page 0 holds the sinks; pages 1 to 6 (keys 10 to 69) no row sees; page
+  // 7 (70 to 79) holds the window's first key, 79.
+  for (const size_t p : {size_t{1}, size_t{6}}) {
+    std::vector<const char*> pages = item.pages;
+    pages[p] = nullptr;
+    PagedAttend paged = ToPaged(item, 0.3f);
+    paged.pages = pages;
+    EXPECT_TRUE(engine_->AttendPaged({&paged, 1}).ok()) << p;
+  }
+  for (const size_t p : {size_t{0}, size_t{7}, size_t{9}}) {
+    std::vector<const char*> pages = item.pages;
+    pages[p] = nullptr;
+    PagedAttend paged = ToPaged(item, 0.3f);
+    paged.pages = pages;
+    const absl::Status status = engine_->AttendPaged({&paged, 1});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << p;
+    EXPECT_NE(status.message().find(absl::StrCat("page ", p, " is null")),
+              std::string::npos)
+        << status;
   }
 }
 

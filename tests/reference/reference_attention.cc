@@ -31,12 +31,23 @@ struct MaskLookup {
 
 // Scores (already scaled and masked) of one query row; −inf where the key is
 // excluded.
+// Where query i of batch item b stands among the keys.
+int64_t Position(const ReferenceShape& s, const ReferenceOptions& o, int64_t b,
+                 int64_t i) {
+  const int64_t length = o.key_lengths.empty() ? s.key_len : o.key_lengths[b];
+  return o.bottom_right ? i + length - s.query_len : i;
+}
+
 bool KeyVisible(const ReferenceShape& s, const ReferenceOptions& o, int64_t b,
                 int64_t i, int64_t j) {
   const int64_t length = o.key_lengths.empty() ? s.key_len : o.key_lengths[b];
+  const int64_t p = Position(s, o, b, i);
   if (j >= length) return false;
-  if (!o.causal) return true;
-  return o.bottom_right ? j <= i + length - s.query_len : j <= i;
+  if (o.causal && j > p) return false;
+  if (j < o.num_sink_tokens) return true;
+  if (o.window_left >= 0 && j < p - o.window_left) return false;
+  if (o.window_right >= 0 && j > p + o.window_right) return false;
+  return true;
 }
 
 std::vector<double> Linear(const std::vector<float>& x, int64_t rows,
@@ -91,6 +102,13 @@ ReferenceResult ReferenceAttention(const ReferenceShape& s,
           for (int64_t d = 0; d < s.key_dim; ++d)
             dot += double{q[d]} * double{k[d]};
           scores[j] = alpha * dot;
+          if (o.softcap)
+            scores[j] = *o.softcap * std::tanh(scores[j] / *o.softcap);
+          if (!o.alibi_slopes.empty()) {
+            scores[j] -=
+                o.alibi_slopes[h] *
+                std::abs(static_cast<double>(Position(s, o, b, i) - j));
+          }
           if (mask && !o.mask->bias.empty())
             scores[j] += o.mask->bias[mask->Index(b, h, i, j)];
           max_score = std::max(max_score, scores[j]);

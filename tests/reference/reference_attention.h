@@ -28,10 +28,18 @@ struct ReferenceMask {
 struct ReferenceOptions {
   std::optional<double> scale;  // Default 1 / sqrt(Dk).
   bool causal = false;
-  bool bottom_right =
-      false;  // Causal alignment; BOTTOM_RIGHT uses key_lengths[b].
+  // The alignment (bottom-right uses key_lengths[b]): of the causal edge,
+  // the window and ALiBi's distances, whether causal or not.
+  bool bottom_right = false;
   std::vector<int64_t> key_lengths;  // Empty: all Lk keys valid.
   std::optional<ReferenceMask> mask;
+  // Query i (at position p = i + offset) sees key j only if p − window_left
+  // <= j <= p + window_right (−1: unbounded), or j < num_sink_tokens.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  int64_t num_sink_tokens = 0;
+  std::vector<double> alibi_slopes;  // Empty, or H: − slope · |p − j|.
+  std::optional<double> softcap;     // x → softcap · tanh(x / softcap).
 };
 
 struct ReferenceResult {

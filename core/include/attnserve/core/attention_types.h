@@ -108,6 +108,26 @@ struct AttentionOptions {
   // padding.
   absl::Span<const int64_t> key_lengths;
   std::optional<AttentionMask> mask;
+  // A sliding window (FlashAttention's window_size): query i of batch item b
+  // sees only keys j with i + offset − window_left <= j <= i + offset +
+  // window_right, where offset is 0 under kTopLeft and L − Lq under
+  // kBottomRight (causal_alignment places the window even when causal is
+  // false). −1: unbounded on that side. With causal, the window's right edge
+  // is the causal one's at most.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // The first num_sink_tokens keys are seen by every query on top of its
+  // window (StreamingLLM's attention sinks). Causality, key_lengths and the
+  // mask still apply to them.
+  int64_t num_sink_tokens = 0;
+  // Empty, or one slope per query head (H): ALiBi adds −slopes[h] · |i +
+  // offset − j| to the scaled scores (offset as for the window), after the
+  // softcap and before the mask.
+  absl::Span<const float> alibi_slopes;
+  // Logit softcap (Gemma 2): the scaled scores x become softcap · tanh(x /
+  // softcap) before ALiBi, the mask and the softmax. nullopt: none; else
+  // finite and > 0.
+  std::optional<float> softcap;
   AttentionWeightsMode weights = AttentionWeightsMode::kNone;
   bool return_lse = false;
   Precision precision = Precision::kFloat32;

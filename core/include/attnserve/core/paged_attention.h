@@ -53,6 +53,15 @@ struct PagedAttend {
   int64_t query_len = 1;          // Tq
   absl::Span<const float> query;  // [H, Tq, Dk]
   float scale = 1.0f;
+  // The variants of AttentionOptions (attention_types.h), with query i at
+  // position i + L − Tq: a window reaching window_left keys back (−1:
+  // unbounded), the first num_sink_tokens keys seen on top of it, a softcap
+  // (0: none) and ALiBi slopes (empty or H). A page that no query row sees
+  // (between the sinks and every row's window) may be null.
+  int64_t window_left = -1;
+  int64_t num_sink_tokens = 0;
+  float softcap = 0.0f;
+  absl::Span<const float> alibi_slopes;
   // kBFloat16 rounds the query, keys, values and probabilities to bf16 before
   // each product (f32 accumulation), as the fused kernel's bf16 matmuls do.
   Precision precision = Precision::kFloat32;

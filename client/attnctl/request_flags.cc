@@ -66,6 +66,20 @@ ABSL_FLAG(std::vector<std::string>, key_lengths, {},
           "Valid keys per batch item, comma-separated (e.g. 5,7).");
 ABSL_FLAG(std::string, attn_mask, "",
           ".npy mask: bool (true = may attend) or float (added to scores).");
+ABSL_FLAG(int64_t, window_left, -1,
+          "Sliding window: each query sees this many keys back (-1: all).");
+ABSL_FLAG(int64_t, window_right, -1,
+          "Sliding window: each query sees this many keys ahead (-1: all).");
+ABSL_FLAG(int64_t, num_sink_tokens, 0,
+          "Attention sinks: the first keys every query sees on top of its "
+          "window.");
+ABSL_FLAG(std::vector<std::string>, alibi_slopes, {},
+          "ALiBi: one slope per query head, e.g. 0.5,0.25 (empty: none).");
+ABSL_FLAG(std::string, softcap, "",
+          "Logit softcap: scores become softcap * tanh(scores / softcap) "
+          "(empty: none).");
+ABSL_FLAG(bool, evict_outside_window, false,
+          "session create: free the pages between the sinks and the window.");
 ABSL_FLAG(std::string, return_weights, "none", "none, per_head or head_mean.");
 ABSL_FLAG(bool, return_lse, false, "Ask for lse [B, H, Lq].");
 ABSL_FLAG(std::string, precision, "f32", "f32 or bf16.");
@@ -209,6 +223,62 @@ absl::Status SetScaleAndKeyLengths(v1::AttentionOptions* options) {
   return absl::OkStatus();
 }
 
+// The variant flags: --window_left, --window_right, --num_sink_tokens,
+// --alibi_slopes and --softcap, as the server checks them (it names the
+// field of a bad value).
+struct Variant {
+  std::optional<int64_t> window_left, window_right;
+  int64_t sinks = 0;
+  std::vector<float> slopes;
+  std::optional<float> softcap;
+};
+
+absl::StatusOr<Variant> VariantFromFlags() {
+  Variant variant;
+  if (absl::GetFlag(FLAGS_window_left) != -1) {
+    variant.window_left = absl::GetFlag(FLAGS_window_left);
+  }
+  if (absl::GetFlag(FLAGS_window_right) != -1) {
+    variant.window_right = absl::GetFlag(FLAGS_window_right);
+  }
+  variant.sinks = absl::GetFlag(FLAGS_num_sink_tokens);
+  for (const std::string& text : absl::GetFlag(FLAGS_alibi_slopes)) {
+    float slope = 0.0f;
+    if (!absl::SimpleAtof(text, &slope)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--alibi_slopes has '", text, "', expected numbers like 0.5,0.25"));
+    }
+    variant.slopes.push_back(slope);
+  }
+  const std::string softcap = absl::GetFlag(FLAGS_softcap);
+  if (!softcap.empty()) {
+    float value = 0.0f;
+    if (!absl::SimpleAtof(softcap, &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--softcap is '", softcap, "', expected a number"));
+    }
+    variant.softcap = value;
+  }
+  return variant;
+}
+
+absl::Status SetVariant(v1::AttentionOptions* options) {
+  ATTNSERVE_ASSIGN_OR_RETURN(const Variant variant, VariantFromFlags());
+  if (variant.window_left) options->set_window_left(*variant.window_left);
+  if (variant.window_right) options->set_window_right(*variant.window_right);
+  options->set_num_sink_tokens(variant.sinks);
+  if (!variant.slopes.empty()) {
+    v1::Tensor* slopes = options->mutable_alibi_slopes();
+    slopes->set_dtype(v1::FLOAT32);
+    slopes->add_shape(static_cast<int64_t>(variant.slopes.size()));
+    slopes->set_data(
+        std::string(reinterpret_cast<const char*>(variant.slopes.data()),
+                    variant.slopes.size() * sizeof(float)));
+  }
+  if (variant.softcap) options->set_softcap(*variant.softcap);
+  return absl::OkStatus();
+}
+
 // --causal_alignment, --return_weights, --precision and --output_dtype.
 absl::Status SetChoices(v1::AttentionOptions* options) {
   ATTNSERVE_ASSIGN_OR_RETURN(
@@ -279,7 +349,18 @@ absl::StatusOr<v1::CreateSessionRequest> CreateSessionRequestFromFlags() {
   request.set_ttl_seconds(ttl);
   v1::AttentionOptions scale;
   ATTNSERVE_RETURN_IF_ERROR(SetScaleAndKeyLengths(&scale));
-  if (scale.has_scale()) request.mutable_defaults()->set_scale(scale.scale());
+  v1::SessionDefaults& defaults = *request.mutable_defaults();
+  if (scale.has_scale()) defaults.set_scale(scale.scale());
+  ATTNSERVE_ASSIGN_OR_RETURN(const Variant variant, VariantFromFlags());
+  if (variant.window_right) {
+    return absl::InvalidArgumentError(
+        "--window_right is for Attend and mha: a session's steps are causal");
+  }
+  if (variant.window_left) defaults.set_window_left(*variant.window_left);
+  defaults.set_num_sink_tokens(variant.sinks);
+  for (const float slope : variant.slopes) defaults.add_alibi_slopes(slope);
+  if (variant.softcap) defaults.set_softcap(*variant.softcap);
+  defaults.set_evict_outside_window(absl::GetFlag(FLAGS_evict_outside_window));
   return request;
 }
 
@@ -396,6 +477,7 @@ absl::StatusOr<v1::AttentionOptions> AttentionOptionsFromFlags() {
   v1::AttentionOptions options;
   ATTNSERVE_RETURN_IF_ERROR(SetScaleAndKeyLengths(&options));
   ATTNSERVE_RETURN_IF_ERROR(SetChoices(&options));
+  ATTNSERVE_RETURN_IF_ERROR(SetVariant(&options));
   options.set_causal(absl::GetFlag(FLAGS_causal));
   options.set_return_lse(absl::GetFlag(FLAGS_return_lse));
   const std::string mask_path = absl::GetFlag(FLAGS_attn_mask);

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/checked_math.h"
@@ -68,6 +70,59 @@ absl::Status ValidateMask(const v1::Tensor& mask, const AttentionShape& s,
   return absl::OkStatus();
 }
 
+// The window, sinks, ALiBi slopes (decoded into plan->alibi_slopes) and
+// softcap.
+absl::Status ValidateVariants(const Options& proto, const AttentionShape& s,
+                              OptionsPlan* plan) {
+  AttentionOptions& options = plan->options;
+  for (const auto& [field, has, value, target] :
+       {std::tuple{"options.window_left", proto.has_window_left(),
+                   proto.window_left(), &options.window_left},
+        std::tuple{"options.window_right", proto.has_window_right(),
+                   proto.window_right(), &options.window_right}}) {
+    if (!has) continue;
+    if (value < -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is ", value, ", expected -1 or absent (unbounded) or >= 0"));
+    }
+    *target = value;
+  }
+  if (proto.num_sink_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.num_sink_tokens is ", proto.num_sink_tokens(),
+                     ", expected >= 0"));
+  }
+  options.num_sink_tokens = proto.num_sink_tokens();
+  if (proto.has_softcap()) {
+    if (!std::isfinite(proto.softcap()) || !(proto.softcap() > 0.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("options.softcap is ", proto.softcap(),
+                       ", expected a finite number > 0 (absent: none)"));
+    }
+    options.softcap = proto.softcap();
+  }
+  if (proto.has_alibi_slopes()) {
+    const v1::Tensor& slopes = proto.alibi_slopes();
+    constexpr v1::DType kFloat32[] = {v1::FLOAT32};
+    ATTNSERVE_RETURN_IF_ERROR(
+        CheckTensorOfRank("options.alibi_slopes", slopes, kFloat32, 1, 1));
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals("options.alibi_slopes.shape[0]",
+                                             slopes.shape(0), s.heads,
+                                             "one slope per query head, H"));
+    plan->alibi_slopes.resize(static_cast<size_t>(s.heads));
+    std::memcpy(plan->alibi_slopes.data(), slopes.data().data(),
+                plan->alibi_slopes.size() * sizeof(float));
+    for (size_t h = 0; h < plan->alibi_slopes.size(); ++h) {
+      if (!std::isfinite(plan->alibi_slopes[h])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("options.alibi_slopes[", h, "] is ",
+                         plan->alibi_slopes[h], ", expected a finite number"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
                                             const AttentionShape& s,
                                             v1::DType input_dtype) {
@@ -118,6 +173,7 @@ absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
     ATTNSERVE_RETURN_IF_ERROR(ValidateMask(proto.attn_mask(), s, &dims));
     plan.mask_dims = dims;
   }
+  ATTNSERVE_RETURN_IF_ERROR(ValidateVariants(proto, s, &plan));
   if (proto.output_dtype() == v1::DTYPE_UNSPECIFIED) {
     plan.output_dtype = input_dtype;
   } else if (proto.output_dtype() == v1::FLOAT32 ||

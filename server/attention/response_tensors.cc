@@ -10,6 +10,7 @@ AttentionOptions BindOptions(const OptionsPlan& plan,
   AttentionOptions options = plan.options;
   options.key_lengths =
       absl::MakeConstSpan(proto.key_lengths().data(), proto.key_lengths_size());
+  options.alibi_slopes = plan.alibi_slopes;
   if (plan.mask_dims) {
     AttentionMask mask;
     mask.dims = *plan.mask_dims;

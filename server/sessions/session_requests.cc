@@ -31,6 +31,57 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t low,
 
 int64_t UnixMillis(absl::Time time) { return absl::ToUnixMillis(time); }
 
+// The attention variant of SessionDefaults, into `config` (whose heads are
+// known).
+absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
+                             SessionConfig* config) {
+  if (defaults.has_window_left()) {
+    if (defaults.window_left() < -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("defaults.window_left is ", defaults.window_left(),
+                       ", expected -1 or absent (unbounded) or >= 0"));
+    }
+    config->window_left = defaults.window_left();
+  }
+  if (defaults.num_sink_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("defaults.num_sink_tokens is ", defaults.num_sink_tokens(),
+                     ", expected >= 0"));
+  }
+  config->num_sink_tokens = defaults.num_sink_tokens();
+  if (defaults.alibi_slopes_size() > 0) {
+    if (defaults.alibi_slopes_size() != config->heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "defaults.alibi_slopes has ", defaults.alibi_slopes_size(),
+          " slopes, expected ", config->heads, " (one per head, num_heads)"));
+    }
+    for (int h = 0; h < defaults.alibi_slopes_size(); ++h) {
+      if (!std::isfinite(defaults.alibi_slopes(h))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("defaults.alibi_slopes[", h, "] is ",
+                         defaults.alibi_slopes(h), ", expected finite"));
+      }
+    }
+    config->alibi_slopes.assign(defaults.alibi_slopes().begin(),
+                                defaults.alibi_slopes().end());
+  }
+  if (defaults.has_softcap()) {
+    if (!std::isfinite(defaults.softcap()) || !(defaults.softcap() > 0.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("defaults.softcap is ", defaults.softcap(),
+                       ", expected a finite number > 0 (absent: none)"));
+    }
+    config->softcap = defaults.softcap();
+  }
+  if (defaults.evict_outside_window() && config->window_left < 0) {
+    return absl::InvalidArgumentError(
+        "defaults.evict_outside_window is true without a window, expected "
+        "defaults.window_left >= 0 (the tokens each query sees back)");
+  }
+  config->evict_outside_window = defaults.evict_outside_window();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateSessionId(absl::string_view field, const std::string& id) {
@@ -115,6 +166,9 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
     }
     config.scale = request.defaults().scale();
   }
+  if (absl::Status s = ValidateVariant(request.defaults(), &config); !s.ok()) {
+    return s;
+  }
   const int64_t page_bytes = PageArena::Footprint(
       PageLayoutOf(config, options.page_tokens).PageBytes());
   if (page_bytes > options.max_page_bytes ||
@@ -191,7 +245,13 @@ void DescribeSession(const SessionDescription& d, v1::SessionInfo* info) {
                                                    : v1::FLOAT16);
   info->set_max_tokens(c.max_tokens);
   info->set_ttl_seconds(absl::ToInt64Seconds(c.ttl));
-  if (c.scale) info->mutable_defaults()->set_scale(*c.scale);
+  v1::SessionDefaults* defaults = info->mutable_defaults();
+  if (c.scale) defaults->set_scale(*c.scale);
+  if (c.window_left >= 0) defaults->set_window_left(c.window_left);
+  defaults->set_num_sink_tokens(c.num_sink_tokens);
+  for (const float slope : c.alibi_slopes) defaults->add_alibi_slopes(slope);
+  if (c.softcap) defaults->set_softcap(*c.softcap);
+  defaults->set_evict_outside_window(c.evict_outside_window);
   for (const int64_t length : d.lengths) info->add_lengths(length);
   info->set_bytes(d.bytes);
   info->set_shared_bytes(d.shared_bytes);

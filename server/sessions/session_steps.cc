@@ -295,6 +295,33 @@ struct Computing {
   std::unique_ptr<OutputTensor> lse;
 };
 
+// OK unless a row of a step's query (Tq rows at positions L − Tq to L − 1)
+// sees a key whose page evict_outside_window freed (a query reaching further
+// back than the last step's did): FAILED_PRECONDITION naming them.
+absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
+                                    const SessionStore::View& view,
+                                    int64_t query_len) {
+  if (!config.evict_outside_window) return absl::OkStatus();
+  const int64_t page_tokens = view.layout.page_tokens;
+  const int64_t position = view.length - query_len;  // the first row's
+  const int64_t first = std::max<int64_t>(0, position - config.window_left);
+  const int64_t sinks = std::min(config.num_sink_tokens, view.length);
+  for (size_t p = 0; p < view.data.size(); ++p) {
+    const int64_t begin = static_cast<int64_t>(p) * page_tokens;
+    const int64_t end = std::min(begin + page_tokens, view.length);
+    if (view.data[p] == nullptr && (begin < sinks || end > first)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the step's first query row (position ", position,
+          ") sees the keys from ", first, " on (window_left ",
+          config.window_left, ") and the ", sinks,
+          " sinks, and the session freed keys ", begin, " to ", end - 1,
+          " (evict_outside_window keeps the sinks and the last window_left "
+          "keys); the append stands, nothing was computed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunSteps(StepCall& call, SessionStore& store,
@@ -320,6 +347,12 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     result->set_length(view->length);
     if (work.query == nullptr) continue;
     const SessionConfig& config = work.pin.config();
+    if (absl::Status held =
+            CheckQuerySeesHeldKeys(config, *view, work.query_len);
+        !held.ok()) {
+      SetError(work.index, held, result);
+      continue;
+    }
     Computing& c = computing.emplace_back();
     c.index = work.index;
     c.view = *std::move(view);
@@ -331,6 +364,10 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     item.query_len = work.query_len;
     item.query = FloatElements(*work.query, &c.query_storage);
     item.scale = work.scale;
+    item.window_left = config.window_left;
+    item.num_sink_tokens = config.num_sink_tokens;
+    item.softcap = config.softcap.value_or(0.0f);
+    item.alibi_slopes = config.alibi_slopes;
     item.precision = work.precision;
     const int64_t output_shape[] = {config.heads, work.query_len,
                                     config.value_dim};

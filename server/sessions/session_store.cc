@@ -261,12 +261,65 @@ std::shared_ptr<SessionStore::Page> SessionStore::NewPage(
 }
 
 void SessionStore::Hold(const std::shared_ptr<Page>& page) {
+  if (page == nullptr) return;  // Evicted.
   if (++page->tables == 2) shared_bytes_ += page->bytes;
 }
 
 void SessionStore::Release(std::shared_ptr<Page>* page) {
+  if (*page == nullptr) return;  // Evicted.
   if ((*page)->tables-- == 2) shared_bytes_ -= (*page)->bytes;
   page->reset();
+}
+
+namespace {
+
+// The tokens a query at `position` sees in a session of `config`, beyond the
+// sinks: [first, position].
+int64_t WindowStart(const SessionConfig& config, int64_t position) {
+  return config.window_left < 0
+             ? 0
+             : std::max<int64_t>(0, position - config.window_left);
+}
+
+}  // namespace
+
+absl::Status SessionStore::CheckHeld(const Session& session, size_t layer_index,
+                                     int64_t position, int64_t length,
+                                     absl::string_view what) const {
+  const Session::Layer& layer = session.layers[layer_index];
+  const int64_t page_tokens = session.layout.page_tokens;
+  const int64_t sinks = std::min(session.config.num_sink_tokens, length);
+  const int64_t first = WindowStart(session.config, position);
+  for (int64_t p = 0; p * page_tokens < length; ++p) {
+    const int64_t begin = p * page_tokens;
+    const int64_t end = std::min(begin + page_tokens, length);
+    const bool seen = begin < sinks || (end > first && begin <= position);
+    if (seen && layer.pages[static_cast<size_t>(p)] == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " sees the keys from ", first, " on (window_left ",
+          session.config.window_left, ") and the ", sinks,
+          " sinks, and session ", session.id, " freed keys ", begin, " to ",
+          end - 1,
+          " (evict_outside_window keeps the sinks and the last window_left "
+          "keys of each layer)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {
+  Session::Layer* layer = &session->layers[layer_index];
+  const SessionConfig& config = session->config;
+  if (!config.evict_outside_window) return;
+  const int64_t page_tokens = session->layout.page_tokens;
+  // The next token (at position length) sees the sinks and the keys from
+  // length − window_left on; a page wholly between them goes.
+  const int64_t sinks = config.num_sink_tokens;
+  const int64_t first = WindowStart(config, layer->length);
+  for (int64_t p = sinks / page_tokens + (sinks % page_tokens != 0 ? 1 : 0);
+       (p + 1) * page_tokens <= first; ++p) {
+    Release(&layer->pages[static_cast<size_t>(p)]);
+  }
 }
 
 void SessionStore::Remove(const std::shared_ptr<Session>& removed,
@@ -331,6 +384,7 @@ SessionDescription SessionStore::Describe(const Session& session) const {
   for (const Session::Layer& layer : session.layers) {
     d.lengths.push_back(layer.length);
     for (const std::shared_ptr<Page>& page : layer.pages) {
+      if (page == nullptr) continue;  // Evicted.
       d.bytes += page->bytes;
       if (page->tables > 1) d.shared_bytes += page->bytes;
     }
@@ -406,6 +460,16 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   const int64_t page_tokens = child->layout.page_tokens;
   for (size_t l = 0; l < child->layers.size(); ++l) {
     const Session::Layer& from = (*parent)->layers[l];
+    const int64_t kept = std::min(from.length, length.value_or(from.length));
+    if (absl::Status held = CheckHeld(
+            **parent, l, kept, kept,
+            absl::StrCat("a fork of length ", kept, ": its next token"));
+        !held.ok()) {
+      return held;
+    }
+  }
+  for (size_t l = 0; l < child->layers.size(); ++l) {
+    const Session::Layer& from = (*parent)->layers[l];
     Session::Layer& to = child->layers[l];
     to.length = std::min(from.length, length.value_or(from.length));
     const int64_t pages = (to.length + page_tokens - 1) / page_tokens;
@@ -425,6 +489,15 @@ absl::StatusOr<SessionDescription> SessionStore::Truncate(
   absl::MutexLock lock(&mutex_);
   absl::StatusOr<std::shared_ptr<Session>> session = Find(owner, id);
   if (!session.ok()) return session.status();
+  for (size_t l = 0; l < (*session)->layers.size(); ++l) {
+    const int64_t kept = std::min((*session)->layers[l].length, length);
+    if (absl::Status held = CheckHeld(
+            **session, l, kept, kept,
+            absl::StrCat("a truncation to ", kept, ": the next token"));
+        !held.ok()) {
+      return held;
+    }
+  }
   Touch(session->get(), absl::Now());
   const int64_t page_tokens = (*session)->layout.page_tokens;
   for (Session::Layer& layer : (*session)->layers) {
@@ -601,8 +674,11 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
   view.length = layer.length;
   for (const std::shared_ptr<Page>& page : layer.pages) {
     view.pages.push_back(page);
-    view.data.push_back(page->data);
+    view.data.push_back(page == nullptr ? nullptr : page->data);
   }
+  // The view holds what this step reads; the table lets go of what no later
+  // step will.
+  EvictOutsideWindow(&session, static_cast<size_t>(layer_index));
   RecordTotals();
   return view;
 }

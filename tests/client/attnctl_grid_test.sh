@@ -33,6 +33,20 @@ grep -q "head 2, batch item 1, 12 queries x 12 keys, cells of 5 px" grid.out ||
   fail "$(cat grid.out)"
 ref png head.png --lq 12 --lk 12 --cell 5 "${ref_inputs[@]}" --head 2 --batch_index 1
 
+# A sliding window with sinks (StreamingLLM's pattern), bottom-right, and ALiBi with a softcap
+# on a window both sides: every cell against the NumPy reference, hidden ones dark.
+ctl grid "${inputs[@]}" --causal --causal_alignment=bottom_right --window_left=3 \
+  --num_sink_tokens=2 --png=window.png >grid.out
+ref png window.png --lq 12 --lk 12 --cell 8 "${ref_inputs[@]}" --causal --alignment bottom_right \
+  --window_left 3 --sinks 2
+ctl grid "${inputs[@]}" --window_left=2 --window_right=1 --alibi_slopes=0.5,0.25,0.125 \
+  --softcap=2 --head=1 --png=alibi.png >grid.out
+ref png alibi.png --lq 12 --lk 12 --cell 8 "${ref_inputs[@]}" --window_left 2 --window_right 1 \
+  --alibi 0.5,0.25,0.125 --softcap 2 --head 1
+expect_exit 1 "options.softcap is -1" ctl grid "${inputs[@]}" --softcap=-1 --png=x.png
+expect_exit 1 "options.alibi_slopes.shape\[0\] is 1, expected 3" ctl grid "${inputs[@]}" \
+  --alibi_slopes=0.5 --png=x.png
+
 # Random inputs, 40 x 150 cells of 4 px: over 65535 bytes of scanlines, so several stored
 # blocks; labels on every other row and every fifth column.
 ctl grid --demo --heads=2 --kv_heads=2 --query_len=40 --key_len=150 --key_dim=8 \

@@ -94,11 +94,14 @@ def write_inputs(directory):
 
 
 def sdpa(q, k, v, scale=None, causal=False, alignment="top_left",
-         key_lengths=None, mask=None):
+         key_lengths=None, mask=None, window_left=-1, window_right=-1, sinks=0,
+         alibi=None, softcap=None):
     """Output [B,H,Lq,Dv], weights [B,H,Lq,Lk], lse [B,H,Lq] in float64.
 
     A row that sees no key gets output 0, weights 0 and lse -inf (attnserve's
-    rule, docs/api.md)."""
+    rule, docs/api.md). Query i stands at p = i (top_left) or i + L - Lq: it
+    sees keys p - window_left ... p + window_right and the first `sinks`; the
+    scores are softcapped, then ALiBi subtracts alibi[h] * |p - j|."""
     b, h, lq, dk = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     k = np.repeat(k, h // hkv, axis=1)
@@ -106,15 +109,27 @@ def sdpa(q, k, v, scale=None, causal=False, alignment="top_left",
     if scale is None:
         scale = 1 / np.sqrt(dk)
     scores = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     allowed = np.ones(scores.shape, bool)
     lengths = key_lengths if key_lengths else [lk] * b
     j = np.arange(lk)[None, :]
     i = np.arange(lq)[:, None]
     for batch in range(b):
         allowed[batch] &= (j < lengths[batch])[None]
+        offset = 0 if alignment == "top_left" else lengths[batch] - lq
+        position = i + offset
         if causal:
-            offset = 0 if alignment == "top_left" else lengths[batch] - lq
-            allowed[batch] &= (j <= i + offset)[None]
+            allowed[batch] &= (j <= position)[None]
+        window = np.ones((lq, lk), bool)
+        if window_left >= 0:
+            window &= j >= position - window_left
+        if window_right >= 0:
+            window &= j <= position + window_right
+        allowed[batch] &= (window | (j < sinks))[None]
+        if alibi is not None:
+            scores[batch] -= (np.asarray(alibi, np.float64)[:, None, None]
+                              * np.abs(position - j)[None])
     if mask is not None:
         if mask.dtype == np.bool_:
             allowed &= np.broadcast_to(mask, scores.shape)
@@ -273,8 +288,12 @@ def check_png(args):
     if any(tuple(pixels[label_y, left - 5 + dx]) != INK for dx in range(3)):
         fail(f"{args.file}: no '0' label left of row 0")
     if args.query:
+        alibi = [float(x) for x in args.alibi.split(",")] if args.alibi else None
         _, weights, _ = sdpa(load_values(args.query, False), load_values(args.key, False),
-                             load_values(args.value, False), causal=args.causal)
+                             load_values(args.value, False), causal=args.causal,
+                             alignment=args.alignment, window_left=args.window_left,
+                             window_right=args.window_right, sinks=args.sinks,
+                             alibi=alibi, softcap=args.softcap)
         grid = weights[args.batch_index]
         grid = grid.mean(axis=0) if args.head is None else grid[args.head]
         peak = grid.max()
@@ -335,6 +354,12 @@ def main():
         for name in ("query", "key", "value"):
             picture.add_argument(f"--{name}")
         picture.add_argument("--causal", action="store_true")
+        picture.add_argument("--alignment", default="top_left")
+        picture.add_argument("--window_left", type=int, default=-1)
+        picture.add_argument("--window_right", type=int, default=-1)
+        picture.add_argument("--sinks", type=int, default=0)
+        picture.add_argument("--alibi")
+        picture.add_argument("--softcap", type=float)
         picture.add_argument("--head", type=int)
         picture.add_argument("--batch_index", type=int, default=0)
     args = parser.parse_args()

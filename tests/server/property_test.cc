@@ -167,6 +167,35 @@ Configuration Draw(uint64_t seed) {
                                    : v1::AttentionOptions::F32);
   if (Chance(rng, 0.3))
     o.set_output_dtype(Pick(rng, {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16}));
+  // The variants: window, sinks, ALiBi, softcap (and the alignment that
+  // places them without causality).
+  if (!o.causal() && Chance(rng, 0.3)) {
+    o.set_causal_alignment(v1::AttentionOptions::BOTTOM_RIGHT);
+    ref.bottom_right = true;
+  }
+  if (Chance(rng, 0.3)) {
+    if (Chance(rng, 0.8)) {
+      o.set_window_left(Pick<int64_t>(rng, {-1, 0, 1, 4, 30, 300}));
+      ref.window_left = o.window_left();
+    }
+    if (Chance(rng, 0.6)) {
+      o.set_window_right(Pick<int64_t>(rng, {-1, 0, 2, 20}));
+      ref.window_right = o.window_right();
+    }
+  }
+  if (Chance(rng, 0.2)) {
+    o.set_num_sink_tokens(Pick<int64_t>(rng, {1, 3, 100}));
+    ref.num_sink_tokens = o.num_sink_tokens();
+  }
+  if (Chance(rng, 0.25)) {
+    const std::vector<float> slopes = Uniform(rng, s.heads, -0.2f, 0.6f);
+    *o.mutable_alibi_slopes() = MakeTensor(v1::FLOAT32, {s.heads}, slopes);
+    ref.alibi_slopes.assign(slopes.begin(), slopes.end());
+  }
+  if (Chance(rng, 0.25)) {
+    o.set_softcap(Pick(rng, {0.7f, 4.0f, 50.0f}));
+    ref.softcap = o.softcap();
+  }
 
   std::ostringstream d;
   d << "seed " << seed << ": B=" << s.batch << " H=" << s.heads

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -55,7 +56,22 @@ struct SessionModel {
   int64_t heads, kv_heads, dim;
   v1::DType dtype;
   std::vector<LayerModel> layers;
+  v1::SessionDefaults defaults;  // The attention variant its steps compute.
 };
+
+// The reference's options for a step of `model`: causal, bottom-right, and
+// the session's variant.
+ReferenceOptions StepReferenceOptions(const SessionModel& model) {
+  ReferenceOptions options;
+  options.causal = true;
+  options.bottom_right = true;
+  const v1::SessionDefaults& d = model.defaults;
+  if (d.has_window_left()) options.window_left = d.window_left();
+  options.num_sink_tokens = d.num_sink_tokens();
+  options.alibi_slopes.assign(d.alibi_slopes().begin(), d.alibi_slopes().end());
+  if (d.has_softcap()) options.softcap = d.softcap();
+  return options;
+}
 
 // Every layer of `model` keeps its first `length` tokens, as the server's
 // TruncateSession (and a fork's shared prefix) does.
@@ -141,8 +157,10 @@ class SessionsTest : public ::testing::Test {
 
   SessionModel NewSession(int64_t layers, int64_t heads, int64_t kv_heads,
                           int64_t dim, v1::DType dtype,
-                          const std::string& token = "") {
+                          const std::string& token = "",
+                          const v1::SessionDefaults& defaults = {}) {
     v1::CreateSessionRequest request;
+    *request.mutable_defaults() = defaults;
     request.set_num_layers(layers);
     request.set_num_heads(heads);
     request.set_num_kv_heads(kv_heads);
@@ -156,7 +174,8 @@ class SessionsTest : public ::testing::Test {
                        kv_heads,
                        dim,
                        dtype,
-                       std::vector<LayerModel>(static_cast<size_t>(layers))};
+                       std::vector<LayerModel>(static_cast<size_t>(layers)),
+                       response.session().defaults()};
     for (LayerModel& layer : model.layers) {
       layer.keys.resize(static_cast<size_t>(kv_heads));
       layer.values.resize(static_cast<size_t>(kv_heads));
@@ -223,9 +242,7 @@ class SessionsTest : public ::testing::Test {
     ASSERT_TRUE(output.ok());
     absl::StatusOr<std::vector<float>> lse = FloatValues(result.lse());
     ASSERT_TRUE(lse.ok());
-    ReferenceOptions options;
-    options.causal = true;
-    options.bottom_right = true;
+    const ReferenceOptions options = StepReferenceOptions(model);
     if (l.length > 0) {
       const auto expected =
           ReferenceAttention({1, model.heads, model.kv_heads, query_len,
@@ -233,6 +250,8 @@ class SessionsTest : public ::testing::Test {
                              query, keys, values, options);
       ExpectNear("output", *output, expected.output, testing::kOutputF32);
       ExpectNear("lse", *lse, expected.lse, testing::kLseF32);
+      // The stateless Attend takes the whole cache in one message.
+      if (l.length > 2048) return;
       v1::AttendRequest attend;
       *attend.mutable_query() =
           MakeFloat32Tensor({1, model.heads, query_len, model.dim}, query);
@@ -243,6 +262,16 @@ class SessionsTest : public ::testing::Test {
       attend.mutable_options()->set_causal(true);
       attend.mutable_options()->set_causal_alignment(
           v1::AttentionOptions::BOTTOM_RIGHT);
+      const v1::SessionDefaults& d = model.defaults;
+      v1::AttentionOptions& o = *attend.mutable_options();
+      if (d.has_window_left()) o.set_window_left(d.window_left());
+      o.set_num_sink_tokens(d.num_sink_tokens());
+      if (d.alibi_slopes_size() > 0) {
+        *o.mutable_alibi_slopes() = MakeFloat32Tensor(
+            {model.heads}, std::vector<float>(d.alibi_slopes().begin(),
+                                              d.alibi_slopes().end()));
+      }
+      if (d.has_softcap()) o.set_softcap(d.softcap());
       v1::AttendResponse stateless;
       const grpc::Status status =
           stub_->Attend(Context().get(), attend, &stateless);
@@ -399,6 +428,152 @@ TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
                                           response.results(s)));
     }
   }
+}
+
+// Sessions whose steps compute a window, sinks, ALiBi and a softcap (each
+// drawn), prefilled in chunks and decoded, every output equal to the
+// reference and to a stateless Attend with the same options.
+TEST_F(SessionsTest, VariantStepsEqualStatelessAttends) {
+  std::mt19937_64 rng(22);
+  const auto uniform = [&rng](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(rng);
+  };
+  uint64_t seed = 7;
+  for (int round = 0; round < 8; ++round) {
+    const int64_t kv_heads = uniform(1, 2);
+    const int64_t heads = kv_heads * uniform(1, 3);
+    v1::SessionDefaults defaults;
+    if (uniform(0, 3) > 0) defaults.set_window_left(uniform(0, 40));
+    if (uniform(0, 1) == 1) defaults.set_num_sink_tokens(uniform(1, 20));
+    if (uniform(0, 1) == 1) {
+      for (int64_t h = 0; h < heads; ++h) {
+        defaults.add_alibi_slopes(0.5f / static_cast<float>(h + 1));
+      }
+    }
+    if (uniform(0, 1) == 1) defaults.set_softcap(uniform(0, 1) ? 1.5f : 20.0f);
+    const v1::DType dtype = round % 2 == 0 ? v1::FLOAT32 : v1::BFLOAT16;
+    SessionModel model = NewSession(1, heads, kv_heads, 8, dtype, "", defaults);
+    SCOPED_TRACE(
+        absl::StrCat("round ", round, ": ", model.defaults.ShortDebugString()));
+    for (int step = 0; step < 12; ++step) {
+      const int64_t tokens = step < 3 ? uniform(10, 60) : 1;
+      const int64_t query_len = step < 3 ? uniform(1, tokens) : 1;
+      std::vector<float> query;
+      v1::StepRequest request;
+      *request.add_steps() =
+          MakeStep(model, 0, tokens, query_len, seed += 3, &query);
+      v1::StepResponse response;
+      ASSERT_TRUE(Step(request, &response).ok());
+      ASSERT_NO_FATAL_FAILURE(
+          CheckOutput(model, 0, query, query_len, response.results(0)));
+    }
+  }
+}
+
+// StreamingLLM: a session that keeps only its sinks and window holds the
+// same pages after 100,000 tokens as after its first window's worth, and its
+// steps still equal the reference over every token sent.
+TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(48);
+  defaults.set_num_sink_tokens(4);
+  defaults.set_evict_outside_window(true);
+  v1::CreateSessionRequest create = SmallSession();
+  *create.mutable_defaults() = defaults;
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(Create(create, &created).ok());
+  SessionModel model{created.session().session_id(),
+                     2,
+                     2,
+                     8,
+                     v1::FLOAT32,
+                     std::vector<LayerModel>(1),
+                     created.session().defaults()};
+  model.layers[0].keys.resize(2);
+  model.layers[0].values.resize(2);
+  EXPECT_TRUE(model.defaults.evict_outside_window());
+
+  const auto held_bytes = [&] {
+    v1::GetSessionRequest get;
+    get.set_session_id(model.id);
+    v1::GetSessionResponse got;
+    EXPECT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+    return got.session().bytes();
+  };
+  // Pages of 16 tokens, each 16 x 2 heads x (8 + 8) x 4 bytes, charged 4 KiB:
+  // the sinks' page, the window's 48 keys over at most 4 pages, and the
+  // pages of the step's own tokens.
+  int64_t most_bytes = 0;
+  uint64_t seed = 100;
+  for (int chunk = 0; chunk < 100; ++chunk) {
+    // 997 tokens a step (pages do not line up with steps), then a query of
+    // the step's last 3 tokens.
+    std::vector<float> query;
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, 997, 3, seed += 3, &query);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    if (chunk % 25 == 0 || chunk == 99) {
+      ASSERT_NO_FATAL_FAILURE(
+          CheckOutput(model, 0, query, 3, response.results(0)));
+    } else {
+      ASSERT_FALSE(response.results(0).has_error());
+    }
+    const int64_t bytes = held_bytes();
+    most_bytes = std::max(most_bytes, bytes);
+    EXPECT_LE(bytes, (1 + 5) * 4096) << "after chunk " << chunk;
+  }
+  EXPECT_EQ(model.layers[0].length, 99700);
+  // Decode steps: one token each, the held pages the same few.
+  for (int step = 0; step < 40; ++step) {
+    std::vector<float> query;
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, 1, 1, seed += 3, &query);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    if (step % 10 == 0) {
+      ASSERT_NO_FATAL_FAILURE(
+          CheckOutput(model, 0, query, 1, response.results(0)));
+    }
+    EXPECT_LE(held_bytes(), (1 + 5) * 4096);
+  }
+
+  // What needs the freed keys is refused, naming them; nothing changes.
+  v1::TruncateSessionRequest truncate;
+  truncate.set_session_id(model.id);
+  truncate.set_length(50000);
+  v1::TruncateSessionResponse truncated;
+  grpc::Status status =
+      stub_->TruncateSession(Context().get(), truncate, &truncated);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("a truncation to 50000: the next token sees the keys "
+                        "from 49952 on"));
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(model.id);
+  fork.set_length(70000);
+  v1::ForkSessionResponse forked;
+  status = stub_->ForkSession(Context().get(), fork, &forked);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("freed keys"));
+  fork.clear_length();
+  ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+  // A query reaching further back than the window kept fails alone: the
+  // other step of the call is served.
+  v1::StepRequest request;
+  std::vector<float> query;
+  *request.add_steps() = MakeStep(model, 0, 0, 80, seed += 3);
+  SessionModel child = model;
+  child.id = forked.session().session_id();
+  *request.add_steps() = MakeStep(child, 0, 1, 1, seed += 3, &query);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  EXPECT_EQ(response.results(0).error().code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(response.results(0).error().message(),
+              HasSubstr("the step's first query row (position 99660) sees the "
+                        "keys from 99612 on"));
+  ASSERT_NO_FATAL_FAILURE(CheckOutput(child, 0, query, 1, response.results(1)));
 }
 
 TEST_F(SessionsTest, ARetriedStepIsRefusedAndAppendsNothing) {
@@ -809,6 +984,33 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
   status = Create(create, &created);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("over the page limit"));
+
+  // The attention variant of the defaults.
+  v1::CreateSessionRequest variant = SmallSession();
+  const auto refused = [&](const std::function<void(v1::SessionDefaults&)>& set,
+                           const std::string& message) {
+    v1::CreateSessionRequest bad = variant;
+    set(*bad.mutable_defaults());
+    const grpc::Status refusal = Create(bad, &created);
+    EXPECT_EQ(refusal.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(refusal.error_message(), HasSubstr(message));
+  };
+  refused([](v1::SessionDefaults& d) { d.set_window_left(-5); },
+          "defaults.window_left is -5, expected -1 or absent");
+  refused([](v1::SessionDefaults& d) { d.set_num_sink_tokens(-1); },
+          "defaults.num_sink_tokens is -1, expected >= 0");
+  refused([](v1::SessionDefaults& d) { d.add_alibi_slopes(0.5f); },
+          "defaults.alibi_slopes has 1 slopes, expected 2");
+  refused(
+      [](v1::SessionDefaults& d) {
+        d.add_alibi_slopes(0.5f);
+        d.add_alibi_slopes(std::numeric_limits<float>::quiet_NaN());
+      },
+      "defaults.alibi_slopes[1] is nan");
+  refused([](v1::SessionDefaults& d) { d.set_softcap(0.0f); },
+          "defaults.softcap is 0, expected a finite number > 0");
+  refused([](v1::SessionDefaults& d) { d.set_evict_outside_window(true); },
+          "defaults.evict_outside_window is true without a window");
 
   v1::StepRequest empty;
   v1::StepResponse response;

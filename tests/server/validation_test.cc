@@ -231,6 +231,79 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kInvalidArgument,
        {"options.key_lengths[1] is 8, expected 0 to 7 (Lk)"}},
+      {"WindowLeftBelowMinusOne",
+       [](v1::AttendRequest& r) { r.mutable_options()->set_window_left(-2); },
+       absl::StatusCode::kInvalidArgument,
+       {"options.window_left is -2, expected -1 or absent (unbounded) or "
+        ">= 0"}},
+      {"WindowRightBelowMinusOne",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_window_right(
+             std::numeric_limits<int64_t>::min());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.window_right is -9223372036854775808"}},
+      {"NegativeSinks",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_num_sink_tokens(-3);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.num_sink_tokens is -3, expected >= 0"}},
+      {"ZeroSoftcap",
+       [](v1::AttendRequest& r) { r.mutable_options()->set_softcap(0.0f); },
+       absl::StatusCode::kInvalidArgument,
+       {"options.softcap is 0, expected a finite number > 0"}},
+      {"NegativeSoftcap",
+       [](v1::AttendRequest& r) { r.mutable_options()->set_softcap(-30.0f); },
+       absl::StatusCode::kInvalidArgument,
+       {"options.softcap is -30"}},
+      {"NanSoftcap",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_softcap(
+             std::numeric_limits<float>::quiet_NaN());
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.softcap is nan"}},
+      {"AlibiSlopesNotOnePerHead",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_alibi_slopes() =
+             MakeFloat32Tensor({2}, {0.5f, 0.25f});
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.alibi_slopes.shape[0] is 2, expected 4 (one slope per query "
+        "head, H)"}},
+      {"AlibiSlopesRankTwo",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_alibi_slopes() =
+             MakeFloat32Tensor({1, 4}, RandomValues(4, 3));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.alibi_slopes.shape is [1, 4] with 2 dimensions, expected 1 "
+        "to 1"}},
+      {"AlibiSlopesInBf16",
+       [](v1::AttendRequest& r) {
+         v1::Tensor* slopes = r.mutable_options()->mutable_alibi_slopes();
+         slopes->set_dtype(v1::BFLOAT16);
+         slopes->add_shape(4);
+         slopes->set_data(std::string(8, 0));
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.alibi_slopes.dtype is BFLOAT16, expected FLOAT32"}},
+      {"AlibiSlopesShortData",
+       [](v1::AttendRequest& r) {
+         v1::Tensor* slopes = r.mutable_options()->mutable_alibi_slopes();
+         *slopes = MakeFloat32Tensor({4}, RandomValues(4, 3));
+         slopes->mutable_data()->resize(15);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.alibi_slopes.data has 15 bytes, expected 16"}},
+      {"InfiniteAlibiSlope",
+       [](v1::AttendRequest& r) {
+         *r.mutable_options()->mutable_alibi_slopes() = MakeFloat32Tensor(
+             {4}, {0.5f, std::numeric_limits<float>::infinity(), 0.1f, 0.1f});
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.alibi_slopes[1] is inf, expected a finite number"}},
       {"NegativeKeyLength",
        [](v1::AttendRequest& r) {
          for (int64_t length : {-1, 3})

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attnserve/core/attention_engine.h"
@@ -46,8 +47,9 @@ struct RequestChecks {
 // Validated options whose data (mask, key lengths) still lives in the request:
 // BindOptions in response_tensors.h points them at it when the work runs.
 struct OptionsPlan {
-  AttentionOptions options;  // mask and key_lengths unset
+  AttentionOptions options;  // mask, key_lengths and alibi_slopes unset
   std::optional<std::array<int64_t, 4>> mask_dims;  // left-padded to rank 4
+  std::vector<float> alibi_slopes;                  // [H] decoded, or empty
   v1::DType output_dtype = v1::FLOAT32;
 };
 

@@ -88,6 +88,14 @@ struct SessionConfig {
   int64_t max_tokens = 1;
   absl::Duration ttl = absl::Minutes(10);
   std::optional<float> scale;  // Steps' default; nullopt: 1 / sqrt(Dk).
+  // The attention variant of every step (v1::SessionDefaults).
+  int64_t window_left = -1;  // −1: unbounded
+  int64_t num_sink_tokens = 0;
+  std::vector<float> alibi_slopes;  // Empty or H.
+  std::optional<float> softcap;
+  // After each step, free the pages wholly between the sinks and the last
+  // window_left tokens (needs window_left >= 0).
+  bool evict_outside_window = false;
 };
 
 // How the pages of a session of `config` are laid out, at `page_tokens`
@@ -256,6 +264,16 @@ class SessionStore {
   // them), leaving a tombstone with `reason` for its owner.
   void Remove(const std::shared_ptr<Session>& session,
               const std::string& reason, SessionRemoval metric_reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // OK if every key a query at `position` sees among the first `length` of
+  // layer `layer` is held; FAILED_PRECONDITION naming `what` and the freed
+  // keys if evict_outside_window freed one.
+  absl::Status CheckHeld(const Session& session, size_t layer, int64_t position,
+                         int64_t length, absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Frees the pages of layer `layer` that no later query sees, if the session
+  // evicts outside its window.
+  void EvictOutsideWindow(Session* session, size_t layer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Touch(Session* session, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);

@@ -80,6 +80,17 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
         "sees only its "
         "keys");
   }
+  // A shard's key indices start at 0, so what depends on a key's global
+  // position (softcap does not) would be drawn in the wrong place.
+  const v1::AttentionOptions& o = request.options();
+  if ((o.has_window_left() && o.window_left() != -1) ||
+      (o.has_window_right() && o.window_right() != -1) ||
+      o.num_sink_tokens() != 0 || o.has_alibi_slopes()) {
+    return absl::InvalidArgumentError(
+        "options.window_left, window_right, num_sink_tokens and alibi_slopes "
+        "must be unset for sharded attention: they depend on each key's "
+        "position in the whole sequence, which a shard does not see");
+  }
   return absl::OkStatus();
 }
 

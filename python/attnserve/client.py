@@ -5,6 +5,7 @@ import random
 import time
 
 import grpc
+import numpy as np
 
 from attnserve.tensors import from_tensor, to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
@@ -66,9 +67,13 @@ def _choice(table, value, name):
 
 def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
                       key_lengths=None, attn_mask=None, return_lse=False,
-                      return_weights=None, precision=None, output_dtype=None):
+                      return_weights=None, precision=None, output_dtype=None,
+                      window_left=None, window_right=None, num_sink_tokens=0,
+                      alibi_slopes=None, softcap=None):
     """AttentionOptions from Python values. attn_mask: a NumPy array, bool (True = may
-    attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk]."""
+    attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk].
+    window_left / window_right (None or -1: unbounded), num_sink_tokens, alibi_slopes
+    (one per query head) and softcap as docs/api.md defines them."""
     options = pb2.AttentionOptions(
         causal=causal,
         causal_alignment=_choice(_ALIGNMENTS, causal_alignment, "causal_alignment"),
@@ -83,6 +88,15 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
         options.attn_mask.CopyFrom(to_tensor(attn_mask))
     if output_dtype is not None:
         options.output_dtype = pb2.DType.Value(wire_dtype(output_dtype))
+    if window_left is not None:
+        options.window_left = int(window_left)
+    if window_right is not None:
+        options.window_right = int(window_right)
+    options.num_sink_tokens = int(num_sink_tokens)
+    if alibi_slopes is not None:
+        options.alibi_slopes.CopyFrom(to_tensor(np.asarray(alibi_slopes, np.float32)))
+    if softcap is not None:
+        options.softcap = softcap
     return options
 
 
@@ -193,7 +207,8 @@ class Client:
         input_dtype ("float32", "bfloat16", "float16") converts the three before sending.
         options: causal, causal_alignment ("top_left", "bottom_right"), scale, key_lengths,
         attn_mask, return_lse, return_weights ("per_head", "head_mean"), precision ("f32",
-        "bf16"), output_dtype.
+        "bf16"), output_dtype, window_left, window_right, num_sink_tokens, alibi_slopes,
+        softcap.
         """
         request = self.attend_request(query, key, value, input_dtype=input_dtype, **options)
         response = self.call("Attend", request, timeout)
@@ -249,10 +264,13 @@ class Client:
 
     def create_session(self, *, num_layers, num_heads, key_dim, num_kv_heads=0, value_dim=0,
                        dtype="float32", max_tokens=0, ttl_seconds=0, scale=None,
-                       session_id=None, timeout=None):
+                       session_id=None, timeout=None, window_left=None, num_sink_tokens=0,
+                       alibi_slopes=None, softcap=None, evict_outside_window=False):
         """A new KV-cache session (attnserve.Session); dtype: how the server stores keys and
         values ("float32", "bfloat16", "float16"); session_id: the caller's own (32 lowercase
-        hex digits from a CSPRNG), else the server draws one."""
+        hex digits from a CSPRNG), else the server draws one. window_left, num_sink_tokens,
+        alibi_slopes and softcap: the attention every step computes; evict_outside_window:
+        free the pages between the sinks and the window (StreamingLLM)."""
         from attnserve.session import Session
         request = pb2.CreateSessionRequest(
             num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
@@ -260,6 +278,14 @@ class Client:
             max_tokens=max_tokens, ttl_seconds=ttl_seconds, session_id=session_id or "")
         if scale is not None:
             request.defaults.scale = scale
+        if window_left is not None:
+            request.defaults.window_left = int(window_left)
+        request.defaults.num_sink_tokens = int(num_sink_tokens)
+        if alibi_slopes is not None:
+            request.defaults.alibi_slopes.extend(float(s) for s in alibi_slopes)
+        if softcap is not None:
+            request.defaults.softcap = softcap
+        request.defaults.evict_outside_window = evict_outside_window
         response = self.call("CreateSession", request, timeout,
                              retryable=self._retry.retry_session_creation)
         return Session(self, response.session, response.replica)

@@ -262,3 +262,58 @@ def test_sharded_attend_is_exact(server, alignment):
     np.testing.assert_allclose(merged.lse[finite], whole.lse[finite], atol=2e-6)
     with pytest.raises(ValueError, match="shards"):
         attnserve.sharded_attend([one], q, k, v, shards=24)
+
+
+def variant_reference(q, k, v, *, position_offset, window_left=-1, sinks=0, alibi=None,
+                      softcap=None):
+    """float64 attention, causal, query i at position i + position_offset seeing keys
+    position - window_left .. position and the first `sinks`; softcap, then ALiBi."""
+    h, lq, _ = q.shape
+    k = np.repeat(k, h // k.shape[0], axis=0).astype(np.float64)
+    v = np.repeat(v, h // v.shape[0], axis=0).astype(np.float64)
+    scores = np.einsum("hid,hjd->hij", q.astype(np.float64), k) / np.sqrt(q.shape[2])
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    position = np.arange(lq)[:, None] + position_offset
+    j = np.arange(k.shape[1])[None, :]
+    if alibi is not None:
+        scores = scores - np.asarray(alibi, np.float64)[:, None, None] * np.abs(position - j)
+    seen = j <= position
+    if window_left >= 0:
+        seen &= (j >= position - window_left) | (j < sinks)
+    scores = np.where(seen[None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hij,hjd->hid", weights / weights.sum(-1, keepdims=True), v)
+
+
+def test_windows_sinks_alibi_and_softcap(server):
+    H, Hkv, D = 4, 2, 8
+    variant = dict(window_left=5, sinks=2, alibi=[0.5, 0.25, 0.125, 0.0625], softcap=3.0)
+    q, k, v = uniform(1, H, 6, D), uniform(1, Hkv, 20, D), uniform(1, Hkv, 20, D)
+    with attnserve.Client(server.target) as client:
+        result = client.attend(q, k, v, causal=True, causal_alignment="bottom_right",
+                               window_left=5, num_sink_tokens=2,
+                               alibi_slopes=variant["alibi"], softcap=3.0)
+        np.testing.assert_allclose(
+            result.output[0], variant_reference(q[0], k[0], v[0], position_offset=14, **variant),
+            atol=1e-5)
+        with pytest.raises(attnserve.AttnserveError) as error:
+            client.attend(q, k, v, softcap=-1.0)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "options.softcap is -1" in error.value.message
+        # A session of the same variant that frees what its window left behind.
+        session = client.create_session(num_layers=1, num_heads=H, num_kv_heads=Hkv, key_dim=D,
+                                        window_left=5, num_sink_tokens=2,
+                                        alibi_slopes=variant["alibi"], softcap=3.0,
+                                        evict_outside_window=True)
+        keys, values = np.zeros((Hkv, 0, D), np.float32), np.zeros((Hkv, 0, D), np.float32)
+        for _ in range(30):
+            kk, vv, qq = uniform(Hkv, 40, D), uniform(Hkv, 40, D), uniform(H, 1, D)
+            out = session.step(0, key=kk, value=vv, query=qq).output
+            keys, values = np.concatenate([keys, kk], 1), np.concatenate([values, vv], 1)
+            np.testing.assert_allclose(
+                out, variant_reference(qq, keys, values, position_offset=keys.shape[1] - 1,
+                                       **variant), atol=1e-5)
+        info = client.get_session(session.id)
+        assert info.lengths == [1200] and info.defaults.evict_outside_window
+        assert info.bytes <= 8 * 4096  # the sinks' page and the window's, not 1,200 tokens

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -321,6 +322,11 @@ TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
              MakeFloat32Tensor({2, 1, 1, 23}, RandomValues(46, 6));
          r.mutable_options()->set_causal(true);
        }},
+      {"softcap, which every shard applies alike",
+       [](v1::AttendRequest& r) {
+         r.mutable_options()->set_softcap(1.5f);
+         r.mutable_options()->set_causal(true);
+       }},
   };
   std::vector<Client*> replicas = {client_.get(), client_.get()};
   for (const Case& test_case : cases) {
@@ -344,6 +350,23 @@ TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
   weights.mutable_options()->set_return_weights(v1::AttentionOptions::PER_HEAD);
   EXPECT_EQ(ShardedAttend(replicas, weights, 2, kTimeout).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // What depends on a key's global position is refused, not drawn wrong.
+  for (const auto& set :
+       std::vector<std::function<void(v1::AttentionOptions&)>>{
+           [](v1::AttentionOptions& o) { o.set_window_left(3); },
+           [](v1::AttentionOptions& o) { o.set_window_right(0); },
+           [](v1::AttentionOptions& o) { o.set_num_sink_tokens(2); },
+           [](v1::AttentionOptions& o) {
+             *o.mutable_alibi_slopes() = MakeFloat32Tensor({1}, {0.5f});
+           }}) {
+    v1::AttendRequest positional = RandomRequest(1, 1, 1, 2, 4, 4, 4, 51);
+    set(*positional.mutable_options());
+    const absl::Status refused =
+        ShardedAttend(replicas, positional, 2, kTimeout).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("must be unset for sharded attention"));
+  }
   EXPECT_EQ(ShardedAttend(replicas, RandomRequest(1, 1, 1, 2, 4, 4, 4, 50), 5,
                           kTimeout)
                 .status()

@@ -233,6 +233,53 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A causal self-attention of L tokens with a sliding window of W keys back
+// (W = 0: none, the full causal call) and S sinks, on the fused kernel.
+// FLOPS counts the full causal call's work whatever the window, so that the
+// report's time ratio against W = 0 is the ratio of the rates.
+void BM_WindowedAttention(benchmark::State& state) {
+  AttentionShape shape;
+  shape.heads = shape.kv_heads = 8;
+  shape.query_len = shape.key_len = state.range(0);
+  shape.key_dim = shape.value_dim = 64;
+  AttentionOptions options;
+  options.causal = true;
+  if (state.range(1) > 0) options.window_left = state.range(1);
+  options.num_sink_tokens = state.range(2);
+  options.precision =
+      state.range(3) != 0 ? Precision::kBFloat16 : Precision::kFloat32;
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const std::vector<float> query = Filled(shape.QueryElements(), 0.01f);
+  const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
+  const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
+  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
+  for (auto _ : state) {
+    const absl::Status status = engine->Attend(shape, options, query, key,
+                                               value, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(2.0 * shape.heads * shape.query_len * shape.key_len *
+                             static_cast<double>(shape.key_dim),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_WindowedAttention)
+    ->ArgNames({"L", "W", "sinks", "bf16"})
+    ->Args({8192, 0, 0, 0})
+    ->Args({8192, 256, 0, 0})
+    ->Args({8192, 256, 4, 0})
+    ->Args({8192, 0, 0, 1})
+    ->Args({8192, 256, 0, 1})
+    ->Args({8192, 256, 4, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // Self-attention MHA with B, L, E, H (Dk = Dv = E / H) from the arguments,
 // weights stacked for the fused QKV projection as the registry keeps them.
 // FLOPs count the projections (2·B·L·E·4E) and the attention (4·B·H·L²·Dk).
@@ -415,6 +462,20 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   bf16 ? "bf16" : "f32", causal ? "yes" : "no", m.flops / 1e9,
                   gemm > 0 ? Ratio(m.flops / gemm).c_str() : "n/a",
                   vs_unfused.c_str(), causal_time.c_str(), kv_read.c_str());
+    }
+    std::printf("\n%-44s %5s %9s %9s\n", "windowed causal (H=8,D=64,L,W,sinks)",
+                "prec", "ms", "time/full");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("BM_WindowedAttention/", 0) != 0) continue;
+      const std::map<std::string, int64_t> a = Args(name);
+      // Every run counts the full causal call's FLOPs: time = work / rate.
+      const double full = Lookup(WithArg(name, "W", 0), "sinks", 0);
+      const double work = 2.0 * 8 * a.at("L") * a.at("L") * 64;
+      const std::string shape =
+          absl::StrCat("(", a.at("L"), ",", a.at("W"), ",", a.at("sinks"), ")");
+      std::printf("%-44s %5s %9.1f %9s\n", shape.c_str(),
+                  a.at("bf16") != 0 ? "bf16" : "f32", 1e3 * work / m.flops,
+                  full > 0 ? Ratio(full / m.flops).c_str() : "n/a");
     }
     std::printf("\n%-44s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)", "cache",
                 "GB/s", "KV/read");

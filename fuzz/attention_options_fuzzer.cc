@@ -50,6 +50,7 @@ struct Case {
   std::vector<float> query, key, value;
   ReferenceOptions reference;
   AttentionOptions options;  // mask and key_lengths point into `reference`
+  std::vector<float> alibi_slopes;  // options.alibi_slopes points here
   std::string description;
 };
 
@@ -142,6 +143,24 @@ Case Decode(FuzzedDataProvider& data) {
   options.return_lse = data.ConsumeBool();
   options.precision =
       data.ConsumeBool() ? Precision::kBFloat16 : Precision::kFloat32;
+  // The variants: window, sinks, ALiBi, softcap.
+  ref.window_left = options.window_left =
+      data.ConsumeIntegralInRange<int64_t>(-1, 25);
+  ref.window_right = options.window_right =
+      data.ConsumeIntegralInRange<int64_t>(-1, 25);
+  ref.num_sink_tokens = options.num_sink_tokens =
+      data.ConsumeIntegralInRange<int64_t>(0, 5);
+  if (data.ConsumeBool()) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      c.alibi_slopes.push_back(data.ConsumeFloatingPointInRange(-1.0f, 1.0f));
+      ref.alibi_slopes.push_back(c.alibi_slopes.back());
+    }
+    options.alibi_slopes = c.alibi_slopes;
+  }
+  if (data.ConsumeBool()) {
+    options.softcap = data.ConsumeFloatingPointInRange(0.25f, 50.0f);
+    ref.softcap = *options.softcap;
+  }
 
   c.query = Inputs(data, s.batch * s.heads * s.query_len * s.key_dim);
   c.key = Inputs(data, s.batch * s.kv_heads * s.key_len * s.key_dim);
@@ -158,7 +177,11 @@ Case Decode(FuzzedDataProvider& data) {
                : "none",
       " weights=", static_cast<int>(options.weights),
       " lse=", options.return_lse,
-      " bf16=", options.precision == Precision::kBFloat16);
+      " bf16=", options.precision == Precision::kBFloat16, " window=(",
+      options.window_left, ",", options.window_right,
+      ") sinks=", options.num_sink_tokens, " alibi=[",
+      absl::StrJoin(c.alibi_slopes, ","),
+      "] softcap=", options.softcap ? absl::StrCat(*options.softcap) : "none");
   return c;
 }
 

@@ -106,6 +106,21 @@ void WriteAttendSeeds(const std::string& folder) {
   r.mutable_options()->set_output_dtype(v1::FLOAT16);
   write("float_mask_head_mean_bf16", r);
 
+  // The variants: a window with sinks, ALiBi and a softcap; and a bad one.
+  r = Attend(v1::FLOAT32, 1, 2, 1, 5, 9, 3, 2);
+  o = r.mutable_options();
+  o->set_causal(true);
+  o->set_causal_alignment(Options::BOTTOM_RIGHT);
+  o->set_window_left(2);
+  o->set_window_right(0);
+  o->set_num_sink_tokens(1);
+  *o->mutable_alibi_slopes() = Tensor(v1::FLOAT32, {2});
+  o->set_softcap(4.0f);
+  o->set_return_lse(true);
+  write("window_sinks_alibi_softcap", r);
+  o->set_softcap(-1.0f);
+  write("invalid_softcap", r);
+
   r = Attend(v1::FLOAT32, 1, 1, 1, 2, 2, 2, 2);
   r.mutable_query()->mutable_data()->pop_back();
   write("invalid_query_bytes", r);
@@ -192,6 +207,12 @@ void WriteSessionSeeds(const std::string& folder) {
   create = TinySession();
   create.set_session_id("00112233445566778899aabbccddeeff");
   Write(folder, "create_with_id", RequestKind::kCreateSession, create);
+  create = TinySession();
+  create.mutable_defaults()->set_window_left(2);
+  create.mutable_defaults()->set_num_sink_tokens(1);
+  create.mutable_defaults()->set_softcap(8.0f);
+  create.mutable_defaults()->set_evict_outside_window(true);
+  Write(folder, "create_evicting_window", RequestKind::kCreateSession, create);
   // A decode step on the tiny session (H 4, Hkv 2, Dk 3, Dv 2, 5 tokens), a
   // prefill chunk on layer 1, a query alone, and a stale expected length.
   v1::StepRequest request;

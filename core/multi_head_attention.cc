@@ -2,6 +2,7 @@
 // self-attention with stacked weights), SDPA per head over strided views of
 // them, and the output projection.
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,58 @@ absl::Status StopIfAsked(const AttentionOptions& options) {
   return options.stop ? options.stop() : absl::OkStatus();
 }
 
+// RoPE's configuration and positions.
+absl::Status ValidateRope(const MultiHeadShape& shape,
+                          const ProjectionWeights& weights,
+                          const AttentionOptions& options) {
+  const bool positions =
+      !options.query_positions.empty() || !options.key_positions.empty();
+  if (!weights.rope) {
+    if (!positions) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "options.query_positions and key_positions are given without RoPE "
+        "(weights.rope), expected none");
+  }
+  ATTNSERVE_RETURN_IF_ERROR(
+      ValidateRotary(*weights.rope, shape.key_dim, "weights.rope"));
+  for (const auto& [name, span, length] :
+       {std::tuple{"options.query_positions", options.query_positions,
+                   shape.query_len},
+        std::tuple{"options.key_positions", options.key_positions,
+                   shape.key_len}}) {
+    if (span.empty()) continue;
+    ATTNSERVE_RETURN_IF_ERROR(
+        ValidateSpanSize(name, span.size(), shape.batch * length));
+    for (size_t i = 0; i < span.size(); ++i) {
+      if (span[i] < 0 || span[i] > kMaxRotaryPosition) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, "[", i, "] is ", span[i], ", expected 0 to ",
+                         kMaxRotaryPosition));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rotates the projected queries (rows of `q_stride` floats from `q`) and keys
+// (from `k`) in place, if the weights carry RoPE.
+void Rotate(const MultiHeadShape& shape, const ProjectionWeights& weights,
+            const AttentionOptions& options, float* q, int64_t q_stride,
+            float* k, int64_t k_stride) {
+  if (!weights.rope) return;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const auto positions = [b](absl::Span<const int64_t> all, int64_t length) {
+      return all.empty() ? all : all.subspan(b * length, length);
+    };
+    ApplyRotary(*weights.rope, shape.key_dim, shape.heads,
+                q + b * shape.query_len * q_stride, shape.query_len, q_stride,
+                0, positions(options.query_positions, shape.query_len));
+    ApplyRotary(*weights.rope, shape.key_dim, shape.kv_heads,
+                k + b * shape.key_len * k_stride, shape.key_len, k_stride, 0,
+                positions(options.key_positions, shape.key_len));
+  }
+}
+
 }  // namespace
 
 absl::Status AttentionEngineImpl::MultiHeadAttention(
@@ -81,8 +134,13 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
                          shape.batch * shape.key_len * shape.kv_embed_dim));
   }
   const AttentionShape heads = shape.Heads();
+  ATTNSERVE_RETURN_IF_ERROR(ValidateRope(shape, weights, options));
+  // The positions are RoPE's; the attention itself takes the rest.
+  AttentionOptions attention_options = options;
+  attention_options.query_positions = {};
+  attention_options.key_positions = {};
   ATTNSERVE_RETURN_IF_ERROR(ValidateOptionsAndOutputs(
-      heads, options, outputs,
+      heads, attention_options, outputs,
       shape.batch * shape.query_len * shape.embed_dim));
 
   const int64_t q_out = shape.heads * shape.key_dim;
@@ -106,7 +164,7 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
   const int64_t q_rows = shape.batch * shape.query_len;
   const int64_t kv_rows = shape.batch * shape.key_len;
   std::vector<float> projected;
-  SdpaProblem problem = MakeSdpaProblem(heads, options, outputs);
+  SdpaProblem problem = MakeSdpaProblem(heads, attention_options, outputs);
   if (fused) {
     const int64_t width = q_out + kv_out;
     projected.resize(static_cast<size_t>(q_rows * width));
@@ -117,6 +175,8 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
         options.precision));
     SetProjectedViews(shape, projected.data(), width, projected.data() + q_out,
                       width, &problem);
+    Rotate(shape, weights, options, projected.data(), width,
+           projected.data() + q_out, width);
   } else {
     projected.resize(static_cast<size_t>(q_rows * q_out + kv_rows * kv_out));
     float* q = projected.data();
@@ -138,6 +198,7 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
           RunLinear(stream, projection, options.precision));
     }
     SetProjectedViews(shape, q, q_out, kv, kv_out, &problem);
+    Rotate(shape, weights, options, q, q_out, kv, kv_out);
   }
 
   ATTNSERVE_RETURN_IF_ERROR(StopIfAsked(options));

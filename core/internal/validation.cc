@@ -148,6 +148,11 @@ absl::Status ValidateOptionsAndOutputs(const AttentionShape& shape,
   if (options.mask)
     ATTNSERVE_RETURN_IF_ERROR(ValidateMask(shape, *options.mask));
   ATTNSERVE_RETURN_IF_ERROR(ValidateVariants(shape, options));
+  if (!options.query_positions.empty() || !options.key_positions.empty()) {
+    return absl::InvalidArgumentError(
+        "options.query_positions and key_positions are for "
+        "MultiHeadAttention with RoPE, expected none");
+  }
   ATTNSERVE_RETURN_IF_ERROR(
       ValidateSpanSize("output", outputs.output.size(), output_elements));
   ATTNSERVE_RETURN_IF_ERROR(

@@ -152,7 +152,7 @@ std::vector<double> HeadMean(const std::vector<double>& weights, int64_t batch,
 ReferenceResult ReferenceMultiHeadAttention(
     const ReferenceMhaShape& s, const std::vector<float>& query_input,
     const std::vector<float>& kv_input, const ReferenceMhaWeights& w,
-    const ReferenceOptions& options) {
+    const ReferenceOptions& options, const std::optional<ReferenceRope>& rope) {
   const std::vector<float>& kv_source =
       kv_input.empty() ? query_input : kv_input;
   const std::vector<double> q =
@@ -164,6 +164,37 @@ ReferenceResult ReferenceMultiHeadAttention(
   const std::vector<double> v =
       Linear(kv_source, s.batch * s.key_len, s.kv_embed_dim, w.w_v, w.b_v,
              s.kv_heads * s.value_dim);
+  // RoPE on [B, L, heads, Dk], from the definition, in double.
+  const auto rotate = [&](std::vector<double> x, int64_t len, int64_t heads,
+                          const std::vector<int64_t>& positions) {
+    if (!rope) return x;
+    const int64_t dim = rope->rotary_dim == 0 ? s.key_dim : rope->rotary_dim;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t l = 0; l < len; ++l) {
+        const double p = static_cast<double>(
+            positions.empty() ? l : positions[b * len + l]);
+        for (int64_t h = 0; h < heads; ++h) {
+          double* head = &x[((b * len + l) * heads + h) * s.key_dim];
+          for (int64_t m = 0; m < dim / 2; ++m) {
+            const double angle =
+                p / std::pow(rope->theta, 2.0 * m / static_cast<double>(dim));
+            const int64_t i = rope->interleaved ? 2 * m : m;
+            const int64_t j = rope->interleaved ? 2 * m + 1 : m + dim / 2;
+            const double a = head[i], c = head[j];
+            head[i] = a * std::cos(angle) - c * std::sin(angle);
+            head[j] = a * std::sin(angle) + c * std::cos(angle);
+          }
+        }
+      }
+    }
+    return x;
+  };
+  const std::vector<double> q_rotated =
+      rotate(q, s.query_len, s.heads,
+             rope ? rope->query_positions : std::vector<int64_t>{});
+  const std::vector<double> k_rotated =
+      rotate(k, s.key_len, s.kv_heads,
+             rope ? rope->key_positions : std::vector<int64_t>{});
   // [B, L, heads, D] → [B, heads, L, D], rounded to float: the SDPA reference
   // takes floats, and the projections' rounding is far below any tolerance the
   // tests use.
@@ -181,8 +212,8 @@ ReferenceResult ReferenceMultiHeadAttention(
   const ReferenceShape heads{s.batch,   s.heads,   s.kv_heads, s.query_len,
                              s.key_len, s.key_dim, s.value_dim};
   ReferenceResult attention =
-      ReferenceAttention(heads, split(q, s.query_len, s.heads, s.key_dim),
-                         split(k, s.key_len, s.kv_heads, s.key_dim),
+      ReferenceAttention(heads, split(q_rotated, s.query_len, s.heads, s.key_dim),
+                         split(k_rotated, s.key_len, s.kv_heads, s.key_dim),
                          split(v, s.key_len, s.kv_heads, s.value_dim), options);
   // Concatenate heads ([B, H, Lq, Dv] → [B, Lq, H·Dv]) and project with w_o.
   const int64_t context_width = s.heads * s.value_dim;

@@ -42,6 +42,16 @@ struct ReferenceOptions {
   std::optional<double> softcap;     // x → softcap · tanh(x / softcap).
 };
 
+// RoPE of the multi-head reference: pair m of a token at position p turns by
+// p · theta^(−2m / rotary_dim); pairs (2m, 2m + 1) if interleaved, else (m, m
+// + rotary_dim / 2).
+struct ReferenceRope {
+  double theta = 10000.0;
+  int64_t rotary_dim = 0;  // 0: the head dim
+  bool interleaved = false;
+  std::vector<int64_t> query_positions, key_positions;  // [B, L]; empty: 0..L−1
+};
+
 struct ReferenceResult {
   std::vector<double> output;   // SDPA [B, H, Lq, Dv]; MHA [B, Lq, E].
   std::vector<double> weights;  // [B, H, Lq, Lk]
@@ -76,7 +86,8 @@ struct ReferenceMhaWeights {
 ReferenceResult ReferenceMultiHeadAttention(
     const ReferenceMhaShape& shape, const std::vector<float>& query_input,
     const std::vector<float>& kv_input, const ReferenceMhaWeights& weights,
-    const ReferenceOptions& options = {});
+    const ReferenceOptions& options = {},
+    const std::optional<ReferenceRope>& rope = std::nullopt);
 
 // `count` values uniform in [-1, 1) from a fixed-seed generator.
 std::vector<float> RandomValues(int64_t count, uint64_t seed);

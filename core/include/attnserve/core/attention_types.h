@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "attnserve/common/flops.h"
+#include "attnserve/core/rotary.h"
 
 namespace attnserve {
 
@@ -128,6 +129,11 @@ struct AttentionOptions {
   // softcap) before ALiBi, the mask and the softmax. nullopt: none; else
   // finite and > 0.
   std::optional<float> softcap;
+  // MultiHeadAttention with RoPE (ProjectionWeights::rope) only: each batch
+  // item's query and key positions, [B, Lq] and [B, Lk], each in [0,
+  // kMaxRotaryPosition]. Empty: 0 to L − 1 in every batch item.
+  absl::Span<const int64_t> query_positions;
+  absl::Span<const int64_t> key_positions;
   AttentionWeightsMode weights = AttentionWeightsMode::kNone;
   bool return_lse = false;
   Precision precision = Precision::kFloat32;
@@ -192,6 +198,9 @@ struct ProjectionWeights {
   // their biases likewise (empty when no projection has a bias), so that
   // self-attention projects in one GEMM.
   absl::Span<const float> w_qkv, b_qkv;
+  // RoPE, applied to the projected queries and keys (attnserve/core/rotary.h)
+  // at AttentionOptions' positions; nullopt: none.
+  std::optional<RotaryEmbedding> rope;
 };
 
 // The runtime an engine computes with.

@@ -123,6 +123,29 @@ absl::Status ValidateVariants(const Options& proto, const AttentionShape& s,
   return absl::OkStatus();
 }
 
+// RoPE's positions on a MultiHeadAttention: B * L entries each, in [0,
+// kMaxRotaryPosition]. Whether the weights carry RoPE is checked with them.
+absl::Status ValidatePositions(const Options& proto, const MultiHeadShape& s) {
+  for (const auto& [field, positions, length] :
+       {std::tuple{"options.query_positions", &proto.query_positions(),
+                   s.query_len},
+        std::tuple{"options.key_positions", &proto.key_positions(),
+                   s.key_len}}) {
+    if (positions->empty()) continue;
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+        absl::StrCat(field, " size"), positions->size(), s.batch * length,
+        "B x L, one per token of each batch item, or none"));
+    for (int i = 0; i < positions->size(); ++i) {
+      if ((*positions)[i] < 0 || (*positions)[i] > kMaxRotaryPosition) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, "[", i, "] is ", (*positions)[i],
+                         ", expected 0 to ", kMaxRotaryPosition));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
                                             const AttentionShape& s,
                                             v1::DType input_dtype) {
@@ -348,6 +371,13 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.plan,
       ValidateOptions(request.options(), s, request.query().dtype()));
+  if (request.options().query_positions_size() > 0 ||
+      request.options().key_positions_size() > 0) {
+    return absl::InvalidArgumentError(
+        "options.query_positions and key_positions are for "
+        "MultiHeadAttention with RoPE (weights.rope), expected none on "
+        "Attend");
+  }
   ATTNSERVE_RETURN_IF_ERROR(
       CheckResponseSize(s, work.plan, s.OutputElements(), checks));
   if (request.options().has_attn_mask()) {
@@ -412,6 +442,7 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.plan, ValidateOptions(request.options(), heads, query.dtype()));
+  ATTNSERVE_RETURN_IF_ERROR(ValidatePositions(request.options(), s));
   ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
       heads, work.plan, s.batch * s.query_len * s.embed_dim, checks));
   ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, checks));

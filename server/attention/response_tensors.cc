@@ -11,6 +11,10 @@ AttentionOptions BindOptions(const OptionsPlan& plan,
   options.key_lengths =
       absl::MakeConstSpan(proto.key_lengths().data(), proto.key_lengths_size());
   options.alibi_slopes = plan.alibi_slopes;
+  options.query_positions = absl::MakeConstSpan(proto.query_positions().data(),
+                                                proto.query_positions_size());
+  options.key_positions = absl::MakeConstSpan(proto.key_positions().data(),
+                                              proto.key_positions_size());
   if (plan.mask_dims) {
     AttentionMask mask;
     mask.dims = *plan.mask_dims;

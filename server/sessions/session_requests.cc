@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/status_macros.h"
 #include "attnserve/server/sessions/page_arena.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
@@ -79,6 +80,11 @@ absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
         "defaults.window_left >= 0 (the tokens each query sees back)");
   }
   config->evict_outside_window = defaults.evict_outside_window();
+  if (defaults.has_rope()) {
+    config->rope = RotaryOf(defaults.rope());
+    ATTNSERVE_RETURN_IF_ERROR(
+        ValidateRotary(*config->rope, config->key_dim, "defaults.rope"));
+  }
   return absl::OkStatus();
 }
 
@@ -252,6 +258,12 @@ void DescribeSession(const SessionDescription& d, v1::SessionInfo* info) {
   for (const float slope : c.alibi_slopes) defaults->add_alibi_slopes(slope);
   if (c.softcap) defaults->set_softcap(*c.softcap);
   defaults->set_evict_outside_window(c.evict_outside_window);
+  if (c.rope) {
+    v1::RotaryEmbedding* rope = defaults->mutable_rope();
+    rope->set_theta(c.rope->theta);
+    rope->set_rotary_dim(c.rope->rotary_dim);
+    rope->set_interleaved(c.rope->interleaved);
+  }
   for (const int64_t length : d.lengths) info->add_lengths(length);
   info->set_bytes(d.bytes);
   info->set_shared_bytes(d.shared_bytes);

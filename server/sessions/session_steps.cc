@@ -229,6 +229,10 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
       SetError(i, s, result);
       continue;
     }
+    if (config.rope) {  // the keys' rotated f32 copy
+      call.memory_bytes +=
+          work.append.tokens * config.kv_heads * config.key_dim * 4;
+    }
     if (work.query != nullptr) {
       const int64_t rows = config.heads * work.query_len;
       const int64_t output_bytes =
@@ -236,8 +240,8 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
       const int64_t lse_bytes = work.return_lse ? rows * 4 : 0;
       response_bytes += output_bytes + lse_bytes + kResultOverheadBytes;
       call.memory_bytes += output_bytes + lse_bytes;
-      if (work.query->dtype() != v1::FLOAT32) {
-        call.memory_bytes += rows * config.key_dim * 4;
+      if (work.query->dtype() != v1::FLOAT32 || config.rope) {
+        call.memory_bytes += rows * config.key_dim * 4;  // f32 (rotated) copy
       }
       if (work.output_dtype != v1::FLOAT32) {
         call.memory_bytes += rows * config.value_dim * 4;
@@ -333,6 +337,25 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
   for (StepWork& work : call.steps) {
     v1::StepResult* result = response->mutable_results(work.index);
     int64_t length = 0;
+    const SessionConfig& config = work.pin.config();
+    std::vector<float> rotated_keys;
+    if (config.rope && work.append.tokens > 0) {
+      // The keys turned at the positions they will hold (a step expecting
+      // another length appends nothing).
+      const int64_t tokens = work.append.tokens;
+      rotated_keys.resize(
+          static_cast<size_t>(config.kv_heads * tokens * config.key_dim));
+      ConvertToFloat32(work.append.key_dtype, work.append.key,
+                       static_cast<int64_t>(rotated_keys.size()),
+                       rotated_keys.data());
+      for (int64_t h = 0; h < config.kv_heads; ++h) {
+        ApplyRotary(*config.rope, config.key_dim, 1,
+                    rotated_keys.data() + h * tokens * config.key_dim, tokens,
+                    config.key_dim, work.expected_length);
+      }
+      work.append.key = reinterpret_cast<const char*>(rotated_keys.data());
+      work.append.key_dtype = DataType::kFloat32;
+    }
     absl::StatusOr<SessionStore::View> view = store.AppendAndView(
         work.pin, work.layer, work.expected_length, work.append, &length);
     if (!view.ok()) {
@@ -346,7 +369,6 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     }
     result->set_length(view->length);
     if (work.query == nullptr) continue;
-    const SessionConfig& config = work.pin.config();
     if (absl::Status held =
             CheckQuerySeesHeldKeys(config, *view, work.query_len);
         !held.ok()) {
@@ -363,6 +385,19 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     item.heads = config.heads;
     item.query_len = work.query_len;
     item.query = FloatElements(*work.query, &c.query_storage);
+    if (config.rope) {
+      // Query row i stands at L − Tq + i; rotated in a copy of its own.
+      if (c.query_storage.empty()) {
+        c.query_storage.assign(item.query.begin(), item.query.end());
+      }
+      for (int64_t h = 0; h < config.heads; ++h) {
+        ApplyRotary(
+            *config.rope, config.key_dim, 1,
+            c.query_storage.data() + h * work.query_len * config.key_dim,
+            work.query_len, config.key_dim, c.view.length - work.query_len);
+      }
+      item.query = c.query_storage;
+    }
     item.scale = work.scale;
     item.window_left = config.window_left;
     item.num_sink_tokens = config.num_sink_tokens;

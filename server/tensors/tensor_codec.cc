@@ -61,6 +61,14 @@ void OutputTensor::Finish() {
                      tensor_->mutable_data()->data());
 }
 
+RotaryEmbedding RotaryOf(const v1::RotaryEmbedding& rope) {
+  RotaryEmbedding out;
+  if (rope.theta() != 0.0f) out.theta = rope.theta();
+  out.rotary_dim = rope.rotary_dim();
+  out.interleaved = rope.interleaved();
+  return out;
+}
+
 WeightViews::WeightViews(const v1::ProjectionWeights& w) {
   const v1::Tensor* tensors[8] = {&w.w_q(), &w.w_k(), &w.w_v(), &w.w_o(),
                                   &w.b_q(), &w.b_k(), &w.b_v(), &w.b_o()};
@@ -72,6 +80,7 @@ WeightViews::WeightViews(const v1::ProjectionWeights& w) {
   for (int i = 0; i < 8; ++i) {
     if (present[i]) *views[i] = FloatElements(*tensors[i], &storage_[i]);
   }
+  if (w.has_rope()) views_.rope = RotaryOf(w.rope());
 }
 
 }  // namespace attnserve

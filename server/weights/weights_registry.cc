@@ -52,6 +52,7 @@ std::shared_ptr<const WeightSet> WeightSet::FromProto(
   if (w.has_b_o()) set->b_o_ = ToVector(w.b_o());
   set->has_bias_ = w.has_b_q() || w.has_b_k() || w.has_b_v() || w.has_b_o();
   ProjectionWeights& views = set->views_;
+  if (w.has_rope()) views.rope = RotaryOf(w.rope());
   views.w_q = View(set->w_q_);
   views.w_k = View(set->w_k_);
   views.w_v = View(set->w_v_);

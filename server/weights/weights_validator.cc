@@ -5,6 +5,7 @@
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_checks.h"
+#include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {
 namespace {
@@ -85,6 +86,10 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
                                       "w_v.shape[0]"));
   ATTNSERVE_RETURN_IF_ERROR(
       CheckBias(f + "b_o", w.has_b_o(), w.b_o(), s.embed_dim, "E"));
+  if (w.has_rope()) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        ValidateRotary(RotaryOf(w.rope()), s.key_dim, (f + "rope").c_str()));
+  }
   return s;
 }
 

@@ -576,6 +576,77 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
   ASSERT_NO_FATAL_FAILURE(CheckOutput(child, 0, query, 1, response.results(1)));
 }
 
+// RoPE by the session: keys rotated at the positions they take, query rows at
+// L − Tq + i, against the reference over rows this test rotates itself
+// (GPT-NeoX pairs, half the head).
+TEST_F(SessionsTest, RopeSessionsRotateKeysAndQueriesAtTheirPositions) {
+  v1::SessionDefaults defaults;
+  defaults.mutable_rope()->set_theta(100.0f);
+  defaults.mutable_rope()->set_rotary_dim(4);
+  SessionModel model = NewSession(1, 4, 2, 8, v1::FLOAT32, "", defaults);
+  ASSERT_TRUE(model.defaults.has_rope());
+  EXPECT_EQ(model.defaults.rope().rotary_dim(), 4);
+  // [rows, 8] rows from `first` on, pairs (m, m + 2) of the first 4 features.
+  const auto rotate = [](std::vector<float> x, int64_t rows, int64_t first) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t m = 0; m < 2; ++m) {
+        const double angle =
+            static_cast<double>(first + r) / std::pow(100.0, m / 2.0);
+        float& a = x[r * 8 + m];
+        float& b = x[r * 8 + m + 2];
+        const double a0 = a, b0 = b;
+        a = static_cast<float>(a0 * std::cos(angle) - b0 * std::sin(angle));
+        b = static_cast<float>(a0 * std::sin(angle) + b0 * std::cos(angle));
+      }
+    }
+    return x;
+  };
+  uint64_t seed = 500;
+  for (const auto& [tokens, query_len] :
+       std::vector<std::pair<int64_t, int64_t>>{
+           {10, 0}, {3, 2}, {1, 1}, {1, 1}, {0, 3}, {6, 6}}) {
+    std::vector<float> query;
+    v1::StepRequest request;
+    *request.add_steps() =
+        MakeStep(model, 0, tokens, query_len, seed += 3, &query);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_FALSE(response.results(0).has_error())
+        << response.results(0).error().message();
+    if (query_len == 0) continue;
+    const LayerModel& l = model.layers[0];
+    std::vector<float> keys, rotated_query;
+    for (size_t h = 0; h < l.keys.size(); ++h) {
+      const std::vector<float> head = rotate(l.keys[h], l.length, 0);
+      keys.insert(keys.end(), head.begin(), head.end());
+    }
+    std::vector<float> values;
+    for (const auto& head : l.values) {
+      values.insert(values.end(), head.begin(), head.end());
+    }
+    for (int64_t h = 0; h < 4; ++h) {
+      const std::vector<float> head =
+          rotate(std::vector<float>(query.begin() + h * query_len * 8,
+                                    query.begin() + (h + 1) * query_len * 8),
+                 query_len, l.length - query_len);
+      rotated_query.insert(rotated_query.end(), head.begin(), head.end());
+    }
+    const auto expected =
+        ReferenceAttention({1, 4, 2, query_len, l.length, 8, 8}, rotated_query,
+                           keys, values, StepReferenceOptions(model));
+    ExpectNear("output", *FloatValues(response.results(0).output()),
+               expected.output, testing::kOutputF32);
+  }
+  // A bad RoPE is refused naming its field.
+  v1::CreateSessionRequest bad = SmallSession();
+  bad.mutable_defaults()->mutable_rope()->set_rotary_dim(3);
+  v1::CreateSessionResponse created;
+  const grpc::Status status = Create(bad, &created);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("defaults.rope.rotary_dim is 3, expected 0"));
+}
+
 TEST_F(SessionsTest, ARetriedStepIsRefusedAndAppendsNothing) {
   SessionModel model = NewSession(1, 4, 4, 8, v1::FLOAT32);
   v1::StepRequest request;

@@ -1,7 +1,9 @@
 // Real-world check: numbers from PyTorch's nn.MultiheadAttention
 // (tests/data/torch_mha, made by tests/data/make_torch_mha_fixture.py)
 // reproduced through the gRPC API, with inline weights and with the same
-// weights registered by name.
+// weights registered by name; and RoPE (Llama's, GPT-J's) and ALiBi
+// (BLOOM's) as the fixture script's own torch code computes them
+// (tests/data/torch_variants, made by make_torch_variants_fixture.py).
 #include <fstream>
 #include <map>
 #include <string>
@@ -159,6 +161,98 @@ TEST_P(TorchFixtureTest, InlineAndRegisteredWeightsReproducePyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, TorchFixtureTest, ::testing::ValuesIn(kCases),
+    [](const ::testing::TestParamInfo<const char*>& param) {
+      return std::string(param.param);
+    });
+
+const char* const kVariantCases[] = {"llama_rope_gqa", "gptj_rope_positions",
+                                     "bloom_alibi"};
+
+std::vector<int64_t> Int64s(const NpyArray& array) {
+  std::vector<int64_t> values(array.data.size() / sizeof(int64_t));
+  std::memcpy(values.data(), array.data.data(), array.data.size());
+  return values;
+}
+
+class TorchVariantsTest : public ::attnserve::testing::ServerFixture,
+                          public ::testing::WithParamInterface<const char*> {};
+
+// A Llama layer is one MultiHeadAttention call with a weights name: the
+// registered set carries its RoPE.
+TEST_P(TorchVariantsTest, RopeAndAlibiReproducePyTorch) {
+  const std::string dir =
+      std::string(ATTNSERVE_TEST_DATA_DIR) + "/torch_variants/" + GetParam();
+  const std::map<std::string, std::string> config = ReadCase(dir);
+  ASSERT_FALSE(config.empty()) << "no case.txt in " << dir;
+  if (config.at("kind") == "attend") {
+    v1::AttendRequest request;
+    *request.mutable_query() = ToTensor(Read(dir + "/query.npy"));
+    *request.mutable_key() = ToTensor(Read(dir + "/key.npy"));
+    *request.mutable_value() = ToTensor(Read(dir + "/value.npy"));
+    request.mutable_options()->set_causal(config.at("causal") == "1");
+    *request.mutable_options()->mutable_alibi_slopes() =
+        ToTensor(Read(dir + "/alibi_slopes.npy"));
+    absl::StatusOr<v1::AttendResponse> response =
+        client_->Attend(request, kTimeout);
+    ASSERT_TRUE(response.ok()) << response.status();
+    ExpectMatches("output", response->output(), Read(dir + "/output.npy"));
+    return;
+  }
+  int64_t num_heads = 0, num_kv_heads = 0, rotary_dim = 0;
+  float theta = 0.0f;
+  ASSERT_TRUE(absl::SimpleAtoi(config.at("num_heads"), &num_heads));
+  ASSERT_TRUE(absl::SimpleAtoi(config.at("num_kv_heads"), &num_kv_heads));
+  ASSERT_TRUE(absl::SimpleAtoi(config.at("rotary_dim"), &rotary_dim));
+  ASSERT_TRUE(absl::SimpleAtof(config.at("rope_theta"), &theta));
+  v1::ProjectionWeights weights = ReadWeights(dir, num_heads);
+  weights.set_num_kv_heads(num_kv_heads);
+  weights.mutable_rope()->set_theta(theta);
+  weights.mutable_rope()->set_rotary_dim(rotary_dim);
+  weights.mutable_rope()->set_interleaved(config.at("interleaved") == "1");
+  v1::PutWeightsRequest put;
+  put.set_name(std::string("torch_") + GetParam());
+  *put.mutable_weights() = weights;
+  ASSERT_TRUE(client_->PutWeights(put, kTimeout).ok());
+
+  v1::MultiHeadAttentionRequest request;
+  *request.mutable_query_input() = ToTensor(Read(dir + "/query_input.npy"));
+  v1::AttentionOptions& options = *request.mutable_options();
+  options.set_causal(config.at("causal") == "1");
+  if (Exists(dir + "/positions.npy")) {
+    for (const int64_t p : Int64s(Read(dir + "/positions.npy"))) {
+      options.add_query_positions(p);
+      options.add_key_positions(p);
+    }
+  }
+  v1::MultiHeadAttentionRequest inline_request = request;
+  *inline_request.mutable_weights() = weights;
+  request.set_weights_name(put.name());
+  for (const v1::MultiHeadAttentionRequest* r : {&inline_request, &request}) {
+    SCOPED_TRACE(r->has_weights() ? "inline weights" : "registered weights");
+    absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+        client_->MultiHeadAttention(*r, kTimeout);
+    ASSERT_TRUE(response.ok()) << response.status();
+    ExpectMatches("output", response->output(), Read(dir + "/output.npy"));
+  }
+  // Without the RoPE the layer is another one: the fixture tells them apart.
+  v1::MultiHeadAttentionRequest plain = inline_request;
+  plain.mutable_weights()->clear_rope();
+  plain.mutable_options()->clear_query_positions();
+  plain.mutable_options()->clear_key_positions();
+  absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+      client_->MultiHeadAttention(plain, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  const std::vector<float> without = FloatValues(response->output()).value();
+  const std::vector<float> expected = Floats(Read(dir + "/output.npy"));
+  double largest = 0.0;
+  for (size_t i = 0; i < without.size(); ++i) {
+    largest = std::max(largest, std::abs(double{without[i]} - expected[i]));
+  }
+  EXPECT_GT(largest, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, TorchVariantsTest, ::testing::ValuesIn(kVariantCases),
     [](const ::testing::TestParamInfo<const char*>& param) {
       return std::string(param.param);
     });

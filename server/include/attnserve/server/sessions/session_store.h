@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/core/paged_attention.h"
+#include "attnserve/core/rotary.h"
 #include "attnserve/server/metrics/metrics.h"
 #include "attnserve/server/sessions/page_arena.h"
 
@@ -96,6 +97,8 @@ struct SessionConfig {
   // After each step, free the pages wholly between the sinks and the last
   // window_left tokens (needs window_left >= 0).
   bool evict_outside_window = false;
+  // RoPE of the keys appended and the queries asked (v1::SessionDefaults).
+  std::optional<RotaryEmbedding> rope;
 };
 
 // How the pages of a session of `config` are laid out, at `page_tokens`

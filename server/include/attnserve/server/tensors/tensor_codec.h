@@ -46,6 +46,9 @@ class OutputTensor {
   absl::Span<float> values_;
 };
 
+// The core's RoPE of `rope` (theta 0 meaning 10000).
+RotaryEmbedding RotaryOf(const v1::RotaryEmbedding& rope);
+
 // Projection weights as engine views: FLOAT32 tensors aliased, others converted
 // into storage.
 class WeightViews {

@@ -46,6 +46,17 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
       config.num_heads = value;
     } else if (entry.first == "num_kv_heads") {
       config.num_kv_heads = value;
+    } else if (entry.first == "rope_theta") {
+      if (value < 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": line ", number, " sets rope_theta to ", value,
+                         ", expected an integer > 1"));
+      }
+      config.rope_theta = value;
+    } else if (entry.first == "rotary_dim") {
+      config.rotary_dim = value;
+    } else if (entry.first == "rope_interleaved") {
+      config.rope_interleaved = value != 0;
     } else if (entry.first == "version") {
       if (value < 1) {
         return absl::InvalidArgumentError(
@@ -57,7 +68,8 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": line ", number,
                        " has an unknown key, expected num_heads, "
-                       "num_kv_heads or version"));
+                       "num_kv_heads, version, rope_theta, rotary_dim or "
+                       "rope_interleaved"));
     }
   }
   return config;

@@ -18,6 +18,11 @@ absl::StatusOr<v1::ProjectionWeights> ReadWeightsFolderWith(
                              ReadWeightsConfig(folder + "/config.txt"));
   weights.set_num_heads(config.num_heads);
   weights.set_num_kv_heads(config.num_kv_heads);
+  if (config.rope_theta > 0) {
+    weights.mutable_rope()->set_theta(static_cast<float>(config.rope_theta));
+    weights.mutable_rope()->set_rotary_dim(config.rotary_dim);
+    weights.mutable_rope()->set_interleaved(config.rope_interleaved);
+  }
   const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
       files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
                  {"w_k", &v1::ProjectionWeights::mutable_w_k},

@@ -6,6 +6,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,17 @@ ABSL_FLAG(std::vector<std::string>, alibi_slopes, {},
 ABSL_FLAG(std::string, softcap, "",
           "Logit softcap: scores become softcap * tanh(scores / softcap) "
           "(empty: none).");
+ABSL_FLAG(std::vector<std::string>, query_positions, {},
+          "mha with RoPE: each batch item's query positions, B x Lq in all.");
+ABSL_FLAG(std::vector<std::string>, key_positions, {},
+          "mha with RoPE: each batch item's key positions, B x Lk in all.");
+ABSL_FLAG(std::string, rope_theta, "",
+          "session create: RoPE with this base (empty: none).");
+ABSL_FLAG(int64_t, rotary_dim, 0,
+          "session create: RoPE's rotated features a head (0: all).");
+ABSL_FLAG(bool, rope_interleaved, false,
+          "session create: RoPE pairs (2m, 2m+1) (GPT-J) instead of (m, "
+          "m+R/2).");
 ABSL_FLAG(bool, evict_outside_window, false,
           "session create: free the pages between the sinks and the window.");
 ABSL_FLAG(std::string, return_weights, "none", "none, per_head or head_mean.");
@@ -276,6 +288,20 @@ absl::Status SetVariant(v1::AttentionOptions* options) {
                     variant.slopes.size() * sizeof(float)));
   }
   if (variant.softcap) options->set_softcap(*variant.softcap);
+  for (const auto& [flag, values, add] :
+       {std::tuple{"query_positions", absl::GetFlag(FLAGS_query_positions),
+                   &v1::AttentionOptions::add_query_positions},
+        std::tuple{"key_positions", absl::GetFlag(FLAGS_key_positions),
+                   &v1::AttentionOptions::add_key_positions}}) {
+    for (const std::string& text : values) {
+      int64_t position = 0;
+      if (!absl::SimpleAtoi(text, &position)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " has '", text, "', expected integers like 0,1,2"));
+      }
+      (options->*add)(position);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -361,6 +387,18 @@ absl::StatusOr<v1::CreateSessionRequest> CreateSessionRequestFromFlags() {
   for (const float slope : variant.slopes) defaults.add_alibi_slopes(slope);
   if (variant.softcap) defaults.set_softcap(*variant.softcap);
   defaults.set_evict_outside_window(absl::GetFlag(FLAGS_evict_outside_window));
+  const std::string theta = absl::GetFlag(FLAGS_rope_theta);
+  if (!theta.empty()) {
+    float value = 0.0f;
+    if (!absl::SimpleAtof(theta, &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rope_theta is '", theta, "', expected a number"));
+    }
+    defaults.mutable_rope()->set_theta(value);
+    defaults.mutable_rope()->set_rotary_dim(absl::GetFlag(FLAGS_rotary_dim));
+    defaults.mutable_rope()->set_interleaved(
+        absl::GetFlag(FLAGS_rope_interleaved));
+  }
   return request;
 }
 

@@ -265,12 +265,15 @@ class Client:
     def create_session(self, *, num_layers, num_heads, key_dim, num_kv_heads=0, value_dim=0,
                        dtype="float32", max_tokens=0, ttl_seconds=0, scale=None,
                        session_id=None, timeout=None, window_left=None, num_sink_tokens=0,
-                       alibi_slopes=None, softcap=None, evict_outside_window=False):
+                       alibi_slopes=None, softcap=None, evict_outside_window=False,
+                       rope_theta=None, rotary_dim=0, rope_interleaved=False):
         """A new KV-cache session (attnserve.Session); dtype: how the server stores keys and
         values ("float32", "bfloat16", "float16"); session_id: the caller's own (32 lowercase
         hex digits from a CSPRNG), else the server draws one. window_left, num_sink_tokens,
         alibi_slopes and softcap: the attention every step computes; evict_outside_window:
-        free the pages between the sinks and the window (StreamingLLM)."""
+        free the pages between the sinks and the window (StreamingLLM). rope_theta (None:
+        no RoPE), rotary_dim (0: the head), rope_interleaved: the server rotates each
+        step's keys and queries at their positions."""
         from attnserve.session import Session
         request = pb2.CreateSessionRequest(
             num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
@@ -286,6 +289,10 @@ class Client:
         if softcap is not None:
             request.defaults.softcap = softcap
         request.defaults.evict_outside_window = evict_outside_window
+        if rope_theta is not None:
+            request.defaults.rope.theta = rope_theta
+            request.defaults.rope.rotary_dim = rotary_dim
+            request.defaults.rope.interleaved = rope_interleaved
         response = self.call("CreateSession", request, timeout,
                              retryable=self._retry.retry_session_creation)
         return Session(self, response.session, response.replica)

@@ -317,3 +317,31 @@ def test_windows_sinks_alibi_and_softcap(server):
         info = client.get_session(session.id)
         assert info.lengths == [1200] and info.defaults.evict_outside_window
         assert info.bytes <= 8 * 4096  # the sinks' page and the window's, not 1,200 tokens
+
+
+def test_a_rope_session_rotates_at_the_token_positions(server):
+    H, D, theta = 2, 4, 100.0
+
+    def rotate(x, first):  # [H, T, D], GPT-NeoX pairs over the whole head
+        t = np.arange(x.shape[1])[:, None] + first
+        angle = t / theta ** (np.arange(D // 2) * 2 / D)
+        cos, sin = np.cos(angle), np.sin(angle)
+        a, b = x[..., :D // 2].astype(np.float64), x[..., D // 2:].astype(np.float64)
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=1, num_heads=H, key_dim=D,
+                                        rope_theta=theta)
+        assert client.get_session(session.id).defaults.rope.theta == theta
+        keys = np.zeros((H, 0, D))
+        values = np.zeros((H, 0, D))
+        for step in range(4):
+            k, v, q = uniform(H, 3, D), uniform(H, 3, D), uniform(H, 1, D)
+            out = session.step(0, key=k, value=v, query=q).output
+            keys = np.concatenate([keys, rotate(k, 3 * step)], 1)
+            values = np.concatenate([values, v], 1)
+            scores = np.einsum("hd,hjd->hj", rotate(q, 3 * step + 2)[:, 0], keys) / np.sqrt(D)
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            weights /= weights.sum(-1, keepdims=True)
+            np.testing.assert_allclose(out[:, 0], np.einsum("hj,hjd->hd", weights, values),
+                                       atol=1e-5)

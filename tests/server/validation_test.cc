@@ -304,6 +304,11 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kInvalidArgument,
        {"options.alibi_slopes[1] is inf, expected a finite number"}},
+      {"PositionsOnAttend",
+       [](v1::AttendRequest& r) { r.mutable_options()->add_key_positions(0); },
+       absl::StatusCode::kInvalidArgument,
+       {"options.query_positions and key_positions are for "
+        "MultiHeadAttention with RoPE"}},
       {"NegativeKeyLength",
        [](v1::AttendRequest& r) {
          for (int64_t length : {-1, 3})

@@ -83,6 +83,39 @@ const std::vector<BadMhaCase>& BadMhaCases() {
        [](Mha& r) { r.set_weights_name("no-such-set"); },
        absl::StatusCode::kNotFound,
        {"weights_name 'no-such-set' is not registered"}},
+      {"RopeOddRotaryDim",
+       [](Mha& r) { r.mutable_weights()->mutable_rope()->set_rotary_dim(1); },
+       kInvalid,
+       {"weights.rope.rotary_dim is 1, expected 0 (the whole head) or an even "
+        "number from 2 to the head dim 2"}},
+      {"RopeThetaBelowOne",
+       [](Mha& r) { r.mutable_weights()->mutable_rope()->set_theta(0.5f); },
+       kInvalid,
+       {"weights.rope.theta is 0.5, expected a finite number > 1"}},
+      {"PositionsWithoutRope",
+       [](Mha& r) {
+         for (int i = 0; i < 6; ++i)
+           r.mutable_options()->add_query_positions(i);
+       },
+       kInvalid,
+       {"options.query_positions and key_positions are given without RoPE"}},
+      {"QueryPositionsNotBTimesLq",
+       [](Mha& r) {
+         r.mutable_weights()->mutable_rope();
+         for (int i = 0; i < 5; ++i)
+           r.mutable_options()->add_query_positions(i);
+       },
+       kInvalid,
+       {"options.query_positions size is 5, expected 6 (B x L"}},
+      {"NegativeKeyPosition",
+       [](Mha& r) {
+         r.mutable_weights()->mutable_rope();
+         for (int i = 0; i < 10; ++i) {
+           r.mutable_options()->add_key_positions(i == 3 ? -1 : i);
+         }
+       },
+       kInvalid,
+       {"options.key_positions[3] is -1, expected 0 to 2147483647"}},
       {"ZeroHeads",
        [](Mha& r) { r.mutable_weights()->set_num_heads(0); },
        kInvalid,

@@ -142,6 +142,41 @@ TEST_F(WeightsDirTest, FoldersAreRegisteredAtStartAndMatchReference) {
              kAbs, kRel, "gqa64 output");
 }
 
+// A folder's config.txt may carry RoPE: the set registers with it, and a call
+// by name rotates (at explicit positions too).
+TEST_F(WeightsDirTest, AFolderCarriesItsRope) {
+  const ReferenceMhaShape llama{1, 5, 5, 8, 8, 4, 2, 4, 4};
+  v1::ProjectionWeights weights = MakeWeights(llama, 510, Biases::kNone);
+  weights.set_num_kv_heads(2);
+  WriteFolder("llama",
+              "num_heads=4\nnum_kv_heads=2\nrope_theta=500000\n"
+              "rotary_dim=2\nrope_interleaved=1\n",
+              weights, "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = root_.string();
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  EXPECT_THAT(server_->startup_weights(), ElementsAre("demo", "llama"));
+  weights.mutable_rope()->set_theta(500000.0f);
+  weights.mutable_rope()->set_rotary_dim(2);
+  weights.mutable_rope()->set_interleaved(true);
+  for (const bool positions : {false, true}) {
+    v1::MultiHeadAttentionRequest request = MakeRequest(llama, 720, false);
+    request.set_weights_name("llama");
+    request.mutable_options()->set_causal(true);
+    for (int64_t i = 0; positions && i < 5; ++i) {
+      request.mutable_options()->add_query_positions(1000 + 3 * i);
+      request.mutable_options()->add_key_positions(1000 + 3 * i);
+    }
+    absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+        client_->MultiHeadAttention(request, kTimeout);
+    ASSERT_TRUE(response.ok()) << response.status();
+    ExpectNear(response->output(), Expected(llama, request, weights).output,
+               kAbs, kRel, positions ? "explicit positions" : "0 to L - 1");
+  }
+}
+
 // The version a folder registers under is its config.txt's version=N, or one
 // derived from its contents: two servers reading the same folder agree.
 TEST_F(WeightsDirTest, VersionsComeFromTheFolderSoReplicasAgree) {

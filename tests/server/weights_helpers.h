@@ -204,11 +204,23 @@ inline ReferenceOptions ReferenceOptionsOf(const v1::AttentionOptions& proto) {
 inline ReferenceResult Expected(const ReferenceMhaShape& s,
                                 const v1::MultiHeadAttentionRequest& request,
                                 const v1::ProjectionWeights& w) {
+  std::optional<::attnserve::testing::ReferenceRope> rope;
+  if (w.has_rope()) {
+    rope.emplace();
+    rope->theta = w.rope().theta() == 0.0f ? 10000.0 : w.rope().theta();
+    rope->rotary_dim = w.rope().rotary_dim();
+    rope->interleaved = w.rope().interleaved();
+    const auto& options = request.options();
+    rope->query_positions.assign(options.query_positions().begin(),
+                                 options.query_positions().end());
+    rope->key_positions.assign(options.key_positions().begin(),
+                               options.key_positions().end());
+  }
   return ReferenceMultiHeadAttention(
       s, ValuesOf(request.query_input()),
       request.has_kv_input() ? ValuesOf(request.kv_input())
                              : std::vector<float>(),
-      ReferenceWeightsOf(w), ReferenceOptionsOf(request.options()));
+      ReferenceWeightsOf(w), ReferenceOptionsOf(request.options()), rope);
 }
 
 inline void ExpectNear(const v1::Tensor& actual_tensor,

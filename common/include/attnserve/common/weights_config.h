@@ -1,6 +1,8 @@
 // The config.txt of a weights folder (docs/api.md, "Weights registry"): one
-// key=value a line, `num_heads=H` and optionally `num_kv_heads=Hkv` and
-// `version=N`; blank lines and lines starting with '#' are ignored. Read by the
+// key=value a line, `num_heads=H` and optionally `num_kv_heads=Hkv`,
+// `version=N` and RoPE's `rope_theta=T` (an integer; absent: no RoPE),
+// `rotary_dim=R` and `rope_interleaved=0|1`; blank lines and lines starting
+// with '#' are ignored. Read by the
 // server's
 // --weights_dir loader and by `attnctl weights put`.
 #ifndef ATTNSERVE_COMMON_WEIGHTS_CONFIG_H_
@@ -19,6 +21,10 @@ struct WeightsConfig {
   // The version the server registers the set under (positive); 0: none given,
   // the server derives one from the set's contents.
   int64_t version = 0;
+  // RoPE (v1::RotaryEmbedding): rope_theta 0 means none.
+  int64_t rope_theta = 0;
+  int64_t rotary_dim = 0;
+  bool rope_interleaved = false;
 };
 
 // Reads the file at `path`. NOT_FOUND if it is missing; INVALID_ARGUMENT,

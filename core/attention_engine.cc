@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -251,6 +252,66 @@ absl::Status AttentionEngineImpl::AttendBatch(
   ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                              NewStream(AttentionFlops(total)));
   return RunSdpa(stream, problem, AttentionFlops(total));
+}
+
+absl::Status AttentionEngineImpl::AttendPacked(const PackedShape& shape,
+                                               const AttentionOptions& options,
+                                               absl::Span<const float> query,
+                                               absl::Span<const float> key,
+                                               absl::Span<const float> value,
+                                               AttentionOutputs outputs) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidatePacked(shape, options, query.size(),
+                                           key.size(), value.size(), outputs));
+  const int64_t h = shape.heads, hkv = shape.kv_heads;
+  const int64_t dk = shape.key_dim, dv = shape.value_dim;
+  const int64_t total_q = shape.TotalQuery();
+  std::vector<float> lse;
+  for (int64_t s = 0; s < shape.Sequences(); ++s) {
+    const int64_t q0 = shape.cu_seqlens_q[s];
+    const int64_t k0 = shape.cu_seqlens_k[s];
+    AttentionShape one;
+    one.heads = h;
+    one.kv_heads = hkv;
+    one.query_len = shape.cu_seqlens_q[s + 1] - q0;
+    one.key_len = shape.cu_seqlens_k[s + 1] - k0;
+    one.key_dim = dk;
+    one.value_dim = dv;
+    if (one.query_len == 0) continue;
+    float* const output = outputs.output.data() + q0 * h * dv;
+    if (one.key_len == 0) {  // Rows that see no key.
+      std::fill(output, output + one.query_len * h * dv, 0.0f);
+      for (int64_t head = 0; !outputs.lse.empty() && head < h; ++head) {
+        std::fill_n(outputs.lse.data() + head * total_q + q0, one.query_len,
+                    -std::numeric_limits<float>::infinity());
+      }
+      continue;
+    }
+    ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+        absl::StrCat("packed sequence ", s, " of shape ", one.DebugString()),
+        SdpaWorkspaceBytes(one, options, /*key_value_packed=*/false)));
+    if (!outputs.lse.empty())
+      lse.resize(static_cast<size_t>(h * one.query_len));
+    SdpaProblem problem = MakeSdpaProblem(
+        one, options,
+        AttentionOutputs(absl::Span<float>(), {}, absl::MakeSpan(lse)));
+    // Token-major rows read as [1, heads, L, D] through strides.
+    problem.query = query.data() + q0 * h * dk;
+    problem.query_strides = {0, dk, h * dk, 1};
+    problem.key = key.data() + k0 * hkv * dk;
+    problem.key_strides = {0, dk, hkv * dk, 1};
+    problem.value = value.data() + k0 * hkv * dv;
+    problem.value_strides = {0, dv, hkv * dv, 1};
+    problem.output = output;
+    problem.output_strides = {0, dv, h * dv, 1};
+    ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
+                               NewStream(AttentionFlops(one)));
+    ATTNSERVE_RETURN_IF_ERROR(RunSdpa(stream, problem, AttentionFlops(one)));
+    for (int64_t head = 0; !outputs.lse.empty() && head < h; ++head) {
+      std::copy_n(lse.data() + head * one.query_len, one.query_len,
+                  outputs.lse.data() + head * total_q + q0);
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool AttentionEngineImpl::AttendBatchable(

@@ -121,6 +121,17 @@ void WriteAttendSeeds(const std::string& folder) {
   o->set_softcap(-1.0f);
   write("invalid_softcap", r);
 
+  // Packed sequences: query [7, 2, 3], keys [9, 1, 3] in two sequences.
+  r = v1::AttendRequest();
+  *r.mutable_query() = Tensor(v1::FLOAT32, {7, 2, 3});
+  *r.mutable_key() = Tensor(v1::FLOAT32, {9, 1, 3});
+  *r.mutable_value() = Tensor(v1::FLOAT32, {9, 1, 2});
+  for (int64_t x : {0, 3, 7}) r.mutable_options()->add_cu_seqlens_q(x);
+  for (int64_t x : {0, 0, 9}) r.mutable_options()->add_cu_seqlens_k(x);
+  r.mutable_options()->set_causal(true);
+  r.mutable_options()->set_return_lse(true);
+  write("packed_sequences", r);
+
   r = Attend(v1::FLOAT32, 1, 1, 1, 2, 2, 2, 2);
   r.mutable_query()->mutable_data()->pop_back();
   write("invalid_query_bytes", r);

@@ -83,6 +83,11 @@ ABSL_FLAG(std::vector<std::string>, query_positions, {},
           "mha with RoPE: each batch item's query positions, B x Lq in all.");
 ABSL_FLAG(std::vector<std::string>, key_positions, {},
           "mha with RoPE: each batch item's key positions, B x Lk in all.");
+ABSL_FLAG(std::vector<std::string>, cu_seqlens_q, {},
+          "attend: packed sequences' query offsets (with [total, H, D] "
+          "tensors), e.g. 0,5,12.");
+ABSL_FLAG(std::vector<std::string>, cu_seqlens_k, {},
+          "attend: packed sequences' key offsets, e.g. 0,7,20.");
 ABSL_FLAG(std::string, rope_theta, "",
           "session create: RoPE with this base (empty: none).");
 ABSL_FLAG(int64_t, rotary_dim, 0,
@@ -292,7 +297,11 @@ absl::Status SetVariant(v1::AttentionOptions* options) {
        {std::tuple{"query_positions", absl::GetFlag(FLAGS_query_positions),
                    &v1::AttentionOptions::add_query_positions},
         std::tuple{"key_positions", absl::GetFlag(FLAGS_key_positions),
-                   &v1::AttentionOptions::add_key_positions}}) {
+                   &v1::AttentionOptions::add_key_positions},
+        std::tuple{"cu_seqlens_q", absl::GetFlag(FLAGS_cu_seqlens_q),
+                   &v1::AttentionOptions::add_cu_seqlens_q},
+        std::tuple{"cu_seqlens_k", absl::GetFlag(FLAGS_cu_seqlens_k),
+                   &v1::AttentionOptions::add_cu_seqlens_k}}) {
     for (const std::string& text : values) {
       int64_t position = 0;
       if (!absl::SimpleAtoi(text, &position)) {

@@ -39,6 +39,12 @@ class AttentionEngineImpl final : public AttentionEngine {
                            const AttentionOptions& options,
                            absl::Span<const AttendPart> parts) override;
   bool AttendBatchable(const AttentionOptions& options) const override;
+  absl::Status AttendPacked(const PackedShape& shape,
+                            const AttentionOptions& options,
+                            absl::Span<const float> query,
+                            absl::Span<const float> key,
+                            absl::Span<const float> value,
+                            AttentionOutputs outputs) override;
   bool AttendRunsOnCallingThread(const AttentionShape& shape) const override;
   absl::Status MultiHeadAttention(const MultiHeadShape& shape,
                                   const ProjectionWeights& weights,

@@ -1,6 +1,8 @@
 #include "internal/validation.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -160,6 +162,79 @@ absl::Status ValidateOptionsAndOutputs(const AttentionShape& shape,
                        WeightsElements(shape, options.weights)));
   return ValidateSpanSize("lse", outputs.lse.size(),
                           options.return_lse ? shape.LseElements() : 0);
+}
+
+absl::Status ValidatePacked(const PackedShape& s,
+                            const AttentionOptions& options, size_t query_size,
+                            size_t key_size, size_t value_size,
+                            const AttentionOutputs& outputs) {
+  if (s.heads < 1 || s.kv_heads < 1 || s.heads % s.kv_heads != 0 ||
+      s.key_dim < 1 || s.value_dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed heads ", s.heads, ", kv heads ", s.kv_heads,
+                     ", key dim ", s.key_dim, " and value dim ", s.value_dim,
+                     ", expected positive, heads a multiple of kv heads"));
+  }
+  if (s.cu_seqlens_q.size() < 2 ||
+      s.cu_seqlens_k.size() != s.cu_seqlens_q.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.cu_seqlens_q and cu_seqlens_k have ", s.cu_seqlens_q.size(),
+        " and ", s.cu_seqlens_k.size(),
+        " entries, expected the same number, at least 2 (sequences + 1)"));
+  }
+  for (const auto& [name, offsets] :
+       {std::pair{"options.cu_seqlens_q", s.cu_seqlens_q},
+        std::pair{"options.cu_seqlens_k", s.cu_seqlens_k}}) {
+    if (offsets[0] != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "[0] is ", offsets[0], ", expected 0"));
+    }
+    for (size_t i = 1; i < offsets.size(); ++i) {
+      if (offsets[i] < offsets[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, "[", i, "] is ", offsets[i], ", expected >= ", name, "[",
+            i - 1, "] = ", offsets[i - 1], " (offsets never decrease)"));
+      }
+    }
+  }
+  if (!options.key_lengths.empty() || options.mask ||
+      options.weights != AttentionWeightsMode::kNone ||
+      !options.query_positions.empty() || !options.key_positions.empty()) {
+    return absl::InvalidArgumentError(
+        "options.key_lengths, attn_mask, return_weights and positions do not "
+        "combine with packed sequences (cu_seqlens), expected none");
+  }
+  const std::optional<int64_t> q_elements =
+      CheckedProduct({s.TotalQuery(), s.heads, s.key_dim});
+  const std::optional<int64_t> k_elements =
+      CheckedProduct({s.TotalKey(), s.kv_heads, s.key_dim});
+  const std::optional<int64_t> v_elements =
+      CheckedProduct({s.TotalKey(), s.kv_heads, s.value_dim});
+  const std::optional<int64_t> o_elements =
+      CheckedProduct({s.TotalQuery(), s.heads, s.value_dim});
+  if (!q_elements || !k_elements || !v_elements || !o_elements) {
+    return absl::InvalidArgumentError("packed tensors overflow int64");
+  }
+  ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize("query", query_size, *q_elements));
+  ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize("key", key_size, *k_elements));
+  ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize("value", value_size, *v_elements));
+  // The options as a one-sequence Attend of these heads sees them.
+  AttentionShape heads;
+  heads.heads = s.heads;
+  heads.kv_heads = s.kv_heads;
+  heads.key_dim = s.key_dim;
+  heads.value_dim = s.value_dim;
+  heads.query_len = std::max<int64_t>(1, s.TotalQuery());
+  heads.key_len = std::max<int64_t>(1, s.TotalKey());
+  ATTNSERVE_RETURN_IF_ERROR(ValidateVariants(heads, options));
+  if (options.scale && !std::isfinite(*options.scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.scale is ", *options.scale, ", expected a finite number"));
+  }
+  ATTNSERVE_RETURN_IF_ERROR(
+      ValidateSpanSize("output", outputs.output.size(), *o_elements));
+  return ValidateSpanSize("lse", outputs.lse.size(),
+                          options.return_lse ? s.heads * s.TotalQuery() : 0);
 }
 
 absl::Status ValidateMultiHead(const MultiHeadShape& s,

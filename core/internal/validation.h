@@ -25,6 +25,14 @@ absl::Status ValidateOptionsAndOutputs(const AttentionShape& shape,
 absl::Status ValidateSpanSize(const char* name, size_t actual,
                               int64_t expected);
 
+// Packed sequences: positive dims, cu_seqlens of one size (2+), from 0,
+// never decreasing; spans sized for the totals; options without key_lengths,
+// a mask or weights, and valid as for Attend.
+absl::Status ValidatePacked(const PackedShape& shape,
+                            const AttentionOptions& options, size_t query_size,
+                            size_t key_size, size_t value_size,
+                            const AttentionOutputs& outputs);
+
 // MHA: dimensions positive and consistent (self-attention: Lq == Lk, E == Ekv),
 // projection weight and bias spans sized for them.
 absl::Status ValidateMultiHead(const MultiHeadShape& shape,

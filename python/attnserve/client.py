@@ -69,11 +69,13 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
                       key_lengths=None, attn_mask=None, return_lse=False,
                       return_weights=None, precision=None, output_dtype=None,
                       window_left=None, window_right=None, num_sink_tokens=0,
-                      alibi_slopes=None, softcap=None):
+                      alibi_slopes=None, softcap=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None):
     """AttentionOptions from Python values. attn_mask: a NumPy array, bool (True = may
     attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk].
     window_left / window_right (None or -1: unbounded), num_sink_tokens, alibi_slopes
-    (one per query head) and softcap as docs/api.md defines them."""
+    (one per query head) and softcap as docs/api.md defines them; cu_seqlens_q and
+    cu_seqlens_k: packed sequences, with [total, H, D] tensors."""
     options = pb2.AttentionOptions(
         causal=causal,
         causal_alignment=_choice(_ALIGNMENTS, causal_alignment, "causal_alignment"),
@@ -97,6 +99,10 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
         options.alibi_slopes.CopyFrom(to_tensor(np.asarray(alibi_slopes, np.float32)))
     if softcap is not None:
         options.softcap = softcap
+    if cu_seqlens_q is not None:
+        options.cu_seqlens_q.extend(int(x) for x in cu_seqlens_q)
+    if cu_seqlens_k is not None:
+        options.cu_seqlens_k.extend(int(x) for x in cu_seqlens_k)
     return options
 
 

@@ -345,3 +345,24 @@ def test_a_rope_session_rotates_at_the_token_positions(server):
             weights /= weights.sum(-1, keepdims=True)
             np.testing.assert_allclose(out[:, 0], np.einsum("hj,hjd->hd", weights, values),
                                        atol=1e-5)
+
+
+def test_packed_sequences_attend_within_themselves(server):
+    H, D = 2, 4
+    lengths = [(3, 5), (1, 1), (4, 6)]
+    q = uniform(sum(lq for lq, _ in lengths), H, D)
+    k = uniform(sum(lk for _, lk in lengths), H, D)
+    v = uniform(sum(lk for _, lk in lengths), H, D)
+    cu_q = np.cumsum([0] + [lq for lq, _ in lengths])
+    cu_k = np.cumsum([0] + [lk for _, lk in lengths])
+    with attnserve.Client(server.target) as client:
+        result = client.attend(q, k, v, causal=True, causal_alignment="bottom_right",
+                               cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
+    assert result.output.shape == (q.shape[0], H, D) and result.lse.shape == (H, q.shape[0])
+    for s in range(len(lengths)):
+        qs = q[cu_q[s]:cu_q[s + 1]].transpose(1, 0, 2)[None]
+        ks = k[cu_k[s]:cu_k[s + 1]].transpose(1, 0, 2)[None]
+        vs = v[cu_k[s]:cu_k[s + 1]].transpose(1, 0, 2)[None]
+        expected = reference_sdpa(qs, ks, vs, causal=True, causal_alignment="bottom_right")
+        np.testing.assert_allclose(result.output[cu_q[s]:cu_q[s + 1]],
+                                   expected[0].transpose(1, 0, 2), atol=1e-5)

@@ -24,13 +24,47 @@ v1::Tensor* LseTensor(const OptionsPlan& plan, Response* response) {
   return plan.options.return_lse ? response->mutable_lse() : nullptr;
 }
 
+// Attend over packed sequences: output [total_q, H, Dv], lse [H, total_q].
+absl::Status ComputePacked(AttentionEngine& engine, const AttendWork& work,
+                           const v1::AttendRequest& request,
+                           const StopCheck& stop,
+                           v1::AttendResponse* response) {
+  std::vector<float> query_copy, key_copy, value_copy, mask_copy;
+  const AttentionShape& s = work.shape;
+  const int64_t output_shape[] = {s.query_len, s.heads, s.value_dim};
+  AttentionResponseTensors tensors(work.plan, s, output_shape,
+                                   response->mutable_output(), nullptr,
+                                   LseTensor(work.plan, response));
+  AttentionOptions options =
+      BindOptions(work.plan, request.options(), &mask_copy);
+  options.stop = stop;
+  PackedShape packed;
+  packed.heads = s.heads;
+  packed.kv_heads = s.kv_heads;
+  packed.key_dim = s.key_dim;
+  packed.value_dim = s.value_dim;
+  packed.cu_seqlens_q = request.options().cu_seqlens_q();
+  packed.cu_seqlens_k = request.options().cu_seqlens_k();
+  ATTNSERVE_RETURN_IF_ERROR(engine.AttendPacked(
+      packed, options, FloatElements(request.query(), &query_copy),
+      FloatElements(request.key(), &key_copy),
+      FloatElements(request.value(), &value_copy), tensors.outputs()));
+  tensors.Finish();
+  if (response->has_lse()) {  // [1, H, total_q] as written: [H, total_q].
+    response->mutable_lse()->mutable_shape()->Clear();
+    response->mutable_lse()->add_shape(s.heads);
+    response->mutable_lse()->add_shape(s.query_len);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool AttendReadsKeysInPlace(const AttentionEngine& engine,
                             const AttendWork& work,
                             const v1::AttendRequest& request) {
   const v1::DType dtype = request.key().dtype();
-  return (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
+  return !work.packed && (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
          request.value().dtype() == dtype && !work.plan.mask_dims &&
          engine.DecodeReadsInPlace(work.shape, work.plan.options);
 }
@@ -41,6 +75,7 @@ absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
                            v1::AttendResponse* response) {
   std::vector<float> query_copy, key_copy, value_copy, mask_copy;
   const AttentionShape& s = work.shape;
+  if (work.packed) return ComputePacked(engine, work, request, stop, response);
   const int64_t output_shape[] = {s.batch, s.heads, s.query_len, s.value_dim};
   AttentionResponseTensors tensors(
       work.plan, s, output_shape, response->mutable_output(),

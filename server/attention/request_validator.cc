@@ -146,6 +146,32 @@ absl::Status ValidatePositions(const Options& proto, const MultiHeadShape& s) {
   return absl::OkStatus();
 }
 
+// cu_seqlens_q or cu_seqlens_k: `total` rows in all; sets `*longest` to the
+// longest sequence's.
+absl::Status CheckOffsets(const char* field,
+                          const google::protobuf::RepeatedField<int64_t>& cu,
+                          int64_t total, int64_t* longest) {
+  *longest = 0;
+  if (cu[0] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, "[0] is ", cu[0], ", expected 0"));
+  }
+  for (int i = 1; i < cu.size(); ++i) {
+    if (cu[i] < cu[i - 1] || cu[i] > total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "] is ", cu[i], ", expected ", cu[i - 1], " to ",
+          total, " (offsets never decrease and end at the tensor's rows)"));
+    }
+    *longest = std::max(*longest, cu[i] - cu[i - 1]);
+  }
+  if (cu[cu.size() - 1] != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, "[", cu.size() - 1, "] is ", cu[cu.size() - 1],
+                     ", expected ", total, ", the tensor's rows"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
                                             const AttentionShape& s,
                                             v1::DType input_dtype) {
@@ -326,8 +352,97 @@ double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
 
 }  // namespace
 
+namespace {
+
+// Attend over packed sequences (options.cu_seqlens_q/k).
+absl::StatusOr<AttendWork> ValidatePackedAttendRequest(
+    const v1::AttendRequest& request, const RequestChecks& checks) {
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("query", request.has_query(),
+                                        request.query(), kFloatDTypes,
+                                        {"total_q", "H", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("key", request.has_key(), request.key(),
+                                        kFloatDTypes,
+                                        {"total_k", "Hkv", "Dk"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckTensor("value", request.has_value(),
+                                        request.value(), kFloatDTypes,
+                                        {"total_k", "Hkv", "Dv"}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("query", request.query(), checks));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("key", request.key(), checks));
+  ATTNSERVE_RETURN_IF_ERROR(CheckElements("value", request.value(), checks));
+  const v1::Tensor& q = request.query();
+  const v1::Tensor& k = request.key();
+  const v1::Tensor& v = request.value();
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField("key", 2, "Dk"), k.shape(2),
+                                           q.shape(2),
+                                           DimField("query", 2, "Dk")));
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField("value", 0, "total_k"),
+                                           v.shape(0), k.shape(0),
+                                           DimField("key", 0, "total_k")));
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField("value", 1, "Hkv"),
+                                           v.shape(1), k.shape(1),
+                                           DimField("key", 1, "Hkv")));
+  if (q.shape(1) % k.shape(1) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(DimField("query", 1, "H"), " is ", q.shape(1),
+                     ", expected a multiple of ", k.shape(1), " (",
+                     DimField("key", 1, "Hkv"), ")"));
+  }
+  const Options& o = request.options();
+  if (o.key_lengths_size() > 0 || o.has_attn_mask() ||
+      o.return_weights() != Options::NONE || o.query_positions_size() > 0 ||
+      o.key_positions_size() > 0) {
+    return absl::InvalidArgumentError(
+        "options.key_lengths, attn_mask, return_weights and positions do not "
+        "combine with packed sequences (cu_seqlens_q/k), expected none");
+  }
+  if (o.cu_seqlens_q_size() < 2 ||
+      o.cu_seqlens_k_size() != o.cu_seqlens_q_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.cu_seqlens_q and cu_seqlens_k have ", o.cu_seqlens_q_size(),
+        " and ", o.cu_seqlens_k_size(),
+        " entries, expected the same number, at least 2 (sequences + 1)"));
+  }
+  int64_t longest_q = 0, longest_k = 0;
+  ATTNSERVE_RETURN_IF_ERROR(CheckOffsets(
+      "options.cu_seqlens_q", o.cu_seqlens_q(), q.shape(0), &longest_q));
+  ATTNSERVE_RETURN_IF_ERROR(CheckOffsets(
+      "options.cu_seqlens_k", o.cu_seqlens_k(), k.shape(0), &longest_k));
+  AttendWork work;
+  work.packed = true;
+  AttentionShape& s = work.shape;
+  s.batch = 1;
+  s.heads = q.shape(1);
+  s.kv_heads = k.shape(1);
+  s.query_len = q.shape(0);
+  s.key_len = k.shape(0);
+  s.key_dim = q.shape(2);
+  s.value_dim = v.shape(2);
+  // The longest sequence: what one kernel call (and its scratch) covers.
+  AttentionShape longest = s;
+  longest.query_len = std::max<int64_t>(1, longest_q);
+  longest.key_len = std::max<int64_t>(1, longest_k);
+  longest.batch = o.cu_seqlens_q_size() - 1;
+  ATTNSERVE_ASSIGN_OR_RETURN(work.plan, ValidateOptions(o, longest, q.dtype()));
+  longest.batch = 1;
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckResponseSize(s, work.plan, s.OutputElements(), checks));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      work.memory_bytes,
+      CheckRequestMemory(
+          longest, work.plan, s.OutputElements(),
+          work.plan.options.return_lse ? 4.0 * s.LseElements() : 0.0,
+          ConvertedElements({&q, &k, &v}), checks));
+  return work;
+}
+
+}  // namespace
+
 absl::StatusOr<AttendWork> ValidateAttendRequest(
     const v1::AttendRequest& request, const RequestChecks& checks) {
+  if (request.options().cu_seqlens_q_size() > 0 ||
+      request.options().cu_seqlens_k_size() > 0) {
+    return ValidatePackedAttendRequest(request, checks);
+  }
   ATTNSERVE_RETURN_IF_ERROR(CheckTensor("query", request.has_query(),
                                         request.query(), kFloatDTypes,
                                         {"B", "H", "Lq", "Dk"}));

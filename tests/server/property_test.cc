@@ -275,6 +275,103 @@ TEST_P(PropertyTest, RandomConfigurationsMatchReference) {
   }
 }
 
+// Packed sequences over the wire: ragged lengths (a sequence without keys
+// among them) with the variants, each sequence against the reference alone.
+TEST_P(PropertyTest, PackedSequencesMatchTheReferenceOneByOne) {
+  std::mt19937_64 rng(2213);
+  for (int round = 0; round < 12; ++round) {
+    const int64_t hkv = Pick<int64_t>(rng, {1, 2});
+    const int64_t h = hkv * Pick<int64_t>(rng, {1, 2});
+    const int64_t dk = Pick<int64_t>(rng, {4, 16}),
+                  dv = Pick<int64_t>(rng, {3, 8});
+    std::vector<int64_t> cu_q = {0}, cu_k = {0};
+    const int64_t sequences = Pick<int64_t>(rng, {1, 3, 4});
+    for (int64_t s = 0; s < sequences; ++s) {
+      cu_q.push_back(cu_q.back() + Pick<int64_t>(rng, {1, 2, 9, 30}));
+      cu_k.push_back(cu_k.back() + Pick<int64_t>(rng, {0, 1, 9, 40}));
+    }
+    if (cu_k.back() == 0) cu_k.back() = 1;  // every tensor holds a row
+    const v1::DType dtype = Pick(rng, {v1::FLOAT32, v1::BFLOAT16});
+    v1::AttendRequest request;
+    *request.mutable_query() = MakeTensor(
+        dtype, {cu_q.back(), h, dk}, Uniform(rng, cu_q.back() * h * dk, -1, 1));
+    *request.mutable_key() =
+        MakeTensor(dtype, {cu_k.back(), hkv, dk},
+                   Uniform(rng, cu_k.back() * hkv * dk, -1, 1));
+    *request.mutable_value() =
+        MakeTensor(dtype, {cu_k.back(), hkv, dv},
+                   Uniform(rng, cu_k.back() * hkv * dv, -1, 1));
+    v1::AttentionOptions& o = *request.mutable_options();
+    for (const int64_t x : cu_q) o.add_cu_seqlens_q(x);
+    for (const int64_t x : cu_k) o.add_cu_seqlens_k(x);
+    ReferenceOptions ref;
+    o.set_causal(Chance(rng, 0.5));
+    ref.causal = o.causal();
+    ref.bottom_right = Chance(rng, 0.5);
+    o.set_causal_alignment(ref.bottom_right ? v1::AttentionOptions::BOTTOM_RIGHT
+                                            : v1::AttentionOptions::TOP_LEFT);
+    if (Chance(rng, 0.5)) {
+      o.set_window_left(Pick<int64_t>(rng, {0, 2, 10}));
+      ref.window_left = o.window_left();
+    }
+    if (Chance(rng, 0.5)) {
+      const std::vector<float> slopes = Uniform(rng, h, 0.0f, 0.5f);
+      *o.mutable_alibi_slopes() = MakeTensor(v1::FLOAT32, {h}, slopes);
+      ref.alibi_slopes.assign(slopes.begin(), slopes.end());
+    }
+    o.set_return_lse(true);
+    SCOPED_TRACE(absl::StrCat("round ", round, ": ", o.ShortDebugString()));
+    absl::StatusOr<v1::AttendResponse> response =
+        client_->Attend(request, absl::Seconds(60));
+    ASSERT_TRUE(response.ok()) << response.status();
+    const int64_t total_q = cu_q.back();
+    ASSERT_EQ(response->output().shape_size(), 3);
+    ASSERT_EQ(response->lse().shape(0), h);
+    ASSERT_EQ(response->lse().shape(1), total_q);
+    const std::vector<float> q = FloatValues(request.query()).value();
+    const std::vector<float> k = FloatValues(request.key()).value();
+    const std::vector<float> v = FloatValues(request.value()).value();
+    const std::vector<float> out = FloatValues(response->output()).value();
+    const std::vector<float> lse = FloatValues(response->lse()).value();
+    // Rows [first, first + count) of [total, heads, dim] as [1, heads, count,
+    // dim].
+    const auto head_major = [](const std::vector<float>& x, int64_t first,
+                               int64_t count, int64_t heads, int64_t dim) {
+      std::vector<float> y;
+      for (int64_t hh = 0; hh < heads; ++hh)
+        for (int64_t t = first; t < first + count; ++t)
+          y.insert(y.end(), x.begin() + (t * heads + hh) * dim,
+                   x.begin() + (t * heads + hh + 1) * dim);
+      return y;
+    };
+    for (int64_t s = 0; s < sequences; ++s) {
+      const int64_t q0 = cu_q[s], lq = cu_q[s + 1] - q0;
+      const int64_t k0 = cu_k[s], lk = cu_k[s + 1] - k0;
+      std::vector<float> got = head_major(out, q0, lq, h, dv), got_lse;
+      for (int64_t hh = 0; hh < h; ++hh) {
+        got_lse.insert(got_lse.end(), lse.begin() + hh * total_q + q0,
+                       lse.begin() + hh * total_q + q0 + lq);
+      }
+      std::vector<double> want(got.size(), 0.0);
+      std::vector<double> want_lse(got_lse.size(),
+                                   -std::numeric_limits<double>::infinity());
+      if (lk > 0) {
+        const ReferenceResult r = ReferenceAttention(
+            {1, h, hkv, lq, lk, dk, dv}, head_major(q, q0, lq, h, dk),
+            head_major(k, k0, lk, hkv, dk), head_major(v, k0, lk, hkv, dv),
+            ref);
+        want = r.output;
+        want_lse = r.lse;
+      }
+      SCOPED_TRACE(absl::StrCat("sequence ", s, ": Lq ", lq, " Lk ", lk));
+      ExpectNear("output", got, want,
+                 ToleranceFor(v1::AttentionOptions::F32, dtype));
+      ExpectNear("lse", got_lse, want_lse, kLseF32);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Paths, PropertyTest,
     ::testing::Values(Path{"Fused", AttentionKernel::kAuto, false},

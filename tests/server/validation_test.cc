@@ -304,6 +304,57 @@ const std::vector<BadRequestCase>& BadRequestCases() {
        },
        absl::StatusCode::kInvalidArgument,
        {"options.alibi_slopes[1] is inf, expected a finite number"}},
+      {"PackedNeedsRankThree",
+       [](v1::AttendRequest& r) {
+         for (int64_t x : {0, 5}) r.mutable_options()->add_cu_seqlens_q(x);
+         for (int64_t x : {0, 7}) r.mutable_options()->add_cu_seqlens_k(x);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"query.shape is [2, 4, 5, 8] with 4 dimensions, expected 3: "
+        "[total_q, H, Dk]"}},
+      {"PackedOffsetPastTheRows",
+       [](v1::AttendRequest& r) {
+         Reshape({10, 4, 8}, r.mutable_query());
+         Reshape({14, 2, 8}, r.mutable_key());
+         Reshape({14, 2, 3}, r.mutable_value());
+         for (int64_t x : {0, 4, 11}) r.mutable_options()->add_cu_seqlens_q(x);
+         for (int64_t x : {0, 7, 14}) r.mutable_options()->add_cu_seqlens_k(x);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.cu_seqlens_q[2] is 11, expected 4 to 10"}},
+      {"PackedOffsetsEndShort",
+       [](v1::AttendRequest& r) {
+         Reshape({10, 4, 8}, r.mutable_query());
+         Reshape({14, 2, 8}, r.mutable_key());
+         Reshape({14, 2, 3}, r.mutable_value());
+         for (int64_t x : {0, 4, 10}) r.mutable_options()->add_cu_seqlens_q(x);
+         for (int64_t x : {0, 7, 13}) r.mutable_options()->add_cu_seqlens_k(x);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.cu_seqlens_k[2] is 13, expected 14, the tensor's rows"}},
+      {"PackedOffsetsOfTwoSizes",
+       [](v1::AttendRequest& r) {
+         Reshape({10, 4, 8}, r.mutable_query());
+         Reshape({14, 2, 8}, r.mutable_key());
+         Reshape({14, 2, 3}, r.mutable_value());
+         for (int64_t x : {0, 10}) r.mutable_options()->add_cu_seqlens_q(x);
+         for (int64_t x : {0, 7, 14}) r.mutable_options()->add_cu_seqlens_k(x);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"options.cu_seqlens_q and cu_seqlens_k have 2 and 3 entries, expected "
+        "the same number"}},
+      {"PackedWithWeights",
+       [](v1::AttendRequest& r) {
+         Reshape({10, 4, 8}, r.mutable_query());
+         Reshape({14, 2, 8}, r.mutable_key());
+         Reshape({14, 2, 3}, r.mutable_value());
+         for (int64_t x : {0, 10}) r.mutable_options()->add_cu_seqlens_q(x);
+         for (int64_t x : {0, 14}) r.mutable_options()->add_cu_seqlens_k(x);
+         r.mutable_options()->set_return_weights(
+             v1::AttentionOptions::HEAD_MEAN);
+       },
+       absl::StatusCode::kInvalidArgument,
+       {"do not combine with packed sequences"}},
       {"PositionsOnAttend",
        [](v1::AttendRequest& r) { r.mutable_options()->add_key_positions(0); },
        absl::StatusCode::kInvalidArgument,

@@ -81,6 +81,18 @@ class AttentionEngine {
                                     absl::Span<const char> value,
                                     AttentionOutputs outputs) = 0;
 
+  // Packed sequences of different lengths without padding (PackedShape).
+  // `options` take everything but key_lengths, a mask and weights
+  // (INVALID_ARGUMENT naming them); each sequence computes as an Attend of
+  // its own lengths, its queries that see no key getting output 0 and lse
+  // −inf. Errors as for Attend.
+  virtual absl::Status AttendPacked(const PackedShape& shape,
+                                    const AttentionOptions& options,
+                                    absl::Span<const float> query,
+                                    absl::Span<const float> key,
+                                    absl::Span<const float> value,
+                                    AttentionOutputs outputs) = 0;
+
   // Computes several Attends alike but for B in one kernel call (dynamic
   // batching), reading and writing each part's tensors where they are: as
   // Attend over the parts' batches in order, `shape.batch` ignored. `options`

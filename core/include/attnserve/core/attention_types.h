@@ -164,6 +164,28 @@ struct AttendPart {
   AttentionOutputs outputs{absl::Span<float>()};
 };
 
+// Packed sequences (FlashAttention's varlen layout): query [total_q, H, Dk],
+// key [total_k, Hkv, Dk], value [total_k, Hkv, Dv], output [total_q, H, Dv],
+// lse [H, total_q]. Sequence s owns query rows [cu_seqlens_q[s],
+// cu_seqlens_q[s + 1]) and key rows [cu_seqlens_k[s], cu_seqlens_k[s + 1])
+// and attends only within them; causal, the window and ALiBi place its
+// queries as an Attend of its lengths would (Lq = its queries, L = its keys).
+struct PackedShape {
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t key_dim = 1;
+  int64_t value_dim = 1;
+  // One more entry than sequences; start at 0 and never decrease.
+  absl::Span<const int64_t> cu_seqlens_q;
+  absl::Span<const int64_t> cu_seqlens_k;
+
+  int64_t Sequences() const {
+    return static_cast<int64_t>(cu_seqlens_q.size()) - 1;
+  }
+  int64_t TotalQuery() const { return cu_seqlens_q.back(); }
+  int64_t TotalKey() const { return cu_seqlens_k.back(); }
+};
+
 // The dimensions of a multi-head attention (batch first).
 struct MultiHeadShape {
   int64_t batch = 1;         // B

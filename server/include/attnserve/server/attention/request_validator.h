@@ -54,6 +54,9 @@ struct OptionsPlan {
 };
 
 struct AttendWork {
+  // Packed sequences (options.cu_seqlens_q/k): `shape` is then [B = 1, H,
+  // Hkv, Lq = total_q, Lk = total_k, Dk, Dv].
+  bool packed = false;
   AttentionShape shape;
   OptionsPlan plan;
   // What the compute will allocate: outputs, weights, lse, conversions,

@@ -125,6 +125,28 @@ absl::Status ApplyParameters(const ModelInferRequest& request,
       } else {
         return WrongKind(name, parameter, "a double or an int64");
       }
+    } else if (name == "window_left" || name == "window_right" ||
+               name == "num_sink_tokens") {
+      if (parameter.parameter_choice_case() != InferParameter::kInt64Param) {
+        return WrongKind(name, parameter, "an int64");
+      }
+      const int64_t value = parameter.int64_param();
+      if (name == "window_left") {
+        options->set_window_left(value);
+      } else if (name == "window_right") {
+        options->set_window_right(value);
+      } else {
+        options->set_num_sink_tokens(value);
+      }
+    } else if (name == "softcap") {
+      if (parameter.parameter_choice_case() == InferParameter::kDoubleParam) {
+        options->set_softcap(static_cast<float>(parameter.double_param()));
+      } else if (parameter.parameter_choice_case() ==
+                 InferParameter::kInt64Param) {
+        options->set_softcap(static_cast<float>(parameter.int64_param()));
+      } else {
+        return WrongKind(name, parameter, "a double or an int64");
+      }
     } else if (name == "return_lse") {
       ATTNSERVE_ASSIGN_OR_RETURN(const bool lse,
                                  BoolParameter(name, parameter));
@@ -149,7 +171,8 @@ absl::Status ApplyParameters(const ModelInferRequest& request,
     } else if (!IsIgnoredParameter(name)) {
       return Invalid(absl::StrCat(
           "parameter ", EchoText(name),
-          " is not one of causal, causal_alignment, scale, return_lse, "
+          " is not one of causal, causal_alignment, scale, window_left, "
+          "window_right, num_sink_tokens, softcap, return_lse, "
           "return_weights, precision, output_dtype"));
     }
   }

@@ -3,6 +3,8 @@
 // default and explicit positions, self-attention through the stacked QKV
 // projection and cross-attention through three, f32 and bf16; and the
 // refusals, each naming its field.
+#include "attnserve/core/rotary.h"
+
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -11,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/core/attention_engine.h"
-#include "attnserve/core/rotary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -164,9 +165,9 @@ TEST(RotaryTest, MultiHeadAttentionMatchesTheReference) {
     for (const bool interleaved : {false, true}) {
       for (const int64_t rotary_dim : {0, 8}) {
         for (const bool positions : {false, true}) {
-          RunCase(*engine, {self_attention, self_attention && positions,
-                            interleaved, rotary_dim, positions, false,
-                            Precision::kFloat32});
+          RunCase(*engine,
+                  {self_attention, self_attention && positions, interleaved,
+                   rotary_dim, positions, false, Precision::kFloat32});
         }
       }
     }
@@ -229,8 +230,9 @@ TEST(RotaryTest, RefusalsNameTheirField) {
               HasSubstr("weights.rope.rotary_dim is 3, expected 0 (the whole "
                         "head) or an even number from 2 to the head dim 4"));
   with_rope.rope = RotaryEmbedding{1.0f, 0, false};
-  EXPECT_THAT(refused(with_rope, {}).message(),
-              HasSubstr("weights.rope.theta is 1, expected a finite number > 1"));
+  EXPECT_THAT(
+      refused(with_rope, {}).message(),
+      HasSubstr("weights.rope.theta is 1, expected a finite number > 1"));
   with_rope.rope = RotaryEmbedding{};
   const std::vector<int64_t> short_positions = {0, 1};
   options.query_positions = short_positions;

@@ -219,6 +219,27 @@ def main():
               and error < 1e-5 and response.id == "request-7"
               and response.model_version == "1", f"max_abs_err {error:.2e}")
 
+    # The attention variants as parameters: a causal window of 2 keys back, one sink, a
+    # softcap; against NumPy written here.
+    scores = np.einsum("bhid,bhjd->bhij", q.astype(np.float64),
+                       np.repeat(k, 2, axis=1).astype(np.float64)) / np.sqrt(8)
+    scores = 5.0 * np.tanh(scores / 5.0)
+    i, j = np.arange(5)[:, None], np.arange(7)[None, :]
+    seen = (j <= i) & ((j >= i - 2) | (j < 1))
+    scores = np.where(seen, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("bhij,bhjd->bhid", weights / weights.sum(-1, keepdims=True),
+                         np.repeat(v, 2, axis=1))
+    response = stub.ModelInfer(infer_request(
+        "sdpa", [("QUERY", "FP32", q), ("KEY", "FP32", k), ("VALUE", "FP32", v)],
+        parameters={"causal": True, "window_left": 2, "num_sink_tokens": 1, "softcap": 5.0}))
+    error = np.abs(outputs_of(response)["OUTPUT"] - expected).max()
+    check("infer_sdpa_window_sinks_softcap", error < 1e-5, f"max_abs_err {error:.2e}")
+    expect_error("infer_bad_window_kind", lambda: stub.ModelInfer(infer_request(
+        "sdpa", [("QUERY", "FP32", q), ("KEY", "FP32", k), ("VALUE", "FP32", v)],
+        parameters={"window_left": "two"})), grpc.StatusCode.INVALID_ARGUMENT,
+        "window_left")
+
     # FP16 and BF16 travel raw; WEIGHTS asked as an output.
     half = [a.astype(np.float16) for a in (q, k, v)]
     response = stub.ModelInfer(infer_request(

@@ -171,8 +171,8 @@ ReferenceResult ReferenceMultiHeadAttention(
     const int64_t dim = rope->rotary_dim == 0 ? s.key_dim : rope->rotary_dim;
     for (int64_t b = 0; b < s.batch; ++b) {
       for (int64_t l = 0; l < len; ++l) {
-        const double p = static_cast<double>(
-            positions.empty() ? l : positions[b * len + l]);
+        const double p =
+            static_cast<double>(positions.empty() ? l : positions[b * len + l]);
         for (int64_t h = 0; h < heads; ++h) {
           double* head = &x[((b * len + l) * heads + h) * s.key_dim];
           for (int64_t m = 0; m < dim / 2; ++m) {
@@ -211,10 +211,10 @@ ReferenceResult ReferenceMultiHeadAttention(
   };
   const ReferenceShape heads{s.batch,   s.heads,   s.kv_heads, s.query_len,
                              s.key_len, s.key_dim, s.value_dim};
-  ReferenceResult attention =
-      ReferenceAttention(heads, split(q_rotated, s.query_len, s.heads, s.key_dim),
-                         split(k_rotated, s.key_len, s.kv_heads, s.key_dim),
-                         split(v, s.key_len, s.kv_heads, s.value_dim), options);
+  ReferenceResult attention = ReferenceAttention(
+      heads, split(q_rotated, s.query_len, s.heads, s.key_dim),
+      split(k_rotated, s.key_len, s.kv_heads, s.key_dim),
+      split(v, s.key_len, s.kv_heads, s.value_dim), options);
   // Concatenate heads ([B, H, Lq, Dv] → [B, Lq, H·Dv]) and project with w_o.
   const int64_t context_width = s.heads * s.value_dim;
   std::vector<double> output(s.batch * s.query_len * s.embed_dim);

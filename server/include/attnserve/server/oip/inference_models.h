@@ -12,7 +12,9 @@
 //                 KV_INPUT [B, Lk, Ekv], output OUTPUT [B, Lq, E] (and LSE,
 //                 WEIGHTS); its version is the set's.
 // Options travel as request parameters: causal (bool), causal_alignment
-// ("top_left", "bottom_right"), scale (double or int64), return_lse (bool),
+// ("top_left", "bottom_right"), scale (double or int64), window_left,
+// window_right and num_sink_tokens (int64), softcap (double or int64),
+// return_lse (bool),
 // return_weights ("none", "per_head", "head_mean"), precision ("f32",
 // "bf16"), output_dtype ("FP32", "FP16", "BF16"). Triton's own request
 // parameters (priority, timeout, sequence_*) are ignored; any other is

@@ -151,6 +151,27 @@ void BM_StreamRead(benchmark::State& state) {
 }
 BENCHMARK(BM_StreamRead)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// Times Attends of `shape` with `options` on an engine of `engine_options`,
+// over inputs of small constant values.
+void TimeAttends(benchmark::State& state, const AttentionShape& shape,
+                 const AttentionOptions& options,
+                 const EngineOptions& engine_options) {
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const std::vector<float> query = Filled(shape.QueryElements(), 0.01f);
+  const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
+  const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
+  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
+  for (auto _ : state) {
+    const absl::Status status = engine->Attend(shape, options, query, key,
+                                               value, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+}
+
 // SDPA with B, H, Hkv, Lq, Lk, D (= Dk = Dv), causal, bf16 precision and the
 // unfused kernel from the arguments. Counts FLOPs by the FlashAttention
 // convention (4·B·H·Lq·Lk·D, halved when causal) and the bytes of K and V.
@@ -169,20 +190,7 @@ void BM_Attention(benchmark::State& state) {
   EngineOptions engine_options;
   engine_options.max_workspace_bytes = int64_t{4} << 30;
   if (state.range(8) != 0) engine_options.kernel = AttentionKernel::kUnfused;
-  std::unique_ptr<AttentionEngine> engine =
-      AttentionEngine::Create(engine_options).value();
-  const std::vector<float> query = Filled(shape.QueryElements(), 0.01f);
-  const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
-  const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
-  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
-  for (auto _ : state) {
-    const absl::Status status = engine->Attend(shape, options, query, key,
-                                               value, absl::MakeSpan(output));
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      break;
-    }
-  }
+  TimeAttends(state, shape, options, engine_options);
   double flops = 4.0 * shape.batch * shape.heads * shape.query_len *
                  shape.key_len * static_cast<double>(shape.key_dim);
   if (options.causal) flops /= 2;
@@ -250,20 +258,7 @@ void BM_WindowedAttention(benchmark::State& state) {
       state.range(3) != 0 ? Precision::kBFloat16 : Precision::kFloat32;
   EngineOptions engine_options;
   engine_options.max_workspace_bytes = int64_t{4} << 30;
-  std::unique_ptr<AttentionEngine> engine =
-      AttentionEngine::Create(engine_options).value();
-  const std::vector<float> query = Filled(shape.QueryElements(), 0.01f);
-  const std::vector<float> key = Filled(shape.KeyElements(), 0.02f);
-  const std::vector<float> value = Filled(shape.ValueElements(), 0.03f);
-  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
-  for (auto _ : state) {
-    const absl::Status status = engine->Attend(shape, options, query, key,
-                                               value, absl::MakeSpan(output));
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      break;
-    }
-  }
+  TimeAttends(state, shape, options, engine_options);
   state.counters["FLOPS"] =
       benchmark::Counter(2.0 * shape.heads * shape.query_len * shape.key_len *
                              static_cast<double>(shape.key_dim),

@@ -95,7 +95,7 @@ class FusedRun {
   // Whether a tile's last block may stop short of a whole block.
   bool ShortensLastBlock() const {
     return p_.options->causal || !p_.options->key_lengths.empty() ||
-           p_.options->window_right >= 0;
+           p_.options->window_right >= 0 || p_.options->num_sink_tokens > 0;
   }
 
   // Bytes per element of the keys and values the tiles read: bf16 for the
@@ -156,6 +156,11 @@ class FusedRun {
   // blocks that none does, which the tile skips).
   bool TileSees(const Tile& tile, const TileBuffers& buffers,
                 const KeyBlock& keys) const;
+  // One past the last sink any query of `tile` sees if the queries see
+  // `keys` only through their sinks (the tile then runs the block only that
+  // far); −1 otherwise.
+  int64_t SinkOnlyEnd(const Tile& tile, const TileBuffers& buffers,
+                      const KeyBlock& keys) const;
   // The key blocks of split `split` (all if < 0) up to `tile_end`.
   BlockRange BlocksToRun(int64_t tile_end, int64_t split) const;
   // Loads the query rows of every head of the group in the matmuls' type, and

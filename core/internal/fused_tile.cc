@@ -32,8 +32,14 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
   for (int64_t block = blocks.first; block < blocks.last; ++block) {
     // A stopped call's tile is abandoned; Run returns the stop's status.
     if (stopper_.ShouldStop()) return dnnl_success;
-    const KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
-    if (mods_ && !TileSees(tile, buffers, keys)) continue;
+    KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
+    if (mods_) {
+      if (!TileSees(tile, buffers, keys)) continue;
+      // A block before every window, seen for its sinks alone, runs only as
+      // far as the sinks reach.
+      const int64_t sink_end = SinkOnlyEnd(tile, buffers, keys);
+      if (sink_end > 0) keys = BlockAt(block, sink_end, key_rows, value_rows);
+    }
     dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
     if (status != dnnl_success) return status;
     FoldBlock(tile, keys, buffers);
@@ -97,6 +103,19 @@ bool FusedRun::TileSees(const Tile& tile, const TileBuffers& buffers,
     if (first < row.end && row.start < last) return true;
   }
   return false;
+}
+
+int64_t FusedRun::SinkOnlyEnd(const Tile& tile, const TileBuffers& buffers,
+                              const KeyBlock& keys) const {
+  const int64_t first = keys.k0;
+  const int64_t last = keys.k0 + keys.n;
+  int64_t sink_end = 0;
+  for (int64_t i = 0; i < tile.qn; ++i) {
+    const RowKeys& row = buffers.keys[i];
+    if (first < row.end && row.start < last) return -1;  // its window
+    sink_end = std::max(sink_end, row.sink_end);
+  }
+  return sink_end > first ? sink_end : -1;
 }
 
 BlockRange FusedRun::BlocksToRun(int64_t tile_end, int64_t split) const {

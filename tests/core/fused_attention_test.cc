@@ -251,6 +251,48 @@ TEST_P(FusedMatchesReference, RandomDraws) {
   }
 }
 
+// Windows and sinks where tiles mix rows whose window reaches the first key
+// block with rows that see it only through their sinks (the kernel runs such
+// a block only as far as the sinks for the latter alone), and blocks no row
+// sees at all; prefill and decode.
+TEST_P(FusedMatchesReference, WindowsAndSinksAcrossKeyBlocks) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(GetParam());
+  for (const int64_t query_len : {int64_t{600}, int64_t{1}, int64_t{70}}) {
+    for (const int64_t window : {int64_t{40}, int64_t{290}}) {
+      SCOPED_TRACE(absl::StrCat("Lq ", query_len, " window ", window));
+      AttentionShape s;
+      s.heads = 2;
+      s.kv_heads = 1;
+      s.query_len = query_len;
+      s.key_len = 900;
+      s.key_dim = s.value_dim = 16;
+      AttentionOptions options;
+      options.causal = true;
+      options.causal_alignment = CausalAlignment::kBottomRight;
+      options.window_left = window;
+      options.num_sink_tokens = 3;
+      options.return_lse = true;
+      ReferenceOptions reference;
+      reference.causal = reference.bottom_right = true;
+      reference.window_left = window;
+      reference.num_sink_tokens = 3;
+      const std::vector<float> q = RandomValues(s.QueryElements(), 71);
+      const std::vector<float> k = RandomValues(s.KeyElements(), 72);
+      const std::vector<float> v = RandomValues(s.ValueElements(), 73);
+      std::vector<float> output(s.OutputElements()), lse(s.LseElements());
+      ASSERT_TRUE(engine
+                      ->Attend(s, options, q, k, v,
+                               AttentionOutputs(absl::MakeSpan(output), {},
+                                                absl::MakeSpan(lse)))
+                      .ok());
+      const ReferenceResult expected = ReferenceAttention(
+          {1, 2, 1, query_len, 900, 16, 16}, q, k, v, reference);
+      ExpectNear("output", output, expected.output, kOutputF32);
+      ExpectNear("lse", lse, expected.lse, kLseF32);
+    }
+  }
+}
+
 // Dynamic batching: the draws' batches cut into parts that lie apart in memory
 // (B=3 as 1 + 2, B=2 as 1 + 1), computed by one AttendBatch.
 TEST_P(FusedMatchesReference, BatchedPartsInPlace) {

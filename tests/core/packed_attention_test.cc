@@ -2,6 +2,7 @@
 // each sequence alone: random lengths (empty sequences and sequences without
 // keys among them), every option it takes, f32 and bf16, fused and unfused;
 // and its refusals.
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,25 +19,12 @@ namespace attnserve {
 namespace {
 
 using ::attnserve::testing::ExpectNear;
+using ::attnserve::testing::PackedRowsAsHeads;
 using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceOptions;
 using ::attnserve::testing::ReferenceResult;
 using ::testing::HasSubstr;
-
-// Rows [first, first + count) of a token-major [total, heads, dim] tensor as
-// [1, heads, count, dim].
-std::vector<float> HeadMajor(const std::vector<float>& packed, int64_t first,
-                             int64_t count, int64_t heads, int64_t dim) {
-  std::vector<float> out;
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t t = first; t < first + count; ++t) {
-      const float* row = packed.data() + (t * heads + h) * dim;
-      out.insert(out.end(), row, row + dim);
-    }
-  }
-  return out;
-}
 
 class PackedAttentionTest : public ::testing::TestWithParam<AttentionKernel> {};
 
@@ -122,9 +110,9 @@ TEST_P(PackedAttentionTest, EachSequenceEqualsItsOwnAttend) {
         const ReferenceResult r = ReferenceAttention(
             {1, shape.heads, shape.kv_heads, lq, lk, shape.key_dim,
              shape.value_dim},
-            HeadMajor(query, q0, lq, shape.heads, shape.key_dim),
-            HeadMajor(key, k0, lk, shape.kv_heads, shape.key_dim),
-            HeadMajor(value, k0, lk, shape.kv_heads, shape.value_dim),
+            PackedRowsAsHeads(query, q0, lq, shape.heads, shape.key_dim),
+            PackedRowsAsHeads(key, k0, lk, shape.kv_heads, shape.key_dim),
+            PackedRowsAsHeads(value, k0, lk, shape.kv_heads, shape.value_dim),
             reference);
         // [H, Lq, Dv] → token-major [Lq, H, Dv].
         for (int64_t h = 0; h < shape.heads; ++h) {

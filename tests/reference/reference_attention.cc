@@ -238,6 +238,19 @@ ReferenceResult ReferenceMultiHeadAttention(
   return attention;
 }
 
+std::vector<float> PackedRowsAsHeads(const std::vector<float>& packed,
+                                     int64_t first, int64_t count,
+                                     int64_t heads, int64_t dim) {
+  std::vector<float> out;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = first; t < first + count; ++t) {
+      const float* row = packed.data() + (t * heads + h) * dim;
+      out.insert(out.end(), row, row + dim);
+    }
+  }
+  return out;
+}
+
 std::vector<float> RandomValues(int64_t count, uint64_t seed) {
   std::mt19937_64 generator(seed);
   std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);

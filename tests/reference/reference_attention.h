@@ -89,6 +89,12 @@ ReferenceResult ReferenceMultiHeadAttention(
     const ReferenceOptions& options = {},
     const std::optional<ReferenceRope>& rope = std::nullopt);
 
+// Rows [first, first + count) of a token-major [total, heads, dim] tensor
+// (packed sequences) as [1, heads, count, dim], for the reference.
+std::vector<float> PackedRowsAsHeads(const std::vector<float>& packed,
+                                     int64_t first, int64_t count,
+                                     int64_t heads, int64_t dim);
+
 // `count` values uniform in [-1, 1) from a fixed-seed generator.
 std::vector<float> RandomValues(int64_t count, uint64_t seed);
 

@@ -333,21 +333,12 @@ TEST_P(PropertyTest, PackedSequencesMatchTheReferenceOneByOne) {
     const std::vector<float> v = FloatValues(request.value()).value();
     const std::vector<float> out = FloatValues(response->output()).value();
     const std::vector<float> lse = FloatValues(response->lse()).value();
-    // Rows [first, first + count) of [total, heads, dim] as [1, heads, count,
-    // dim].
-    const auto head_major = [](const std::vector<float>& x, int64_t first,
-                               int64_t count, int64_t heads, int64_t dim) {
-      std::vector<float> y;
-      for (int64_t hh = 0; hh < heads; ++hh)
-        for (int64_t t = first; t < first + count; ++t)
-          y.insert(y.end(), x.begin() + (t * heads + hh) * dim,
-                   x.begin() + (t * heads + hh + 1) * dim);
-      return y;
-    };
     for (int64_t s = 0; s < sequences; ++s) {
       const int64_t q0 = cu_q[s], lq = cu_q[s + 1] - q0;
       const int64_t k0 = cu_k[s], lk = cu_k[s + 1] - k0;
-      std::vector<float> got = head_major(out, q0, lq, h, dv), got_lse;
+      std::vector<float> got = ::attnserve::testing::PackedRowsAsHeads(
+                             out, q0, lq, h, dv),
+                         got_lse;
       for (int64_t hh = 0; hh < h; ++hh) {
         got_lse.insert(got_lse.end(), lse.begin() + hh * total_q + q0,
                        lse.begin() + hh * total_q + q0 + lq);
@@ -357,9 +348,10 @@ TEST_P(PropertyTest, PackedSequencesMatchTheReferenceOneByOne) {
                                    -std::numeric_limits<double>::infinity());
       if (lk > 0) {
         const ReferenceResult r = ReferenceAttention(
-            {1, h, hkv, lq, lk, dk, dv}, head_major(q, q0, lq, h, dk),
-            head_major(k, k0, lk, hkv, dk), head_major(v, k0, lk, hkv, dv),
-            ref);
+            {1, h, hkv, lq, lk, dk, dv},
+            ::attnserve::testing::PackedRowsAsHeads(q, q0, lq, h, dk),
+            ::attnserve::testing::PackedRowsAsHeads(k, k0, lk, hkv, dk),
+            ::attnserve::testing::PackedRowsAsHeads(v, k0, lk, hkv, dv), ref);
         want = r.output;
         want_lse = r.lse;
       }

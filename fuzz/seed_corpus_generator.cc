@@ -186,6 +186,18 @@ void WriteMultiHeadSeeds(const std::string& folder) {
   r.mutable_options()->set_precision(Options::BF16);
   write("inline_cross_gqa_mask", r);
 
+  // RoPE (Dk 2, interleaved) at explicit positions, with a window and ALiBi.
+  r.clear_options();
+  w.mutable_rope()->set_theta(500.0f);
+  w.mutable_rope()->set_interleaved(true);
+  for (int64_t p : {5, 6, 7, 8}) r.mutable_options()->add_query_positions(p);
+  for (int64_t p : {0, 2, 4, 6, 8, 9}) {
+    r.mutable_options()->add_key_positions(p);
+  }
+  r.mutable_options()->set_window_left(3);
+  *r.mutable_options()->mutable_alibi_slopes() = Tensor(v1::FLOAT32, {2});
+  write("inline_rope_positions_window", r);
+
   r.Clear();
   *r.mutable_query_input() = Tensor(v1::FLOAT32, {1, 2, 4});
   r.set_weights_name("missing");
@@ -224,6 +236,8 @@ void WriteSessionSeeds(const std::string& folder) {
   create.mutable_defaults()->set_softcap(8.0f);
   create.mutable_defaults()->set_evict_outside_window(true);
   Write(folder, "create_evicting_window", RequestKind::kCreateSession, create);
+  create.mutable_defaults()->mutable_rope()->set_rotary_dim(2);
+  Write(folder, "create_evicting_rope", RequestKind::kCreateSession, create);
   // A decode step on the tiny session (H 4, Hkv 2, Dk 3, Dv 2, 5 tokens), a
   // prefill chunk on layer 1, a query alone, and a stale expected length.
   v1::StepRequest request;

@@ -471,7 +471,7 @@ TEST_F(SessionsTest, VariantStepsEqualStatelessAttends) {
 }
 
 // StreamingLLM: a session that keeps only its sinks and window holds the
-// same pages after 100,000 tokens as after its first window's worth, and its
+// same pages after 100,737 tokens as after its first window's worth, and its
 // steps still equal the reference over every token sent.
 TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
   v1::SessionDefaults defaults;
@@ -505,7 +505,7 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
   // pages of the step's own tokens.
   int64_t most_bytes = 0;
   uint64_t seed = 100;
-  for (int chunk = 0; chunk < 100; ++chunk) {
+  for (int chunk = 0; chunk < 101; ++chunk) {
     // 997 tokens a step (pages do not line up with steps), then a query of
     // the step's last 3 tokens.
     std::vector<float> query;
@@ -513,7 +513,7 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
     *request.add_steps() = MakeStep(model, 0, 997, 3, seed += 3, &query);
     v1::StepResponse response;
     ASSERT_TRUE(Step(request, &response).ok());
-    if (chunk % 25 == 0 || chunk == 99) {
+    if (chunk % 25 == 0 || chunk == 100) {
       ASSERT_NO_FATAL_FAILURE(
           CheckOutput(model, 0, query, 3, response.results(0)));
     } else {
@@ -523,7 +523,7 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
     most_bytes = std::max(most_bytes, bytes);
     EXPECT_LE(bytes, (1 + 5) * 4096) << "after chunk " << chunk;
   }
-  EXPECT_EQ(model.layers[0].length, 99700);
+  EXPECT_EQ(model.layers[0].length, 100697);
   // Decode steps: one token each, the held pages the same few.
   for (int step = 0; step < 40; ++step) {
     std::vector<float> query;
@@ -571,8 +571,8 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
   EXPECT_EQ(response.results(0).error().code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("the step's first query row (position 99660) sees the "
-                        "keys from 99612 on"));
+              HasSubstr("the step's first query row (position 100657) sees "
+                        "the keys from 100609 on"));
   ASSERT_NO_FATAL_FAILURE(CheckOutput(child, 0, query, 1, response.results(1)));
 }
 

@@ -42,6 +42,12 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     AttnserveError, ValueError for arguments that cannot be sharded."""
     if return_weights not in (None, "none"):
         raise ValueError("return_weights cannot be sharded: each shard sees only its keys")
+    positional = [name for name in ("window_left", "window_right", "num_sink_tokens",
+                                    "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
+                  if options.get(name) not in (None, 0, -1)]
+    if positional:
+        raise ValueError(f"{', '.join(positional)} cannot be sharded: they depend on each "
+                         "key's position in the whole sequence, which a shard does not see")
     if not clients:
         raise ValueError("sharded_attend needs at least one client")
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)

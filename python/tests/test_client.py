@@ -262,6 +262,10 @@ def test_sharded_attend_is_exact(server, alignment):
     np.testing.assert_allclose(merged.lse[finite], whole.lse[finite], atol=2e-6)
     with pytest.raises(ValueError, match="shards"):
         attnserve.sharded_attend([one], q, k, v, shards=24)
+    for positional in (dict(window_left=4), dict(num_sink_tokens=2),
+                       dict(alibi_slopes=[0.5] * q.shape[1])):
+        with pytest.raises(ValueError, match="cannot be sharded"):
+            attnserve.sharded_attend([one], q, k, v, shards=2, **positional)
 
 
 def variant_reference(q, k, v, *, position_offset, window_left=-1, sinks=0, alibi=None,

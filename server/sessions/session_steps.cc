@@ -306,24 +306,19 @@ absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
                                     const SessionStore::View& view,
                                     int64_t query_len) {
   if (!config.evict_outside_window) return absl::OkStatus();
-  const int64_t page_tokens = view.layout.page_tokens;
   const int64_t position = view.length - query_len;  // the first row's
-  const int64_t first = std::max<int64_t>(0, position - config.window_left);
-  const int64_t sinks = std::min(config.num_sink_tokens, view.length);
-  for (size_t p = 0; p < view.data.size(); ++p) {
-    const int64_t begin = static_cast<int64_t>(p) * page_tokens;
-    const int64_t end = std::min(begin + page_tokens, view.length);
-    if (view.data[p] == nullptr && (begin < sinks || end > first)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the step's first query row (position ", position,
-          ") sees the keys from ", first, " on (window_left ",
-          config.window_left, ") and the ", sinks,
-          " sinks, and the session freed keys ", begin, " to ", end - 1,
-          " (evict_outside_window keeps the sinks and the last window_left "
-          "keys); the append stands, nothing was computed"));
-    }
-  }
-  return absl::OkStatus();
+  const std::optional<FreedKeys> freed =
+      FreedKeysSeen(config, view.layout.page_tokens, view.length, position,
+                    [&view](size_t p) { return view.data[p] != nullptr; });
+  if (!freed) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the step's first query row (position ", position,
+      ") sees the keys from ", WindowStart(config, position),
+      " on (window_left ", config.window_left, ") and the ",
+      std::min(config.num_sink_tokens, view.length),
+      " sinks, and the session freed keys ", freed->first, " to ", freed->last,
+      " (evict_outside_window keeps the sinks and the last window_left "
+      "keys); the append stands, nothing was computed"));
 }
 
 }  // namespace

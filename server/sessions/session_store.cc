@@ -271,40 +271,43 @@ void SessionStore::Release(std::shared_ptr<Page>* page) {
   page->reset();
 }
 
-namespace {
-
-// The tokens a query at `position` sees in a session of `config`, beyond the
-// sinks: [first, position].
 int64_t WindowStart(const SessionConfig& config, int64_t position) {
   return config.window_left < 0
              ? 0
              : std::max<int64_t>(0, position - config.window_left);
 }
 
-}  // namespace
+std::optional<FreedKeys> FreedKeysSeen(const SessionConfig& config,
+                                       int64_t page_tokens, int64_t length,
+                                       int64_t position,
+                                       absl::FunctionRef<bool(size_t)> held) {
+  const int64_t sinks = std::min(config.num_sink_tokens, length);
+  const int64_t first = WindowStart(config, position);
+  for (int64_t p = 0; p * page_tokens < length; ++p) {
+    const int64_t begin = p * page_tokens;
+    const int64_t end = std::min(begin + page_tokens, length);
+    if ((begin < sinks || end > first) && !held(static_cast<size_t>(p))) {
+      return FreedKeys{begin, end - 1};
+    }
+  }
+  return std::nullopt;
+}
 
 absl::Status SessionStore::CheckHeld(const Session& session, size_t layer_index,
                                      int64_t position, int64_t length,
                                      absl::string_view what) const {
   const Session::Layer& layer = session.layers[layer_index];
-  const int64_t page_tokens = session.layout.page_tokens;
-  const int64_t sinks = std::min(session.config.num_sink_tokens, length);
-  const int64_t first = WindowStart(session.config, position);
-  for (int64_t p = 0; p * page_tokens < length; ++p) {
-    const int64_t begin = p * page_tokens;
-    const int64_t end = std::min(begin + page_tokens, length);
-    const bool seen = begin < sinks || (end > first && begin <= position);
-    if (seen && layer.pages[static_cast<size_t>(p)] == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " sees the keys from ", first, " on (window_left ",
-          session.config.window_left, ") and the ", sinks,
-          " sinks, and session ", session.id, " freed keys ", begin, " to ",
-          end - 1,
-          " (evict_outside_window keeps the sinks and the last window_left "
-          "keys of each layer)"));
-    }
-  }
-  return absl::OkStatus();
+  const std::optional<FreedKeys> freed = FreedKeysSeen(
+      session.config, session.layout.page_tokens, length, position,
+      [&layer](size_t p) { return layer.pages[p] != nullptr; });
+  if (!freed) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " sees the keys from ", WindowStart(session.config, position),
+      " on (window_left ", session.config.window_left, ") and the ",
+      std::min(session.config.num_sink_tokens, length), " sinks, and session ",
+      session.id, " freed keys ", freed->first, " to ", freed->last,
+      " (evict_outside_window keeps the sinks and the last window_left keys "
+      "of each layer)"));
 }
 
 void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {

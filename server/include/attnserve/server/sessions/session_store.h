@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -100,6 +101,24 @@ struct SessionConfig {
   // RoPE of the keys appended and the queries asked (v1::SessionDefaults).
   std::optional<RotaryEmbedding> rope;
 };
+
+// Keys [first, last] of a layer, freed by evict_outside_window.
+struct FreedKeys {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+// The first page of freed keys among a layer's `length` keys (in pages of
+// `page_tokens`; `held(p)` says whether page p is held) that queries at
+// `position` and after see in a session of `config`: its sinks and the keys
+// from position − window_left on. nullopt when they see none.
+std::optional<FreedKeys> FreedKeysSeen(const SessionConfig& config,
+                                       int64_t page_tokens, int64_t length,
+                                       int64_t position,
+                                       absl::FunctionRef<bool(size_t)> held);
+
+// The first key a query at `position` sees beyond its sinks.
+int64_t WindowStart(const SessionConfig& config, int64_t position);
 
 // How the pages of a session of `config` are laid out, at `page_tokens`
 // tokens a page.

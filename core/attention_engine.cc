@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/common/status_macros.h"
 #include "internal/attention_engine_impl.h"
@@ -192,6 +194,66 @@ absl::Status AttentionEngineImpl::AttendDecode(
   }
   // ValidatePagedAttend (in AttendPaged) checks the lengths against the page.
   return AttendPaged(items, options.stop);
+}
+
+absl::Status AttentionEngineImpl::AttendHalf(
+    const AttentionShape& shape, const AttentionOptions& options,
+    DataType dtype, absl::Span<const char> query, absl::Span<const char> key,
+    absl::Span<const char> value, AttentionOutputs outputs) {
+  if (dtype == DataType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "AttendHalf takes BFLOAT16 or FLOAT16 inputs; got FLOAT32");
+  }
+  ATTNSERVE_RETURN_IF_ERROR(ValidateShape(shape));
+  const std::pair<const char*, int64_t> spans[] = {
+      {"query", static_cast<int64_t>(query.size())},
+      {"key", static_cast<int64_t>(key.size())},
+      {"value", static_cast<int64_t>(value.size())}};
+  const int64_t expected[] = {shape.QueryElements(), shape.KeyElements(),
+                              shape.ValueElements()};
+  for (int i = 0; i < 3; ++i) {
+    if (spans[i].second != 2 * expected[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          spans[i].first, " has ", spans[i].second, " bytes, expected ",
+          2 * expected[i], " (", expected[i], " 16-bit elements)"));
+    }
+  }
+  ATTNSERVE_RETURN_IF_ERROR(ValidateOptionsAndOutputs(shape, options, outputs,
+                                                      shape.OutputElements()));
+  const auto widened = [dtype](absl::Span<const char> bytes,
+                               std::vector<float>* copy) {
+    copy->resize(bytes.size() / 2);
+    ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(copy->size()),
+                     copy->data());
+    return absl::MakeConstSpan(*copy);
+  };
+  std::vector<float> query_copy, key_copy, value_copy;
+  if (DecodeReadsInPlace(shape, options)) {
+    return AttendDecode(shape, options, widened(query, &query_copy), dtype, key,
+                        value, outputs);
+  }
+  const auto aligned = [](absl::Span<const char> bytes) {
+    return reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0;
+  };
+  if (!UseFused(options) || !aligned(query) || !aligned(key) ||
+      !aligned(value)) {
+    return Attend(shape, options, widened(query, &query_copy),
+                  widened(key, &key_copy), widened(value, &value_copy),
+                  outputs);
+  }
+  ATTNSERVE_RETURN_IF_ERROR(
+      CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
+                     FusedWorkspaceBytes(shape, options.precision, threads_,
+                                         /*key_value_packed=*/true, dtype)));
+  SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
+  problem.input_dtype = dtype;
+  problem.half_query = reinterpret_cast<const uint16_t*>(query.data());
+  problem.half_key = reinterpret_cast<const uint16_t*>(key.data());
+  problem.half_value = reinterpret_cast<const uint16_t*>(value.data());
+  problem.output = outputs.output.data();
+  ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
+                             NewStream(AttentionFlops(shape)));
+  return RunSdpa(stream, problem, AttentionFlops(shape));
 }
 
 std::optional<int64_t> AttentionEngineImpl::AttendWorkspaceBytes(

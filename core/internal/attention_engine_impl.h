@@ -54,6 +54,12 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   AttentionOutputs outputs) override;
   bool DecodeReadsInPlace(const AttentionShape& shape,
                           const AttentionOptions& options) const override;
+  absl::Status AttendHalf(const AttentionShape& shape,
+                          const AttentionOptions& options, DataType dtype,
+                          absl::Span<const char> query,
+                          absl::Span<const char> key,
+                          absl::Span<const char> value,
+                          AttentionOutputs outputs) override;
   absl::Status AttendDecode(const AttentionShape& shape,
                             const AttentionOptions& options,
                             absl::Span<const float> query, DataType dtype,

@@ -51,9 +51,16 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
 }
 
 absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
+  // Half inputs are read in place (Rows), widened a block at a time where the
+  // tiles read f32 (WidenBlock), except f16 under native bf16 tiles, which
+  // is packed to bf16.
+  if (g_.WidensBlocks() ||
+      (g_.HalfSource() && g_.source == DataType::kBFloat16)) {
+    return absl::OkStatus();
+  }
   // Keys and values with dense rows, in the matmuls' type (decode tiles
   // round f32 to bf16 as they read, so they only need dense rows).
-  if (!g_.Bf16Tiles() && KeyValuePacked(p_)) {
+  if (!g_.HalfSource() && !g_.Bf16Tiles() && KeyValuePacked(p_)) {
     return absl::OkStatus();  // The tiles read them in place (Rows).
   }
   const int64_t element = PackedElementBytes();
@@ -63,8 +70,13 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
     return absl::ResourceExhaustedError(
         "fused attention: cannot allocate packed keys and values");
   }
-  Pack(&KeyOf, p_.key_strides, s_.key_dim, packed_.get());
-  Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
+  if (g_.HalfSource()) {
+    PackF16(p_.half_key, s_.KeyElements(), packed_.get());
+    PackF16(p_.half_value, s_.ValueElements(), packed_.get() + key_bytes);
+  } else {
+    Pack(&KeyOf, p_.key_strides, s_.key_dim, packed_.get());
+    Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
+  }
   key_ = packed_.get();
   value_ = packed_.get() + key_bytes;
   return absl::OkStatus();
@@ -99,13 +111,30 @@ void FusedRun::Pack(const float* (*of)(const SdpaProblem&, int64_t),
   }
 }
 
-const char* FusedRun::Rows(const void* packed,
+void FusedRun::PackF16(const uint16_t* source, int64_t count, char* out) const {
+  // Widened a chunk at a time on the stack, then narrowed to bf16.
+  constexpr int64_t kChunk = 1024;
+  uint16_t* packed = reinterpret_cast<uint16_t*>(out);
+#pragma omp parallel for schedule(static)
+  for (int64_t first = 0; first < count; first += kChunk) {
+    float widened[kChunk];
+    const int64_t n = std::min(kChunk, count - first);
+    kernels_.f16_to_f32(source + first, n, widened);
+    kernels_.to_bf16(widened, n, packed + first);
+  }
+}
+
+const char* FusedRun::Rows(const void* packed, const uint16_t* half,
                            const float* (*of)(const SdpaProblem&, int64_t),
                            const Strides4& strides, int64_t dim, int64_t b,
                            int64_t h) const {
+  const int64_t first_row = (b * s_.kv_heads + h) * s_.key_len;
   if (packed_.get() != nullptr) {
     return static_cast<const char*>(packed) +
-           (b * s_.kv_heads + h) * s_.key_len * dim * PackedElementBytes();
+           first_row * dim * PackedElementBytes();
+  }
+  if (g_.HalfSource()) {  // Packed strides, read in place.
+    return reinterpret_cast<const char*>(half + first_row * dim);
   }
   return reinterpret_cast<const char*>(of(p_, b) + h * strides[1]);
 }
@@ -275,8 +304,8 @@ absl::Status RunFusedAttention(const dnnl::engine& engine,
                                const SdpaProblem& problem, int threads,
                                const TileKernels& kernels, TilePlanCache& cache,
                                ScratchPool& pool) {
-  const fused::Geometry geometry =
-      fused::MakeGeometry(problem.shape, problem.options->precision, threads);
+  const fused::Geometry geometry = fused::MakeGeometry(
+      problem.shape, problem.options->precision, threads, problem.input_dtype);
   fused::FusedRun run(problem, geometry, kernels);
   return run.Run(engine, threads, cache, pool);
 }

@@ -28,6 +28,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_types.h"
 #include "internal/scratch_pool.h"
 #include "internal/sdpa_problem.h"
@@ -39,10 +40,11 @@ namespace attnserve::internal {
 
 // The scratch bytes RunFusedAttention allocates for `shape` with `threads`
 // threads, or nullopt on overflow. `key_value_packed`: key and value rows are
-// contiguous, D elements apart (else the kernel packs them first).
-std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& shape,
-                                           Precision precision, int threads,
-                                           bool key_value_packed);
+// contiguous, D elements apart (else the kernel packs them first). `source`:
+// the inputs' dtype (SdpaProblem::input_dtype).
+std::optional<int64_t> FusedWorkspaceBytes(
+    const AttentionShape& shape, Precision precision, int threads,
+    bool key_value_packed, DataType source = DataType::kFloat32);
 
 // True if `problem`'s key and value rows are contiguous and D elements apart.
 bool KeyValuePacked(const SdpaProblem& problem);

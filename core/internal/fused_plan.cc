@@ -11,8 +11,8 @@
 namespace attnserve::internal {
 namespace fused {
 
-Geometry MakeGeometry(const AttentionShape& s, Precision precision,
-                      int threads) {
+Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
+                      DataType source) {
   Geometry g;
   g.group = s.heads / s.kv_heads;
   g.q_block = std::clamp<int64_t>(kTileRows / g.group, 1, s.query_len);
@@ -29,6 +29,7 @@ Geometry MakeGeometry(const AttentionShape& s, Precision precision,
   g.splits = CeilDiv(g.k_blocks, g.chunk);
   g.small = g.rows < kSmallRows;
   g.input = MatmulInputFor(precision);
+  g.source = source;
   return g;
 }
 
@@ -51,6 +52,8 @@ ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,
   t.output = take(g.rows * s.value_dim * 4);
   t.states = take(g.rows * static_cast<int64_t>(sizeof(RowState)));
   t.keys = take(g.q_block * static_cast<int64_t>(sizeof(RowKeys)));
+  t.widened =
+      take(g.HalfSource() ? g.k_block * (s.key_dim + s.value_dim) * 4 : 0);
   t.scratchpad = take(scratchpad_bytes);
   t.total = at;
   return t;
@@ -68,6 +71,12 @@ int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
 
 int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
                             bool key_value_packed) {
+  if (g.HalfSource()) {
+    // Only native bf16 tiles over f16 inputs read a (same-sized) copy.
+    return g.NativeBf16Tiles() && g.source == DataType::kFloat16
+               ? (s.KeyElements() + s.ValueElements()) * 2
+               : 0;
+  }
   if (!g.Bf16Tiles() && key_value_packed) return 0;
   return (s.KeyElements() + s.ValueElements()) *
          (g.Bf16Tiles() ? BytesOf(g.input) : 4);
@@ -77,10 +86,11 @@ int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
 
 std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
                                            Precision precision, int threads,
-                                           bool key_value_packed) {
+                                           bool key_value_packed,
+                                           DataType source) {
   // Every product below is of dims the caller validated (each tensor's
   // element count fits), times small constants.
-  const fused::Geometry g = fused::MakeGeometry(s, precision, threads);
+  const fused::Geometry g = fused::MakeGeometry(s, precision, threads, source);
   const fused::ThreadLayout layout =
       MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
   return CheckedSum({CheckedProduct({layout.total, threads}),

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_types.h"
 #include "internal/matmul.h"
 
@@ -61,6 +62,7 @@ struct Geometry {
   int64_t chunk;      // key blocks per chunk
   bool small;         // own vector code instead of oneDNN matmuls
   MatmulInput input;  // what matmuls read at this precision on this CPU
+  DataType source;    // the dtype of the call's query, key and value
 
   bool Bf16() const { return input != MatmulInput::kF32; }  // BF16 precision
   // Whether the oneDNN tiles read bf16 values (packed keys and values, query
@@ -68,10 +70,17 @@ struct Geometry {
   bool Bf16Tiles() const { return Bf16() && !small; }
   // Whether they read them as bf16, through oneDNN's bf16 matmul.
   bool NativeBf16Tiles() const { return !small && input == MatmulInput::kBf16; }
+  // Whether the inputs arrive as bf16 or f16, and are read where they lie.
+  bool HalfSource() const { return source != DataType::kFloat32; }
+  // Whether the tiles widen half inputs a key block at a time into the
+  // thread's buffers: whenever they read f32 (f32 precision, tiles of few
+  // rows, a CPU without bf16 matmuls). Native bf16 tiles read bf16 inputs in
+  // place and a packed bf16 copy of f16 ones.
+  bool WidensBlocks() const { return HalfSource() && !NativeBf16Tiles(); }
 };
 
-Geometry MakeGeometry(const AttentionShape& s, Precision precision,
-                      int threads);
+Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
+                      DataType source = DataType::kFloat32);
 
 // oneDNN's scratchpad for one tile matmul is the copy of a key or value block
 // it repacks; this bounds it for the workspace check before any primitive is
@@ -79,8 +88,11 @@ Geometry MakeGeometry(const AttentionShape& s, Precision precision,
 int64_t ScratchpadAllowance(const AttentionShape& s, const Geometry& g);
 
 // Byte offsets of one thread's buffers.
+// `widened`: a key block's keys then its values, widened from half inputs
+// (HalfSource), the first row of it also a query row's.
 struct ThreadLayout {
-  int64_t query, scores, probabilities, output, states, keys, scratchpad, total;
+  int64_t query, scores, probabilities, output, states, keys, widened,
+      scratchpad, total;
 };
 
 ThreadLayout MakeThreadLayout(const AttentionShape& s, const Geometry& g,

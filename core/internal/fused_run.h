@@ -60,6 +60,7 @@ struct TileBuffers {
   float* output;            // [rows, Dv] accumulated output
   RowState* states;         // [rows] online-softmax states
   RowKeys* keys;            // [qn] the keys each query may see
+  float* widened;           // a block's keys then values widened (half inputs)
   char* scratchpad;         // the tile matmuls' scratchpad
 };
 
@@ -98,9 +99,10 @@ class FusedRun {
            p_.options->window_right >= 0 || p_.options->num_sink_tokens > 0;
   }
 
-  // Bytes per element of the keys and values the tiles read: bf16 for the
-  // bf16 matmuls, else f32.
+  // Bytes per element of the key and value rows (Rows): bf16 for the bf16
+  // matmuls, 2 for half inputs read in place, else f32.
   int64_t PackedElementBytes() const {
+    if (g_.HalfSource()) return 2;
     return g_.Bf16Tiles() ? BytesOf(g_.input) : 4;
   }
 
@@ -114,6 +116,9 @@ class FusedRun {
   // on the calling thread's team.
   void Pack(const float* (*of)(const SdpaProblem&, int64_t),
             const Strides4& strides, int64_t dim, char* out) const;
+  // Copies `count` f16 elements at `source` to `out` as bf16, on the calling
+  // thread's team (f16 inputs under native bf16 tiles).
+  void PackF16(const uint16_t* source, int64_t count, char* out) const;
   // Gets the tile plans of every tile shape the call can use from `cache`
   // (building the missing ones single-threaded), and the largest scratchpad
   // any of them needs.
@@ -135,9 +140,10 @@ class FusedRun {
                 const RowState& state) const;
 
   // The first rows of (batch entry b, kv head h) of the keys or the values
-  // (`packed`, `of`, `strides`, `dim` naming which), as the tiles read them: in
-  // the packed copy if there is one, else in place.
-  const char* Rows(const void* packed,
+  // (`packed`, `half`, `of`, `strides`, `dim` naming which), as the tiles read
+  // them: in the packed copy if there is one, else in place (at `half` for
+  // half inputs).
+  const char* Rows(const void* packed, const uint16_t* half,
                    const float* (*of)(const SdpaProblem&, int64_t),
                    const Strides4& strides, int64_t dim, int64_t b,
                    int64_t h) const;
@@ -166,6 +172,11 @@ class FusedRun {
   // Loads the query rows of every head of the group in the matmuls' type, and
   // zeroes the rows' output and softmax states.
   void StartTile(const Tile& tile, const TileBuffers& buffers) const;
+  // `count` half-input elements at `source` widened to f32 at `out`.
+  void Widen(const uint16_t* source, int64_t count, float* out) const;
+  // Points `keys` at its keys and values widened into the thread's buffers
+  // (WidensBlocks).
+  void WidenBlock(const TileBuffers& buffers, KeyBlock* keys) const;
   // Block `block` of the keys and values whose (b, kv head) rows start at
   // `key_rows` and `value_rows`, shortened to the granule past `tile_end`
   // when it is the last block a tile may see.

@@ -25,10 +25,11 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
   const BlockRange blocks = BlocksToRun(tile_end, split);
   StartTile(tile, buffers);
 
-  const char* const key_rows =
-      Rows(key_, &KeyOf, p_.key_strides, s_.key_dim, tile.b, tile.kv_head);
-  const char* const value_rows = Rows(value_, &ValueOf, p_.value_strides,
-                                      s_.value_dim, tile.b, tile.kv_head);
+  const char* const key_rows = Rows(key_, p_.half_key, &KeyOf, p_.key_strides,
+                                    s_.key_dim, tile.b, tile.kv_head);
+  const char* const value_rows =
+      Rows(value_, p_.half_value, &ValueOf, p_.value_strides, s_.value_dim,
+           tile.b, tile.kv_head);
   for (int64_t block = blocks.first; block < blocks.last; ++block) {
     // A stopped call's tile is abandoned; Run returns the stop's status.
     if (stopper_.ShouldStop()) return dnnl_success;
@@ -40,6 +41,7 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
       const int64_t sink_end = SinkOnlyEnd(tile, buffers, keys);
       if (sink_end > 0) keys = BlockAt(block, sink_end, key_rows, value_rows);
     }
+    if (g_.WidensBlocks()) WidenBlock(buffers, &keys);
     dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
     if (status != dnnl_success) return status;
     FoldBlock(tile, keys, buffers);
@@ -79,6 +81,7 @@ TileBuffers FusedRun::BuffersOf(char* buffer) const {
   buffers.output = reinterpret_cast<float*>(buffer + layout_.output);
   buffers.states = reinterpret_cast<RowState*>(buffer + layout_.states);
   buffers.keys = reinterpret_cast<RowKeys*>(buffer + layout_.keys);
+  buffers.widened = reinterpret_cast<float*>(buffer + layout_.widened);
   buffers.scratchpad = buffer + layout_.scratchpad;
   return buffers;
 }
@@ -132,8 +135,31 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
   float* query_f32 = reinterpret_cast<float*>(buffers.query);
   uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffers.query);
   for (int64_t r = 0; r < tile.rows; ++r) {
-    const float* row =
-        QueryOf(p_, tile.b) + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+    const int64_t offset =
+        tile.b * qs[0] + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+    if (g_.HalfSource()) {
+      const uint16_t* half = p_.half_query + offset;
+      if (g_.NativeBf16Tiles() && g_.source == DataType::kBFloat16) {
+        std::memcpy(query_bf16 + r * s_.key_dim, half,
+                    static_cast<size_t>(s_.key_dim) * 2);
+        continue;
+      }
+      // Widened into the row (or, for bf16 tiles, the widening buffer and
+      // then narrowed into the row).
+      float* row =
+          g_.NativeBf16Tiles() ? buffers.widened : query_f32 + r * s_.key_dim;
+      Widen(half, s_.key_dim, row);
+      if (g_.NativeBf16Tiles()) {
+        kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
+      } else if (g_.Bf16()) {
+        RoundToBf16Values(row, s_.key_dim, row);
+      }
+      continue;
+    }
+    const float* row = p_.batches.empty()
+                           ? p_.query + offset
+                           : QueryOf(p_, tile.b) + tile.Head(r) * qs[1] +
+                                 tile.Query(r) * qs[2];
     if (g_.NativeBf16Tiles()) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
     } else if (g_.Bf16()) {
@@ -148,6 +174,30 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
   std::fill(buffers.output, buffers.output + tile.rows * s_.value_dim, 0.0f);
   std::fill(buffers.states, buffers.states + tile.rows,
             RowState{kNegativeInfinity, 0.0f, false});
+}
+
+void FusedRun::Widen(const uint16_t* source, int64_t count, float* out) const {
+  if (g_.source == DataType::kBFloat16) {
+    kernels_.bf16_to_f32(source, count, out);
+  } else {
+    kernels_.f16_to_f32(source, count, out);
+  }
+}
+
+void FusedRun::WidenBlock(const TileBuffers& buffers, KeyBlock* keys) const {
+  float* widened_keys = buffers.widened;
+  float* widened_values = buffers.widened + g_.k_block * s_.key_dim;
+  Widen(reinterpret_cast<const uint16_t*>(keys->keys), keys->n * s_.key_dim,
+        widened_keys);
+  Widen(reinterpret_cast<const uint16_t*>(keys->values), keys->n * s_.value_dim,
+        widened_values);
+  if (g_.Bf16Tiles()) {
+    // f32 matmuls of a CPU without bf16 ones read bf16 values.
+    RoundToBf16Values(widened_keys, keys->n * s_.key_dim, widened_keys);
+    RoundToBf16Values(widened_values, keys->n * s_.value_dim, widened_values);
+  }
+  keys->keys = reinterpret_cast<const char*>(widened_keys);
+  keys->values = reinterpret_cast<const char*>(widened_values);
 }
 
 KeyBlock FusedRun::BlockAt(int64_t block, int64_t tile_end,

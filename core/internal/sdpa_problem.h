@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_types.h"
 
 namespace attnserve::internal {
@@ -59,6 +60,14 @@ struct SdpaProblem {
   // the pointers above unused, lse among them; weights not allowed). The fused
   // kernel only.
   absl::Span<const BatchTensors> batches;
+  // BFLOAT16 or FLOAT16: the query, key and value are the 16-bit elements at
+  // half_query, half_key and half_value (with the strides above, and the
+  // float pointers unused), read where they lie. The fused kernel only,
+  // without batches.
+  DataType input_dtype = DataType::kFloat32;
+  const uint16_t* half_query = nullptr;
+  const uint16_t* half_key = nullptr;
+  const uint16_t* half_value = nullptr;
 };
 
 // The problem of `shape` and `options` (which must outlive it) writing the

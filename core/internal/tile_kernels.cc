@@ -131,6 +131,14 @@ void ToBf16Portable(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Float32ToBFloat16(src[i]);
 }
 
+void Bf16ToF32Portable(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16ToFloat32(src[i]);
+}
+
+void F16ToF32Portable(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = Float16ToFloat32(src[i]);
+}
+
 // ----------------------------------------------------------------- AVX-512
 
 #define ATTNSERVE_AVX512 \
@@ -441,6 +449,28 @@ ToBf16Avx512Bf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+ATTNSERVE_AVX512 void Bf16ToF32Avx512(const uint16_t* src, int64_t n,
+                                      float* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = FirstLanes(n - i);
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, src + i));
+    _mm512_mask_storeu_ps(dst + i, lanes,
+                          _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+  }
+}
+
+// VCVTPH2PS widens every f16 exactly, subnormals included.
+ATTNSERVE_AVX512 void F16ToF32Avx512(const uint16_t* src, int64_t n,
+                                     float* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = FirstLanes(n - i);
+    _mm512_mask_storeu_ps(
+        dst + i, lanes,
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, src + i)));
+  }
+}
+
 #undef ATTNSERVE_AVX512
 
 bool CpuHasAvx512Bf16() {
@@ -467,6 +497,8 @@ const TileKernels& PortableTileKernels() {
       SmallAccumulateF32Portable,
       SmallAccumulateBf16Portable,
       ToBf16Portable,
+      Bf16ToF32Portable,
+      F16ToF32Portable,
   };
   return kernels;
 }
@@ -480,6 +512,8 @@ const TileKernels& SelectTileKernels(bool portable_only) {
       SmallAccumulateF32Avx512,
       SmallAccumulateBf16Avx512,
       CpuHasAvx512Bf16() ? ToBf16Avx512Bf16 : ToBf16Avx512,
+      Bf16ToF32Avx512,
+      F16ToF32Avx512,
   };
   static const bool has_avx512 = CpuHasAvx512();
   return has_avx512 && !portable_only ? kAvx512 : PortableTileKernels();

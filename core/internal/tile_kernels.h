@@ -1,9 +1,10 @@
 // The element-wise and small-matrix code of the fused attention kernel: the
 // online-softmax update of a row of scores, the products of a few query rows
 // with a block of keys or values (where a oneDNN matmul is too thin to pay),
-// and bf16 packing. Each comes as AVX-512 code and as portable C++; the engine
-// picks one set per process from what the CPU supports (or the portable set on
-// request, which tests use to cover it on any machine).
+// bf16 packing, and the widening of bf16 and f16 inputs. Each comes as AVX-512
+// code and as portable C++; the engine picks one set per process from what the
+// CPU supports (or the portable set on request, which tests use to cover it on
+// any machine).
 #ifndef ATTNSERVE_CORE_INTERNAL_TILE_KERNELS_H_
 #define ATTNSERVE_CORE_INTERNAL_TILE_KERNELS_H_
 
@@ -60,6 +61,11 @@ struct TileKernels {
 
   // dst[i] = bf16(src[i]), rounding to nearest even.
   void (*to_bf16)(const float* src, int64_t n, uint16_t* dst);
+
+  // dst[i] = the f32 value of src[i], a bf16 or an f16 (exact: the inputs
+  // the kernels read where they lie, widened a block at a time).
+  void (*bf16_to_f32)(const uint16_t* src, int64_t n, float* dst);
+  void (*f16_to_f32)(const uint16_t* src, int64_t n, float* dst);
 };
 
 // The portable set, correct on any CPU.

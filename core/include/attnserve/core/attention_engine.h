@@ -81,6 +81,24 @@ class AttentionEngine {
                                     absl::Span<const char> value,
                                     AttentionOutputs outputs) = 0;
 
+  // Attend for a query, key and value that arrive as 16-bit `dtype` elements
+  // (BFLOAT16 or FLOAT16), laid out as Attend's, 2 bytes each: read where they
+  // lie, with no f32 copy of the call's tensors. Decode calls go to
+  // AttendDecode. The fused kernel widens one block of keys and values at a
+  // time into each thread's buffers where its tiles compute in f32 (f32
+  // precision), and reads bf16 inputs in place (f16 ones through a bf16
+  // copy) where they compute in bf16. The unfused kernel (weights asked, or
+  // an engine made with it) widens the three to f32 copies first, as does a
+  // call whose spans are not 2-byte aligned. Results equal Attend's over the
+  // widened values. Errors as for Attend, and INVALID_ARGUMENT for another
+  // dtype or spans that do not fit.
+  virtual absl::Status AttendHalf(const AttentionShape& shape,
+                                  const AttentionOptions& options,
+                                  DataType dtype, absl::Span<const char> query,
+                                  absl::Span<const char> key,
+                                  absl::Span<const char> value,
+                                  AttentionOutputs outputs) = 0;
+
   // Packed sequences of different lengths without padding (PackedShape).
   // `options` take everything but key_lengths, a mask and weights
   // (INVALID_ARGUMENT naming them); each sequence computes as an Attend of

@@ -1,0 +1,268 @@
+// AttendHalf: bf16 and f16 inputs read where they lie give exactly what
+// Attend gives over the same values widened to f32 (the tiles see the same
+// numbers either way), across shapes that take every tile path (oneDNN tiles,
+// tiles of few rows, split keys, GQA), every option the fused kernel takes,
+// both precisions, the AVX-512 and portable tile code; decode calls and the
+// unfused kernel through their own routes; and its refusals.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/common/dtype.h"
+#include "attnserve/core/attention_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "reference/reference_attention.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::testing::RandomValues;
+using ::testing::HasSubstr;
+
+// `values` stored as `dtype` (2 bytes each), and those stored values widened
+// back: the f32 inputs Attend must see to match.
+struct HalfTensor {
+  std::vector<char> bytes;
+  std::vector<float> widened;
+};
+
+HalfTensor Store(const std::vector<float>& values, DataType dtype) {
+  HalfTensor t;
+  // One spare byte in front, so that tests can take a misaligned view.
+  t.bytes.resize(values.size() * 2 + 2);
+  ConvertFromFloat32(values.data(), static_cast<int64_t>(values.size()), dtype,
+                     t.bytes.data() + 2);
+  t.widened.resize(values.size());
+  ConvertToFloat32(dtype, t.bytes.data() + 2,
+                   static_cast<int64_t>(values.size()), t.widened.data());
+  return t;
+}
+
+absl::Span<const char> Bytes(const HalfTensor& t) {
+  return absl::MakeConstSpan(t.bytes).subspan(2);
+}
+
+struct Case {
+  AttentionShape shape;
+  AttentionOptions options;
+  std::vector<int64_t> key_lengths;
+  std::vector<uint8_t> mask;
+  std::vector<float> slopes;
+};
+
+Case Draw(std::mt19937_64& rng) {
+  const auto pick = [&rng](std::initializer_list<int64_t> values) {
+    return *(values.begin() +
+             std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng));
+  };
+  Case c;
+  AttentionShape& s = c.shape;
+  s.batch = pick({1, 2});
+  s.kv_heads = pick({1, 2});
+  s.heads = s.kv_heads * pick({1, 4});
+  s.query_len = pick({2, 5, 64, 130});
+  s.key_len = pick({1, 7, 64, 300, 600});
+  s.key_dim = pick({16, 33, 64});
+  s.value_dim = pick({16, 24, 64});
+  AttentionOptions& o = c.options;
+  o.causal = pick({0, 1}) == 1;
+  o.causal_alignment = pick({0, 1}) == 1 ? CausalAlignment::kBottomRight
+                                         : CausalAlignment::kTopLeft;
+  if (pick({0, 1, 2}) == 1) {
+    o.window_left = pick({0, 5, 100});
+    o.num_sink_tokens = pick({0, 3});
+  }
+  if (pick({0, 1, 2}) == 1) o.softcap = 4.0f;
+  if (pick({0, 1, 2}) == 1) {
+    for (int64_t h = 0; h < s.heads; ++h) c.slopes.push_back(0.05f * (h + 1));
+  }
+  if (pick({0, 1, 2}) == 1) {
+    for (int64_t b = 0; b < s.batch; ++b) {
+      c.key_lengths.push_back(pick({1, s.key_len / 2 + 1, s.key_len}));
+    }
+  }
+  if (pick({0, 1, 2}) == 1) {
+    c.mask.resize(static_cast<size_t>(s.query_len * s.key_len));
+    for (uint8_t& allowed : c.mask) allowed = pick({0, 1, 1, 1}) == 1;
+  }
+  o.precision = pick({0, 1}) == 1 ? Precision::kBFloat16 : Precision::kFloat32;
+  o.return_lse = true;
+  return c;
+}
+
+// Points the case's options at its own vectors (after any copy).
+AttentionOptions OptionsOf(const Case& c) {
+  AttentionOptions o = c.options;
+  o.key_lengths = c.key_lengths;
+  o.alibi_slopes = c.slopes;
+  if (!c.mask.empty()) {
+    AttentionMask mask;
+    mask.allowed = c.mask.data();
+    mask.dims = {1, 1, c.shape.query_len, c.shape.key_len};
+    o.mask = mask;
+  }
+  return o;
+}
+
+struct Result {
+  std::vector<float> output, lse;
+};
+
+class HalfInputsTest
+    : public ::testing::TestWithParam<std::tuple<DataType, bool>> {
+ protected:
+  std::unique_ptr<AttentionEngine> MakeEngine(
+      AttentionKernel kernel = AttentionKernel::kAuto) {
+    EngineOptions options;
+    options.portable_kernels = std::get<1>(GetParam());
+    options.kernel = kernel;
+    options.max_workspace_bytes = int64_t{1} << 30;
+    return AttentionEngine::Create(options).value();
+  }
+};
+
+TEST_P(HalfInputsTest, EqualAttendOverTheWidenedValues) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  std::mt19937_64 rng(dtype == DataType::kBFloat16 ? 77 : 78);
+  for (int round = 0; round < 40; ++round) {
+    const Case c = Draw(rng);
+    const AttentionShape& s = c.shape;
+    const AttentionOptions options = OptionsOf(c);
+    SCOPED_TRACE(absl::StrCat("round ", round, " ", s.DebugString(),
+                              " bf16 precision ",
+                              options.precision == Precision::kBFloat16));
+    const HalfTensor query =
+        Store(RandomValues(s.QueryElements(), round * 3 + 1), dtype);
+    const HalfTensor key =
+        Store(RandomValues(s.KeyElements(), round * 3 + 2), dtype);
+    const HalfTensor value =
+        Store(RandomValues(s.ValueElements(), round * 3 + 3), dtype);
+    Result half{std::vector<float>(s.OutputElements(), -7.0f),
+                std::vector<float>(s.LseElements(), -7.0f)};
+    Result wide = half;
+    ASSERT_TRUE(engine
+                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                 Bytes(value),
+                                 AttentionOutputs(absl::MakeSpan(half.output),
+                                                  {}, absl::MakeSpan(half.lse)))
+                    .ok());
+    ASSERT_TRUE(engine
+                    ->Attend(s, options, query.widened, key.widened,
+                             value.widened,
+                             AttentionOutputs(absl::MakeSpan(wide.output), {},
+                                              absl::MakeSpan(wide.lse)))
+                    .ok());
+    // Bit for bit (NaN-free: every row here sees a key or none).
+    ASSERT_EQ(std::memcmp(half.output.data(), wide.output.data(),
+                          half.output.size() * sizeof(float)),
+              0);
+    ASSERT_EQ(std::memcmp(half.lse.data(), wide.lse.data(),
+                          half.lse.size() * sizeof(float)),
+              0);
+  }
+}
+
+TEST_P(HalfInputsTest, DecodeAndTheUnfusedKernelAndMisalignedSpansAgree) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> fused = MakeEngine();
+  std::unique_ptr<AttentionEngine> unfused =
+      MakeEngine(AttentionKernel::kUnfused);
+  AttentionShape s;
+  s.batch = 2;
+  s.heads = 8;
+  s.kv_heads = 2;
+  s.key_len = 333;
+  s.key_dim = s.value_dim = 64;
+  for (const int64_t query_len : {1, 40}) {
+    s.query_len = query_len;
+    SCOPED_TRACE(s.DebugString());
+    AttentionOptions options;
+    options.causal = true;
+    options.causal_alignment = CausalAlignment::kBottomRight;
+    const HalfTensor query = Store(RandomValues(s.QueryElements(), 5), dtype);
+    const HalfTensor key = Store(RandomValues(s.KeyElements(), 6), dtype);
+    const HalfTensor value = Store(RandomValues(s.ValueElements(), 7), dtype);
+    std::vector<float> expected(s.OutputElements());
+    ASSERT_TRUE(fused
+                    ->Attend(s, options, query.widened, key.widened,
+                             value.widened,
+                             AttentionOutputs(absl::MakeSpan(expected)))
+                    .ok());
+    // Decode goes to the paged kernel, whose sums run in another order.
+    const auto expect_close = [&expected](const std::vector<float>& actual) {
+      for (size_t i = 0; i < expected.size(); ++i) {
+        ASSERT_NEAR(actual[i], expected[i], 1e-5) << "element " << i;
+      }
+    };
+    std::vector<float> output(s.OutputElements());
+    ASSERT_TRUE(fused
+                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                 Bytes(value),
+                                 AttentionOutputs(absl::MakeSpan(output)))
+                    .ok());
+    expect_close(output);
+    // Widened first, then the same kernels as Attend.
+    ASSERT_TRUE(unfused
+                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                 Bytes(value),
+                                 AttentionOutputs(absl::MakeSpan(output)))
+                    .ok());
+    expect_close(output);
+    // A view one byte off: widened first too.
+    std::vector<char> shifted(query.bytes.size() + 1);
+    std::memcpy(shifted.data() + 1, Bytes(query).data(), Bytes(query).size());
+    ASSERT_TRUE(fused
+                    ->AttendHalf(s, options, dtype,
+                                 absl::MakeConstSpan(shifted).subspan(
+                                     1, Bytes(query).size()),
+                                 Bytes(key), Bytes(value),
+                                 AttentionOutputs(absl::MakeSpan(output)))
+                    .ok());
+    expect_close(output);
+  }
+}
+
+TEST_P(HalfInputsTest, RefusesAnotherDtypeAndSpansThatDoNotFit) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  AttentionShape s;
+  s.heads = s.kv_heads = 2;
+  s.query_len = 4;
+  s.key_len = 8;
+  s.key_dim = s.value_dim = 16;
+  const HalfTensor query = Store(RandomValues(s.QueryElements(), 1), dtype);
+  const HalfTensor key = Store(RandomValues(s.KeyElements(), 2), dtype);
+  const HalfTensor value = Store(RandomValues(s.ValueElements(), 3), dtype);
+  std::vector<float> output(s.OutputElements());
+  const AttentionOutputs outputs(absl::MakeSpan(output));
+  absl::Status status =
+      engine->AttendHalf(s, AttentionOptions(), DataType::kFloat32,
+                         Bytes(query), Bytes(key), Bytes(value), outputs);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("BFLOAT16 or FLOAT16"));
+  status = engine->AttendHalf(s, AttentionOptions(), dtype, Bytes(query),
+                              Bytes(key).subspan(2), Bytes(value), outputs);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("key has 510 bytes, expected 512 (256 16-bit"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DtypesAndTileCode, HalfInputsTest,
+    ::testing::Combine(::testing::Values(DataType::kBFloat16,
+                                         DataType::kFloat16),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<HalfInputsTest::ParamType>& param_info) {
+      return absl::StrCat(
+          std::get<0>(param_info.param) == DataType::kBFloat16 ? "Bf16" : "F16",
+          std::get<1>(param_info.param) ? "Portable" : "Native");
+    });
+
+}  // namespace
+}  // namespace attnserve

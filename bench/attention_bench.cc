@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_engine.h"
 #include "benchmark/benchmark.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -272,6 +273,71 @@ BENCHMARK(BM_WindowedAttention)
     ->Args({8192, 0, 0, 1})
     ->Args({8192, 256, 0, 1})
     ->Args({8192, 256, 4, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// A non-causal (1, H, H, L, L, D) Attend whose query, key and value arrive as
+// bf16 (dtype 1) or f16 (2), at f32 or bf16 precision: read where they lie
+// (AttendHalf, route 0), or widened to f32 copies first and then computed
+// (route 1, what the server did before AttendHalf). FLOPS as BM_Attention.
+void BM_HalfInputs(benchmark::State& state) {
+  AttentionShape shape;
+  shape.heads = shape.kv_heads = state.range(0);
+  shape.query_len = shape.key_len = state.range(1);
+  shape.key_dim = shape.value_dim = state.range(2);
+  const DataType dtype = static_cast<DataType>(state.range(3));
+  AttentionOptions options;
+  options.precision =
+      state.range(4) != 0 ? Precision::kBFloat16 : Precision::kFloat32;
+  const bool widen_first = state.range(5) != 0;
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const auto stored = [dtype](int64_t count, float value) {
+    std::vector<char> bytes(static_cast<size_t>(count) * 2);
+    const std::vector<float> values = Filled(count, value);
+    ConvertFromFloat32(values.data(), count, dtype, bytes.data());
+    return bytes;
+  };
+  const std::vector<char> query = stored(shape.QueryElements(), 0.01f);
+  const std::vector<char> key = stored(shape.KeyElements(), 0.02f);
+  const std::vector<char> value = stored(shape.ValueElements(), 0.03f);
+  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
+  std::vector<float> query_f32, key_f32, value_f32;
+  const auto widened = [dtype](const std::vector<char>& bytes,
+                               std::vector<float>* out) {
+    out->resize(bytes.size() / 2);
+    ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(out->size()),
+                     out->data());
+    return absl::MakeConstSpan(*out);
+  };
+  for (auto _ : state) {
+    absl::Status status;
+    if (widen_first) {
+      status = engine->Attend(
+          shape, options, widened(query, &query_f32), widened(key, &key_f32),
+          widened(value, &value_f32), absl::MakeSpan(output));
+      std::vector<float>().swap(query_f32);  // Each call allocates anew.
+      std::vector<float>().swap(key_f32);
+      std::vector<float>().swap(value_f32);
+    } else {
+      status = engine->AttendHalf(shape, options, dtype, query, key, value,
+                                  absl::MakeSpan(output));
+    }
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(4.0 * shape.heads * shape.query_len * shape.key_len *
+                             static_cast<double>(shape.key_dim),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_HalfInputs)
+    ->ArgNames({"H", "L", "D", "dtype", "bf16", "widen"})
+    ->ArgsProduct({{16}, {2048}, {64}, {1, 2}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -60,6 +60,13 @@ absl::Status ComputePacked(AttentionEngine& engine, const AttendWork& work,
 
 }  // namespace
 
+bool AttendReadsInputsInPlace(const AttendWork& work,
+                              const v1::AttendRequest& request) {
+  const v1::DType dtype = request.query().dtype();
+  return !work.packed && (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
+         request.key().dtype() == dtype && request.value().dtype() == dtype;
+}
+
 bool AttendReadsKeysInPlace(const AttentionEngine& engine,
                             const AttendWork& work,
                             const v1::AttendRequest& request) {
@@ -83,6 +90,15 @@ absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
   AttentionOptions options =
       BindOptions(work.plan, request.options(), &mask_copy);
   options.stop = stop;
+  if (AttendReadsInputsInPlace(work, request)) {
+    ATTNSERVE_RETURN_IF_ERROR(engine.AttendHalf(
+        s, options, ToDataType(request.query().dtype()),
+        absl::MakeConstSpan(request.query().data()),
+        absl::MakeConstSpan(request.key().data()),
+        absl::MakeConstSpan(request.value().data()), tensors.outputs()));
+    tensors.Finish();
+    return absl::OkStatus();
+  }
   if (AttendReadsKeysInPlace(engine, work, request)) {
     ATTNSERVE_RETURN_IF_ERROR(engine.AttendDecode(
         s, options, FloatElements(request.query(), &query_copy),

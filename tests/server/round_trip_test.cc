@@ -150,6 +150,87 @@ TEST_F(RoundTripTest, HalfPrecisionDecodeReadInPlaceAgreesWithFloat32) {
   }
 }
 
+// Prefill-shaped Attends over BFLOAT16 and FLOAT16 tensors are read where
+// they lie (AttentionEngine::AttendHalf, no f32 copy) and answer exactly what
+// the same values sent as FLOAT32 answer, at both precisions, with GQA, a
+// causal mask, key lengths and lse.
+TEST_F(RoundTripTest, HalfPrecisionPrefillReadInPlaceEqualsFloat32) {
+  const int64_t batch = 2, heads = 8, kv_heads = 2, queries = 70, keys = 300,
+                dim = 64;
+  for (const v1::DType dtype : {v1::BFLOAT16, v1::FLOAT16}) {
+    for (const auto precision :
+         {v1::AttentionOptions::F32, v1::AttentionOptions::BF16}) {
+      SCOPED_TRACE(
+          absl::StrCat(v1::DType_Name(dtype), " precision ",
+                       v1::AttentionOptions::Precision_Name(precision)));
+      v1::AttendRequest half;
+      *half.mutable_query() =
+          MakeTensor(dtype, {batch, heads, queries, dim},
+                     RandomValues(batch * heads * queries * dim, 11));
+      *half.mutable_key() =
+          MakeTensor(dtype, {batch, kv_heads, keys, dim},
+                     RandomValues(batch * kv_heads * keys * dim, 12));
+      *half.mutable_value() =
+          MakeTensor(dtype, {batch, kv_heads, keys, dim},
+                     RandomValues(batch * kv_heads * keys * dim, 13));
+      v1::AttentionOptions& options = *half.mutable_options();
+      options.set_return_lse(true);
+      options.set_causal(true);
+      options.set_causal_alignment(v1::AttentionOptions::BOTTOM_RIGHT);
+      options.add_key_lengths(300);
+      options.add_key_lengths(123);
+      options.set_precision(precision);
+      options.set_output_dtype(v1::FLOAT32);
+      v1::AttendRequest full = half;
+      for (v1::Tensor* tensor :
+           {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
+        const std::vector<float> values = FloatValues(*tensor).value();
+        *tensor = MakeTensor(v1::FLOAT32,
+                             std::vector<int64_t>(tensor->shape().begin(),
+                                                  tensor->shape().end()),
+                             values);
+      }
+      const absl::StatusOr<v1::AttendResponse> in_place =
+          client_->Attend(half, kTimeout);
+      const absl::StatusOr<v1::AttendResponse> widened =
+          client_->Attend(full, kTimeout);
+      ASSERT_TRUE(in_place.ok()) << in_place.status();
+      ASSERT_TRUE(widened.ok()) << widened.status();
+      EXPECT_EQ(FloatValues(in_place->output()).value(),
+                FloatValues(widened->output()).value());
+      EXPECT_EQ(FloatValues(in_place->lse()).value(),
+                FloatValues(widened->lse()).value());
+    }
+  }
+}
+
+// Which Attends ComputeAttend hands to AttendHalf: query, key and value all
+// in one half-precision dtype, any shape, not packed sequences.
+TEST(AttendReadsInputsInPlaceTest, AllThreeInOneHalfDtype) {
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(EngineOptions{}).value();
+  RequestChecks checks;
+  checks.engine = engine.get();
+  const auto decide = [&checks](v1::DType query, v1::DType key_value) {
+    v1::AttendRequest request;
+    *request.mutable_query() =
+        MakeTensor(query, {1, 4, 9, 16}, RandomValues(4 * 9 * 16, 1));
+    *request.mutable_key() =
+        MakeTensor(key_value, {1, 2, 40, 16}, RandomValues(2 * 40 * 16, 2));
+    *request.mutable_value() =
+        MakeTensor(key_value, {1, 2, 40, 16}, RandomValues(2 * 40 * 16, 3));
+    const absl::StatusOr<AttendWork> work =
+        ValidateAttendRequest(request, checks);
+    EXPECT_TRUE(work.ok()) << work.status();
+    return work.ok() && AttendReadsInputsInPlace(*work, request);
+  };
+  EXPECT_TRUE(decide(v1::BFLOAT16, v1::BFLOAT16));
+  EXPECT_TRUE(decide(v1::FLOAT16, v1::FLOAT16));
+  EXPECT_FALSE(decide(v1::FLOAT32, v1::FLOAT32));
+  EXPECT_FALSE(decide(v1::FLOAT32, v1::BFLOAT16));
+  EXPECT_FALSE(decide(v1::BFLOAT16, v1::FLOAT16));
+}
+
 // Which Attends ComputeAttend reads in place: decode-shaped, half-precision
 // keys and values, no mask, no weights, no top-left causal mask.
 TEST(AttendReadsKeysInPlaceTest, OnlyHalfPrecisionDecodeWithoutMasks) {

@@ -256,6 +256,31 @@ absl::Status AttentionEngineImpl::AttendHalf(
   return RunSdpa(stream, problem, AttentionFlops(shape));
 }
 
+std::optional<int64_t> AttentionEngineImpl::AttendHalfWorkspaceBytes(
+    const AttentionShape& shape, const AttentionOptions& options,
+    DataType dtype) const {
+  // The routes of AttendHalf: decode widens its query; the unfused kernel
+  // widens all three.
+  const double query = 4.0 * static_cast<double>(shape.QueryElements());
+  std::optional<int64_t> scratch;
+  double copies = 0;
+  if (DecodeReadsInPlace(shape, options)) {
+    scratch = SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
+    copies = query;
+  } else if (UseFused(options)) {
+    scratch = FusedWorkspaceBytes(shape, options.precision, threads_,
+                                  /*key_value_packed=*/true, dtype);
+  } else {
+    scratch = SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
+    copies = query + 4.0 * static_cast<double>(shape.KeyElements() +
+                                               shape.ValueElements());
+  }
+  if (!scratch || static_cast<double>(*scratch) + copies > 9e18) {
+    return std::nullopt;
+  }
+  return *scratch + static_cast<int64_t>(copies);
+}
+
 std::optional<int64_t> AttentionEngineImpl::AttendWorkspaceBytes(
     const AttentionShape& shape, const AttentionOptions& options) const {
   return SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);

@@ -54,6 +54,9 @@ class AttentionEngineImpl final : public AttentionEngine {
                                   AttentionOutputs outputs) override;
   bool DecodeReadsInPlace(const AttentionShape& shape,
                           const AttentionOptions& options) const override;
+  std::optional<int64_t> AttendHalfWorkspaceBytes(
+      const AttentionShape& shape, const AttentionOptions& options,
+      DataType dtype) const override;
   absl::Status AttendHalf(const AttentionShape& shape,
                           const AttentionOptions& options, DataType dtype,
                           absl::Span<const char> query,

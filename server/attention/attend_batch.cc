@@ -14,7 +14,9 @@ std::string AttendBatchKey(const AttentionEngine& engine,
                            const v1::AttendRequest& request,
                            const AttendWork& work) {
   const v1::AttentionOptions& options = request.options();
-  if (options.key_lengths_size() > 0 || work.packed) return "";
+  if (options.key_lengths_size() > 0 || work.packed || work.inputs_in_place) {
+    return "";
+  }
   if (work.plan.mask_dims && (*work.plan.mask_dims)[0] != 1) return "";
   if (!engine.AttendBatchable(work.plan.options)) return "";
   const AttentionShape& s = work.shape;

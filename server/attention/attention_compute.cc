@@ -60,13 +60,6 @@ absl::Status ComputePacked(AttentionEngine& engine, const AttendWork& work,
 
 }  // namespace
 
-bool AttendReadsInputsInPlace(const AttendWork& work,
-                              const v1::AttendRequest& request) {
-  const v1::DType dtype = request.query().dtype();
-  return !work.packed && (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
-         request.key().dtype() == dtype && request.value().dtype() == dtype;
-}
-
 bool AttendReadsKeysInPlace(const AttentionEngine& engine,
                             const AttendWork& work,
                             const v1::AttendRequest& request) {
@@ -90,7 +83,7 @@ absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,
   AttentionOptions options =
       BindOptions(work.plan, request.options(), &mask_copy);
   options.stop = stop;
-  if (AttendReadsInputsInPlace(work, request)) {
+  if (work.inputs_in_place) {
     ATTNSERVE_RETURN_IF_ERROR(engine.AttendHalf(
         s, options, ToDataType(request.query().dtype()),
         absl::MakeConstSpan(request.query().data()),

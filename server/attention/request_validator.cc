@@ -12,6 +12,7 @@
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_checks.h"
+#include "attnserve/server/tensors/tensor_codec.h"
 
 namespace attnserve {
 namespace {
@@ -285,26 +286,29 @@ absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
 }
 
 // The attention's scratch bytes: the engine's own figure, which depends on its
-// kernel and threads (infinite if it overflows).
+// kernel and threads (infinite if it overflows). With `half_inputs`, an
+// AttendHalf's: its scratch and whatever f32 copies of its inputs it makes.
 double ScratchBytes(const AttentionShape& s, const AttentionOptions& options,
-                    const RequestChecks& checks) {
+                    const RequestChecks& checks,
+                    std::optional<DataType> half_inputs) {
   const std::optional<int64_t> bytes =
-      checks.engine->AttendWorkspaceBytes(s, options);
+      half_inputs
+          ? checks.engine->AttendHalfWorkspaceBytes(s, options, *half_inputs)
+          : checks.engine->AttendWorkspaceBytes(s, options);
   return bytes ? static_cast<double>(*bytes)
                : std::numeric_limits<double>::infinity();
 }
 
 // The bytes the compute would allocate, or RESOURCE_EXHAUSTED if that is more
 // than the limit. `extra_bytes` covers what the caller knows beyond SDPA (MHA's
-// projections).
-absl::StatusOr<int64_t> CheckRequestMemory(const AttentionShape& s,
-                                           const OptionsPlan& plan,
-                                           int64_t output_elements,
-                                           double extra_bytes,
-                                           double converted_input_elements,
-                                           const RequestChecks& checks) {
+// projections); `half_inputs`, an Attend computed by AttendHalf.
+absl::StatusOr<int64_t> CheckRequestMemory(
+    const AttentionShape& s, const OptionsPlan& plan, int64_t output_elements,
+    double extra_bytes, double converted_input_elements,
+    const RequestChecks& checks,
+    std::optional<DataType> half_inputs = std::nullopt) {
   const AttentionOptions& options = plan.options;
-  const double scratch_bytes = ScratchBytes(s, options, checks);
+  const double scratch_bytes = ScratchBytes(s, options, checks, half_inputs);
   if (scratch_bytes >
       static_cast<double>(checks.engine->options().max_workspace_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -498,6 +502,19 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
   if (request.options().has_attn_mask()) {
     ATTNSERVE_RETURN_IF_ERROR(CheckElements(
         "options.attn_mask", request.options().attn_mask(), checks));
+  }
+  const v1::DType dtype = request.query().dtype();
+  work.inputs_in_place = (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
+                         request.key().dtype() == dtype &&
+                         request.value().dtype() == dtype;
+  if (work.inputs_in_place) {
+    // Whatever copies AttendHalf makes count in its workspace figure.
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        work.memory_bytes,
+        CheckRequestMemory(s, work.plan, s.OutputElements(), 0.0,
+                           ConvertedElements({&request.options().attn_mask()}),
+                           checks, ToDataType(dtype)));
+    return work;
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.memory_bytes,

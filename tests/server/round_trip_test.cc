@@ -204,8 +204,8 @@ TEST_F(RoundTripTest, HalfPrecisionPrefillReadInPlaceEqualsFloat32) {
   }
 }
 
-// Which Attends ComputeAttend hands to AttendHalf: query, key and value all
-// in one half-precision dtype, any shape, not packed sequences.
+// Which Attends the validator marks for AttendHalf: query, key and value all
+// in one half-precision dtype, any shape.
 TEST(AttendReadsInputsInPlaceTest, AllThreeInOneHalfDtype) {
   std::unique_ptr<AttentionEngine> engine =
       AttentionEngine::Create(EngineOptions{}).value();
@@ -222,7 +222,7 @@ TEST(AttendReadsInputsInPlaceTest, AllThreeInOneHalfDtype) {
     const absl::StatusOr<AttendWork> work =
         ValidateAttendRequest(request, checks);
     EXPECT_TRUE(work.ok()) << work.status();
-    return work.ok() && AttendReadsInputsInPlace(*work, request);
+    return work.ok() && work->inputs_in_place;
   };
   EXPECT_TRUE(decide(v1::BFLOAT16, v1::BFLOAT16));
   EXPECT_TRUE(decide(v1::FLOAT16, v1::FLOAT16));

@@ -455,6 +455,37 @@ TEST_F(ServiceTest, LimitsAnswerResourceExhaustedBeforeAllocating) {
       client_->Attend(Request({1, 1, 1, 4, 4, 4, 4}, 3), kTimeout).ok());
 }
 
+// An Attend whose tensors are all BFLOAT16 is read where it lies, so its
+// memory figure counts no f32 copies of them: 16 MiB of keys and values
+// widened would be over the 4 MiB limit, the call itself is not. The same
+// keys and values under an f32 query take the widening route and are refused.
+TEST_F(ServiceTest, HalfInputsReadInPlaceCountNoWidenedCopies) {
+  ServerOptions options = DefaultOptions();
+  options.limits.max_request_memory_bytes = 4 << 20;
+  Start(options);
+  const int64_t heads = 4, queries = 64, keys = 32768, dim = 16;
+  v1::AttendRequest request;
+  *request.mutable_query() = MakeTensor(v1::BFLOAT16, {1, heads, queries, dim},
+                                        RandomValues(heads * queries * dim, 1));
+  *request.mutable_key() = MakeTensor(v1::BFLOAT16, {1, heads, keys, dim},
+                                      RandomValues(heads * keys * dim, 2));
+  *request.mutable_value() = MakeTensor(v1::BFLOAT16, {1, heads, keys, dim},
+                                        RandomValues(heads * keys * dim, 3));
+  request.mutable_options()->set_causal(true);
+  request.mutable_options()->set_causal_alignment(
+      v1::AttentionOptions::BOTTOM_RIGHT);
+  const absl::StatusOr<v1::AttendResponse> response =
+      client_->Attend(request, kTimeout);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->output().dtype(), v1::BFLOAT16);
+  *request.mutable_query() = MakeTensor(v1::FLOAT32, {1, heads, queries, dim},
+                                        RandomValues(heads * queries * dim, 1));
+  const absl::Status status = client_->Attend(request, kTimeout).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("max_request_memory_bytes limit of 4194304"));
+}
+
 TEST_F(ServiceTest, DrainingAnswersEveryAcceptedCallThenRefuses) {
   ServerOptions options = DefaultOptions();
   options.drain_grace = absl::Milliseconds(300);

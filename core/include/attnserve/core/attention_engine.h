@@ -160,6 +160,12 @@ class AttentionEngine {
   virtual std::optional<int64_t> AttendWorkspaceBytes(
       const AttentionShape& shape, const AttentionOptions& options) const = 0;
 
+  // The same for an AttendHalf of `dtype` inputs (aligned spans): its scratch
+  // and any f32 copies it makes of them.
+  virtual std::optional<int64_t> AttendHalfWorkspaceBytes(
+      const AttentionShape& shape, const AttentionOptions& options,
+      DataType dtype) const = 0;
+
   // Whether an Attend of `shape` runs on the calling thread alone (no OpenMP
   // team): calls under 2^20 FLOPs do, since waking a team costs more than their
   // arithmetic. The shape must be valid. Servers run such calls without

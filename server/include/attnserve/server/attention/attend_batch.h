@@ -17,8 +17,10 @@ namespace attnserve {
 // The key under which a validated Attend may share a batch: equal for requests
 // with equal dtypes, equal shapes apart from B, and equal options. Empty (never
 // batched) when the options depend on the batch item (key_lengths, or a mask
-// with a batch dimension) or the engine cannot batch them in place (weights
-// asked for, or the unfused kernel forced).
+// with a batch dimension), the engine cannot batch them in place (weights
+// asked for, or the unfused kernel forced), or the request's inputs are read
+// where they lie by AttendHalf (AttendWork::inputs_in_place), which batching
+// would widen to f32 copies.
 std::string AttendBatchKey(const AttentionEngine& engine,
                            const v1::AttendRequest& request,
                            const AttendWork& work);

@@ -10,17 +10,11 @@
 
 namespace attnserve {
 
-// Whether ComputeAttend hands `request`'s query, key and value to the
-// engine as they arrive (AttentionEngine::AttendHalf): all three BFLOAT16, or
-// all three FLOAT16, not packed sequences.
-bool AttendReadsInputsInPlace(const AttendWork& work,
-                              const v1::AttendRequest& request);
-
-// Whether ComputeAttend, for a call AttendReadsInputsInPlace does not take,
-// reads `request`'s keys and values in place, in their dtype
-// (AttentionEngine::AttendDecode): a decode the engine takes that way
-// (DecodeReadsInPlace: Lq = 1, no mask tensor, no weights, no top-left causal
-// mask) over BFLOAT16 or FLOAT16 keys and values. Any other call's
+// Whether ComputeAttend, for a call it does not hand to AttendHalf
+// (AttendWork::inputs_in_place), reads `request`'s keys and values in place, in
+// their dtype (AttentionEngine::AttendDecode): a decode the engine takes that
+// way (DecodeReadsInPlace: Lq = 1, no mask tensor, no weights, no top-left
+// causal mask) over BFLOAT16 or FLOAT16 keys and values. Any other call's
 // half-precision tensors are widened to f32 copies first, as are those of
 // small calls batched together (AttendBatch).
 bool AttendReadsKeysInPlace(const AttentionEngine& engine,

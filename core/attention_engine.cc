@@ -349,6 +349,53 @@ absl::Status AttentionEngineImpl::AttendPacked(const PackedShape& shape,
                                                AttentionOutputs outputs) {
   ATTNSERVE_RETURN_IF_ERROR(ValidatePacked(shape, options, query.size(),
                                            key.size(), value.size(), outputs));
+  return RunPacked(shape, options, DataType::kFloat32, query.data(), key.data(),
+                   value.data(), outputs);
+}
+
+absl::Status AttentionEngineImpl::AttendPackedHalf(
+    const PackedShape& shape, const AttentionOptions& options, DataType dtype,
+    absl::Span<const char> query, absl::Span<const char> key,
+    absl::Span<const char> value, AttentionOutputs outputs) {
+  if (dtype == DataType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "AttendPackedHalf takes BFLOAT16 or FLOAT16 inputs; got FLOAT32");
+  }
+  const std::pair<const char*, absl::Span<const char>> spans[] = {
+      {"query", query}, {"key", key}, {"value", value}};
+  bool aligned = true;
+  for (const auto& [name, bytes] : spans) {
+    if (bytes.size() % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " has ", bytes.size(), " bytes, expected 16-bit elements"));
+    }
+    aligned = aligned && reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0;
+  }
+  ATTNSERVE_RETURN_IF_ERROR(ValidatePacked(shape, options, query.size() / 2,
+                                           key.size() / 2, value.size() / 2,
+                                           outputs));
+  if (!UseFused(options) || !aligned) {
+    const auto widened = [dtype](absl::Span<const char> bytes,
+                                 std::vector<float>* copy) {
+      copy->resize(bytes.size() / 2);
+      ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(copy->size()),
+                       copy->data());
+      return absl::MakeConstSpan(*copy);
+    };
+    std::vector<float> query_copy, key_copy, value_copy;
+    return AttendPacked(shape, options, widened(query, &query_copy),
+                        widened(key, &key_copy), widened(value, &value_copy),
+                        outputs);
+  }
+  return RunPacked(shape, options, dtype, query.data(), key.data(),
+                   value.data(), outputs);
+}
+
+absl::Status AttentionEngineImpl::RunPacked(const PackedShape& shape,
+                                            const AttentionOptions& options,
+                                            DataType source, const void* query,
+                                            const void* key, const void* value,
+                                            AttentionOutputs outputs) {
   const int64_t h = shape.heads, hkv = shape.kv_heads;
   const int64_t dk = shape.key_dim, dv = shape.value_dim;
   const int64_t total_q = shape.TotalQuery();
@@ -375,19 +422,29 @@ absl::Status AttentionEngineImpl::AttendPacked(const PackedShape& shape,
     }
     ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
         absl::StrCat("packed sequence ", s, " of shape ", one.DebugString()),
-        SdpaWorkspaceBytes(one, options, /*key_value_packed=*/false)));
+        source == DataType::kFloat32
+            ? SdpaWorkspaceBytes(one, options, /*key_value_packed=*/false)
+            : FusedWorkspaceBytes(one, options.precision, threads_,
+                                  /*key_value_packed=*/false, source)));
     if (!outputs.lse.empty())
       lse.resize(static_cast<size_t>(h * one.query_len));
     SdpaProblem problem = MakeSdpaProblem(
         one, options,
         AttentionOutputs(absl::Span<float>(), {}, absl::MakeSpan(lse)));
     // Token-major rows read as [1, heads, L, D] through strides.
-    problem.query = query.data() + q0 * h * dk;
     problem.query_strides = {0, dk, h * dk, 1};
-    problem.key = key.data() + k0 * hkv * dk;
     problem.key_strides = {0, dk, hkv * dk, 1};
-    problem.value = value.data() + k0 * hkv * dv;
     problem.value_strides = {0, dv, hkv * dv, 1};
+    if (source == DataType::kFloat32) {
+      problem.query = static_cast<const float*>(query) + q0 * h * dk;
+      problem.key = static_cast<const float*>(key) + k0 * hkv * dk;
+      problem.value = static_cast<const float*>(value) + k0 * hkv * dv;
+    } else {
+      problem.input_dtype = source;
+      problem.half_query = static_cast<const uint16_t*>(query) + q0 * h * dk;
+      problem.half_key = static_cast<const uint16_t*>(key) + k0 * hkv * dk;
+      problem.half_value = static_cast<const uint16_t*>(value) + k0 * hkv * dv;
+    }
     problem.output = output;
     problem.output_strides = {0, dv, h * dv, 1};
     ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,

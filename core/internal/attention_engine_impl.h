@@ -57,6 +57,12 @@ class AttentionEngineImpl final : public AttentionEngine {
   std::optional<int64_t> AttendHalfWorkspaceBytes(
       const AttentionShape& shape, const AttentionOptions& options,
       DataType dtype) const override;
+  absl::Status AttendPackedHalf(const PackedShape& shape,
+                                const AttentionOptions& options, DataType dtype,
+                                absl::Span<const char> query,
+                                absl::Span<const char> key,
+                                absl::Span<const char> value,
+                                AttentionOutputs outputs) override;
   absl::Status AttendHalf(const AttentionShape& shape,
                           const AttentionOptions& options, DataType dtype,
                           absl::Span<const char> query,
@@ -86,6 +92,14 @@ class AttentionEngineImpl final : public AttentionEngine {
   // small-rows path several times.
   bool DecodesPaged(const AttentionShape& shape,
                     const AttentionOptions& options) const;
+
+  // Runs each sequence of a validated packed call as one kernel call over
+  // strided views: `source` is the inputs' dtype, `query`, `key` and `value`
+  // point at their first element (f32, or 16-bit elements of `source`).
+  absl::Status RunPacked(const PackedShape& shape,
+                         const AttentionOptions& options, DataType source,
+                         const void* query, const void* key, const void* value,
+                         AttentionOutputs outputs);
 
   // Validates an Attend's (or an AttendBatch part's) shape, spans and options.
   static absl::Status ValidateInputs(const AttentionShape& shape,

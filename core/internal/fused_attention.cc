@@ -55,7 +55,8 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
   // tiles read f32 (WidenBlock), except f16 under native bf16 tiles, which
   // is packed to bf16.
   if (g_.WidensBlocks() ||
-      (g_.HalfSource() && g_.source == DataType::kBFloat16)) {
+      (g_.HalfSource() && g_.source == DataType::kBFloat16 &&
+       KeyValuePacked(p_))) {
     return absl::OkStatus();
   }
   // Keys and values with dense rows, in the matmuls' type (decode tiles
@@ -71,8 +72,9 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
         "fused attention: cannot allocate packed keys and values");
   }
   if (g_.HalfSource()) {
-    PackF16(p_.half_key, s_.KeyElements(), packed_.get());
-    PackF16(p_.half_value, s_.ValueElements(), packed_.get() + key_bytes);
+    PackHalf(p_.half_key, p_.key_strides, s_.key_dim, packed_.get());
+    PackHalf(p_.half_value, p_.value_strides, s_.value_dim,
+             packed_.get() + key_bytes);
   } else {
     Pack(&KeyOf, p_.key_strides, s_.key_dim, packed_.get());
     Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
@@ -111,16 +113,31 @@ void FusedRun::Pack(const float* (*of)(const SdpaProblem&, int64_t),
   }
 }
 
-void FusedRun::PackF16(const uint16_t* source, int64_t count, char* out) const {
-  // Widened a chunk at a time on the stack, then narrowed to bf16.
-  constexpr int64_t kChunk = 1024;
+void FusedRun::PackHalf(const uint16_t* source, const Strides4& strides,
+                        int64_t dim, char* out) const {
   uint16_t* packed = reinterpret_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static)
-  for (int64_t first = 0; first < count; first += kChunk) {
-    float widened[kChunk];
-    const int64_t n = std::min(kChunk, count - first);
-    kernels_.f16_to_f32(source + first, n, widened);
-    kernels_.to_bf16(widened, n, packed + first);
+#pragma omp parallel
+  {
+    // f16 rows are widened on the thread's own buffer, then narrowed.
+    std::vector<float> widened(
+        g_.source == DataType::kFloat16 ? static_cast<size_t>(dim) : 0);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < s_.batch; ++b) {
+      for (int64_t h = 0; h < s_.kv_heads; ++h) {
+        for (int64_t j = 0; j < s_.key_len; ++j) {
+          const uint16_t* row =
+              source + b * strides[0] + h * strides[1] + j * strides[2];
+          uint16_t* to =
+              packed + ((b * s_.kv_heads + h) * s_.key_len + j) * dim;
+          if (g_.source == DataType::kBFloat16) {
+            std::memcpy(to, row, static_cast<size_t>(dim) * 2);
+          } else {
+            kernels_.f16_to_f32(row, dim, widened.data());
+            kernels_.to_bf16(widened.data(), dim, to);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -133,8 +150,9 @@ const char* FusedRun::Rows(const void* packed, const uint16_t* half,
     return static_cast<const char*>(packed) +
            first_row * dim * PackedElementBytes();
   }
-  if (g_.HalfSource()) {  // Packed strides, read in place.
-    return reinterpret_cast<const char*>(half + first_row * dim);
+  if (g_.HalfSource()) {  // Read in place, rows RowStride apart.
+    return reinterpret_cast<const char*>(half + b * strides[0] +
+                                         h * strides[1]);
   }
   return reinterpret_cast<const char*>(of(p_, b) + h * strides[1]);
 }

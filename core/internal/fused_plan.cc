@@ -72,8 +72,10 @@ int64_t PartialBytes(const AttentionShape& s, const Geometry& g) {
 int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
                             bool key_value_packed) {
   if (g.HalfSource()) {
-    // Only native bf16 tiles over f16 inputs read a (same-sized) copy.
-    return g.NativeBf16Tiles() && g.source == DataType::kFloat16
+    // Only native bf16 tiles over f16 or strided inputs read a (same-sized)
+    // copy.
+    return g.NativeBf16Tiles() &&
+                   (g.source == DataType::kFloat16 || !key_value_packed)
                ? (s.KeyElements() + s.ValueElements()) * 2
                : 0;
   }

@@ -74,8 +74,8 @@ struct Geometry {
   bool HalfSource() const { return source != DataType::kFloat32; }
   // Whether the tiles widen half inputs a key block at a time into the
   // thread's buffers: whenever they read f32 (f32 precision, tiles of few
-  // rows, a CPU without bf16 matmuls). Native bf16 tiles read bf16 inputs in
-  // place and a packed bf16 copy of f16 ones.
+  // rows, a CPU without bf16 matmuls). Native bf16 tiles read dense bf16
+  // inputs in place, and a packed bf16 copy of f16 or strided ones.
   bool WidensBlocks() const { return HalfSource() && !NativeBf16Tiles(); }
 };
 

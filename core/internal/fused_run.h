@@ -72,11 +72,13 @@ struct BlockRange {
 
 // One block of keys as a tile reads it.
 struct KeyBlock {
-  int64_t k0;          // its first key
-  int64_t n;           // keys in it
-  int width;           // KeyWidthIndex(n)
-  const char* keys;    // its first key row
-  const char* values;  // its first value row
+  int64_t k0;            // its first key
+  int64_t n;             // keys in it
+  int width;             // KeyWidthIndex(n)
+  const char* keys;      // its first key row
+  const char* values;    // its first value row
+  int64_t key_stride;    // elements from one key row to the next
+  int64_t value_stride;  // and from one value row to the next
 };
 
 // The running computation of one call.
@@ -116,9 +118,16 @@ class FusedRun {
   // on the calling thread's team.
   void Pack(const float* (*of)(const SdpaProblem&, int64_t),
             const Strides4& strides, int64_t dim, char* out) const;
-  // Copies `count` f16 elements at `source` to `out` as bf16, on the calling
-  // thread's team (f16 inputs under native bf16 tiles).
-  void PackF16(const uint16_t* source, int64_t count, char* out) const;
+  // Copies the half-input [B, Hkv, Lk, dim] tensor at `source` (with
+  // `strides`) into `out` as dense bf16 rows, on the calling thread's team
+  // (f16 or strided inputs under native bf16 tiles).
+  void PackHalf(const uint16_t* source, const Strides4& strides, int64_t dim,
+                char* out) const;
+  // Elements between the key (value) rows the tiles read: the strides' for
+  // half inputs read in place, else dense rows of `dim`.
+  int64_t RowStride(const Strides4& strides, int64_t dim) const {
+    return g_.HalfSource() && packed_.get() == nullptr ? strides[2] : dim;
+  }
   // Gets the tile plans of every tile shape the call can use from `cache`
   // (building the missing ones single-threaded), and the largest scratchpad
   // any of them needs.

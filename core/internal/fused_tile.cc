@@ -187,10 +187,22 @@ void FusedRun::Widen(const uint16_t* source, int64_t count, float* out) const {
 void FusedRun::WidenBlock(const TileBuffers& buffers, KeyBlock* keys) const {
   float* widened_keys = buffers.widened;
   float* widened_values = buffers.widened + g_.k_block * s_.key_dim;
-  Widen(reinterpret_cast<const uint16_t*>(keys->keys), keys->n * s_.key_dim,
-        widened_keys);
-  Widen(reinterpret_cast<const uint16_t*>(keys->values), keys->n * s_.value_dim,
-        widened_values);
+  // Dense rows in one run, strided ones (packed sequences) row by row.
+  const auto widen_rows = [this, keys](const char* rows, int64_t stride,
+                                       int64_t dim, float* out) {
+    const uint16_t* half = reinterpret_cast<const uint16_t*>(rows);
+    if (stride == dim) {
+      Widen(half, keys->n * dim, out);
+      return;
+    }
+    for (int64_t j = 0; j < keys->n; ++j) {
+      Widen(half + j * stride, dim, out + j * dim);
+    }
+  };
+  widen_rows(keys->keys, keys->key_stride, s_.key_dim, widened_keys);
+  widen_rows(keys->values, keys->value_stride, s_.value_dim, widened_values);
+  keys->key_stride = s_.key_dim;
+  keys->value_stride = s_.value_dim;
   if (g_.Bf16Tiles()) {
     // f32 matmuls of a CPU without bf16 ones read bf16 values.
     RoundToBf16Values(widened_keys, keys->n * s_.key_dim, widened_keys);
@@ -211,8 +223,10 @@ KeyBlock FusedRun::BlockAt(int64_t block, int64_t tile_end,
   }
   keys.width = KeyWidthIndex(keys.n);
   const int64_t element = PackedElementBytes();
-  keys.keys = key_rows + keys.k0 * s_.key_dim * element;
-  keys.values = value_rows + keys.k0 * s_.value_dim * element;
+  keys.key_stride = RowStride(p_.key_strides, s_.key_dim);
+  keys.value_stride = RowStride(p_.value_strides, s_.value_dim);
+  keys.keys = key_rows + keys.k0 * keys.key_stride * element;
+  keys.values = value_rows + keys.k0 * keys.value_stride * element;
   return keys;
 }
 

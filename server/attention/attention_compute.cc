@@ -45,10 +45,18 @@ absl::Status ComputePacked(AttentionEngine& engine, const AttendWork& work,
   packed.value_dim = s.value_dim;
   packed.cu_seqlens_q = request.options().cu_seqlens_q();
   packed.cu_seqlens_k = request.options().cu_seqlens_k();
-  ATTNSERVE_RETURN_IF_ERROR(engine.AttendPacked(
-      packed, options, FloatElements(request.query(), &query_copy),
-      FloatElements(request.key(), &key_copy),
-      FloatElements(request.value(), &value_copy), tensors.outputs()));
+  if (work.inputs_in_place) {
+    ATTNSERVE_RETURN_IF_ERROR(engine.AttendPackedHalf(
+        packed, options, ToDataType(request.query().dtype()),
+        absl::MakeConstSpan(request.query().data()),
+        absl::MakeConstSpan(request.key().data()),
+        absl::MakeConstSpan(request.value().data()), tensors.outputs()));
+  } else {
+    ATTNSERVE_RETURN_IF_ERROR(engine.AttendPacked(
+        packed, options, FloatElements(request.query(), &query_copy),
+        FloatElements(request.key(), &key_copy),
+        FloatElements(request.value(), &value_copy), tensors.outputs()));
+  }
   tensors.Finish();
   if (response->has_lse()) {  // [1, H, total_q] as written: [H, total_q].
     response->mutable_lse()->mutable_shape()->Clear();

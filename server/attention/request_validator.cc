@@ -340,6 +340,15 @@ absl::StatusOr<int64_t> CheckRequestMemory(
       checks.limits.max_request_memory_bytes));
 }
 
+// Whether query, key and value are all BFLOAT16 or all FLOAT16: what
+// AttendHalf and AttendPackedHalf read where it lies.
+bool InOneHalfDtype(const v1::Tensor& query, const v1::Tensor& key,
+                    const v1::Tensor& value) {
+  const v1::DType dtype = query.dtype();
+  return (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
+         key.dtype() == dtype && value.dtype() == dtype;
+}
+
 // Elements that arrive as BFLOAT16/FLOAT16 and are widened to f32 on the
 // server.
 double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
@@ -430,12 +439,25 @@ absl::StatusOr<AttendWork> ValidatePackedAttendRequest(
   longest.batch = 1;
   ATTNSERVE_RETURN_IF_ERROR(
       CheckResponseSize(s, work.plan, s.OutputElements(), checks));
+  const double lse_bytes =
+      work.plan.options.return_lse ? 4.0 * s.LseElements() : 0.0;
+  work.inputs_in_place = InOneHalfDtype(q, k, v);
+  if (work.inputs_in_place) {
+    // AttendPackedHalf: its workspace figure, and the bf16 copy of the
+    // longest sequence's strided keys and values that bf16 tiles read.
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        work.memory_bytes,
+        CheckRequestMemory(
+            longest, work.plan, s.OutputElements(),
+            lse_bytes + 2.0 * static_cast<double>(longest.KeyElements() +
+                                                  longest.ValueElements()),
+            0.0, checks, ToDataType(q.dtype())));
+    return work;
+  }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.memory_bytes,
-      CheckRequestMemory(
-          longest, work.plan, s.OutputElements(),
-          work.plan.options.return_lse ? 4.0 * s.LseElements() : 0.0,
-          ConvertedElements({&q, &k, &v}), checks));
+      CheckRequestMemory(longest, work.plan, s.OutputElements(), lse_bytes,
+                         ConvertedElements({&q, &k, &v}), checks));
   return work;
 }
 
@@ -503,17 +525,15 @@ absl::StatusOr<AttendWork> ValidateAttendRequest(
     ATTNSERVE_RETURN_IF_ERROR(CheckElements(
         "options.attn_mask", request.options().attn_mask(), checks));
   }
-  const v1::DType dtype = request.query().dtype();
-  work.inputs_in_place = (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
-                         request.key().dtype() == dtype &&
-                         request.value().dtype() == dtype;
+  work.inputs_in_place =
+      InOneHalfDtype(request.query(), request.key(), request.value());
   if (work.inputs_in_place) {
     // Whatever copies AttendHalf makes count in its workspace figure.
     ATTNSERVE_ASSIGN_OR_RETURN(
         work.memory_bytes,
         CheckRequestMemory(s, work.plan, s.OutputElements(), 0.0,
                            ConvertedElements({&request.options().attn_mask()}),
-                           checks, ToDataType(dtype)));
+                           checks, ToDataType(request.query().dtype())));
     return work;
   }
   ATTNSERVE_ASSIGN_OR_RETURN(

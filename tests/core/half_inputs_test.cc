@@ -1,9 +1,10 @@
-// AttendHalf: bf16 and f16 inputs read where they lie give exactly what
-// Attend gives over the same values widened to f32 (the tiles see the same
-// numbers either way), across shapes that take every tile path (oneDNN tiles,
-// tiles of few rows, split keys, GQA), every option the fused kernel takes,
-// both precisions, the AVX-512 and portable tile code; decode calls and the
-// unfused kernel through their own routes; and its refusals.
+// AttendHalf and AttendPackedHalf: bf16 and f16 inputs read where they lie
+// give exactly what Attend and AttendPacked give over the same values widened
+// to f32 (the tiles see the same numbers either way), across shapes that take
+// every tile path (oneDNN tiles, tiles of few rows, split keys, GQA), every
+// option the fused kernel takes, both precisions, the AVX-512 and portable
+// tile code; decode calls and the unfused kernel through their own routes;
+// and the refusals.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -225,6 +226,73 @@ TEST_P(HalfInputsTest, DecodeAndTheUnfusedKernelAndMisalignedSpansAgree) {
                                  AttentionOutputs(absl::MakeSpan(output)))
                     .ok());
     expect_close(output);
+  }
+}
+
+TEST_P(HalfInputsTest, PackedSequencesEqualAttendPackedOverTheWidenedValues) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  std::mt19937_64 rng(dtype == DataType::kBFloat16 ? 91 : 92);
+  const auto pick = [&rng](std::initializer_list<int64_t> values) {
+    return *(values.begin() +
+             std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng));
+  };
+  for (int round = 0; round < 20; ++round) {
+    PackedShape shape;
+    shape.kv_heads = pick({1, 2});
+    shape.heads = shape.kv_heads * pick({1, 4});
+    shape.key_dim = pick({16, 33});
+    shape.value_dim = pick({16, 24});
+    std::vector<int64_t> cu_q = {0}, cu_k = {0};
+    for (int64_t i = 0, n = pick({1, 3}); i < n; ++i) {
+      cu_q.push_back(cu_q.back() + pick({0, 1, 9, 70}));
+      cu_k.push_back(cu_k.back() + pick({0, 1, 40, 300}));
+    }
+    shape.cu_seqlens_q = cu_q;
+    shape.cu_seqlens_k = cu_k;
+    AttentionOptions options;
+    options.causal = pick({0, 1}) == 1;
+    options.causal_alignment = CausalAlignment::kBottomRight;
+    if (pick({0, 1}) == 1) options.window_left = pick({3, 50});
+    options.precision =
+        pick({0, 1}) == 1 ? Precision::kBFloat16 : Precision::kFloat32;
+    options.return_lse = true;
+    SCOPED_TRACE(absl::StrCat("round ", round, " H ", shape.heads, " Hkv ",
+                              shape.kv_heads, " Dk ", shape.key_dim, " Dv ",
+                              shape.value_dim, " bf16 precision ",
+                              options.precision == Precision::kBFloat16));
+    const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+    const HalfTensor query = Store(
+        RandomValues(total_q * shape.heads * shape.key_dim, round + 1), dtype);
+    const HalfTensor key =
+        Store(RandomValues(total_k * shape.kv_heads * shape.key_dim, round + 2),
+              dtype);
+    const HalfTensor value = Store(
+        RandomValues(total_k * shape.kv_heads * shape.value_dim, round + 3),
+        dtype);
+    Result half{std::vector<float>(total_q * shape.heads * shape.value_dim),
+                std::vector<float>(total_q * shape.heads)};
+    Result wide = half;
+    ASSERT_TRUE(
+        engine
+            ->AttendPackedHalf(shape, options, dtype, Bytes(query), Bytes(key),
+                               Bytes(value),
+                               AttentionOutputs(absl::MakeSpan(half.output), {},
+                                                absl::MakeSpan(half.lse)))
+            .ok());
+    ASSERT_TRUE(
+        engine
+            ->AttendPacked(shape, options, query.widened, key.widened,
+                           value.widened,
+                           AttentionOutputs(absl::MakeSpan(wide.output), {},
+                                            absl::MakeSpan(wide.lse)))
+            .ok());
+    ASSERT_EQ(std::memcmp(half.output.data(), wide.output.data(),
+                          half.output.size() * sizeof(float)),
+              0);
+    ASSERT_EQ(std::memcmp(half.lse.data(), wide.lse.data(),
+                          half.lse.size() * sizeof(float)),
+              0);
   }
 }
 

@@ -204,6 +204,56 @@ TEST_F(RoundTripTest, HalfPrecisionPrefillReadInPlaceEqualsFloat32) {
   }
 }
 
+// Packed sequences in one half dtype are read where they lie too
+// (AttendPackedHalf) and answer exactly what their FLOAT32 twin answers.
+TEST_F(RoundTripTest, HalfPrecisionPackedSequencesEqualFloat32) {
+  const int64_t heads = 4, kv_heads = 2, dim = 32;
+  const std::vector<int64_t> cu_q = {0, 5, 5, 70}, cu_k = {0, 40, 41, 300};
+  for (const v1::DType dtype : {v1::BFLOAT16, v1::FLOAT16}) {
+    for (const auto precision :
+         {v1::AttentionOptions::F32, v1::AttentionOptions::BF16}) {
+      SCOPED_TRACE(
+          absl::StrCat(v1::DType_Name(dtype), " precision ",
+                       v1::AttentionOptions::Precision_Name(precision)));
+      v1::AttendRequest half;
+      *half.mutable_query() = MakeTensor(dtype, {cu_q.back(), heads, dim},
+                                         RandomValues(70 * heads * dim, 21));
+      *half.mutable_key() = MakeTensor(dtype, {cu_k.back(), kv_heads, dim},
+                                       RandomValues(300 * kv_heads * dim, 22));
+      *half.mutable_value() =
+          MakeTensor(dtype, {cu_k.back(), kv_heads, dim},
+                     RandomValues(300 * kv_heads * dim, 23));
+      v1::AttentionOptions& options = *half.mutable_options();
+      for (const int64_t offset : cu_q) options.add_cu_seqlens_q(offset);
+      for (const int64_t offset : cu_k) options.add_cu_seqlens_k(offset);
+      options.set_causal(true);
+      options.set_causal_alignment(v1::AttentionOptions::BOTTOM_RIGHT);
+      options.set_return_lse(true);
+      options.set_precision(precision);
+      options.set_output_dtype(v1::FLOAT32);
+      v1::AttendRequest full = half;
+      for (v1::Tensor* tensor :
+           {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
+        const std::vector<float> values = FloatValues(*tensor).value();
+        *tensor = MakeTensor(v1::FLOAT32,
+                             std::vector<int64_t>(tensor->shape().begin(),
+                                                  tensor->shape().end()),
+                             values);
+      }
+      const absl::StatusOr<v1::AttendResponse> in_place =
+          client_->Attend(half, kTimeout);
+      const absl::StatusOr<v1::AttendResponse> widened =
+          client_->Attend(full, kTimeout);
+      ASSERT_TRUE(in_place.ok()) << in_place.status();
+      ASSERT_TRUE(widened.ok()) << widened.status();
+      EXPECT_EQ(FloatValues(in_place->output()).value(),
+                FloatValues(widened->output()).value());
+      EXPECT_EQ(FloatValues(in_place->lse()).value(),
+                FloatValues(widened->lse()).value());
+    }
+  }
+}
+
 // Which Attends the validator marks for AttendHalf: query, key and value all
 // in one half-precision dtype, any shape.
 TEST(AttendReadsInputsInPlaceTest, AllThreeInOneHalfDtype) {

@@ -111,6 +111,17 @@ class AttentionEngine {
                                     absl::Span<const float> value,
                                     AttentionOutputs outputs) = 0;
 
+  // AttendPacked for a query, key and value that arrive as 16-bit `dtype`
+  // elements (BFLOAT16 or FLOAT16), token-major as AttendPacked's: each
+  // sequence read where it lies, as AttendHalf reads an Attend's (native bf16
+  // tiles read a bf16 copy of each sequence's strided keys and values).
+  // Results equal AttendPacked's over the widened values. Errors as for
+  // AttendPacked and AttendHalf.
+  virtual absl::Status AttendPackedHalf(
+      const PackedShape& shape, const AttentionOptions& options, DataType dtype,
+      absl::Span<const char> query, absl::Span<const char> key,
+      absl::Span<const char> value, AttentionOutputs outputs) = 0;
+
   // Computes several Attends alike but for B in one kernel call (dynamic
   // batching), reading and writing each part's tensors where they are: as
   // Attend over the parts' batches in order, `shape.batch` ignored. `options`

@@ -59,8 +59,9 @@ struct AttendWork {
   bool packed = false;
   AttentionShape shape;
   OptionsPlan plan;
-  // Query, key and value all BFLOAT16 or all FLOAT16 (not packed): computed
-  // by AttentionEngine::AttendHalf where they lie, never batched with others.
+  // Query, key and value all BFLOAT16 or all FLOAT16: computed by
+  // AttentionEngine::AttendHalf (AttendPackedHalf for packed sequences) where
+  // they lie, never batched with others.
   bool inputs_in_place = false;
   // What the compute will allocate: outputs, weights, lse, conversions,
   // scratch (the figure checked against max_request_memory_bytes).

@@ -39,6 +39,20 @@ constexpr int64_t kSlabTargetBytes = int64_t{64} << 20;
 // Calls with fewer FLOPs run on one thread.
 constexpr double kParallelFlops = 1 << 20;
 
+// `bytes` of 16-bit `dtype` elements widened into `copy`, as a span of it.
+absl::Span<const float> Widened(DataType dtype, absl::Span<const char> bytes,
+                                std::vector<float>* copy) {
+  copy->resize(bytes.size() / 2);
+  ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(copy->size()),
+                   copy->data());
+  return absl::MakeConstSpan(*copy);
+}
+
+// Whether 16-bit elements can be read at `bytes` as uint16_t.
+bool Aligned16(absl::Span<const char> bytes) {
+  return reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0;
+}
+
 // The engine sizes its thread team on the full (non-causal) count.
 double AttentionFlops(const AttentionShape& s) {
   return AttentionFlops(s.Dims(), /*causal=*/false);
@@ -220,26 +234,16 @@ absl::Status AttentionEngineImpl::AttendHalf(
   }
   ATTNSERVE_RETURN_IF_ERROR(ValidateOptionsAndOutputs(shape, options, outputs,
                                                       shape.OutputElements()));
-  const auto widened = [dtype](absl::Span<const char> bytes,
-                               std::vector<float>* copy) {
-    copy->resize(bytes.size() / 2);
-    ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(copy->size()),
-                     copy->data());
-    return absl::MakeConstSpan(*copy);
-  };
   std::vector<float> query_copy, key_copy, value_copy;
   if (DecodeReadsInPlace(shape, options)) {
-    return AttendDecode(shape, options, widened(query, &query_copy), dtype, key,
-                        value, outputs);
+    return AttendDecode(shape, options, Widened(dtype, query, &query_copy),
+                        dtype, key, value, outputs);
   }
-  const auto aligned = [](absl::Span<const char> bytes) {
-    return reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0;
-  };
-  if (!UseFused(options) || !aligned(query) || !aligned(key) ||
-      !aligned(value)) {
-    return Attend(shape, options, widened(query, &query_copy),
-                  widened(key, &key_copy), widened(value, &value_copy),
-                  outputs);
+  if (!UseFused(options) || !Aligned16(query) || !Aligned16(key) ||
+      !Aligned16(value)) {
+    return Attend(shape, options, Widened(dtype, query, &query_copy),
+                  Widened(dtype, key, &key_copy),
+                  Widened(dtype, value, &value_copy), outputs);
   }
   ATTNSERVE_RETURN_IF_ERROR(
       CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
@@ -369,23 +373,16 @@ absl::Status AttentionEngineImpl::AttendPackedHalf(
       return absl::InvalidArgumentError(absl::StrCat(
           name, " has ", bytes.size(), " bytes, expected 16-bit elements"));
     }
-    aligned = aligned && reinterpret_cast<uintptr_t>(bytes.data()) % 2 == 0;
+    aligned = aligned && Aligned16(bytes);
   }
   ATTNSERVE_RETURN_IF_ERROR(ValidatePacked(shape, options, query.size() / 2,
                                            key.size() / 2, value.size() / 2,
                                            outputs));
   if (!UseFused(options) || !aligned) {
-    const auto widened = [dtype](absl::Span<const char> bytes,
-                                 std::vector<float>* copy) {
-      copy->resize(bytes.size() / 2);
-      ConvertToFloat32(dtype, bytes.data(), static_cast<int64_t>(copy->size()),
-                       copy->data());
-      return absl::MakeConstSpan(*copy);
-    };
     std::vector<float> query_copy, key_copy, value_copy;
-    return AttendPacked(shape, options, widened(query, &query_copy),
-                        widened(key, &key_copy), widened(value, &value_copy),
-                        outputs);
+    return AttendPacked(shape, options, Widened(dtype, query, &query_copy),
+                        Widened(dtype, key, &key_copy),
+                        Widened(dtype, value, &value_copy), outputs);
   }
   return RunPacked(shape, options, dtype, query.data(), key.data(),
                    value.data(), outputs);

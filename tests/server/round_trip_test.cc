@@ -50,6 +50,36 @@ void ExpectMatchesReference(const std::vector<float>& actual,
   }
 }
 
+// `half` with its query, key and value sent as FLOAT32: the same values.
+v1::AttendRequest Float32Twin(const v1::AttendRequest& half) {
+  v1::AttendRequest full = half;
+  for (v1::Tensor* tensor :
+       {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
+    const std::vector<float> values = FloatValues(*tensor).value();
+    *tensor = MakeTensor(
+        v1::FLOAT32,
+        std::vector<int64_t>(tensor->shape().begin(), tensor->shape().end()),
+        values);
+  }
+  return full;
+}
+
+// Sends `half` and its FLOAT32 twin: their outputs and lse must be equal,
+// bit for bit.
+template <typename Client>
+void ExpectSameAnswersAsFloat32(Client& client, const v1::AttendRequest& half) {
+  const absl::StatusOr<v1::AttendResponse> in_place =
+      client.Attend(half, kTimeout);
+  const absl::StatusOr<v1::AttendResponse> widened =
+      client.Attend(Float32Twin(half), kTimeout);
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_EQ(FloatValues(in_place->output()).value(),
+            FloatValues(widened->output()).value());
+  EXPECT_EQ(FloatValues(in_place->lse()).value(),
+            FloatValues(widened->lse()).value());
+}
+
 using RoundTripTest = ::attnserve::testing::ServerFixture;
 
 TEST_F(RoundTripTest, AttendMatchesReferenceAcrossShapes) {
@@ -109,15 +139,7 @@ TEST_F(RoundTripTest, HalfPrecisionDecodeReadInPlaceAgreesWithFloat32) {
             options.add_key_lengths(length);
           }
         }
-        v1::AttendRequest full = half;
-        for (v1::Tensor* tensor :
-             {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
-          const std::vector<float> values = FloatValues(*tensor).value();
-          *tensor = MakeTensor(v1::FLOAT32,
-                               std::vector<int64_t>(tensor->shape().begin(),
-                                                    tensor->shape().end()),
-                               values);
-        }
+        v1::AttendRequest full = Float32Twin(half);
         full.mutable_options()->set_output_dtype(v1::FLOAT32);
         half.mutable_options()->set_output_dtype(v1::FLOAT32);
         const absl::StatusOr<v1::AttendResponse> in_place =
@@ -181,25 +203,7 @@ TEST_F(RoundTripTest, HalfPrecisionPrefillReadInPlaceEqualsFloat32) {
       options.add_key_lengths(123);
       options.set_precision(precision);
       options.set_output_dtype(v1::FLOAT32);
-      v1::AttendRequest full = half;
-      for (v1::Tensor* tensor :
-           {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
-        const std::vector<float> values = FloatValues(*tensor).value();
-        *tensor = MakeTensor(v1::FLOAT32,
-                             std::vector<int64_t>(tensor->shape().begin(),
-                                                  tensor->shape().end()),
-                             values);
-      }
-      const absl::StatusOr<v1::AttendResponse> in_place =
-          client_->Attend(half, kTimeout);
-      const absl::StatusOr<v1::AttendResponse> widened =
-          client_->Attend(full, kTimeout);
-      ASSERT_TRUE(in_place.ok()) << in_place.status();
-      ASSERT_TRUE(widened.ok()) << widened.status();
-      EXPECT_EQ(FloatValues(in_place->output()).value(),
-                FloatValues(widened->output()).value());
-      EXPECT_EQ(FloatValues(in_place->lse()).value(),
-                FloatValues(widened->lse()).value());
+      ExpectSameAnswersAsFloat32(*client_, half);
     }
   }
 }
@@ -231,25 +235,7 @@ TEST_F(RoundTripTest, HalfPrecisionPackedSequencesEqualFloat32) {
       options.set_return_lse(true);
       options.set_precision(precision);
       options.set_output_dtype(v1::FLOAT32);
-      v1::AttendRequest full = half;
-      for (v1::Tensor* tensor :
-           {full.mutable_query(), full.mutable_key(), full.mutable_value()}) {
-        const std::vector<float> values = FloatValues(*tensor).value();
-        *tensor = MakeTensor(v1::FLOAT32,
-                             std::vector<int64_t>(tensor->shape().begin(),
-                                                  tensor->shape().end()),
-                             values);
-      }
-      const absl::StatusOr<v1::AttendResponse> in_place =
-          client_->Attend(half, kTimeout);
-      const absl::StatusOr<v1::AttendResponse> widened =
-          client_->Attend(full, kTimeout);
-      ASSERT_TRUE(in_place.ok()) << in_place.status();
-      ASSERT_TRUE(widened.ok()) << widened.status();
-      EXPECT_EQ(FloatValues(in_place->output()).value(),
-                FloatValues(widened->output()).value());
-      EXPECT_EQ(FloatValues(in_place->lse()).value(),
-                FloatValues(widened->lse()).value());
+      ExpectSameAnswersAsFloat32(*client_, half);
     }
   }
 }

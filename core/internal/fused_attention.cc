@@ -52,8 +52,8 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
 
 absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
   // Half inputs are read in place (Rows), widened a block at a time where the
-  // tiles read f32 (WidenBlock), except f16 under native bf16 tiles, which
-  // is packed to bf16.
+  // tiles read f32 (WidenBlock); native bf16 tiles read dense bf16 inputs in
+  // place, and a bf16 copy of f16 or strided ones (PackHalf).
   if (g_.WidensBlocks() ||
       (g_.HalfSource() && g_.source == DataType::kBFloat16 &&
        KeyValuePacked(p_))) {

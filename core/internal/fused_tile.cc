@@ -135,10 +135,9 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
   float* query_f32 = reinterpret_cast<float*>(buffers.query);
   uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffers.query);
   for (int64_t r = 0; r < tile.rows; ++r) {
-    const int64_t offset =
-        tile.b * qs[0] + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
-    if (g_.HalfSource()) {
-      const uint16_t* half = p_.half_query + offset;
+    if (g_.HalfSource()) {  // Never batched: batch entries qs[0] apart.
+      const uint16_t* half = p_.half_query + tile.b * qs[0] +
+                             tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
       if (g_.NativeBf16Tiles() && g_.source == DataType::kBFloat16) {
         std::memcpy(query_bf16 + r * s_.key_dim, half,
                     static_cast<size_t>(s_.key_dim) * 2);
@@ -156,10 +155,8 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
       }
       continue;
     }
-    const float* row = p_.batches.empty()
-                           ? p_.query + offset
-                           : QueryOf(p_, tile.b) + tile.Head(r) * qs[1] +
-                                 tile.Query(r) * qs[2];
+    const float* row =
+        QueryOf(p_, tile.b) + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
     if (g_.NativeBf16Tiles()) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
     } else if (g_.Bf16()) {

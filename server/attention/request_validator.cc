@@ -341,7 +341,7 @@ absl::StatusOr<int64_t> CheckRequestMemory(
 }
 
 // Whether query, key and value are all BFLOAT16 or all FLOAT16: what
-// AttendHalf and AttendPackedHalf read where it lies.
+// AttendHalf and AttendPackedHalf read where they lie.
 bool InOneHalfDtype(const v1::Tensor& query, const v1::Tensor& key,
                     const v1::Tensor& value) {
   const v1::DType dtype = query.dtype();

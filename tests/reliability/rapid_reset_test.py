@@ -23,9 +23,14 @@ from attend_messages import attend_request  # noqa: E402
 from raw_http2 import exit_with, rss_bytes, unary_call  # noqa: E402
 
 RESETS = 50_000
-# What the server may grow by: 256 MiB (gRPC's own queues of reset streams; 108 to 148 MiB
-# were seen on a 2-vCPU AMD EPYC), more for a sanitized build (hostile_http2_test.sh).
-GROWTH_BOUND = (192 << 20) + int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
+# What the server may grow by, more for a sanitized build (hostile_http2_test.sh). With the cap
+# on, a few MiB are seen. With it off, gRPC holds about 6 KiB for each reset stream it has not
+# yet retired, so the growth follows how far the client gets ahead: 108 to 190 MiB were seen on
+# a 2-vCPU AMD EPYC, and 298 MiB once when the 50,000 resets went out in 1.9 s (all of them
+# held at once, at worst). Hence 256 MiB with the cap, 384 MiB without.
+OVERHEAD = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
+GROWTH_BOUND_CAPPED = (192 << 20) + OVERHEAD
+GROWTH_BOUND_UNCAPPED = (320 << 20) + OVERHEAD
 PROBE_BOUND_S = 5.0
 ATTEND = "/attnserve.v1.AttentionService/Attend"
 
@@ -83,8 +88,9 @@ def main():
         failures.append(f"all {RESETS} resets were taken, over a cap of {cap} a second")
     if cap == 0 and resets < RESETS:
         failures.append(f"the connection ended after {resets} resets without a cap")
-    if peak > base + GROWTH_BOUND:
-        failures.append(f"RSS grew {peak - base} bytes, over {GROWTH_BOUND}")
+    bound = GROWTH_BOUND_CAPPED if cap > 0 else GROWTH_BOUND_UNCAPPED
+    if peak > base + bound:
+        failures.append(f"RSS grew {peak - base} bytes, over {bound}")
     if failed or slowest > PROBE_BOUND_S:
         failures.append(f"the other client's Attends: slowest {slowest:.1f} s, failed {failed[:3]}")
     exit_with(failures)

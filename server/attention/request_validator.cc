@@ -124,9 +124,16 @@ absl::Status ValidateVariants(const Options& proto, const AttentionShape& s,
   return absl::OkStatus();
 }
 
-// RoPE's positions on a MultiHeadAttention: B * L entries each, in [0,
-// kMaxRotaryPosition]. Whether the weights carry RoPE is checked with them.
-absl::Status ValidatePositions(const Options& proto, const MultiHeadShape& s) {
+// RoPE's positions on a MultiHeadAttention: none unless the weights carry
+// RoPE (`rope`), else B * L entries each, in [0, kMaxRotaryPosition].
+absl::Status ValidatePositions(const Options& proto, const MultiHeadShape& s,
+                               bool rope) {
+  if (!rope &&
+      (proto.query_positions_size() > 0 || proto.key_positions_size() > 0)) {
+    return absl::InvalidArgumentError(
+        "options.query_positions and key_positions are given without RoPE "
+        "(weights.rope), expected none");
+  }
   for (const auto& [field, positions, length] :
        {std::tuple{"options.query_positions", &proto.query_positions(),
                    s.query_len},
@@ -594,7 +601,7 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.plan, ValidateOptions(request.options(), heads, query.dtype()));
-  ATTNSERVE_RETURN_IF_ERROR(ValidatePositions(request.options(), s));
+  ATTNSERVE_RETURN_IF_ERROR(ValidatePositions(request.options(), s, w.rope));
   ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
       heads, work.plan, s.batch * s.query_len * s.embed_dim, checks));
   ATTNSERVE_RETURN_IF_ERROR(CheckElements("query_input", query, checks));

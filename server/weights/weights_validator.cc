@@ -89,6 +89,7 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
   if (w.has_rope()) {
     ATTNSERVE_RETURN_IF_ERROR(
         ValidateRotary(RotaryOf(w.rope()), s.key_dim, (f + "rope").c_str()));
+    s.rope = true;
   }
   return s;
 }

@@ -2,12 +2,17 @@
 // code and a message naming the field, and the server goes on serving.
 #include <functional>
 #include <limits>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/request_validator.h"
+#include "attnserve/server/weights/weights_loader.h"
+#include "attnserve/server/weights/weights_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -287,6 +292,48 @@ TEST_P(BadMultiHeadRequestTest, GetsCodeNamingTheFieldAndServerKeepsServing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BadMultiHeadRequestTest,
+                         ::testing::ValuesIn(BadMhaCases()),
+                         [](const ::testing::TestParamInfo<BadMhaCase>& param) {
+                           return std::string(param.param.name);
+                         });
+
+// The same cases against the checks alone: every one is refused before
+// anything is allocated or computed, not by the computation.
+class BadMultiHeadValidationTest : public ::testing::TestWithParam<BadMhaCase> {
+};
+
+TEST_P(BadMultiHeadValidationTest, RefusedBeforeTheCompute) {
+  const BadMhaCase& test_case = GetParam();
+  v1::MultiHeadAttentionRequest request = ValidMhaRequest();
+  test_case.mutate(request);
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = 16 << 20;
+  const absl::StatusOr<std::unique_ptr<AttentionEngine>> engine =
+      AttentionEngine::Create(engine_options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  RequestChecks checks;
+  checks.max_message_bytes = 4 << 20;
+  checks.engine = engine->get();
+  // The server's registry at start-up: the demo set.
+  WeightsRegistry registry(int64_t{64} << 20);
+  ASSERT_TRUE(PutWeightsInto(registry, DemoWeights()).ok());
+  absl::Status status;
+  const absl::StatusOr<MultiHeadWeights> weights =
+      ResolveMultiHeadWeights(request, registry);
+  if (!weights.ok()) {
+    status = weights.status();
+  } else {
+    status = ValidateMultiHeadRequest(request, weights->shape, weights->origin,
+                                      checks)
+                 .status();
+  }
+  EXPECT_EQ(status.code(), test_case.code) << status;
+  for (const std::string& part : test_case.message_parts) {
+    EXPECT_THAT(std::string(status.message()), HasSubstr(part));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BadMultiHeadValidationTest,
                          ::testing::ValuesIn(BadMhaCases()),
                          [](const ::testing::TestParamInfo<BadMhaCase>& param) {
                            return std::string(param.param.name);

@@ -15,8 +15,12 @@ namespace attnserve {
 
 // The dimensions a set of projection weights implies.
 struct WeightsShape {
-  int64_t embed_dim = 0, kv_embed_dim = 0, heads = 0, kv_heads = 0, key_dim = 0,
-          value_dim = 0;
+  int64_t
+      embed_dim = 0,
+      kv_embed_dim = 0, heads = 0, kv_heads = 0, key_dim = 0,
+      value_dim =
+          0;  // Whether they carry RoPE (weights.rope), which positions need.
+  bool rope = false;
 };
 
 // Checks projection weights and returns the dimensions they imply. `field`

@@ -191,6 +191,20 @@ ATTNSERVE_AVX512 inline __m512 Exp2_512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 2^x on 16 lanes as Exp2_512, but with a degree-3 polynomial (relative error
+// below 1.1e-4, a twentieth of bf16's rounding): for the probabilities the
+// bf16 tiles round to bf16 before P·V reads them.
+ATTNSERVE_AVX512 inline __m512 Exp2Bf16_512(__m512 x) {
+  const __m512 n =
+      _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(5.5008929223e-2f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4221102893e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9328296185e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
 // bf16 bits of 16 finite floats, rounded to nearest even.
 ATTNSERVE_AVX512 inline __m256i ToBf16x16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
@@ -221,19 +235,53 @@ ATTNSERVE_AVX512 inline __m512 LoadF32x16(const float* p, __mmask16 lanes) {
 
 // Writes 16 probabilities at key j as f32 over the scores s, or as bf16 to
 // p16 if it is not null.
-ATTNSERVE_AVX512 inline void StoreProbabilities(float* s, uint16_t* p16,
-                                                int64_t j, __mmask16 lanes,
-                                                __m512 p) {
-  if (p16 != nullptr) {
-    _mm256_mask_storeu_epi16(p16 + j, lanes, ToBf16x16(p));
-  } else {
+// The AVX-512 softmax's own target: AVX512_BF16 on top, used only by its
+// kCvtBf16 instantiation, which runs only where the CPU has it.
+#define ATTNSERVE_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16")))
+
+// Stores probabilities: as bf16 to p16 if given (by AVX512_BF16's
+// VCVTNEPS2BF16 if kCvtBf16, which rounds to nearest even as ToBf16x16 does),
+// else as f32 over the scores.
+template <bool kCvtBf16>
+ATTNSERVE_AVX512_BF16 inline void StoreProbabilities(float* s, uint16_t* p16,
+                                                     int64_t j, __mmask16 lanes,
+                                                     __m512 p) {
+  if (p16 == nullptr) {
     _mm512_mask_storeu_ps(s + j, lanes, p);
+  } else if constexpr (kCvtBf16) {
+    _mm256_mask_storeu_epi16(p16 + j, lanes,
+                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p)));
+  } else {
+    _mm256_mask_storeu_epi16(p16 + j, lanes, ToBf16x16(p));
   }
 }
 
-ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
-                                          float scale, const RowMask& mask,
-                                          RowState* state, uint16_t* p16) {
+// The probabilities 2^(s·scale2 − shift2) of a block whose keys are all
+// visible, stored as StoreProbabilities does; returns their lane sums. The
+// exponent is Exp2Bf16_512 if kBf16Exp (bf16 probabilities), else Exp2_512.
+template <bool kCvtBf16, bool kBf16Exp>
+ATTNSERVE_AVX512_BF16 inline __m512 PlainProbabilities(float* s, int64_t n,
+                                                       __m512 scale2,
+                                                       __m512 shift2,
+                                                       uint16_t* p16) {
+  __m512 sum_v = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 lanes = FirstLanes(n - j);
+    const __m512 x =
+        _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale2, shift2);
+    const __m512 p = kBf16Exp ? Exp2Bf16_512(x) : Exp2_512(x);
+    sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+    StoreProbabilities<kCvtBf16>(s, p16, j, lanes, p);
+  }
+  return sum_v;
+}
+
+template <bool kCvtBf16>
+ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
+                                               int64_t visible, float scale,
+                                               const RowMask& mask,
+                                               RowState* state, uint16_t* p16) {
   const __m512 minus_inf = _mm512_set1_ps(kNegativeInfinity);
   const __m512 scale_v = _mm512_set1_ps(scale);
   __mmask16 nan_lanes = 0;
@@ -289,7 +337,8 @@ ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
   if (shift == kNegativeInfinity) {
     // Nothing seen yet: every probability is 0.
     for (int64_t j = 0; j < n; j += 16) {
-      StoreProbabilities(s, p16, j, FirstLanes(n - j), _mm512_setzero_ps());
+      StoreProbabilities<kCvtBf16>(s, p16, j, FirstLanes(n - j),
+                                   _mm512_setzero_ps());
     }
   } else if (plain) {
     // exp(scale·s − shift) as 2^(s·scale·log2e − shift·log2e): one FMA
@@ -297,20 +346,17 @@ ATTNSERVE_AVX512 float SoftmaxBlockAvx512(float* s, int64_t n, int64_t visible,
     constexpr float kLog2e = 1.44269504088896341f;
     const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
     const __m512 shift2 = _mm512_set1_ps(shift * kLog2e);
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 lanes = FirstLanes(n - j);
-      const __m512 p = Exp2_512(
-          _mm512_fmsub_ps(_mm512_maskz_loadu_ps(lanes, s + j), scale2, shift2));
-      sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
-      StoreProbabilities(s, p16, j, lanes, p);
-    }
+    sum_v =
+        p16 != nullptr
+            ? PlainProbabilities<kCvtBf16, true>(s, n, scale2, shift2, p16)
+            : PlainProbabilities<kCvtBf16, false>(s, n, scale2, shift2, p16);
   } else {
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 lanes = FirstLanes(n - j);
       const __m512 p =
           Exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), shift_v));
       sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
-      StoreProbabilities(s, p16, j, lanes, p);
+      StoreProbabilities<kCvtBf16>(s, p16, j, lanes, p);
     }
   }
   state->sum += _mm512_reduce_add_ps(sum_v);
@@ -506,7 +552,7 @@ const TileKernels& PortableTileKernels() {
 const TileKernels& SelectTileKernels(bool portable_only) {
   static const TileKernels kAvx512 = {
       "avx512",
-      SoftmaxBlockAvx512,
+      CpuHasAvx512Bf16() ? SoftmaxBlockAvx512<true> : SoftmaxBlockAvx512<false>,
       SmallScoresF32Avx512,
       SmallScoresBf16Avx512,
       SmallAccumulateF32Avx512,

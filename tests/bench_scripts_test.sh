@@ -3,11 +3,12 @@
 # what it quotes, in a few seconds each (the figures themselves are not checked: this host is
 # shared and noisy). A server with --max_batch=1 must report batches of exactly one.
 #
-# usage: bench_scripts_test.sh SOURCE_DIR ATTNSERVE ATTNCTL
+# usage: bench_scripts_test.sh SOURCE_DIR ATTNSERVE ATTNCTL ATTENTION_BENCH
 set -euo pipefail
 source_dir=$1
 attnserve=$2
 export ATTNCTL=$3
+attention_bench=$4
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -26,4 +27,11 @@ out=$(timeout 120 "${source_dir}/bench/loopback_latency.sh" --rounds=1 --request
 echo "${out}"
 grep -qE '^.*attnserve: p50 median [0-9]+ us \(rounds [0-9]+\); server CPU [0-9]+ us/call, [0-9.]+ context switches/call$' \
   <<<"${out}" || fail "loopback_latency.sh: no p50 line"
+# kernel_turns.sh on a small shape: a ratio per benchmark, for each of two binaries.
+out=$(timeout 120 "${source_dir}/bench/kernel_turns.sh" --rounds=2 \
+  --filter='Attention/B:4/H:8/Hkv:8/Lq:512/Lk:512/D:64/causal:0/bf16:0/unfused:0' \
+  "${attention_bench}" "${attention_bench}") || fail "kernel_turns.sh: $out"
+echo "${out}"
+[[ $(grep -cE '^\| .*attention_bench \| BM_Attention/B:4/H:8/.* \| [0-9.]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|$' \
+  <<<"${out}") == 2 ]] || fail "kernel_turns.sh: not one ratio row per binary"
 echo "PASS"

@@ -341,6 +341,62 @@ BENCHMARK(BM_HalfInputs)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A stateless decode call, (B, 32, 8, 1, L, 128) at f32 precision, whose
+// query, key and value arrive in `dtype` (0 f32 through Attend; 1 bf16, 2 f16
+// through AttendHalf, read where they lie): BYTES counts K and V in their
+// dtype, so the rate compares with BM_StreamRead (more than an L3's worth of
+// them at B 16). The kernel issue asks the bf16 call to take at most the f32
+// one's time.
+void BM_DecodeInputs(benchmark::State& state) {
+  AttentionShape shape;
+  shape.batch = state.range(0);
+  shape.heads = 32;
+  shape.kv_heads = 8;
+  shape.query_len = 1;
+  shape.key_len = state.range(1);
+  shape.key_dim = shape.value_dim = 128;
+  const DataType dtype = static_cast<DataType>(state.range(2));
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const int64_t element = dtype == DataType::kFloat32 ? 4 : 2;
+  const auto stored = [dtype, element](int64_t count, float value) {
+    std::vector<char> bytes(static_cast<size_t>(count * element));
+    const std::vector<float> values = Filled(count, value);
+    ConvertFromFloat32(values.data(), count, dtype, bytes.data());
+    return bytes;
+  };
+  const std::vector<char> query = stored(shape.QueryElements(), 0.01f);
+  const std::vector<char> key = stored(shape.KeyElements(), 0.02f);
+  const std::vector<char> value = stored(shape.ValueElements(), 0.03f);
+  const auto floats = [](const std::vector<char>& bytes) {
+    return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                               bytes.size() / 4);
+  };
+  std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
+  for (auto _ : state) {
+    const absl::Status status =
+        dtype == DataType::kFloat32
+            ? engine->Attend(shape, AttentionOptions(), floats(query),
+                             floats(key), floats(value), absl::MakeSpan(output))
+            : engine->AttendHalf(shape, AttentionOptions(), dtype, query, key,
+                                 value, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["BYTES"] =
+      benchmark::Counter(static_cast<double>(key.size() + value.size()),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DecodeInputs)
+    ->ArgNames({"B", "L", "dtype"})
+    ->ArgsProduct({{16}, {4096}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // Self-attention MHA with B, L, E, H (Dk = Dv = E / H) from the arguments,
 // weights stacked for the fused QKV projection as the registry keeps them.
 // FLOPs count the projections (2·B·L·E·4E) and the attention (4·B·H·L²·Dk).
@@ -538,6 +594,23 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   a.at("bf16") != 0 ? "bf16" : "f32", 1e3 * work / m.flops,
                   full > 0 ? Ratio(full / m.flops).c_str() : "n/a");
     }
+    std::printf("\n%-44s %6s %8s %8s %8s\n",
+                "decode, inputs in their dtype (B,H,Hkv,L,D)", "inputs", "GB/s",
+                "KV/read", "time/f32");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("BM_DecodeInputs/", 0) != 0) continue;
+      const std::map<std::string, int64_t> a = Args(name);
+      const char* const kDtypes[] = {"f32", "bf16", "f16"};
+      const int64_t element = a.at("dtype") == 0 ? 4 : 2;
+      // Time against the f32 call: (bytes / rate) over (2·bytes / rate_f32).
+      const double f32 = Lookup(name, "dtype", 0, &Medians::bytes);
+      const std::string shape =
+          absl::StrCat("(", a.at("B"), ",32,8,", a.at("L"), ",128)");
+      std::printf(
+          "%-44s %6s %8.1f %8s %8s\n", shape.c_str(), kDtypes[a.at("dtype")],
+          m.bytes / 1e9, stream > 0 ? Ratio(m.bytes / stream).c_str() : "n/a",
+          f32 > 0 ? Ratio(f32 * element / (4.0 * m.bytes)).c_str() : "n/a");
+    }
     std::printf("\n%-44s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)", "cache",
                 "GB/s", "KV/read");
     for (const auto& [name, m] : medians_) {
@@ -618,10 +691,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
   // The FLOP rate of `name` with `arg` set to `value`, 0 if absent.
-  double Lookup(const std::string& name, const std::string& arg,
-                int64_t value) const {
+  double Lookup(const std::string& name, const std::string& arg, int64_t value,
+                double Medians::*counter = &Medians::flops) const {
     auto it = medians_.find(WithArg(name, arg, value));
-    return it == medians_.end() ? 0.0 : it->second.flops;
+    return it == medians_.end() ? 0.0 : it->second.*counter;
   }
 
   double Rate(const std::string& prefix, double Medians::*counter) const {

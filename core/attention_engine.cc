@@ -140,9 +140,17 @@ bool AttentionEngineImpl::DecodesPaged(const AttentionShape& shape,
                                        const AttentionOptions& options) const {
   // An engine told to run the portable code (tests of it) keeps its fused
   // kernel for decode too.
-  return !options_.portable_kernels &&
-         std::string_view(kernels_.name) == "portable" && UseFused(options) &&
-         DecodeReadsInPlace(shape, options);
+  if (options_.portable_kernels || !UseFused(options) ||
+      !DecodeReadsInPlace(shape, options)) {
+    return false;
+  }
+  if (std::string_view(kernels_.name) == "portable") return true;
+  // With AVX-512, the fused kernel's small-rows tiles read each key block once
+  // per query row; the paged kernel reads it once for four rows of a GQA group
+  // (at f32 precision: at BF16 it would round f32 keys and values through a
+  // buffer).
+  return options.precision == Precision::kFloat32 &&
+         shape.heads / shape.kv_heads >= 2;
 }
 
 absl::Status AttentionEngineImpl::AttendDecode(

@@ -89,7 +89,9 @@ class AttentionEngineImpl final : public AttentionEngine {
   // Whether Attend computes a call DecodeReadsInPlace takes through
   // AttendDecode: where the fused kernel's tile code is the portable one
   // because the CPU lacks AVX-512, the paged kernel's AVX2 code outruns its
-  // small-rows path several times.
+  // small-rows path several times; with AVX-512, for a GQA group at f32
+  // precision, reading the keys once for the group's rows (0.75 of the
+  // streaming read against 0.43 on an AMX Xeon).
   bool DecodesPaged(const AttentionShape& shape,
                     const AttentionOptions& options) const;
 

@@ -536,6 +536,39 @@ TEST(AttendDecodeTest, EqualsAttendOverTheWidenedValuesAndRefusesTheRest) {
   EXPECT_THAT(short_key.message(), HasSubstr("expected 19712 and 9856"));
 }
 
+// A decode call of a GQA group at f32 precision runs on the paged kernel on
+// every CPU: Attend answers bit for bit as AttendDecode over the same f32
+// keys and values.
+TEST(AttendDecodeTest, GqaDecodeAtF32RunsOnThePagedKernel) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  const AttentionShape shape = SdpaShape(3, 8, 2, 1, 700, 64, 64);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 71);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 72);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 73);
+  const auto bytes = [](const std::vector<float>& values) {
+    return absl::MakeConstSpan(reinterpret_cast<const char*>(values.data()),
+                               values.size() * sizeof(float));
+  };
+  std::vector<float> decoded(shape.OutputElements()), attended(decoded.size());
+  std::vector<float> decoded_lse(shape.batch * shape.heads),
+      attended_lse(decoded_lse.size());
+  AttentionOptions options;
+  options.return_lse = true;
+  ASSERT_TRUE(
+      engine
+          ->AttendDecode(
+              shape, options, query, DataType::kFloat32, bytes(key),
+              bytes(value),
+              {absl::MakeSpan(decoded), {}, absl::MakeSpan(decoded_lse)})
+          .ok());
+  const absl::Status attend = engine->Attend(
+      shape, options, query, key, value,
+      {absl::MakeSpan(attended), {}, absl::MakeSpan(attended_lse)});
+  ASSERT_TRUE(attend.ok()) << attend;
+  EXPECT_EQ(decoded, attended);
+  EXPECT_EQ(decoded_lse, attended_lse);
+}
+
 TEST(AttentionEngineTest, CreateRejectsNegativeThreads) {
   EngineOptions options;
   options.num_threads = -1;

@@ -45,25 +45,31 @@ constexpr int64_t kMaxSplits = 64;
 // x rounded to bf16 and back (BF16 precision), as the tile kernels do.
 float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
 
-// Whether `item`'s blocks take the bf16 kernels' pairwise layout: bf16 pages
-// whose head dimensions are multiples of 16. Those kernels read sixteen bf16
-// values as eight 32-bit words and widen the even and the odd ones with one
-// instruction each, so the query rows they multiply, and the output rows they
-// accumulate, hold each run of sixteen columns as its eight even columns then
-// its eight odd ones (WriteRows puts them back in order).
-bool Deinterleaved(const PagedAttend& item) {
-  return item.layout.dtype == DataType::kBFloat16 &&
-         item.layout.key_dim % 16 == 0 && item.layout.value_dim % 16 == 0;
+// The run of `item`'s blocks in the bf16 kernels' pairwise layout, or 0 for
+// none: bf16 pages whose head dimensions are multiples of the run. Those
+// kernels read a run of bf16 values as 32-bit words and widen the even and
+// the odd ones with one instruction each, so the query rows they multiply,
+// and the output rows they accumulate, hold each run of columns as its even
+// columns then its odd ones (WriteRows puts them back in order). The run is
+// 32 for the AVX-512 unit (`wide`: sixteen-lane vectors) where the dimensions
+// allow, else 16 (eight-lane vectors).
+int64_t PairwiseRun(const PagedAttend& item, bool wide) {
+  if (item.layout.dtype != DataType::kBFloat16) return 0;
+  for (const int64_t run : {int64_t{32}, int64_t{16}}) {
+    if ((wide || run == 16) && item.layout.key_dim % run == 0 &&
+        item.layout.value_dim % run == 0) {
+      return run;
+    }
+  }
+  return 0;
 }
 
-// Columns [16c, 16c + 16) of `row` as their even columns then their odd
-// ones, into `out`, for every whole run of sixteen.
-void Deinterleave(const float* row, int64_t columns, float* out) {
-  for (int64_t c = 0; c + 16 <= columns; c += 16) {
-    for (int64_t i = 0; i < 8; ++i) {
-      out[c + i] = row[c + 2 * i];
-      out[c + 8 + i] = row[c + 2 * i + 1];
-    }
+// The `run` columns at `row` as their even columns then their odd ones, into
+// `out`.
+void Deinterleave(const float* row, int64_t run, float* out) {
+  for (int64_t i = 0; i < run / 2; ++i) {
+    out[i] = row[2 * i];
+    out[run / 2 + i] = row[2 * i + 1];
   }
 }
 
@@ -419,6 +425,146 @@ ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
   a1 += y * key1;
 }
 
+// The pairwise kernels of the AVX-512 unit: sixteen-lane vectors, runs of 32
+// bf16 columns (PairwiseRun), otherwise as BlockScores and BlockAccumulate
+// below.
+typedef float F16 __attribute__((vector_size(64)));
+typedef uint32_t U16 __attribute__((vector_size(64)));
+
+ATTNSERVE_PAGED_INLINE F16 LoadFloats16(const float* p) {
+  F16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+ATTNSERVE_PAGED_INLINE void StoreFloats16(float* p, F16 v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// Columns [d, d + 32) of a bf16 row: the even ones, then the odd ones.
+ATTNSERVE_PAGED_INLINE void LoadPairs32(const char* row, int64_t d, F16* even,
+                                        F16* odd) {
+  U16 u;
+  std::memcpy(&u, row + 2 * d, sizeof(u));
+  *even = (F16)(u << 16);
+  *odd = (F16)(u & 0xffff0000u);
+}
+
+ATTNSERVE_PAGED_INLINE float Sum16(F16 v) {
+  const F8 low = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const F8 high = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return Sum8(low + high);
+}
+
+// BlockScores of bf16 keys in runs of 32 (dk % 32 == 0).
+ATTNSERVE_PAGED_INLINE void BlockScoresWide(const float* q, int64_t rows4,
+                                            int64_t dk, const char* keys,
+                                            int64_t n, float* s,
+                                            const char* next_keys) {
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* q0 = q + r0 * dk;
+    const float* q1 = q0 + dk;
+    const float* q2 = q1 + dk;
+    const float* q3 = q2 + dk;
+    float* s0 = s + r0 * kBlock;
+    for (int64_t j = 0; j < n; j += 2) {
+      // The last odd key pairs with itself; its second result is dropped.
+      const int64_t j1 = j + 1 < n ? j + 1 : j;
+      const char* k0 = keys + j * dk * 2;
+      const char* k1 = keys + j1 * dk * 2;
+      if (r0 == 0 && next_keys != nullptr) {
+        for (int64_t at = j * dk * 2; at < (j + 2) * dk * 2; at += 64) {
+          __builtin_prefetch(next_keys + at, 0, 2);
+        }
+      }
+      F16 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
+      for (int64_t d = 0; d < dk; d += 32) {
+        F16 e0, o0, e1, o1;
+        LoadPairs32(k0, d, &e0, &o0);
+        LoadPairs32(k1, d, &e1, &o1);
+        const F16 x0 = LoadFloats16(q0 + d), y0 = LoadFloats16(q0 + d + 16);
+        a00 += x0 * e0;
+        a00 += y0 * o0;
+        a01 += x0 * e1;
+        a01 += y0 * o1;
+        const F16 x1 = LoadFloats16(q1 + d), y1 = LoadFloats16(q1 + d + 16);
+        a10 += x1 * e0;
+        a10 += y1 * o0;
+        a11 += x1 * e1;
+        a11 += y1 * o1;
+        const F16 x2 = LoadFloats16(q2 + d), y2 = LoadFloats16(q2 + d + 16);
+        a20 += x2 * e0;
+        a20 += y2 * o0;
+        a21 += x2 * e1;
+        a21 += y2 * o1;
+        const F16 x3 = LoadFloats16(q3 + d), y3 = LoadFloats16(q3 + d + 16);
+        a30 += x3 * e0;
+        a30 += y3 * o0;
+        a31 += x3 * e1;
+        a31 += y3 * o1;
+      }
+      const float t[8] = {Sum16(a00), Sum16(a01), Sum16(a10), Sum16(a11),
+                          Sum16(a20), Sum16(a21), Sum16(a30), Sum16(a31)};
+      for (int64_t r = 0; r < 4; ++r) {
+        s0[r * kBlock + j] = t[2 * r];
+        if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
+      }
+    }
+  }
+}
+
+// BlockAccumulate of bf16 values in runs of 32 (dv % 32 == 0).
+ATTNSERVE_PAGED_INLINE void BlockAccumulateWide(const float* p, int64_t rows4,
+                                                int64_t n, const char* values,
+                                                int64_t dv, float* o,
+                                                const char* next_values) {
+  const int64_t row_bytes = dv * 2;
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* p0 = p + r0 * kBlock;
+    const float* p1 = p0 + kBlock;
+    const float* p2 = p1 + kBlock;
+    const float* p3 = p2 + kBlock;
+    float* o0 = o + r0 * dv;
+    float* o1 = o0 + dv;
+    float* o2 = o1 + dv;
+    float* o3 = o2 + dv;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+      const int64_t j_end = std::min<int64_t>(j0 + 4, n);
+      if (r0 == 0 && next_values != nullptr) {
+        for (int64_t at = j0 * row_bytes; at < j_end * row_bytes; at += 64) {
+          __builtin_prefetch(next_values + at, 0, 2);
+        }
+      }
+      for (int64_t c = 0; c < dv; c += 32) {
+        F16 a0 = LoadFloats16(o0 + c), b0 = LoadFloats16(o0 + c + 16);
+        F16 a1 = LoadFloats16(o1 + c), b1 = LoadFloats16(o1 + c + 16);
+        F16 a2 = LoadFloats16(o2 + c), b2 = LoadFloats16(o2 + c + 16);
+        F16 a3 = LoadFloats16(o3 + c), b3 = LoadFloats16(o3 + c + 16);
+        for (int64_t j = j0; j < j_end; ++j) {
+          F16 x, y;
+          LoadPairs32(values + j * row_bytes, c, &x, &y);
+          a0 += p0[j] * x;
+          b0 += p0[j] * y;
+          a1 += p1[j] * x;
+          b1 += p1[j] * y;
+          a2 += p2[j] * x;
+          b2 += p2[j] * y;
+          a3 += p3[j] * x;
+          b3 += p3[j] * y;
+        }
+        StoreFloats16(o0 + c, a0);
+        StoreFloats16(o0 + c + 16, b0);
+        StoreFloats16(o1 + c, a1);
+        StoreFloats16(o1 + c + 16, b1);
+        StoreFloats16(o2 + c, a2);
+        StoreFloats16(o2 + c + 16, b2);
+        StoreFloats16(o3 + c, a3);
+        StoreFloats16(o3 + c + 16, b3);
+      }
+    }
+  }
+}
+
 // s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
 // multiple of 4, rows past the unit's zero) and key j < n of `keys`
 // ([n, dk] in T): four rows and two keys at a time, eight accumulators; the
@@ -557,7 +703,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
 
 // One block of a unit: scores, their fold into each row's softmax (and the
 // rows' rescaling), then the values, for keys and values in T.
-template <DataType T, bool kPairwise, bool kF16c = false>
+template <DataType T, bool kPairwise, bool kF16c = false, bool kWide = false>
 ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
                                      const UnitBuffers& b, int64_t rows,
                                      int64_t rows4, int64_t k0, int64_t n,
@@ -566,8 +712,12 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
                                      const char* next_values) {
   const int64_t dk = item.layout.key_dim;
   const int64_t dv = item.layout.value_dim;
-  BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys, n, b.scores,
-                                   next_keys);
+  if constexpr (kWide) {
+    BlockScoresWide(b.query, rows4, dk, keys, n, b.scores, next_keys);
+  } else {
+    BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys, n, b.scores,
+                                     next_keys);
+  }
   const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {
     const RowKeys& keys_seen = b.keys_seen[r];
@@ -601,8 +751,12 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
       }
     }
   }
-  BlockAccumulate<T, kPairwise, kF16c>(b.scores, rows4, n, values, dv, b.output,
-                                       next_values);
+  if constexpr (kWide) {
+    BlockAccumulateWide(b.scores, rows4, n, values, dv, b.output, next_values);
+  } else {
+    BlockAccumulate<T, kPairwise, kF16c>(b.scores, rows4, n, values, dv,
+                                         b.output, next_values);
+  }
 }
 
 // The first value row of page `page` of `item`.
@@ -615,8 +769,9 @@ ATTNSERVE_PAGED_INLINE const char* ValuesOf(const PagedAttend& item,
 
 // Computes `unit` into b's buffers (and `partial`, for a split). Returns
 // early, its results undefined, once `stopper` says stop. kF16c: the caller is
-// compiled for F16C, which widens f16 pages.
-template <bool kF16c>
+// compiled for F16C, which widens f16 pages; kWide: for AVX-512, whose
+// pairwise kernels take runs of 32 (PairwiseRun).
+template <bool kF16c, bool kWide = false>
 __attribute__((always_inline)) inline void UnitBody(
     const PagedAttend& item, const Unit& unit, int64_t splits,
     const UnitBuffers& b, float* partial, Stopper& stopper) {
@@ -626,7 +781,8 @@ __attribute__((always_inline)) inline void UnitBody(
   const int64_t group = GroupOf(item);
   const int64_t rows = group * unit.qn;
   const bool round = item.precision == Precision::kBFloat16;
-  const bool pairwise = Deinterleaved(item);
+  const int64_t run = PairwiseRun(item, kWide);
+  const bool pairwise = run > 0;
   int64_t tile_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = unit.kv_head * group + r / unit.qn;
@@ -639,10 +795,10 @@ __attribute__((always_inline)) inline void UnitBody(
       std::memcpy(row, q, static_cast<size_t>(dk) * sizeof(float));
     }
     if (pairwise) {
-      float ordered[16];
-      for (int64_t c = 0; c < dk; c += 16) {
-        std::memcpy(ordered, row + c, sizeof(ordered));
-        Deinterleave(ordered, 16, row + c);
+      float ordered[32];
+      for (int64_t c = 0; c < dk; c += run) {
+        std::memcpy(ordered, row + c, static_cast<size_t>(run) * sizeof(float));
+        Deinterleave(ordered, run, row + c);
       }
     }
     b.keys_seen[r] = VisibleKeys(RulesOf(item), item.length, item.query_len, i);
@@ -705,7 +861,11 @@ __attribute__((always_inline)) inline void UnitBody(
           item.pages[static_cast<size_t>(next_page)] + next_row * dk * element;
       next_values = ValuesOf(item, next_page) + next_row * dv * element;
     }
-    if (pairwise) {
+    if (pairwise && run == 32) {
+      RunBlock<DataType::kBFloat16, true, false, kWide>(
+          item, unit, b, rows, rows4, k0, n, round, keys, values, next_keys,
+          next_values);
+    } else if (pairwise) {
       RunBlock<DataType::kBFloat16, true>(item, unit, b, rows, rows4, k0, n,
                                           round, keys, values, next_keys,
                                           next_values);
@@ -742,7 +902,7 @@ using UnitFunction = void (*)(const PagedAttend&, const Unit&, int64_t,
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) void
 UnitAvx512(const PagedAttend& item, const Unit& unit, int64_t splits,
            const UnitBuffers& b, float* partial, Stopper& stopper) {
-  UnitBody<true>(item, unit, splits, b, partial, stopper);
+  UnitBody<true, true>(item, unit, splits, b, partial, stopper);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void UnitAvx2(
@@ -771,8 +931,10 @@ UnitFunction SelectUnit(bool portable_only) {
 }
 
 // Writes rows [0, rows) of a unit from their accumulated output and state.
+// `wide`: the AVX-512 unit computed them (PairwiseRun).
 void WriteRows(const PagedAttend& item, const Unit& unit,
-               const float* accumulated, const RowState* states) {
+               const float* accumulated, const RowState* states, bool wide) {
+  const int64_t run = PairwiseRun(item, wide);
   const int64_t group = GroupOf(item);
   const int64_t dv = item.layout.value_dim;
   for (int64_t r = 0; r < group * unit.qn; ++r) {
@@ -791,11 +953,11 @@ void WriteRows(const PagedAttend& item, const Unit& unit,
     } else {
       const float inverse = 1.0f / state.sum;
       const float* a = accumulated + r * dv;
-      if (Deinterleaved(item)) {
-        for (int64_t c = 0; c < dv; c += 16) {
-          for (int64_t e = 0; e < 8; ++e) {
+      if (run > 0) {
+        for (int64_t c = 0; c < dv; c += run) {
+          for (int64_t e = 0; e < run / 2; ++e) {
             out[c + 2 * e] = a[c + e] * inverse;
-            out[c + 2 * e + 1] = a[c + 8 + e] * inverse;
+            out[c + 2 * e + 1] = a[c + run / 2 + e] * inverse;
           }
         }
       } else {
@@ -810,7 +972,7 @@ void WriteRows(const PagedAttend& item, const Unit& unit,
 // Merges the splits of the unit whose first split is units[first].
 void MergeSplits(absl::Span<const PagedAttend> items, const Plan& plan,
                  int64_t first, const float* partials, float* merged,
-                 RowState* states) {
+                 RowState* states, bool wide) {
   const Unit& unit = plan.units[static_cast<size_t>(first)];
   const PagedAttend& item = items[static_cast<size_t>(unit.item)];
   const int64_t rows = GroupOf(item) * unit.qn;
@@ -840,7 +1002,7 @@ void MergeSplits(absl::Span<const PagedAttend> items, const Plan& plan,
     }
     states[r] = state;
   }
-  WriteRows(item, unit, merged, states);
+  WriteRows(item, unit, merged, states, wide);
 }
 
 }  // namespace
@@ -932,6 +1094,7 @@ absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
   threads = std::max(threads, 1);
   static const UnitFunction kUnit = SelectUnit(false);
   const UnitFunction unit_function = portable_only ? UnitPortable : kUnit;
+  const bool wide = unit_function == UnitAvx512;
   const Plan plan = MakePlan(items, threads);
   const int64_t units = static_cast<int64_t>(plan.units.size());
   const int team = static_cast<int>(std::min<int64_t>(threads, units));
@@ -959,14 +1122,14 @@ absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
                     plan.splits > 1 ? partials + unit.partial : nullptr,
                     stopper);
       if (plan.splits == 1 && !stopper.stopped()) {
-        WriteRows(item, unit, buffers.output, buffers.states);
+        WriteRows(item, unit, buffers.output, buffers.states, wide);
       }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t m = 0; m < merges; ++m) {
       if (stopper.stopped()) continue;
       MergeSplits(items, plan, m * plan.splits, partials, buffers.output,
-                  buffers.states);
+                  buffers.states, wide);
     }
   }
   return stopper.status();

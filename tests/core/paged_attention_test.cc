@@ -267,7 +267,7 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
       c.heads = c.kv_heads * pick({1, 2, 4, 7});
       c.query_len = pick({1, 1, 2, 3, 17, 70});
       c.length = pick({0, 1, 5, 63, 64, 65, 129, 200, 513});
-      c.key_dim = pick({1, 8, 33, 64});
+      c.key_dim = pick({1, 8, 33, 48, 64, 96});
       c.value_dim = pick({c.key_dim, 16, 5});
       c.page_tokens = pick({1, 7, 16, 64, 100});
       c.dtype = static_cast<DataType>(pick({0, 1, 2}));

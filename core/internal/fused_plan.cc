@@ -7,15 +7,23 @@
 #include "internal/fused_attention.h"
 #include "internal/tile_kernels.h"
 #include "internal/visibility.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::internal {
 namespace fused {
+
+int64_t TileRows() {
+  static const int64_t rows =
+      dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx ? 128
+                                                                      : 64;
+  return rows;
+}
 
 Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
                       DataType source) {
   Geometry g;
   g.group = s.heads / s.kv_heads;
-  g.q_block = std::clamp<int64_t>(kTileRows / g.group, 1, s.query_len);
+  g.q_block = std::clamp<int64_t>(TileRows() / g.group, 1, s.query_len);
   g.rows = g.group * g.q_block;
   g.q_blocks = CeilDiv(s.query_len, g.q_block);
   g.k_block = std::min(kKeyBlock, s.key_len);

@@ -16,8 +16,11 @@ namespace attnserve::internal::fused {
 
 // Query rows a tile aims for (all heads of a kv-head group together): enough
 // to make each key block's matmuls efficient, few enough that the tile's
-// scores, output and the key block stay in a core's L2.
-inline constexpr int64_t kTileRows = 64;
+// scores, output and the key block stay in a core's L2. 128 where oneDNN runs
+// AMX (its tile matmuls are fast enough there that each key block's fixed
+// costs, oneDNN's dispatch and its repacking of the block, weigh: 5-18 % more
+// GFLOP/s on an AMX Xeon), else 64 (on Zen 4, 128 measured no faster).
+int64_t TileRows();
 // Keys per block.
 inline constexpr int64_t kKeyBlock = 256;
 // Under causality or key_lengths, a tile's last block stops at the first

@@ -276,6 +276,14 @@ BENCHMARK(BM_WindowedAttention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// `count` elements of `value` stored in `dtype`.
+std::vector<char> Stored(DataType dtype, int64_t count, float value) {
+  std::vector<char> bytes(static_cast<size_t>(count * DataTypeBytes(dtype)));
+  const std::vector<float> values = Filled(count, value);
+  ConvertFromFloat32(values.data(), count, dtype, bytes.data());
+  return bytes;
+}
+
 // A non-causal (1, H, H, L, L, D) Attend whose query, key and value arrive as
 // bf16 (dtype 1) or f16 (2), at f32 or bf16 precision: read where they lie
 // (AttendHalf, route 0), or widened to f32 copies first and then computed
@@ -294,15 +302,9 @@ void BM_HalfInputs(benchmark::State& state) {
   engine_options.max_workspace_bytes = int64_t{4} << 30;
   std::unique_ptr<AttentionEngine> engine =
       AttentionEngine::Create(engine_options).value();
-  const auto stored = [dtype](int64_t count, float value) {
-    std::vector<char> bytes(static_cast<size_t>(count) * 2);
-    const std::vector<float> values = Filled(count, value);
-    ConvertFromFloat32(values.data(), count, dtype, bytes.data());
-    return bytes;
-  };
-  const std::vector<char> query = stored(shape.QueryElements(), 0.01f);
-  const std::vector<char> key = stored(shape.KeyElements(), 0.02f);
-  const std::vector<char> value = stored(shape.ValueElements(), 0.03f);
+  const std::vector<char> query = Stored(dtype, shape.QueryElements(), 0.01f);
+  const std::vector<char> key = Stored(dtype, shape.KeyElements(), 0.02f);
+  const std::vector<char> value = Stored(dtype, shape.ValueElements(), 0.03f);
   std::vector<float> output = Filled(shape.OutputElements(), 0.0f);
   std::vector<float> query_f32, key_f32, value_f32;
   const auto widened = [dtype](const std::vector<char>& bytes,
@@ -360,16 +362,9 @@ void BM_DecodeInputs(benchmark::State& state) {
   engine_options.max_workspace_bytes = int64_t{4} << 30;
   std::unique_ptr<AttentionEngine> engine =
       AttentionEngine::Create(engine_options).value();
-  const int64_t element = dtype == DataType::kFloat32 ? 4 : 2;
-  const auto stored = [dtype, element](int64_t count, float value) {
-    std::vector<char> bytes(static_cast<size_t>(count * element));
-    const std::vector<float> values = Filled(count, value);
-    ConvertFromFloat32(values.data(), count, dtype, bytes.data());
-    return bytes;
-  };
-  const std::vector<char> query = stored(shape.QueryElements(), 0.01f);
-  const std::vector<char> key = stored(shape.KeyElements(), 0.02f);
-  const std::vector<char> value = stored(shape.ValueElements(), 0.03f);
+  const std::vector<char> query = Stored(dtype, shape.QueryElements(), 0.01f);
+  const std::vector<char> key = Stored(dtype, shape.KeyElements(), 0.02f);
+  const std::vector<char> value = Stored(dtype, shape.ValueElements(), 0.03f);
   const auto floats = [](const std::vector<char>& bytes) {
     return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
                                bytes.size() / 4);

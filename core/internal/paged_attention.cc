@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -405,18 +406,6 @@ ATTNSERVE_PAGED_INLINE void Load16(const char* row, int64_t d, F8* first,
   }
 }
 
-// One query row's sixteen columns at `q` against two keys' (first and second
-// halves: Load16), into the row's two accumulators.
-ATTNSERVE_PAGED_INLINE void Dot16(const float* q, F8 first0, F8 second0,
-                                  F8 first1, F8 second1, F8& a0, F8& a1) {
-  const F8 y = LoadFloats(q);
-  const F8 z = LoadFloats(q + 8);
-  a0 += y * first0;
-  a0 += z * second0;
-  a1 += y * first1;
-  a1 += z * second1;
-}
-
 // The same for eight columns.
 ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
                                  F8& a1) {
@@ -425,157 +414,81 @@ ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
   a1 += y * key1;
 }
 
-// The pairwise kernels of the AVX-512 unit: sixteen-lane vectors, runs of 32
-// bf16 columns (PairwiseRun), otherwise as BlockScores and BlockAccumulate
-// below.
+// The AVX-512 unit's pairwise vectors: sixteen lanes, runs of 32 bf16
+// columns (PairwiseRun).
 typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16 __attribute__((vector_size(64)));
 
-ATTNSERVE_PAGED_INLINE F16 LoadFloats16(const float* p) {
-  F16 v;
+// The block kernels' vectors: kLanes (8 or 16) floats.
+template <int kLanes>
+using Floats = std::conditional_t<kLanes == 16, F16, F8>;
+
+template <int kLanes>
+ATTNSERVE_PAGED_INLINE Floats<kLanes> LoadVector(const float* p) {
+  Floats<kLanes> v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-ATTNSERVE_PAGED_INLINE void StoreFloats16(float* p, F16 v) {
+template <int kLanes>
+ATTNSERVE_PAGED_INLINE void StoreVector(float* p, Floats<kLanes> v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-// Columns [d, d + 32) of a bf16 row: the even ones, then the odd ones.
-ATTNSERVE_PAGED_INLINE void LoadPairs32(const char* row, int64_t d, F16* even,
-                                        F16* odd) {
-  U16 u;
-  std::memcpy(&u, row + 2 * d, sizeof(u));
-  *even = (F16)(u << 16);
-  *odd = (F16)(u & 0xffff0000u);
-}
+ATTNSERVE_PAGED_INLINE float SumVector(F8 v) { return Sum8(v); }
 
-ATTNSERVE_PAGED_INLINE float Sum16(F16 v) {
+ATTNSERVE_PAGED_INLINE float SumVector(F16 v) {
   const F8 low = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
   const F8 high = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   return Sum8(low + high);
 }
 
-// BlockScores of bf16 keys in runs of 32 (dk % 32 == 0).
-ATTNSERVE_PAGED_INLINE void BlockScoresWide(const float* q, int64_t rows4,
-                                            int64_t dk, const char* keys,
-                                            int64_t n, float* s,
-                                            const char* next_keys) {
-  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
-    const float* q0 = q + r0 * dk;
-    const float* q1 = q0 + dk;
-    const float* q2 = q1 + dk;
-    const float* q3 = q2 + dk;
-    float* s0 = s + r0 * kBlock;
-    for (int64_t j = 0; j < n; j += 2) {
-      // The last odd key pairs with itself; its second result is dropped.
-      const int64_t j1 = j + 1 < n ? j + 1 : j;
-      const char* k0 = keys + j * dk * 2;
-      const char* k1 = keys + j1 * dk * 2;
-      if (r0 == 0 && next_keys != nullptr) {
-        for (int64_t at = j * dk * 2; at < (j + 2) * dk * 2; at += 64) {
-          __builtin_prefetch(next_keys + at, 0, 2);
-        }
-      }
-      F16 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
-      for (int64_t d = 0; d < dk; d += 32) {
-        F16 e0, o0, e1, o1;
-        LoadPairs32(k0, d, &e0, &o0);
-        LoadPairs32(k1, d, &e1, &o1);
-        const F16 x0 = LoadFloats16(q0 + d), y0 = LoadFloats16(q0 + d + 16);
-        a00 += x0 * e0;
-        a00 += y0 * o0;
-        a01 += x0 * e1;
-        a01 += y0 * o1;
-        const F16 x1 = LoadFloats16(q1 + d), y1 = LoadFloats16(q1 + d + 16);
-        a10 += x1 * e0;
-        a10 += y1 * o0;
-        a11 += x1 * e1;
-        a11 += y1 * o1;
-        const F16 x2 = LoadFloats16(q2 + d), y2 = LoadFloats16(q2 + d + 16);
-        a20 += x2 * e0;
-        a20 += y2 * o0;
-        a21 += x2 * e1;
-        a21 += y2 * o1;
-        const F16 x3 = LoadFloats16(q3 + d), y3 = LoadFloats16(q3 + d + 16);
-        a30 += x3 * e0;
-        a30 += y3 * o0;
-        a31 += x3 * e1;
-        a31 += y3 * o1;
-      }
-      const float t[8] = {Sum16(a00), Sum16(a01), Sum16(a10), Sum16(a11),
-                          Sum16(a20), Sum16(a21), Sum16(a30), Sum16(a31)};
-      for (int64_t r = 0; r < 4; ++r) {
-        s0[r * kBlock + j] = t[2 * r];
-        if (j + 1 < n) s0[r * kBlock + j + 1] = t[2 * r + 1];
-      }
-    }
+// A run of 2 · kLanes elements of a row from `d`, as Load16 does: with
+// sixteen lanes, bf16 rows in runs of 32 (pairwise only), the even columns
+// then the odd ones.
+template <DataType T, bool kPairwise, bool kF16c, int kLanes>
+ATTNSERVE_PAGED_INLINE void LoadRun(const char* row, int64_t d,
+                                    Floats<kLanes>* first,
+                                    Floats<kLanes>* second) {
+  if constexpr (kLanes == 16) {
+    static_assert(T == DataType::kBFloat16 && kPairwise);
+    U16 u;
+    std::memcpy(&u, row + 2 * d, sizeof(u));
+    *first = (F16)(u << 16);
+    *second = (F16)(u & 0xffff0000u);
+  } else {
+    Load16<T, kPairwise, kF16c>(row, d, first, second);
   }
 }
 
-// BlockAccumulate of bf16 values in runs of 32 (dv % 32 == 0).
-ATTNSERVE_PAGED_INLINE void BlockAccumulateWide(const float* p, int64_t rows4,
-                                                int64_t n, const char* values,
-                                                int64_t dv, float* o,
-                                                const char* next_values) {
-  const int64_t row_bytes = dv * 2;
-  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
-    const float* p0 = p + r0 * kBlock;
-    const float* p1 = p0 + kBlock;
-    const float* p2 = p1 + kBlock;
-    const float* p3 = p2 + kBlock;
-    float* o0 = o + r0 * dv;
-    float* o1 = o0 + dv;
-    float* o2 = o1 + dv;
-    float* o3 = o2 + dv;
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-      const int64_t j_end = std::min<int64_t>(j0 + 4, n);
-      if (r0 == 0 && next_values != nullptr) {
-        for (int64_t at = j0 * row_bytes; at < j_end * row_bytes; at += 64) {
-          __builtin_prefetch(next_values + at, 0, 2);
-        }
-      }
-      for (int64_t c = 0; c < dv; c += 32) {
-        F16 a0 = LoadFloats16(o0 + c), b0 = LoadFloats16(o0 + c + 16);
-        F16 a1 = LoadFloats16(o1 + c), b1 = LoadFloats16(o1 + c + 16);
-        F16 a2 = LoadFloats16(o2 + c), b2 = LoadFloats16(o2 + c + 16);
-        F16 a3 = LoadFloats16(o3 + c), b3 = LoadFloats16(o3 + c + 16);
-        for (int64_t j = j0; j < j_end; ++j) {
-          F16 x, y;
-          LoadPairs32(values + j * row_bytes, c, &x, &y);
-          a0 += p0[j] * x;
-          b0 += p0[j] * y;
-          a1 += p1[j] * x;
-          b1 += p1[j] * y;
-          a2 += p2[j] * x;
-          b2 += p2[j] * y;
-          a3 += p3[j] * x;
-          b3 += p3[j] * y;
-        }
-        StoreFloats16(o0 + c, a0);
-        StoreFloats16(o0 + c + 16, b0);
-        StoreFloats16(o1 + c, a1);
-        StoreFloats16(o1 + c + 16, b1);
-        StoreFloats16(o2 + c, a2);
-        StoreFloats16(o2 + c + 16, b2);
-        StoreFloats16(o3 + c, a3);
-        StoreFloats16(o3 + c + 16, b3);
-      }
-    }
-  }
+// One query row's run of 2 · kLanes columns at `q` against two keys' (first
+// and second halves: LoadRun), into the row's two accumulators.
+template <int kLanes>
+ATTNSERVE_PAGED_INLINE void DotRun(const float* q, Floats<kLanes> first0,
+                                   Floats<kLanes> second0,
+                                   Floats<kLanes> first1,
+                                   Floats<kLanes> second1, Floats<kLanes>& a0,
+                                   Floats<kLanes>& a1) {
+  const Floats<kLanes> y = LoadVector<kLanes>(q);
+  const Floats<kLanes> z = LoadVector<kLanes>(q + kLanes);
+  a0 += y * first0;
+  a0 += z * second0;
+  a1 += y * first1;
+  a1 += z * second1;
 }
 
 // s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
 // multiple of 4, rows past the unit's zero) and key j < n of `keys`
-// ([n, dk] in T): four rows and two keys at a time, eight accumulators; the
-// next block's rows prefetched into L2 as these are used (a page's rows are
-// too short a run for the hardware prefetcher to catch).
-template <DataType T, bool kPairwise, bool kF16c = false>
+// ([n, dk] in T): four rows and two keys at a time, eight accumulators of
+// kLanes lanes; the next block's rows prefetched into L2 as these are used (a
+// page's rows are too short a run for the hardware prefetcher to catch).
+template <DataType T, bool kPairwise, bool kF16c = false, int kLanes = 8>
 ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
                                         int64_t dk, const char* keys, int64_t n,
                                         float* s, const char* next_keys) {
+  using V = Floats<kLanes>;
   const int64_t element = T == DataType::kFloat32 ? 4 : 2;
-  const int64_t end16 = dk / 16 * 16;
+  const int64_t end_runs = dk / (2 * kLanes) * (2 * kLanes);
   const int64_t end8 = dk / 8 * 8;  // Pairwise: dk % 16 == 0.
   for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
     const float* q0 = q + r0 * dk;
@@ -594,26 +507,29 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
           __builtin_prefetch(next_keys + at, 0, 2);
         }
       }
-      F8 a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
-      for (int64_t d = 0; d < end16; d += 16) {
-        F8 e0, o0, e1, o1;
-        Load16<T, kPairwise, kF16c>(k0, d, &e0, &o0);
-        Load16<T, kPairwise, kF16c>(k1, d, &e1, &o1);
-        Dot16(q0 + d, e0, o0, e1, o1, a00, a01);
-        Dot16(q1 + d, e0, o0, e1, o1, a10, a11);
-        Dot16(q2 + d, e0, o0, e1, o1, a20, a21);
-        Dot16(q3 + d, e0, o0, e1, o1, a30, a31);
+      V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
+      for (int64_t d = 0; d < end_runs; d += 2 * kLanes) {
+        V e0, o0, e1, o1;
+        LoadRun<T, kPairwise, kF16c, kLanes>(k0, d, &e0, &o0);
+        LoadRun<T, kPairwise, kF16c, kLanes>(k1, d, &e1, &o1);
+        DotRun<kLanes>(q0 + d, e0, o0, e1, o1, a00, a01);
+        DotRun<kLanes>(q1 + d, e0, o0, e1, o1, a10, a11);
+        DotRun<kLanes>(q2 + d, e0, o0, e1, o1, a20, a21);
+        DotRun<kLanes>(q3 + d, e0, o0, e1, o1, a30, a31);
       }
-      for (int64_t d = end16; d < end8; d += 8) {
-        const F8 x0 = Load8<T, kF16c>(k0, d);
-        const F8 x1 = Load8<T, kF16c>(k1, d);
-        Dot8(q0 + d, x0, x1, a00, a01);
-        Dot8(q1 + d, x0, x1, a10, a11);
-        Dot8(q2 + d, x0, x1, a20, a21);
-        Dot8(q3 + d, x0, x1, a30, a31);
+      if constexpr (kLanes == 8) {
+        for (int64_t d = end_runs; d < end8; d += 8) {
+          const F8 x0 = Load8<T, kF16c>(k0, d);
+          const F8 x1 = Load8<T, kF16c>(k1, d);
+          Dot8(q0 + d, x0, x1, a00, a01);
+          Dot8(q1 + d, x0, x1, a10, a11);
+          Dot8(q2 + d, x0, x1, a20, a21);
+          Dot8(q3 + d, x0, x1, a30, a31);
+        }
       }
-      float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
-                    Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
+      float t[8] = {SumVector(a00), SumVector(a01), SumVector(a10),
+                    SumVector(a11), SumVector(a20), SumVector(a21),
+                    SumVector(a30), SumVector(a31)};
       for (int64_t d = end8; d < dk; ++d) {
         const float x0 = Load1<T>(k0, d);
         const float x1 = Load1<T>(k1, d);
@@ -632,18 +548,20 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
 }
 
 // o_r += Σ_j p[r · kBlock + j] · v_j for every row r of `o` ([rows4, dv])
-// and value j < n of `values` ([n, dv] in T): four rows and sixteen columns
-// at a time, eight accumulators, the values taken four rows at a time, each
-// walked front to back, so the block streams through the cache in order; the
-// next block's rows prefetched as these are used.
-template <DataType T, bool kPairwise, bool kF16c = false>
+// and value j < n of `values` ([n, dv] in T): four rows and 2 · kLanes
+// columns at a time, eight accumulators, the values taken four rows at a
+// time, each walked front to back, so the block streams through the cache in
+// order; the next block's rows prefetched as these are used.
+template <DataType T, bool kPairwise, bool kF16c = false, int kLanes = 8>
 ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
                                             int64_t n, const char* values,
                                             int64_t dv, float* o,
                                             const char* next_values) {
+  using V = Floats<kLanes>;
   const int64_t element = T == DataType::kFloat32 ? 4 : 2;
   const int64_t row_bytes = dv * element;
-  const int64_t end16 = dv / 16 * 16;  // Pairwise: dv % 16 == 0.
+  // Pairwise: dv a multiple of the run.
+  const int64_t end_runs = dv / (2 * kLanes) * (2 * kLanes);
   for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
     const float* p0 = p + r0 * kBlock;
     const float* p1 = p0 + kBlock;
@@ -660,14 +578,19 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
           __builtin_prefetch(next_values + at, 0, 2);
         }
       }
-      for (int64_t c = 0; c < end16; c += 16) {
-        F8 a0 = LoadFloats(o0 + c), b0 = LoadFloats(o0 + c + 8);
-        F8 a1 = LoadFloats(o1 + c), b1 = LoadFloats(o1 + c + 8);
-        F8 a2 = LoadFloats(o2 + c), b2 = LoadFloats(o2 + c + 8);
-        F8 a3 = LoadFloats(o3 + c), b3 = LoadFloats(o3 + c + 8);
+      for (int64_t c = 0; c < end_runs; c += 2 * kLanes) {
+        V a0 = LoadVector<kLanes>(o0 + c),
+          b0 = LoadVector<kLanes>(o0 + c + kLanes);
+        V a1 = LoadVector<kLanes>(o1 + c),
+          b1 = LoadVector<kLanes>(o1 + c + kLanes);
+        V a2 = LoadVector<kLanes>(o2 + c),
+          b2 = LoadVector<kLanes>(o2 + c + kLanes);
+        V a3 = LoadVector<kLanes>(o3 + c),
+          b3 = LoadVector<kLanes>(o3 + c + kLanes);
         for (int64_t j = j0; j < j_end; ++j) {
-          F8 x, y;
-          Load16<T, kPairwise, kF16c>(values + j * row_bytes, c, &x, &y);
+          V x, y;
+          LoadRun<T, kPairwise, kF16c, kLanes>(values + j * row_bytes, c, &x,
+                                               &y);
           a0 += p0[j] * x;
           b0 += p0[j] * y;
           a1 += p1[j] * x;
@@ -677,19 +600,19 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
           a3 += p3[j] * x;
           b3 += p3[j] * y;
         }
-        StoreFloats(o0 + c, a0);
-        StoreFloats(o0 + c + 8, b0);
-        StoreFloats(o1 + c, a1);
-        StoreFloats(o1 + c + 8, b1);
-        StoreFloats(o2 + c, a2);
-        StoreFloats(o2 + c + 8, b2);
-        StoreFloats(o3 + c, a3);
-        StoreFloats(o3 + c + 8, b3);
+        StoreVector<kLanes>(o0 + c, a0);
+        StoreVector<kLanes>(o0 + c + kLanes, b0);
+        StoreVector<kLanes>(o1 + c, a1);
+        StoreVector<kLanes>(o1 + c + kLanes, b1);
+        StoreVector<kLanes>(o2 + c, a2);
+        StoreVector<kLanes>(o2 + c + kLanes, b2);
+        StoreVector<kLanes>(o3 + c, a3);
+        StoreVector<kLanes>(o3 + c + kLanes, b3);
       }
     }
     float* rows[4] = {o0, o1, o2, o3};
     const float* weights[4] = {p0, p1, p2, p3};
-    for (int64_t c = end16; c < dv; ++c) {
+    for (int64_t c = end_runs; c < dv; ++c) {
       for (int r = 0; r < 4; ++r) {
         float a = rows[r][c];
         for (int64_t j = 0; j < n; ++j) {
@@ -712,12 +635,8 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
                                      const char* next_values) {
   const int64_t dk = item.layout.key_dim;
   const int64_t dv = item.layout.value_dim;
-  if constexpr (kWide) {
-    BlockScoresWide(b.query, rows4, dk, keys, n, b.scores, next_keys);
-  } else {
-    BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys, n, b.scores,
-                                     next_keys);
-  }
+  BlockScores<T, kPairwise, kF16c, kWide ? 16 : 8>(b.query, rows4, dk, keys, n,
+                                                   b.scores, next_keys);
   const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {
     const RowKeys& keys_seen = b.keys_seen[r];
@@ -751,12 +670,8 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
       }
     }
   }
-  if constexpr (kWide) {
-    BlockAccumulateWide(b.scores, rows4, n, values, dv, b.output, next_values);
-  } else {
-    BlockAccumulate<T, kPairwise, kF16c>(b.scores, rows4, n, values, dv,
-                                         b.output, next_values);
-  }
+  BlockAccumulate<T, kPairwise, kF16c, kWide ? 16 : 8>(
+      b.scores, rows4, n, values, dv, b.output, next_values);
 }
 
 // The first value row of page `page` of `item`.

@@ -35,6 +35,7 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
     if (!job->runs_inline() || !queue_.empty() ||
         running_ >= options_.executors || stopping_) {
       queue_.push_back(std::move(job));
+      executor_jobs_.fetch_add(1, std::memory_order_release);
       return absl::OkStatus();
     }
     ++running_;  // Takes an idle executor's turn.
@@ -129,6 +130,11 @@ void Scheduler::Work() {
     std::vector<Job*> jobs;
     for (const auto& job : batch) jobs.push_back(job.get());
     jobs.front()->Run(jobs);
+    // Straight after the answers went out, before the jobs' memory is freed:
+    // the transport's thread wakes to their events and asks busy() before it
+    // spins for the next call.
+    executor_jobs_.fetch_sub(static_cast<int>(batch.size()),
+                             std::memory_order_release);
     batch.clear();
     absl::MutexLock lock(&mutex_);
     --running_;

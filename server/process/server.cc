@@ -226,6 +226,7 @@ class AttnServerImpl final : public AttnServer {
     builder.SetResourceQuota(quota);
     loop_.SetBudget(&budget_);
     loop_.SetResetGuard(&reset_guard_);
+    loop_.SetComputeBusy([this] { return scheduler_.busy(); });
     service_.AddTo(loop_);
     health_.AddTo(loop_);
     reflection_.AddTo(loop_);

@@ -325,7 +325,12 @@ void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
   const Clock::duration spin_for = absl::ToChronoNanoseconds(spin);
   // Spinning pays while events come closer together than `spin`: it starts
   // when one arrives within `spin` of the previous one's handling, and stops
-  // when `spin` passes without one (sparse traffic does not keep a core busy).
+  // when `spin` passes without one (sparse traffic does not keep a core busy),
+  // and pauses while a compute runs: on a machine whose cores the compute's
+  // threads fill, a spinning poller would slow the very call it waits on
+  // (measured on 2 vCPUs: a 4,096-token decode Step computed in 1.6 ms with
+  // the spin, 1.2 ms without). The compute's answer is an event, which wakes
+  // this thread to spin for the client's next call.
   bool spin_pays = false;
   bool spun_idle = false;  // Some of this idle time was spent polling.
   Clock::time_point idle_since = Clock::now();
@@ -337,7 +342,8 @@ void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
   bool ok;
   for (;;) {
     const Clock::time_point now = Clock::now();
-    const bool spinning = spin_pays && now - idle_since < spin_for;
+    const bool spinning = spin_pays && now - idle_since < spin_for &&
+                          !(compute_busy_ && compute_busy_());
     if (!spinning) report_spin(now);
     // A deadline in the past polls once without sleeping.
     const grpc::CompletionQueue::NextStatus status =

@@ -237,5 +237,31 @@ TEST(SchedulerTest, AnInlineJobTakesAnExecutorsTurn) {
   EXPECT_EQ(most.load(), 1);
 }
 
+TEST(SchedulerTest, IsBusyWhileAJobWaitsOrRunsOnAnExecutor) {
+  Scheduler scheduler(SchedulerOptions{});  // One executor.
+  EXPECT_FALSE(scheduler.busy());
+  // An inline job runs on the submitting thread, not on the executors.
+  bool busy_inline = true;
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<InlineJob>(
+                      [&] { busy_inline = scheduler.busy(); }))
+                  .ok());
+  EXPECT_FALSE(busy_inline);
+  EXPECT_FALSE(scheduler.busy());
+  absl::Notification started, release;
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<FunctionJob>([&] {
+                    started.Notify();
+                    release.WaitForNotification();
+                  }))
+                  .ok());
+  EXPECT_TRUE(scheduler.busy());  // Queued, or already running.
+  started.WaitForNotification();
+  EXPECT_TRUE(scheduler.busy());
+  release.Notify();
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+  EXPECT_FALSE(scheduler.busy());
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -1,6 +1,7 @@
 // The production behaviours of the service: dynamic batching, the bounded
 // queue, requests dropped when their caller goes, limits, draining, TLS and
 // tokens.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -316,6 +317,38 @@ TEST_F(ServiceTest, IoThreadsAnswerWhetherTheySpinOrSleep) {
     server_->Shutdown();
     server_.reset();
   }
+}
+
+// The spinning io thread sleeps while a compute runs, instead of taking a core
+// from it: a slow call's compute adds next to nothing to the time spent
+// spinning, though the spin window (1 s) would cover up to a second of it.
+TEST_F(ServiceTest, IoThreadSleepsWhileAComputeRuns) {
+  ServerOptions options = DefaultOptions();
+  options.transport.io_threads = 1;
+  options.transport.io_spin = absl::Seconds(1);
+  Start(options);
+  const std::string spin = "attnserve_io_spin_seconds_total";
+  const std::string dequeued =
+      R"(attnserve_queue_wait_seconds_count{rpc="Attend"})";
+  const v1::AttendRequest tiny = Request({1, 1, 1, 4, 4, 4, 4}, 7);
+  // Calls close together: the loop spins between them from now on (a spin
+  // is counted when it ends).
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->Attend(tiny, kTimeout).ok());
+  const double calls = Metric(dequeued);
+  auto slow = client_->AttendFuture(SlowRequest(), kTimeout);
+  // Its compute has begun: the spin up to its arrival (while its bytes came)
+  // is counted.
+  AwaitMetric(dequeued, calls + 1);
+  const double before = Metric(spin);
+  const absl::StatusOr<v1::AttendResponse> answer = slow.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  // Ends the spin that followed the answer, so that all of it is counted.
+  ASSERT_TRUE(client_->Attend(tiny, kTimeout).ok());
+  const double spun = Metric(spin) - before;
+  // A loop spinning through the compute would have spun this much.
+  const double compute = answer->timing().compute_us() * 1e-6;
+  EXPECT_LT(spun, 0.25 * std::min(compute, 1.0))
+      << "spun " << spun << " s around a compute of " << compute << " s";
 }
 
 TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {

@@ -12,6 +12,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SCHEDULER_H_
 #define ATTNSERVE_SERVER_ATTENTION_SCHEDULER_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -95,6 +96,13 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return options_; }
 
+  // Whether a job waits or runs on an executor: its compute then wants the
+  // cores its threads were given. Lock-free, for the transport's spinning
+  // thread to ask before each poll.
+  bool busy() const {
+    return executor_jobs_.load(std::memory_order_acquire) > 0;
+  }
+
  private:
   void Work();
   // Takes the next batch off the queue, waiting for partners as the options
@@ -109,6 +117,9 @@ class Scheduler {
   // Batches running, on executors or inline; never more than `executors`.
   int running_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  // Jobs queued, or taken by an executor and not yet finished (inline jobs
+  // not counted: they run on the transport's own thread).
+  std::atomic<int> executor_jobs_{0};
   std::vector<std::thread> workers_;
 };
 

@@ -148,6 +148,14 @@ class CallLoop {
   // passed). Before Start; `guard` must outlive the loop.
   void SetResetGuard(ResetGuard* guard) { reset_guard_ = guard; }
 
+  // While `busy` says a compute runs (on the threads it was given, usually
+  // every core), the spinning thread sleeps until its next event instead of
+  // polling: a spin then only takes a core from the compute. Before Start;
+  // called before each poll, so it must be cheap and thread-safe.
+  void SetComputeBusy(std::function<bool()> busy) {
+    compute_busy_ = std::move(busy);
+  }
+
   // Registers the loop's generic service and completion queue; before the
   // builder's BuildAndStart.
   void AddTo(grpc::ServerBuilder& builder);
@@ -210,6 +218,7 @@ class CallLoop {
   std::map<std::string, Method> methods_;
   MemoryBudget* budget_ = nullptr;
   ResetGuard* reset_guard_ = nullptr;
+  std::function<bool()> compute_busy_;
   grpc::AsyncGenericService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::vector<std::thread> threads_;

@@ -443,14 +443,26 @@ ATTNSERVE_PAGED_INLINE float SumVector(F16 v) {
   return Sum8(low + high);
 }
 
-// A run of 2 · kLanes elements of a row from `d`, as Load16 does: with
-// sixteen lanes, bf16 rows in runs of 32 (pairwise only), the even columns
-// then the odd ones.
+// A run of 2 · kLanes elements of a row from `d`, as Load16 does. Sixteen
+// lanes (the AVX-512 unit): bf16 rows in runs of 32 pairwise, the even columns
+// then the odd ones; f32 rows, and f16 rows widened by AVX-512's form of
+// F16C's instruction, in order.
 template <DataType T, bool kPairwise, bool kF16c, int kLanes>
 ATTNSERVE_PAGED_INLINE void LoadRun(const char* row, int64_t d,
                                     Floats<kLanes>* first,
                                     Floats<kLanes>* second) {
-  if constexpr (kLanes == 16) {
+  if constexpr (kLanes == 16 && T == DataType::kFloat32) {
+    std::memcpy(first, row + 4 * d, sizeof(*first));
+    std::memcpy(second, row + 4 * d + sizeof(*first), sizeof(*second));
+  } else if constexpr (kLanes == 16 && T == DataType::kFloat16) {
+    static_assert(kF16c && kF16cBuiltin);
+    typedef short S16 __attribute__((vector_size(32)));
+    S16 low, high;
+    std::memcpy(&low, row + 2 * d, sizeof(low));
+    std::memcpy(&high, row + 2 * d + sizeof(low), sizeof(high));
+    *first = __builtin_ia32_vcvtph2ps512_mask(low, F16{}, -1, 4);
+    *second = __builtin_ia32_vcvtph2ps512_mask(high, F16{}, -1, 4);
+  } else if constexpr (kLanes == 16) {
     static_assert(T == DataType::kBFloat16 && kPairwise);
     U16 u;
     std::memcpy(&u, row + 2 * d, sizeof(u));
@@ -698,6 +710,10 @@ __attribute__((always_inline)) inline void UnitBody(
   const bool round = item.precision == Precision::kBFloat16;
   const int64_t run = PairwiseRun(item, kWide);
   const bool pairwise = run > 0;
+  // f32 and f16 blocks (f16 where the compiler widens them with F16C's
+  // instruction) in sixteen-lane runs of 32 columns on AVX-512, read in order.
+  constexpr bool kWideF16 = kWide && kF16c && kF16cBuiltin;
+  const bool wide_in_order = kWide && dk % 32 == 0 && dv % 32 == 0;
   int64_t tile_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = unit.kv_head * group + r / unit.qn;
@@ -784,6 +800,18 @@ __attribute__((always_inline)) inline void UnitBody(
       RunBlock<DataType::kBFloat16, true>(item, unit, b, rows, rows4, k0, n,
                                           round, keys, values, next_keys,
                                           next_values);
+    } else if (kWide && wide_in_order && type == DataType::kFloat32) {
+      if constexpr (kWide) {
+        RunBlock<DataType::kFloat32, false, false, true>(
+            item, unit, b, rows, rows4, k0, n, round, keys, values, next_keys,
+            next_values);
+      }
+    } else if (kWideF16 && wide_in_order && type == DataType::kFloat16) {
+      if constexpr (kWideF16) {
+        RunBlock<DataType::kFloat16, false, kF16c, true>(
+            item, unit, b, rows, rows4, k0, n, round, keys, values, next_keys,
+            next_values);
+      }
     } else if (type == DataType::kFloat32) {
       RunBlock<DataType::kFloat32, false>(item, unit, b, rows, rows4, k0, n,
                                           round, keys, values, next_keys,

@@ -53,8 +53,9 @@ ABSL_FLAG(int64_t, io_spin_us,
           absl::ToInt64Microseconds(Defaults().transport.io_spin),
           "While calls come within this many µs of each other, the first io "
           "thread keeps polling this long after each event instead of "
-          "sleeping, so that a client's next call is taken without a "
-          "wake-up; costs up to a core while they do. 0: never spins.");
+          "sleeping (not while a call computes on an executor), so that a "
+          "client's next call is taken without a wake-up; costs up to a core "
+          "while they do. 0: never spins.");
 ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
           "Requests waiting for an executor; past it new ones get "
           "RESOURCE_EXHAUSTED.");

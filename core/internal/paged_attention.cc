@@ -800,7 +800,7 @@ __attribute__((always_inline)) inline void UnitBody(
       RunBlock<DataType::kBFloat16, true>(item, unit, b, rows, rows4, k0, n,
                                           round, keys, values, next_keys,
                                           next_values);
-    } else if (kWide && wide_in_order && type == DataType::kFloat32) {
+    } else if (wide_in_order && type == DataType::kFloat32) {
       if constexpr (kWide) {
         RunBlock<DataType::kFloat32, false, false, true>(
             item, unit, b, rows, rows4, k0, n, round, keys, values, next_keys,

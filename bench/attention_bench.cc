@@ -436,8 +436,8 @@ BENCHMARK(BM_MultiHeadSelfAttentionF32)
 
 // Decode over paged KV caches (AttentionEngine::AttendPaged, the server's
 // Step): S sessions of L tokens each (H, Hkv, D; pages of 64 tokens) stored
-// as f32 (dtype 0), bf16 (1) or f16 (2), one query token each, all in one
-// call. BYTES counts the keys and values read, for the ratio to the
+// as f32 (dtype 0), bf16 (1) or f16 (2), keys by dimension as the sessions
+// store them (T 1) or as rows (T 0), one query token each, all in one call. BYTES counts the keys and values read, for the ratio to the
 // streaming read.
 void BM_PagedDecode(benchmark::State& state) {
   const int64_t sessions = state.range(0);
@@ -448,6 +448,8 @@ void BM_PagedDecode(benchmark::State& state) {
   layout.key_dim = layout.value_dim = state.range(4);
   layout.dtype = static_cast<DataType>(state.range(5));
   layout.page_tokens = 64;
+  // 1: keys laid out by dimension, as the sessions' pages; 0: as rows.
+  layout.keys_transposed = state.range(6) != 0;
   EngineOptions engine_options;
   engine_options.max_workspace_bytes = int64_t{4} << 30;
   std::unique_ptr<AttentionEngine> engine =
@@ -496,11 +498,15 @@ void BM_PagedDecode(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PagedDecode)
-    ->ArgNames({"S", "H", "Hkv", "L", "D", "dtype"})
-    ->Args({32, 32, 8, 8192, 128, 1})
-    ->Args({32, 32, 8, 4096, 128, 0})
-    ->Args({32, 32, 8, 8192, 128, 2})
-    ->Args({1, 32, 8, 4096, 128, 1})
+    ->ArgNames({"S", "H", "Hkv", "L", "D", "dtype", "T"})
+    ->Args({32, 32, 8, 8192, 128, 1, 1})
+    ->Args({32, 32, 8, 4096, 128, 0, 1})
+    ->Args({32, 32, 8, 8192, 128, 2, 1})
+    ->Args({1, 32, 8, 4096, 128, 1, 1})
+    ->Args({32, 32, 8, 8192, 128, 1, 0})
+    ->Args({32, 32, 8, 4096, 128, 0, 0})
+    ->Args({32, 32, 8, 8192, 128, 2, 0})
+    ->Args({1, 32, 8, 4096, 128, 1, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -606,8 +612,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
           m.bytes / 1e9, stream > 0 ? Ratio(m.bytes / stream).c_str() : "n/a",
           f32 > 0 ? Ratio(f32 * element / (4.0 * m.bytes)).c_str() : "n/a");
     }
-    std::printf("\n%-44s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)", "cache",
-                "GB/s", "KV/read");
+    std::printf("\n%-44s %6s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)",
+                "cache", "keys", "GB/s", "KV/read");
     for (const auto& [name, m] : medians_) {
       if (name.rfind("BM_PagedDecode/", 0) != 0) continue;
       const std::map<std::string, int64_t> a = Args(name);
@@ -615,8 +621,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string shape =
           absl::StrCat("(", a.at("S"), ",", a.at("H"), ",", a.at("Hkv"), ",",
                        a.at("L"), ",", a.at("D"), ")");
-      std::printf("%-44s %6s %8.1f %8s\n", shape.c_str(),
-                  kDtypes[a.at("dtype")], m.bytes / 1e9,
+      std::printf("%-44s %6s %6s %8.1f %8s\n", shape.c_str(),
+                  kDtypes[a.at("dtype")], a.at("T") != 0 ? "by dim" : "rows",
+                  m.bytes / 1e9,
                   stream > 0 ? Ratio(m.bytes / stream).c_str() : "n/a");
     }
   }

@@ -231,6 +231,20 @@ void RoundRowsToBf16(const char* source, int64_t count, DataType dtype,
   }
 }
 
+// The same for keys laid out by dimension: keys j < n of a block whose
+// dimension d starts at source + d · stride bytes, rounded and written as rows
+// ([n, dk]) to `destination`.
+void RoundColumnsToBf16(const char* source, int64_t stride, int64_t n,
+                        int64_t dk, DataType dtype, float* destination) {
+  float column[kBlock];
+  for (int64_t d = 0; d < dk; ++d) {
+    ConvertToFloat32(dtype, source + d * stride, n, column);
+    for (int64_t j = 0; j < n; ++j) {
+      destination[j * dk + d] = RoundToBf16(column[j]);
+    }
+  }
+}
+
 // The block kernels: GCC/Clang vector extensions, eight floats a vector,
 // inlined into one function per instruction set (UnitAvx512, UnitAvx2,
 // UnitPortable) so that they compile to that set's instructions. Keys and
@@ -559,6 +573,118 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
   }
 }
 
+// kVectors · kLanes consecutive keys' values of one key dimension, from
+// `at` (in T), as vectors across the keys: in order, except bf16 on sixteen
+// lanes, whose 32-bit words widen as the even keys of each 32 then the odd
+// ones, one instruction each.
+template <DataType T, bool kF16c, int kLanes, int kVectors>
+ATTNSERVE_PAGED_INLINE void LoadKeys(const char* at, Floats<kLanes>* k) {
+  if constexpr (kLanes == 16 && T == DataType::kBFloat16) {
+    for (int w = 0; w < kVectors / 2; ++w) {
+      U16 u;
+      std::memcpy(&u, at + 64 * w, sizeof(u));
+      k[2 * w] = (F16)(u << 16);
+      k[2 * w + 1] = (F16)(u & 0xffff0000u);
+    }
+  } else if constexpr (kLanes == 16 && T == DataType::kFloat16) {
+    static_assert(kF16c && kF16cBuiltin);
+    typedef short S16 __attribute__((vector_size(32)));
+    for (int v = 0; v < kVectors; ++v) {
+      S16 h;
+      std::memcpy(&h, at + 32 * v, sizeof(h));
+      k[v] = __builtin_ia32_vcvtph2ps512_mask(h, F16{}, -1, 4);
+    }
+  } else if constexpr (kLanes == 16) {
+    static_assert(T == DataType::kFloat32);
+    std::memcpy(k, at, kVectors * sizeof(F16));
+  } else {
+    for (int v = 0; v < kVectors; ++v) k[v] = Load8<T, kF16c>(at, 8 * v);
+  }
+}
+
+// The same scores for keys laid out by dimension (PageLayout::keys_
+// transposed): dimension d of key j at keys + d · stride + j · element bytes.
+// A pass takes kVectors · kLanes keys as the lanes of its vectors, four rows
+// at a time: per dimension one load of the keys and one multiply-add per row
+// and vector with the row's element broadcast, and no sum across lanes. Keys
+// past `room` (the end of the page's rows) are read from a zeroed copy; lanes
+// past n read the page's unused slots, and their scores are never used (the
+// fold masks them). The next block's rows are prefetched as these are read.
+template <DataType T, bool kF16c, int kLanes>
+ATTNSERVE_PAGED_INLINE void BlockScoresByDim(const float* q, int64_t rows4,
+                                             int64_t dk, const char* keys,
+                                             int64_t stride, int64_t n,
+                                             int64_t room, float* s,
+                                             const char* next_keys) {
+  using V = Floats<kLanes>;
+  constexpr int kVectors = kLanes == 16 ? 4 : 2;
+  constexpr int64_t kChunk = kVectors * kLanes;
+  static_assert(kBlock % kChunk == 0);
+  constexpr int64_t kElement = T == DataType::kFloat32 ? 4 : 2;
+  alignas(64) char padded[kChunk * kElement];
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* q0 = q + r0 * dk;
+    const float* q1 = q0 + dk;
+    const float* q2 = q1 + dk;
+    const float* q3 = q2 + dk;
+    float* s0 = s + r0 * kBlock;
+    for (int64_t j = 0; j < n; j += kChunk) {
+      const bool whole = j + kChunk <= room;
+      const bool prefetch = r0 == 0 && j == 0 && next_keys != nullptr;
+      V a0[kVectors] = {}, a1[kVectors] = {}, a2[kVectors] = {},
+        a3[kVectors] = {};
+      for (int64_t d = 0; d < dk; ++d) {
+        const char* at = keys + d * stride + j * kElement;
+        if (!whole) {
+          std::memset(padded, 0, sizeof(padded));
+          std::memcpy(padded, at,
+                      static_cast<size_t>(std::min(kChunk, n - j) * kElement));
+          at = padded;
+        }
+        if (prefetch) {
+          for (int64_t b = 0; b < kBlock * kElement; b += 64) {
+            __builtin_prefetch(next_keys + d * stride + b, 0, 2);
+          }
+        }
+        V k[kVectors];
+        LoadKeys<T, kF16c, kLanes, kVectors>(at, k);
+        const float x0 = q0[d], x1 = q1[d], x2 = q2[d], x3 = q3[d];
+#pragma GCC unroll 4
+        for (int v = 0; v < kVectors; ++v) {
+          a0[v] += x0 * k[v];
+          a1[v] += x1 * k[v];
+          a2[v] += x2 * k[v];
+          a3[v] += x3 * k[v];
+        }
+      }
+      V* rows[4] = {a0, a1, a2, a3};
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        float* out = s0 + r * kBlock + j;
+        const V* a = rows[r];
+        if constexpr (kLanes == 16 && T == DataType::kBFloat16) {
+#pragma GCC unroll 2
+          for (int v = 0; v < kVectors; v += 2) {
+            StoreVector<16>(
+                out + 16 * v,
+                __builtin_shufflevector(a[v], a[v + 1], 0, 16, 1, 17, 2, 18, 3,
+                                        19, 4, 20, 5, 21, 6, 22, 7, 23));
+            StoreVector<16>(out + 16 * v + 16,
+                            __builtin_shufflevector(a[v], a[v + 1], 8, 24, 9,
+                                                    25, 10, 26, 11, 27, 12, 28,
+                                                    13, 29, 14, 30, 15, 31));
+          }
+        } else {
+#pragma GCC unroll 4
+          for (int v = 0; v < kVectors; ++v) {
+            StoreVector<kLanes>(out + kLanes * v, a[v]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // o_r += Σ_j p[r · kBlock + j] · v_j for every row r of `o` ([rows4, dv])
 // and value j < n of `values` ([n, dv] in T): four rows and 2 · kLanes
 // columns at a time, eight accumulators, the values taken four rows at a
@@ -636,19 +762,34 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
   }
 }
 
+// Where a block's keys lie: rows from `data`, or (stride > 0) laid out by
+// dimension, dimension d at data + d · stride bytes, `room` keys readable in
+// each dimension's row.
+struct BlockKeys {
+  const char* data;
+  int64_t stride;
+  int64_t room;
+};
+
 // One block of a unit: scores, their fold into each row's softmax (and the
 // rows' rescaling), then the values, for keys and values in T.
 template <DataType T, bool kPairwise, bool kF16c = false, bool kWide = false>
 ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
                                      const UnitBuffers& b, int64_t rows,
                                      int64_t rows4, int64_t k0, int64_t n,
-                                     bool round, const char* keys,
+                                     bool round, const BlockKeys& keys,
                                      const char* values, const char* next_keys,
                                      const char* next_values) {
   const int64_t dk = item.layout.key_dim;
   const int64_t dv = item.layout.value_dim;
-  BlockScores<T, kPairwise, kF16c, kWide ? 16 : 8>(b.query, rows4, dk, keys, n,
-                                                   b.scores, next_keys);
+  if (keys.stride > 0) {
+    BlockScoresByDim<T, kF16c, kWide ? 16 : 8>(b.query, rows4, dk, keys.data,
+                                               keys.stride, n, keys.room,
+                                               b.scores, next_keys);
+  } else {
+    BlockScores<T, kPairwise, kF16c, kWide ? 16 : 8>(
+        b.query, rows4, dk, keys.data, n, b.scores, next_keys);
+  }
   const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {
     const RowKeys& keys_seen = b.keys_seen[r];
@@ -710,6 +851,7 @@ __attribute__((always_inline)) inline void UnitBody(
   const bool round = item.precision == Precision::kBFloat16;
   const int64_t run = PairwiseRun(item, kWide);
   const bool pairwise = run > 0;
+  const bool by_dim = layout.keys_transposed;
   // f32 and f16 blocks (f16 where the compiler widens them with F16C's
   // instruction) in sixteen-lane runs of 32 columns on AVX-512, read in order.
   constexpr bool kWideF16 = kWide && kF16c && kF16cBuiltin;
@@ -725,7 +867,7 @@ __attribute__((always_inline)) inline void UnitBody(
     } else {
       std::memcpy(row, q, static_cast<size_t>(dk) * sizeof(float));
     }
-    if (pairwise) {
+    if (pairwise && !by_dim) {
       float ordered[32];
       for (int64_t c = 0; c < dk; c += run) {
         std::memcpy(ordered, row + c, static_cast<size_t>(run) * sizeof(float));
@@ -768,16 +910,27 @@ __attribute__((always_inline)) inline void UnitBody(
                                    : last;
     const int64_t n = std::min({kBlock, page_tokens - offset, block_last - k0});
     const int64_t row0 = unit.kv_head * page_tokens + offset;
-    const char* keys =
-        item.pages[static_cast<size_t>(page)] + row0 * dk * element;
+    // The unit's head's key `at_offset` of page `at_page`, by the layout.
+    const auto key_at = [&](int64_t at_page, int64_t at_offset) {
+      const int64_t index = by_dim
+                                ? unit.kv_head * dk * page_tokens + at_offset
+                                : (unit.kv_head * page_tokens + at_offset) * dk;
+      return item.pages[static_cast<size_t>(at_page)] + index * element;
+    };
+    BlockKeys keys{key_at(page, offset), by_dim ? page_tokens * element : 0,
+                   page_tokens - offset};
     const char* values = ValuesOf(item, page) + row0 * dv * element;
     DataType type = layout.dtype;
     if (round && type != DataType::kBFloat16) {
       // BF16 precision on f32 or f16 pages: the block rounded to bf16 in the
-      // thread's buffers, then read as f32.
-      RoundRowsToBf16(keys, n * dk, type, b.keys);
+      // thread's buffers (keys as rows), then read as f32.
+      if (by_dim) {
+        RoundColumnsToBf16(keys.data, keys.stride, n, dk, type, b.keys);
+      } else {
+        RoundRowsToBf16(keys.data, n * dk, type, b.keys);
+      }
       RoundRowsToBf16(values, n * dv, type, b.values);
-      keys = reinterpret_cast<const char*>(b.keys);
+      keys = {reinterpret_cast<const char*>(b.keys), 0, n};
       values = reinterpret_cast<const char*>(b.values);
       type = DataType::kFloat32;
     }
@@ -788,8 +941,7 @@ __attribute__((always_inline)) inline void UnitBody(
         next < last && type == layout.dtype) {
       const int64_t next_page = next / page_tokens;
       const int64_t next_row = unit.kv_head * page_tokens + next % page_tokens;
-      next_keys =
-          item.pages[static_cast<size_t>(next_page)] + next_row * dk * element;
+      next_keys = key_at(next_page, next % page_tokens);
       next_values = ValuesOf(item, next_page) + next_row * dv * element;
     }
     if (pairwise && run == 32) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,8 +48,9 @@ struct PagedCache {
     const int64_t element = DataTypeBytes(layout.dtype);
     const int64_t count =
         (length + layout.page_tokens - 1) / layout.page_tokens;
-    // Pages are filled with NaN bytes past the length, which the kernel must
-    // never read.
+    // Pages are filled with NaN bytes past the length, which must never reach
+    // a result (the kernel reads whole vectors of keys laid out by dimension,
+    // and drops the lanes past the length).
     pages.assign(static_cast<size_t>(count),
                  std::vector<char>(static_cast<size_t>(layout.PageBytes()),
                                    static_cast<char>(0xff)));
@@ -58,9 +60,22 @@ struct PagedCache {
       for (int64_t t = 0; t < length; ++t) {
         char* page = pages[static_cast<size_t>(t / layout.page_tokens)].data();
         const int64_t slot = h * layout.page_tokens + t % layout.page_tokens;
-        Store(key.data() + (h * length + t) * layout.key_dim, layout.key_dim,
-              page + slot * layout.key_dim * element,
-              stored_key.data() + (h * length + t) * layout.key_dim);
+        const float* key_row = key.data() + (h * length + t) * layout.key_dim;
+        float* stored_row =
+            stored_key.data() + (h * length + t) * layout.key_dim;
+        if (layout.keys_transposed) {
+          // [Hkv, Dk, page_tokens]: element d of the key at column t.
+          for (int64_t d = 0; d < layout.key_dim; ++d) {
+            Store(key_row + d, 1,
+                  page + ((h * layout.key_dim + d) * layout.page_tokens +
+                          t % layout.page_tokens) *
+                             element,
+                  stored_row + d);
+          }
+        } else {
+          Store(key_row, layout.key_dim, page + slot * layout.key_dim * element,
+                stored_row);
+        }
         Store(value.data() + (h * length + t) * layout.value_dim,
               layout.value_dim,
               page + layout.KeyBytes() + slot * layout.value_dim * element,
@@ -84,6 +99,7 @@ struct Case {
   DataType dtype;
   Precision precision;
   bool return_lse;
+  bool keys_transposed = false;  // The test's parameter sets it.
   // Variants: a window (−1: none), sinks, ALiBi slopes, a softcap (0: none),
   // and the pages none of the rows sees passed as null (evicted).
   int64_t window_left = -1;
@@ -100,7 +116,8 @@ std::string Describe(const Case& c) {
       " dtype=", static_cast<int>(c.dtype),
       " bf16=", c.precision == Precision::kBFloat16,
       " window_left=", c.window_left, " sinks=", c.sinks, " alibi=", c.alibi,
-      " softcap=", c.softcap, " null_unseen_pages=", c.null_unseen_pages);
+      " softcap=", c.softcap, " null_unseen_pages=", c.null_unseen_pages,
+      " keys_transposed=", c.keys_transposed);
 }
 
 // The inputs and outputs of one item.
@@ -121,6 +138,7 @@ Item MakeItem(const Case& c, uint64_t seed) {
   layout.key_dim = c.key_dim;
   layout.value_dim = c.value_dim;
   layout.dtype = c.dtype;
+  layout.keys_transposed = c.keys_transposed;
   item.cache = std::make_unique<PagedCache>(
       layout, c.length, RandomValues(c.kv_heads * c.length * c.key_dim, seed),
       RandomValues(c.kv_heads * c.length * c.value_dim, seed + 1));
@@ -177,13 +195,22 @@ PagedAttend ToPaged(Item& item, float scale) {
   return paged;
 }
 
-class PagedAttentionTest : public ::testing::TestWithParam<bool> {
+// Parameters: the portable kernels (else the vectorised ones for this CPU),
+// and keys laid out by dimension (the sessions' pages; else as rows).
+class PagedAttentionTest
+    : public ::testing::TestWithParam<std::tuple<bool, bool>> {
  protected:
   void SetUp() override {
     EngineOptions options;
     options.num_threads = 2;
-    options.portable_kernels = GetParam();
+    options.portable_kernels = std::get<0>(GetParam());
     engine_ = *AttentionEngine::Create(options);
+  }
+
+  // MakeItem with the keys laid out as the parameter says.
+  Item Make(Case c, uint64_t seed) {
+    c.keys_transposed = std::get<1>(GetParam());
+    return MakeItem(c, seed);
   }
 
   // Checks one item against the reference over its stored keys and values,
@@ -244,8 +271,8 @@ class PagedAttentionTest : public ::testing::TestWithParam<bool> {
 TEST_P(PagedAttentionTest, DecodeStepOverPagesOfEveryDtype) {
   for (const DataType dtype :
        {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
-    Item item = MakeItem(
-        {8, 2, 1, 300, 64, 64, 64, dtype, Precision::kFloat32, true}, 11);
+    Item item =
+        Make({8, 2, 1, 300, 64, 64, 64, dtype, Precision::kFloat32, true}, 11);
     const PagedAttend paged = ToPaged(item, 0.125f);
     ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
     Check(item, 0.125f);
@@ -281,7 +308,7 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
         c.softcap = static_cast<float>(pick({0, 0, 1, 30}));
         c.null_unseen_pages = pick({0, 1}) == 1;
       }
-      items.push_back(MakeItem(c, static_cast<uint64_t>(round * 100 + i)));
+      items.push_back(Make(c, static_cast<uint64_t>(round * 100 + i)));
     }
     std::vector<PagedAttend> paged;
     for (Item& item : items) {
@@ -305,7 +332,7 @@ TEST_P(PagedAttentionTest, SinksAndAWindowReadOnlyTheirPages) {
   c.alibi = true;
   c.softcap = 20.0f;
   c.null_unseen_pages = true;
-  Item item = MakeItem(c, 41);
+  Item item = Make(c, 41);
   ASSERT_GT(std::count(item.pages.begin(), item.pages.end(), nullptr), 100);
   const PagedAttend paged = ToPaged(item, 0.2f);
   ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
@@ -317,7 +344,7 @@ TEST_P(PagedAttentionTest, RefusesANullPageThatARowSees) {
          false};
   c.window_left = 20;
   c.sinks = 5;
-  Item item = MakeItem(c, 42);
+  Item item = Make(c, 42);
   // Page 0 holds the sinks; pages 1 to 6 (keys 10 to 69) no row sees; page
   // 7 (70 to 79) holds the window's first key, 79.
   for (const size_t p : {size_t{1}, size_t{6}}) {
@@ -342,7 +369,7 @@ TEST_P(PagedAttentionTest, RefusesANullPageThatARowSees) {
 
 TEST_P(PagedAttentionTest, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
   // Tq > L: the first Tq − L rows see no key.
-  Item item = MakeItem(
+  Item item = Make(
       {2, 1, 5, 3, 8, 8, 4, DataType::kFloat32, Precision::kFloat32, true}, 3);
   const PagedAttend paged = ToPaged(item, 0.5f);
   ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
@@ -357,7 +384,7 @@ TEST_P(PagedAttentionTest, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
 }
 
 TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
-  Item item = MakeItem(
+  Item item = Make(
       {4, 2, 1, 130, 8, 8, 64, DataType::kFloat32, Precision::kFloat32, false},
       5);
   PagedAttend paged = ToPaged(item, 0.5f);
@@ -378,8 +405,8 @@ TEST_P(PagedAttentionTest, RefusesItemsThatDoNotFit) {
 TEST_P(PagedAttentionTest, ValuePagesApartFromTheKeys) {
   for (const DataType dtype :
        {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
-    Item item = MakeItem(
-        {8, 2, 1, 150, 32, 48, 64, dtype, Precision::kFloat32, true}, 17);
+    Item item =
+        Make({8, 2, 1, 150, 32, 48, 64, dtype, Precision::kFloat32, true}, 17);
     const PagedAttend together = ToPaged(item, 0.25f);
     ASSERT_TRUE(engine_->AttendPaged({&together, 1}).ok());
     const std::vector<float> output = item.output, lse = item.lse;
@@ -415,9 +442,9 @@ TEST_P(PagedAttentionTest, ValuePagesApartFromTheKeys) {
 // of one: a check that says stop on its third poll ends the call with its
 // error; one that never does changes nothing.
 TEST_P(PagedAttentionTest, StopCheckEndsTheCallWithItsError) {
-  Item item = MakeItem({8, 2, 1, 8192, 64, 64, 64, DataType::kBFloat16,
-                        Precision::kFloat32, false},
-                       13);
+  Item item = Make({8, 2, 1, 8192, 64, 64, 64, DataType::kBFloat16,
+                    Precision::kFloat32, false},
+                   13);
   PagedAttend paged = ToPaged(item, 0.125f);
   ASSERT_TRUE(engine_->AttendPaged({&paged, 1}).ok());
   const std::vector<float> plain = item.output;
@@ -443,10 +470,13 @@ TEST_P(PagedAttentionTest, StopCheckEndsTheCallWithItsError) {
   EXPECT_LT(polls.load(), 16);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, PagedAttentionTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& param) {
-                           return param.param ? "Portable" : "Native";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, PagedAttentionTest,
+    ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& param) {
+      return std::string(std::get<0>(param.param) ? "Portable" : "Native") +
+             (std::get<1>(param.param) ? "KeysByDimension" : "KeysAsRows");
+    });
 
 }  // namespace
 }  // namespace attnserve

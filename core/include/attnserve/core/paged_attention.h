@@ -2,8 +2,9 @@
 // types AttentionEngine::AttendPaged takes.
 //
 // A page holds `page_tokens` consecutive tokens of one sequence's layer: its
-// keys [Hkv, page_tokens, Dk], then its values [Hkv, page_tokens, Dv], packed
-// row-major in the cache's dtype (f32, bf16 or f16). The kernel reads the
+// keys [Hkv, page_tokens, Dk] (or, transposed, [Hkv, Dk, page_tokens]), then
+// its values [Hkv, page_tokens, Dv], packed row-major in the cache's dtype
+// (f32, bf16 or f16). The kernel reads the
 // pages where they lie, in that dtype: a block of a page is converted to f32
 // in a thread's cache-sized buffer as it is used, never copied whole.
 #ifndef ATTNSERVE_CORE_PAGED_ATTENTION_H_
@@ -25,6 +26,13 @@ struct PageLayout {
   int64_t key_dim = 1;    // Dk
   int64_t value_dim = 1;  // Dv
   DataType dtype = DataType::kFloat32;
+  // Keys [Hkv, Dk, page_tokens]: each head's keys transposed, one key
+  // dimension of all the page's tokens side by side (the sessions' pages).
+  // The kernel then takes the scores of many keys at once as the lanes of
+  // vectors, with no sum across lanes for each score, which costs as many
+  // instructions as the products. False: [Hkv, page_tokens, Dk], each key a
+  // row (a stateless call's key tensor read as pages).
+  bool keys_transposed = false;
 
   // Bytes of a page's keys, of its values, and of the whole page.
   int64_t KeyBytes() const {

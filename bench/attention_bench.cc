@@ -437,8 +437,8 @@ BENCHMARK(BM_MultiHeadSelfAttentionF32)
 // Decode over paged KV caches (AttentionEngine::AttendPaged, the server's
 // Step): S sessions of L tokens each (H, Hkv, D; pages of 64 tokens) stored
 // as f32 (dtype 0), bf16 (1) or f16 (2), keys by dimension as the sessions
-// store them (T 1) or as rows (T 0), one query token each, all in one call. BYTES counts the keys and values read, for the ratio to the
-// streaming read.
+// store them (T 1) or as rows (T 0), one query token each, all in one call.
+// BYTES counts the keys and values read, for the ratio to the streaming read.
 void BM_PagedDecode(benchmark::State& state) {
   const int64_t sessions = state.range(0);
   const int64_t heads = state.range(1);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -585,22 +586,32 @@ void CopyRows(const char* source, DataType from, int64_t rows, int64_t dim,
 
 // The same rows written as columns (a page's keys, PageLayout::
 // keys_transposed): element d of row i to destination + (d · stride + i)
-// elements.
+// elements. Rows are converted 32 at a time, then each dimension's run of
+// them written in turn, so the writes go out in order.
 void CopyRowsAsColumns(const char* source, DataType from, int64_t rows,
                        int64_t dim, int64_t stride, char* destination,
                        DataType to) {
-  constexpr int64_t kChunk = 256;
+  constexpr int64_t kRows = 32;
   const int64_t in = DataTypeBytes(from);
-  const int64_t out = DataTypeBytes(to);
-  char converted[kChunk * 4];
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t d0 = 0; d0 < dim; d0 += kChunk) {
-      const int64_t count = std::min(kChunk, dim - d0);
-      CopyRows(source + (i * dim + d0) * in, from, 1, count, converted, to);
-      for (int64_t d = 0; d < count; ++d) {
-        std::memcpy(destination + ((d0 + d) * stride + i) * out,
-                    converted + d * out, static_cast<size_t>(out));
+  std::vector<char> converted(
+      static_cast<size_t>(std::min(rows, kRows) * dim * DataTypeBytes(to)));
+  const auto transpose = [&](auto element, int64_t i0, int64_t count) {
+    constexpr size_t kBytes = sizeof(element);
+    for (int64_t d = 0; d < dim; ++d) {
+      char* column = destination + (d * stride + i0) * kBytes;
+      const char* row = converted.data() + d * kBytes;
+      for (int64_t i = 0; i < count; ++i) {
+        std::memcpy(column + i * kBytes, row + i * dim * kBytes, kBytes);
       }
+    }
+  };
+  for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
+    const int64_t count = std::min(kRows, rows - i0);
+    CopyRows(source + i0 * dim * in, from, count, dim, converted.data(), to);
+    if (DataTypeBytes(to) == 2) {
+      transpose(uint16_t{}, i0, count);
+    } else {
+      transpose(uint32_t{}, i0, count);
     }
   }
 }

@@ -610,4 +610,8 @@ RuntimeInfo OneDnnRuntimeInfo() {
   return info;
 }
 
+bool PreferredKeysTransposed() {
+  return internal::PagedKeysTransposedOnThisCpu();
+}
+
 }  // namespace attnserve

@@ -574,17 +574,19 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
 }
 
 // kVectors · kLanes consecutive keys' values of one key dimension, from
-// `at` (in T), as vectors across the keys: in order, except bf16 on sixteen
-// lanes, whose 32-bit words widen as the even keys of each 32 then the odd
-// ones, one instruction each.
+// `at` (in T), as vectors across the keys: in order, except bf16, whose 32-bit
+// words widen as the even keys of each 2 · kLanes then the odd ones, one
+// instruction each (InOrder puts the scores back).
 template <DataType T, bool kF16c, int kLanes, int kVectors>
 ATTNSERVE_PAGED_INLINE void LoadKeys(const char* at, Floats<kLanes>* k) {
-  if constexpr (kLanes == 16 && T == DataType::kBFloat16) {
+  using U = std::conditional_t<kLanes == 16, U16, U8>;
+  using V = Floats<kLanes>;
+  if constexpr (T == DataType::kBFloat16) {
     for (int w = 0; w < kVectors / 2; ++w) {
-      U16 u;
-      std::memcpy(&u, at + 64 * w, sizeof(u));
-      k[2 * w] = (F16)(u << 16);
-      k[2 * w + 1] = (F16)(u & 0xffff0000u);
+      U u;
+      std::memcpy(&u, at + sizeof(U) * w, sizeof(u));
+      k[2 * w] = (V)(u << 16);
+      k[2 * w + 1] = (V)(u & 0xffff0000u);
     }
   } else if constexpr (kLanes == 16 && T == DataType::kFloat16) {
     static_assert(kF16c && kF16cBuiltin);
@@ -602,6 +604,24 @@ ATTNSERVE_PAGED_INLINE void LoadKeys(const char* at, Floats<kLanes>* k) {
   }
 }
 
+// The scores of 2 · kLanes keys from their even keys' `even` and odd keys'
+// `odd` (LoadKeys of bf16), in key order at `out`.
+ATTNSERVE_PAGED_INLINE void StoreInOrder(F16 even, F16 odd, float* out) {
+  StoreVector<16>(
+      out, __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20,
+                                   5, 21, 6, 22, 7, 23));
+  StoreVector<16>(
+      out + 16, __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27,
+                                        12, 28, 13, 29, 14, 30, 15, 31));
+}
+
+ATTNSERVE_PAGED_INLINE void StoreInOrder(F8 even, F8 odd, float* out) {
+  StoreVector<8>(out,
+                 __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11));
+  StoreVector<8>(
+      out + 8, __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+
 // The same scores for keys laid out by dimension (PageLayout::keys_
 // transposed): dimension d of key j at keys + d · stride + j · element bytes.
 // A pass takes kVectors · kLanes keys as the lanes of its vectors, four rows
@@ -610,6 +630,8 @@ ATTNSERVE_PAGED_INLINE void LoadKeys(const char* at, Floats<kLanes>* k) {
 // past `room` (the end of the page's rows) are read from a zeroed copy; lanes
 // past n read the page's unused slots, and their scores are never used (the
 // fold masks them). The next block's rows are prefetched as these are read.
+// Sixteen lanes take 64 keys a pass, eight lanes (AVX2's registers hold
+// fewer accumulators) 16.
 template <DataType T, bool kF16c, int kLanes>
 ATTNSERVE_PAGED_INLINE void BlockScoresByDim(const float* q, int64_t rows4,
                                              int64_t dk, const char* keys,
@@ -662,17 +684,10 @@ ATTNSERVE_PAGED_INLINE void BlockScoresByDim(const float* q, int64_t rows4,
       for (int r = 0; r < 4; ++r) {
         float* out = s0 + r * kBlock + j;
         const V* a = rows[r];
-        if constexpr (kLanes == 16 && T == DataType::kBFloat16) {
+        if constexpr (T == DataType::kBFloat16) {
 #pragma GCC unroll 2
           for (int v = 0; v < kVectors; v += 2) {
-            StoreVector<16>(
-                out + 16 * v,
-                __builtin_shufflevector(a[v], a[v + 1], 0, 16, 1, 17, 2, 18, 3,
-                                        19, 4, 20, 5, 21, 6, 22, 7, 23));
-            StoreVector<16>(out + 16 * v + 16,
-                            __builtin_shufflevector(a[v], a[v + 1], 8, 24, 9,
-                                                    25, 10, 26, 11, 27, 12, 28,
-                                                    13, 29, 14, 30, 15, 31));
+            StoreInOrder(a[v], a[v + 1], out + kLanes * v);
           }
         } else {
 #pragma GCC unroll 4
@@ -1181,6 +1196,11 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads) {
   const Plan plan = MakePlan(items, std::max(threads, 1));
   return (plan.thread_floats * std::max(threads, 1) + plan.partial_floats) *
          static_cast<int64_t>(sizeof(float));
+}
+
+bool PagedKeysTransposedOnThisCpu() {
+  static const bool transposed = SelectUnit(false) == UnitAvx512;
+  return transposed;
 }
 
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,

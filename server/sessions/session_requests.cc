@@ -175,8 +175,8 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
   if (absl::Status s = ValidateVariant(request.defaults(), &config); !s.ok()) {
     return s;
   }
-  const int64_t page_bytes = PageArena::Footprint(
-      PageLayoutOf(config, options.page_tokens).PageBytes());
+  const int64_t page_bytes =
+      PageArena::Footprint(PageLayoutOf(config, options).PageBytes());
   if (page_bytes > options.max_page_bytes ||
       page_bytes > options.kv_cache_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -254,7 +254,7 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
            static_cast<double>(config.value_dim)},
           /*causal=*/false);
       PagedAttend size;
-      size.layout = PageLayoutOf(config, store.options().page_tokens);
+      size.layout = PageLayoutOf(config, store.options());
       size.heads = config.heads;
       size.query_len = work.query_len;
       sizes.push_back(size);

@@ -154,16 +154,17 @@ SessionStore::SessionStore(const SessionOptions& options,
 
 SessionStore::~SessionStore() { Clear(); }
 
-PageLayout PageLayoutOf(const SessionConfig& config, int64_t page_tokens) {
+PageLayout PageLayoutOf(const SessionConfig& config,
+                        const SessionOptions& options) {
   PageLayout layout;
-  layout.page_tokens = page_tokens;
+  layout.page_tokens = options.page_tokens;
   layout.kv_heads = config.kv_heads;
   layout.key_dim = config.key_dim;
   layout.value_dim = config.value_dim;
   layout.dtype = config.dtype;
-  // Keys by dimension: the paged kernel's scores then need no sum across
-  // vector lanes (a bf16 cache read ~1.2-1.5x as fast, BENCHMARKS.md).
-  layout.keys_transposed = true;
+  // Keys by dimension where the paged kernel reads them faster (AVX-512).
+  layout.keys_transposed =
+      options.keys_transposed.value_or(PreferredKeysTransposed());
   return layout;
 }
 
@@ -432,7 +433,7 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
   session->id = id.empty() ? NewId() : id;
   session->owner = owner;
   session->config = config;
-  session->layout = PageLayoutOf(config, options_.page_tokens);
+  session->layout = PageLayoutOf(config, options_);
   session->layers.resize(static_cast<size_t>(config.layers));
   session->created = session->last_used = now;
   session->lru = lru_.insert(lru_.end(), session.get());
@@ -693,12 +694,17 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
       char* page = layer.pages[static_cast<size_t>(at / page_tokens)]->data;
       for (int64_t h = 0; h < layout.kv_heads; ++h) {
         const int64_t slot = h * page_tokens + offset;
-        // Keys [Hkv, Dk, page_tokens] (PageLayoutOf).
-        CopyRowsAsColumns(
-            append.key + (h * tokens + t) * layout.key_dim * key_in,
-            append.key_dtype, run, layout.key_dim, page_tokens,
-            page + (h * layout.key_dim * page_tokens + offset) * element,
-            layout.dtype);
+        const char* key =
+            append.key + (h * tokens + t) * layout.key_dim * key_in;
+        if (layout.keys_transposed) {  // [Hkv, Dk, page_tokens]
+          CopyRowsAsColumns(
+              key, append.key_dtype, run, layout.key_dim, page_tokens,
+              page + (h * layout.key_dim * page_tokens + offset) * element,
+              layout.dtype);
+        } else {
+          CopyRows(key, append.key_dtype, run, layout.key_dim,
+                   page + slot * layout.key_dim * element, layout.dtype);
+        }
         CopyRows(append.value + (h * tokens + t) * layout.value_dim * value_in,
                  append.value_dtype, run, layout.value_dim,
                  page + layout.KeyBytes() + slot * layout.value_dim * element,

@@ -129,6 +129,10 @@ class SessionsTest : public ::testing::Test {
 
   void SetUp() override { Start(Options()); }
 
+  // StepsEqualStatelessAttendsThroughForksAndTruncations on the server
+  // started.
+  void RunStepProperty();
+
   std::unique_ptr<grpc::ClientContext> Context(const std::string& token = "") {
     auto context = std::make_unique<grpc::ClientContext>();
     context->set_deadline(std::chrono::system_clock::now() +
@@ -339,8 +343,19 @@ TEST_F(SessionsTest, DecodeLoopOverEveryDtype) {
 
 // The property: random appends, queries, forks and truncations over several
 // sessions, batched into multi-session calls, each query's output equal to
-// the reference and to a stateless Attend of what the session holds.
+// the reference and to a stateless Attend of what the session holds; with
+// the keys stored by dimension and as rows, whichever this CPU prefers.
 TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
+  for (const bool transposed : {true, false}) {
+    SCOPED_TRACE(transposed ? "keys by dimension" : "keys as rows");
+    ServerOptions options = Options();
+    options.sessions.keys_transposed = transposed;
+    Start(options);
+    RunStepProperty();
+  }
+}
+
+void SessionsTest::RunStepProperty() {
   std::mt19937_64 rng(42);
   const auto uniform = [&rng](int64_t low, int64_t high) {
     return std::uniform_int_distribution<int64_t>(low, high)(rng);

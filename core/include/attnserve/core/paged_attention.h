@@ -27,11 +27,12 @@ struct PageLayout {
   int64_t value_dim = 1;  // Dv
   DataType dtype = DataType::kFloat32;
   // Keys [Hkv, Dk, page_tokens]: each head's keys transposed, one key
-  // dimension of all the page's tokens side by side (the sessions' pages).
-  // The kernel then takes the scores of many keys at once as the lanes of
-  // vectors, with no sum across lanes for each score, which costs as many
-  // instructions as the products. False: [Hkv, page_tokens, Dk], each key a
-  // row (a stateless call's key tensor read as pages).
+  // dimension of all the page's tokens side by side (the sessions' pages
+  // where PreferredKeysTransposed() says so). The kernel then takes the
+  // scores of many keys at once as the lanes of vectors, with no sum across
+  // lanes for each score, which costs as many instructions as the products.
+  // False: [Hkv, page_tokens, Dk], each key a row (a stateless call's key
+  // tensor read as pages).
   bool keys_transposed = false;
 
   // Bytes of a page's keys, of its values, and of the whole page.
@@ -43,6 +44,14 @@ struct PageLayout {
   }
   int64_t PageBytes() const { return KeyBytes() + ValueBytes(); }
 };
+
+// The keys_transposed a cache should take on this CPU, for the paged kernel
+// to read it fastest: true where the kernel runs on AVX-512, whose 32
+// registers hold 64 keys' scores for four query rows at once (a bf16 cache
+// read ~1.1-1.5x as fast as keys in rows); false on AVX2 and older CPUs,
+// whose 16 registers hold a pass of only 16 keys, and where keys in rows read
+// ~10-15% faster.
+bool PreferredKeysTransposed();
 
 // One query over one sequence's paged cache, causal with the bottom-right
 // alignment: query row i (of query_len) sees the keys j <= i + length −

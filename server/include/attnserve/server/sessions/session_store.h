@@ -3,7 +3,9 @@
 //
 // A session is one sequence's keys and values for `layers` layers. Each layer
 // keeps a page table: pages of `page_tokens` tokens (keys [Hkv, Dk,
-// page_tokens], each head's transposed, then values [Hkv, page_tokens, Dv], in
+// page_tokens], each head's transposed, where the CPU's paged kernel reads
+// them faster so, else [Hkv, page_tokens, Dk]; then values [Hkv, page_tokens,
+// Dv], in
 // the session's dtype: attnserve/core/paged_attention.h). A fork shares its
 // parent's pages by reference; a page is written only while one table holds it
 // and no step is reading it, so a shared or read page is copied first (copy on
@@ -71,6 +73,10 @@ struct SessionOptions {
   int64_t max_tombstones = 65536;
   // The name CreateSession reports as the replica's; empty: the host name.
   std::string replica_name;
+  // PageLayout::keys_transposed of every page; nullopt: the layout this
+  // CPU's paged kernel reads fastest (PreferredKeysTransposed). Set only by
+  // tests, to run either layout on any CPU.
+  std::optional<bool> keys_transposed;
 };
 
 // Which process holds the sessions (v1::ReplicaIdentity).
@@ -120,9 +126,10 @@ std::optional<FreedKeys> FreedKeysSeen(const SessionConfig& config,
 // The first key a query at `position` sees beyond its sinks.
 int64_t WindowStart(const SessionConfig& config, int64_t position);
 
-// How the pages of a session of `config` are laid out, at `page_tokens`
-// tokens a page.
-PageLayout PageLayoutOf(const SessionConfig& config, int64_t page_tokens);
+// How the pages of a session of `config` are laid out in a store of
+// `options`.
+PageLayout PageLayoutOf(const SessionConfig& config,
+                        const SessionOptions& options);
 
 // A session as GetSession and ListSessions report it.
 struct SessionDescription {

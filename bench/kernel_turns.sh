@@ -5,7 +5,10 @@
 # median over rounds of kernel rate / that round's GEMM rate at the same precision (one
 # repetition of each per round). A host whose
 # GEMM rate jumps between runs (AMX bf16 does) then compares each kernel figure with the ceiling
-# of the same minute, not of another.
+# of the same minute, not of another. Benchmarks that count bytes (decode: BM_DecodeInputs,
+# BM_PagedDecode) are reported as GB/s against the same round's streaming read instead.
+#
+#   bench/kernel_turns.sh --rounds=4 --filter=PagedDecode   # paged decode against the read
 #
 # usage: bench/kernel_turns.sh [--rounds=N] [--filter=REGEX] [ATTENTION_BENCH...]
 #   --rounds   rounds of turns (default 7)
@@ -32,7 +35,7 @@ work=$(mktemp -d)
 trap 'rm -rf "${work}"' EXIT
 for ((round = 0; round < rounds; ++round)); do
   for i in "${!binaries[@]}"; do
-    timeout 300 "${binaries[$i]}" --benchmark_filter="OneDnnGemm|${filter}" --benchmark_repetitions=1 \
+    timeout 300 "${binaries[$i]}" --benchmark_filter="OneDnnGemm|StreamRead|${filter}" --benchmark_repetitions=1 \
       --benchmark_format=json --benchmark_out="${work}/${i}.${round}.json" \
       --benchmark_out_format=json >/dev/null 2>&1
   done
@@ -51,15 +54,28 @@ print(f"CPU: {model}{', AMX' if 'amx_bf16' in flags else ''}"
       f"{', AVX-512' if 'avx512f' in flags else ''}; {rounds} rounds")
 print("| binary | benchmark | GFLOP/s (median) | / same-round GEMM (median, min-max) |")
 print("|---|---|---:|---:|")
+reads = []  # Rows of the byte-rate table, printed after this one.
 for i, binary in enumerate(binaries):
     rates, ratios, labels = {}, {}, {}
+    byte_rates, read_ratios = {}, {}
     for r in range(rounds):
         with open(os.path.join(work, f"{i}.{r}.json")) as f:
             runs = json.load(f)["benchmarks"]
         # Each round's figure: the median of its repetitions (or its one run).
         medians = [b for b in runs if b.get("aggregate_name") == "median"] or \
             [b for b in runs if b.get("run_type") == "iteration"]
-        flops = {b["run_name"].split("/real_time")[0]: b.get("FLOPS", 0.0) for b in medians}
+        reading = ("BM_StreamRead", "BM_DecodeInputs/", "BM_PagedDecode/")
+        flops = {b["run_name"].split("/real_time")[0]: b.get("FLOPS", 0.0) for b in medians
+                 if not b["run_name"].startswith(reading)}
+        byte_counts = {b["run_name"].split("/real_time")[0]: b.get("BYTES", 0.0)
+                       for b in medians if b["run_name"].startswith(reading)}
+        stream = next((v for k, v in byte_counts.items() if "StreamRead" in k), 0.0)
+        for name, value in byte_counts.items():
+            if "StreamRead" in name:
+                continue
+            byte_rates.setdefault(name, []).append(value)
+            if stream > 0:
+                read_ratios.setdefault(name, []).append(value / stream)
         for b in medians:
             labels.setdefault(b["run_name"].split("/real_time")[0], b.get("label", ""))
         gemm = {"f32": next((v for k, v in flops.items() if "GemmF32" in k), 0.0),
@@ -81,4 +97,14 @@ for i, binary in enumerate(binaries):
             ratio = ""
         print(f"| {os.path.basename(binary) if len(binaries) == 1 else binary} | "
               f"{name}{label} | {rate:.1f} | {ratio} |")
+    for name in sorted(byte_rates):
+        rs = read_ratios.get(name, [])
+        ratio = f"{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f})" if rs else ""
+        reads.append(f"| {os.path.basename(binary) if len(binaries) == 1 else binary} | "
+                     f"{name} | {statistics.median(byte_rates[name]) / 1e9:.1f} | {ratio} |")
+if reads:
+    print()
+    print("| binary | benchmark | GB/s (median) | / same-round streaming read (median, min-max) |")
+    print("|---|---|---:|---:|")
+    print("\n".join(reads))
 EOF

@@ -28,16 +28,19 @@ out=$(timeout 120 "${source_dir}/bench/loopback_latency.sh" --rounds=1 --request
 echo "${out}"
 grep -qE '^.*attnserve: p50 median [0-9]+ us \(rounds [0-9]+\); server CPU [0-9]+ us/call, [0-9.]+ context switches/call$' \
   <<<"${out}" || fail "loopback_latency.sh: no p50 line"
-# kernel_turns.sh on a small shape: a ratio per benchmark, for each of two binaries.
+# kernel_turns.sh on a small shape and a small paged decode: a ratio per benchmark (to the
+# GEMM, or to the streaming read), for each of two binaries.
 if [[ -z "${attention_bench}" ]]; then
   echo "kernel_turns.sh: skipped, the benchmarks are not built (ATTNSERVE_BUILD_BENCHMARKS=OFF)"
   echo "PASS"
   exit 0
 fi
 out=$(timeout 120 "${source_dir}/bench/kernel_turns.sh" --rounds=2 \
-  --filter='Attention/B:4/H:8/Hkv:8/Lq:512/Lk:512/D:64/causal:0/bf16:0/unfused:0' \
+  --filter='Attention/B:4/H:8/Hkv:8/Lq:512/Lk:512/D:64/causal:0/bf16:0/unfused:0|PagedDecode/S:1/.*/T:1' \
   "${attention_bench}" "${attention_bench}") || fail "kernel_turns.sh: $out"
 echo "${out}"
 [[ $(grep -cE '^\| .*attention_bench \| BM_Attention/B:4/H:8/.* \| [0-9.]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|$' \
   <<<"${out}") == 2 ]] || fail "kernel_turns.sh: not one ratio row per binary"
+[[ $(grep -cE '^\| .*attention_bench \| BM_PagedDecode/S:1/.* \| [0-9.]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|$' \
+  <<<"${out}") == 2 ]] || fail "kernel_turns.sh: not one read-ratio row per binary"
 echo "PASS"

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -48,7 +49,8 @@ ABSL_FLAG(int64_t, steps, 64,
           "uncounted.");
 ABSL_FLAG(bool, compare_stateless, false,
           "bench --rpc=step: also decode the same shapes with Attend calls "
-          "that carry the whole context, and compare.");
+          "that carry the whole context, in turns with the steps (a tenth "
+          "of them each), and compare.");
 ABSL_FLAG(bool, json, false, "bench: print the report as one JSON object.");
 
 namespace attnserve {
@@ -300,18 +302,21 @@ absl::Status Prefill(std::vector<Session>& sessions, int64_t context) {
   return absl::OkStatus();
 }
 
-// Times `steps` decode steps (after one uncounted), each made of one call per
-// layer; `call(step, layer, &request_bytes, &response_bytes)` makes one.
-void RunDecodePhase(int64_t steps, int64_t layers,
+// Times decode steps [first, last] of `phase` (step 0, uncounted, warms it
+// up before its first), each made of one call per layer; `call(step, layer,
+// &request_bytes, &response_bytes)` makes one. Returns false once a step
+// failed.
+bool RunDecodePhase(int64_t first, int64_t last, int64_t layers,
                     const std::function<absl::Status(int64_t, int64_t, int64_t*,
                                                      int64_t*)>& call,
                     DecodePhase& phase) {
   int64_t scratch = 0;
-  for (int64_t layer = 0; layer < layers; ++layer) {
+  for (int64_t layer = 0; first == 1 && layer < layers; ++layer) {
     if (!call(0, layer, &scratch, &scratch).ok()) break;  // Warm-up.
   }
   const absl::Time start = absl::Now();
-  for (int64_t step = 1; step <= steps; ++step) {
+  bool ok = true;
+  for (int64_t step = first; step <= last && ok; ++step) {
     ++phase.steps;
     const absl::Time step_start = absl::Now();
     int64_t request_bytes = 0, response_bytes = 0;
@@ -322,13 +327,15 @@ void RunDecodePhase(int64_t steps, int64_t layers,
     if (!status.ok()) {
       // The sessions' lengths are not known past a failed step.
       ++phase.errors[status.code()];
+      ok = false;
       break;
     }
     phase.latencies.Record(absl::Now() - step_start);
     phase.request_bytes += request_bytes;
     phase.response_bytes += response_bytes;
   }
-  phase.elapsed = absl::Now() - start;
+  phase.elapsed += absl::Now() - start;
+  return ok;
 }
 
 // The first failed result of `response`, else OK.
@@ -415,49 +422,63 @@ int RunDecodeBench(Client& client) {
       " layers=", layers, " H=", info.num_heads(), " Hkv=", info.num_kv_heads(),
       " Dk=", info.key_dim(), " Dv=", info.value_dim());
 
-  DecodePhase step_phase;
-  step_phase.rpc = "step";
-  RunDecodePhase(
-      config->steps, layers,
-      [&](int64_t step, int64_t layer, int64_t* request_bytes,
-          int64_t* response_bytes) {
-        v1::StepRequest& request = requests[layer];
-        for (v1::SessionStep& session_step : *request.mutable_steps()) {
-          session_step.set_expected_length(config->context + step);
-        }
-        absl::StatusOr<v1::StepResponse> response =
-            client.Step(request, CallTimeout());
-        if (!response.ok()) return response.status();
-        *request_bytes += static_cast<int64_t>(request.ByteSizeLong());
-        *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
-        return FirstStepError(*response);
-      },
-      step_phase);
-  report.phases.push_back(std::move(step_phase));
-  cleanup();
-
+  std::optional<v1::AttendRequest> attend;
   if (config->compare_stateless) {
     // One Attend per layer with B = the sessions, over the context the first
     // decode step sees: the shapes of the Step phase, every key and value
     // shipped every time.
-    absl::StatusOr<v1::AttendRequest> attend = RandomDecodeAttendRequest(
+    absl::StatusOr<v1::AttendRequest> request = RandomDecodeAttendRequest(
         info, config->sessions, config->context + 1, absl::GetFlag(FLAGS_seed));
-    if (!attend.ok()) return UsageError(attend.status());
-    DecodePhase attend_phase;
-    attend_phase.rpc = "attend";
-    RunDecodePhase(
-        config->steps, layers,
-        [&](int64_t, int64_t, int64_t* request_bytes, int64_t* response_bytes) {
-          absl::StatusOr<v1::AttendResponse> response =
-              client.Attend(*attend, CallTimeout());
-          if (!response.ok()) return response.status();
-          *request_bytes += static_cast<int64_t>(attend->ByteSizeLong());
-          *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
-          return absl::OkStatus();
-        },
-        attend_phase);
-    report.phases.push_back(std::move(attend_phase));
+    if (!request.ok()) {
+      cleanup();
+      return UsageError(request.status());
+    }
+    attend = *std::move(request);
   }
+  DecodePhase step_phase;
+  step_phase.rpc = "step";
+  DecodePhase attend_phase;
+  attend_phase.rpc = "attend";
+  const auto step_call = [&](int64_t step, int64_t layer,
+                             int64_t* request_bytes, int64_t* response_bytes) {
+    v1::StepRequest& request = requests[layer];
+    for (v1::SessionStep& session_step : *request.mutable_steps()) {
+      session_step.set_expected_length(config->context + step);
+    }
+    absl::StatusOr<v1::StepResponse> response =
+        client.Step(request, CallTimeout());
+    if (!response.ok()) return response.status();
+    *request_bytes += static_cast<int64_t>(request.ByteSizeLong());
+    *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
+    return FirstStepError(*response);
+  };
+  const auto attend_call = [&](int64_t, int64_t, int64_t* request_bytes,
+                               int64_t* response_bytes) {
+    absl::StatusOr<v1::AttendResponse> response =
+        client.Attend(*attend, CallTimeout());
+    if (!response.ok()) return response.status();
+    *request_bytes += static_cast<int64_t>(attend->ByteSizeLong());
+    *response_bytes += static_cast<int64_t>(response->ByteSizeLong());
+    return absl::OkStatus();
+  };
+  // With --compare_stateless the two phases take turns, a tenth of the steps
+  // each, so that both meet the same host: on a shared machine the load
+  // moves within seconds, and phases run one after the other would compare
+  // two different minutes.
+  const int64_t rounds =
+      attend.has_value() ? std::min<int64_t>(config->steps, 10) : 1;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t first = config->steps * round / rounds + 1;
+    const int64_t last = config->steps * (round + 1) / rounds;
+    if (!RunDecodePhase(first, last, layers, step_call, step_phase)) break;
+    if (attend.has_value() &&
+        !RunDecodePhase(first, last, layers, attend_call, attend_phase)) {
+      break;
+    }
+  }
+  cleanup();
+  report.phases.push_back(std::move(step_phase));
+  if (attend.has_value()) report.phases.push_back(std::move(attend_phase));
 
   const std::string text = absl::GetFlag(FLAGS_json)
                                ? FormatDecodeBenchJson(report)

@@ -576,7 +576,7 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
 // kVectors · kLanes consecutive keys' values of one key dimension, from
 // `at` (in T), as vectors across the keys: in order, except bf16, whose 32-bit
 // words widen as the even keys of each 2 · kLanes then the odd ones, one
-// instruction each (InOrder puts the scores back).
+// instruction each (StoreInOrder puts their scores back in order).
 template <DataType T, bool kF16c, int kLanes, int kVectors>
 ATTNSERVE_PAGED_INLINE void LoadKeys(const char* at, Floats<kLanes>* k) {
   using U = std::conditional_t<kLanes == 16, U16, U8>;

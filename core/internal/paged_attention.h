@@ -25,15 +25,15 @@ absl::Status ValidatePagedAttend(absl::Span<const PagedAttend> items);
 // threads. The items must be valid: their spans bound every size.
 int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads);
 
+// PageLayout::keys_transposed for caches this CPU's kernel reads fastest
+// (attnserve/core/paged_attention.h: PreferredKeysTransposed).
+bool PagedKeysTransposedOnThisCpu();
+
 // Computes every item on up to `threads` threads. The items must be valid
 // (ValidatePagedAttend). `portable_only` runs the baseline x86-64 code even
 // where the CPU has AVX2 or AVX-512 (tests cover it that way). `stop` is
 // polled between units and every 1,024 keys within one; once
 // it says stop, the call returns its error with the outputs undefined.
-// PageLayout::keys_transposed for caches this CPU's kernel reads fastest
-// (attnserve/core/paged_attention.h: PreferredKeysTransposed).
-bool PagedKeysTransposedOnThisCpu();
-
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
                                bool portable_only, const StopCheck& stop);
 

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <new>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -587,28 +586,30 @@ void CopyRows(const char* source, DataType from, int64_t rows, int64_t dim,
 
 // The same rows written as columns (a page's keys, PageLayout::
 // keys_transposed): element d of row i to destination + (d · stride + i)
-// elements. Rows are converted 32 at a time, then each dimension's run of
-// them written in turn, so the writes go out in order.
+// elements. Rows are converted as many as fit 16 KiB at a time (at least
+// one: dim <= 4,096), then each dimension's run of them written in turn, so
+// the writes go out in order.
 void CopyRowsAsColumns(const char* source, DataType from, int64_t rows,
                        int64_t dim, int64_t stride, char* destination,
                        DataType to) {
-  constexpr int64_t kRows = 32;
+  char converted[16384];
   const int64_t in = DataTypeBytes(from);
-  std::vector<char> converted(
-      static_cast<size_t>(std::min(rows, kRows) * dim * DataTypeBytes(to)));
+  const int64_t row_bytes = dim * DataTypeBytes(to);
+  const int64_t batch =
+      std::max<int64_t>(1, static_cast<int64_t>(sizeof(converted)) / row_bytes);
   const auto transpose = [&](auto element, int64_t i0, int64_t count) {
     constexpr size_t kBytes = sizeof(element);
     for (int64_t d = 0; d < dim; ++d) {
       char* column = destination + (d * stride + i0) * kBytes;
-      const char* row = converted.data() + d * kBytes;
+      const char* row = converted + d * kBytes;
       for (int64_t i = 0; i < count; ++i) {
         std::memcpy(column + i * kBytes, row + i * dim * kBytes, kBytes);
       }
     }
   };
-  for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
-    const int64_t count = std::min(kRows, rows - i0);
-    CopyRows(source + i0 * dim * in, from, count, dim, converted.data(), to);
+  for (int64_t i0 = 0; i0 < rows; i0 += batch) {
+    const int64_t count = std::min(batch, rows - i0);
+    CopyRows(source + i0 * dim * in, from, count, dim, converted, to);
     if (DataTypeBytes(to) == 2) {
       transpose(uint16_t{}, i0, count);
     } else {

@@ -4,9 +4,9 @@
 // A page holds `page_tokens` consecutive tokens of one sequence's layer: its
 // keys [Hkv, page_tokens, Dk] (or, transposed, [Hkv, Dk, page_tokens]), then
 // its values [Hkv, page_tokens, Dv], packed row-major in the cache's dtype
-// (f32, bf16 or f16). The kernel reads the
-// pages where they lie, in that dtype: a block of a page is converted to f32
-// in a thread's cache-sized buffer as it is used, never copied whole.
+// (f32, bf16 or f16). The kernel reads the pages where they lie, in that
+// dtype: a block of a page is converted to f32 in a thread's cache-sized
+// buffer as it is used, never copied whole.
 #ifndef ATTNSERVE_CORE_PAGED_ATTENTION_H_
 #define ATTNSERVE_CORE_PAGED_ATTENTION_H_
 

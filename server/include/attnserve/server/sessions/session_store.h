@@ -5,15 +5,14 @@
 // keeps a page table: pages of `page_tokens` tokens (keys [Hkv, Dk,
 // page_tokens], each head's transposed, where the CPU's paged kernel reads
 // them faster so, else [Hkv, page_tokens, Dk]; then values [Hkv, page_tokens,
-// Dv], in
-// the session's dtype: attnserve/core/paged_attention.h). A fork shares its
-// parent's pages by reference; a page is written only while one table holds it
-// and no step is reading it, so a shared or read page is copied first (copy on
-// write). Every page is charged to the budget from its allocation to its
-// release (in whole 4 KiB pages: PageArena::Footprint), so the pages held never
-// exceed it: past it the store evicts the least recently used sessions no step
-// is using (EvictionPolicy::kLru), or refuses (kNone). Sessions idle past their
-// TTL expire.
+// Dv]; in the session's dtype: attnserve/core/paged_attention.h). A fork
+// shares its parent's pages by reference; a page is written only while one
+// table holds it and no step is reading it, so a shared or read page is copied
+// first (copy on write). Every page is charged to the budget from its
+// allocation to its release (in whole 4 KiB pages: PageArena::Footprint), so
+// the pages held never exceed it: past it the store evicts the least recently
+// used sessions no step is using (EvictionPolicy::kLru), or refuses (kNone).
+// Sessions idle past their TTL expire.
 //
 // A session belongs to the identity that created it (CallGate::Identity in
 // rpc/call_gate.h); any other identity gets NOT_FOUND for it, with the very

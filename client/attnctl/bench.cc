@@ -316,7 +316,7 @@ bool RunDecodePhase(int64_t first, int64_t last, int64_t layers,
   }
   const absl::Time start = absl::Now();
   bool ok = true;
-  for (int64_t step = first; step <= last && ok; ++step) {
+  for (int64_t step = first; step <= last; ++step) {
     ++phase.steps;
     const absl::Time step_start = absl::Now();
     int64_t request_bytes = 0, response_bytes = 0;

@@ -449,14 +449,6 @@ ATTNSERVE_PAGED_INLINE void StoreVector(float* p, Floats<kLanes> v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-ATTNSERVE_PAGED_INLINE float SumVector(F8 v) { return Sum8(v); }
-
-ATTNSERVE_PAGED_INLINE float SumVector(F16 v) {
-  const F8 low = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const F8 high = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  return Sum8(low + high);
-}
-
 // A run of 2 · kLanes elements of a row from `d`, as Load16 does. Sixteen
 // lanes (the AVX-512 unit): bf16 rows in runs of 32 pairwise, the even columns
 // then the odd ones; f32 rows, and f16 rows widened by AVX-512's form of
@@ -503,15 +495,102 @@ ATTNSERVE_PAGED_INLINE void DotRun(const float* q, Floats<kLanes> first0,
   a1 += z * second1;
 }
 
+// Sixteen accumulators a[4 · key + row] summed across their lanes by one
+// transpose tree (45 instructions where sixteen sums one by one take 128): lane
+// 4 · row + key of the result is the sum of a[4 · key + row]. Each level adds
+// the two halves of every accumulator while packing two accumulators into one
+// vector: halves of 256 bits, then 128, 64 and 32.
+ATTNSERVE_PAGED_INLINE F16 SumAcross16(const F16* a) {
+  F16 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    const F16 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                   20, 21, 22, 23) +
+           __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const F16 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                   19, 24, 25, 26, 27) +
+           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const F16 x = c[2 * i], y = c[2 * i + 1];
+    d[i] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24,
+                                   25, 12, 13, 28, 29) +
+           __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26,
+                                   27, 14, 15, 30, 31);
+  }
+  return __builtin_shufflevector(d[0], d[1], 0, 2, 16, 18, 4, 6, 20, 22, 8, 10,
+                                 24, 26, 12, 14, 28, 30) +
+         __builtin_shufflevector(d[0], d[1], 1, 3, 17, 19, 5, 7, 21, 23, 9, 11,
+                                 25, 27, 13, 15, 29, 31);
+}
+
+// The scores BlockScores computes (below), in the AVX-512 unit's sixteen
+// lanes (dk % 32 == 0, runs of 32 columns as LoadRun reads them): four keys
+// and four rows a step, sixteen accumulators summed across their lanes by one
+// SumAcross16, where pairs of keys took eight sums one by one: those had cost
+// as many instructions as the products.
+template <DataType T, bool kPairwise, bool kF16c>
+ATTNSERVE_PAGED_INLINE void BlockScoresFourKeys(const float* q, int64_t rows4,
+                                                int64_t dk, const char* keys,
+                                                int64_t n, float* s,
+                                                const char* next_keys) {
+  const int64_t row_bytes = dk * (T == DataType::kFloat32 ? 4 : 2);
+  for (int64_t r0 = 0; r0 < rows4; r0 += 4) {
+    const float* q0 = q + r0 * dk;
+    float* s0 = s + r0 * kBlock;
+    for (int64_t j = 0; j < n; j += 4) {
+      // Keys past the block repeat its last; their scores are not stored.
+      const char* k[4];
+      for (int64_t i = 0; i < 4; ++i) {
+        k[i] = keys + std::min(j + i, n - 1) * row_bytes;
+      }
+      if (r0 == 0 && next_keys != nullptr) {
+        for (int64_t at = j * row_bytes; at < (j + 4) * row_bytes; at += 64) {
+          __builtin_prefetch(next_keys + at, 0, 2);
+        }
+      }
+      F16 a[16] = {};  // a[4 · key + row]
+      for (int64_t d = 0; d < dk; d += 32) {
+        F16 first[4], second[4];
+        for (int i = 0; i < 4; ++i) {
+          LoadRun<T, kPairwise, kF16c, 16>(k[i], d, &first[i], &second[i]);
+        }
+        for (int r = 0; r < 4; ++r) {
+          const F16 y = LoadVector<16>(q0 + r * dk + d);
+          const F16 z = LoadVector<16>(q0 + r * dk + d + 16);
+          for (int i = 0; i < 4; ++i) {
+            a[4 * i + r] += y * first[i];
+            a[4 * i + r] += z * second[i];
+          }
+        }
+      }
+      float sums[16];
+      StoreVector<16>(sums, SumAcross16(a));
+      const size_t kept =
+          static_cast<size_t>(std::min<int64_t>(4, n - j)) * sizeof(float);
+      for (int r = 0; r < 4; ++r) {
+        std::memcpy(s0 + r * kBlock + j, sums + 4 * r, kept);
+      }
+    }
+  }
+}
+
 // s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
 // multiple of 4, rows past the unit's zero) and key j < n of `keys`
 // ([n, dk] in T): four rows and two keys at a time, eight accumulators of
-// kLanes lanes; the next block's rows prefetched into L2 as these are used (a
-// page's rows are too short a run for the hardware prefetcher to catch).
-template <DataType T, bool kPairwise, bool kF16c = false, int kLanes = 8>
+// eight lanes; the next block's rows prefetched into L2 as these are used (a
+// page's rows are too short a run for the hardware prefetcher to catch). The
+// AVX-512 unit runs BlockScoresFourKeys instead.
+template <DataType T, bool kPairwise, bool kF16c = false>
 ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
                                         int64_t dk, const char* keys, int64_t n,
                                         float* s, const char* next_keys) {
+  constexpr int kLanes = 8;
   using V = Floats<kLanes>;
   const int64_t element = T == DataType::kFloat32 ? 4 : 2;
   const int64_t end_runs = dk / (2 * kLanes) * (2 * kLanes);
@@ -543,19 +622,16 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
         DotRun<kLanes>(q2 + d, e0, o0, e1, o1, a20, a21);
         DotRun<kLanes>(q3 + d, e0, o0, e1, o1, a30, a31);
       }
-      if constexpr (kLanes == 8) {
-        for (int64_t d = end_runs; d < end8; d += 8) {
-          const F8 x0 = Load8<T, kF16c>(k0, d);
-          const F8 x1 = Load8<T, kF16c>(k1, d);
-          Dot8(q0 + d, x0, x1, a00, a01);
-          Dot8(q1 + d, x0, x1, a10, a11);
-          Dot8(q2 + d, x0, x1, a20, a21);
-          Dot8(q3 + d, x0, x1, a30, a31);
-        }
+      for (int64_t d = end_runs; d < end8; d += 8) {
+        const F8 x0 = Load8<T, kF16c>(k0, d);
+        const F8 x1 = Load8<T, kF16c>(k1, d);
+        Dot8(q0 + d, x0, x1, a00, a01);
+        Dot8(q1 + d, x0, x1, a10, a11);
+        Dot8(q2 + d, x0, x1, a20, a21);
+        Dot8(q3 + d, x0, x1, a30, a31);
       }
-      float t[8] = {SumVector(a00), SumVector(a01), SumVector(a10),
-                    SumVector(a11), SumVector(a20), SumVector(a21),
-                    SumVector(a30), SumVector(a31)};
+      float t[8] = {Sum8(a00), Sum8(a01), Sum8(a10), Sum8(a11),
+                    Sum8(a20), Sum8(a21), Sum8(a30), Sum8(a31)};
       for (int64_t d = end8; d < dk; ++d) {
         const float x0 = Load1<T>(k0, d);
         const float x1 = Load1<T>(k1, d);
@@ -801,9 +877,12 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
     BlockScoresByDim<T, kF16c, kWide ? 16 : 8>(b.query, rows4, dk, keys.data,
                                                keys.stride, n, keys.room,
                                                b.scores, next_keys);
+  } else if constexpr (kWide) {
+    BlockScoresFourKeys<T, kPairwise, kF16c>(b.query, rows4, dk, keys.data, n,
+                                             b.scores, next_keys);
   } else {
-    BlockScores<T, kPairwise, kF16c, kWide ? 16 : 8>(
-        b.query, rows4, dk, keys.data, n, b.scores, next_keys);
+    BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys.data, n, b.scores,
+                                     next_keys);
   }
   const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {

@@ -322,6 +322,32 @@ TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
   }
 }
 
+// Key counts, page sizes and GQA groups that are not multiples of four, over
+// head dims in runs of 32: the AVX-512 unit scores four keys and four rows a
+// step (BlockScoresFourKeys), repeating the last key of a block and zeroing
+// the rows past the group's.
+TEST_P(PagedAttentionTest, KeysAndRowsPastMultiplesOfFour) {
+  std::vector<Item> items;
+  uint64_t seed = 300;
+  for (const DataType dtype :
+       {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+    for (const int64_t dim : {32, 64, 128}) {
+      for (const int64_t group : {1, 3, 8}) {
+        for (const int64_t length : {1, 3, 66, 301}) {
+          items.push_back(Make(
+              {2 * group, 2, length > 1 ? 1 + length % 2 : 1, length, dim, dim,
+               length % 7 == 0 ? 64 : 7, dtype, Precision::kFloat32, true},
+              ++seed));
+        }
+      }
+    }
+  }
+  std::vector<PagedAttend> paged;
+  for (Item& item : items) paged.push_back(ToPaged(item, 0.3f));
+  ASSERT_TRUE(engine_->AttendPaged(paged).ok());
+  for (Item& item : items) Check(item, 0.3f);
+}
+
 TEST_P(PagedAttentionTest, SinksAndAWindowReadOnlyTheirPages) {
   // 4 sinks and a 64-key window over 2,000 tokens in pages of 16: the pages
   // in between are null, as a session's evicted ones are.

@@ -535,8 +535,10 @@ absl::Status AttentionEngineImpl::AttendPaged(
   for (const PagedAttend& item : items) {
     flops += AttentionFlops(item.Dims(), /*causal=*/false);
   }
-  return RunPagedAttention(items, TeamSize(flops), options_.portable_kernels,
-                           stop);
+  const PagedCode code = options_.portable_kernels ? PagedCode::kPortable
+                         : options_.avx2_kernels   ? PagedCode::kAvx2
+                                                   : PagedCode::kNative;
+  return RunPagedAttention(items, TeamSize(flops), code, stop);
 }
 
 int64_t AttentionEngineImpl::PagedWorkspaceBytes(
@@ -588,6 +590,11 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
     return absl::InvalidArgumentError(absl::StrCat("max_workspace_bytes is ",
                                                    options.max_workspace_bytes,
                                                    ", expected > 0"));
+  }
+  if (options.avx2_kernels && !internal::PagedAvx2OnThisCpu()) {
+    return absl::InvalidArgumentError(
+        "avx2_kernels is set, expected a CPU with AVX2, FMA and F16C; this "
+        "one lacks at least one of them");
   }
   dnnl::engine engine;
   ATTNSERVE_RETURN_IF_ERROR(internal::CallDnnl("creating a CPU engine", [&] {

@@ -1105,18 +1105,22 @@ void UnitPortable(const PagedAttend& item, const Unit& unit, int64_t splits,
   UnitBody<false>(item, unit, splits, b, partial, stopper);
 }
 
-UnitFunction SelectUnit(bool portable_only) {
-  if (portable_only) return UnitPortable;
+bool CpuHasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+UnitFunction SelectUnit(PagedCode code) {
+  if (code == PagedCode::kPortable) return UnitPortable;
+  if (code == PagedCode::kAvx2) return UnitAvx2;
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq")) {
     return UnitAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return UnitAvx2;
-  }
-  return UnitPortable;
+  return CpuHasAvx2() ? UnitAvx2 : UnitPortable;
 }
 
 // Writes rows [0, rows) of a unit from their accumulated output and state.
@@ -1278,16 +1282,22 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads) {
 }
 
 bool PagedKeysTransposedOnThisCpu() {
-  static const bool transposed = SelectUnit(false) == UnitAvx512;
+  static const bool transposed = SelectUnit(PagedCode::kNative) == UnitAvx512;
   return transposed;
 }
 
+bool PagedAvx2OnThisCpu() {
+  static const bool avx2 = CpuHasAvx2();
+  return avx2;
+}
+
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
-                               bool portable_only, const StopCheck& stop) {
+                               PagedCode code, const StopCheck& stop) {
   if (items.empty()) return absl::OkStatus();
   threads = std::max(threads, 1);
-  static const UnitFunction kUnit = SelectUnit(false);
-  const UnitFunction unit_function = portable_only ? UnitPortable : kUnit;
+  static const UnitFunction kNativeUnit = SelectUnit(PagedCode::kNative);
+  const UnitFunction unit_function =
+      code == PagedCode::kNative ? kNativeUnit : SelectUnit(code);
   const bool wide = unit_function == UnitAvx512;
   const Plan plan = MakePlan(items, threads);
   const int64_t units = static_cast<int64_t>(plan.units.size());

@@ -29,13 +29,20 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads);
 // (attnserve/core/paged_attention.h: PreferredKeysTransposed).
 bool PagedKeysTransposedOnThisCpu();
 
-// Computes every item on up to `threads` threads. The items must be valid
-// (ValidatePagedAttend). `portable_only` runs the baseline x86-64 code even
-// where the CPU has AVX2 or AVX-512 (tests cover it that way). `stop` is
+// Whether this CPU runs the AVX2 code (PagedCode::kAvx2): AVX2, FMA, F16C.
+bool PagedAvx2OnThisCpu();
+
+// The code RunPagedAttention runs: the best this CPU has, its AVX2 code (which
+// the CPU must have: PagedAvx2OnThisCpu), or the baseline x86-64 code. Tests
+// cover the latter two on any machine that way.
+enum class PagedCode { kNative, kAvx2, kPortable };
+
+// Computes every item on up to `threads` threads with `code`. The items must
+// be valid (ValidatePagedAttend). `stop` is
 // polled between units and every 1,024 keys within one; once
 // it says stop, the call returns its error with the outputs undefined.
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
-                               bool portable_only, const StopCheck& stop);
+                               PagedCode code, const StopCheck& stop);
 
 }  // namespace attnserve::internal
 

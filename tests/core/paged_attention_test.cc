@@ -1,8 +1,8 @@
 // AttentionEngine::AttendPaged against the double-precision reference and
 // against a stateless Attend of the same keys and values (bottom-right
 // causal), over random page sizes, page boundaries, GQA, Tq, storage dtypes,
-// precisions, splits and many items per call, on the vectorised code and the
-// portable one.
+// precisions, splits and many items per call, on this CPU's best code, on the
+// AVX2 code (where the CPU has AVX2) and on the portable code.
 #include "attnserve/core/paged_attention.h"
 
 #include <algorithm>
@@ -195,16 +195,27 @@ PagedAttend ToPaged(Item& item, float scale) {
   return paged;
 }
 
-// Parameters: the portable kernels (else the vectorised ones for this CPU),
-// and keys laid out by dimension (the sessions' pages; else as rows).
+// The kernel code a test runs: the best this CPU has, the AVX2 code (what
+// CPUs without AVX-512 run), or the portable code.
+enum class Code { kNative, kAvx2, kPortable };
+
+// Parameters: the kernel code, and keys laid out by dimension (the sessions'
+// pages; else as rows).
 class PagedAttentionTest
-    : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+    : public ::testing::TestWithParam<std::tuple<Code, bool>> {
  protected:
   void SetUp() override {
     EngineOptions options;
     options.num_threads = 2;
-    options.portable_kernels = std::get<0>(GetParam());
-    engine_ = *AttentionEngine::Create(options);
+    options.portable_kernels = std::get<0>(GetParam()) == Code::kPortable;
+    options.avx2_kernels = std::get<0>(GetParam()) == Code::kAvx2;
+    auto engine = AttentionEngine::Create(options);
+    if (!engine.ok() && options.avx2_kernels) {
+      GTEST_SKIP() << "the AVX2 code needs a CPU with AVX2, FMA and F16C: "
+                   << engine.status();
+    }
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
   }
 
   // MakeItem with the keys laid out as the parameter says.
@@ -498,9 +509,14 @@ TEST_P(PagedAttentionTest, StopCheckEndsTheCallWithItsError) {
 
 INSTANTIATE_TEST_SUITE_P(
     Kernels, PagedAttentionTest,
-    ::testing::Combine(::testing::Bool(), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& param) {
-      return std::string(std::get<0>(param.param) ? "Portable" : "Native") +
+    ::testing::Combine(::testing::Values(Code::kNative, Code::kAvx2,
+                                         Code::kPortable),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Code, bool>>& param) {
+      const Code code = std::get<0>(param.param);
+      return std::string(code == Code::kNative ? "Native"
+                         : code == Code::kAvx2 ? "Avx2"
+                                               : "Portable") +
              (std::get<1>(param.param) ? "KeysByDimension" : "KeysAsRows");
     });
 

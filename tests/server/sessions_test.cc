@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "attnserve/client/client.h"
 #include "attnserve/common/dtype.h"
+#include "attnserve/core/attention_engine.h"
 #include "attnserve/server/server.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -344,12 +345,20 @@ TEST_F(SessionsTest, DecodeLoopOverEveryDtype) {
 // The property: random appends, queries, forks and truncations over several
 // sessions, batched into multi-session calls, each query's output equal to
 // the reference and to a stateless Attend of what the session holds; with
-// the keys stored by dimension and as rows, whichever this CPU prefers.
+// the keys stored by dimension and as rows, whichever this CPU prefers, and
+// as rows on the AVX2 code (what CPUs without AVX-512 run) where it has AVX2.
 TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
-  for (const bool transposed : {true, false}) {
-    SCOPED_TRACE(transposed ? "keys by dimension" : "keys as rows");
+  EngineOptions avx2;
+  avx2.avx2_kernels = true;
+  const bool has_avx2 = AttentionEngine::Create(avx2).ok();
+  for (const int run : {0, 1, 2}) {
+    if (run == 2 && !has_avx2) continue;
+    SCOPED_TRACE(run == 0   ? "keys by dimension"
+                 : run == 1 ? "keys as rows"
+                            : "keys as rows, AVX2 code");
     ServerOptions options = Options();
-    options.sessions.keys_transposed = transposed;
+    options.sessions.keys_transposed = run == 0;
+    options.engine.avx2_kernels = run == 2;
     Start(options);
     RunStepProperty();
   }

@@ -256,6 +256,11 @@ struct EngineOptions {
   // Run the fused kernel's portable C++ code even where the CPU has AVX-512
   // (tests cover the fallback with it on any machine).
   bool portable_kernels = false;
+  // Run the paged kernel's AVX2 code (what CPUs without AVX-512 run) even
+  // where the CPU has AVX-512, so tests cover it on any AVX2 machine; Create
+  // refuses it on a CPU without AVX2, FMA and F16C. The tile kernels have no
+  // AVX2 form: they keep theirs. portable_kernels wins over it.
+  bool avx2_kernels = false;
   // The most scratch memory one call may allocate. A call that would need more
   // fails with RESOURCE_EXHAUSTED before allocating anything.
   int64_t max_workspace_bytes = int64_t{1} << 30;

@@ -593,8 +593,8 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   }
   if (options.avx2_kernels && !internal::PagedAvx2OnThisCpu()) {
     return absl::InvalidArgumentError(
-        "avx2_kernels is set, expected a CPU with AVX2, FMA and F16C; this "
-        "one lacks at least one of them");
+        "avx2_kernels is set, expected a CPU with AVX2 and FMA; this one "
+        "lacks at least one of them");
   }
   dnnl::engine engine;
   ATTNSERVE_RETURN_IF_ERROR(internal::CallDnnl("creating a CPU engine", [&] {

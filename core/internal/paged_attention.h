@@ -29,7 +29,7 @@ int64_t PagedWorkspaceBytes(absl::Span<const PagedAttend> items, int threads);
 // (attnserve/core/paged_attention.h: PreferredKeysTransposed).
 bool PagedKeysTransposedOnThisCpu();
 
-// Whether this CPU runs the AVX2 code (PagedCode::kAvx2): AVX2, FMA, F16C.
+// Whether this CPU runs the AVX2 code (PagedCode::kAvx2): AVX2 and FMA.
 bool PagedAvx2OnThisCpu();
 
 // The code RunPagedAttention runs: the best this CPU has, its AVX2 code (which

@@ -211,7 +211,7 @@ class PagedAttentionTest
     options.avx2_kernels = std::get<0>(GetParam()) == Code::kAvx2;
     auto engine = AttentionEngine::Create(options);
     if (!engine.ok() && options.avx2_kernels) {
-      GTEST_SKIP() << "the AVX2 code needs a CPU with AVX2, FMA and F16C: "
+      GTEST_SKIP() << "the AVX2 code needs a CPU with AVX2 and FMA: "
                    << engine.status();
     }
     ASSERT_TRUE(engine.ok()) << engine.status();

@@ -258,7 +258,7 @@ struct EngineOptions {
   bool portable_kernels = false;
   // Run the paged kernel's AVX2 code (what CPUs without AVX-512 run) even
   // where the CPU has AVX-512, so tests cover it on any AVX2 machine; Create
-  // refuses it on a CPU without AVX2, FMA and F16C. The tile kernels have no
+  // refuses it on a CPU without AVX2 and FMA. The tile kernels have no
   // AVX2 form: they keep theirs. portable_kernels wins over it.
   bool avx2_kernels = false;
   // The most scratch memory one call may allocate. A call that would need more

@@ -38,9 +38,9 @@ bool PagedAvx2OnThisCpu();
 enum class PagedCode { kNative, kAvx2, kPortable };
 
 // Computes every item on up to `threads` threads with `code`. The items must
-// be valid (ValidatePagedAttend). `stop` is
-// polled between units and every 1,024 keys within one; once
-// it says stop, the call returns its error with the outputs undefined.
+// be valid (ValidatePagedAttend). `stop` is polled between units and every
+// 1,024 keys within one; once it says stop, the call returns its error with
+// the outputs undefined.
 absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
                                PagedCode code, const StopCheck& stop);
 

@@ -351,14 +351,19 @@ TEST_F(SessionsTest, StepsEqualStatelessAttendsThroughForksAndTruncations) {
   EngineOptions avx2;
   avx2.avx2_kernels = true;
   const bool has_avx2 = AttentionEngine::Create(avx2).ok();
-  for (const int run : {0, 1, 2}) {
-    if (run == 2 && !has_avx2) continue;
-    SCOPED_TRACE(run == 0   ? "keys by dimension"
-                 : run == 1 ? "keys as rows"
-                            : "keys as rows, AVX2 code");
+  struct Run {
+    const char* name;
+    bool keys_transposed;
+    bool avx2_kernels;
+  };
+  for (const Run& run : {Run{"keys by dimension", true, false},
+                         Run{"keys as rows", false, false},
+                         Run{"keys as rows, AVX2 code", false, true}}) {
+    if (run.avx2_kernels && !has_avx2) continue;
+    SCOPED_TRACE(run.name);
     ServerOptions options = Options();
-    options.sessions.keys_transposed = run == 0;
-    options.engine.avx2_kernels = run == 2;
+    options.sessions.keys_transposed = run.keys_transposed;
+    options.engine.avx2_kernels = run.avx2_kernels;
     Start(options);
     RunStepProperty();
   }

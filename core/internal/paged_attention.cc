@@ -10,10 +10,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -140,6 +140,29 @@ int64_t QueriesPerUnit(const PagedAttend& item) {
   return std::clamp<int64_t>(kUnitRows / GroupOf(item), 1, item.query_len);
 }
 
+// Where each of a thread's buffers starts (UnitBuffers), in floats from the
+// thread's base, and where they end: each at a whole cache line (the base is
+// one too), so that the kernels' vector loads of a query or output row never
+// straddle two lines.
+struct Offsets {
+  int64_t states, output, query, scores, keys, values, end;
+};
+
+int64_t WholeLines(int64_t floats) { return (floats + 15) / 16 * 16; }
+
+Offsets BufferOffsets(const Plan& plan) {
+  const int64_t rows = (plan.max_rows + 3) / 4 * 4;
+  Offsets o;
+  o.states = WholeLines(6 * rows);
+  o.output = o.states + WholeLines(4 * rows);
+  o.query = o.output + WholeLines(rows * plan.max_value_dim);
+  o.scores = o.query + WholeLines(rows * plan.max_key_dim);
+  o.keys = o.scores + WholeLines(rows * kBlock);
+  o.values = o.keys + WholeLines(kBlock * plan.max_key_dim);
+  o.end = o.values + WholeLines(kBlock * plan.max_value_dim);
+  return o;
+}
+
 Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
   Plan plan;
   int64_t base_units = 0;
@@ -176,12 +199,8 @@ Plan MakePlan(absl::Span<const PagedAttend> items, int threads) {
   }
   // Per row: its RowKeys (6 floats), its state (4 floats), its output, query
   // and scores; then a block of keys and one of values. Whole cache lines, so
-  // that threads never share one.
-  const int64_t rows = (plan.max_rows + 3) / 4 * 4;
-  plan.thread_floats =
-      rows * (10 + plan.max_value_dim + plan.max_key_dim + kBlock) +
-      kBlock * (plan.max_key_dim + plan.max_value_dim);
-  plan.thread_floats = (plan.thread_floats + 15) / 16 * 16;
+  // that threads never share one and rows start on one (BufferOffsets).
+  plan.thread_floats = BufferOffsets(plan).end;
   return plan;
 }
 
@@ -196,18 +215,22 @@ struct UnitBuffers {
   RowKeys* keys_seen;  // [rows] the keys each row sees
 };
 
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+
 UnitBuffers BuffersOf(float* base, const Plan& plan) {
   static_assert(sizeof(RowState) <= 4 * sizeof(float));
   static_assert(sizeof(RowKeys) <= 6 * sizeof(float));
   UnitBuffers b;
-  const int64_t rows = (plan.max_rows + 3) / 4 * 4;
+  const Offsets o = BufferOffsets(plan);
   b.keys_seen = reinterpret_cast<RowKeys*>(base);
-  b.states = reinterpret_cast<RowState*>(base + 6 * rows);
-  b.output = base + 10 * rows;
-  b.query = b.output + rows * plan.max_value_dim;
-  b.scores = b.query + rows * plan.max_key_dim;
-  b.keys = b.scores + rows * kBlock;
-  b.values = b.keys + kBlock * plan.max_key_dim;
+  b.states = reinterpret_cast<RowState*>(base + o.states);
+  b.output = base + o.output;
+  b.query = base + o.query;
+  b.scores = base + o.scores;
+  b.keys = base + o.keys;
+  b.values = base + o.values;
   return b;
 }
 
@@ -1305,7 +1328,10 @@ absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
   const int team = static_cast<int>(std::min<int64_t>(threads, units));
   const size_t floats =
       static_cast<size_t>(plan.thread_floats * team + plan.partial_floats);
-  std::unique_ptr<float[]> workspace(new (std::nothrow) float[floats]);
+  // Whole cache lines, from a line's start (BufferOffsets).
+  const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+  const std::unique_ptr<float, FreeDeleter> workspace(
+      static_cast<float*>(std::aligned_alloc(64, bytes)));
   if (workspace == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("paged attention: cannot allocate ",

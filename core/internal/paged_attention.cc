@@ -354,72 +354,127 @@ ATTNSERVE_PAGED_INLINE float Sum8(F8 v) {
 
 typedef int32_t I8 __attribute__((vector_size(32)));
 
+// The fold's vectors: kLanes (8 or 16) floats, and as many int32 lanes.
+typedef float F16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+template <int kLanes>
+using FoldFloats = std::conditional_t<kLanes == 16, F16, F8>;
+template <int kLanes>
+using FoldInts = std::conditional_t<kLanes == 16, I16, I8>;
+
 // Lanes of `a` where `mask` is set, else of `b`.
-ATTNSERVE_PAGED_INLINE F8 Select(I8 mask, F8 a, F8 b) {
-  return (F8)(((I8)a & mask) | ((I8)b & ~mask));
+template <typename F, typename I>
+ATTNSERVE_PAGED_INLINE F Select(I mask, F a, F b) {
+  return (F)(((I)a & mask) | ((I)b & ~mask));
 }
 
-ATTNSERVE_PAGED_INLINE float Max8(F8 v) {
-  float m = v[0];
-  for (int i = 1; i < 8; ++i) m = std::max(m, v[i]);
-  return m;
+// The largest lane of a fold vector whose lanes are never NaN, and whether
+// any lane of a mask is set: halves folded together, as SumOf does.
+ATTNSERVE_PAGED_INLINE float MaxOf(F8 v) {
+  F4 x = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+  const F4 y = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  x = x > y ? x : y;
+  const F4 z = __builtin_shufflevector(x, x, 2, 3, 0, 1);
+  x = x > z ? x : z;
+  return std::max(x[0], x[1]);
+}
+ATTNSERVE_PAGED_INLINE float MaxOf(F16 v) {
+  const F8 x = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const F8 y = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return MaxOf(x > y ? x : y);
 }
 
-// ExpNonPositive (internal/fast_exp.h), eight lanes at a time: the same
-// reduction and polynomial, so the same results.
-ATTNSERVE_PAGED_INLINE F8 ExpNonPositive8(F8 x) {
-  const I8 in_range = x >= kExpLowest;  // False for NaN.
-  const F8 clamped = Select(in_range, x, F8{} + kExpLowest);
-  const F8 n = (clamped * kExpLog2e + kExpRoundMagic) - kExpRoundMagic;
-  const F8 r = clamped - n * kExpLn2High - n * kExpLn2Low;
-  const I8 exponent = (__builtin_convertvector(n, I8) + 127) << 23;
-  const F8 result = ExpPolynomial(r) * (F8)exponent;
-  return Select(in_range, result, Select(x != x, x, F8{}));
+ATTNSERVE_PAGED_INLINE bool AnyOf(I8 mask) {
+  typedef int32_t I4 __attribute__((vector_size(16)));
+  I4 x = __builtin_shufflevector(mask, mask, 0, 1, 2, 3) |
+         __builtin_shufflevector(mask, mask, 4, 5, 6, 7);
+  x |= __builtin_shufflevector(x, x, 2, 3, 0, 1);
+  return (x[0] | x[1]) != 0;
+}
+ATTNSERVE_PAGED_INLINE bool AnyOf(I16 mask) {
+  return AnyOf(
+      __builtin_shufflevector(mask, mask, 0, 1, 2, 3, 4, 5, 6, 7) |
+      __builtin_shufflevector(mask, mask, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// The sum of a fold vector's lanes: halves added down to eight, then Sum8.
+ATTNSERVE_PAGED_INLINE float SumOf(F8 v) { return Sum8(v); }
+ATTNSERVE_PAGED_INLINE float SumOf(F16 v) {
+  return Sum8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+              __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// ExpNonPositive (internal/fast_exp.h), a vector of lanes at a time: the
+// same reduction and polynomial, so the same results.
+template <typename F, typename I>
+ATTNSERVE_PAGED_INLINE F ExpNonPositiveLanes(F x) {
+  const I in_range = x >= kExpLowest;  // False for NaN.
+  const F clamped = Select(in_range, x, F{} + kExpLowest);
+  const F n = (clamped * kExpLog2e + kExpRoundMagic) - kExpRoundMagic;
+  const F r = clamped - n * kExpLn2High - n * kExpLn2Low;
+  const I exponent = (__builtin_convertvector(n, I) + 127) << 23;
+  const F result = ExpPolynomial(r) * (F)exponent;
+  return Select(in_range, result, Select(x != x, x, F{}));
+}
+
+// x rounded to bf16 (nearest even) and back, as RoundToBf16 does lane by
+// lane; NaN stays NaN.
+template <typename F, typename I>
+ATTNSERVE_PAGED_INLINE F RoundLanesToBf16(F x) {
+  const I bits = (I)x;
+  const I rounded = (bits + 0x7fff + ((bits >> 16) & 1)) & ~0xffff;
+  return Select(x != x, x, (F)rounded);
 }
 
 // Folds one block's raw scores s[0, n) of a row into `state` (keys at or
 // past `visible` masked); writes the probabilities over s (and zeros up to
-// the next multiple of 8, within kBlock) and returns the factor by which the
-// row's accumulated output must be multiplied.
+// the next multiple of kLanes, within kBlock) and returns the factor by which
+// the row's accumulated output must be multiplied. kLanes 16: the AVX-512
+// unit's.
+template <int kLanes = 8>
 ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
                                         float scale, bool round,
                                         RowState* state) {
-  const int64_t n8 = (n + 7) / 8 * 8;
-  const I8 lanes = {0, 1, 2, 3, 4, 5, 6, 7};
-  const F8 minus_infinity = F8{} + kNegativeInfinity;
-  F8 maxima = minus_infinity;
-  I8 nans{};
-  for (int64_t j = 0; j < n8; j += 8) {
-    const I8 seen =
+  using F = FoldFloats<kLanes>;
+  using I = FoldInts<kLanes>;
+  const int64_t end = (n + kLanes - 1) / kLanes * kLanes;
+  I lanes{};
+  for (int i = 0; i < kLanes; ++i) lanes[i] = i;  // Folded to a constant.
+  const F minus_infinity = F{} + kNegativeInfinity;
+  F maxima = minus_infinity;
+  I nans{};
+  for (int64_t j = 0; j < end; j += kLanes) {
+    const I seen =
         lanes + static_cast<int32_t>(j) < static_cast<int32_t>(visible);
-    const F8 x = Select(seen, LoadFloats(s + j) * scale, minus_infinity);
+    F x;
+    std::memcpy(&x, s + j, sizeof(x));
+    x = Select(seen, x * scale, minus_infinity);
     nans |= x != x;
     maxima = Select(x > maxima, x, maxima);
-    StoreFloats(s + j, x);
+    std::memcpy(s + j, &x, sizeof(x));
   }
-  bool nan = false;
-  for (int i = 0; i < 8; ++i) nan = nan || nans[i] != 0;
-  if (nan) state->nan = true;
-  const float block_max = Max8(maxima);
+  if (AnyOf(nans)) state->nan = true;
+  const float block_max = MaxOf(maxima);
   const float new_max = std::max(state->max, block_max);
   if (new_max == kNegativeInfinity) {
-    std::fill(s, s + n8, 0.0f);
+    std::fill(s, s + end, 0.0f);
     return 1.0f;
   }
   const float alpha = state->max == kNegativeInfinity
                           ? 0.0f
                           : ExpNonPositive(state->max - new_max);
   state->max = new_max;
-  F8 sums{};
-  for (int64_t j = 0; j < n8; j += 8) {
-    const F8 p = ExpNonPositive8(LoadFloats(s + j) - new_max);
+  F sums{};
+  for (int64_t j = 0; j < end; j += kLanes) {
+    F x;
+    std::memcpy(&x, s + j, sizeof(x));
+    F p = ExpNonPositiveLanes<F, I>(x - new_max);
     sums += p;
-    StoreFloats(s + j, p);
+    if (round) p = RoundLanesToBf16<F, I>(p);
+    std::memcpy(s + j, &p, sizeof(p));
   }
-  if (round) {
-    for (int64_t j = 0; j < n; ++j) s[j] = RoundToBf16(s[j]);
-  }
-  state->sum = state->sum * alpha + Sum8(sums);
+  state->sum = state->sum * alpha + SumOf(sums);
   return alpha;
 }
 
@@ -453,7 +508,6 @@ ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
 
 // The AVX-512 unit's pairwise vectors: sixteen lanes, runs of 32 bf16
 // columns (PairwiseRun).
-typedef float F16 __attribute__((vector_size(64)));
 typedef uint32_t U16 __attribute__((vector_size(64)));
 
 // The block kernels' vectors: kLanes (8 or 16) floats.
@@ -924,10 +978,13 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
         row_mods.slope = item.alibi_slopes[static_cast<size_t>(head)];
       }
       ModifyScores(s, n, k0, item.scale, keys_seen, row_mods, RowMask());
-      alpha = FoldScores(s, n, n, 1.0f, round, &b.states[r]);
+      alpha =
+          FoldScores < kWide ? 16 : 8 > (s, n, n, 1.0f, round, &b.states[r]);
     } else {
       const int64_t visible = std::clamp<int64_t>(keys_seen.end - k0, 0, n);
-      alpha = FoldScores(s, n, visible, item.scale, round, &b.states[r]);
+      alpha = FoldScores < kWide
+                  ? 16
+                  : 8 > (s, n, visible, item.scale, round, &b.states[r]);
     }
     if (alpha != 1.0f) {
       float* o = b.output + r * dv;

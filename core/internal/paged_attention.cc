@@ -961,6 +961,7 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
     BlockScores<T, kPairwise, kF16c>(b.query, rows4, dk, keys.data, n, b.scores,
                                      next_keys);
   }
+  constexpr int kFoldLanes = kWide ? 16 : 8;
   const bool mods = HasScoreMods(item);
   for (int64_t r = 0; r < rows; ++r) {
     const RowKeys& keys_seen = b.keys_seen[r];
@@ -978,13 +979,11 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
         row_mods.slope = item.alibi_slopes[static_cast<size_t>(head)];
       }
       ModifyScores(s, n, k0, item.scale, keys_seen, row_mods, RowMask());
-      alpha =
-          FoldScores < kWide ? 16 : 8 > (s, n, n, 1.0f, round, &b.states[r]);
+      alpha = FoldScores<kFoldLanes>(s, n, n, 1.0f, round, &b.states[r]);
     } else {
       const int64_t visible = std::clamp<int64_t>(keys_seen.end - k0, 0, n);
-      alpha = FoldScores < kWide
-                  ? 16
-                  : 8 > (s, n, visible, item.scale, round, &b.states[r]);
+      alpha = FoldScores<kFoldLanes>(s, n, visible, item.scale, round,
+                                     &b.states[r]);
     }
     if (alpha != 1.0f) {
       float* o = b.output + r * dv;

@@ -290,6 +290,37 @@ TEST_P(PagedAttentionTest, DecodeStepOverPagesOfEveryDtype) {
   }
 }
 
+// BF16 precision reads f32 and f16 pages as their values rounded to bf16: the
+// same as bf16 pages holding those rounded values, to within the two kernels'
+// summation orders, where unrounded keys and values would differ by bf16's
+// rounding (~2e-3).
+TEST_P(PagedAttentionTest, Bf16PrecisionReadsWiderPagesRounded) {
+  for (const DataType dtype : {DataType::kFloat32, DataType::kFloat16}) {
+    SCOPED_TRACE(static_cast<int>(dtype));
+    Item wide = Make(
+        {8, 2, 2, 300, 64, 64, 64, dtype, Precision::kBFloat16, false}, 31);
+    const PagedAttend wide_paged = ToPaged(wide, 0.125f);
+    ASSERT_TRUE(engine_->AttendPaged({&wide_paged, 1}).ok());
+    Item narrow = Make({8, 2, 2, 300, 64, 64, 64, DataType::kBFloat16,
+                        Precision::kBFloat16, false},
+                       31);
+    // The wide pages' values as stored (f16 already rounded once), put in
+    // bf16 pages: the rounding BF16 precision applies to them.
+    narrow.cache = std::make_unique<PagedCache>(
+        narrow.cache->layout, narrow.c.length, wide.cache->stored_key,
+        wide.cache->stored_value);
+    narrow.pages = narrow.cache->page_pointers;
+    narrow.query = wide.query;
+    const PagedAttend narrow_paged = ToPaged(narrow, 0.125f);
+    ASSERT_TRUE(engine_->AttendPaged({&narrow_paged, 1}).ok());
+    for (size_t i = 0; i < wide.output.size(); ++i) {
+      ASSERT_NEAR(wide.output[i], narrow.output[i],
+                  1e-5 * std::max(1.0f, std::abs(narrow.output[i])))
+          << "at " << i;
+    }
+  }
+}
+
 TEST_P(PagedAttentionTest, RandomItemsInOneCall) {
   std::mt19937_64 rng(20261201);
   const auto pick = [&rng](std::initializer_list<int64_t> values) {

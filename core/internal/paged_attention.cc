@@ -21,6 +21,7 @@
 #include "attnserve/common/dtype.h"
 #include "internal/fast_exp.h"
 #include "internal/score_mods.h"
+#include "internal/scratch_pool.h"
 #include "internal/stopper.h"
 #include "internal/tile_kernels.h"
 #include "internal/visibility.h"
@@ -215,10 +216,6 @@ struct UnitBuffers {
   RowKeys* keys_seen;  // [rows] the keys each row sees
 };
 
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-
 UnitBuffers BuffersOf(float* base, const Plan& plan) {
   static_assert(sizeof(RowState) <= 4 * sizeof(float));
   static_assert(sizeof(RowKeys) <= 6 * sizeof(float));
@@ -330,14 +327,27 @@ ATTNSERVE_PAGED_INLINE float Sum8(F8 v) {
 
 typedef int32_t I8 __attribute__((vector_size(32)));
 
-// The fold's vectors: kLanes (8 or 16) floats, and as many int32 lanes.
 typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 
+// The fold's and the block kernels' vectors: kLanes (8 or 16) floats, and as
+// many int32 lanes.
 template <int kLanes>
-using FoldFloats = std::conditional_t<kLanes == 16, F16, F8>;
+using Floats = std::conditional_t<kLanes == 16, F16, F8>;
 template <int kLanes>
-using FoldInts = std::conditional_t<kLanes == 16, I16, I8>;
+using Ints = std::conditional_t<kLanes == 16, I16, I8>;
+
+template <int kLanes>
+ATTNSERVE_PAGED_INLINE Floats<kLanes> LoadVector(const float* p) {
+  Floats<kLanes> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int kLanes>
+ATTNSERVE_PAGED_INLINE void StoreVector(float* p, Floats<kLanes> v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // Lanes of `a` where `mask` is set, else of `b`.
 template <typename F, typename I>
@@ -412,8 +422,8 @@ template <int kLanes = 8>
 ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
                                         float scale, bool round,
                                         RowState* state) {
-  using F = FoldFloats<kLanes>;
-  using I = FoldInts<kLanes>;
+  using F = Floats<kLanes>;
+  using I = Ints<kLanes>;
   const int64_t end = (n + kLanes - 1) / kLanes * kLanes;
   I lanes{};
   for (int i = 0; i < kLanes; ++i) lanes[i] = i;  // Folded to a constant.
@@ -423,12 +433,10 @@ ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
   for (int64_t j = 0; j < end; j += kLanes) {
     const I seen =
         lanes + static_cast<int32_t>(j) < static_cast<int32_t>(visible);
-    F x;
-    std::memcpy(&x, s + j, sizeof(x));
-    x = Select(seen, x * scale, minus_infinity);
+    const F x = Select(seen, LoadVector<kLanes>(s + j) * scale, minus_infinity);
     nans |= x != x;
     maxima = Select(x > maxima, x, maxima);
-    std::memcpy(s + j, &x, sizeof(x));
+    StoreVector<kLanes>(s + j, x);
   }
   if (AnyOf(nans)) state->nan = true;
   const float block_max = MaxOf(maxima);
@@ -443,12 +451,10 @@ ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
   state->max = new_max;
   F sums{};
   for (int64_t j = 0; j < end; j += kLanes) {
-    F x;
-    std::memcpy(&x, s + j, sizeof(x));
-    F p = ExpNonPositiveLanes<F, I>(x - new_max);
+    F p = ExpNonPositiveLanes<F, I>(LoadVector<kLanes>(s + j) - new_max);
     sums += p;
     if (round) p = RoundLanesToBf16<F, I>(p);
-    std::memcpy(s + j, &p, sizeof(p));
+    StoreVector<kLanes>(s + j, p);
   }
   state->sum = state->sum * alpha + SumOf(sums);
   return alpha;
@@ -505,22 +511,6 @@ ATTNSERVE_PAGED_INLINE void Dot8(const float* q, F8 key0, F8 key1, F8& a0,
 // The AVX-512 unit's pairwise vectors: sixteen lanes, runs of 32 bf16
 // columns (PairwiseRun).
 typedef uint32_t U16 __attribute__((vector_size(64)));
-
-// The block kernels' vectors: kLanes (8 or 16) floats.
-template <int kLanes>
-using Floats = std::conditional_t<kLanes == 16, F16, F8>;
-
-template <int kLanes>
-ATTNSERVE_PAGED_INLINE Floats<kLanes> LoadVector(const float* p) {
-  Floats<kLanes> v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int kLanes>
-ATTNSERVE_PAGED_INLINE void StoreVector(float* p, Floats<kLanes> v) {
-  std::memcpy(p, &v, sizeof(v));
-}
 
 // A run of 2 · kLanes elements of a row from `d`, as Load16 does. Sixteen
 // lanes (the AVX-512 unit): bf16 rows in runs of 32 pairwise, the even columns
@@ -1388,20 +1378,21 @@ absl::Status RunPagedAttention(absl::Span<const PagedAttend> items, int threads,
       static_cast<size_t>(plan.thread_floats * team + plan.partial_floats);
   // Whole cache lines, from a line's start (BufferOffsets).
   const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-  const std::unique_ptr<float, FreeDeleter> workspace(
-      static_cast<float*>(std::aligned_alloc(64, bytes)));
+  const ScratchPool::Buffer buffer(
+      static_cast<char*>(std::aligned_alloc(64, bytes)));
+  float* const workspace = reinterpret_cast<float*>(buffer.get());
   if (workspace == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("paged attention: cannot allocate ",
                      floats * sizeof(float), " bytes of workspace"));
   }
-  float* partials = workspace.get() + plan.thread_floats * team;
+  float* partials = workspace + plan.thread_floats * team;
   const int64_t merges = plan.splits > 1 ? units / plan.splits : 0;
   Stopper stopper(stop);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    const UnitBuffers buffers = BuffersOf(
-        workspace.get() + plan.thread_floats * omp_get_thread_num(), plan);
+    const UnitBuffers buffers =
+        BuffersOf(workspace + plan.thread_floats * omp_get_thread_num(), plan);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       if (stopper.ShouldStop()) continue;

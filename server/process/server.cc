@@ -47,6 +47,11 @@ constexpr absl::Duration kShutdownGrace = absl::Seconds(30);
 constexpr absl::Duration kRefusalsHeld = absl::Milliseconds(200);
 constexpr absl::Duration kGoawayDelay = absl::Milliseconds(100);
 constexpr absl::Duration kStopTakingCallsWait = absl::Seconds(5);
+// At the end of a drain: how long no refusal must come, once the work is
+// done, for the server to conclude that no client is calling (a client calling
+// in a loop sends its next call as soon as it has its answer; the last answers
+// may still be on their way out, or the clients' threads waiting for a core).
+constexpr absl::Duration kQuietWait = absl::Milliseconds(100);
 // At the end of a drain with no client calling: how long the calls still
 // open (answers being sent, health watches ending) are given to finish.
 constexpr absl::Duration kSettleWait = absl::Seconds(1);
@@ -267,18 +272,22 @@ class AttnServerImpl final : public AttnServer {
     // stopped taking streams (call_gate.h): the refusals are held for a
     // moment, gRPC's shutdown starts (it waits for the held calls), then they
     // are answered.
-    // Without calls refused since the gate closed, no client is calling.
-    // Then, once the last answers (and the health watches' ends) are out, no
-    // call is left to lose, and gRPC's shutdown is told to disconnect at once.
+    // Without calls refused since the gate closed, through kQuietWait after the
+    // work is done, no client is calling: the end of the work is no proof of
+    // that, as every client may be waiting for an answer still on its way
+    // (attnctl_drain_test saw a shutdown that began then cut the clients' next
+    // calls, CANCELLED). Then, once the last answers (and the health watches'
+    // ends) are out, no call is left to lose, and gRPC's shutdown is told to
+    // disconnect at once.
     // Otherwise it sends GOAWAY and waits for each idle client to answer its
     // ping, which an idle gRPC client's backup poller does only every 5 s (a
     // drain took 5-15 s past its grace with idle clients attached).
-    if (gate_.refused_closed() == 0) {
-      const absl::Time settle_by = absl::Now() + kSettleWait;
-      while (loop_.live_calls() > 0 && absl::Now() < settle_by &&
-             gate_.refused_closed() == 0) {
-        absl::SleepFor(absl::Milliseconds(5));
-      }
+    const absl::Time quiet_until = absl::Now() + kQuietWait;
+    const absl::Time settle_by = absl::Now() + kSettleWait;
+    while (gate_.refused_closed() == 0 &&
+           (absl::Now() < quiet_until ||
+            (loop_.live_calls() > 0 && absl::Now() < settle_by))) {
+      absl::SleepFor(absl::Milliseconds(5));
     }
     if (gate_.refused_closed() == 0) {
       server_->Shutdown(

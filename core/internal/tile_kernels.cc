@@ -247,7 +247,9 @@ template <bool kCvtBf16>
 ATTNSERVE_AVX512_BF16 inline void StoreProbabilities(float* s, uint16_t* p16,
                                                      int64_t j, __mmask16 lanes,
                                                      __m512 p) {
-  if (p16 == nullptr) {
+  if (p16 == nullptr && lanes == 0xffff) {
+    _mm512_storeu_ps(s + j, p);
+  } else if (p16 == nullptr) {
     _mm512_mask_storeu_ps(s + j, lanes, p);
   } else if constexpr (kCvtBf16) {
     _mm256_mask_storeu_epi16(p16 + j, lanes,
@@ -277,6 +279,83 @@ ATTNSERVE_AVX512_BF16 inline __m512 PlainProbabilities(float* s, int64_t n,
   return sum_v;
 }
 
+// How far, in powers of two, a later block's probabilities may exceed 1
+// before the row's shift is raised (LaterPlainBlock).
+constexpr float kLazyShiftLimit = 8.0f;
+
+// A later block of a row (it has a shift) whose keys are all visible and
+// unmasked, in one pass: the probabilities are 2^(s·scale2 − shift2) against
+// the row's shift so far, which is raised only when a score passes it by more
+// than kLazyShiftLimit powers of two (then by a whole power of two, so that
+// the probabilities already written, the block's partial sum, the row's sum
+// and its output scale exactly). The shift is no longer the row's exact max,
+// only within that limit below it: what a shift must be (the probabilities,
+// the sum and the output stay far from overflow), and what lse needs (it is
+// shift + log(sum) for any shift). A block's max pass, and the rescaling of
+// the output for most blocks, are saved.
+template <bool kCvtBf16, bool kBf16Exp>
+ATTNSERVE_AVX512_BF16 float LaterPlainBlock(float* s, int64_t n, float scale,
+                                            RowState* state, uint16_t* p16) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
+  __m512 shift2 = _mm512_set1_ps(state->max * kLog2e);
+  const __m512 limit = _mm512_set1_ps(kLazyShiftLimit);
+  __m512 sum_v = _mm512_setzero_ps();
+  float alpha = 1.0f;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 lanes = FirstLanes(n - j);
+    const __m512 raw = lanes == 0xffff ? _mm512_loadu_ps(s + j)
+                                       : _mm512_maskz_loadu_ps(lanes, s + j);
+    __m512 x = _mm512_fmsub_ps(raw, scale2, shift2);
+    if (_mm512_mask_cmp_ps_mask(lanes, x, limit, _CMP_GT_OQ) != 0) {
+      // Raise the shift by the whole powers of two below the largest of the
+      // keys left (NaNs aside): it stays at most the row's max.
+      __m512 high = _mm512_set1_ps(kNegativeInfinity);
+      for (int64_t k = j; k < n; k += 16) {
+        const __mmask16 rest = FirstLanes(n - k);
+        const __m512 y =
+            _mm512_fmsub_ps(_mm512_maskz_loadu_ps(rest, s + k), scale2, shift2);
+        high = _mm512_mask_max_ps(
+            high, _mm512_mask_cmp_ps_mask(rest, y, y, _CMP_ORD_Q), high, y);
+      }
+      const float raise = std::floor(_mm512_reduce_max_ps(high));
+      if (!std::isfinite(raise)) {
+        // A score of +inf: the row is NaN, as inf − inf is.
+        state->nan = true;
+        for (int64_t k = 0; k < n; k += 16) {
+          StoreProbabilities<kCvtBf16>(s, p16, k, FirstLanes(n - k),
+                                       _mm512_setzero_ps());
+        }
+        return 1.0f;
+      }
+      const float factor =
+          raise > 200.0f ? 0.0f : std::ldexp(1.0f, -static_cast<int>(raise));
+      for (int64_t k = 0; k < j; ++k) {
+        if (p16 == nullptr) {
+          s[k] *= factor;
+        } else {
+          p16[k] = Float32ToBFloat16(BFloat16ToFloat32(p16[k]) * factor);
+        }
+      }
+      sum_v = _mm512_mul_ps(sum_v, _mm512_set1_ps(factor));
+      state->sum *= factor;
+      state->max += raise / kLog2e;
+      alpha *= factor;
+      shift2 = _mm512_add_ps(shift2, _mm512_set1_ps(raise));
+      x = _mm512_fmsub_ps(raw, scale2, shift2);
+    }
+    const __m512 p = kBf16Exp ? Exp2Bf16_512(x) : Exp2_512(x);
+    sum_v = _mm512_mask_add_ps(sum_v, lanes, sum_v, p);
+    StoreProbabilities<kCvtBf16>(s, p16, j, lanes, p);
+  }
+  // A NaN score makes its probability, and so the sum, NaN (no other
+  // probability is: each is finite, at most 2^kLazyShiftLimit).
+  const float sum = _mm512_reduce_add_ps(sum_v);
+  if (sum != sum) state->nan = true;
+  state->sum += sum;
+  return alpha;
+}
+
 template <bool kCvtBf16>
 ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
                                                int64_t visible, float scale,
@@ -291,6 +370,11 @@ ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
   // ones, so the first pass only reads.
   const bool plain =
       mask.bias == nullptr && mask.allowed == nullptr && visible >= n;
+  if (plain && state->max != kNegativeInfinity && !state->nan) {
+    return p16 != nullptr
+               ? LaterPlainBlock<kCvtBf16, true>(s, n, scale, state, p16)
+               : LaterPlainBlock<kCvtBf16, false>(s, n, scale, state, p16);
+  }
   if (plain) {
     __m512 high = minus_inf, low = _mm512_set1_ps(-kNegativeInfinity);
     for (int64_t j = 0; j < n; j += 16) {

@@ -22,9 +22,11 @@ struct RowMask {
   int64_t allowed_stride = 0;
 };
 
-// A query row's online-softmax state across key blocks: the largest scaled
-// score so far, the sum of exp(score − max) so far, and whether a NaN score
-// appeared (which makes the row NaN, as IEEE arithmetic would).
+// A query row's online-softmax state across key blocks: its shift (the
+// largest scaled score so far, or, for the AVX-512 kernels, at most 8·ln 2
+// below it: see softmax_block), the sum of exp(score − shift) so far, and
+// whether a NaN score appeared (which makes the row NaN, as IEEE arithmetic
+// would).
 struct RowState {
   float max;
   float sum;
@@ -36,10 +38,15 @@ struct TileKernels {
 
   // Folds one block of raw scores s[0, n) of a row into `state`: x_j = scale ·
   // s_j (+ bias_j), or −inf for j ≥ visible or a disallowed key; then writes
-  // p_j = exp(x_j − new max) over s_j (or as bf16 to p16 if not null; s is
+  // p_j = exp(x_j − new shift) over s_j (or as bf16 to p16 if not null; s is
   // then left undefined), and state->sum grows by Σ p_j (the f32 values).
-  // Returns the factor exp(old max − new max) by which the row's accumulated
-  // output must be multiplied (1 while the row has seen no key).
+  // Returns the factor exp(old shift − new shift) by which the row's
+  // accumulated output must be multiplied (1 while the row has seen no key).
+  // The new shift is the max of the x_j seen so far, except that the AVX-512
+  // set keeps a row's shift while no x_j of an unmasked, wholly visible block
+  // passes it by more than 8·ln 2 (its p_j then reach up to 2^8), and raises
+  // it by whole powers of two: one pass over such a block, and most blocks
+  // leave the output as it is.
   float (*softmax_block)(float* s, int64_t n, int64_t visible, float scale,
                          const RowMask& mask, RowState* state, uint16_t* p16);
 

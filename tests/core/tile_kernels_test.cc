@@ -36,9 +36,16 @@ std::vector<KernelSet> KernelSets() {
 
 class SoftmaxBlockTest : public ::testing::TestWithParam<KernelSet> {};
 
-// Two blocks of one row, each at every width the kernel handles differently
+// Four blocks of one row, each at every width the kernel handles differently
 // (whole vectors, a ragged tail, a single key), with positive and negative
-// scales, all keys visible or the last few hidden.
+// scales, all keys visible or the last few hidden. The second block lies a
+// little higher (its max moves by less than 8·ln 2, which the AVX-512 set
+// may keep its shift through); the second half of the third block 20 higher,
+// which raises any shift after probabilities of that block are written; the
+// fourth 120 higher, past which the earlier probabilities vanish. Each call
+// must keep the contract: the shift at most the running max and at most 8·ln 2
+// below it, alpha = exp(old shift − new shift), p_j = exp(x_j − shift), and
+// the sum that of every key seen, against the shift.
 TEST_P(SoftmaxBlockTest, MatchesExpInDouble) {
   const TileKernels& kernels = *GetParam().kernels;
   std::mt19937 random(7);
@@ -51,52 +58,53 @@ TEST_P(SoftmaxBlockTest, MatchesExpInDouble) {
                        << GetParam().name << (bf16 ? " bf16" : " f32") << " n="
                        << n << " scale=" << scale << " hidden=" << hidden);
           RowState state{kMinusInf, 0.0f, false};
-          double expected_max = -INFINITY;
-          double expected_sum = 0.0;
-          for (int block = 0; block < 2; ++block) {
+          double running_max = -INFINITY;
+          std::vector<double> seen;  // every visible x, in double
+          for (int block = 0; block < 4; ++block) {
+            SCOPED_TRACE(::testing::Message() << "block " << block);
             std::vector<float> scores(static_cast<size_t>(n));
             for (float& x : scores) x = uniform(random);
-            // The second block's scores lie higher, so the max moves.
-            if (block == 1) {
-              for (float& x : scores) x += scale > 0 ? 4.0f : -4.0f;
+            const float raise[] = {0.0f, 4.0f, 20.0f, 120.0f};
+            for (int64_t j = block == 2 ? n / 2 : 0; j < n; ++j) {
+              scores[j] += raise[block] / scale;
             }
             const int64_t visible = n - hidden;
-            double block_max = -INFINITY;
             for (int64_t j = 0; j < visible; ++j) {
-              block_max = std::max(block_max, double{scale} * scores[j]);
+              seen.push_back(double{scale} * scores[j]);
+              running_max = std::max(running_max, seen.back());
             }
-            const double new_max = std::max(expected_max, block_max);
-            const double expected_alpha =
-                expected_max == -INFINITY ? (new_max == -INFINITY ? 1.0 : 0.0)
-                                          : std::exp(expected_max - new_max);
-            std::vector<double> exact(static_cast<size_t>(n), 0.0);
-            double block_sum = 0.0;
-            for (int64_t j = 0; j < visible; ++j) {
-              exact[j] = std::exp(double{scale} * scores[j] - new_max);
-              block_sum += exact[j];
-            }
-            expected_sum = expected_sum * expected_alpha + block_sum;
-            expected_max = new_max;
-
+            const float old_shift = state.max;
+            std::vector<float> raw = scores;
             std::vector<uint16_t> p16(bf16 ? static_cast<size_t>(n) : 0);
             const float alpha = kernels.softmax_block(
                 scores.data(), n, visible, scale, RowMask(), &state,
                 bf16 ? p16.data() : nullptr);
-            EXPECT_NEAR(alpha, expected_alpha, 1e-6 * expected_alpha + 1e-30);
-            EXPECT_NEAR(state.max, expected_max, 1e-6 * std::abs(expected_max));
             EXPECT_FALSE(state.nan);
+            const double shift = state.max;
+            const double slack = 1e-6 * std::abs(running_max);
+            EXPECT_LE(shift, running_max + slack);
+            EXPECT_GE(shift, running_max - 8.0 * std::log(2.0) - slack);
+            // A few f32 ulps of the shift, which grow with it.
+            const double shift_ulps = 4e-6 + 2e-7 * std::abs(shift);
+            const double expected_alpha =
+                old_shift == kMinusInf ? 0.0 : std::exp(old_shift - shift);
+            EXPECT_NEAR(alpha, expected_alpha,
+                        shift_ulps * expected_alpha + 1e-30);
+            // f32: a few ulps of the exponent's argument; bf16: its rounding
+            // (half an ulp, at most 2^-8 relative) and the polynomial's
+            // 1.1e-4.
+            const double relative = bf16 ? 1.0 / 256 + 2e-4 : shift_ulps;
             for (int64_t j = 0; j < n; ++j) {
+              const double exact =
+                  j < visible ? std::exp(double{scale} * raw[j] - shift) : 0.0;
               const double p = bf16 ? BFloat16ToFloat32(p16[j]) : scores[j];
-              // bf16: its rounding (half an ulp, at most 2^-8 relative) and
-              // the polynomial's 1.1e-4; f32: a few ulps of the exponent's
-              // argument.
-              const double tolerance =
-                  bf16 ? (1.0 / 256 + 2e-4) * exact[j] : 4e-6 * exact[j];
-              ASSERT_NEAR(p, exact[j], tolerance + 1e-38) << "key " << j;
+              ASSERT_NEAR(p, exact, relative * exact + 1e-38) << "key " << j;
             }
+            double expected_sum = 0.0;
+            for (const double x : seen) expected_sum += std::exp(x - shift);
+            EXPECT_NEAR(state.sum, expected_sum,
+                        (bf16 ? 2e-4 : shift_ulps) * expected_sum);
           }
-          EXPECT_NEAR(state.sum, expected_sum,
-                      (bf16 ? 2e-4 : 4e-6) * expected_sum);
         }
       }
     }

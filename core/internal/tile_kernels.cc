@@ -296,9 +296,8 @@ constexpr float kLazyShiftLimit = 8.0f;
 template <bool kCvtBf16, bool kBf16Exp>
 ATTNSERVE_AVX512_BF16 float LaterPlainBlock(float* s, int64_t n, float scale,
                                             RowState* state, uint16_t* p16) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
-  __m512 shift2 = _mm512_set1_ps(state->max * kLog2e);
+  const __m512 scale2 = _mm512_set1_ps(scale * kExpLog2e);
+  __m512 shift2 = _mm512_set1_ps(state->max * kExpLog2e);
   const __m512 limit = _mm512_set1_ps(kLazyShiftLimit);
   __m512 sum_v = _mm512_setzero_ps();
   float alpha = 1.0f;
@@ -339,7 +338,7 @@ ATTNSERVE_AVX512_BF16 float LaterPlainBlock(float* s, int64_t n, float scale,
       }
       sum_v = _mm512_mul_ps(sum_v, _mm512_set1_ps(factor));
       state->sum *= factor;
-      state->max += raise / kLog2e;
+      state->max += raise / kExpLog2e;
       alpha *= factor;
       shift2 = _mm512_add_ps(shift2, _mm512_set1_ps(raise));
       x = _mm512_fmsub_ps(raw, scale2, shift2);
@@ -427,9 +426,8 @@ ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
   } else if (plain) {
     // exp(scale·s − shift) as 2^(s·scale·log2e − shift·log2e): one FMA
     // before the power of two, and no clamp since every s is finite or NaN.
-    constexpr float kLog2e = 1.44269504088896341f;
-    const __m512 scale2 = _mm512_set1_ps(scale * kLog2e);
-    const __m512 shift2 = _mm512_set1_ps(shift * kLog2e);
+    const __m512 scale2 = _mm512_set1_ps(scale * kExpLog2e);
+    const __m512 shift2 = _mm512_set1_ps(shift * kExpLog2e);
     sum_v =
         p16 != nullptr
             ? PlainProbabilities<kCvtBf16, true>(s, n, scale2, shift2, p16)

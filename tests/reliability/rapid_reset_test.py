@@ -24,14 +24,19 @@ from raw_http2 import exit_with, rss_bytes, unary_call  # noqa: E402
 
 RESETS = 50_000
 # What the server may grow by, more for a sanitized build (hostile_http2_test.sh). With the cap
-# on, a few MiB are seen. With it off, gRPC holds about 6 KiB for each reset stream it has not
-# yet retired, so the growth follows how far the client gets ahead: 108 to 190 MiB were seen on
-# a 2-vCPU AMD EPYC, and 298 MiB once when the 50,000 resets went out in 1.9 s (all of them
-# held at once, at worst). Hence 256 MiB with the cap, 384 MiB without.
+# on, a few MiB are seen. With it off, nothing bounds how many reset streams gRPC 1.51 holds at
+# once but how far the client gets ahead of the server: 108 to 298 MiB were seen on a 2-vCPU
+# AMD EPYC, and 657 MiB once in CI, with the 50,000 resets sent in 1.9 s beside other tests
+# (about 13.5 KiB each: nearly all of them held at once). What the test can assert without the
+# cap is what the server holds for each stream: at most the 16 KiB of the budget a stream is
+# given, for all 50,000 at once.
 OVERHEAD = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
 GROWTH_BOUND_CAPPED = (192 << 20) + OVERHEAD
-GROWTH_BOUND_UNCAPPED = (320 << 20) + OVERHEAD
-PROBE_BOUND_S = 5.0
+GROWTH_BOUND_UNCAPPED = RESETS * (16 << 10) + OVERHEAD
+# The other client's slowest Attend: with the cap off the flood runs its whole course, and CI saw
+# 3.7 s (before the guard: 12.4 s).
+PROBE_BOUND_S_CAPPED = 5.0
+PROBE_BOUND_S_UNCAPPED = 10.0
 ATTEND = "/attnserve.v1.AttentionService/Attend"
 
 
@@ -91,7 +96,8 @@ def main():
     bound = GROWTH_BOUND_CAPPED if cap > 0 else GROWTH_BOUND_UNCAPPED
     if peak > base + bound:
         failures.append(f"RSS grew {peak - base} bytes, over {bound}")
-    if failed or slowest > PROBE_BOUND_S:
+    probe_bound = PROBE_BOUND_S_CAPPED if cap > 0 else PROBE_BOUND_S_UNCAPPED
+    if failed or slowest > probe_bound:
         failures.append(f"the other client's Attends: slowest {slowest:.1f} s, failed {failed[:3]}")
     exit_with(failures)
 

@@ -35,7 +35,7 @@ if [[ -z "${attention_bench}" ]]; then
   echo "PASS"
   exit 0
 fi
-out=$(timeout 120 "${source_dir}/bench/kernel_turns.sh" --rounds=2 \
+out=$(timeout 200 "${source_dir}/bench/kernel_turns.sh" --rounds=2 \
   --filter='Attention/B:4/H:8/Hkv:8/Lq:512/Lk:512/D:64/causal:0/bf16:0/unfused:0|PagedDecode/S:1/.*/T:1' \
   "${attention_bench}" "${attention_bench}") || fail "kernel_turns.sh: $out"
 echo "${out}"

@@ -515,14 +515,13 @@ void BM_PagedDecode(benchmark::State& state) {
     item.scale = 0.088f;
     item.output = absl::MakeSpan(outputs[static_cast<size_t>(s)]);
   }
-  if (const absl::Status first =
-          WarmUp([&] { return engine->AttendPaged(items); });
-      !first.ok()) {
+  const auto attend = [&] { return engine->AttendPaged(items); };
+  if (const absl::Status first = WarmUp(attend); !first.ok()) {
     state.SkipWithError(first.ToString().c_str());
     return;
   }
   for (auto _ : state) {
-    const absl::Status status = engine->AttendPaged(items);
+    const absl::Status status = attend();
     if (!status.ok()) {
       state.SkipWithError(status.ToString().c_str());
       break;

@@ -43,6 +43,12 @@ constexpr int64_t kBlocksPerStopPoll = 16;
 // Units per thread the keys are split into when the steps alone give fewer.
 constexpr int64_t kUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 64;
+// The temporal locality the next block's prefetches ask for: 3, into L1
+// (prefetcht0), not 2, into L2 (prefetcht1). On an AVX-512 AMD EPYC (Zen 5)
+// decode from DRAM reads faster so (BENCHMARKS.md, 2026-12-04); a block
+// larger than L1 (an f32 block of 128 dimensions is 64 KiB) loses only the
+// lines evicted to L2.
+constexpr int kPrefetchLocality = 3;
 
 // x rounded to bf16 and back (BF16 precision), as the tile kernels do.
 float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
@@ -614,7 +620,7 @@ ATTNSERVE_PAGED_INLINE void BlockScoresFourKeys(const float* q, int64_t rows4,
       }
       if (r0 == 0 && next_keys != nullptr) {
         for (int64_t at = j * row_bytes; at < (j + 4) * row_bytes; at += 64) {
-          __builtin_prefetch(next_keys + at, 0, 2);
+          __builtin_prefetch(next_keys + at, 0, kPrefetchLocality);
         }
       }
       F16 a[16] = {};  // a[4 · key + row]
@@ -646,7 +652,7 @@ ATTNSERVE_PAGED_INLINE void BlockScoresFourKeys(const float* q, int64_t rows4,
 // s[r · kBlock + j] = q_r · k_j for every row r of `q` ([rows4, dk], rows4 a
 // multiple of 4, rows past the unit's zero) and key j < n of `keys`
 // ([n, dk] in T): four rows and two keys at a time, eight accumulators of
-// eight lanes; the next block's rows prefetched into L2 as these are used (a
+// eight lanes; the next block's rows prefetched as these are used (a
 // page's rows are too short a run for the hardware prefetcher to catch). The
 // AVX-512 unit runs BlockScoresFourKeys instead.
 template <DataType T, bool kPairwise, bool kF16c = false>
@@ -672,7 +678,7 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
       if (r0 == 0 && next_keys != nullptr) {
         for (int64_t at = j * dk * element; at < (j + 2) * dk * element;
              at += 64) {
-          __builtin_prefetch(next_keys + at, 0, 2);
+          __builtin_prefetch(next_keys + at, 0, kPrefetchLocality);
         }
       }
       V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
@@ -804,7 +810,8 @@ ATTNSERVE_PAGED_INLINE void BlockScoresByDim(const float* q, int64_t rows4,
         }
         if (prefetch) {
           for (int64_t b = 0; b < kBlock * kElement; b += 64) {
-            __builtin_prefetch(next_keys + d * stride + b, 0, 2);
+            __builtin_prefetch(next_keys + d * stride + b, 0,
+                               kPrefetchLocality);
           }
         }
         V k[kVectors];
@@ -867,7 +874,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
       const int64_t j_end = std::min<int64_t>(j0 + 4, n);
       if (r0 == 0 && next_values != nullptr) {
         for (int64_t at = j0 * row_bytes; at < j_end * row_bytes; at += 64) {
-          __builtin_prefetch(next_values + at, 0, 2);
+          __builtin_prefetch(next_values + at, 0, kPrefetchLocality);
         }
       }
       for (int64_t c = 0; c < end_runs; c += 2 * kLanes) {

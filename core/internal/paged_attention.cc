@@ -43,12 +43,6 @@ constexpr int64_t kBlocksPerStopPoll = 16;
 // Units per thread the keys are split into when the steps alone give fewer.
 constexpr int64_t kUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 64;
-// The temporal locality the next block's prefetches ask for: 3, into L1
-// (prefetcht0), not 2, into L2 (prefetcht1). On an AVX-512 AMD EPYC (Zen 5)
-// decode from DRAM reads faster so (BENCHMARKS.md, 2026-12-04); a block
-// larger than L1 (an f32 block of 128 dimensions is 64 KiB) loses only the
-// lines evicted to L2.
-constexpr int kPrefetchLocality = 3;
 
 // x rounded to bf16 and back (BF16 precision), as the tile kernels do.
 float RoundToBf16(float x) { return BFloat16ToFloat32(Float32ToBFloat16(x)); }
@@ -257,6 +251,18 @@ typedef uint32_t U8 __attribute__((vector_size(32)));
 typedef uint16_t H8 __attribute__((vector_size(16)));
 
 #define ATTNSERVE_PAGED_INLINE __attribute__((always_inline)) inline
+
+// Prefetches bytes [begin, end) of `base`, a line at a time, of the next block
+// a kernel will read. Into L1 (prefetcht0), not L2 (prefetcht1): on an AVX-512
+// AMD EPYC (Zen 5) decode from DRAM reads faster so (BENCHMARKS.md,
+// 2026-12-04); a block larger than L1 (an f32 block of 128 dimensions is 64
+// KiB) loses only the lines evicted to L2.
+ATTNSERVE_PAGED_INLINE void PrefetchLines(const char* base, int64_t begin,
+                                          int64_t end) {
+  for (int64_t at = begin; at < end; at += 64) {
+    __builtin_prefetch(base + at, 0, 3);
+  }
+}
 
 ATTNSERVE_PAGED_INLINE F8 LoadFloats(const float* p) {
   F8 v;
@@ -619,9 +625,7 @@ ATTNSERVE_PAGED_INLINE void BlockScoresFourKeys(const float* q, int64_t rows4,
         k[i] = keys + std::min(j + i, n - 1) * row_bytes;
       }
       if (r0 == 0 && next_keys != nullptr) {
-        for (int64_t at = j * row_bytes; at < (j + 4) * row_bytes; at += 64) {
-          __builtin_prefetch(next_keys + at, 0, kPrefetchLocality);
-        }
+        PrefetchLines(next_keys, j * row_bytes, (j + 4) * row_bytes);
       }
       F16 a[16] = {};  // a[4 · key + row]
       for (int64_t d = 0; d < dk; d += 32) {
@@ -676,10 +680,7 @@ ATTNSERVE_PAGED_INLINE void BlockScores(const float* q, int64_t rows4,
       const char* k0 = keys + j * dk * element;
       const char* k1 = keys + j1 * dk * element;
       if (r0 == 0 && next_keys != nullptr) {
-        for (int64_t at = j * dk * element; at < (j + 2) * dk * element;
-             at += 64) {
-          __builtin_prefetch(next_keys + at, 0, kPrefetchLocality);
-        }
+        PrefetchLines(next_keys, j * dk * element, (j + 2) * dk * element);
       }
       V a00{}, a01{}, a10{}, a11{}, a20{}, a21{}, a30{}, a31{};
       for (int64_t d = 0; d < end_runs; d += 2 * kLanes) {
@@ -809,10 +810,7 @@ ATTNSERVE_PAGED_INLINE void BlockScoresByDim(const float* q, int64_t rows4,
           at = padded;
         }
         if (prefetch) {
-          for (int64_t b = 0; b < kBlock * kElement; b += 64) {
-            __builtin_prefetch(next_keys + d * stride + b, 0,
-                               kPrefetchLocality);
-          }
+          PrefetchLines(next_keys + d * stride, 0, kBlock * kElement);
         }
         V k[kVectors];
         LoadKeys<T, kF16c, kLanes, kVectors>(at, k);
@@ -873,9 +871,7 @@ ATTNSERVE_PAGED_INLINE void BlockAccumulate(const float* p, int64_t rows4,
     for (int64_t j0 = 0; j0 < n; j0 += 4) {
       const int64_t j_end = std::min<int64_t>(j0 + 4, n);
       if (r0 == 0 && next_values != nullptr) {
-        for (int64_t at = j0 * row_bytes; at < j_end * row_bytes; at += 64) {
-          __builtin_prefetch(next_values + at, 0, kPrefetchLocality);
-        }
+        PrefetchLines(next_values, j0 * row_bytes, j_end * row_bytes);
       }
       for (int64_t c = 0; c < end_runs; c += 2 * kLanes) {
         V a0 = LoadVector<kLanes>(o0 + c),

@@ -989,12 +989,24 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
       b.scores, rows4, n, values, dv, b.output, next_values);
 }
 
-// The first value row of page `page` of `item`.
-ATTNSERVE_PAGED_INLINE const char* ValuesOf(const PagedAttend& item,
-                                            int64_t page) {
+// Where `kv_head`'s keys and its values start in page `page` of `item`: in
+// the page, each head's keys then values (PageLayout), or, with value_pages,
+// keys and values each [Hkv, ...] in pages of their own.
+ATTNSERVE_PAGED_INLINE const char* HeadKeysOf(const PagedAttend& item,
+                                              int64_t page, int64_t kv_head) {
+  const PageLayout& layout = item.layout;
+  return item.pages[static_cast<size_t>(page)] +
+         (item.value_pages.empty() ? layout.KeysAt(kv_head)
+                                   : kv_head * layout.HeadKeyBytes());
+}
+
+ATTNSERVE_PAGED_INLINE const char* HeadValuesOf(const PagedAttend& item,
+                                                int64_t page, int64_t kv_head) {
+  const PageLayout& layout = item.layout;
   return item.value_pages.empty()
-             ? item.pages[static_cast<size_t>(page)] + item.layout.KeyBytes()
-             : item.value_pages[static_cast<size_t>(page)];
+             ? item.pages[static_cast<size_t>(page)] + layout.ValuesAt(kv_head)
+             : item.value_pages[static_cast<size_t>(page)] +
+                   kv_head * layout.HeadValueBytes();
 }
 
 // Computes `unit` into b's buffers (and `partial`, for a split). Returns
@@ -1071,17 +1083,18 @@ __attribute__((always_inline)) inline void UnitBody(
                                    ? std::min(last, gap.first)
                                    : last;
     const int64_t n = std::min({kBlock, page_tokens - offset, block_last - k0});
-    const int64_t row0 = unit.kv_head * page_tokens + offset;
-    // The unit's head's key `at_offset` of page `at_page`, by the layout.
+    // The unit's head's key and value `at_offset` of page `at_page`.
     const auto key_at = [&](int64_t at_page, int64_t at_offset) {
-      const int64_t index = by_dim
-                                ? unit.kv_head * dk * page_tokens + at_offset
-                                : (unit.kv_head * page_tokens + at_offset) * dk;
-      return item.pages[static_cast<size_t>(at_page)] + index * element;
+      return HeadKeysOf(item, at_page, unit.kv_head) +
+             (by_dim ? at_offset : at_offset * dk) * element;
+    };
+    const auto value_at = [&](int64_t at_page, int64_t at_offset) {
+      return HeadValuesOf(item, at_page, unit.kv_head) +
+             at_offset * dv * element;
     };
     BlockKeys keys{key_at(page, offset), by_dim ? page_tokens * element : 0,
                    page_tokens - offset};
-    const char* values = ValuesOf(item, page) + row0 * dv * element;
+    const char* values = value_at(page, offset);
     DataType type = layout.dtype;
     if (round && type != DataType::kBFloat16) {
       // BF16 precision on f32 or f16 pages: the block rounded to bf16 in the
@@ -1107,10 +1120,8 @@ __attribute__((always_inline)) inline void UnitBody(
     const char* next_values = nullptr;
     if (const int64_t next = seen_from(k0 + n);
         next < last && type == layout.dtype) {
-      const int64_t next_page = next / page_tokens;
-      const int64_t next_row = unit.kv_head * page_tokens + next % page_tokens;
-      next_keys = key_at(next_page, next % page_tokens);
-      next_values = ValuesOf(item, next_page) + next_row * dv * element;
+      next_keys = key_at(next / page_tokens, next % page_tokens);
+      next_values = value_at(next / page_tokens, next % page_tokens);
     }
     if (pairwise && run == 32) {
       RunBlock<DataType::kBFloat16, true, false, kWide>(

@@ -694,22 +694,22 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
       const int64_t run = std::min(tokens - t, page_tokens - offset);
       char* page = layer.pages[static_cast<size_t>(at / page_tokens)]->data;
       for (int64_t h = 0; h < layout.kv_heads; ++h) {
-        const int64_t slot = h * page_tokens + offset;
         const char* key =
             append.key + (h * tokens + t) * layout.key_dim * key_in;
-        if (layout.keys_transposed) {  // [Hkv, Dk, page_tokens]
+        if (layout.keys_transposed) {  // The head's keys [Dk, page_tokens].
           CopyRowsAsColumns(
               key, append.key_dtype, run, layout.key_dim, page_tokens,
-              page + (h * layout.key_dim * page_tokens + offset) * element,
-              layout.dtype);
+              page + layout.KeysAt(h) + offset * element, layout.dtype);
         } else {
           CopyRows(key, append.key_dtype, run, layout.key_dim,
-                   page + slot * layout.key_dim * element, layout.dtype);
+                   page + layout.KeysAt(h) + offset * layout.key_dim * element,
+                   layout.dtype);
         }
-        CopyRows(append.value + (h * tokens + t) * layout.value_dim * value_in,
-                 append.value_dtype, run, layout.value_dim,
-                 page + layout.KeyBytes() + slot * layout.value_dim * element,
-                 layout.dtype);
+        CopyRows(
+            append.value + (h * tokens + t) * layout.value_dim * value_in,
+            append.value_dtype, run, layout.value_dim,
+            page + layout.ValuesAt(h) + offset * layout.value_dim * element,
+            layout.dtype);
       }
       t += run;
     }

@@ -59,26 +59,29 @@ struct PagedCache {
     for (int64_t h = 0; h < hkv; ++h) {
       for (int64_t t = 0; t < length; ++t) {
         char* page = pages[static_cast<size_t>(t / layout.page_tokens)].data();
-        const int64_t slot = h * layout.page_tokens + t % layout.page_tokens;
+        // Head h's keys, then its values, at h · (both heads' bytes).
+        const int64_t head_bytes =
+            layout.page_tokens * (layout.key_dim + layout.value_dim) * element;
+        char* head_keys = page + h * head_bytes;
+        char* head_values =
+            head_keys + layout.page_tokens * layout.key_dim * element;
+        const int64_t slot = t % layout.page_tokens;
         const float* key_row = key.data() + (h * length + t) * layout.key_dim;
         float* stored_row =
             stored_key.data() + (h * length + t) * layout.key_dim;
         if (layout.keys_transposed) {
-          // [Hkv, Dk, page_tokens]: element d of the key at column t.
+          // [Dk, page_tokens]: element d of the key at column t.
           for (int64_t d = 0; d < layout.key_dim; ++d) {
             Store(key_row + d, 1,
-                  page + ((h * layout.key_dim + d) * layout.page_tokens +
-                          t % layout.page_tokens) *
-                             element,
+                  head_keys + (d * layout.page_tokens + slot) * element,
                   stored_row + d);
           }
         } else {
-          Store(key_row, layout.key_dim, page + slot * layout.key_dim * element,
-                stored_row);
+          Store(key_row, layout.key_dim,
+                head_keys + slot * layout.key_dim * element, stored_row);
         }
         Store(value.data() + (h * length + t) * layout.value_dim,
-              layout.value_dim,
-              page + layout.KeyBytes() + slot * layout.value_dim * element,
+              layout.value_dim, head_values + slot * layout.value_dim * element,
               stored_value.data() + (h * length + t) * layout.value_dim);
       }
     }
@@ -478,13 +481,20 @@ TEST_P(PagedAttentionTest, ValuePagesApartFromTheKeys) {
     const PagedAttend together = ToPaged(item, 0.25f);
     ASSERT_TRUE(engine_->AttendPaged({&together, 1}).ok());
     const std::vector<float> output = item.output, lse = item.lse;
-    // Each page's keys and values copied to buffers of their own.
+    // Each page's keys and values copied to buffers of their own, each
+    // [Hkv, ...], as a stateless call's tensors.
     const PageLayout& layout = item.cache->layout;
     std::vector<std::vector<char>> keys, values;
     std::vector<const char*> key_pages, value_pages;
     for (const std::vector<char>& page : item.cache->pages) {
-      keys.emplace_back(page.begin(), page.begin() + layout.KeyBytes());
-      values.emplace_back(page.begin() + layout.KeyBytes(), page.end());
+      std::vector<char>& k = keys.emplace_back();
+      std::vector<char>& v = values.emplace_back();
+      for (int64_t h = 0; h < layout.kv_heads; ++h) {
+        const auto head_keys = page.begin() + layout.KeysAt(h);
+        const auto head_values = page.begin() + layout.ValuesAt(h);
+        k.insert(k.end(), head_keys, head_keys + layout.HeadKeyBytes());
+        v.insert(v.end(), head_values, head_values + layout.HeadValueBytes());
+      }
     }
     for (size_t p = 0; p < keys.size(); ++p) {
       key_pages.push_back(keys[p].data());

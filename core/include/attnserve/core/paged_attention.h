@@ -1,12 +1,13 @@
 // Attention over a KV cache kept in pages (the server's sessions): the value
 // types AttentionEngine::AttendPaged takes.
 //
-// A page holds `page_tokens` consecutive tokens of one sequence's layer: its
-// keys [Hkv, page_tokens, Dk] (or, transposed, [Hkv, Dk, page_tokens]), then
-// its values [Hkv, page_tokens, Dv], packed row-major in the cache's dtype
-// (f32, bf16 or f16). The kernel reads the pages where they lie, in that
-// dtype: a block of a page is converted to f32 in a thread's cache-sized
-// buffer as it is used, never copied whole.
+// A page holds `page_tokens` consecutive tokens of one sequence's layer, kv
+// head after kv head: each head's keys [page_tokens, Dk] (or, transposed,
+// [Dk, page_tokens]), then that head's values [page_tokens, Dv], packed
+// row-major in the cache's dtype (f32, bf16 or f16). A kernel reading one
+// head reads one run of bytes per page. The kernel reads the pages where they
+// lie, in that dtype: a block of a page is converted to f32 in a thread's
+// cache-sized buffer as it is used, never copied whole.
 #ifndef ATTNSERVE_CORE_PAGED_ATTENTION_H_
 #define ATTNSERVE_CORE_PAGED_ATTENTION_H_
 
@@ -26,23 +27,35 @@ struct PageLayout {
   int64_t key_dim = 1;    // Dk
   int64_t value_dim = 1;  // Dv
   DataType dtype = DataType::kFloat32;
-  // Keys [Hkv, Dk, page_tokens]: each head's keys transposed, one key
-  // dimension of all the page's tokens side by side (the sessions' pages
-  // where PreferredKeysTransposed() says so). The kernel then takes the
-  // scores of many keys at once as the lanes of vectors, with no sum across
-  // lanes for each score, which costs as many instructions as the products.
-  // False: [Hkv, page_tokens, Dk], each key a row (a stateless call's key
-  // tensor read as pages).
+  // A head's keys [Dk, page_tokens]: transposed, one key dimension of all
+  // the page's tokens side by side (the sessions' pages where
+  // PreferredKeysTransposed() says so). The kernel then takes the scores of
+  // many keys at once as the lanes of vectors, with no sum across lanes for
+  // each score, which costs as many instructions as the products. False:
+  // [page_tokens, Dk], each key a row (a stateless call's key tensor read as
+  // pages).
   bool keys_transposed = false;
 
+  // Bytes of one kv head's keys and of its values in a page.
+  int64_t HeadKeyBytes() const {
+    return page_tokens * key_dim * DataTypeBytes(dtype);
+  }
+  int64_t HeadValueBytes() const {
+    return page_tokens * value_dim * DataTypeBytes(dtype);
+  }
   // Bytes of a page's keys, of its values, and of the whole page.
-  int64_t KeyBytes() const {
-    return page_tokens * kv_heads * key_dim * DataTypeBytes(dtype);
-  }
-  int64_t ValueBytes() const {
-    return page_tokens * kv_heads * value_dim * DataTypeBytes(dtype);
-  }
+  int64_t KeyBytes() const { return kv_heads * HeadKeyBytes(); }
+  int64_t ValueBytes() const { return kv_heads * HeadValueBytes(); }
   int64_t PageBytes() const { return KeyBytes() + ValueBytes(); }
+  // Where kv head `head`'s keys and its values start in a page: each head's
+  // keys then values, so that the kernel, which reads one head at a time,
+  // reads one run per page (a bf16 cache of 128 dimensions: 32 KiB), which
+  // the CPU's prefetchers follow further than two runs apart (~1.2x the
+  // read rate from DRAM, BENCHMARKS.md of 2026-12-04).
+  int64_t KeysAt(int64_t head) const {
+    return head * (HeadKeyBytes() + HeadValueBytes());
+  }
+  int64_t ValuesAt(int64_t head) const { return KeysAt(head) + HeadKeyBytes(); }
 };
 
 // The keys_transposed a cache should take on this CPU, for the paged kernel
@@ -60,10 +73,11 @@ struct PagedAttend {
   PageLayout layout;
   // The cache's pages in token order: at least ceil(length / page_tokens).
   absl::Span<const char* const> pages;
-  // Empty: each page holds its values after its keys (the layout above).
-  // Otherwise the values of page p lie apart, at value_pages[p] ([Hkv,
-  // page_tokens, Dv]), and pages[p] holds only keys: a stateless call's key
-  // and value tensors read as one page each.
+  // Empty: each page holds each head's values after its keys (the layout
+  // above). Otherwise the values of page p lie apart, at value_pages[p]
+  // ([Hkv, page_tokens, Dv]), and pages[p] holds only keys ([Hkv,
+  // page_tokens, Dk] or [Hkv, Dk, page_tokens]): a stateless call's key and
+  // value tensors read as one page each.
   absl::Span<const char* const> value_pages;
   int64_t length = 0;             // L, tokens in the cache
   int64_t heads = 1;              // H, a multiple of layout.kv_heads

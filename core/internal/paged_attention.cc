@@ -1001,26 +1001,6 @@ ATTNSERVE_PAGED_INLINE void RunBlock(const PagedAttend& item, const Unit& unit,
       b.scores, rows4, n, values, dv, b.output, next_values);
 }
 
-// Where `kv_head`'s keys and its values start in page `page` of `item`: in
-// the page, each head's keys then values (PageLayout), or, with value_pages,
-// keys and values each [Hkv, ...] in pages of their own.
-ATTNSERVE_PAGED_INLINE const char* HeadKeysOf(const PagedAttend& item,
-                                              int64_t page, int64_t kv_head) {
-  const PageLayout& layout = item.layout;
-  return item.pages[static_cast<size_t>(page)] +
-         (item.value_pages.empty() ? layout.KeysAt(kv_head)
-                                   : kv_head * layout.HeadKeyBytes());
-}
-
-ATTNSERVE_PAGED_INLINE const char* HeadValuesOf(const PagedAttend& item,
-                                                int64_t page, int64_t kv_head) {
-  const PageLayout& layout = item.layout;
-  return item.value_pages.empty()
-             ? item.pages[static_cast<size_t>(page)] + layout.ValuesAt(kv_head)
-             : item.value_pages[static_cast<size_t>(page)] +
-                   kv_head * layout.HeadValueBytes();
-}
-
 // Computes `unit` into b's buffers (and `partial`, for a split). Returns
 // early, its results undefined, once `stopper` says stop. kF16c: the caller is
 // compiled for F16C, which widens f16 pages; kWide: for AVX-512, whose
@@ -1076,6 +1056,16 @@ __attribute__((always_inline)) inline void UnitBody(
   last = std::min(last, tile_end);
   const int64_t page_tokens = layout.page_tokens;
   const int64_t element = DataTypeBytes(layout.dtype);
+  // Where the unit's head lies in a page: after each earlier head's keys and
+  // values (PageLayout), or, with value_pages, keys and values each [Hkv, ...]
+  // in pages of their own.
+  const bool apart = !item.value_pages.empty();
+  const absl::Span<const char* const> value_pages =
+      apart ? item.value_pages : item.pages;
+  const int64_t head_keys = apart ? unit.kv_head * layout.HeadKeyBytes()
+                                  : layout.KeysAt(unit.kv_head);
+  const int64_t head_values = apart ? unit.kv_head * layout.HeadValueBytes()
+                                    : layout.ValuesAt(unit.kv_head);
   // Keys no row of the unit sees are skipped, never read: their pages may be
   // null (evicted).
   const KeyGap gap =
@@ -1097,11 +1087,11 @@ __attribute__((always_inline)) inline void UnitBody(
     const int64_t n = std::min({kBlock, page_tokens - offset, block_last - k0});
     // The unit's head's key and value `at_offset` of page `at_page`.
     const auto key_at = [&](int64_t at_page, int64_t at_offset) {
-      return HeadKeysOf(item, at_page, unit.kv_head) +
+      return item.pages[static_cast<size_t>(at_page)] + head_keys +
              (by_dim ? at_offset : at_offset * dk) * element;
     };
     const auto value_at = [&](int64_t at_page, int64_t at_offset) {
-      return HeadValuesOf(item, at_page, unit.kv_head) +
+      return value_pages[static_cast<size_t>(at_page)] + head_values +
              at_offset * dv * element;
     };
     BlockKeys keys{key_at(page, offset), by_dim ? page_tokens * element : 0,

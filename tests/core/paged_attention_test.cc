@@ -56,15 +56,15 @@ struct PagedCache {
                                    static_cast<char>(0xff)));
     stored_key.resize(key.size());
     stored_value.resize(value.size());
+    // Head h's keys at h · (a head's keys and values), then its values.
+    const int64_t key_bytes = layout.page_tokens * layout.key_dim * element;
+    const int64_t head_bytes =
+        key_bytes + layout.page_tokens * layout.value_dim * element;
     for (int64_t h = 0; h < hkv; ++h) {
       for (int64_t t = 0; t < length; ++t) {
         char* page = pages[static_cast<size_t>(t / layout.page_tokens)].data();
-        // Head h's keys, then its values, at h · (both heads' bytes).
-        const int64_t head_bytes =
-            layout.page_tokens * (layout.key_dim + layout.value_dim) * element;
         char* head_keys = page + h * head_bytes;
-        char* head_values =
-            head_keys + layout.page_tokens * layout.key_dim * element;
+        char* head_values = head_keys + key_bytes;
         const int64_t slot = t % layout.page_tokens;
         const float* key_row = key.data() + (h * length + t) * layout.key_dim;
         float* stored_row =

@@ -255,7 +255,7 @@ absl::Status AttentionEngineImpl::AttendHalf(
   }
   ATTNSERVE_RETURN_IF_ERROR(
       CheckWorkspace(absl::StrCat("attention for shape ", shape.DebugString()),
-                     FusedWorkspaceBytes(shape, options.precision, threads_,
+                     FusedWorkspaceBytes(shape, options, threads_,
                                          /*key_value_packed=*/true, dtype)));
   SdpaProblem problem = MakeSdpaProblem(shape, options, outputs);
   problem.input_dtype = dtype;
@@ -280,7 +280,7 @@ std::optional<int64_t> AttentionEngineImpl::AttendHalfWorkspaceBytes(
     scratch = SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
     copies = query;
   } else if (UseFused(options)) {
-    scratch = FusedWorkspaceBytes(shape, options.precision, threads_,
+    scratch = FusedWorkspaceBytes(shape, options, threads_,
                                   /*key_value_packed=*/true, dtype);
   } else {
     scratch = SdpaWorkspaceBytes(shape, options, /*key_value_packed=*/true);
@@ -429,7 +429,7 @@ absl::Status AttentionEngineImpl::RunPacked(const PackedShape& shape,
         absl::StrCat("packed sequence ", s, " of shape ", one.DebugString()),
         source == DataType::kFloat32
             ? SdpaWorkspaceBytes(one, options, /*key_value_packed=*/false)
-            : FusedWorkspaceBytes(one, options.precision, threads_,
+            : FusedWorkspaceBytes(one, options, threads_,
                                   /*key_value_packed=*/false, source)));
     if (!outputs.lse.empty())
       lse.resize(static_cast<size_t>(h * one.query_len));
@@ -509,8 +509,7 @@ std::optional<int64_t> AttentionEngineImpl::SdpaWorkspaceBytes(
     const AttentionShape& shape, const AttentionOptions& options,
     bool key_value_packed) const {
   if (UseFused(options)) {
-    return FusedWorkspaceBytes(shape, options.precision, threads_,
-                               key_value_packed);
+    return FusedWorkspaceBytes(shape, options, threads_, key_value_packed);
   }
   return UnfusedWorkspaceBytes(shape, options.precision, SlabBudget(),
                                key_value_packed);

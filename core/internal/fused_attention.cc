@@ -323,7 +323,7 @@ absl::Status RunFusedAttention(const dnnl::engine& engine,
                                const TileKernels& kernels, TilePlanCache& cache,
                                ScratchPool& pool) {
   const fused::Geometry geometry = fused::MakeGeometry(
-      problem.shape, problem.options->precision, threads, problem.input_dtype);
+      problem.shape, *problem.options, threads, problem.input_dtype);
   fused::FusedRun run(problem, geometry, kernels);
   return run.Run(engine, threads, cache, pool);
 }

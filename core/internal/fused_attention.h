@@ -38,12 +38,12 @@
 
 namespace attnserve::internal {
 
-// The scratch bytes RunFusedAttention allocates for `shape` with `threads`
-// threads, or nullopt on overflow. `key_value_packed`: key and value rows are
-// contiguous, D elements apart (else the kernel packs them first). `source`:
-// the inputs' dtype (SdpaProblem::input_dtype).
+// The scratch bytes RunFusedAttention allocates for `shape` and `options` with
+// `threads` threads, or nullopt on overflow. `key_value_packed`: key and value
+// rows are contiguous, D elements apart (else the kernel packs them first).
+// `source`: the inputs' dtype (SdpaProblem::input_dtype).
 std::optional<int64_t> FusedWorkspaceBytes(
-    const AttentionShape& shape, Precision precision, int threads,
+    const AttentionShape& shape, const AttentionOptions& options, int threads,
     bool key_value_packed, DataType source = DataType::kFloat32);
 
 // True if `problem`'s key and value rows are contiguous and D elements apart.

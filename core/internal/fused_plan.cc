@@ -13,17 +13,26 @@ namespace attnserve::internal {
 namespace fused {
 
 int64_t TileRows() {
+  // oneDNN's ISAs are masks of features (avx2_vnni is numerically above
+  // avx512_core), so AVX-512 is tested as a mask.
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
   static const int64_t rows =
-      dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx ? 128
-                                                                      : 64;
+      (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & avx512) == avx512
+          ? 256
+          : 64;
   return rows;
 }
 
-Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
-                      DataType source) {
+Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
+                      int threads, DataType source) {
   Geometry g;
   g.group = s.heads / s.kv_heads;
-  g.q_block = std::clamp<int64_t>(TileRows() / g.group, 1, s.query_len);
+  const bool staggered =
+      options.causal || options.window_left >= 0 || options.window_right >= 0;
+  const int64_t queries =
+      staggered ? std::min(kStaggeredQueries, TileRows() / g.group)
+                : TileRows() / g.group;
+  g.q_block = std::clamp<int64_t>(queries, 1, s.query_len);
   g.rows = g.group * g.q_block;
   g.q_blocks = CeilDiv(s.query_len, g.q_block);
   g.k_block = std::min(kKeyBlock, s.key_len);
@@ -36,7 +45,7 @@ Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
   g.chunk = CeilDiv(g.k_blocks, g.splits);
   g.splits = CeilDiv(g.k_blocks, g.chunk);
   g.small = g.rows < kSmallRows;
-  g.input = MatmulInputFor(precision);
+  g.input = MatmulInputFor(options.precision);
   g.source = source;
   return g;
 }
@@ -95,12 +104,12 @@ int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
 }  // namespace fused
 
 std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
-                                           Precision precision, int threads,
-                                           bool key_value_packed,
+                                           const AttentionOptions& options,
+                                           int threads, bool key_value_packed,
                                            DataType source) {
   // Every product below is of dims the caller validated (each tensor's
   // element count fits), times small constants.
-  const fused::Geometry g = fused::MakeGeometry(s, precision, threads, source);
+  const fused::Geometry g = fused::MakeGeometry(s, options, threads, source);
   const fused::ThreadLayout layout =
       MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
   return CheckedSum({CheckedProduct({layout.total, threads}),

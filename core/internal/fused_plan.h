@@ -16,11 +16,18 @@ namespace attnserve::internal::fused {
 
 // Query rows a tile aims for (all heads of a kv-head group together): enough
 // to make each key block's matmuls efficient, few enough that the tile's
-// scores, output and the key block stay in a core's L2. 128 where oneDNN runs
-// AMX (its tile matmuls are fast enough there that each key block's fixed
-// costs, oneDNN's dispatch and its repacking of the block, weigh: 5-18 % more
-// GFLOP/s on an AMX Xeon), else 64 (on Zen 4, 128 measured no faster).
+// scores, output and the key block stay in a core's L2 (about 700 KiB at
+// D 128). 256 on AVX-512 CPUs, AMX or not: each key block's fixed costs,
+// oneDNN's dispatch of the two matmuls and its repacking of the block on every
+// execute, then spread over four times the rows of 64 (on a Zen 5, 7-11 % more
+// GFLOP/s than 64 rows, more than 128; 512 rows slowed causal calls). 64 on
+// CPUs without AVX-512, whose L2 may be half as large.
 int64_t TileRows();
+// Queries per head a tile takes at most when its rows see different spans of
+// keys (causality, a window): each tile's last blocks then compute scores
+// that its earlier rows mask, about queries² / 2 per head, which tiles of 256
+// queries made 3-7 % slower than tiles of 64 at L 1,024-2,048 on the Zen 5.
+inline constexpr int64_t kStaggeredQueries = 64;
 // Keys per block.
 inline constexpr int64_t kKeyBlock = 256;
 // Under causality or key_lengths, a tile's last block stops at the first
@@ -82,8 +89,8 @@ struct Geometry {
   bool WidensBlocks() const { return HalfSource() && !NativeBf16Tiles(); }
 };
 
-Geometry MakeGeometry(const AttentionShape& s, Precision precision, int threads,
-                      DataType source = DataType::kFloat32);
+Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
+                      int threads, DataType source = DataType::kFloat32);
 
 // oneDNN's scratchpad for one tile matmul is the copy of a key or value block
 // it repacks; this bounds it for the workspace check before any primitive is

@@ -407,14 +407,15 @@ absl::Status AttendWithStop(AttentionEngine& engine,
 // does changes nothing in the output.
 TEST(StopCheckTest, FusedAttendStopsBetweenTilesAndBlocks) {
   std::unique_ptr<AttentionEngine> engine = MakeEngine();
-  const AttentionShape shape = SdpaShape(1, 2, 2, 256, 2048, 32, 32);
+  const AttentionShape shape = SdpaShape(1, 2, 2, 1024, 2048, 32, 32);
   std::vector<float> plain, polled, stopped;
   ASSERT_TRUE(AttendWithStop(*engine, shape, StopCheck(), &plain).ok());
   CountingStop never(std::numeric_limits<int64_t>::max());
   ASSERT_TRUE(AttendWithStop(*engine, shape, never.Check(), &polled).ok());
   EXPECT_EQ(plain, polled);
-  // Every tile's every key block at least.
-  EXPECT_GE(never.polls.load(), 2 * (256 / 64) * (2048 / 512));
+  // Every tile's every key block at least: tiles of at most 256 query rows
+  // (fused_plan.h's TileRows), blocks of 256 keys.
+  EXPECT_GE(never.polls.load(), 2 * (1024 / 256) * (2048 / 256));
   CountingStop fifth(5);
   const absl::Status status =
       AttendWithStop(*engine, shape, fifth.Check(), &stopped);

@@ -131,8 +131,8 @@ Draw MakeDraw(uint64_t seed) {
     s.batch = Pick<int64_t>(rng, {1, 1, 2, 3});
     s.kv_heads = Pick<int64_t>(rng, {1, 1, 2});
     s.heads = s.kv_heads * Pick<int64_t>(rng, {1, 1, 2, 3, 4, 8});
-    s.query_len = Pick<int64_t>(
-        rng, {1, 1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130});
+    s.query_len = Pick<int64_t>(rng, {1, 1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 32,
+                                      33, 63, 64, 65, 130, 257});
     s.key_len = Pick<int64_t>(
         rng, {1, 2, 7, 63, 64, 65, 255, 256, 257, 511, 512, 513, 769});
     s.key_dim = Pick<int64_t>(rng, {1, 3, 16, 33, 64, 80, 128});

@@ -39,9 +39,10 @@
 namespace attnserve::internal {
 
 // The scratch bytes RunFusedAttention allocates for `shape` and `options` with
-// `threads` threads, or nullopt on overflow. `key_value_packed`: key and value
-// rows are contiguous, D elements apart (else the kernel packs them first).
-// `source`: the inputs' dtype (SdpaProblem::input_dtype).
+// `threads` threads or with one, whichever is more (a team's tiles may be
+// smaller than one thread's), or nullopt on overflow. `key_value_packed`: key
+// and value rows are contiguous, D elements apart (else the kernel packs them
+// first). `source`: the inputs' dtype (SdpaProblem::input_dtype).
 std::optional<int64_t> FusedWorkspaceBytes(
     const AttentionShape& shape, const AttentionOptions& options, int threads,
     bool key_value_packed, DataType source = DataType::kFloat32);

@@ -29,10 +29,20 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
   g.group = s.heads / s.kv_heads;
   const bool staggered =
       options.causal || options.window_left >= 0 || options.window_right >= 0;
-  const int64_t queries =
+  int64_t queries = std::clamp<int64_t>(
       staggered ? std::min(kStaggeredQueries, TileRows() / g.group)
-                : TileRows() / g.group;
-  g.q_block = std::clamp<int64_t>(queries, 1, s.query_len);
+                : TileRows() / g.group,
+      1, s.query_len);
+  // A call of fewer tiles than its threads can share (a short one on many
+  // cores) takes smaller tiles, down to kMinTileRows rows, before it splits
+  // its keys.
+  const int64_t fewest = std::max<int64_t>(1, kMinTileRows / g.group);
+  while (queries > fewest &&
+         s.batch * s.kv_heads * CeilDiv(s.query_len, queries) <
+             kSplitBelow * threads) {
+    queries = std::max(fewest, CeilDiv(queries, 2));
+  }
+  g.q_block = queries;
   g.rows = g.group * g.q_block;
   g.q_blocks = CeilDiv(s.query_len, g.q_block);
   g.k_block = std::min(kKeyBlock, s.key_len);
@@ -109,12 +119,20 @@ std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
                                            DataType source) {
   // Every product below is of dims the caller validated (each tensor's
   // element count fits), times small constants.
-  const fused::Geometry g = fused::MakeGeometry(s, options, threads, source);
-  const fused::ThreadLayout layout =
-      MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
-  return CheckedSum({CheckedProduct({layout.total, threads}),
-                     CheckedProduct({fused::AlignUp(PartialBytes(s, g)), 1}),
-                     PackedKeyValueBytes(s, g, key_value_packed)});
+  const auto bytes = [&](int team) {
+    const fused::Geometry g = fused::MakeGeometry(s, options, team, source);
+    const fused::ThreadLayout layout =
+        MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
+    return CheckedSum({CheckedProduct({layout.total, team}),
+                       CheckedProduct({fused::AlignUp(PartialBytes(s, g)), 1}),
+                       PackedKeyValueBytes(s, g, key_value_packed)});
+  };
+  // A call too small to share runs on one thread (the engine's TeamSize),
+  // whose tiles may be larger than a team's.
+  const std::optional<int64_t> team = bytes(threads);
+  const std::optional<int64_t> one = bytes(1);
+  if (!team || !one) return std::nullopt;
+  return std::max(*team, *one);
 }
 
 }  // namespace attnserve::internal

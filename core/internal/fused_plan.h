@@ -28,6 +28,10 @@ int64_t TileRows();
 // that its earlier rows mask, about queries² / 2 per head, which tiles of 256
 // queries made 3-7 % slower than tiles of 64 at L 1,024-2,048 on the Zen 5.
 inline constexpr int64_t kStaggeredQueries = 64;
+// The fewest rows a tile is cut to when a call has fewer tiles than its
+// threads can share (kSplitBelow a thread): the tile rows of CPUs without
+// AVX-512, and those of every CPU before tiles of 256.
+inline constexpr int64_t kMinTileRows = 64;
 // Keys per block.
 inline constexpr int64_t kKeyBlock = 256;
 // Under causality or key_lengths, a tile's last block stops at the first

@@ -48,7 +48,8 @@ struct Triple {
 // The shapes swept: every K from 1 to 130 at a few M and N (the crashes seen
 // were at K = 63, M = 33 and 65, N = 2 to 16), and the K values that stay on
 // the AMX kernel (multiples of 32) over every M from 1 to 66 and the M tails
-// around 128, at small and tail N.
+// around 128 and 256 (the fused kernel's tiles take up to 256 query rows), at
+// small and tail N.
 std::vector<Triple> SweepTriples() {
   std::vector<Triple> triples;
   for (int64_t k = 1; k <= 130; ++k) {
@@ -59,7 +60,7 @@ std::vector<Triple> SweepTriples() {
   for (int64_t k : {32, 64, 96, 128, 192, 256}) {
     std::vector<int64_t> ms;
     for (int64_t m = 1; m <= 66; ++m) ms.push_back(m);
-    for (int64_t m : {127, 128, 129}) ms.push_back(m);
+    for (int64_t m : {127, 128, 129, 255, 256, 257}) ms.push_back(m);
     for (int64_t m : ms) {
       for (int64_t n : {1, 2, 3, 4, 8, 16, 17, 64})
         triples.push_back({m, k, n});

@@ -15,11 +15,11 @@ namespace fused {
 int64_t TileRows() {
   // oneDNN's ISAs are masks of features (avx2_vnni is numerically above
   // avx512_core), so AVX-512 is tested as a mask.
-  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-  static const int64_t rows =
-      (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & avx512) == avx512
-          ? 256
-          : 64;
+  static const int64_t rows = [] {
+    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    return (isa & avx512) == avx512 ? 256 : 64;
+  }();
   return rows;
 }
 
@@ -27,8 +27,8 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
                       int threads, DataType source) {
   Geometry g;
   g.group = s.heads / s.kv_heads;
-  const bool staggered =
-      options.causal || options.window_left >= 0 || options.window_right >= 0;
+  const KeyRules rules = RulesOf(options);
+  const bool staggered = rules.causal || rules.Windowed();
   int64_t queries = std::clamp<int64_t>(
       staggered ? std::min(kStaggeredQueries, TileRows() / g.group)
                 : TileRows() / g.group,
@@ -130,7 +130,7 @@ std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
   // A call too small to share runs on one thread (the engine's TeamSize),
   // whose tiles may be larger than a team's.
   const std::optional<int64_t> team = bytes(threads);
-  const std::optional<int64_t> one = bytes(1);
+  const std::optional<int64_t> one = threads == 1 ? team : bytes(1);
   if (!team || !one) return std::nullopt;
   return std::max(*team, *one);
 }

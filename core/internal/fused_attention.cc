@@ -162,9 +162,22 @@ absl::Status FusedRun::GetTilePlans(const dnnl::engine& engine, int threads,
                                     int64_t* scratchpad_bytes) {
   *scratchpad_bytes = 0;
   if (g_.small) return absl::OkStatus();  // Decode tiles run no matmul.
-  const int64_t last_rows =
-      g_.group * (s_.query_len - (g_.q_blocks - 1) * g_.q_block);
-  const int64_t ms[2] = {g_.rows, last_rows};
+  // The row counts of a full tile, the last tile and, under bands, a band
+  // and the last band of each of the two (at most kTilePlans).
+  const int64_t last_queries = s_.query_len - (g_.q_blocks - 1) * g_.q_block;
+  std::vector<int64_t> queries = {g_.q_block, last_queries};
+  if (g_.Banded()) {
+    queries.insert(queries.end(), {g_.band, g_.LastBand(g_.q_block),
+                                   g_.LastBand(last_queries)});
+  }
+  int planned = 0;
+  for (const int64_t q : queries) {
+    const int64_t m = g_.group * q;
+    if (std::find(plan_rows_, plan_rows_ + planned, m) ==
+        plan_rows_ + planned) {
+      plan_rows_[planned++] = m;
+    }
+  }
   // The key-block widths this call can use.
   std::vector<int64_t> ns = {g_.k_block, LastKeys()};
   if (ShortensLastBlock()) {
@@ -175,12 +188,12 @@ absl::Status FusedRun::GetTilePlans(const dnnl::engine& engine, int threads,
   // Built single-threaded, shared through the cache.
   omp_set_num_threads(1);
   const absl::Status built = CallDnnl("building tile matmuls", [&] {
-    for (int a = 0; a < 2; ++a) {
+    for (int a = 0; a < planned; ++a) {
       for (const int64_t n : ns) {
         std::shared_ptr<const TilePlan>& plan = plans_[a][KeyWidthIndex(n)];
         if (plan != nullptr) continue;
-        plan = cache.GetOrCreate(TileKey(ms[a], n, s_, g_.input), [&] {
-          return MakeTilePlan(engine, ms[a], n, s_, g_.input);
+        plan = cache.GetOrCreate(TileKey(plan_rows_[a], n, s_, g_.input), [&] {
+          return MakeTilePlan(engine, plan_rows_[a], n, s_, g_.input);
         });
         *scratchpad_bytes = std::max<int64_t>(
             {*scratchpad_bytes,

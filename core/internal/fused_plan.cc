@@ -28,10 +28,9 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
   Geometry g;
   g.group = s.heads / s.kv_heads;
   const KeyRules rules = RulesOf(options);
-  const bool staggered = rules.causal || rules.Windowed();
   int64_t queries = std::clamp<int64_t>(
-      staggered ? std::min(kStaggeredQueries, TileRows() / g.group)
-                : TileRows() / g.group,
+      rules.Windowed() ? std::min(kStaggeredQueries, TileRows() / g.group)
+                       : TileRows() / g.group,
       1, s.query_len);
   // A call of fewer tiles than its threads can share (a short one on many
   // cores) takes smaller tiles, down to kMinTileRows rows, before it splits
@@ -43,6 +42,9 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
     queries = std::max(fewest, CeilDiv(queries, 2));
   }
   g.q_block = queries;
+  g.band = rules.causal && !rules.Windowed()
+               ? std::min(queries, kStaggeredQueries)
+               : queries;
   g.rows = g.group * g.q_block;
   g.q_blocks = CeilDiv(s.query_len, g.q_block);
   g.k_block = std::min(kKeyBlock, s.key_len);

@@ -23,10 +23,13 @@ namespace attnserve::internal::fused {
 // GFLOP/s than 64 rows, more than 128; 512 rows slowed causal calls). 64 on
 // CPUs without AVX-512, whose L2 may be half as large.
 int64_t TileRows();
-// Queries per head a tile takes at most when its rows see different spans of
-// keys (causality, a window): each tile's last blocks then compute scores
-// that its earlier rows mask, about queries² / 2 per head, which tiles of 256
-// queries made 3-7 % slower than tiles of 64 at L 1,024-2,048 on the Zen 5.
+// Queries per head of a band: where a tile's rows see different spans of keys,
+// the key blocks that only some of them see (under causality, those on the
+// diagonal) run band by band, each band as far as its own last row sees, so
+// that a tile computes about band² / 2 masked scores a head there rather than
+// queries² / 2 (tiles of 256 queries without bands made causal calls 3-7 %
+// slower than tiles of 64 at L 1,024-2,048 on the Zen 5). Under a window,
+// whose rows also start apart, a tile takes at most this many queries a head.
 inline constexpr int64_t kStaggeredQueries = 64;
 // The fewest rows a tile is cut to when a call has fewer tiles than its
 // threads can share (kSplitBelow a thread): the tile rows of CPUs without
@@ -67,6 +70,7 @@ inline int KeyWidthIndex(int64_t n) {
 struct Geometry {
   int64_t group;      // query heads per kv head
   int64_t q_block;    // queries per head in a full tile
+  int64_t band;       // queries per head of a band (q_block: no bands)
   int64_t rows;       // rows of a full tile: group · q_block
   int64_t q_blocks;   // tiles along the queries
   int64_t k_block;    // keys per block
@@ -78,6 +82,14 @@ struct Geometry {
   MatmulInput input;  // what matmuls read at this precision on this CPU
   DataType source;    // the dtype of the call's query, key and value
 
+  // Whether tiles run the key blocks some of their rows do not wholly see
+  // band by band (causality without a window: every row sees a prefix of the
+  // keys, which grows with the query).
+  bool Banded() const { return band < q_block; }
+  // Queries in the last band of a tile of `queries` queries.
+  int64_t LastBand(int64_t queries) const {
+    return queries - (queries - 1) / band * band;
+  }
   bool Bf16() const { return input != MatmulInput::kF32; }  // BF16 precision
   // Whether the oneDNN tiles read bf16 values (packed keys and values, query
   // rows, probabilities): as bf16, or as f32 on a CPU without a bf16 matmul.

@@ -27,17 +27,22 @@ inline constexpr float kNegativeInfinity =
     -std::numeric_limits<float>::infinity();
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// The row counts a call's tile matmuls may have: a full tile's, the last
+// tile's, and under bands a band's and the last band of either tile.
+inline constexpr int kTilePlans = 5;
+
 // What one thread computes with during a call.
 struct ThreadContext {
   char* buffer = nullptr;  // ThreadLayout's buffers
   dnnl::stream stream;
-  // [m is full or last][KeyWidthIndex(n)].
-  TileBinding bindings[2][kKeyWidths];
+  // [FusedRun::PlanIndex(m)][KeyWidthIndex(n)].
+  TileBinding bindings[kTilePlans][kKeyWidths];
 };
 
 // One tile: the query rows [q0, q0 + qn) of batch entry b, for every query
 // head that reads kv head `kv_head`. Its row r is query Query(r) of head
-// Head(r).
+// Head(r): the heads of a query are neighbours, so that the rows of a run of
+// queries (a band) are a run of rows.
 struct Tile {
   int64_t index;  // in [0, Geometry::tiles)
   int64_t b;
@@ -46,10 +51,19 @@ struct Tile {
   int64_t qn;
   int64_t group;  // query heads per kv head
   int64_t rows;   // group · qn
-  int plan;       // 0: a full tile's matmuls; 1: a shorter last tile's
 
-  int64_t Head(int64_t r) const { return kv_head * group + r / qn; }
-  int64_t Query(int64_t r) const { return q0 + r % qn; }
+  int64_t Head(int64_t r) const { return kv_head * group + r % group; }
+  // The row's query among the tile's: [0, qn).
+  int64_t LocalQuery(int64_t r) const { return r / group; }
+  int64_t Query(int64_t r) const { return q0 + LocalQuery(r); }
+};
+
+// Rows [first, last) of a tile.
+struct RowRange {
+  int64_t first;
+  int64_t last;
+
+  int64_t size() const { return last - first; }
 };
 
 // A thread's buffers (ThreadLayout) as one tile uses them.
@@ -165,8 +179,10 @@ class FusedRun {
   Tile TileAt(int64_t index) const;
   TileBuffers BuffersOf(char* buffer) const;
   // Writes the keys each query of `tile` may see to buffers.keys; returns the
-  // end of the keys any of them sees.
-  int64_t FindVisibleKeys(const Tile& tile, const TileBuffers& buffers) const;
+  // end of the keys any of them sees, and sets *least_end to the least end of
+  // a row's keys.
+  int64_t FindVisibleKeys(const Tile& tile, const TileBuffers& buffers,
+                          int64_t* least_end) const;
   // Whether any query of `tile` sees a key of `keys` (a window or sinks leave
   // blocks that none does, which the tile skips).
   bool TileSees(const Tile& tile, const TileBuffers& buffers,
@@ -191,18 +207,39 @@ class FusedRun {
   // when it is the last block a tile may see.
   KeyBlock BlockAt(int64_t block, int64_t tile_end, const char* key_rows,
                    const char* value_rows) const;
-  // scores = Q · K_blockᵀ. Returns a oneDNN status.
-  dnnl_status_t ScoreBlock(const Tile& tile, const KeyBlock& keys,
+  // `keys` up to the granule past `end` if that is short of its end.
+  static KeyBlock Shortened(KeyBlock keys, int64_t end);
+  // Runs `keys` for the rows `rows` of `tile`: ScoreBlock, FoldBlock,
+  // AccumulateBlock. Returns a oneDNN status.
+  dnnl_status_t RunBlock(const Tile& tile, RowRange rows, const KeyBlock& keys,
+                         const TileBuffers& buffers,
+                         ThreadContext& context) const;
+  // Runs `keys`, which some rows of a banded tile do not wholly see, band by
+  // band, each band as far as its rows see and not at all if they see none
+  // of it. Returns a oneDNN status.
+  dnnl_status_t RunBlockByBands(const Tile& tile, const KeyBlock& keys,
+                                const TileBuffers& buffers,
+                                ThreadContext& context) const;
+  // The slot of the tile plans of m-row matmuls.
+  int PlanIndex(int64_t m) const;
+  // The binding of the tile plan for `rows` and `keys` on `context`, bound on
+  // its first use. Returns a oneDNN status.
+  dnnl_status_t BindingFor(RowRange rows, const KeyBlock& keys,
+                           const TileBuffers& buffers, ThreadContext& context,
+                           TileBinding** binding) const;
+  // scores = Q · K_blockᵀ for `rows`, from the scores buffer's first row.
+  // Returns a oneDNN status.
+  dnnl_status_t ScoreBlock(RowRange rows, const KeyBlock& keys,
                            const TileBuffers& buffers,
                            ThreadContext& context) const;
-  // Folds the block into each row's softmax; rescales what the row has
-  // accumulated if its max moved.
-  void FoldBlock(const Tile& tile, const KeyBlock& keys,
+  // Folds the block into the softmax of each row of `rows`; rescales what the
+  // row has accumulated if its max moved.
+  void FoldBlock(const Tile& tile, RowRange rows, const KeyBlock& keys,
                  const TileBuffers& buffers) const;
   // The mask entries of row (b, h, i) from key k0 on.
   RowMask RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const;
-  // output += P · V_block. Returns a oneDNN status.
-  dnnl_status_t AccumulateBlock(const Tile& tile, const KeyBlock& keys,
+  // output += P · V_block for `rows`. Returns a oneDNN status.
+  dnnl_status_t AccumulateBlock(RowRange rows, const KeyBlock& keys,
                                 const TileBuffers& buffers,
                                 ThreadContext& context) const;
   // Keeps split `split`'s partial result of `tile` for MergeSplits.
@@ -228,9 +265,10 @@ class FusedRun {
   const void* value_ = nullptr;
   ScratchPool::Lease packed_;
   ScratchPool::Lease workspace_;
-  // The tile plans by [m is full or last][KeyWidthIndex(n)], held for the
-  // call, and the engine to bind them on.
-  std::shared_ptr<const TilePlan> plans_[2][kKeyWidths];
+  // The tile plans by [PlanIndex(m)][KeyWidthIndex(n)], held for the call,
+  // the m of each slot (0: unused), and the engine to bind them on.
+  std::shared_ptr<const TilePlan> plans_[kTilePlans][kKeyWidths];
+  int64_t plan_rows_[kTilePlans] = {};
   dnnl_engine_t engine_ = nullptr;
   char* partials_ = nullptr;
   // The call's stop check as the threads poll it: between tiles and between

@@ -1,6 +1,7 @@
 // One tile of the fused kernel: its queries against the key blocks they may
-// see, one block at a time (scores, online softmax, accumulation), then its
-// rows written out or, for a split tile, kept for MergeSplits.
+// see, one block at a time (scores, online softmax, accumulation), band by
+// band where its rows see the block unequally, then its rows written out or,
+// for a split tile, kept for MergeSplits.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -21,7 +22,8 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
                                 ThreadContext& context) {
   const Tile tile = TileAt(index);
   const TileBuffers buffers = BuffersOf(context.buffer);
-  const int64_t tile_end = FindVisibleKeys(tile, buffers);
+  int64_t least_end = 0;
+  const int64_t tile_end = FindVisibleKeys(tile, buffers, &least_end);
   const BlockRange blocks = BlocksToRun(tile_end, split);
   StartTile(tile, buffers);
 
@@ -42,10 +44,10 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
       if (sink_end > 0) keys = BlockAt(block, sink_end, key_rows, value_rows);
     }
     if (g_.WidensBlocks()) WidenBlock(buffers, &keys);
-    dnnl_status_t status = ScoreBlock(tile, keys, buffers, context);
-    if (status != dnnl_success) return status;
-    FoldBlock(tile, keys, buffers);
-    status = AccumulateBlock(tile, keys, buffers, context);
+    const dnnl_status_t status =
+        g_.Banded() && least_end < keys.k0 + keys.n
+            ? RunBlockByBands(tile, keys, buffers, context)
+            : RunBlock(tile, {0, tile.rows}, keys, buffers, context);
     if (status != dnnl_success) return status;
   }
 
@@ -68,7 +70,6 @@ Tile FusedRun::TileAt(int64_t index) const {
   tile.qn = std::min(g_.q_block, s_.query_len - tile.q0);
   tile.group = g_.group;
   tile.rows = g_.group * tile.qn;
-  tile.plan = tile.rows == g_.rows ? 0 : 1;
   return tile;
 }
 
@@ -86,12 +87,14 @@ TileBuffers FusedRun::BuffersOf(char* buffer) const {
   return buffers;
 }
 
-int64_t FusedRun::FindVisibleKeys(const Tile& tile,
-                                  const TileBuffers& buffers) const {
+int64_t FusedRun::FindVisibleKeys(const Tile& tile, const TileBuffers& buffers,
+                                  int64_t* least_end) const {
   int64_t tile_end = 0;
+  *least_end = s_.key_len;
   for (int64_t i = 0; i < tile.qn; ++i) {
     buffers.keys[i] = VisibleKeys(s_, *p_.options, tile.b, tile.q0 + i);
     tile_end = std::max(tile_end, buffers.keys[i].end);
+    *least_end = std::min(*least_end, buffers.keys[i].end);
   }
   return tile_end;
 }
@@ -214,60 +217,113 @@ KeyBlock FusedRun::BlockAt(int64_t block, int64_t tile_end,
   KeyBlock keys;
   keys.k0 = block * g_.k_block;
   keys.n = std::min(g_.k_block, s_.key_len - keys.k0);
-  if (ShortensLastBlock() && tile_end - keys.k0 < keys.n) {
-    keys.n = std::min(keys.n,
-                      CeilDiv(tile_end - keys.k0, kKeyGranule) * kKeyGranule);
-  }
   keys.width = KeyWidthIndex(keys.n);
   const int64_t element = PackedElementBytes();
   keys.key_stride = RowStride(p_.key_strides, s_.key_dim);
   keys.value_stride = RowStride(p_.value_strides, s_.value_dim);
   keys.keys = key_rows + keys.k0 * keys.key_stride * element;
   keys.values = value_rows + keys.k0 * keys.value_stride * element;
+  return ShortensLastBlock() ? Shortened(keys, tile_end) : keys;
+}
+
+KeyBlock FusedRun::Shortened(KeyBlock keys, int64_t end) {
+  if (end - keys.k0 < keys.n) {
+    keys.n =
+        std::min(keys.n, CeilDiv(end - keys.k0, kKeyGranule) * kKeyGranule);
+    keys.width = KeyWidthIndex(keys.n);
+  }
   return keys;
 }
 
-dnnl_status_t FusedRun::ScoreBlock(const Tile& tile, const KeyBlock& keys,
+dnnl_status_t FusedRun::RunBlock(const Tile& tile, RowRange rows,
+                                 const KeyBlock& keys,
+                                 const TileBuffers& buffers,
+                                 ThreadContext& context) const {
+  const dnnl_status_t status = ScoreBlock(rows, keys, buffers, context);
+  if (status != dnnl_success) return status;
+  FoldBlock(tile, rows, keys, buffers);
+  return AccumulateBlock(rows, keys, buffers, context);
+}
+
+dnnl_status_t FusedRun::RunBlockByBands(const Tile& tile, const KeyBlock& keys,
+                                        const TileBuffers& buffers,
+                                        ThreadContext& context) const {
+  for (int64_t q = 0; q < tile.qn; q += g_.band) {
+    const int64_t q_end = std::min(tile.qn, q + g_.band);
+    int64_t band_end = 0;
+    for (int64_t i = q; i < q_end; ++i) {
+      band_end = std::max(band_end, buffers.keys[i].end);
+    }
+    if (band_end <= keys.k0) continue;  // The band sees none of it.
+    const dnnl_status_t status =
+        RunBlock(tile, {q * tile.group, q_end * tile.group},
+                 Shortened(keys, band_end), buffers, context);
+    if (status != dnnl_success) return status;
+  }
+  return dnnl_success;
+}
+
+int FusedRun::PlanIndex(int64_t m) const {
+  int index = 0;
+  while (index + 1 < kTilePlans && plan_rows_[index] != m) ++index;
+  return index;
+}
+
+dnnl_status_t FusedRun::BindingFor(RowRange rows, const KeyBlock& keys,
+                                   const TileBuffers& buffers,
+                                   ThreadContext& context,
+                                   TileBinding** binding) const {
+  const int plan = PlanIndex(rows.size());
+  *binding = &context.bindings[plan][keys.width];
+  if ((*binding)->plan != nullptr) return dnnl_success;
+  return (*binding)->Bind(*plans_[plan][keys.width], engine_,
+                          buffers.scratchpad);
+}
+
+dnnl_status_t FusedRun::ScoreBlock(RowRange rows, const KeyBlock& keys,
                                    const TileBuffers& buffers,
                                    ThreadContext& context) const {
+  // The query buffer holds bf16 rows for native bf16 tiles, else f32 ones.
+  char* const query =
+      buffers.query + rows.first * s_.key_dim * (g_.NativeBf16Tiles() ? 2 : 4);
   if (g_.small) {
-    const float* query = reinterpret_cast<const float*>(buffers.query);
+    const float* query_f32 = reinterpret_cast<const float*>(query);
     const float* key_block = reinterpret_cast<const float*>(keys.keys);
     if (g_.Bf16()) {
-      kernels_.small_scores_bf16(query, tile.rows, s_.key_dim, key_block,
+      kernels_.small_scores_bf16(query_f32, rows.size(), s_.key_dim, key_block,
                                  keys.n, buffers.scores, keys.n);
     } else {
-      kernels_.small_scores_f32(query, tile.rows, s_.key_dim, key_block, keys.n,
-                                buffers.scores, keys.n);
+      kernels_.small_scores_f32(query_f32, rows.size(), s_.key_dim, key_block,
+                                keys.n, buffers.scores, keys.n);
     }
     return dnnl_success;
   }
-  TileBinding& binding = context.bindings[tile.plan][keys.width];
-  if (binding.plan == nullptr) {
-    const dnnl_status_t status = binding.Bind(*plans_[tile.plan][keys.width],
-                                              engine_, buffers.scratchpad);
-    if (status != dnnl_success) return status;
-  }
-  dnnl_memory_set_data_handle(binding.query.get(), buffers.query);
-  dnnl_memory_set_data_handle(binding.key_t.get(),
+  TileBinding* binding = nullptr;
+  const dnnl_status_t status =
+      BindingFor(rows, keys, buffers, context, &binding);
+  if (status != dnnl_success) return status;
+  dnnl_memory_set_data_handle(binding->query.get(), query);
+  dnnl_memory_set_data_handle(binding->key_t.get(),
                               const_cast<char*>(keys.keys));
-  dnnl_memory_set_data_handle(binding.scores.get(), buffers.scores);
-  return Execute(binding.plan->scores, context.stream, binding.query.get(),
-                 binding.key_t.get(), binding.scores.get(),
-                 binding.scores_scratchpad.get());
+  dnnl_memory_set_data_handle(binding->scores.get(), buffers.scores);
+  return Execute(binding->plan->scores, context.stream, binding->query.get(),
+                 binding->key_t.get(), binding->scores.get(),
+                 binding->scores_scratchpad.get());
 }
 
-void FusedRun::FoldBlock(const Tile& tile, const KeyBlock& keys,
+void FusedRun::FoldBlock(const Tile& tile, RowRange rows, const KeyBlock& keys,
                          const TileBuffers& buffers) const {
   const int64_t n = keys.n;
   const int64_t length = KeyLength(s_, *p_.options, tile.b);
-  for (int64_t r = 0; r < tile.rows; ++r) {
-    const RowKeys& row_keys = buffers.keys[r % tile.qn];
+  for (int64_t r = rows.first; r < rows.last; ++r) {
+    const RowKeys& row_keys = buffers.keys[tile.LocalQuery(r)];
     const RowMask row_mask =
         RowMaskAt(tile.b, tile.Head(r), tile.Query(r), keys.k0);
-    float* row_scores = buffers.scores + r * n;
+    // The block's scores and probabilities start at the buffers' first row.
+    float* row_scores = buffers.scores + (r - rows.first) * n;
     uint16_t* row_probabilities =
-        g_.NativeBf16Tiles() ? buffers.probabilities + r * n : nullptr;
+        g_.NativeBf16Tiles() ? buffers.probabilities + (r - rows.first) * n
+                             : nullptr;
     float alpha;
     if (mods_) {
       // The modified scores are final: the kernel scales them by 1.
@@ -307,31 +363,35 @@ RowMask FusedRun::RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const {
   return row_mask;
 }
 
-dnnl_status_t FusedRun::AccumulateBlock(const Tile& tile, const KeyBlock& keys,
+dnnl_status_t FusedRun::AccumulateBlock(RowRange rows, const KeyBlock& keys,
                                         const TileBuffers& buffers,
                                         ThreadContext& context) const {
+  float* const output = buffers.output + rows.first * s_.value_dim;
   if (g_.small) {
     const float* value_block = reinterpret_cast<const float*>(keys.values);
     if (g_.Bf16()) {
-      kernels_.small_accumulate_bf16(buffers.scores, keys.n, tile.rows, keys.n,
-                                     value_block, s_.value_dim, buffers.output);
+      kernels_.small_accumulate_bf16(buffers.scores, keys.n, rows.size(),
+                                     keys.n, value_block, s_.value_dim, output);
     } else {
-      kernels_.small_accumulate_f32(buffers.scores, keys.n, tile.rows, keys.n,
-                                    value_block, s_.value_dim, buffers.output);
+      kernels_.small_accumulate_f32(buffers.scores, keys.n, rows.size(), keys.n,
+                                    value_block, s_.value_dim, output);
     }
     return dnnl_success;
   }
-  TileBinding& binding = context.bindings[tile.plan][keys.width];
-  dnnl_memory_set_data_handle(binding.probabilities.get(),
+  TileBinding* binding = nullptr;
+  const dnnl_status_t status =
+      BindingFor(rows, keys, buffers, context, &binding);
+  if (status != dnnl_success) return status;
+  dnnl_memory_set_data_handle(binding->probabilities.get(),
                               g_.NativeBf16Tiles()
                                   ? static_cast<void*>(buffers.probabilities)
                                   : buffers.scores);
-  dnnl_memory_set_data_handle(binding.value.get(),
+  dnnl_memory_set_data_handle(binding->value.get(),
                               const_cast<char*>(keys.values));
-  dnnl_memory_set_data_handle(binding.output.get(), buffers.output);
-  return Execute(binding.plan->context, context.stream,
-                 binding.probabilities.get(), binding.value.get(),
-                 binding.output.get(), binding.context_scratchpad.get());
+  dnnl_memory_set_data_handle(binding->output.get(), output);
+  return Execute(binding->plan->context, context.stream,
+                 binding->probabilities.get(), binding->value.get(),
+                 binding->output.get(), binding->context_scratchpad.get());
 }
 
 void FusedRun::KeepPartial(const Tile& tile, int64_t split,

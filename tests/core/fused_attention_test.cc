@@ -1,9 +1,10 @@
 // The fused kernel against the double-precision reference: random shapes that
-// straddle the tile boundaries (query blocks of 64 rows per kv-head group, key
-// blocks of 256), every option the fused path serves, both precisions, one and
-// two threads (two threads with few tiles split the keys), on the AVX-512 code
-// and on the portable fallback; the unfused path runs the same draws. A failure
-// prints the seed that reproduces it:
+// straddle the tile boundaries (query blocks of up to 256 rows per kv-head
+// group, bands of 64 queries under causality, key blocks of 256), every option
+// the fused path serves, both precisions, one and two threads (two threads with
+// few tiles split the keys), on the AVX-512 code and on the portable fallback;
+// the unfused path runs the same draws. A failure prints the seed that
+// reproduces it:
 //   ATTNSERVE_FUSED_SEED=<seed> build/tests/fused_attention_test
 #include <algorithm>
 #include <cmath>
@@ -290,6 +291,69 @@ TEST_P(FusedMatchesReference, WindowsAndSinksAcrossKeyBlocks) {
       ExpectNear("output", output, expected.output, kOutputF32);
       ExpectNear("lse", lse, expected.lse, kLseF32);
     }
+  }
+}
+
+// Causal tiles of up to 256 queries run the key blocks their rows see
+// unequally (the diagonal) band by band, each band of 64 queries as far as it
+// sees: groups of one and two, more keys than queries under both alignments,
+// tiles and bands cut short, key_lengths that end inside a band, ALiBi with a
+// softcap, and both precisions. Two tiles a (batch item, kv head), so that two
+// threads keep whole tiles.
+TEST_P(FusedMatchesReference, CausalTilesRunTheirDiagonalBandByBand) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(GetParam());
+  struct Case {
+    int64_t heads, query_len, key_len;
+    bool bottom_right, key_lengths, mods, bf16;
+  };
+  for (const Case c : {Case{2, 300, 300, false, false, false, false},
+                       Case{2, 300, 555, true, false, false, true},
+                       Case{2, 300, 555, false, true, false, false},
+                       Case{4, 200, 333, true, false, true, false},
+                       Case{4, 200, 200, false, true, true, true}}) {
+    const ReferenceShape r = {2, c.heads, 2, c.query_len, c.key_len, 16, 16};
+    SCOPED_TRACE(absl::StrCat("heads ", c.heads, " Lq ", c.query_len, " Lk ",
+                              c.key_len, c.bottom_right ? " bottom-right" : "",
+                              c.key_lengths ? " key_lengths" : "",
+                              c.mods ? " alibi softcap" : "",
+                              c.bf16 ? " bf16" : ""));
+    const AttentionShape s = SdpaShape(r.batch, r.heads, r.kv_heads,
+                                       r.query_len, r.key_len, r.key_dim);
+    AttentionOptions options;
+    ReferenceOptions reference;
+    options.causal = reference.causal = true;
+    reference.bottom_right = c.bottom_right;
+    options.causal_alignment = c.bottom_right ? CausalAlignment::kBottomRight
+                                              : CausalAlignment::kTopLeft;
+    options.return_lse = true;
+    // The first item's keys end inside a band of the first tile.
+    const std::vector<int64_t> lengths = {c.key_len - 150, c.key_len};
+    if (c.key_lengths) {
+      options.key_lengths = lengths;
+      reference.key_lengths = lengths;
+    }
+    std::vector<float> slopes;
+    if (c.mods) {
+      for (int64_t h = 0; h < c.heads; ++h) slopes.push_back(0.05f * (h + 1));
+      options.alibi_slopes = slopes;
+      reference.alibi_slopes.assign(slopes.begin(), slopes.end());
+      options.softcap = 5.0f;
+      reference.softcap = 5.0;
+    }
+    if (c.bf16) options.precision = Precision::kBFloat16;
+    const std::vector<float> q = RandomValues(s.QueryElements(), 81);
+    const std::vector<float> k = RandomValues(s.KeyElements(), 82);
+    const std::vector<float> v = RandomValues(s.ValueElements(), 83);
+    std::vector<float> output(s.OutputElements()), lse(s.LseElements());
+    ASSERT_TRUE(engine
+                    ->Attend(s, options, q, k, v,
+                             AttentionOutputs(absl::MakeSpan(output), {},
+                                              absl::MakeSpan(lse)))
+                    .ok());
+    const ReferenceResult expected = ReferenceAttention(r, q, k, v, reference);
+    ExpectNear("output", output, expected.output,
+               c.bf16 ? kOutputBf16 : kOutputF32);
+    ExpectNear("lse", lse, expected.lse, c.bf16 ? kLseBf16 : kLseF32);
   }
 }
 

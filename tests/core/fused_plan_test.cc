@@ -32,20 +32,35 @@ TEST(FusedPlanTest, TilesTakeTheirRowsFromEveryHeadOfAGroup) {
   EXPECT_EQ(g.splits, 1);
 }
 
-TEST(FusedPlanTest, RowsThatSeeStaggeredKeysTakeAtMost64QueriesAHead) {
+TEST(FusedPlanTest, CausalTilesKeepTheirRowsInBandsAndWindowedOnesTake64) {
   const AttentionShape mha = SdpaShape(1, 16, 16, 2048, 2048, 64);
-  EXPECT_EQ(MakeGeometry(mha, AttentionOptions{}, 2).q_block, TileRows());
-  EXPECT_EQ(MakeGeometry(mha, Causal(), 2).q_block,
-            std::min<int64_t>(kStaggeredQueries, TileRows()));
-  AttentionOptions window;
+  const Geometry plain = MakeGeometry(mha, AttentionOptions{}, 2);
+  EXPECT_EQ(plain.q_block, TileRows());
+  EXPECT_FALSE(plain.Banded());
+  // Causal tiles are as tall, their diagonal blocks run in bands of 64.
+  const Geometry causal = MakeGeometry(mha, Causal(), 2);
+  EXPECT_EQ(causal.q_block, TileRows());
+  EXPECT_EQ(causal.band, std::min<int64_t>(kStaggeredQueries, TileRows()));
+  EXPECT_EQ(causal.Banded(), TileRows() > kStaggeredQueries);
+  EXPECT_EQ(causal.LastBand(causal.q_block), causal.band);
+  EXPECT_EQ(causal.LastBand(kStaggeredQueries + 3), 3);
+  // Rows under a window start apart too: 64 queries a head, no bands.
+  AttentionOptions window = Causal();
   window.window_left = 128;
-  EXPECT_EQ(MakeGeometry(mha, window, 2).q_block,
-            std::min<int64_t>(kStaggeredQueries, TileRows()));
-  // A group of four keeps its rows: 64 queries of each of its heads.
-  const AttentionShape gqa = SdpaShape(1, 32, 8, 2048, 2048, 128);
-  const Geometry g = MakeGeometry(gqa, Causal(), 2);
-  EXPECT_EQ(g.q_block, std::min<int64_t>(kStaggeredQueries, TileRows() / 4));
-  EXPECT_EQ(g.rows, 4 * g.q_block);
+  const Geometry windowed = MakeGeometry(mha, window, 2);
+  EXPECT_EQ(windowed.q_block, std::min<int64_t>(kStaggeredQueries, TileRows()));
+  EXPECT_FALSE(windowed.Banded());
+  // A group of four keeps its rows, 64 queries of each of its heads: one
+  // band. A group of two takes twice the queries in two bands.
+  const Geometry four =
+      MakeGeometry(SdpaShape(1, 32, 8, 2048, 2048, 128), Causal(), 2);
+  EXPECT_EQ(four.q_block, TileRows() / 4);
+  EXPECT_EQ(four.rows, TileRows());
+  EXPECT_EQ(four.Banded(), TileRows() / 4 > kStaggeredQueries);
+  const Geometry two =
+      MakeGeometry(SdpaShape(1, 16, 8, 2048, 2048, 128), Causal(), 2);
+  EXPECT_EQ(two.q_block, TileRows() / 2);
+  EXPECT_EQ(two.band, std::min<int64_t>(kStaggeredQueries, TileRows() / 2));
 }
 
 TEST(FusedPlanTest, ShortCallsOnManyThreadsTakeSmallerTilesFirst) {

@@ -566,9 +566,11 @@ ATTNSERVE_AVX512 void ToBf16Avx512(const float* src, int64_t n, uint16_t* dst) {
 
 // With AVX512_BF16 the conversion is one instruction: round to nearest even
 // and NaN made quiet, as Float32ToBFloat16 does, but subnormal inputs (below
-// 1.2e-38) become zero.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void
-ToBf16Avx512Bf16(const float* src, int64_t n, uint16_t* dst) {
+// 1.2e-38) become zero. The softmax's target, a superset of FirstLanes', so
+// that FirstLanes inlines (without AVX512DQ and FMA it was a call per 16
+// values).
+ATTNSERVE_AVX512_BF16 void ToBf16Avx512Bf16(const float* src, int64_t n,
+                                            uint16_t* dst) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 lanes = FirstLanes(n - i);
     const __m256i bits = reinterpret_cast<__m256i>(

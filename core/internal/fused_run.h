@@ -227,10 +227,10 @@ class FusedRun {
   dnnl_status_t BindingFor(RowRange rows, const KeyBlock& keys,
                            const TileBuffers& buffers, ThreadContext& context,
                            TileBinding** binding) const;
-  // scores = Q · K_blockᵀ for `rows`, from the scores buffer's first row.
-  // Returns a oneDNN status.
+  // scores = Q · K_blockᵀ for `rows`, from the scores buffer's first row, on
+  // `binding` (BindingFor's; null for small tiles). Returns a oneDNN status.
   dnnl_status_t ScoreBlock(RowRange rows, const KeyBlock& keys,
-                           const TileBuffers& buffers,
+                           const TileBuffers& buffers, TileBinding* binding,
                            ThreadContext& context) const;
   // Folds the block into the softmax of each row of `rows`; rescales what the
   // row has accumulated if its max moved.
@@ -238,9 +238,11 @@ class FusedRun {
                  const TileBuffers& buffers) const;
   // The mask entries of row (b, h, i) from key k0 on.
   RowMask RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const;
-  // output += P · V_block for `rows`. Returns a oneDNN status.
+  // output += P · V_block for `rows`, on `binding` as ScoreBlock. Returns a
+  // oneDNN status.
   dnnl_status_t AccumulateBlock(RowRange rows, const KeyBlock& keys,
                                 const TileBuffers& buffers,
+                                TileBinding* binding,
                                 ThreadContext& context) const;
   // Keeps split `split`'s partial result of `tile` for MergeSplits.
   void KeepPartial(const Tile& tile, int64_t split,

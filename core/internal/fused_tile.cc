@@ -239,10 +239,15 @@ dnnl_status_t FusedRun::RunBlock(const Tile& tile, RowRange rows,
                                  const KeyBlock& keys,
                                  const TileBuffers& buffers,
                                  ThreadContext& context) const {
-  const dnnl_status_t status = ScoreBlock(rows, keys, buffers, context);
+  // Small tiles run our own vector code, no tile plan.
+  TileBinding* binding = nullptr;
+  dnnl_status_t status = dnnl_success;
+  if (!g_.small) status = BindingFor(rows, keys, buffers, context, &binding);
+  if (status != dnnl_success) return status;
+  status = ScoreBlock(rows, keys, buffers, binding, context);
   if (status != dnnl_success) return status;
   FoldBlock(tile, rows, keys, buffers);
-  return AccumulateBlock(rows, keys, buffers, context);
+  return AccumulateBlock(rows, keys, buffers, binding, context);
 }
 
 dnnl_status_t FusedRun::RunBlockByBands(const Tile& tile, const KeyBlock& keys,
@@ -282,6 +287,7 @@ dnnl_status_t FusedRun::BindingFor(RowRange rows, const KeyBlock& keys,
 
 dnnl_status_t FusedRun::ScoreBlock(RowRange rows, const KeyBlock& keys,
                                    const TileBuffers& buffers,
+                                   TileBinding* binding,
                                    ThreadContext& context) const {
   // The query buffer holds bf16 rows for native bf16 tiles, else f32 ones.
   char* const query =
@@ -298,10 +304,6 @@ dnnl_status_t FusedRun::ScoreBlock(RowRange rows, const KeyBlock& keys,
     }
     return dnnl_success;
   }
-  TileBinding* binding = nullptr;
-  const dnnl_status_t status =
-      BindingFor(rows, keys, buffers, context, &binding);
-  if (status != dnnl_success) return status;
   dnnl_memory_set_data_handle(binding->query.get(), query);
   dnnl_memory_set_data_handle(binding->key_t.get(),
                               const_cast<char*>(keys.keys));
@@ -365,6 +367,7 @@ RowMask FusedRun::RowMaskAt(int64_t b, int64_t h, int64_t i, int64_t k0) const {
 
 dnnl_status_t FusedRun::AccumulateBlock(RowRange rows, const KeyBlock& keys,
                                         const TileBuffers& buffers,
+                                        TileBinding* binding,
                                         ThreadContext& context) const {
   float* const output = buffers.output + rows.first * s_.value_dim;
   if (g_.small) {
@@ -378,10 +381,6 @@ dnnl_status_t FusedRun::AccumulateBlock(RowRange rows, const KeyBlock& keys,
     }
     return dnnl_success;
   }
-  TileBinding* binding = nullptr;
-  const dnnl_status_t status =
-      BindingFor(rows, keys, buffers, context, &binding);
-  if (status != dnnl_success) return status;
   dnnl_memory_set_data_handle(binding->probabilities.get(),
                               g_.NativeBf16Tiles()
                                   ? static_cast<void*>(buffers.probabilities)

@@ -219,6 +219,32 @@ Draw MakeDraw(uint64_t seed) {
   return d;
 }
 
+// Runs shape `r` with `options` (return_lse set) on `engine` over random
+// inputs drawn from `seed` on, and checks the output and lse against the
+// reference with `reference`, at the tolerances of the options' precision.
+void ExpectAttendMatchesReference(AttentionEngine& engine,
+                                  const ReferenceShape& r,
+                                  const AttentionOptions& options,
+                                  const ReferenceOptions& reference,
+                                  uint64_t seed) {
+  const AttentionShape s = SdpaShape(r.batch, r.heads, r.kv_heads, r.query_len,
+                                     r.key_len, r.key_dim, r.value_dim);
+  const std::vector<float> q = RandomValues(s.QueryElements(), seed);
+  const std::vector<float> k = RandomValues(s.KeyElements(), seed + 1);
+  const std::vector<float> v = RandomValues(s.ValueElements(), seed + 2);
+  std::vector<float> output(s.OutputElements()), lse(s.LseElements());
+  ASSERT_TRUE(engine
+                  .Attend(s, options, q, k, v,
+                          AttentionOutputs(absl::MakeSpan(output), {},
+                                           absl::MakeSpan(lse)))
+                  .ok());
+  const ReferenceResult expected = ReferenceAttention(r, q, k, v, reference);
+  const bool bf16 = options.precision == Precision::kBFloat16;
+  ExpectNear("output", output, expected.output,
+             bf16 ? kOutputBf16 : kOutputF32);
+  ExpectNear("lse", lse, expected.lse, bf16 ? kLseBf16 : kLseF32);
+}
+
 class FusedMatchesReference : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(FusedMatchesReference, RandomDraws) {
@@ -261,12 +287,6 @@ TEST_P(FusedMatchesReference, WindowsAndSinksAcrossKeyBlocks) {
   for (const int64_t query_len : {int64_t{600}, int64_t{1}, int64_t{70}}) {
     for (const int64_t window : {int64_t{40}, int64_t{290}}) {
       SCOPED_TRACE(absl::StrCat("Lq ", query_len, " window ", window));
-      AttentionShape s;
-      s.heads = 2;
-      s.kv_heads = 1;
-      s.query_len = query_len;
-      s.key_len = 900;
-      s.key_dim = s.value_dim = 16;
       AttentionOptions options;
       options.causal = true;
       options.causal_alignment = CausalAlignment::kBottomRight;
@@ -277,19 +297,8 @@ TEST_P(FusedMatchesReference, WindowsAndSinksAcrossKeyBlocks) {
       reference.causal = reference.bottom_right = true;
       reference.window_left = window;
       reference.num_sink_tokens = 3;
-      const std::vector<float> q = RandomValues(s.QueryElements(), 71);
-      const std::vector<float> k = RandomValues(s.KeyElements(), 72);
-      const std::vector<float> v = RandomValues(s.ValueElements(), 73);
-      std::vector<float> output(s.OutputElements()), lse(s.LseElements());
-      ASSERT_TRUE(engine
-                      ->Attend(s, options, q, k, v,
-                               AttentionOutputs(absl::MakeSpan(output), {},
-                                                absl::MakeSpan(lse)))
-                      .ok());
-      const ReferenceResult expected = ReferenceAttention(
-          {1, 2, 1, query_len, 900, 16, 16}, q, k, v, reference);
-      ExpectNear("output", output, expected.output, kOutputF32);
-      ExpectNear("lse", lse, expected.lse, kLseF32);
+      ASSERT_NO_FATAL_FAILURE(ExpectAttendMatchesReference(
+          *engine, {1, 2, 1, query_len, 900, 16, 16}, options, reference, 71));
     }
   }
 }
@@ -317,8 +326,6 @@ TEST_P(FusedMatchesReference, CausalTilesRunTheirDiagonalBandByBand) {
                               c.key_lengths ? " key_lengths" : "",
                               c.mods ? " alibi softcap" : "",
                               c.bf16 ? " bf16" : ""));
-    const AttentionShape s = SdpaShape(r.batch, r.heads, r.kv_heads,
-                                       r.query_len, r.key_len, r.key_dim);
     AttentionOptions options;
     ReferenceOptions reference;
     options.causal = reference.causal = true;
@@ -341,19 +348,8 @@ TEST_P(FusedMatchesReference, CausalTilesRunTheirDiagonalBandByBand) {
       reference.softcap = 5.0;
     }
     if (c.bf16) options.precision = Precision::kBFloat16;
-    const std::vector<float> q = RandomValues(s.QueryElements(), 81);
-    const std::vector<float> k = RandomValues(s.KeyElements(), 82);
-    const std::vector<float> v = RandomValues(s.ValueElements(), 83);
-    std::vector<float> output(s.OutputElements()), lse(s.LseElements());
-    ASSERT_TRUE(engine
-                    ->Attend(s, options, q, k, v,
-                             AttentionOutputs(absl::MakeSpan(output), {},
-                                              absl::MakeSpan(lse)))
-                    .ok());
-    const ReferenceResult expected = ReferenceAttention(r, q, k, v, reference);
-    ExpectNear("output", output, expected.output,
-               c.bf16 ? kOutputBf16 : kOutputF32);
-    ExpectNear("lse", lse, expected.lse, c.bf16 ? kLseBf16 : kLseF32);
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectAttendMatchesReference(*engine, r, options, reference, 81));
   }
 }
 

@@ -180,7 +180,7 @@ absl::Status FusedRun::GetTilePlans(const dnnl::engine& engine, int threads,
   }
   // The key-block widths this call can use.
   std::vector<int64_t> ns = {g_.k_block, LastKeys()};
-  if (ShortensLastBlock()) {
+  if (ShortensBlocks()) {
     for (int64_t n = kKeyGranule; n < g_.k_block; n += kKeyGranule) {
       ns.push_back(n);
     }

@@ -28,10 +28,7 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
   Geometry g;
   g.group = s.heads / s.kv_heads;
   const KeyRules rules = RulesOf(options);
-  int64_t queries = std::clamp<int64_t>(
-      rules.Windowed() ? std::min(kStaggeredQueries, TileRows() / g.group)
-                       : TileRows() / g.group,
-      1, s.query_len);
+  int64_t queries = std::clamp<int64_t>(TileRows() / g.group, 1, s.query_len);
   // A call of fewer tiles than its threads can share (a short one on many
   // cores) takes smaller tiles, down to kMinTileRows rows, before it splits
   // its keys.
@@ -42,9 +39,8 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
     queries = std::max(fewest, CeilDiv(queries, 2));
   }
   g.q_block = queries;
-  g.band = rules.causal && !rules.Windowed()
-               ? std::min(queries, kStaggeredQueries)
-               : queries;
+  g.staggered = rules.causal || rules.Windowed();
+  g.band = g.staggered ? std::min(queries, kStaggeredQueries) : queries;
   g.rows = g.group * g.q_block;
   g.q_blocks = CeilDiv(s.query_len, g.q_block);
   g.k_block = std::min(kKeyBlock, s.key_len);

@@ -23,13 +23,12 @@ namespace attnserve::internal::fused {
 // GFLOP/s than 64 rows, more than 128; 512 rows slowed causal calls). 64 on
 // CPUs without AVX-512, whose L2 may be half as large.
 int64_t TileRows();
-// Queries per head of a band: where a tile's rows see different spans of keys,
-// the key blocks that only some of them see (under causality, those on the
-// diagonal) run band by band, each band as far as its own last row sees, so
-// that a tile computes about band² / 2 masked scores a head there rather than
-// queries² / 2 (tiles of 256 queries without bands made causal calls 3-7 %
-// slower than tiles of 64 at L 1,024-2,048 on the Zen 5). Under a window,
-// whose rows also start apart, a tile takes at most this many queries a head.
+// Queries per head of a band: where a tile's rows see different spans of keys
+// (causality, a window), the key blocks that only some of them see (the
+// diagonal, a window's edges) run band by band, each band over only the keys
+// its own rows see, so that a tile computes about band² / 2 masked scores a
+// head there rather than queries² / 2 (tiles of 256 queries without bands made
+// causal calls 3-7 % slower than tiles of 64 at L 1,024-2,048 on the Zen 5).
 inline constexpr int64_t kStaggeredQueries = 64;
 // The fewest rows a tile is cut to when a call has fewer tiles than its
 // threads can share (kSplitBelow a thread): the tile rows of CPUs without
@@ -71,6 +70,7 @@ struct Geometry {
   int64_t group;      // query heads per kv head
   int64_t q_block;    // queries per head in a full tile
   int64_t band;       // queries per head of a band (q_block: no bands)
+  bool staggered;     // rows see apart spans of keys (causality, a window)
   int64_t rows;       // rows of a full tile: group · q_block
   int64_t q_blocks;   // tiles along the queries
   int64_t k_block;    // keys per block
@@ -83,8 +83,7 @@ struct Geometry {
   DataType source;    // the dtype of the call's query, key and value
 
   // Whether tiles run the key blocks some of their rows do not wholly see
-  // band by band (causality without a window: every row sees a prefix of the
-  // keys, which grows with the query).
+  // in more than one band (staggered tiles of more than a band's queries).
   bool Banded() const { return band < q_block; }
   // Queries in the last band of a tile of `queries` queries.
   int64_t LastBand(int64_t queries) const {

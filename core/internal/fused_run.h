@@ -93,6 +93,20 @@ struct KeyBlock {
   const char* values;    // its first value row
   int64_t key_stride;    // elements from one key row to the next
   int64_t value_stride;  // and from one value row to the next
+  int64_t element;       // bytes per element of the rows
+};
+
+// The keys the rows of a tile see, in sum.
+struct TileSpan {
+  int64_t end;             // one past the last key any row sees
+  int64_t least_end;       // the least end of a row's keys
+  int64_t greatest_start;  // the greatest start of a row's window
+
+  // Whether every row sees every key of [k0, k0 + n) in its window (a block
+  // seen through sinks alone does not count).
+  bool SeesWhole(int64_t k0, int64_t n) const {
+    return greatest_start <= k0 && k0 + n <= least_end;
+  }
 };
 
 // The running computation of one call.
@@ -109,10 +123,13 @@ class FusedRun {
     return s_.key_len - (g_.k_blocks - 1) * g_.k_block;
   }
 
-  // Whether a tile's last block may stop short of a whole block.
-  bool ShortensLastBlock() const {
+  // Whether a tile may run key blocks short of a whole one: its last block
+  // (causality, key_lengths, a window's right edge, sinks), and blocks that
+  // the bands of a windowed tile see only the end of.
+  bool ShortensBlocks() const {
     return p_.options->causal || !p_.options->key_lengths.empty() ||
-           p_.options->window_right >= 0 || p_.options->num_sink_tokens > 0;
+           p_.options->window_left >= 0 || p_.options->window_right >= 0 ||
+           p_.options->num_sink_tokens > 0;
   }
 
   // Bytes per element of the key and value rows (Rows): bf16 for the bf16
@@ -178,11 +195,9 @@ class FusedRun {
   dnnl_status_t RunTile(int64_t index, int64_t split, ThreadContext& context);
   Tile TileAt(int64_t index) const;
   TileBuffers BuffersOf(char* buffer) const;
-  // Writes the keys each query of `tile` may see to buffers.keys; returns the
-  // end of the keys any of them sees, and sets *least_end to the least end of
-  // a row's keys.
-  int64_t FindVisibleKeys(const Tile& tile, const TileBuffers& buffers,
-                          int64_t* least_end) const;
+  // Writes the keys each query of `tile` may see to buffers.keys, and returns
+  // their span.
+  TileSpan FindVisibleKeys(const Tile& tile, const TileBuffers& buffers) const;
   // Whether any query of `tile` sees a key of `keys` (a window or sinks leave
   // blocks that none does, which the tile skips).
   bool TileSees(const Tile& tile, const TileBuffers& buffers,
@@ -209,14 +224,18 @@ class FusedRun {
                    const char* value_rows) const;
   // `keys` up to the granule past `end` if that is short of its end.
   static KeyBlock Shortened(KeyBlock keys, int64_t end);
+  // `keys` from the granule at or before `first` on, if its width allows
+  // (not the ragged last block of the keys).
+  static KeyBlock Trimmed(KeyBlock keys, int64_t first);
   // Runs `keys` for the rows `rows` of `tile`: ScoreBlock, FoldBlock,
   // AccumulateBlock. Returns a oneDNN status.
   dnnl_status_t RunBlock(const Tile& tile, RowRange rows, const KeyBlock& keys,
                          const TileBuffers& buffers,
                          ThreadContext& context) const;
-  // Runs `keys`, which some rows of a banded tile do not wholly see, band by
-  // band, each band as far as its rows see and not at all if they see none
-  // of it. Returns a oneDNN status.
+  // Runs `keys`, which some rows of a staggered tile do not wholly see, band
+  // by band (one band if the tile has no more queries), each band over the
+  // keys of it that its rows see (Shortened to its last, Trimmed to its
+  // first) and not at all if they see none of it. Returns a oneDNN status.
   dnnl_status_t RunBlockByBands(const Tile& tile, const KeyBlock& keys,
                                 const TileBuffers& buffers,
                                 ThreadContext& context) const;

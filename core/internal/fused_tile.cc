@@ -22,9 +22,8 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
                                 ThreadContext& context) {
   const Tile tile = TileAt(index);
   const TileBuffers buffers = BuffersOf(context.buffer);
-  int64_t least_end = 0;
-  const int64_t tile_end = FindVisibleKeys(tile, buffers, &least_end);
-  const BlockRange blocks = BlocksToRun(tile_end, split);
+  const TileSpan span = FindVisibleKeys(tile, buffers);
+  const BlockRange blocks = BlocksToRun(span.end, split);
   StartTile(tile, buffers);
 
   const char* const key_rows = Rows(key_, p_.half_key, &KeyOf, p_.key_strides,
@@ -35,19 +34,23 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
   for (int64_t block = blocks.first; block < blocks.last; ++block) {
     // A stopped call's tile is abandoned; Run returns the stop's status.
     if (stopper_.ShouldStop()) return dnnl_success;
-    KeyBlock keys = BlockAt(block, tile_end, key_rows, value_rows);
+    KeyBlock keys = BlockAt(block, span.end, key_rows, value_rows);
+    bool whole = !g_.staggered || span.SeesWhole(keys.k0, keys.n);
     if (mods_) {
       if (!TileSees(tile, buffers, keys)) continue;
       // A block before every window, seen for its sinks alone, runs only as
-      // far as the sinks reach.
+      // far as the sinks reach, for every row at once: all see those sinks
+      // (bar the keys past a row's causal edge, which its mask hides).
       const int64_t sink_end = SinkOnlyEnd(tile, buffers, keys);
-      if (sink_end > 0) keys = BlockAt(block, sink_end, key_rows, value_rows);
+      if (sink_end > 0) {
+        keys = BlockAt(block, sink_end, key_rows, value_rows);
+        whole = true;
+      }
     }
     if (g_.WidensBlocks()) WidenBlock(buffers, &keys);
     const dnnl_status_t status =
-        g_.Banded() && least_end < keys.k0 + keys.n
-            ? RunBlockByBands(tile, keys, buffers, context)
-            : RunBlock(tile, {0, tile.rows}, keys, buffers, context);
+        whole ? RunBlock(tile, {0, tile.rows}, keys, buffers, context)
+              : RunBlockByBands(tile, keys, buffers, context);
     if (status != dnnl_success) return status;
   }
 
@@ -87,16 +90,17 @@ TileBuffers FusedRun::BuffersOf(char* buffer) const {
   return buffers;
 }
 
-int64_t FusedRun::FindVisibleKeys(const Tile& tile, const TileBuffers& buffers,
-                                  int64_t* least_end) const {
-  int64_t tile_end = 0;
-  *least_end = s_.key_len;
+TileSpan FusedRun::FindVisibleKeys(const Tile& tile,
+                                   const TileBuffers& buffers) const {
+  TileSpan span{0, s_.key_len, 0};
   for (int64_t i = 0; i < tile.qn; ++i) {
-    buffers.keys[i] = VisibleKeys(s_, *p_.options, tile.b, tile.q0 + i);
-    tile_end = std::max(tile_end, buffers.keys[i].end);
-    *least_end = std::min(*least_end, buffers.keys[i].end);
+    const RowKeys row = VisibleKeys(s_, *p_.options, tile.b, tile.q0 + i);
+    buffers.keys[i] = row;
+    span.end = std::max(span.end, row.end);
+    span.least_end = std::min(span.least_end, row.end);
+    span.greatest_start = std::max(span.greatest_start, row.start);
   }
-  return tile_end;
+  return span;
 }
 
 bool FusedRun::TileSees(const Tile& tile, const TileBuffers& buffers,
@@ -203,6 +207,7 @@ void FusedRun::WidenBlock(const TileBuffers& buffers, KeyBlock* keys) const {
   widen_rows(keys->values, keys->value_stride, s_.value_dim, widened_values);
   keys->key_stride = s_.key_dim;
   keys->value_stride = s_.value_dim;
+  keys->element = 4;
   if (g_.Bf16Tiles()) {
     // f32 matmuls of a CPU without bf16 ones read bf16 values.
     RoundToBf16Values(widened_keys, keys->n * s_.key_dim, widened_keys);
@@ -218,12 +223,12 @@ KeyBlock FusedRun::BlockAt(int64_t block, int64_t tile_end,
   keys.k0 = block * g_.k_block;
   keys.n = std::min(g_.k_block, s_.key_len - keys.k0);
   keys.width = KeyWidthIndex(keys.n);
-  const int64_t element = PackedElementBytes();
+  keys.element = PackedElementBytes();
   keys.key_stride = RowStride(p_.key_strides, s_.key_dim);
   keys.value_stride = RowStride(p_.value_strides, s_.value_dim);
-  keys.keys = key_rows + keys.k0 * keys.key_stride * element;
-  keys.values = value_rows + keys.k0 * keys.value_stride * element;
-  return ShortensLastBlock() ? Shortened(keys, tile_end) : keys;
+  keys.keys = key_rows + keys.k0 * keys.key_stride * keys.element;
+  keys.values = value_rows + keys.k0 * keys.value_stride * keys.element;
+  return ShortensBlocks() ? Shortened(keys, tile_end) : keys;
 }
 
 KeyBlock FusedRun::Shortened(KeyBlock keys, int64_t end) {
@@ -232,6 +237,19 @@ KeyBlock FusedRun::Shortened(KeyBlock keys, int64_t end) {
         std::min(keys.n, CeilDiv(end - keys.k0, kKeyGranule) * kKeyGranule);
     keys.width = KeyWidthIndex(keys.n);
   }
+  return keys;
+}
+
+KeyBlock FusedRun::Trimmed(KeyBlock keys, int64_t first) {
+  const int64_t skip = (first - keys.k0) / kKeyGranule * kKeyGranule;
+  // The widths a call plans are multiples of the granule and its ragged last
+  // block (KeyWidthIndex), which keeps its keys.
+  if (skip <= 0 || keys.n % kKeyGranule != 0) return keys;
+  keys.k0 += skip;
+  keys.n -= skip;
+  keys.width = KeyWidthIndex(keys.n);
+  keys.keys += skip * keys.key_stride * keys.element;
+  keys.values += skip * keys.value_stride * keys.element;
   return keys;
 }
 
@@ -256,13 +274,23 @@ dnnl_status_t FusedRun::RunBlockByBands(const Tile& tile, const KeyBlock& keys,
   for (int64_t q = 0; q < tile.qn; q += g_.band) {
     const int64_t q_end = std::min(tile.qn, q + g_.band);
     int64_t band_end = 0;
+    int64_t band_start = s_.key_len;
+    int64_t band_sink_end = 0;
     for (int64_t i = q; i < q_end; ++i) {
-      band_end = std::max(band_end, buffers.keys[i].end);
+      const RowKeys& row = buffers.keys[i];
+      band_end = std::max(band_end, row.end);
+      band_start = std::min(band_start, row.start);
+      band_sink_end = std::max(band_sink_end, row.sink_end);
     }
-    if (band_end <= keys.k0) continue;  // The band sees none of it.
+    // The first key of the block the band may see: its sinks', else its
+    // windows'.
+    const int64_t first =
+        band_sink_end > keys.k0 ? keys.k0 : std::max(keys.k0, band_start);
+    // The band sees none of it.
+    if (band_end <= keys.k0 || first >= keys.k0 + keys.n) continue;
     const dnnl_status_t status =
         RunBlock(tile, {q * tile.group, q_end * tile.group},
-                 Shortened(keys, band_end), buffers, context);
+                 Trimmed(Shortened(keys, band_end), first), buffers, context);
     if (status != dnnl_success) return status;
   }
   return dnnl_success;

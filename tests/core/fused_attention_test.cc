@@ -353,6 +353,56 @@ TEST_P(FusedMatchesReference, CausalTilesRunTheirDiagonalBandByBand) {
   }
 }
 
+// Windowed tiles of up to 256 queries run the key blocks their rows see
+// unequally (a window's edges, the diagonal) band by band, each band of 64
+// queries over only the keys it sees, trimmed at both ends, and the blocks
+// every row sees whole at once: windows to the left, to both sides and
+// causal ones, narrower than a band and wider than a tile, with sinks,
+// key_lengths, a ragged last block, both precisions; groups of one and two,
+// and of four, whose tiles of 64 queries a head are one band, trimmed too.
+TEST_P(FusedMatchesReference, WindowedTilesTrimTheirBandsAtBothEnds) {
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(GetParam());
+  struct Case {
+    int64_t heads, query_len, key_len, left, right, sinks;
+    bool causal, bottom_right, key_lengths, bf16;
+  };
+  for (const Case c :
+       {Case{2, 600, 600, 100, -1, 0, false, false, false, false},
+        Case{2, 300, 700, 130, 70, 0, false, true, false, true},
+        Case{2, 1100, 1100, 700, -1, 0, true, false, false, false},
+        Case{2, 1100, 1100, 700, -1, 4, true, false, false, true},
+        Case{4, 500, 1000, 40, -1, 3, true, true, true, false},
+        Case{4, 520, 520, 200, 0, 0, false, false, true, true},
+        Case{8, 300, 700, 100, -1, 2, true, true, false, false},
+        Case{8, 300, 700, 130, 70, 0, false, false, true, true}}) {
+    const ReferenceShape r = {2, c.heads, 2, c.query_len, c.key_len, 16, 16};
+    SCOPED_TRACE(absl::StrCat(
+        "heads ", c.heads, " Lq ", c.query_len, " Lk ", c.key_len, " window (",
+        c.left, ",", c.right, ") sinks ", c.sinks, c.causal ? " causal" : "",
+        c.bottom_right ? " bottom-right" : "",
+        c.key_lengths ? " key_lengths" : "", c.bf16 ? " bf16" : ""));
+    AttentionOptions options;
+    ReferenceOptions reference;
+    options.causal = reference.causal = c.causal;
+    reference.bottom_right = c.bottom_right;
+    options.causal_alignment = c.bottom_right ? CausalAlignment::kBottomRight
+                                              : CausalAlignment::kTopLeft;
+    options.window_left = reference.window_left = c.left;
+    options.window_right = reference.window_right = c.right;
+    options.num_sink_tokens = reference.num_sink_tokens = c.sinks;
+    options.return_lse = true;
+    // The first item's keys end inside a tile's window.
+    const std::vector<int64_t> lengths = {c.key_len - 170, c.key_len};
+    if (c.key_lengths) {
+      options.key_lengths = lengths;
+      reference.key_lengths = lengths;
+    }
+    if (c.bf16) options.precision = Precision::kBFloat16;
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectAttendMatchesReference(*engine, r, options, reference, 91));
+  }
+}
+
 // Dynamic batching: the draws' batches cut into parts that lie apart in memory
 // (B=3 as 1 + 2, B=2 as 1 + 1), computed by one AttendBatch.
 TEST_P(FusedMatchesReference, BatchedPartsInPlace) {

@@ -32,7 +32,7 @@ TEST(FusedPlanTest, TilesTakeTheirRowsFromEveryHeadOfAGroup) {
   EXPECT_EQ(g.splits, 1);
 }
 
-TEST(FusedPlanTest, CausalTilesKeepTheirRowsInBandsAndWindowedOnesTake64) {
+TEST(FusedPlanTest, CausalAndWindowedTilesKeepTheirRowsInBands) {
   const AttentionShape mha = SdpaShape(1, 16, 16, 2048, 2048, 64);
   const Geometry plain = MakeGeometry(mha, AttentionOptions{}, 2);
   EXPECT_EQ(plain.q_block, TileRows());
@@ -44,12 +44,17 @@ TEST(FusedPlanTest, CausalTilesKeepTheirRowsInBandsAndWindowedOnesTake64) {
   EXPECT_EQ(causal.Banded(), TileRows() > kStaggeredQueries);
   EXPECT_EQ(causal.LastBand(causal.q_block), causal.band);
   EXPECT_EQ(causal.LastBand(kStaggeredQueries + 3), 3);
-  // Rows under a window start apart too: 64 queries a head, no bands.
-  AttentionOptions window = Causal();
-  window.window_left = 128;
-  const Geometry windowed = MakeGeometry(mha, window, 2);
-  EXPECT_EQ(windowed.q_block, std::min<int64_t>(kStaggeredQueries, TileRows()));
-  EXPECT_FALSE(windowed.Banded());
+  // So are windowed tiles, causal or not: their rows start apart too.
+  for (const bool causal_window : {true, false}) {
+    AttentionOptions window = causal_window ? Causal() : AttentionOptions{};
+    window.window_left = 128;
+    const Geometry windowed = MakeGeometry(mha, window, 2);
+    EXPECT_EQ(windowed.q_block, TileRows());
+    EXPECT_EQ(windowed.band, causal.band);
+    EXPECT_TRUE(windowed.staggered);
+  }
+  EXPECT_TRUE(causal.staggered);
+  EXPECT_FALSE(plain.staggered);
   // A group of four keeps its rows, 64 queries of each of its heads: one
   // band. A group of two takes twice the queries in two bands.
   const Geometry four =
@@ -57,6 +62,7 @@ TEST(FusedPlanTest, CausalTilesKeepTheirRowsInBandsAndWindowedOnesTake64) {
   EXPECT_EQ(four.q_block, TileRows() / 4);
   EXPECT_EQ(four.rows, TileRows());
   EXPECT_EQ(four.Banded(), TileRows() / 4 > kStaggeredQueries);
+  EXPECT_TRUE(four.staggered);
   const Geometry two =
       MakeGeometry(SdpaShape(1, 16, 8, 2048, 2048, 128), Causal(), 2);
   EXPECT_EQ(two.q_block, TileRows() / 2);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_engine.h"
+#include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -140,39 +141,68 @@ class HalfInputsTest
   }
 };
 
+// Runs case `c` through AttendHalf over its inputs stored as `dtype` (drawn
+// from `seed` on) and through Attend over those widened, and expects the same
+// bits.
+void ExpectHalfEqualsWidened(AttentionEngine& engine, const Case& c,
+                             DataType dtype, uint64_t seed) {
+  const AttentionShape& s = c.shape;
+  const AttentionOptions options = OptionsOf(c);
+  const HalfTensor query = Store(RandomValues(s.QueryElements(), seed), dtype);
+  const HalfTensor key = Store(RandomValues(s.KeyElements(), seed + 1), dtype);
+  const HalfTensor value =
+      Store(RandomValues(s.ValueElements(), seed + 2), dtype);
+  Result half{std::vector<float>(s.OutputElements(), -7.0f),
+              std::vector<float>(s.LseElements(), -7.0f)};
+  Result wide = half;
+  ASSERT_TRUE(engine
+                  .AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                              Bytes(value),
+                              AttentionOutputs(absl::MakeSpan(half.output), {},
+                                               absl::MakeSpan(half.lse)))
+                  .ok());
+  ASSERT_TRUE(engine
+                  .Attend(s, options, query.widened, key.widened, value.widened,
+                          AttentionOutputs(absl::MakeSpan(wide.output), {},
+                                           absl::MakeSpan(wide.lse)))
+                  .ok());
+  ExpectSameBits(half, wide);
+}
+
 TEST_P(HalfInputsTest, EqualAttendOverTheWidenedValues) {
   const DataType dtype = std::get<0>(GetParam());
   std::unique_ptr<AttentionEngine> engine = MakeEngine();
   std::mt19937_64 rng(dtype == DataType::kBFloat16 ? 77 : 78);
   for (int round = 0; round < 40; ++round) {
     const Case c = Draw(rng);
-    const AttentionShape& s = c.shape;
-    const AttentionOptions options = OptionsOf(c);
-    SCOPED_TRACE(absl::StrCat("round ", round, " ", s.DebugString(),
+    SCOPED_TRACE(absl::StrCat("round ", round, " ", c.shape.DebugString(),
                               " bf16 precision ",
-                              options.precision == Precision::kBFloat16));
-    const HalfTensor query =
-        Store(RandomValues(s.QueryElements(), round * 3 + 1), dtype);
-    const HalfTensor key =
-        Store(RandomValues(s.KeyElements(), round * 3 + 2), dtype);
-    const HalfTensor value =
-        Store(RandomValues(s.ValueElements(), round * 3 + 3), dtype);
-    Result half{std::vector<float>(s.OutputElements(), -7.0f),
-                std::vector<float>(s.LseElements(), -7.0f)};
-    Result wide = half;
-    ASSERT_TRUE(engine
-                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
-                                 Bytes(value),
-                                 AttentionOutputs(absl::MakeSpan(half.output),
-                                                  {}, absl::MakeSpan(half.lse)))
-                    .ok());
-    ASSERT_TRUE(engine
-                    ->Attend(s, options, query.widened, key.widened,
-                             value.widened,
-                             AttentionOutputs(absl::MakeSpan(wide.output), {},
-                                              absl::MakeSpan(wide.lse)))
-                    .ok());
-    ExpectSameBits(half, wide);
+                              c.options.precision == Precision::kBFloat16));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectHalfEqualsWidened(*engine, c, dtype, round * 3 + 1));
+  }
+}
+
+// Windowed tiles run their bands over a part of a key block: where the tiles
+// widen a block first (f32 precision), the part lies in the widened copy.
+TEST_P(HalfInputsTest, WindowedBandsReadTheirPartOfAWidenedBlock) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  for (const bool causal : {false, true}) {
+    for (const Precision precision :
+         {Precision::kFloat32, Precision::kBFloat16}) {
+      Case c;
+      c.shape = testing::SdpaShape(2, 2, 1, 300, 700, 16, 24);
+      c.options.causal = causal;
+      c.options.causal_alignment = CausalAlignment::kBottomRight;
+      c.options.window_left = 130;
+      c.options.window_right = causal ? -1 : 70;
+      c.options.precision = precision;
+      c.options.return_lse = true;
+      SCOPED_TRACE(absl::StrCat("causal ", causal, " bf16 precision ",
+                                precision == Precision::kBFloat16));
+      ASSERT_NO_FATAL_FAILURE(ExpectHalfEqualsWidened(*engine, c, dtype, 11));
+    }
   }
 }
 

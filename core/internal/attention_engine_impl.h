@@ -144,9 +144,10 @@ class AttentionEngineImpl final : public AttentionEngine {
   const dnnl::engine engine_;
   const int threads_;  // The team size of calls big enough to share.
   const TileKernels& kernels_;
-  // Built matmuls by shape, kept across calls (64 shapes at most each).
+  // Built matmuls by shape, kept across calls: 64 shapes at most, and 128
+  // tile plans (a fused call uses up to kTilePlans · kKeyWidths = 45).
   SlabPlanCache plans_{64};
-  TilePlanCache tile_plans_{64};
+  TilePlanCache tile_plans_{128};
   // The fused kernel's scratch, kept between calls: up to 4 buffers of at most
   // 64 MiB each.
   ScratchPool scratch_{4, int64_t{64} << 20};

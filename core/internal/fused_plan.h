@@ -39,8 +39,12 @@ inline constexpr int64_t kKeyBlock = 256;
 // Under causality or key_lengths, a tile's last block stops at the first
 // multiple of this many keys past the last key any of its rows sees, rather
 // than at a whole block: causal tiles at short lengths would otherwise compute
-// up to a block of keys nobody sees.
-inline constexpr int64_t kKeyGranule = 64;
+// up to a block of keys nobody sees. A band under a window also starts at the
+// multiple at or before its first key. 32 rather than 64: a tile of 32
+// queries (groups of eight) under a 128-key window computes the 160 keys its
+// rows span rather than up to 224, 15-17 % faster on the Zen 5, for up to
+// twice the tile plans a call (the engine's cache holds two calls' worth).
+inline constexpr int64_t kKeyGranule = 32;
 // Key-block widths a call may use: each multiple of kKeyGranule up to
 // kKeyBlock, and the ragged last block of the keys.
 inline constexpr int kKeyWidths = kKeyBlock / kKeyGranule + 1;

@@ -127,8 +127,7 @@ class FusedRun {
   // (causality, key_lengths, a window's right edge, sinks), and blocks that
   // the bands of a windowed tile see only the end of.
   bool ShortensBlocks() const {
-    return p_.options->causal || !p_.options->key_lengths.empty() ||
-           p_.options->window_left >= 0 || p_.options->window_right >= 0 ||
+    return g_.staggered || !p_.options->key_lengths.empty() ||
            p_.options->num_sink_tokens > 0;
   }
 

@@ -64,8 +64,8 @@ class AttendStreamCall final : public ServerCall {
     // A message that is not an AttendRequest, that inflates past the message
     // limit, or that the memory budget has no room for, fails only its own
     // answer.
-    absl::StatusOr<MemoryBudget::Hold> held = AdmitMessage(
-        deps_.transport, *deps_.budget, context().peer(), &incoming_);
+    absl::StatusOr<MemoryBudget::Hold> held =
+        AdmitMessage(deps_.transport, *deps_.budget, peer(), &incoming_);
     absl::Status parsed = held.status();
     if (held.ok()) {
       slot->hold = *std::move(held);
@@ -177,7 +177,7 @@ class AttendStreamCall final : public ServerCall {
       record.time = now;
       record.rpc = RpcName(Rpc::kAttendStream);
       record.status = status;
-      record.peer = context().peer();
+      record.peer = peer();
       record.stream_index = slot.answer.index();
       record.request_bytes = slot.request_bytes;
       record.response_bytes = response_bytes;

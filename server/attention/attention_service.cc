@@ -241,9 +241,8 @@ class AttentionServiceImpl::WireCall final
     service_->watchdog_.Unwatch(ticket_);
     absl::Status admitted = absl::OkStatus();
     if (ok) {
-      absl::StatusOr<MemoryBudget::Hold> taken =
-          AdmitMessage(service_->transport_, *service_->budget_,
-                       context().peer(), &wire_request_);
+      absl::StatusOr<MemoryBudget::Hold> taken = AdmitMessage(
+          service_->transport_, *service_->budget_, peer(), &wire_request_);
       if (taken.ok()) {
         hold = *std::move(taken);
       } else {
@@ -358,7 +357,7 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     record.time = now;
     record.rpc = RpcName(call.rpc);
     record.status = answer;
-    record.peer = call.handler->context().peer();
+    record.peer = call.handler->peer();
     record.request_bytes = call.request_bytes;
     record.response_bytes = response_bytes;
     record.server = now - call.started;

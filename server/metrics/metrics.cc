@@ -229,6 +229,15 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "(rapid-reset floods).")
            .Register(*registry_)
            .Add({});
+  io_standby_events_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_io_standby_events_total")
+           .Help(
+               "Events the standby thread handled because every io thread "
+               "had been busy in one turn for 20 ms (gRPC reading one "
+               "connection's flood, or a long handler).")
+           .Register(*registry_)
+           .Add({});
   access_log_dropped_ =
       &prometheus::BuildCounter()
            .Name("attnserve_access_log_dropped_lines_total")
@@ -369,6 +378,11 @@ void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
 void ServerMetrics::SetResetClosures(int64_t closed) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(reset_closures_, closed, &reset_closures_seen_);
+}
+
+void ServerMetrics::SetIoStandbyEvents(int64_t events) {
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(io_standby_events_, events, &io_standby_events_seen_);
 }
 
 void ServerMetrics::SetAccessLogDropped(int64_t dropped) {

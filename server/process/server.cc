@@ -336,6 +336,7 @@ class AttnServerImpl final : public AttnServer {
       metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
+      metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {
         metrics_.SetAccessLogDropped(access_log_->dropped());
       }

@@ -1,10 +1,17 @@
 #include "attnserve/server/rpc/call_loop.h"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "grpc/support/time.h"
 
 namespace attnserve {
@@ -56,7 +63,12 @@ class CallSlot {
         }
         loop_->RequestCall();
         loop_->CallArrived();
-        handler_ = loop_->MakeCall(context_, &hold_);
+        // Now, before any operation of the call can fail: gRPC forgets the
+        // peer of a call one of whose operations failed (context().peer()
+        // then says "unknown"), and the first operation of a call the client
+        // reset before the loop took it fails.
+        peer_ = context_.peer();
+        handler_ = loop_->MakeCall(context_, peer_, &hold_);
         handler_->slot_ = this;
         handler_->OnStart();
         {
@@ -64,7 +76,10 @@ class CallSlot {
           arrived_ = true;
           cancel = cancel_waiting_;
         }
-        if (cancel) handler_->OnCancel();
+        if (cancel) {
+          loop_->CallCancelled(context_, peer_);
+          handler_->OnCancel();
+        }
         break;
       case Op::kRead:
         handler_->OnReadDone(ok);
@@ -77,19 +92,23 @@ class CallSlot {
       case Op::kDone:
         if (context_.IsCancelled()) {
           cancelled_.store(true);
-          loop_->CallCancelled(context_);
-          // Another thread may still be taking the arrival of this call.
+          // Another thread may still be taking the arrival of this call: it
+          // then reports the cancellation, once it has the peer.
           absl::MutexLock lock(&arrival_mutex_);
           cancel = arrived_;
           cancel_waiting_ = !arrived_;
         }
-        if (cancel) handler_->OnCancel();
+        if (cancel) {
+          loop_->CallCancelled(context_, peer_);
+          handler_->OnCancel();
+        }
         break;
     }
     Release();
   }
 
   grpc::GenericServerContext& context() { return context_; }
+  const std::string& peer() const { return peer_; }
   bool cancelled() const { return cancelled_.load(); }
 
   // Operations on a queue that has shut down would abort gRPC: they are not
@@ -146,6 +165,7 @@ class CallSlot {
   grpc::GenericServerContext context_;
   grpc::GenericServerAsyncReaderWriter stream_{&context_};
   std::unique_ptr<ServerCall> handler_;  // Set on arrival.
+  std::string peer_;                     // Set on arrival.
   MemoryBudget::Hold hold_;  // The call's share of the budget, from arrival.
   // One count until the handler finishes, one until gRPC reports the call
   // done, one for OnStart (released after it), during which the call may
@@ -212,6 +232,8 @@ grpc::GenericServerContext& ServerCall::context() const {
   return slot_->context();
 }
 
+const std::string& ServerCall::peer() const { return slot_->peer(); }
+
 bool ServerCall::cancelled() const { return slot_->cancelled(); }
 
 void ServerCall::StartRead(grpc::ByteBuffer* message) {
@@ -246,9 +268,16 @@ void CallLoop::AddTo(grpc::ServerBuilder& builder) {
 void CallLoop::Start(int threads, absl::Duration spin, SpinObserver spun) {
   for (int i = 0; i < kCallsRequested; ++i) RequestCall();
   if (threads < 1) return;
-  threads_.emplace_back(
-      [this, spin, spun = std::move(spun)] { Poll(spin, spun); });
-  for (int i = 1; i < threads; ++i) threads_.emplace_back([this] { Poll(); });
+  for (int i = 0; i < threads; ++i) {
+    pollers_.push_back(std::make_unique<Poller>());
+  }
+  threads_.emplace_back([this, spin, spun = std::move(spun)] {
+    Poll(pollers_[0].get(), spin, spun);
+  });
+  for (int i = 1; i < threads; ++i) {
+    threads_.emplace_back([this, i] { Poll(pollers_[i].get()); });
+  }
+  standby_ = std::thread([this] { Standby(); });
 }
 
 void CallLoop::Shutdown() {
@@ -270,6 +299,11 @@ void CallLoop::Shutdown() {
     shut_down_ = true;
     queue_->Shutdown();
   }
+  {
+    absl::MutexLock lock(&standby_mutex_);
+    standby_stop_ = true;
+  }
+  if (standby_.joinable()) standby_.join();
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
   Poll();  // Without threads (Start never called) the queue still needs it.
@@ -286,9 +320,10 @@ void CallLoop::CallEnded() {
   ++calls_ended_;
 }
 
-void CallLoop::CallCancelled(const grpc::GenericServerContext& context) {
+void CallLoop::CallCancelled(const grpc::GenericServerContext& context,
+                             const std::string& peer) {
   if (reset_guard_ == nullptr || DeadlinePassed(context)) return;
-  reset_guard_->ClientCancelled(context.peer());
+  reset_guard_->ClientCancelled(peer);
 }
 
 void CallLoop::RequestCall() {
@@ -298,16 +333,17 @@ void CallLoop::RequestCall() {
 }
 
 std::unique_ptr<ServerCall> CallLoop::MakeCall(
-    const grpc::GenericServerContext& context, MemoryBudget::Hold* hold) const {
+    const grpc::GenericServerContext& context, const std::string& peer,
+    MemoryBudget::Hold* hold) const {
   const auto found = methods_.find(context.method());
   const Admission admission =
       found == methods_.end() ? Admission::kBudgeted : found->second.admission;
   if (budget_ != nullptr) {
     if (admission == Admission::kAlways) {
-      *hold = budget_->TakeAlways(kBytesPerCall, context.peer());
+      *hold = budget_->TakeAlways(kBytesPerCall, peer);
     } else {
       absl::StatusOr<MemoryBudget::Hold> taken =
-          budget_->Take(kBytesPerCall, context.peer());
+          budget_->Take(kBytesPerCall, peer);
       if (!taken.ok()) {
         return std::make_unique<RefusedCall>(
             grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -320,7 +356,12 @@ std::unique_ptr<ServerCall> CallLoop::MakeCall(
   return found->second.factory();
 }
 
-void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
+void CallLoop::Poll(Poller* self, absl::Duration spin,
+                    const SpinObserver& spun) {
+  if (self != nullptr) self->tid.store(static_cast<int>(syscall(SYS_gettid)));
+  const auto turn_done = [self] {
+    if (self != nullptr) self->turns.fetch_add(1, std::memory_order_release);
+  };
   using Clock = std::chrono::steady_clock;
   const Clock::duration spin_for = absl::ToChronoNanoseconds(spin);
   // Spinning pays while events come closer together than `spin`: it starts
@@ -350,6 +391,7 @@ void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
         queue_->AsyncNext(&tag, &ok,
                           spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC)
                                    : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    turn_done();
     if (status == grpc::CompletionQueue::SHUTDOWN) return;
     if (status == grpc::CompletionQueue::TIMEOUT) {
       spun_idle = true;
@@ -358,9 +400,109 @@ void CallLoop::Poll(absl::Duration spin, const SpinObserver& spun) {
     const Clock::time_point arrived = Clock::now();
     report_spin(arrived);
     spin_pays = arrived - idle_since < spin_for;
-    auto* done = static_cast<internal::CallSlot::Tag*>(tag);
-    done->slot->Complete(done->op, ok);
+    Dispatch(tag, ok);
+    turn_done();
     idle_since = Clock::now();
+  }
+}
+
+void CallLoop::Dispatch(void* tag, bool ok) {
+  auto* done = static_cast<internal::CallSlot::Tag*>(tag);
+  done->slot->Complete(done->op, ok);
+}
+
+namespace {
+
+// Reads a thread's state from its /proc/self/task/TID/stat, kept open.
+class ThreadState {
+ public:
+  ThreadState() = default;
+  ThreadState(const ThreadState&) = delete;
+  ThreadState& operator=(const ThreadState&) = delete;
+  ~ThreadState() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Whether thread `tid` is running or waiting for a CPU (state R); false if
+  // it is asleep or cannot be read.
+  bool Running(int tid) {
+    if (tid != tid_) {
+      if (fd_ >= 0) close(fd_);
+      const std::string path = absl::StrCat("/proc/self/task/", tid, "/stat");
+      fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      tid_ = tid;
+    }
+    if (fd_ < 0) return false;
+    // "TID (COMM) S ...": COMM may hold spaces and parentheses, the state
+    // follows the last ')'.
+    char text[512];
+    const ssize_t length = pread(fd_, text, sizeof(text) - 1, 0);
+    if (length <= 0) return false;
+    const absl::string_view stat(text, static_cast<size_t>(length));
+    const size_t paren = stat.rfind(')');
+    return paren != absl::string_view::npos && paren + 2 < stat.size() &&
+           stat[paren + 2] == 'R';
+  }
+
+ private:
+  int tid_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+void CallLoop::Standby() {
+  const size_t count = pollers_.size();
+  std::vector<ThreadState> states(count);
+  // Each poller's turns when the standby last saw it move on, and when.
+  std::vector<uint64_t> turns(count);
+  std::vector<absl::Time> held_since(count, absl::Now());
+  for (;;) {
+    {
+      absl::MutexLock lock(&standby_mutex_);
+      if (standby_mutex_.AwaitWithTimeout(absl::Condition(&standby_stop_),
+                                          kStandbyPeriod)) {
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    bool every_one_held = true;
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t seen = pollers_[i]->turns.load(std::memory_order_acquire);
+      // A poller asleep in its poll is not held, however long the poll.
+      if (seen != turns[i] || !states[i].Running(pollers_[i]->tid.load())) {
+        turns[i] = seen;
+        held_since[i] = now;
+      }
+      every_one_held = every_one_held && now - held_since[i] >= kStallBefore;
+    }
+    if (!every_one_held) continue;
+    // Poll beside them until one of them has finished its turn.
+    const auto still_held = [&] {
+      for (size_t i = 0; i < count; ++i) {
+        if (pollers_[i]->turns.load(std::memory_order_acquire) != turns[i]) {
+          return false;
+        }
+      }
+      return true;
+    };
+    while (still_held()) {
+      void* tag;
+      bool ok;
+      const grpc::CompletionQueue::NextStatus status = queue_->AsyncNext(
+          &tag, &ok,
+          gpr_time_add(
+              gpr_now(GPR_CLOCK_MONOTONIC),
+              gpr_time_from_micros(absl::ToInt64Microseconds(kStandbyPeriod),
+                                   GPR_TIMESPAN)));
+      if (status == grpc::CompletionQueue::SHUTDOWN) return;
+      if (status == grpc::CompletionQueue::GOT_EVENT) {
+        standby_events_.fetch_add(1);
+        Dispatch(tag, ok);
+      }
+    }
+    const absl::Time after = absl::Now();
+    for (size_t i = 0; i < count; ++i) held_since[i] = after;
   }
 }
 

@@ -309,6 +309,7 @@ TEST_F(InflightMetricsTest, BudgetGaugesShowTheLimitAndRefusals) {
   EXPECT_GE(samples["attnserve_inflight_bytes"], 0);
   EXPECT_LT(samples["attnserve_inflight_bytes"], 1 << 20);
   EXPECT_EQ(samples["attnserve_reset_connections_closed_total"], 0);
+  EXPECT_EQ(samples.count("attnserve_io_standby_events_total"), 1u);
 }
 
 }  // namespace

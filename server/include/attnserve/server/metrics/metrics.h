@@ -111,6 +111,10 @@ class ServerMetrics {
   // (sampled each second).
   void SetResetClosures(int64_t closed);
 
+  // Events the call loop's standby thread handled since the start (sampled
+  // each second).
+  void SetIoStandbyEvents(int64_t events);
+
   // Access-log lines dropped (its queue full, or a failed write) since the
   // start (sampled each second).
   void SetAccessLogDropped(int64_t dropped);
@@ -156,11 +160,13 @@ class ServerMetrics {
   prometheus::Gauge* inflight_limit_bytes_ = nullptr;
   prometheus::Counter* inflight_refused_ = nullptr;
   prometheus::Counter* reset_closures_ = nullptr;
+  prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;
   // What the sampled counters have been brought up to.
   absl::Mutex sampled_mutex_;
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t io_standby_events_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t access_log_dropped_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;
   prometheus::Gauge* sessions_ = nullptr;

@@ -27,6 +27,20 @@
 //   ...
 //   server->Shutdown();
 //   loop.Shutdown();
+//
+// Beside the polling threads a standby thread watches them: gRPC 1.51 runs a
+// connection's transport work on the polling thread that found its bytes, and
+// keeps reading while the socket has more, so one client sending faster than
+// the server parses (a rapid-reset flood on a loaded machine) holds that
+// thread; with every polling thread so held, no other call's event is handled,
+// the reset guard never hears of the resets, and gRPC queues them without
+// bound. When every polling thread has been busy in one turn (a poll or a
+// handler) for kStallBefore, the standby polls beside them until one of them
+// has finished its turn. Busy is the thread's state in
+// /proc/self/task/TID/stat: running or ready to run (R), not asleep in
+// epoll_wait; a thread starved of CPU is still busy. A second polling thread
+// all the time would do the same, at ~50 µs more a tiny call (a hand-over of
+// the poller per call).
 #ifndef ATTNSERVE_SERVER_RPC_CALL_LOOP_H_
 #define ATTNSERVE_SERVER_RPC_CALL_LOOP_H_
 
@@ -69,8 +83,14 @@ class ServerCall {
   ServerCall& operator=(const ServerCall&) = delete;
   virtual ~ServerCall() = default;
 
-  // The call's context: method, deadline, metadata, peer. Valid from OnStart.
+  // The call's context: method, deadline, metadata. Valid from OnStart.
   grpc::GenericServerContext& context() const;
+
+  // The client's end of the connection as gRPC names it
+  // ("ipv4:10.0.0.7:51234"), taken when the call arrived. Valid from OnStart.
+  // Use it rather than context().peer(): gRPC forgets the peer of a call once
+  // one of its operations fails (a reset call's do), and then says "unknown".
+  const std::string& peer() const;
 
   // True once gRPC has reported the call cancelled (by the client, a passed
   // deadline or the server's shutdown). Thread-safe.
@@ -185,6 +205,14 @@ class CallLoop {
     return calls_ended_;
   }
 
+  // How long every polling thread must have been busy in one turn before the
+  // standby thread polls beside them, and how often it looks.
+  static constexpr absl::Duration kStallBefore = absl::Milliseconds(20);
+  static constexpr absl::Duration kStandbyPeriod = absl::Milliseconds(5);
+
+  // Events the standby thread has handled since the start.
+  int64_t standby_events() const { return standby_events_.load(); }
+
   // Stops polling, after the server's Shutdown has returned: waits (up to 5 s)
   // until the handlers of the calls it ended or cancelled have finished, then
   // shuts the queue down and drains it; a handler still holding a call after
@@ -199,17 +227,32 @@ class CallLoop {
   // Count the calls whose handlers have not finished yet.
   void CallArrived();
   void CallEnded();
-  // Tells the reset guard of a call that ended cancelled, unless its deadline
-  // had passed.
-  void CallCancelled(const grpc::GenericServerContext& context);
-  // Makes the handler of a call that has arrived, with what it holds of the
-  // budget in `hold`: a refusal's if the budget is in use.
+  // Tells the reset guard of a call from `peer` that ended cancelled, unless
+  // its deadline had passed.
+  void CallCancelled(const grpc::GenericServerContext& context,
+                     const std::string& peer);
+  // Makes the handler of a call from `peer` that has arrived, with what it
+  // holds of the budget in `hold`: a refusal's if the budget is in use.
   std::unique_ptr<ServerCall> MakeCall(
-      const grpc::GenericServerContext& context,
+      const grpc::GenericServerContext& context, const std::string& peer,
       MemoryBudget::Hold* hold) const;
-  // Takes events until the queue is shut down; spins as Start says.
-  void Poll(absl::Duration spin = absl::ZeroDuration(),
+  // What the standby thread sees of a polling thread: the turns it has
+  // finished (polls that returned, handlers that ran) and its thread id, whose
+  // state (running or waiting for a CPU, or asleep) /proc tells.
+  struct Poller {
+    std::atomic<uint64_t> turns{0};
+    std::atomic<int> tid{0};
+  };
+
+  // Takes events until the queue is shut down; spins as Start says. Counts
+  // its turns in `self` (none without).
+  void Poll(Poller* self = nullptr, absl::Duration spin = absl::ZeroDuration(),
             const SpinObserver& spun = nullptr);
+  // Hands one event that AsyncNext returned to its call.
+  void Dispatch(void* tag, bool ok);
+  // The standby thread: polls while every poller has been busy in one turn
+  // for kStallBefore; returns at shutdown.
+  void Standby();
 
   struct Method {
     Factory factory;
@@ -222,6 +265,11 @@ class CallLoop {
   grpc::AsyncGenericService service_;
   std::unique_ptr<grpc::ServerCompletionQueue> queue_;
   std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<Poller>> pollers_;  // One per thread, from Start.
+  std::thread standby_;
+  absl::Mutex standby_mutex_;
+  bool standby_stop_ ABSL_GUARDED_BY(standby_mutex_) = false;
+  std::atomic<int64_t> standby_events_{0};
   // Starting operations (shared) and shutting the queue down (exclusive).
   absl::Mutex queue_mutex_;
   bool shut_down_ ABSL_GUARDED_BY(queue_mutex_) = false;

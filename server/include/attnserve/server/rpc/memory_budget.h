@@ -10,7 +10,7 @@
 //
 //   MemoryBudget budget(int64_t{2} << 30);
 //   absl::StatusOr<MemoryBudget::Hold> hold =
-//       budget.Take(message_bytes, context.peer());
+//       budget.Take(message_bytes, call.peer());
 //   if (!hold.ok()) return hold.status();  // RESOURCE_EXHAUSTED, with figures
 //   ATTNSERVE_RETURN_IF_ERROR(hold->Grow(compute_bytes));
 //   ...  // the hold gives its bytes back when destroyed (or Reset)

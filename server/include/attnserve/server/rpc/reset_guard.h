@@ -6,8 +6,9 @@
 // shuts the connection's socket down, which ends every call on it.
 //
 //   ResetGuard guard(200);
-//   // When a call ends cancelled, its deadline not passed:
-//   guard.ClientCancelled(context.peer());
+//   // When a call ends cancelled, its deadline not passed, with the peer it
+//   // had on arrival (ServerCall::peer; gRPC forgets it once the call fails):
+//   guard.ClientCancelled(peer);
 //
 // gRPC's public API cannot close a connection, so the socket is found among
 // the process's file descriptors by its remote address (ShutDownConnection).

@@ -6,6 +6,7 @@
 #   start_attnserve ATTNSERVE [FLAG...]   # --address=127.0.0.1 --port=0 --metrics_port=0, then
 #                                         # FLAGs (later ones win); sets port; fails unless the
 #                                         # start-up line shows within 10 s
+#   attnserve_prefix=(taskset -c 0)       # commands that exec attnserve (its pid stays theirs)
 #   ...
 #   stop_attnserve                        # SIGTERM; fails unless it exits 0 within 30 s
 #   cleanup_pids+=("${pid}")              # another background process to kill on exit
@@ -14,6 +15,7 @@ workdir=$(mktemp -d)
 server_pid=""
 port=""
 cleanup_pids=()
+attnserve_prefix=()
 
 cleanup() {
   for pid in "${cleanup_pids[@]}" ${server_pid}; do
@@ -36,8 +38,8 @@ start_attnserve() {
   # Create the log first: the `>` of a background job happens in the child after the fork, so
   # the first poll below might otherwise find no file yet.
   : >"${workdir}/server.log"
-  "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 "$@" \
-    >"${workdir}/server.log" 2>&1 &
+  "${attnserve_prefix[@]+"${attnserve_prefix[@]}"}" "${attnserve}" --address=127.0.0.1 \
+    --port=0 --metrics_port=0 "$@" >"${workdir}/server.log" 2>&1 &
   server_pid=$!
   port=""
   for _ in $(seq 1 100); do

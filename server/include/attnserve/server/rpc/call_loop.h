@@ -208,7 +208,7 @@ class CallLoop {
   // How long every polling thread must have been busy in one turn before the
   // standby thread polls beside them, and how often it looks.
   static constexpr absl::Duration kStallBefore = absl::Milliseconds(20);
-  static constexpr absl::Duration kStandbyPeriod = absl::Milliseconds(5);
+  static constexpr absl::Duration kStandbyPeriod = absl::Milliseconds(10);
 
   // Events the standby thread has handled since the start.
   int64_t standby_events() const { return standby_events_.load(); }

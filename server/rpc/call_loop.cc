@@ -452,11 +452,23 @@ class ThreadState {
 }  // namespace
 
 void CallLoop::Standby() {
-  const size_t count = pollers_.size();
-  std::vector<ThreadState> states(count);
-  // Each poller's turns when the standby last saw it move on, and when.
-  std::vector<uint64_t> turns(count);
-  std::vector<absl::Time> held_since(count, absl::Now());
+  // What the standby knows of each poller: its turns when it last moved on
+  // (or was seen asleep), and since when.
+  struct Watch {
+    ThreadState state;
+    uint64_t turns = 0;
+    absl::Time held_since = absl::Now();
+  };
+  std::vector<Watch> watches(pollers_.size());
+  const auto still_held = [&] {
+    for (size_t i = 0; i < watches.size(); ++i) {
+      if (pollers_[i]->turns.load(std::memory_order_acquire) !=
+          watches[i].turns) {
+        return false;
+      }
+    }
+    return true;
+  };
   for (;;) {
     {
       absl::MutexLock lock(&standby_mutex_);
@@ -467,42 +479,33 @@ void CallLoop::Standby() {
     }
     const absl::Time now = absl::Now();
     bool every_one_held = true;
-    for (size_t i = 0; i < count; ++i) {
+    for (size_t i = 0; i < watches.size(); ++i) {
+      Watch& watch = watches[i];
       const uint64_t seen = pollers_[i]->turns.load(std::memory_order_acquire);
       // A poller asleep in its poll is not held, however long the poll.
-      if (seen != turns[i] || !states[i].Running(pollers_[i]->tid.load())) {
-        turns[i] = seen;
-        held_since[i] = now;
+      if (seen != watch.turns ||
+          !watch.state.Running(pollers_[i]->tid.load())) {
+        watch.turns = seen;
+        watch.held_since = now;
       }
-      every_one_held = every_one_held && now - held_since[i] >= kStallBefore;
+      every_one_held = every_one_held && now - watch.held_since >= kStallBefore;
     }
     if (!every_one_held) continue;
-    // Poll beside them until one of them has finished its turn.
-    const auto still_held = [&] {
-      for (size_t i = 0; i < count; ++i) {
-        if (pollers_[i]->turns.load(std::memory_order_acquire) != turns[i]) {
-          return false;
-        }
-      }
-      return true;
-    };
+    // Poll beside them until one of them has finished its turn (which the
+    // next look then sees).
     while (still_held()) {
       void* tag;
       bool ok;
-      const grpc::CompletionQueue::NextStatus status = queue_->AsyncNext(
-          &tag, &ok,
-          gpr_time_add(
-              gpr_now(GPR_CLOCK_MONOTONIC),
-              gpr_time_from_micros(absl::ToInt64Microseconds(kStandbyPeriod),
-                                   GPR_TIMESPAN)));
+      const grpc::CompletionQueue::NextStatus status =
+          queue_->AsyncNext(&tag, &ok,
+                            std::chrono::system_clock::now() +
+                                absl::ToChronoNanoseconds(kStandbyPeriod));
       if (status == grpc::CompletionQueue::SHUTDOWN) return;
       if (status == grpc::CompletionQueue::GOT_EVENT) {
         standby_events_.fetch_add(1);
         Dispatch(tag, ok);
       }
     }
-    const absl::Time after = absl::Now();
-    for (size_t i = 0; i < count; ++i) held_since[i] = after;
   }
 }
 

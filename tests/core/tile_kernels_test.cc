@@ -37,7 +37,9 @@ std::vector<KernelSet> KernelSets() {
 class SoftmaxBlockTest : public ::testing::TestWithParam<KernelSet> {};
 
 // Four blocks of one row, each at every width the kernel handles differently
-// (whole vectors, a ragged tail, a single key), with positive and negative
+// (whole pairs of vectors, a ragged tail, a single key; at 32 keys the third
+// block's raise lies in its one pair's second vector alone, at 120 it starts
+// there), with positive and negative
 // scales, all keys visible or the last few hidden. The second block lies a
 // little higher (its max moves by less than 8·ln 2, which the AVX-512 set
 // may keep its shift through); the second half of the third block 20 higher,
@@ -51,7 +53,7 @@ TEST_P(SoftmaxBlockTest, MatchesExpInDouble) {
   std::mt19937 random(7);
   std::uniform_real_distribution<float> uniform(-8.0f, 8.0f);
   for (const bool bf16 : {false, true}) {
-    for (const int64_t n : {256, 200, 16, 1}) {
+    for (const int64_t n : {256, 200, 120, 32, 16, 1}) {
       for (const float scale : {0.125f, 1.0f, -0.5f}) {
         for (const int64_t hidden : {int64_t{0}, n / 3}) {
           SCOPED_TRACE(::testing::Message()
@@ -133,6 +135,29 @@ TEST_P(SoftmaxBlockTest, NothingVisibleAndNaN) {
     kernels.softmax_block(scores.data(), 40, 40, 1.0f, RowMask(), &state,
                           bf16 ? p16.data() : nullptr);
     EXPECT_TRUE(state.nan);
+  }
+}
+
+// A NaN in a later block (the row has a shift), in a pair's second vector or
+// in the ragged tail, marks the row.
+TEST_P(SoftmaxBlockTest, NaNInALaterBlock) {
+  const TileKernels& kernels = *GetParam().kernels;
+  for (const bool bf16 : {false, true}) {
+    for (const int64_t at : {20, 37}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (bf16 ? "bf16" : "f32") << " at " << at);
+      std::vector<float> scores(40, 1.0f);
+      std::vector<uint16_t> p16(40);
+      RowState state{kMinusInf, 0.0f, false};
+      kernels.softmax_block(scores.data(), 40, 40, 1.0f, RowMask(), &state,
+                            bf16 ? p16.data() : nullptr);
+      ASSERT_FALSE(state.nan);
+      scores.assign(40, 1.0f);
+      scores[at] = std::numeric_limits<float>::quiet_NaN();
+      kernels.softmax_block(scores.data(), 40, 40, 1.0f, RowMask(), &state,
+                            bf16 ? p16.data() : nullptr);
+      EXPECT_TRUE(state.nan);
+    }
   }
 }
 

@@ -747,4 +747,20 @@ const TileKernels& SelectTileKernels(bool portable_only) {
   return has_avx512 && !portable_only ? kAvx512 : PortableTileKernels();
 }
 
+const TileKernels* Avx512TileKernelsWithoutBf16() {
+  static const TileKernels kAvx512 = {
+      "avx512_without_bf16",
+      SoftmaxBlockAvx512<false>,
+      SmallScoresF32Avx512,
+      SmallScoresBf16Avx512,
+      SmallAccumulateF32Avx512,
+      SmallAccumulateBf16Avx512,
+      ToBf16Avx512,
+      Bf16ToF32Avx512,
+      F16ToF32Avx512,
+  };
+  static const bool has_avx512 = CpuHasAvx512();
+  return has_avx512 ? &kAvx512 : nullptr;
+}
+
 }  // namespace attnserve::internal

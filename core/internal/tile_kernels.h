@@ -66,7 +66,9 @@ struct TileKernels {
                                 int64_t n, const float* v, int64_t dv,
                                 float* o);
 
-  // dst[i] = bf16(src[i]), rounding to nearest even.
+  // dst[i] = bf16(src[i]), rounding to nearest even; where the CPU has
+  // AVX512_BF16, a subnormal src[i] becomes a zero of its sign, as its
+  // VCVTNEPS2BF16 gives.
   void (*to_bf16)(const float* src, int64_t n, uint16_t* dst);
 
   // dst[i] = the f32 value of src[i], a bf16 or an f16 (exact: the inputs
@@ -81,6 +83,11 @@ const TileKernels& PortableTileKernels();
 // The AVX-512 set if this CPU has AVX-512 F, BW, VL and DQ, else the portable
 // set; the portable set whenever `portable_only`.
 const TileKernels& SelectTileKernels(bool portable_only);
+
+// The AVX-512 set as a CPU with AVX-512 but without AVX512_BF16 runs it (its
+// bf16 conversions in integer code), for tests on CPUs that have both; null
+// without AVX-512.
+const TileKernels* Avx512TileKernelsWithoutBf16();
 
 }  // namespace attnserve::internal
 

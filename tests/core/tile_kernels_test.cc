@@ -1,12 +1,13 @@
 // The fused kernel's online-softmax step (TileKernels::softmax_block), every
-// kernel set this CPU runs, against exp computed in double: f32 probabilities
-// to a few f32 ulps, bf16 ones (the bf16 tiles' P, whose exponent is a cheaper
-// polynomial) to bf16's rounding, and the running max, sum and rescale factor
-// across blocks.
+// kernel set this CPU runs (and the AVX-512 set of CPUs without AVX512_BF16),
+// against exp computed in double: f32 probabilities to a few f32 ulps, bf16
+// ones (the bf16 tiles' P, whose exponent is a cheaper polynomial) to bf16's
+// rounding, and the running max, sum and rescale factor across blocks.
 #include "internal/tile_kernels.h"
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -30,6 +31,12 @@ std::vector<KernelSet> KernelSets() {
   const TileKernels& selected = SelectTileKernels(/*portable_only=*/false);
   if (std::string(selected.name) != "portable") {
     sets.push_back({selected.name, &selected});
+  }
+  // What a CPU with AVX-512 but without AVX512_BF16 runs, where this one has
+  // both.
+  if (const TileKernels* without = Avx512TileKernelsWithoutBf16();
+      without != nullptr && without->to_bf16 != selected.to_bf16) {
+    sets.push_back({without->name, without});
   }
   return sets;
 }
@@ -157,6 +164,63 @@ TEST_P(SoftmaxBlockTest, NaNInALaterBlock) {
       kernels.softmax_block(scores.data(), 40, 40, 1.0f, RowMask(), &state,
                             bf16 ? p16.data() : nullptr);
       EXPECT_TRUE(state.nan);
+    }
+  }
+}
+
+// The conversions of every set against the scalar ones of common/dtype.h,
+// bit for bit, over whole vectors and a ragged tail: to bf16 rounds to nearest
+// even (a NaN stays a NaN; a subnormal may be flushed to zero), and bf16 and
+// f16 widen exactly.
+TEST_P(SoftmaxBlockTest, ConversionsMatchTheScalarOnes) {
+  const TileKernels& kernels = *GetParam().kernels;
+  std::mt19937 random(11);
+  std::uniform_int_distribution<uint32_t> bits;
+  constexpr int64_t kCount = 37;
+  std::vector<float> values(kCount);
+  for (float& value : values) {
+    const uint32_t word = bits(random);
+    std::memcpy(&value, &word, sizeof(value));
+  }
+  values[0] = std::numeric_limits<float>::infinity();
+  values[1] = -std::numeric_limits<float>::quiet_NaN();
+  values[2] = 1.00390625f;  // 1 + 2^-8: a tie, rounded to even (1)
+  values[3] = 1.01171875f;  // 1 + 3·2^-8: a tie, rounded to even (1 + 2^-6)
+  values[4] = 1e-40f;       // subnormal
+  std::vector<uint16_t> narrowed(kCount);
+  kernels.to_bf16(values.data(), kCount, narrowed.data());
+  std::vector<uint16_t> halves(kCount);
+  for (int64_t i = 0; i < kCount; ++i) {
+    SCOPED_TRACE(::testing::Message() << "value " << i << " = " << values[i]);
+    if (std::isnan(values[i])) {
+      EXPECT_TRUE(std::isnan(BFloat16ToFloat32(narrowed[i])));
+    } else if (std::fpclassify(values[i]) == FP_SUBNORMAL &&
+               BFloat16ToFloat32(narrowed[i]) == 0.0f) {
+      // VCVTNEPS2BF16 flushes a subnormal to zero, its sign kept.
+      EXPECT_EQ(std::signbit(BFloat16ToFloat32(narrowed[i])),
+                std::signbit(values[i]));
+    } else {
+      EXPECT_EQ(narrowed[i], Float32ToBFloat16(values[i]));
+    }
+    halves[i] = static_cast<uint16_t>(bits(random));
+  }
+  std::vector<float> widened(kCount);
+  kernels.bf16_to_f32(halves.data(), kCount, widened.data());
+  for (int64_t i = 0; i < kCount; ++i) {
+    const float expected = BFloat16ToFloat32(halves[i]);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(widened[i])) << i;
+    } else {
+      EXPECT_EQ(widened[i], expected) << i;
+    }
+  }
+  kernels.f16_to_f32(halves.data(), kCount, widened.data());
+  for (int64_t i = 0; i < kCount; ++i) {
+    const float expected = Float16ToFloat32(halves[i]);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(widened[i])) << i;
+    } else {
+      EXPECT_EQ(widened[i], expected) << i;
     }
   }
 }

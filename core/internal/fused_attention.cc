@@ -307,21 +307,20 @@ void FusedRun::WriteRow(int64_t b, int64_t h, int64_t i,
                         const float* accumulated, const RowState& state) const {
   const Strides4& os = p_.output_strides;
   float* out = OutputOf(p_, b) + h * os[1] + i * os[2];
-  float lse;
+  float* const lse = LseOf(p_, b, h, i);  // Null unless asked for.
   if (state.nan) {
     std::fill(out, out + s_.value_dim, kNaN);
-    lse = kNaN;
+    if (lse != nullptr) *lse = kNaN;
   } else if (state.max == kNegativeInfinity) {
     // The row may see no key.
     std::fill(out, out + s_.value_dim, 0.0f);
-    lse = kNegativeInfinity;
+    if (lse != nullptr) *lse = kNegativeInfinity;
   } else {
     const float inverse = 1.0f / state.sum;
     for (int64_t c = 0; c < s_.value_dim; ++c)
       out[c] = accumulated[c] * inverse;
-    lse = state.max + std::log(state.sum);
+    if (lse != nullptr) *lse = state.max + std::log(state.sum);
   }
-  if (float* slot = LseOf(p_, b, h, i); slot != nullptr) *slot = lse;
 }
 
 }  // namespace fused

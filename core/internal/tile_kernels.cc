@@ -316,16 +316,6 @@ ATTNSERVE_AVX512_BF16 inline __m512 PlainProbabilities(float* s, int64_t n,
 // before the row's shift is raised (LaterPlainBlock).
 constexpr float kLazyShiftLimit = 8.0f;
 
-// A later block of a row (it has a shift) whose keys are all visible and
-// unmasked, in one pass: the probabilities are 2^(s·scale2 − shift2) against
-// the row's shift so far, which is raised only when a score passes it by more
-// than kLazyShiftLimit powers of two (then by a whole power of two, so that
-// the probabilities already written, the block's partial sum, the row's sum
-// and its output scale exactly). The shift is no longer the row's exact max,
-// only within that limit below it: what a shift must be (the probabilities,
-// the sum and the output stay far from overflow), and what lse needs (it is
-// shift + log(sum) for any shift). A block's max pass, and the rescaling of
-// the output for most blocks, are saved.
 // A later block's running state (LaterPlainBlock): the shift in powers of
 // two, the probabilities' two lane sums, and the factor of the row's output.
 struct LaterBlockState {
@@ -714,6 +704,22 @@ bool CpuHasAvx512() {
          __builtin_cpu_supports("avx512dq");
 }
 
+// The AVX-512 set; its bf16 conversions by AVX512_BF16's instructions if
+// `cvt_bf16` (the CPU must have them), else in integer code.
+TileKernels Avx512TileKernels(const char* name, bool cvt_bf16) {
+  return {
+      name,
+      cvt_bf16 ? SoftmaxBlockAvx512<true> : SoftmaxBlockAvx512<false>,
+      SmallScoresF32Avx512,
+      SmallScoresBf16Avx512,
+      SmallAccumulateF32Avx512,
+      SmallAccumulateBf16Avx512,
+      cvt_bf16 ? ToBf16Avx512Bf16 : ToBf16Avx512,
+      Bf16ToF32Avx512,
+      F16ToF32Avx512,
+  };
+}
+
 }  // namespace
 
 const TileKernels& PortableTileKernels() {
@@ -732,33 +738,15 @@ const TileKernels& PortableTileKernels() {
 }
 
 const TileKernels& SelectTileKernels(bool portable_only) {
-  static const TileKernels kAvx512 = {
-      "avx512",
-      CpuHasAvx512Bf16() ? SoftmaxBlockAvx512<true> : SoftmaxBlockAvx512<false>,
-      SmallScoresF32Avx512,
-      SmallScoresBf16Avx512,
-      SmallAccumulateF32Avx512,
-      SmallAccumulateBf16Avx512,
-      CpuHasAvx512Bf16() ? ToBf16Avx512Bf16 : ToBf16Avx512,
-      Bf16ToF32Avx512,
-      F16ToF32Avx512,
-  };
+  static const TileKernels kAvx512 =
+      Avx512TileKernels("avx512", CpuHasAvx512Bf16());
   static const bool has_avx512 = CpuHasAvx512();
   return has_avx512 && !portable_only ? kAvx512 : PortableTileKernels();
 }
 
 const TileKernels* Avx512TileKernelsWithoutBf16() {
-  static const TileKernels kAvx512 = {
-      "avx512_without_bf16",
-      SoftmaxBlockAvx512<false>,
-      SmallScoresF32Avx512,
-      SmallScoresBf16Avx512,
-      SmallAccumulateF32Avx512,
-      SmallAccumulateBf16Avx512,
-      ToBf16Avx512,
-      Bf16ToF32Avx512,
-      F16ToF32Avx512,
-  };
+  static const TileKernels kAvx512 =
+      Avx512TileKernels("avx512_without_bf16", /*cvt_bf16=*/false);
   static const bool has_avx512 = CpuHasAvx512();
   return has_avx512 ? &kAvx512 : nullptr;
 }

@@ -46,15 +46,15 @@ class SoftmaxBlockTest : public ::testing::TestWithParam<KernelSet> {};
 // Four blocks of one row, each at every width the kernel handles differently
 // (whole pairs of vectors, a ragged tail, a single key; at 32 keys the third
 // block's raise lies in its one pair's second vector alone, at 120 it starts
-// there), with positive and negative
-// scales, all keys visible or the last few hidden. The second block lies a
-// little higher (its max moves by less than 8·ln 2, which the AVX-512 set
-// may keep its shift through); the second half of the third block 20 higher,
-// which raises any shift after probabilities of that block are written; the
-// fourth 120 higher, past which the earlier probabilities vanish. Each call
-// must keep the contract: the shift at most the running max and at most 8·ln 2
-// below it, alpha = exp(old shift − new shift), p_j = exp(x_j − shift), and
-// the sum that of every key seen, against the shift.
+// there), with positive and negative scales, all keys visible or the last few
+// hidden. The second block lies a little higher (its max moves by less than
+// 8·ln 2, which the AVX-512 set may keep its shift through); the second half of
+// the third block 20 higher, which raises any shift after probabilities of that
+// block are written; the fourth 120 higher, past which the earlier
+// probabilities vanish. Each call must keep the contract: the shift at most the
+// running max and at most 8·ln 2 below it, alpha = exp(old shift − new shift),
+// p_j = exp(x_j − shift), and the sum that of every key seen, against the
+// shift.
 TEST_P(SoftmaxBlockTest, MatchesExpInDouble) {
   const TileKernels& kernels = *GetParam().kernels;
   std::mt19937 random(7);
@@ -204,25 +204,23 @@ TEST_P(SoftmaxBlockTest, ConversionsMatchTheScalarOnes) {
     }
     halves[i] = static_cast<uint16_t>(bits(random));
   }
-  std::vector<float> widened(kCount);
-  kernels.bf16_to_f32(halves.data(), kCount, widened.data());
-  for (int64_t i = 0; i < kCount; ++i) {
-    const float expected = BFloat16ToFloat32(halves[i]);
-    if (std::isnan(expected)) {
-      EXPECT_TRUE(std::isnan(widened[i])) << i;
-    } else {
-      EXPECT_EQ(widened[i], expected) << i;
-    }
-  }
-  kernels.f16_to_f32(halves.data(), kCount, widened.data());
-  for (int64_t i = 0; i < kCount; ++i) {
-    const float expected = Float16ToFloat32(halves[i]);
-    if (std::isnan(expected)) {
-      EXPECT_TRUE(std::isnan(widened[i])) << i;
-    } else {
-      EXPECT_EQ(widened[i], expected) << i;
-    }
-  }
+  // Each half widened by `widen` against `scalar`, a NaN as any NaN.
+  const auto expect_widened =
+      [&halves](void (*widen)(const uint16_t*, int64_t, float*),
+                float (*scalar)(uint16_t)) {
+        std::vector<float> widened(kCount);
+        widen(halves.data(), kCount, widened.data());
+        for (int64_t i = 0; i < kCount; ++i) {
+          const float expected = scalar(halves[i]);
+          if (std::isnan(expected)) {
+            EXPECT_TRUE(std::isnan(widened[i])) << i;
+          } else {
+            EXPECT_EQ(widened[i], expected) << i;
+          }
+        }
+      };
+  expect_widened(kernels.bf16_to_f32, &BFloat16ToFloat32);
+  expect_widened(kernels.f16_to_f32, &Float16ToFloat32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, SoftmaxBlockTest,

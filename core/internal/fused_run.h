@@ -69,6 +69,7 @@ struct RowRange {
 // A thread's buffers (ThreadLayout) as one tile uses them.
 struct TileBuffers {
   char* query;              // the tile's query rows, as the scores matmul reads
+                            // (the input's own rows if QueryInPlace)
   float* scores;            // [rows, n] scores, then probabilities
   uint16_t* probabilities;  // [rows, n] bf16 probabilities (NativeBf16Tiles)
   float* output;            // [rows, Dv] accumulated output
@@ -129,6 +130,18 @@ class FusedRun {
   bool ShortensBlocks() const {
     return g_.staggered || !p_.options->key_lengths.empty() ||
            p_.options->num_sink_tokens > 0;
+  }
+
+  // Whether the scores read a tile's query rows where the input holds them:
+  // one head's rows (no group), dense, already in the type the tiles read
+  // (f32 rows at f32 precision, bf16 rows for native bf16 tiles). Else
+  // StartTile copies, widens or rounds them into the thread's buffer.
+  bool QueryInPlace() const {
+    const Strides4& qs = p_.query_strides;
+    const bool own_type = g_.HalfSource() ? g_.source == DataType::kBFloat16 &&
+                                                g_.NativeBf16Tiles()
+                                          : !g_.Bf16();
+    return own_type && g_.group == 1 && qs[3] == 1 && qs[2] == s_.key_dim;
   }
 
   // Bytes per element of the key and value rows (Rows): bf16 for the bf16
@@ -193,7 +206,9 @@ class FusedRun {
   // calling thread. Returns a oneDNN status.
   dnnl_status_t RunTile(int64_t index, int64_t split, ThreadContext& context);
   Tile TileAt(int64_t index) const;
-  TileBuffers BuffersOf(char* buffer) const;
+  // The buffers of `tile` in the thread's `buffer`, its query rows in the
+  // input if QueryInPlace.
+  TileBuffers BuffersOf(const Tile& tile, char* buffer) const;
   // Writes the keys each query of `tile` may see to buffers.keys, and returns
   // their span.
   TileSpan FindVisibleKeys(const Tile& tile, const TileBuffers& buffers) const;
@@ -208,8 +223,8 @@ class FusedRun {
                       const KeyBlock& keys) const;
   // The key blocks of split `split` (all if < 0) up to `tile_end`.
   BlockRange BlocksToRun(int64_t tile_end, int64_t split) const;
-  // Loads the query rows of every head of the group in the matmuls' type, and
-  // zeroes the rows' output and softmax states.
+  // Loads the query rows of every head of the group in the matmuls' type
+  // (unless QueryInPlace), and zeroes the rows' output and softmax states.
   void StartTile(const Tile& tile, const TileBuffers& buffers) const;
   // `count` half-input elements at `source` widened to f32 at `out`.
   void Widen(const uint16_t* source, int64_t count, float* out) const;

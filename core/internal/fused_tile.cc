@@ -21,7 +21,7 @@ namespace attnserve::internal::fused {
 dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
                                 ThreadContext& context) {
   const Tile tile = TileAt(index);
-  const TileBuffers buffers = BuffersOf(context.buffer);
+  const TileBuffers buffers = BuffersOf(tile, context.buffer);
   const TileSpan span = FindVisibleKeys(tile, buffers);
   const BlockRange blocks = BlocksToRun(span.end, split);
   StartTile(tile, buffers);
@@ -76,9 +76,19 @@ Tile FusedRun::TileAt(int64_t index) const {
   return tile;
 }
 
-TileBuffers FusedRun::BuffersOf(char* buffer) const {
+TileBuffers FusedRun::BuffersOf(const Tile& tile, char* buffer) const {
   TileBuffers buffers;
   buffers.query = buffer + layout_.query;
+  if (QueryInPlace()) {
+    // The matmuls only read it (oneDNN's data handles are not const).
+    const Strides4& qs = p_.query_strides;
+    const int64_t offset = tile.kv_head * qs[1] + tile.q0 * qs[2];
+    buffers.query = g_.HalfSource()
+                        ? reinterpret_cast<char*>(const_cast<uint16_t*>(
+                              p_.half_query + tile.b * qs[0] + offset))
+                        : reinterpret_cast<char*>(
+                              const_cast<float*>(QueryOf(p_, tile.b) + offset));
+  }
   buffers.scores = reinterpret_cast<float*>(buffer + layout_.scores);
   buffers.probabilities =
       reinterpret_cast<uint16_t*>(buffer + layout_.probabilities);
@@ -141,7 +151,8 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
   const Strides4& qs = p_.query_strides;
   float* query_f32 = reinterpret_cast<float*>(buffers.query);
   uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffers.query);
-  for (int64_t r = 0; r < tile.rows; ++r) {
+  const int64_t copied_rows = QueryInPlace() ? 0 : tile.rows;
+  for (int64_t r = 0; r < copied_rows; ++r) {
     if (g_.HalfSource()) {  // Never batched: batch entries qs[0] apart.
       const uint16_t* half = p_.half_query + tile.b * qs[0] +
                              tile.Head(r) * qs[1] + tile.Query(r) * qs[2];

@@ -223,9 +223,15 @@ class FusedRun {
                       const KeyBlock& keys) const;
   // The key blocks of split `split` (all if < 0) up to `tile_end`.
   BlockRange BlocksToRun(int64_t tile_end, int64_t split) const;
-  // Loads the query rows of every head of the group in the matmuls' type
-  // (unless QueryInPlace), and zeroes the rows' output and softmax states.
+  // Loads the query rows of `tile` unless QueryInPlace, and zeroes the rows'
+  // output and softmax states.
   void StartTile(const Tile& tile, const TileBuffers& buffers) const;
+  // Row r of `tile`'s query where the input holds it: f32, or half inputs.
+  const float* QueryRow(const Tile& tile, int64_t r) const;
+  const uint16_t* HalfQueryRow(const Tile& tile, int64_t r) const;
+  // Copies the query rows of every head of the group into buffers.query in
+  // the matmuls' type, widening or rounding them as it goes.
+  void LoadQueryRows(const Tile& tile, const TileBuffers& buffers) const;
   // `count` half-input elements at `source` widened to f32 at `out`.
   void Widen(const uint16_t* source, int64_t count, float* out) const;
   // Points `keys` at its keys and values widened into the thread's buffers

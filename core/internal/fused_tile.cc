@@ -81,13 +81,11 @@ TileBuffers FusedRun::BuffersOf(const Tile& tile, char* buffer) const {
   buffers.query = buffer + layout_.query;
   if (QueryInPlace()) {
     // The matmuls only read it (oneDNN's data handles are not const).
-    const Strides4& qs = p_.query_strides;
-    const int64_t offset = tile.kv_head * qs[1] + tile.q0 * qs[2];
-    buffers.query = g_.HalfSource()
-                        ? reinterpret_cast<char*>(const_cast<uint16_t*>(
-                              p_.half_query + tile.b * qs[0] + offset))
-                        : reinterpret_cast<char*>(
-                              const_cast<float*>(QueryOf(p_, tile.b) + offset));
+    buffers.query =
+        g_.HalfSource()
+            ? reinterpret_cast<char*>(
+                  const_cast<uint16_t*>(HalfQueryRow(tile, 0)))
+            : reinterpret_cast<char*>(const_cast<float*>(QueryRow(tile, 0)));
   }
   buffers.scores = reinterpret_cast<float*>(buffer + layout_.scores);
   buffers.probabilities =
@@ -148,14 +146,31 @@ BlockRange FusedRun::BlocksToRun(int64_t tile_end, int64_t split) const {
 }
 
 void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
+  if (!QueryInPlace()) LoadQueryRows(tile, buffers);
+  std::fill(buffers.output, buffers.output + tile.rows * s_.value_dim, 0.0f);
+  std::fill(buffers.states, buffers.states + tile.rows,
+            RowState{kNegativeInfinity, 0.0f, false});
+}
+
+const float* FusedRun::QueryRow(const Tile& tile, int64_t r) const {
   const Strides4& qs = p_.query_strides;
+  return QueryOf(p_, tile.b) + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+}
+
+const uint16_t* FusedRun::HalfQueryRow(const Tile& tile, int64_t r) const {
+  const Strides4& qs = p_.query_strides;
+  // Never batched: batch entries qs[0] apart.
+  return p_.half_query + tile.b * qs[0] + tile.Head(r) * qs[1] +
+         tile.Query(r) * qs[2];
+}
+
+void FusedRun::LoadQueryRows(const Tile& tile,
+                             const TileBuffers& buffers) const {
   float* query_f32 = reinterpret_cast<float*>(buffers.query);
   uint16_t* query_bf16 = reinterpret_cast<uint16_t*>(buffers.query);
-  const int64_t copied_rows = QueryInPlace() ? 0 : tile.rows;
-  for (int64_t r = 0; r < copied_rows; ++r) {
-    if (g_.HalfSource()) {  // Never batched: batch entries qs[0] apart.
-      const uint16_t* half = p_.half_query + tile.b * qs[0] +
-                             tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    if (g_.HalfSource()) {
+      const uint16_t* half = HalfQueryRow(tile, r);
       if (g_.NativeBf16Tiles() && g_.source == DataType::kBFloat16) {
         std::memcpy(query_bf16 + r * s_.key_dim, half,
                     static_cast<size_t>(s_.key_dim) * 2);
@@ -173,8 +188,7 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
       }
       continue;
     }
-    const float* row =
-        QueryOf(p_, tile.b) + tile.Head(r) * qs[1] + tile.Query(r) * qs[2];
+    const float* row = QueryRow(tile, r);
     if (g_.NativeBf16Tiles()) {
       kernels_.to_bf16(row, s_.key_dim, query_bf16 + r * s_.key_dim);
     } else if (g_.Bf16()) {
@@ -186,9 +200,6 @@ void FusedRun::StartTile(const Tile& tile, const TileBuffers& buffers) const {
                   static_cast<size_t>(s_.key_dim) * 4);
     }
   }
-  std::fill(buffers.output, buffers.output + tile.rows * s_.value_dim, 0.0f);
-  std::fill(buffers.states, buffers.states + tile.rows,
-            RowState{kNegativeInfinity, 0.0f, false});
 }
 
 void FusedRun::Widen(const uint16_t* source, int64_t count, float* out) const {

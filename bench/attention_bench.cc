@@ -255,12 +255,13 @@ void AttentionTable(benchmark::internal::Benchmark* b) {
     }
   }
   // The service benchmark's small Attend alone and as a batch of 32 (dynamic
-  // batching), f32.
+  // batching), f32; alone at bf16 precision too, whose tiles read a bf16 copy.
   for (int64_t batch : {1, 32}) {
     for (int64_t unfused : {0, 1}) {
       b->Args({batch, 8, 8, 128, 128, 64, 0, 0, unfused});
     }
   }
+  b->Args({1, 8, 8, 128, 128, 64, 0, 1, 0});
 }
 BENCHMARK(BM_Attention)
     ->Apply(AttentionTable)

@@ -6,8 +6,11 @@
 # host's drift hits them alike. Per server: the median of the rounds' p50s, the
 # server's CPU time and context switches per call (from /proc).
 #
-#   bench/loopback_latency.sh [--rounds=N] [--requests=N] \
+#   bench/loopback_latency.sh [--rounds=N] [--requests=N] [--shape='ATTNCTL FLAGS'] \
 #       build/server/attnserve [other/attnserve ...] [-- server flags]
+#
+# --shape replaces the tiny Attend's attnctl flags, e.g.
+#   --shape='--heads=8 --kv_heads=8 --query_len=128 --key_len=128 --precision=bf16'
 #
 # Example (this session's comparison with the previous server):
 #   bench/loopback_latency.sh --rounds=10 /tmp/attnserve_before build/server/attnserve
@@ -17,12 +20,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 attnctl=${ATTNCTL:-${root}/build/client/attnctl}
 rounds=8
 requests=2000
+shape_flags="--batch=1 --heads=1 --kv_heads=1 --query_len=16 --key_len=16 --key_dim=64 --value_dim=64"
 servers=()
 flags=()
 while (($#)); do
   case $1 in
     --rounds=*) rounds=${1#*=} ;;
     --requests=*) requests=${1#*=} ;;
+    --shape=*) shape_flags=${1#*=} ;;
     --) shift; flags=("$@"); break ;;
     *) servers+=("$1") ;;
   esac
@@ -39,7 +44,7 @@ done
 switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
 
 tick_hz=$(getconf CLK_TCK)
-shape=(--batch=1 --heads=1 --kv_heads=1 --query_len=16 --key_len=16 --key_dim=64 --value_dim=64)
+read -r -a shape <<<"${shape_flags}"
 for round in $(seq 1 "${rounds}"); do
   for i in "${!servers[@]}"; do
     pid=${pids[$i]}

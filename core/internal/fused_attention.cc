@@ -46,14 +46,13 @@ absl::Status FusedRun::Run(const dnnl::engine& engine, int threads,
   ATTNSERVE_RETURN_IF_ERROR(RunTiles(threads, contexts));
   // Stopped: the tiles left are skipped, the outputs undefined.
   if (stopper_.stopped()) return stopper_.status();
-  if (g_.splits > 1) MergeSplits(threads);
   return absl::OkStatus();
 }
 
 absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
   // Half inputs are read in place (Rows), widened a block at a time where the
   // tiles read f32 (WidenBlock); native bf16 tiles read dense bf16 inputs in
-  // place, and a bf16 copy of f16 or strided ones (PackHalf).
+  // place, and a bf16 copy of f16 or strided ones.
   if (g_.WidensBlocks() ||
       (g_.HalfSource() && g_.source == DataType::kBFloat16 &&
        KeyValuePacked(p_))) {
@@ -71,72 +70,67 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
     return absl::ResourceExhaustedError(
         "fused attention: cannot allocate packed keys and values");
   }
-  if (g_.HalfSource()) {
-    PackHalf(p_.half_key, p_.key_strides, s_.key_dim, packed_.get());
-    PackHalf(p_.half_value, p_.value_strides, s_.value_dim,
-             packed_.get() + key_bytes);
-  } else {
-    Pack(&KeyOf, p_.key_strides, s_.key_dim, packed_.get());
-    Pack(&ValueOf, p_.value_strides, s_.value_dim, packed_.get() + key_bytes);
-  }
   key_ = packed_.get();
   value_ = packed_.get() + key_bytes;
-  return absl::OkStatus();
-}
-
-void FusedRun::Pack(const float* (*of)(const SdpaProblem&, int64_t),
-                    const Strides4& strides, int64_t dim, char* out) const {
-  const int64_t entry = s_.kv_heads * s_.key_len * dim;  // Elements.
-  if (!g_.Bf16Tiles()) {
-    for (int64_t b = 0; b < s_.batch; ++b) {
-      CopyTensor4(of(p_, b), strides, reinterpret_cast<float*>(out) + b * entry,
-                  PackedStrides(s_.kv_heads, s_.key_len, dim),
-                  {1, s_.kv_heads, s_.key_len, dim});
-    }
-    return;
-  }
-  uint16_t* packed = reinterpret_cast<uint16_t*>(out);
-  float* rounded = reinterpret_cast<float*>(out);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < s_.batch; ++b) {
-    for (int64_t h = 0; h < s_.kv_heads; ++h) {
-      for (int64_t j = 0; j < s_.key_len; ++j) {
-        const float* row = of(p_, b) + h * strides[1] + j * strides[2];
-        const int64_t at = b * entry + (h * s_.key_len + j) * dim;
-        if (g_.NativeBf16Tiles()) {
-          kernels_.to_bf16(row, dim, packed + at);
-        } else {
-          RoundToBf16Values(row, dim, rounded + at);
-        }
-      }
-    }
-  }
-}
-
-void FusedRun::PackHalf(const uint16_t* source, const Strides4& strides,
-                        int64_t dim, char* out) const {
-  uint16_t* packed = reinterpret_cast<uint16_t*>(out);
+  // Where one tile alone reads each (batch entry, kv head), that tile packs
+  // them (RunTile): the threads then meet once a call, not twice, and with
+  // OMP_WAIT_POLICY=PASSIVE (the server's) every meeting wakes a sleeping
+  // thread, some 20 us on a 2-vCPU VM.
+  pack_in_tiles_ = g_.q_blocks == 1 && g_.splits == 1;
+  if (pack_in_tiles_) return absl::OkStatus();
 #pragma omp parallel
   {
     // f16 rows are widened on the thread's own buffer, then narrowed.
     std::vector<float> widened(
-        g_.source == DataType::kFloat16 ? static_cast<size_t>(dim) : 0);
+        g_.source == DataType::kFloat16
+            ? static_cast<size_t>(std::max(s_.key_dim, s_.value_dim))
+            : 0);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s_.batch; ++b) {
-      for (int64_t h = 0; h < s_.kv_heads; ++h) {
-        for (int64_t j = 0; j < s_.key_len; ++j) {
-          const uint16_t* row =
-              source + b * strides[0] + h * strides[1] + j * strides[2];
-          uint16_t* to =
-              packed + ((b * s_.kv_heads + h) * s_.key_len + j) * dim;
-          if (g_.source == DataType::kBFloat16) {
-            std::memcpy(to, row, static_cast<size_t>(dim) * 2);
-          } else {
-            kernels_.f16_to_f32(row, dim, widened.data());
-            kernels_.to_bf16(widened.data(), dim, to);
-          }
-        }
+      for (int64_t h = 0; h < s_.kv_heads; ++h) PackHead(b, h, widened.data());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FusedRun::PackHead(int64_t b, int64_t h, float* widened) const {
+  // The copy's keys, then its values (key_ and value_ point at them).
+  char* const keys = packed_.get();
+  char* const values = keys + (static_cast<const char*>(value_) -
+                               static_cast<const char*>(key_));
+  PackRows(&KeyOf, p_.half_key, p_.key_strides, s_.key_dim, b, h, widened,
+           keys);
+  PackRows(&ValueOf, p_.half_value, p_.value_strides, s_.value_dim, b, h,
+           widened, values);
+}
+
+void FusedRun::PackRows(const float* (*of)(const SdpaProblem&, int64_t),
+                        const uint16_t* half, const Strides4& strides,
+                        int64_t dim, int64_t b, int64_t h, float* widened,
+                        void* out) const {
+  const int64_t first = (b * s_.kv_heads + h) * s_.key_len * dim;
+  for (int64_t j = 0; j < s_.key_len; ++j) {
+    const int64_t at = first + j * dim;
+    if (g_.HalfSource()) {  // Into bf16 rows (native bf16 tiles).
+      const uint16_t* row =
+          half + b * strides[0] + h * strides[1] + j * strides[2];
+      uint16_t* to = static_cast<uint16_t*>(out) + at;
+      if (g_.source == DataType::kBFloat16) {
+        std::memcpy(to, row, static_cast<size_t>(dim) * 2);
+      } else {
+        kernels_.f16_to_f32(row, dim, widened);
+        kernels_.to_bf16(widened, dim, to);
       }
+      continue;
+    }
+    const float* row = of(p_, b) + h * strides[1] + j * strides[2];
+    if (!g_.Bf16Tiles()) {
+      std::memcpy(static_cast<float*>(out) + at, row,
+                  static_cast<size_t>(dim) * sizeof(float));
+    } else if (g_.NativeBf16Tiles()) {
+      kernels_.to_bf16(row, dim, static_cast<uint16_t*>(out) + at);
+    } else {
+      RoundToBf16Values(row, dim, static_cast<float*>(out) + at);
     }
   }
 }
@@ -146,7 +140,7 @@ const char* FusedRun::Rows(const void* packed, const uint16_t* half,
                            const Strides4& strides, int64_t dim, int64_t b,
                            int64_t h) const {
   const int64_t first_row = (b * s_.kv_heads + h) * s_.key_len;
-  if (packed_.get() != nullptr) {
+  if (packed != nullptr) {
     return static_cast<const char*>(packed) +
            first_row * dim * PackedElementBytes();
   }
@@ -239,8 +233,15 @@ absl::Status FusedRun::RunTiles(int threads,
   // Tiles handed out one at a time, a head's in a row so that its keys and
   // values stay in cache from one tile to the next, and within a head the
   // heaviest first (under causality the last query blocks see the most keys).
+  // The thread that ends a tile's last split merges the tile (no second
+  // meeting of the threads: see PackKeysAndValues).
   const int64_t items = g_.tiles * g_.splits;
   std::atomic<int> failure{dnnl_success};
+  std::unique_ptr<std::atomic<int64_t>[]> splits_done;
+  if (g_.splits > 1) {
+    splits_done.reset(new std::atomic<int64_t>[static_cast<size_t>(g_.tiles)]);
+    for (int64_t t = 0; t < g_.tiles; ++t) splits_done[t].store(0);
+  }
 #pragma omp parallel for num_threads(threads) \
     schedule(dynamic, 1) if (threads > 1 && items > 1)
   for (int64_t item = 0; item < items; ++item) {
@@ -252,10 +253,19 @@ absl::Status FusedRun::RunTiles(int threads,
     const int64_t order = item / g_.splits;
     const int64_t q_block = g_.q_blocks - 1 - order % g_.q_blocks;
     const int64_t tile = (order / g_.q_blocks) * g_.q_blocks + q_block;
+    ThreadContext& context =
+        contexts[static_cast<size_t>(omp_get_thread_num())];
     const dnnl_status_t status =
-        RunTile(tile, g_.splits == 1 ? -1 : split,
-                contexts[static_cast<size_t>(omp_get_thread_num())]);
-    if (status != dnnl_success) failure.store(status);
+        RunTile(tile, g_.splits == 1 ? -1 : split, context);
+    if (status != dnnl_success) {
+      failure.store(status);
+    } else if (g_.splits > 1 &&
+               splits_done[tile].fetch_add(1, std::memory_order_acq_rel) + 1 ==
+                   g_.splits) {
+      // The thread's output rows are free once its split is kept.
+      MergeTile(tile,
+                reinterpret_cast<float*>(context.buffer + layout_.output));
+    }
   }
   if (failure.load() != dnnl_success) {
     return absl::InternalError(absl::StrCat(
@@ -265,41 +275,32 @@ absl::Status FusedRun::RunTiles(int threads,
   return absl::OkStatus();
 }
 
-void FusedRun::MergeSplits(int threads) {
+void FusedRun::MergeTile(int64_t tile, float* merged) const {
   const float* partial_outputs = reinterpret_cast<const float*>(partials_);
   const RowState* partial_states = reinterpret_cast<const RowState*>(
       partials_ + PartialStatesOffset(s_, g_));
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> merged(static_cast<size_t>(s_.value_dim));
-#pragma omp for schedule(static)
-    for (int64_t tile = 0; tile < g_.tiles; ++tile) {
-      const Tile t = TileAt(tile);
-      for (int64_t r = 0; r < t.rows; ++r) {
-        RowState state{kNegativeInfinity, 0.0f, false};
-        for (int64_t split = 0; split < g_.splits; ++split) {
-          const RowState& part =
-              partial_states[(tile * g_.splits + split) * g_.rows + r];
-          state.max = std::max(state.max, part.max);
-          state.nan = state.nan || part.nan;
-        }
-        std::fill(merged.begin(), merged.end(), 0.0f);
-        if (state.max != kNegativeInfinity && !state.nan) {
-          for (int64_t split = 0; split < g_.splits; ++split) {
-            const int64_t slot = (tile * g_.splits + split) * g_.rows + r;
-            const RowState& part = partial_states[slot];
-            if (part.max == kNegativeInfinity) continue;
-            const float factor = std::exp(part.max - state.max);
-            state.sum += part.sum * factor;
-            const float* out = partial_outputs + slot * s_.value_dim;
-            for (int64_t c = 0; c < s_.value_dim; ++c) {
-              merged[static_cast<size_t>(c)] += out[c] * factor;
-            }
-          }
-        }
-        WriteRow(t.b, t.Head(r), t.Query(r), merged.data(), state);
+  const Tile t = TileAt(tile);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    RowState state{kNegativeInfinity, 0.0f, false};
+    for (int64_t split = 0; split < g_.splits; ++split) {
+      const RowState& part =
+          partial_states[(tile * g_.splits + split) * g_.rows + r];
+      state.max = std::max(state.max, part.max);
+      state.nan = state.nan || part.nan;
+    }
+    std::fill(merged, merged + s_.value_dim, 0.0f);
+    if (state.max != kNegativeInfinity && !state.nan) {
+      for (int64_t split = 0; split < g_.splits; ++split) {
+        const int64_t slot = (tile * g_.splits + split) * g_.rows + r;
+        const RowState& part = partial_states[slot];
+        if (part.max == kNegativeInfinity) continue;
+        const float factor = std::exp(part.max - state.max);
+        state.sum += part.sum * factor;
+        const float* out = partial_outputs + slot * s_.value_dim;
+        for (int64_t c = 0; c < s_.value_dim; ++c) merged[c] += out[c] * factor;
       }
     }
+    WriteRow(t.b, t.Head(r), t.Query(r), merged, state);
   }
 }
 

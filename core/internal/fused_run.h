@@ -154,18 +154,18 @@ class FusedRun {
   // Run's steps (fused_attention.cc).
 
   // Copies the keys and values to dense rows in the matmuls' type if the tiles
-  // cannot read them in place.
+  // cannot read them in place: on the calling thread's team, or, where one
+  // tile alone reads each (batch entry, kv head) (pack_in_tiles_), in that
+  // tile.
   absl::Status PackKeysAndValues(ScratchPool& pool);
-  // Copies the [B, Hkv, Lk, dim] tensor whose batch entry b starts at
-  // `of(p_, b)` (with `strides`) into `out` as dense rows of the matmuls' type,
-  // on the calling thread's team.
-  void Pack(const float* (*of)(const SdpaProblem&, int64_t),
-            const Strides4& strides, int64_t dim, char* out) const;
-  // Copies the half-input [B, Hkv, Lk, dim] tensor at `source` (with
-  // `strides`) into `out` as dense bf16 rows, on the calling thread's team
-  // (f16 or strided inputs under native bf16 tiles).
-  void PackHalf(const uint16_t* source, const Strides4& strides, int64_t dim,
-                char* out) const;
+  // Copies the keys and values of (batch entry b, kv head h) into the packed
+  // copy; f16 rows are widened on `widened` (max(Dk, Dv) floats) first.
+  void PackHead(int64_t b, int64_t h, float* widened) const;
+  // Copies the rows of (b, h) of the [B, Hkv, Lk, dim] tensor at `of(p_, b)`
+  // (f32 inputs) or `half` (half inputs), with `strides`, into `out`.
+  void PackRows(const float* (*of)(const SdpaProblem&, int64_t),
+                const uint16_t* half, const Strides4& strides, int64_t dim,
+                int64_t b, int64_t h, float* widened, void* out) const;
   // Elements between the key (value) rows the tiles read: the strides' for
   // half inputs read in place, else dense rows of `dim`.
   int64_t RowStride(const Strides4& strides, int64_t dim) const {
@@ -183,10 +183,11 @@ class FusedRun {
   // One context per thread, each on its own buffers and stream.
   absl::Status MakeThreadContexts(const dnnl::engine& engine, int threads,
                                   std::vector<ThreadContext>* contexts);
-  // Computes every tile (or split of one) on `threads` threads.
+  // Computes every tile (or split of one) on `threads` threads, each tile's
+  // splits merged by the thread that ends its last.
   absl::Status RunTiles(int threads, std::vector<ThreadContext>& contexts);
-  // Merges the splits of every tile into the output.
-  void MergeSplits(int threads);
+  // Merges the splits of `tile` into the output, on `merged` (Dv floats).
+  void MergeTile(int64_t tile, float* merged) const;
   // Writes one row's output and lse from its accumulated state.
   void WriteRow(int64_t b, int64_t h, int64_t i, const float* accumulated,
                 const RowState& state) const;
@@ -283,7 +284,7 @@ class FusedRun {
                                 const TileBuffers& buffers,
                                 TileBinding* binding,
                                 ThreadContext& context) const;
-  // Keeps split `split`'s partial result of `tile` for MergeSplits.
+  // Keeps split `split`'s partial result of `tile` for MergeTile.
   void KeepPartial(const Tile& tile, int64_t split,
                    const TileBuffers& buffers) const;
   // Writes every row of a whole tile.
@@ -305,6 +306,8 @@ class FusedRun {
   const void* key_ = nullptr;
   const void* value_ = nullptr;
   ScratchPool::Lease packed_;
+  // Whether each tile packs the keys and values it reads (PackKeysAndValues).
+  bool pack_in_tiles_ = false;
   ScratchPool::Lease workspace_;
   // The tile plans by [PlanIndex(m)][KeyWidthIndex(n)], held for the call,
   // the m of each slot (0: unused), and the engine to bind them on.

@@ -1,7 +1,7 @@
 // One tile of the fused kernel: its queries against the key blocks they may
 // see, one block at a time (scores, online softmax, accumulation), band by
 // band where its rows see the block unequally, then its rows written out or,
-// for a split tile, kept for MergeSplits.
+// for a split tile, kept for MergeTile.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +22,7 @@ dnnl_status_t FusedRun::RunTile(int64_t index, int64_t split,
                                 ThreadContext& context) {
   const Tile tile = TileAt(index);
   const TileBuffers buffers = BuffersOf(tile, context.buffer);
+  if (pack_in_tiles_) PackHead(tile.b, tile.kv_head, buffers.widened);
   const TileSpan span = FindVisibleKeys(tile, buffers);
   const BlockRange blocks = BlocksToRun(span.end, split);
   StartTile(tile, buffers);

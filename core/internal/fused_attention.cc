@@ -94,14 +94,10 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
 }
 
 void FusedRun::PackHead(int64_t b, int64_t h, float* widened) const {
-  // The copy's keys, then its values (key_ and value_ point at them).
-  char* const keys = packed_.get();
-  char* const values = keys + (static_cast<const char*>(value_) -
-                               static_cast<const char*>(key_));
   PackRows(&KeyOf, p_.half_key, p_.key_strides, s_.key_dim, b, h, widened,
-           keys);
+           key_);
   PackRows(&ValueOf, p_.half_value, p_.value_strides, s_.value_dim, b, h,
-           widened, values);
+           widened, value_);
 }
 
 void FusedRun::PackRows(const float* (*of)(const SdpaProblem&, int64_t),
@@ -237,11 +233,9 @@ absl::Status FusedRun::RunTiles(int threads,
   // meeting of the threads: see PackKeysAndValues).
   const int64_t items = g_.tiles * g_.splits;
   std::atomic<int> failure{dnnl_success};
-  std::unique_ptr<std::atomic<int64_t>[]> splits_done;
-  if (g_.splits > 1) {
-    splits_done.reset(new std::atomic<int64_t>[static_cast<size_t>(g_.tiles)]);
-    for (int64_t t = 0; t < g_.tiles; ++t) splits_done[t].store(0);
-  }
+  // Splits ended, by tile (value-initialized: zeros).
+  std::vector<std::atomic<int64_t>> splits_done(
+      g_.splits > 1 ? static_cast<size_t>(g_.tiles) : 0);
 #pragma omp parallel for num_threads(threads) \
     schedule(dynamic, 1) if (threads > 1 && items > 1)
   for (int64_t item = 0; item < items; ++item) {
@@ -260,7 +254,9 @@ absl::Status FusedRun::RunTiles(int threads,
     if (status != dnnl_success) {
       failure.store(status);
     } else if (g_.splits > 1 &&
-               splits_done[tile].fetch_add(1, std::memory_order_acq_rel) + 1 ==
+               splits_done[static_cast<size_t>(tile)].fetch_add(
+                   1, std::memory_order_acq_rel) +
+                       1 ==
                    g_.splits) {
       // The thread's output rows are free once its split is kept.
       MergeTile(tile,

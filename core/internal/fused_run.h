@@ -302,9 +302,10 @@ class FusedRun {
   const bool mods_;
   const KeyRules rules_;
   ThreadLayout layout_{};
-  // Packed keys and values, if the tiles read those: dense rows, f32 or bf16.
-  const void* key_ = nullptr;
-  const void* value_ = nullptr;
+  // Packed keys and values, if the tiles read those: dense rows, f32 or bf16
+  // (written by PackHead).
+  char* key_ = nullptr;
+  char* value_ = nullptr;
   ScratchPool::Lease packed_;
   // Whether each tile packs the keys and values it reads (PackKeysAndValues).
   bool pack_in_tiles_ = false;

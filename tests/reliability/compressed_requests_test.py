@@ -19,36 +19,64 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[3])
 from attend_messages import attend_request  # noqa: E402
+from attnserve.v1 import attention_pb2  # noqa: E402
 from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
 
 OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED = 0, 3, 8, 12
 ATTEND = "/attnserve.v1.AttentionService/Attend"
+CREATE_SESSION = "/attnserve.v1.AttentionService/CreateSession"
+# Starts 08 3c: field 1, num_layers = 60, which is also a zlib header (CM 8, and
+# 0x083c a multiple of 31).
+SIXTY_LAYERS = attention_pb2.CreateSessionRequest(
+    num_layers=60, num_heads=2, key_dim=8, dtype=attention_pb2.FLOAT32).SerializeToString()
 SMALL = attend_request(2, 8, 8).SerializeToString()
 COMPRESS = {"gzip": lambda data: gzip.compress(data, compresslevel=9),
             "deflate": lambda data: zlib.compress(data, 9)}
 
 
-def call(port, encoding, message):
-    """Sends one compressed message as flow control allows; returns (grpc-status, message)."""
+def call(port, encoding, message, path=ATTEND, compressed=True):
+    """Sends one message as flow control allows, on a call naming grpc-encoding `encoding`,
+    with the compressed flag set if `compressed`; returns (grpc-status, message)."""
     calls = Calls(port)
     try:
-        stream = calls.start(ATTEND, message, headers=[("grpc-encoding", encoding)],
-                             compressed=True)
+        stream = calls.start(path, message, headers=[("grpc-encoding", encoding)],
+                             compressed=compressed)
         calls.pump(30)
         return calls.statuses[stream], calls.messages.get(stream, "")
     finally:
         calls.close()
 
 
-def call_plain(port, message):
+def call_plain(port, message, path=ATTEND):
     """Sends one uncompressed message; returns (grpc-status, message)."""
     calls = Calls(port)
     try:
-        stream = calls.start(ATTEND, message)
+        stream = calls.start(path, message)
         calls.pump(30)
         return calls.statuses[stream], calls.messages.get(stream, "")
     finally:
         calls.close()
+
+
+def look_alikes(port, encodings, compressed_status):
+    """A plain message that starts as a zlib stream does is answered, with no grpc-encoding or
+    each of `encodings` on its call; the same message gzip-compressed gets `compressed_status`."""
+    failures = []
+    plain = [(f"plain, grpc-encoding {encoding}",
+              call(port, encoding, SIXTY_LAYERS, CREATE_SESSION, compressed=False), OK)
+             for encoding in encodings]
+    for name, status_text, expected in (
+            ("plain, no grpc-encoding", call_plain(port, SIXTY_LAYERS, CREATE_SESSION), OK),
+            *plain,
+            ("gzip-compressed",
+             call(port, "gzip", gzip.compress(SIXTY_LAYERS), CREATE_SESSION),
+             compressed_status)):
+        status, text = status_text
+        print(f"CreateSession of 60 layers, {name}: {status} {text}")
+        if status != expected:
+            failures.append(f"a CreateSession of 60 layers, {name}, got {status} {text}, "
+                            f"expected {expected}")
+    return failures
 
 
 def refused(port, pid):
@@ -75,6 +103,8 @@ def refused(port, pid):
     print(f"plain Attend: {status} {text}")
     if status != OK:
         failures.append(f"a plain Attend got {status} {text}")
+    # Only gzip is enabled: gRPC itself refuses a call naming deflate.
+    failures += look_alikes(port, ["gzip"], UNIMPLEMENTED)
     exit_with(failures)
 
 
@@ -102,6 +132,11 @@ def main():
         print(f"truncated {encoding}: {status} {text}")
         if status != INVALID_ARGUMENT:
             failures.append(f"a truncated {encoding} stream got {status} {text}")
+        status, text = call(port, encoding, SMALL)
+        print(f"plain bytes flagged {encoding}: {status} {text}")
+        if status != INVALID_ARGUMENT or encoding not in text:
+            failures.append(f"plain bytes flagged {encoding} got {status} {text}")
+    failures += look_alikes(port, list(COMPRESS), OK)
     exit_with(failures)
 
 

@@ -16,24 +16,28 @@
 #include "absl/status/statusor.h"
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/transport_options.h"
+#include "grpc/compression.h"
 #include "grpcpp/support/byte_buffer.h"
 
 namespace attnserve {
 
-// If `message` (a request's bytes as they arrived, gRPC's own decompression
-// off) starts as a gzip stream (bytes 1f 8b) or a zlib stream (RFC 1950's
-// header: what gRPC calls "deflate") does, replaces it with its inflated bytes.
-// gRPC 1.51 does not show a handler the request's grpc-encoding, so the bytes
-// decide: no request of ours starts so, since each starts with a
-// length-delimited field (wire type 2), and both headers have wire types 0 or
-// 7. RESOURCE_EXHAUSTED once the output passes `max_bytes`, before more is
-// allocated; INVALID_ARGUMENT for a corrupt or truncated stream. Other bytes
-// are left as they are.
+// Which algorithm compressed `message` (a request's bytes as they arrived,
+// gRPC's own decompression off): the one its grpc-encoding named, if the
+// message came with its compressed flag set; GRPC_COMPRESS_NONE if not.
+grpc_compression_algorithm MessageCompression(grpc::ByteBuffer* message);
+
+// If `message` came compressed, replaces it with its inflated bytes: gzip, or
+// what gRPC calls "deflate" (a zlib stream, RFC 1950); another algorithm is
+// UNIMPLEMENTED. The message's compressed flag decides, never its bytes: a
+// plain message may start as a zlib header does (a CreateSession of 60
+// layers starts 08 3c). RESOURCE_EXHAUSTED once the output passes
+// `max_bytes`, before more is allocated; INVALID_ARGUMENT for a corrupt or
+// truncated stream. A plain message is left as it is.
 absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message);
 
-// UNIMPLEMENTED if `message` starts as a gzip or zlib stream does (as
-// InflateRequest tells them); OK otherwise.
-absl::Status RefuseCompressedRequest(const grpc::ByteBuffer& message);
+// UNIMPLEMENTED, naming the encoding, if `message` came compressed (as
+// MessageCompression tells); OK otherwise.
+absl::Status RefuseCompressedRequest(grpc::ByteBuffer* message);
 
 // Takes a request `message` that has arrived from `peer`: inflates it (with
 // `transport.accept_compressed_requests`; without it, a compressed message

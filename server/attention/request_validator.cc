@@ -282,14 +282,7 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
 // RESOURCE_EXHAUSTED if `tensor` has more elements than the limit.
 absl::Status CheckElements(absl::string_view field, const v1::Tensor& tensor,
                            const RequestChecks& checks) {
-  const int64_t elements =
-      CheckedProduct(
-          absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()))
-          .value_or(0);
-  if (elements <= checks.limits.max_elements) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      field, " has ", elements, " elements, over the max_elements limit of ",
-      checks.limits.max_elements));
+  return CheckElementLimit(field, tensor, checks.limits.max_elements);
 }
 
 // The attention's scratch bytes: the engine's own figure, which depends on its

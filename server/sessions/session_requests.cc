@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/sessions/page_arena.h"
 #include "attnserve/server/tensors/tensor_checks.h"
@@ -16,10 +17,12 @@ namespace {
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxHeadDim = 4096;
 
-// An id shown in a message: a hostile 1 MB string is cut short.
+// An id shown in a message: a hostile 1 MB string is cut short, on a UTF-8
+// character boundary (a message must stay UTF-8, or the whole response
+// holding it fails to serialise).
 std::string Quoted(const std::string& id) {
   return id.size() <= 64 ? absl::StrCat("'", id, "'")
-                         : absl::StrCat("'", id.substr(0, 64), "...' (",
+                         : absl::StrCat("'", CutText(id, 64), "...' (",
                                         id.size(), " bytes)");
 }
 

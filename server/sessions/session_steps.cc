@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/flops.h"
@@ -18,11 +19,19 @@ namespace {
 // lengths, shapes, the length field).
 constexpr int64_t kResultOverheadBytes = 64;
 
+// Keeps the result's length: what the layer holds, set before the error by
+// whoever knows it. The message names the step, unless it names one of the
+// step's fields already ("steps[2].key ...").
 void SetError(int index, const absl::Status& status, v1::StepResult* result) {
+  const int64_t length = result->length();
   result->Clear();
+  result->set_length(length);
   result->mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  const std::string step = absl::StrCat("steps[", index, "]");
   result->mutable_error()->set_message(
-      absl::StrCat("steps[", index, "]: ", status.message()));
+      absl::StartsWith(status.message(), step + ".")
+          ? std::string(status.message())
+          : absl::StrCat(step, ": ", status.message()));
 }
 
 absl::Status CheckDims(const std::string& field, const v1::Tensor& tensor,
@@ -74,7 +83,9 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
       return s;
     }
     for (absl::Status s :
-         {CheckDims(key, step.key(), 0, "Hkv", config.kv_heads,
+         {CheckElementLimit(key, step.key(), limits.max_elements),
+          CheckElementLimit(value, step.value(), limits.max_elements),
+          CheckDims(key, step.key(), 0, "Hkv", config.kv_heads,
                     "the session's num_kv_heads"),
           CheckDims(key, step.key(), 2, "Dk", config.key_dim,
                     "the session's key_dim"),
@@ -107,7 +118,8 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
       return s;
     }
     for (absl::Status s :
-         {CheckDims(query, step.query(), 0, "H", config.heads,
+         {CheckElementLimit(query, step.query(), limits.max_elements),
+          CheckDims(query, step.query(), 0, "H", config.heads,
                     "the session's num_heads"),
           CheckDims(query, step.query(), 2, "Dk", config.key_dim,
                     "the session's key_dim")}) {
@@ -226,6 +238,10 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
     const SessionConfig& config = work.pin.config();
     if (absl::Status s = CheckStep(step, prefix, config, limits, &work);
         !s.ok()) {
+      // What the layer holds, as for a failed append (if the layer exists).
+      if (step.layer() >= 0 && step.layer() < config.layers) {
+        result->set_length(work.pin.Length(step.layer()));
+      }
       SetError(i, s, result);
       continue;
     }
@@ -354,12 +370,12 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     absl::StatusOr<SessionStore::View> view = store.AppendAndView(
         work.pin, work.layer, work.expected_length, work.append, &length);
     if (!view.ok()) {
-      SetError(work.index, view.status(), result);
       // What the layer holds, so that a client retrying can tell whether its
       // first attempt landed without asking GetSession.
       if (view.status().code() != absl::StatusCode::kNotFound) {
         result->set_length(length);
       }
+      SetError(work.index, view.status(), result);
       continue;
     }
     result->set_length(view->length);

@@ -9,6 +9,7 @@
 #include <new>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -108,6 +109,13 @@ const SessionConfig& SessionStore::Pin::config() const {
 }
 
 const std::string& SessionStore::Pin::id() const { return session_->id; }
+
+int64_t SessionStore::Pin::Length(int64_t layer) const {
+  absl::MutexLock lock(&store_->mutex_);
+  return session_->removed
+             ? 0
+             : session_->layers[static_cast<size_t>(layer)].length;
+}
 
 namespace {
 
@@ -228,25 +236,43 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
                      "(kv_cache_bytes) of ",
                      budget, " bytes"));
   }
-  auto candidate = lru_.begin();
-  while (used_bytes_->load() + bytes > budget) {
-    if (options_.eviction == EvictionPolicy::kLru) {
-      while (candidate != lru_.end() &&
-             ((*candidate)->pins > 0 || *candidate == keep)) {
-        ++candidate;
+  const int64_t used = used_bytes_->load();
+  if (used + bytes <= budget) return absl::OkStatus();
+  if (options_.eviction == EvictionPolicy::kNone) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
+        used, " bytes held; the step needs ", bytes,
+        " more); kv_eviction is none: delete or truncate sessions"));
+  }
+  // The victims are chosen, least recently used first, before any goes, so
+  // that a step that would not fit even with them all gone evicts none. A
+  // page goes with its last table: it counts once every table holding it is
+  // a victim's.
+  std::vector<Session*> victims;
+  absl::flat_hash_map<const Page*, int> victim_tables;
+  int64_t freed = 0;
+  for (Session* candidate : lru_) {
+    if (used - freed + bytes <= budget) break;
+    if (candidate->pins > 0 || candidate == keep) continue;
+    victims.push_back(candidate);
+    for (const Session::Layer& layer : candidate->layers) {
+      for (const std::shared_ptr<Page>& page : layer.pages) {
+        if (page != nullptr && ++victim_tables[page.get()] == page->tables) {
+          freed += page->bytes;
+        }
       }
     }
-    if (options_.eviction == EvictionPolicy::kNone || candidate == lru_.end()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the KV cache budget (kv_cache_bytes) of ", budget,
-          " bytes is full (", used_bytes_->load(),
-          " bytes held; the step needs ", bytes, " more)",
-          options_.eviction == EvictionPolicy::kNone
-              ? "; kv_eviction is none: delete or truncate sessions"
-              : " and every other session is in use by a step or shares "
-                "its pages"));
-    }
-    Session* victim = *candidate++;
+  }
+  if (used - freed + bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
+        used, " bytes held; the step needs ", bytes,
+        " more), and evicting every session no step is using would free only ",
+        freed,
+        " (the rest is this session's, shared with it, or in use by steps); "
+        "nothing was evicted"));
+  }
+  for (Session* victim : victims) {
     Remove(sessions_.at(victim->id),
            absl::StrCat("was evicted (least recently used) to make room in "
                         "the KV cache budget of ",
@@ -323,8 +349,11 @@ void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {
   // length − window_left on; a page wholly between them goes.
   const int64_t sinks = config.num_sink_tokens;
   const int64_t first = WindowStart(config, layer->length);
+  // Pages from the first after the sinks' to the last wholly before `first`
+  // (counted by division: a page index times page_tokens may overflow with
+  // sinks near 2^63).
   for (int64_t p = sinks / page_tokens + (sinks % page_tokens != 0 ? 1 : 0);
-       (p + 1) * page_tokens <= first; ++p) {
+       p < first / page_tokens; ++p) {
     Release(&layer->pages[static_cast<size_t>(p)]);
   }
 }
@@ -448,6 +477,17 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   absl::MutexLock lock(&mutex_);
   absl::StatusOr<std::shared_ptr<Session>> parent = Find(owner, id);
   if (!parent.ok()) return parent.status();
+  // Checked before room is made: a refused fork evicts nothing.
+  for (size_t l = 0; l < (*parent)->layers.size(); ++l) {
+    const Session::Layer& from = (*parent)->layers[l];
+    const int64_t kept = std::min(from.length, length.value_or(from.length));
+    if (absl::Status held = CheckHeld(
+            **parent, l, kept, kept,
+            absl::StrCat("a fork of length ", kept, ": its next token"));
+        !held.ok()) {
+      return held;
+    }
+  }
   // Pinned while room is made, so that it is not the session evicted.
   ++(*parent)->pins;
   const absl::Status room = MakeRoomForSession();
@@ -465,16 +505,6 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   child->forked_from = id;
   child->layers.resize((*parent)->layers.size());
   const int64_t page_tokens = child->layout.page_tokens;
-  for (size_t l = 0; l < child->layers.size(); ++l) {
-    const Session::Layer& from = (*parent)->layers[l];
-    const int64_t kept = std::min(from.length, length.value_or(from.length));
-    if (absl::Status held = CheckHeld(
-            **parent, l, kept, kept,
-            absl::StrCat("a fork of length ", kept, ": its next token"));
-        !held.ok()) {
-      return held;
-    }
-  }
   for (size_t l = 0; l < child->layers.size(); ++l) {
     const Session::Layer& from = (*parent)->layers[l];
     Session::Layer& to = child->layers[l];
@@ -648,9 +678,13 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
                        "; nothing was appended"));
     }
     // A partly filled last page is written in place only if this table alone
-    // holds it and no step reads it; else it is copied first.
+    // holds it and no step reads it; else it is copied first. One that
+    // evict_outside_window freed (a truncate or fork came back into it) is
+    // replaced by a zeroed page: its earlier tokens are outside the next
+    // token's window (CheckHeld saw to it), so no later token reads them.
     const bool partial = layer.length % page_tokens != 0;
-    const bool copy_last = partial && layer.pages.back().use_count() > 1;
+    const bool copy_last = partial && (layer.pages.back() == nullptr ||
+                                       layer.pages.back().use_count() > 1);
     const int64_t new_pages =
         (layer.length + tokens + page_tokens - 1) / page_tokens -
         static_cast<int64_t>(layer.pages.size());
@@ -674,8 +708,12 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     auto next = fresh.begin();
     if (copy_last) {
       std::shared_ptr<Page> copy = *next++;
-      std::memcpy(copy->data, layer.pages.back()->data,
-                  static_cast<size_t>(layout.PageBytes()));
+      if (layer.pages.back() == nullptr) {
+        std::memset(copy->data, 0, static_cast<size_t>(layout.PageBytes()));
+      } else {
+        std::memcpy(copy->data, layer.pages.back()->data,
+                    static_cast<size_t>(layout.PageBytes()));
+      }
       Release(&layer.pages.back());
       layer.pages.back() = std::move(copy);
       Hold(layer.pages.back());

@@ -115,4 +115,15 @@ absl::Status CheckDimEquals(absl::string_view field, int64_t actual,
       field, " is ", actual, ", expected ", expected, " (", why, ")"));
 }
 
+absl::Status CheckElementLimit(absl::string_view field,
+                               const v1::Tensor& tensor, int64_t max_elements) {
+  const std::optional<int64_t> elements = CheckedProduct(
+      absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()));
+  if (elements && *elements <= max_elements) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, " has ",
+      elements ? absl::StrCat(*elements) : std::string("over 2^63"),
+      " elements, over the max_elements limit of ", max_elements));
+}
+
 }  // namespace attnserve

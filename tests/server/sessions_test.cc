@@ -16,6 +16,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -607,6 +609,111 @@ TEST_F(SessionsTest, AnEvictingSessionHoldsBoundedPagesForever) {
   ASSERT_NO_FATAL_FAILURE(CheckOutput(child, 0, query, 1, response.results(1)));
 }
 
+// With window_left 0 every page behind the next token goes. A truncation or a
+// fork back into such a page is allowed (the next token sees only itself),
+// and the next append writes to a fresh page, not the freed one.
+TEST_F(SessionsTest, AWindowOfZeroTruncatesAndForksBackIntoFreedPages) {
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(0);
+  defaults.set_evict_outside_window(true);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32, "", defaults);
+  uint64_t seed = 300;
+  v1::StepRequest prefill;
+  *prefill.add_steps() = MakeStep(model, 0, 32, 0, seed += 3);  // 2 pages.
+  v1::StepResponse prefilled;
+  ASSERT_TRUE(Step(prefill, &prefilled).ok());
+  ASSERT_FALSE(prefilled.results(0).has_error())
+      << prefilled.results(0).error().message();
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(model.id);
+  fork.set_length(24);  // Halfway into the freed second page.
+  v1::ForkSessionResponse forked;
+  grpc::Status status = stub_->ForkSession(Context().get(), fork, &forked);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  SessionModel child = model;
+  child.id = forked.session().session_id();
+  Truncate(child, 24);
+  v1::TruncateSessionRequest truncate;
+  truncate.set_session_id(model.id);
+  truncate.set_length(24);
+  v1::TruncateSessionResponse truncated;
+  status = stub_->TruncateSession(Context().get(), truncate, &truncated);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  Truncate(model, 24);
+  for (SessionModel* m : {&model, &child}) {
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> query;
+      v1::StepRequest request;
+      *request.add_steps() = MakeStep(*m, 0, 5, 2, seed += 3, &query);
+      v1::StepResponse response;
+      ASSERT_TRUE(Step(request, &response).ok());
+      ASSERT_NO_FATAL_FAILURE(
+          CheckOutput(*m, 0, query, 2, response.results(0)));
+    }
+  }
+}
+
+// Sinks past any length (up to 2^63 − 1) with eviction on: every key is a
+// sink, and none goes.
+TEST_F(SessionsTest, SinksNearTheLargestCountKeepEveryKey) {
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(1);
+  defaults.set_num_sink_tokens(std::numeric_limits<int64_t>::max());
+  defaults.set_evict_outside_window(true);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32, "", defaults);
+  uint64_t seed = 400;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> query;
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, 20, 1, seed += 3, &query);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_NO_FATAL_FAILURE(
+        CheckOutput(model, 0, query, 1, response.results(0)));
+  }
+}
+
+// A failed step's length is what its layer holds, however it failed (but for
+// NOT_FOUND), so that a client retrying learns whether its first attempt
+// landed; a step whose append stood before its query failed says so.
+TEST_F(SessionsTest, AFailedStepSaysWhatItsLayerHolds) {
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(2);
+  defaults.set_evict_outside_window(true);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32, "", defaults);
+  v1::StepRequest prefill;
+  *prefill.add_steps() = MakeStep(model, 0, 40, 0, 500);
+  v1::StepResponse prefilled;
+  ASSERT_TRUE(Step(prefill, &prefilled).ok());
+  ASSERT_FALSE(prefilled.results(0).has_error());
+  v1::StepRequest request;
+  v1::SessionStep* wrong_dim = request.add_steps();
+  wrong_dim->set_session_id(model.id);
+  wrong_dim->set_expected_length(40);
+  *wrong_dim->mutable_query() =
+      MakeFloat32Tensor({2, 1, 16}, RandomValues(32, 501));
+  v1::SessionStep* bool_output = request.add_steps();
+  *bool_output = MakeStep(model, 0, 0, 1, 502);
+  bool_output->mutable_options()->set_output_dtype(v1::BOOL);
+  // One token, and 12 query rows reaching back past the window kept.
+  *request.add_steps() = MakeStep(model, 0, 1, 12, 503);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  ASSERT_EQ(response.results_size(), 3);
+  EXPECT_EQ(response.results(0).error().code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(response.results(0).error().message(),
+              ::testing::StartsWith("steps[0].query.shape[2] (Dk) is 16"));
+  EXPECT_EQ(response.results(0).length(), 40);
+  EXPECT_EQ(response.results(1).error().code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(response.results(1).length(), 40);
+  EXPECT_EQ(response.results(2).error().code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(response.results(2).error().message(), HasSubstr("freed keys"));
+  EXPECT_EQ(response.results(2).length(), 41);  // The append stood.
+}
+
 // RoPE by the session: keys rotated at the positions they take, query rows at
 // L − Tq + i, against the reference over rows this test rotates itself
 // (GPT-NeoX pairs, half the head).
@@ -780,9 +887,13 @@ TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
   wrong->set_session_id(b.id);
   wrong->set_expected_length(0);
   *wrong->mutable_query() = MakeFloat32Tensor({4, 1, 16}, RandomValues(64, 3));
+  // An id over the 64 bytes a message quotes, cut there mid-character: the
+  // message must stay UTF-8, or the whole response would not serialise.
+  v1::SessionStep* long_id = request.add_steps();
+  long_id->set_session_id(std::string(63, 'a') + "\u00e9\u00e9\u00e9");
   v1::StepResponse response;
   ASSERT_TRUE(Step(request, &response).ok());
-  ASSERT_EQ(response.results_size(), 4);
+  ASSERT_EQ(response.results_size(), 5);
   ASSERT_NO_FATAL_FAILURE(CheckOutput(a, 0, query_a, 2, response.results(0)));
   EXPECT_EQ(response.results(1).error().code(),
             grpc::StatusCode::INVALID_ARGUMENT);
@@ -793,6 +904,9 @@ TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
   EXPECT_THAT(response.results(3).error().message(),
               HasSubstr("steps[3].query.shape[2] (Dk) is 16, expected 8 (the "
                         "session's key_dim)"));
+  EXPECT_THAT(response.results(4).error().message(),
+              HasSubstr("steps[4].session_id is '" + std::string(63, 'a') +
+                        "...' (69 bytes)"));
 }
 
 TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {
@@ -1223,6 +1337,91 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(response.results(0).error().message(),
               HasSubstr("KV cache budget (kv_cache_bytes) of 81920 bytes"));
+}
+
+// A step that would not fit even with every idle session evicted, and a fork
+// refused for freed keys, are refused without evicting anyone.
+TEST_F(SessionBudgetTest, ARefusedStepOrForkEvictsNothing) {
+  ServerOptions options = Options();
+  options.memory.kv_cache_bytes = 4 * 4096;  // 4 pages.
+  options.sessions.max_sessions = 2;
+  Start(options);
+  SessionModel bystander = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  SessionModel big = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  for (auto [model, tokens] : {std::pair{&bystander, 16}, {&big, 48}}) {
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(*model, 0, tokens, 0, 600 + tokens);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    ASSERT_FALSE(response.results(0).has_error())
+        << response.results(0).error().message();
+  }
+  const auto alive = [&](const std::string& id) {
+    v1::GetSessionRequest get;
+    get.set_session_id(id);
+    v1::GetSessionResponse got;
+    return stub_->GetSession(Context().get(), get, &got).ok();
+  };
+  // 2 more pages: with the bystander gone, `big` alone would hold 5 of 4.
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(big, 0, 32, 0, 700);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  EXPECT_EQ(response.results(0).error().code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(response.results(0).error().message(),
+              HasSubstr("would free only 4096"));
+  EXPECT_EQ(response.results(0).length(), 48);
+  EXPECT_TRUE(alive(bystander.id));
+
+  // At max_sessions, a fork would evict the least recently used session, the
+  // bystander; refused for the keys it would need, it evicts none.
+  v1::DeleteSessionRequest remove;
+  remove.set_session_id(big.id);
+  v1::DeleteSessionResponse removed;
+  ASSERT_TRUE(stub_->DeleteSession(Context().get(), remove, &removed).ok());
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(2);
+  defaults.set_evict_outside_window(true);
+  SessionModel windowed = NewSession(1, 2, 2, 8, v1::FLOAT32, "", defaults);
+  request.Clear();
+  *request.add_steps() = MakeStep(windowed, 0, 40, 0, 701);
+  ASSERT_TRUE(Step(request, &response).ok());
+  ASSERT_FALSE(response.results(0).has_error());
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(windowed.id);
+  fork.set_length(10);
+  v1::ForkSessionResponse forked;
+  const grpc::Status status =
+      stub_->ForkSession(Context().get(), fork, &forked);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("freed keys"));
+  EXPECT_TRUE(alive(bystander.id));
+  EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"evicted\"}"],
+            0);
+}
+
+// A step's key, value and query count against --max_elements as an Attend's
+// tensors do.
+TEST_F(SessionBudgetTest, StepTensorsAreBoundByMaxElements) {
+  ServerOptions options = Options();
+  options.limits.max_elements = 100;
+  Start(options);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  for (auto [tokens, query_len, field] :
+       {std::tuple{8, 0, "key"}, {1, 8, "query"}}) {
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, tokens, query_len, 800);
+    v1::StepResponse response;
+    ASSERT_TRUE(Step(request, &response).ok());
+    EXPECT_EQ(response.results(0).error().code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(response.results(0).error().message(),
+                HasSubstr(absl::StrCat("steps[0].", field,
+                                       " has 128 elements, over the "
+                                       "max_elements limit of 100")));
+    Truncate(model, 0);
+  }
 }
 
 TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {

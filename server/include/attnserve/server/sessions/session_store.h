@@ -177,6 +177,9 @@ class SessionStore {
 
     const SessionConfig& config() const;
     const std::string& id() const;
+    // The tokens `layer` (0 to config().layers − 1) holds now; 0 once the
+    // session is gone.
+    int64_t Length(int64_t layer) const;
 
    private:
     friend class SessionStore;

@@ -44,6 +44,12 @@ absl::Status CheckTensorOfRank(absl::string_view field,
                                absl::Span<const v1::DType> dtypes, int min_rank,
                                int max_rank);
 
+// RESOURCE_EXHAUSTED if `tensor` (the field `field`) has more elements than
+// `max_elements` (the server's --max_elements); a shape whose product
+// overflows counts as over it.
+absl::Status CheckElementLimit(absl::string_view field,
+                               const v1::Tensor& tensor, int64_t max_elements);
+
 // INVALID_ARGUMENT "`field` is `actual`, expected `expected` (`why`)" when they
 // differ.
 absl::Status CheckDimEquals(absl::string_view field, int64_t actual,

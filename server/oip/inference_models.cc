@@ -274,6 +274,11 @@ absl::Status TakeKeyLengths(ModelInferRequest& request, int index,
     return Invalid(absl::StrCat("input KEY_LENGTHS has ", input.shape_size(),
                                 " dimensions, expected 1: [B]"));
   }
+  // An empty one would read as no KEY_LENGTHS at all.
+  if (input.shape(0) < 1) {
+    return Invalid(absl::StrCat("input KEY_LENGTHS has shape [", input.shape(0),
+                                "], expected [B]: one length per batch entry"));
+  }
   ATTNSERVE_ASSIGN_OR_RETURN(const std::string bytes,
                              TakeBytes(request, index, "INT64"));
   if (bytes.size() % 8 != 0 ||

@@ -280,6 +280,10 @@ def main():
     expect_error("error_datatype", lambda: stub.ModelInfer(infer_request(
         "sdpa", [("QUERY", "INT64", q.astype(np.int64))] + good[1:])),
         grpc.StatusCode.INVALID_ARGUMENT, "input QUERY is", "expected one of FP32")
+    # An empty KEY_LENGTHS would read as none at all.
+    expect_error("error_empty_key_lengths", lambda: stub.ModelInfer(infer_request(
+        "sdpa", good + [("KEY_LENGTHS", "INT64", np.zeros(0, np.int64))])),
+        grpc.StatusCode.INVALID_ARGUMENT, "input KEY_LENGTHS has shape [0], expected [B]")
     request = infer_request("sdpa", good)
     request.raw_input_contents.pop()
     expect_error("error_raw_count", lambda: stub.ModelInfer(request),

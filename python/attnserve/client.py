@@ -1,6 +1,8 @@
 """attnserve.Client: every RPC of attnserve.v1.AttentionService with NumPy arrays."""
 import collections
+import collections.abc
 import dataclasses
+import numbers
 import random
 import time
 
@@ -59,10 +61,87 @@ _COMPRESSION = {None: grpc.Compression.NoCompression, "none": grpc.Compression.N
 
 def _choice(table, value, name):
     key = value.lower() if isinstance(value, str) else value
-    if key not in table:
+    try:
+        known = key in table
+    except TypeError:  # unhashable
+        known = False
+    if not known:
         expected = ", ".join(str(k) for k in table if k is not None)
         raise ValueError(f"{name} is {value!r}, expected one of {expected}")
     return table[key]
+
+
+# Checks of arguments before anything is sent: each raises ValueError naming the argument and
+# what it expects (the server would refuse the value, or protobuf raise a TypeError, or a
+# value would be silently changed, as int() truncates 4.7).
+
+def _flag(value, name):
+    """True or False (a NumPy bool too) -> bool."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} is {value!r}, expected True or False")
+
+
+def _integer(value, name):
+    """A Python or NumPy integer, or a float of integral value, within int64 -> int."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        if isinstance(value, numbers.Integral) or float(value).is_integer():
+            number = int(value)
+            if -(1 << 63) <= number < (1 << 63):
+                return number
+    raise ValueError(f"{name} is {value!r}, expected an integer")
+
+
+def _integers(values, name):
+    """A sequence (list, tuple, 1-D array) of integers -> a list of int."""
+    if isinstance(values, np.ndarray):
+        sequence = values.ndim == 1
+    else:
+        sequence = (isinstance(values, collections.abc.Iterable)
+                    and not isinstance(values, (str, bytes)))
+    if not sequence:
+        raise ValueError(f"{name} is {values!r}, expected a sequence of integers")
+    return [_integer(value, f"{name}[{i}]") for i, value in enumerate(values)]
+
+
+def _real(value, name):
+    """A Python or NumPy number (not a bool) -> float."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    raise ValueError(f"{name} is {value!r}, expected a number")
+
+
+def _reals(values, name):
+    """A sequence (list, tuple, 1-D array) of numbers -> a float32 array."""
+    try:
+        array = np.asarray(values)
+    except ValueError:  # ragged
+        array = None
+    if array is None or array.ndim != 1 or array.dtype.kind not in "fiu":
+        raise ValueError(f"{name} is {values!r}, expected a sequence of numbers")
+    return array.astype(np.float32)
+
+
+_DATA_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _data_dtype(value, name):
+    """None, or "float32", "bfloat16", "float16" (any case): what data travels, is stored
+    and is answered as (bool is only for masks) -> the lower-case name or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in _DATA_DTYPES:
+        raise ValueError(f"{name} is {value!r}, expected float32, bfloat16 or float16")
+    return value.lower()
+
+
+def _mask_tensor(mask):
+    try:
+        return to_tensor(mask)
+    except TypeError:
+        raise ValueError(f"attn_mask is a NumPy {np.asarray(mask).dtype} array, expected bool "
+                         f"(True = may attend) or float (added to the scores): float32, "
+                         f"float16, float64, or uint16 bfloat16 bits") from None
 
 
 def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
@@ -75,34 +154,38 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
     attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk].
     window_left / window_right (None or -1: unbounded), num_sink_tokens, alibi_slopes
     (one per query head) and softcap as docs/api.md defines them; cu_seqlens_q and
-    cu_seqlens_k: packed sequences, with [total, H, D] tensors."""
+    cu_seqlens_k: packed sequences, with [total, H, D] tensors. A value of the wrong kind
+    (a flag not True or False, a length or window not an integer, output_dtype not float32,
+    bfloat16 or float16, a mask neither bool nor float) is a ValueError naming it."""
     options = pb2.AttentionOptions(
-        causal=causal,
+        causal=_flag(causal, "causal"),
         causal_alignment=_choice(_ALIGNMENTS, causal_alignment, "causal_alignment"),
-        return_lse=return_lse,
+        return_lse=_flag(return_lse, "return_lse"),
         return_weights=_choice(_RETURN_WEIGHTS, return_weights, "return_weights"),
         precision=_choice(_PRECISIONS, precision, "precision"))
     if scale is not None:
-        options.scale = scale
+        options.scale = _real(scale, "scale")
     if key_lengths is not None:
-        options.key_lengths.extend(int(length) for length in key_lengths)
+        options.key_lengths.extend(_integers(key_lengths, "key_lengths"))
     if attn_mask is not None:
-        options.attn_mask.CopyFrom(to_tensor(attn_mask))
+        options.attn_mask.CopyFrom(_mask_tensor(attn_mask))
     if output_dtype is not None:
-        options.output_dtype = pb2.DType.Value(wire_dtype(output_dtype))
+        options.output_dtype = pb2.DType.Value(
+            wire_dtype(_data_dtype(output_dtype, "output_dtype")))
     if window_left is not None:
-        options.window_left = int(window_left)
+        options.window_left = _integer(window_left, "window_left")
     if window_right is not None:
-        options.window_right = int(window_right)
-    options.num_sink_tokens = int(num_sink_tokens)
+        options.window_right = _integer(window_right, "window_right")
+    if num_sink_tokens is not None:
+        options.num_sink_tokens = _integer(num_sink_tokens, "num_sink_tokens")
     if alibi_slopes is not None:
-        options.alibi_slopes.CopyFrom(to_tensor(np.asarray(alibi_slopes, np.float32)))
+        options.alibi_slopes.CopyFrom(to_tensor(_reals(alibi_slopes, "alibi_slopes")))
     if softcap is not None:
-        options.softcap = softcap
+        options.softcap = _real(softcap, "softcap")
     if cu_seqlens_q is not None:
-        options.cu_seqlens_q.extend(int(x) for x in cu_seqlens_q)
+        options.cu_seqlens_q.extend(_integers(cu_seqlens_q, "cu_seqlens_q"))
     if cu_seqlens_k is not None:
-        options.cu_seqlens_k.extend(int(x) for x in cu_seqlens_k)
+        options.cu_seqlens_k.extend(_integers(cu_seqlens_k, "cu_seqlens_k"))
     return options
 
 
@@ -201,6 +284,7 @@ class Client:
 
     def attend_request(self, query, key, value, *, input_dtype=None, **options):
         """The AttendRequest attend() sends (for AttendStream or sharding)."""
+        input_dtype = _data_dtype(input_dtype, "input_dtype")
         return pb2.AttendRequest(query=to_tensor(query, input_dtype),
                                  key=to_tensor(key, input_dtype),
                                  value=to_tensor(value, input_dtype),
@@ -231,6 +315,7 @@ class Client:
         one), or inline `weights`, a dict of w_q, w_k, w_v, w_o and optional b_q, b_k, b_v,
         b_o arrays in torch.nn.Linear layout, with num_heads (and num_kv_heads).
         """
+        input_dtype = _data_dtype(input_dtype, "input_dtype")
         request = pb2.MultiHeadAttentionRequest(
             query_input=to_tensor(query_input, input_dtype),
             options=attention_options(**options))
@@ -281,24 +366,33 @@ class Client:
         no RoPE), rotary_dim (0: the head), rope_interleaved: the server rotates each
         step's keys and queries at their positions."""
         from attnserve.session import Session
+        if dtype is None:
+            raise ValueError("dtype is None, expected float32, bfloat16 or float16")
         request = pb2.CreateSessionRequest(
-            num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-            key_dim=key_dim, value_dim=value_dim, dtype=wire_dtype(dtype),
-            max_tokens=max_tokens, ttl_seconds=ttl_seconds, session_id=session_id or "")
+            num_layers=_integer(num_layers, "num_layers"),
+            num_heads=_integer(num_heads, "num_heads"),
+            num_kv_heads=_integer(num_kv_heads, "num_kv_heads"),
+            key_dim=_integer(key_dim, "key_dim"), value_dim=_integer(value_dim, "value_dim"),
+            dtype=wire_dtype(_data_dtype(dtype, "dtype")),
+            max_tokens=_integer(max_tokens, "max_tokens"),
+            ttl_seconds=_integer(ttl_seconds, "ttl_seconds"), session_id=session_id or "")
         if scale is not None:
-            request.defaults.scale = scale
+            request.defaults.scale = _real(scale, "scale")
         if window_left is not None:
-            request.defaults.window_left = int(window_left)
-        request.defaults.num_sink_tokens = int(num_sink_tokens)
+            request.defaults.window_left = _integer(window_left, "window_left")
+        if num_sink_tokens is not None:
+            request.defaults.num_sink_tokens = _integer(num_sink_tokens, "num_sink_tokens")
         if alibi_slopes is not None:
-            request.defaults.alibi_slopes.extend(float(s) for s in alibi_slopes)
+            request.defaults.alibi_slopes.extend(
+                float(s) for s in _reals(alibi_slopes, "alibi_slopes"))
         if softcap is not None:
-            request.defaults.softcap = softcap
-        request.defaults.evict_outside_window = evict_outside_window
+            request.defaults.softcap = _real(softcap, "softcap")
+        request.defaults.evict_outside_window = _flag(evict_outside_window,
+                                                      "evict_outside_window")
         if rope_theta is not None:
-            request.defaults.rope.theta = rope_theta
-            request.defaults.rope.rotary_dim = rotary_dim
-            request.defaults.rope.interleaved = rope_interleaved
+            request.defaults.rope.theta = _real(rope_theta, "rope_theta")
+            request.defaults.rope.rotary_dim = _integer(rotary_dim, "rotary_dim")
+            request.defaults.rope.interleaved = _flag(rope_interleaved, "rope_interleaved")
         response = self.call("CreateSession", request, timeout,
                              retryable=self._retry.retry_session_creation)
         return Session(self, response.session, response.replica)

@@ -17,7 +17,8 @@ import socket
 
 import numpy as np
 
-from attnserve.client import Client
+from attnserve.client import Client, _data_dtype
+from attnserve.session import _layer, _step_options
 
 _MASK = (1 << 64) - 1
 
@@ -175,6 +176,10 @@ class ShardedSession:
         """As Session.step, over all the shards; returns (output, lse or None, length)."""
         if (key is None) != (value is None):
             raise ValueError("give key and value together, or neither")
+        layer = _layer(layer, len(self.lengths))
+        checked = dict(options)  # before any shard is sent a step
+        _data_dtype(checked.pop("input_dtype", None), "input_dtype")
+        _step_options(return_lse=return_lse, **checked)
         start = self.lengths[layer]
         tokens = 0 if key is None else np.asarray(key).shape[1]
         end = start + tokens

@@ -3,7 +3,8 @@ import collections
 
 import grpc
 
-from attnserve.client import _PRECISIONS, AttnserveError, _choice, _optional, _timing
+from attnserve.client import (_PRECISIONS, AttnserveError, _choice, _data_dtype, _flag,
+                              _integer, _optional, _real, _timing)
 from attnserve.tensors import to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
 
@@ -29,13 +30,23 @@ def _code(number):
 
 
 def _step_options(scale=None, precision=None, return_lse=False, output_dtype=None):
-    options = pb2.StepOptions(return_lse=return_lse,
+    options = pb2.StepOptions(return_lse=_flag(return_lse, "return_lse"),
                               precision=_choice(_PRECISIONS, precision, "precision"))
     if scale is not None:
-        options.scale = scale
+        options.scale = _real(scale, "scale")
     if output_dtype is not None:
-        options.output_dtype = pb2.DType.Value(wire_dtype(output_dtype))
+        options.output_dtype = pb2.DType.Value(
+            wire_dtype(_data_dtype(output_dtype, "output_dtype")))
     return options
+
+
+def _layer(layer, num_layers):
+    """`layer` checked against a session of `num_layers` layers -> int."""
+    number = _integer(layer, "layer")
+    if not 0 <= number < num_layers:
+        raise ValueError(f"layer is {layer!r}, expected 0 to {num_layers - 1} (the session "
+                         f"has {num_layers} layers)")
+    return number
 
 
 class Session:
@@ -136,6 +147,8 @@ class Session:
     def _step(self, layer, key, value, query, input_dtype, timeout, options):
         if (key is None) != (value is None):
             raise ValueError("give key and value together, or neither")
+        layer = _layer(layer, len(self.lengths))
+        input_dtype = _data_dtype(input_dtype, "input_dtype")
         expected = self.lengths[layer]
         step = pb2.SessionStep(session_id=self.id, layer=layer, expected_length=expected,
                                options=_step_options(**options))

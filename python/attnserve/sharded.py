@@ -8,14 +8,17 @@ once. Each answers its output o_s and lse_s over its own keys; the merge is exac
 Every option carries over: key_lengths are cut per shard, a mask along Lk, and causality
 becomes a per-shard mask of global key positions. A row that sees no key in any shard gets
 output 0 and lse −inf, as from one call. Attention weights cannot be returned (each shard
-sees only its keys).
+sees only its keys), nor can the options that depend on each key's position in the whole
+sequence: a window (window_left or window_right set and not -1; 0 is a window), sinks, ALiBi
+slopes or packed sequences (ValueError).
 """
 import concurrent.futures
 
 import numpy as np
 
-from attnserve.client import AttendResult, Timing
-from attnserve.tensors import from_tensor
+from attnserve.client import AttendResult, Timing, _integer, attention_options
+from attnserve.tensors import bfloat16_bits_to_float32, from_tensor
+from attnserve.v1 import attention_pb2 as pb2
 
 
 def _shard_bounds(length, shards):
@@ -40,11 +43,21 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     (1 to Lk) on `clients` (attnserve.Client, at least one), merged exactly. Returns an
     AttendResult whose timing is the slowest shard's; raises the first failing shard's
     AttnserveError, ValueError for arguments that cannot be sharded."""
-    if return_weights not in (None, "none"):
+    # Every option checked (ValueError) as one call would check it, before anything is cut.
+    checked = attention_options(causal=causal, causal_alignment=causal_alignment,
+                                key_lengths=key_lengths, attn_mask=attn_mask,
+                                return_lse=return_lse, return_weights=return_weights,
+                                **options)
+    if checked.return_weights != pb2.AttentionOptions.NONE:
         raise ValueError("return_weights cannot be sharded: each shard sees only its keys")
-    positional = [name for name in ("window_left", "window_right", "num_sink_tokens",
-                                    "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k")
-                  if options.get(name) not in (None, 0, -1)]
+    # A window of 0 is a window (only -1 or None is unbounded); 0 sinks are none.
+    positional = [name for name, given in (
+        ("window_left", checked.HasField("window_left") and checked.window_left != -1),
+        ("window_right", checked.HasField("window_right") and checked.window_right != -1),
+        ("num_sink_tokens", checked.num_sink_tokens != 0),
+        ("alibi_slopes", checked.HasField("alibi_slopes")),
+        ("cu_seqlens_q", len(checked.cu_seqlens_q) > 0),
+        ("cu_seqlens_k", len(checked.cu_seqlens_k) > 0)) if given]
     if positional:
         raise ValueError(f"{', '.join(positional)} cannot be sharded: they depend on each "
                          "key's position in the whole sequence, which a shard does not see")
@@ -54,10 +67,16 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     if key.ndim != 4 or query.ndim != 4:
         raise ValueError("query and key must be [B, H, L, D]")
     lq, lk = query.shape[2], key.shape[2]
+    shards = _integer(shards, "shards")
     if not 1 <= shards <= lk:
         raise ValueError(f"shards is {shards}, expected 1 to Lk = {lk}")
+    causal = checked.causal
+    bottom_right = checked.causal_alignment == pb2.AttentionOptions.BOTTOM_RIGHT
+    key_lengths = None if key_lengths is None else list(checked.key_lengths)
     mask = None if attn_mask is None else np.asarray(attn_mask)
     if mask is not None:
+        if mask.dtype == np.uint16:  # bfloat16 bits: their values, to combine with causality
+            mask = bfloat16_bits_to_float32(mask)
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # rank 4, broadcastable
 
     requests = []
@@ -65,7 +84,7 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
         shard_mask = None if mask is None else (
             mask[..., begin:end] if mask.shape[-1] != 1 else mask)
         if causal:
-            if str(causal_alignment).lower() == "bottom_right":
+            if bottom_right:
                 lengths = key_lengths if key_lengths is not None else [lk]
                 offsets = np.asarray(lengths, dtype=np.int64) - lq
             else:
@@ -102,4 +121,4 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
                     max(r.timing.server_us for r in responses))
     out_dtype = from_tensor(responses[0].output).dtype
     return AttendResult(output.astype(out_dtype),
-                        lse.astype(np.float32) if return_lse else None, None, timing)
+                        lse.astype(np.float32) if checked.return_lse else None, None, timing)

@@ -268,6 +268,111 @@ def test_sharded_attend_is_exact(server, alignment):
             attnserve.sharded_attend([one], q, k, v, shards=2, **positional)
 
 
+def test_sharded_attend_refuses_a_window_of_zero(server):
+    """A window of 0 is a window (only -1 or None is unbounded): as position-dependent as any,
+    refused, as are ALiBi slopes given as an array; what is no window at all still shards."""
+    q, k, v = uniform(1, 2, 6, 8), uniform(1, 2, 6, 8), uniform(1, 2, 6, 8)
+    with attnserve.Client(server.target) as client:
+        for positional in (dict(window_left=0, causal=True), dict(window_right=0),
+                           dict(window_left=0, window_right=0), dict(window_left=np.int64(0)),
+                           dict(alibi_slopes=np.array([0.5, 0.25], np.float32)),
+                           dict(num_sink_tokens=np.int64(1))):
+            with pytest.raises(ValueError, match="cannot be sharded"):
+                attnserve.sharded_attend([client], q, k, v, shards=3, **positional)
+        for unbounded in (dict(window_left=-1, causal=True), dict(window_right=None),
+                          dict(num_sink_tokens=0, window_left=np.int64(-1))):
+            merged = attnserve.sharded_attend([client], q, k, v, shards=3, **unbounded)
+            whole = client.attend(q, k, v, **unbounded)
+            np.testing.assert_allclose(merged.output, whole.output, atol=2e-6)
+
+
+def test_sharded_attend_combines_a_bfloat16_mask_with_causality(server):
+    """A uint16 mask is bfloat16 bit patterns: their values meet the causal mask, not the bits'."""
+    q, k, v = uniform(1, 2, 4, 8), uniform(1, 2, 9, 8), uniform(1, 2, 9, 8)
+    mask = attnserve.float32_to_bfloat16_bits(uniform(4, 9))
+    with attnserve.Client(server.target) as client:
+        merged = attnserve.sharded_attend([client], q, k, v, shards=3, attn_mask=mask,
+                                          causal=True)
+        whole = client.attend(q, k, v, attn_mask=mask, causal=True)
+    np.testing.assert_allclose(merged.output, whole.output, atol=2e-6)
+
+
+def test_a_value_out_of_place_is_a_value_error_before_any_call(server):
+    q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 5, 8), uniform(1, 2, 5, 8)
+    out_of_place = [
+        (dict(output_dtype="bool"), "output_dtype is 'bool', expected float32, bfloat16 or"),
+        (dict(input_dtype="bool"), "input_dtype is 'bool', expected float32, bfloat16 or"),
+        (dict(causal="yes"), "causal is 'yes', expected True or False"),
+        (dict(return_lse=1), "return_lse is 1, expected True or False"),
+        (dict(attn_mask=np.ones((1, 5), np.int64)), "attn_mask is a NumPy int64 array"),
+        (dict(key_lengths=[4.7]), r"key_lengths\[0\] is 4.7, expected an integer"),
+        (dict(key_lengths=4), "key_lengths is 4, expected a sequence of integers"),
+        (dict(key_lengths=np.ones((1, 1), np.int64)), "key_lengths is"),
+        (dict(window_left=1.5), "window_left is 1.5, expected an integer"),
+        (dict(window_right="2"), "window_right is '2', expected an integer"),
+        (dict(num_sink_tokens=True), "num_sink_tokens is True, expected an integer"),
+        (dict(scale="0.1"), "scale is '0.1', expected a number"),
+        (dict(softcap=True), "softcap is True, expected a number"),
+        (dict(alibi_slopes=["a", "b"]), "alibi_slopes is"),
+        (dict(cu_seqlens_q=[0, 2.5]), r"cu_seqlens_q\[1\] is 2.5, expected an integer"),
+        (dict(cu_seqlens_k=[0, 2**64]), r"cu_seqlens_k\[1\] is"),
+        (dict(precision=["bf16"]), "precision is"),
+    ]
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=2, num_heads=2, key_dim=8)
+        real = client.call_counting
+
+        def no_call(*args, **kwargs):
+            raise AssertionError("a call was made")
+
+        client.call_counting = no_call
+        for options, message in out_of_place:
+            with pytest.raises(ValueError, match=message):
+                client.attend(q, k, v, **options)
+            if "input_dtype" not in options:
+                with pytest.raises(ValueError, match=message):
+                    attnserve.attention_options(**options)
+        with pytest.raises(ValueError, match="input_dtype is 'bool'"):
+            client.mha(uniform(1, 3, 8), weights_name="demo", input_dtype="bool")
+        with pytest.raises(ValueError, match="causal is 'yes'"):
+            attnserve.sharded_attend([client], q, k, v, shards=2, causal="yes")
+        with pytest.raises(ValueError, match=r"key_lengths\[0\] is 4.7"):
+            attnserve.sharded_attend([client], q, k, v, shards=2, key_lengths=[4.7])
+        with pytest.raises(ValueError, match="shards is 1.5, expected an integer"):
+            attnserve.sharded_attend([client], q, k, v, shards=1.5)
+        kv = dict(key=uniform(2, 1, 8), value=uniform(2, 1, 8))
+        for layer in (2, -1):
+            with pytest.raises(ValueError,
+                               match=rf"layer is {layer}, expected 0 to 1 \(the session has 2"):
+                session.step(layer, **kv)
+        with pytest.raises(ValueError, match="layer is '0', expected an integer"):
+            session.step("0", **kv)
+        for options, message in ((dict(output_dtype="bool"), "output_dtype is 'bool'"),
+                                 (dict(input_dtype="bool"), "input_dtype is 'bool'"),
+                                 (dict(return_lse="yes"), "return_lse is 'yes'"),
+                                 (dict(scale="1"), "scale is '1'")):
+            with pytest.raises(ValueError, match=message):
+                session.step(0, query=uniform(2, 1, 8), **kv, **options)
+        for options, message in ((dict(dtype="bool"), "dtype is 'bool'"),
+                                 (dict(num_layers=1.5), "num_layers is 1.5"),
+                                 (dict(window_left="4"), "window_left is '4'"),
+                                 (dict(evict_outside_window="yes"), "evict_outside_window is"),
+                                 (dict(alibi_slopes=0.5), "alibi_slopes is 0.5")):
+            with pytest.raises(ValueError, match=message):
+                client.create_session(**dict(dict(num_layers=1, num_heads=2, key_dim=8),
+                                             **options))
+        client.call_counting = real
+        assert session.lengths == [0, 0]
+        # NumPy scalars and integral floats are values in place, and mean what they say.
+        good = dict(causal=np.bool_(True), scale=np.float32(0.25), key_lengths=[4.0],
+                    window_left=np.int64(-1), num_sink_tokens=np.int32(0))
+        np.testing.assert_allclose(
+            client.attend(q, k, v, **good).output,
+            reference_sdpa(q, k, v, causal=True, scale=0.25, key_lengths=[4]), atol=1e-5)
+        assert session.step(np.int64(1), **kv).length == 1
+        session.delete()
+
+
 def variant_reference(q, k, v, *, position_offset, window_left=-1, sinks=0, alibi=None,
                       softcap=None):
     """float64 attention, causal, query i at position i + position_offset seeing keys

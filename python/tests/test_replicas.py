@@ -131,4 +131,12 @@ def test_a_sharded_session_equals_the_reference(three):
             np.testing.assert_allclose(output, expected_step(q, keys, values), atol=1e-5)
         with pytest.raises(ValueError, match="query holds 2 rows"):
             sharded.step(0, query=uniform(4, 2, D))
+        # Checked before any shard is sent anything: a layer outside the session, an option.
+        with pytest.raises(ValueError, match=r"layer is 1, expected 0 to 0"):
+            sharded.step(1, key=uniform(2, 20, D), value=uniform(2, 20, D))
+        with pytest.raises(ValueError, match="output_dtype is 'bool'"):
+            sharded.step(0, key=uniform(2, 20, D), value=uniform(2, 20, D),
+                         query=uniform(4, 1, D), output_dtype="bool")
+        assert sharded.lengths == [keys.shape[1]]
+        assert [s.lengths[0] for s in sharded.shards] == [16, 16, keys.shape[1] - 32]
         sharded.delete()

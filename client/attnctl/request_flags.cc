@@ -112,8 +112,9 @@ ABSL_FLAG(int64_t, max_tokens, 0,
           "session create, bench --rpc=step: most tokens a layer may hold; 0: "
           "the server's limit.");
 ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
-          "session create and fork: idle time before the session expires "
-          "(whole seconds); 0: the server's (fork: the parent's).");
+          "session create and fork: idle time before the session expires, a "
+          "duration of whole seconds (300s, 10m, 1h); 0: the server's (fork: "
+          "the parent's).");
 ABSL_FLAG(int64_t, layer, 0, "session step: the layer to step.");
 ABSL_FLAG(int64_t, tokens, 1,
           "session step --demo: random tokens to append (0: none).");

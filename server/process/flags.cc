@@ -160,8 +160,9 @@ ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
           "transport's buffers (a quarter) through the queue and the compute "
           "to the answer's send; past it calls get RESOURCE_EXHAUSTED at "
           "once. 0: three quarters of what the memory limit leaves after the "
-          "weights, the buffer pool and 256 MiB for the process. Budgets that "
-          "do not fit the limit stop start-up (exit 2).");
+          "weights, the KV cache (--kv_cache_bytes), the buffer pool and "
+          "256 MiB for the process. Budgets that do not fit the limit stop "
+          "start-up (exit 2).");
 ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "

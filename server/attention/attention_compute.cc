@@ -74,7 +74,7 @@ bool AttendReadsKeysInPlace(const AttentionEngine& engine,
   const v1::DType dtype = request.key().dtype();
   return !work.packed && (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) &&
          request.value().dtype() == dtype && !work.plan.mask_dims &&
-         engine.DecodeReadsInPlace(work.shape, work.plan.options);
+         engine.DecodeReadsInPlace(work.shape, RoutedOptions(work.plan));
 }
 
 absl::Status ComputeAttend(AttentionEngine& engine, const AttendWork& work,

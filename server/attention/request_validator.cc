@@ -245,7 +245,14 @@ absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
   return plan;
 }
 
-// The response must fit in a message: output, weights and lse together.
+// Bytes of a response beyond its tensors' data: each tensor's tags, lengths,
+// dtype and shape (under 100 bytes), the timing, a stream answer's index,
+// an Open Inference Protocol answer's names (bounded by the same figure).
+constexpr int64_t kResponseFramingBytes = 512;
+
+// The response must fit in a message: output, weights and lse together, with
+// their framing (gRPC refuses to send a message over the limit, and an
+// AttendStream would end there).
 absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
                                int64_t output_elements,
                                const RequestChecks& checks) {
@@ -268,10 +275,13 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
       __builtin_add_overflow(*bytes, 4 * s.LseElements(), &*bytes)) {
     bytes.reset();
   }
+  if (bytes && __builtin_add_overflow(*bytes, kResponseFramingBytes, &*bytes)) {
+    bytes.reset();
+  }
   if (!bytes || *bytes > checks.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the response (output", weights_elements > 0 ? ", weights" : "",
-        plan.options.return_lse ? ", lse" : "", ") would need ",
+        plan.options.return_lse ? ", lse" : "", ", framing) would need ",
         bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
         ", over the server's max_message_bytes limit of ",
         checks.max_message_bytes));
@@ -307,7 +317,7 @@ absl::StatusOr<int64_t> CheckRequestMemory(
     double extra_bytes, double converted_input_elements,
     const RequestChecks& checks,
     std::optional<DataType> half_inputs = std::nullopt) {
-  const AttentionOptions& options = plan.options;
+  const AttentionOptions options = RoutedOptions(plan);
   const double scratch_bytes = ScratchBytes(s, options, checks, half_inputs);
   if (scratch_bytes >
       static_cast<double>(checks.engine->options().max_workspace_bytes)) {
@@ -364,6 +374,12 @@ double ConvertedElements(std::initializer_list<const v1::Tensor*> tensors) {
 }
 
 }  // namespace
+
+AttentionOptions RoutedOptions(const OptionsPlan& plan) {
+  AttentionOptions options = plan.options;
+  options.alibi_slopes = plan.alibi_slopes;
+  return options;
+}
 
 namespace {
 
@@ -594,6 +610,13 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
       work.plan, ValidateOptions(request.options(), heads, query.dtype()));
+  if (request.options().cu_seqlens_q_size() > 0 ||
+      request.options().cu_seqlens_k_size() > 0) {
+    return absl::InvalidArgumentError(
+        "options.cu_seqlens_q and cu_seqlens_k (packed sequences) are for "
+        "Attend, expected none on MultiHeadAttention (pad the batch, with "
+        "key_lengths)");
+  }
   ATTNSERVE_RETURN_IF_ERROR(ValidatePositions(request.options(), s, w.rope));
   ATTNSERVE_RETURN_IF_ERROR(CheckResponseSize(
       heads, work.plan, s.batch * s.query_len * s.embed_dim, checks));

@@ -7,10 +7,9 @@ namespace attnserve {
 AttentionOptions BindOptions(const OptionsPlan& plan,
                              const v1::AttentionOptions& proto,
                              std::vector<float>* mask_storage) {
-  AttentionOptions options = plan.options;
+  AttentionOptions options = RoutedOptions(plan);
   options.key_lengths =
       absl::MakeConstSpan(proto.key_lengths().data(), proto.key_lengths_size());
-  options.alibi_slopes = plan.alibi_slopes;
   options.query_positions = absl::MakeConstSpan(proto.query_positions().data(),
                                                 proto.query_positions_size());
   options.key_positions = absl::MakeConstSpan(proto.key_positions().data(),

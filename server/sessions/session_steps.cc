@@ -15,9 +15,12 @@
 namespace attnserve {
 namespace {
 
-// Bytes of a result's framing on the wire beyond its tensors' data (tags,
-// lengths, shapes, the length field).
-constexpr int64_t kResultOverheadBytes = 64;
+// Bytes of a result's framing on the wire beyond its tensors' data: tags,
+// lengths, the output's and lse's dtypes and shapes, the length field (about
+// 100 at most).
+constexpr int64_t kResultOverheadBytes = 128;
+// And the response's own: the timing, the results' tags.
+constexpr int64_t kResponseOverheadBytes = 128;
 
 // Keeps the result's length: what the layer holds, set before the error by
 // whoever knows it. The message names the step, unless it names one of the
@@ -216,7 +219,7 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
   StepCall call;
   call.steps.reserve(static_cast<size_t>(count));
   response->mutable_results()->Reserve(static_cast<int>(count));
-  int64_t response_bytes = 0;
+  int64_t response_bytes = kResponseOverheadBytes;
   std::vector<PagedAttend> sizes;  // The kernel's view of the queries' sizes.
   for (int i = 0; i < static_cast<int>(count); ++i) {
     const v1::SessionStep& step = request.steps(i);

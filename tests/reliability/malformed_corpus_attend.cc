@@ -368,16 +368,26 @@ std::vector<MalformedCase> LimitCases() {
                Shapes(r, {1, 1, 65536, 1}, {1, 1, 1, 1}, {1, 1, 1, 32});
              },
              kExhausted,
-             {"the response (output) would need 8388608 bytes",
+             {"the response (output, framing) would need 8389120 bytes",
               "max_message_bytes limit of 4194304"}),
-      Attend("WeightsOverMessageLimit",
+      // Tensors of exactly the limit: their framing would take the message
+      // over it (gRPC would refuse to send it, and end an AttendStream).
+      Attend("OutputOfExactlyTheMessageLimit",
              [](Request& r) {
-               Shapes(r, {1, 1, 1024, 1}, {1, 1, 1100, 1}, {1, 1, 1100, 1});
-               r.mutable_options()->set_return_weights(Options::PER_HEAD);
+               Shapes(r, {1, 1, 32768, 1}, {1, 1, 1, 1}, {1, 1, 1, 32});
              },
              kExhausted,
-             {"the response (output, weights) would need 4509696 bytes",
-              "limit of 4194304"}),
+             {"the response (output, framing) would need 4194816 bytes",
+              "max_message_bytes limit of 4194304"}),
+      Attend(
+          "WeightsOverMessageLimit",
+          [](Request& r) {
+            Shapes(r, {1, 1, 1024, 1}, {1, 1, 1100, 1}, {1, 1, 1100, 1});
+            r.mutable_options()->set_return_weights(Options::PER_HEAD);
+          },
+          kExhausted,
+          {"the response (output, weights, framing) would need 4510208 bytes",
+           "limit of 4194304"}),
       Attend("ScoresOverWorkspaceLimit",
              [](Request& r) {
                Shapes(r, {1, 1, 4096, 1}, {1, 1, 2048, 1}, {1, 1, 2048, 1});

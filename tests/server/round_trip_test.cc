@@ -172,6 +172,44 @@ TEST_F(RoundTripTest, HalfPrecisionDecodeReadInPlaceAgreesWithFloat32) {
   }
 }
 
+// A decode whose keys and values alone are half precision, with ALiBi (or a
+// window), takes a path that computes them: the slopes are seen when the
+// route is chosen, not only once the options are bound.
+TEST_F(RoundTripTest, HalfPrecisionDecodeWithALiBiOrAWindowIsComputed) {
+  for (const bool alibi : {true, false}) {
+    SCOPED_TRACE(alibi ? "ALiBi" : "window");
+    v1::AttendRequest half;
+    *half.mutable_query() =
+        MakeTensor(v1::FLOAT32, {1, 4, 1, 16}, RandomValues(64, 11));
+    *half.mutable_key() =
+        MakeTensor(v1::BFLOAT16, {1, 2, 40, 16}, RandomValues(1280, 12));
+    *half.mutable_value() =
+        MakeTensor(v1::BFLOAT16, {1, 2, 40, 16}, RandomValues(1280, 13));
+    if (alibi) {
+      *half.mutable_options()->mutable_alibi_slopes() =
+          MakeTensor(v1::FLOAT32, {4}, {0.5f, 0.25f, 0.125f, 0.0625f});
+    } else {
+      half.mutable_options()->set_window_left(7);
+      half.mutable_options()->set_causal(true);
+      half.mutable_options()->set_causal_alignment(
+          v1::AttentionOptions::BOTTOM_RIGHT);
+    }
+    const absl::StatusOr<v1::AttendResponse> in_place =
+        client_->Attend(half, kTimeout);
+    const absl::StatusOr<v1::AttendResponse> widened =
+        client_->Attend(Float32Twin(half), kTimeout);
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    ASSERT_TRUE(widened.ok()) << widened.status();
+    const std::vector<float> a = FloatValues(in_place->output()).value();
+    const std::vector<float> b = FloatValues(widened->output()).value();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], b[i], 1e-6 * std::max(1.0f, std::abs(b[i])))
+          << "output " << i;
+    }
+  }
+}
+
 // Prefill-shaped Attends over BFLOAT16 and FLOAT16 tensors are read where
 // they lie (AttentionEngine::AttendHalf, no f32 copy) and answer exactly what
 // the same values sent as FLOAT32 answer, at both precisions, with GQA, a
@@ -307,6 +345,10 @@ TEST(AttendReadsKeysInPlaceTest, OnlyHalfPrecisionDecodeWithoutMasks) {
   }));
   EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
     o->set_return_weights(v1::AttentionOptions::PER_HEAD);
+  }));
+  EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
+    *o->mutable_alibi_slopes() =
+        MakeTensor(v1::FLOAT32, {4}, {0.5f, 0.25f, 0.125f, 0.0625f});
   }));
   EXPECT_FALSE(decide(v1::BFLOAT16, 1, [](v1::AttentionOptions* o) {
     *o->mutable_attn_mask() = MakeBoolTensor({40}, std::vector<bool>(40, true));

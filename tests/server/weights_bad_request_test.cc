@@ -104,6 +104,16 @@ const std::vector<BadMhaCase>& BadMhaCases() {
        },
        kInvalid,
        {"options.query_positions and key_positions are given without RoPE"}},
+      {"PackedSequencesOnMha",
+       [](Mha& r) {
+         for (int64_t x : {0, 3, 6}) {
+           r.mutable_options()->add_cu_seqlens_q(x);
+           r.mutable_options()->add_cu_seqlens_k(x);
+         }
+       },
+       kInvalid,
+       {"options.cu_seqlens_q and cu_seqlens_k (packed sequences) are for "
+        "Attend, expected none on MultiHeadAttention"}},
       {"QueryPositionsNotBTimesLq",
        [](Mha& r) {
          r.mutable_weights()->mutable_rope();

@@ -53,6 +53,11 @@ struct OptionsPlan {
   v1::DType output_dtype = v1::FLOAT32;
 };
 
+// `plan.options` with its ALiBi slopes bound to `plan.alibi_slopes` (so valid
+// while `plan` lives): what the engine's choice of route and its scratch
+// figures must see (ALiBi rules out the decode paths).
+AttentionOptions RoutedOptions(const OptionsPlan& plan);
+
 struct AttendWork {
   // Packed sequences (options.cu_seqlens_q/k): `shape` is then [B = 1, H,
   // Hkv, Lq = total_q, Lk = total_k, Dk, Dv].

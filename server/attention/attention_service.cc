@@ -712,6 +712,9 @@ void AttentionServiceImpl::ServeModelStatistics(
   }
   for (const auto& [name, entry] : registry_->List().entries) {
     const std::string version = absl::StrCat(entry.version);
+    // A set named as the built-in model is not one of the protocol's models
+    // (the built-in answers to its name).
+    if (name == oip::kSdpaModel) continue;
     if (wanted(name, version)) {
       *response->add_model_stats() = inference_statistics_.Of(name, version);
     }

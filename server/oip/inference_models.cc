@@ -1,7 +1,10 @@
 #include "attnserve/server/oip/inference_models.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -100,6 +103,20 @@ absl::StatusOr<int> ChoiceParameter(const std::string& name,
                               expected));
 }
 
+// A double parameter the options hold as a float: a finite double past
+// float's range would be read as infinite, and refused as such.
+absl::Status CheckFloatRange(const std::string& name,
+                             const InferParameter& parameter) {
+  const double value = parameter.double_param();
+  if (!std::isfinite(value) ||
+      std::abs(value) <= std::numeric_limits<float>::max()) {
+    return absl::OkStatus();  // Infinities and NaN are refused by name later.
+  }
+  return Invalid(absl::StrCat("parameter ", name, " is ", value,
+                              ", expected a finite number within float32's "
+                              "range (at most 3.4e38 in magnitude)"));
+}
+
 // The request's parameters as options; LSE and WEIGHTS asked as outputs turn
 // their options on.
 absl::Status ApplyParameters(const ModelInferRequest& request,
@@ -118,6 +135,7 @@ absl::Status ApplyParameters(const ModelInferRequest& request,
                                         : v1::AttentionOptions::BOTTOM_RIGHT);
     } else if (name == "scale") {
       if (parameter.parameter_choice_case() == InferParameter::kDoubleParam) {
+        ATTNSERVE_RETURN_IF_ERROR(CheckFloatRange(name, parameter));
         options->set_scale(static_cast<float>(parameter.double_param()));
       } else if (parameter.parameter_choice_case() ==
                  InferParameter::kInt64Param) {
@@ -140,6 +158,7 @@ absl::Status ApplyParameters(const ModelInferRequest& request,
       }
     } else if (name == "softcap") {
       if (parameter.parameter_choice_case() == InferParameter::kDoubleParam) {
+        ATTNSERVE_RETURN_IF_ERROR(CheckFloatRange(name, parameter));
         options->set_softcap(static_cast<float>(parameter.double_param()));
       } else if (parameter.parameter_choice_case() ==
                  InferParameter::kInt64Param) {
@@ -377,6 +396,15 @@ void Rename(std::string* text, absl::string_view from, absl::string_view to) {
   }
 }
 
+// A field named alone ("query is missing", "key has 9 elements"), not the
+// word in prose ("H / Hkv query heads").
+void RenameField(std::string* text, absl::string_view from,
+                 absl::string_view to) {
+  for (absl::string_view verb : {" is ", " has "}) {
+    Rename(text, absl::StrCat(from, verb), absl::StrCat(to, verb));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<v1::AttendRequest> AttendRequestFrom(ModelInferRequest& request,
@@ -471,16 +499,16 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
   if (weight_set) {
     Rename(&message, "query_input.", "INPUT.");
     Rename(&message, "kv_input.", "KV_INPUT.");
-    Rename(&message, "query_input ", "INPUT ");
-    Rename(&message, "kv_input ", "KV_INPUT ");
+    RenameField(&message, "query_input", "INPUT");
+    RenameField(&message, "kv_input", "KV_INPUT");
     Rename(&message, "weights_version", "model_version");
   } else {
     Rename(&message, "query.", "QUERY.");
     Rename(&message, "key.", "KEY.");
     Rename(&message, "value.", "VALUE.");
-    Rename(&message, "query ", "QUERY ");
-    Rename(&message, "key ", "KEY ");
-    Rename(&message, "value ", "VALUE ");
+    RenameField(&message, "query", "QUERY");
+    RenameField(&message, "key", "KEY");
+    RenameField(&message, "value", "VALUE");
   }
   return absl::Status(status.code(), message);
 }
@@ -544,8 +572,9 @@ inference::ModelConfig WeightSetConfig(const std::string& name,
   config.set_max_batch_size(0);
   AddInput(&config, "INPUT", inference::TYPE_FP32, {-1, -1, shape.embed_dim},
            false);
+  // Optional only where self-attention can do without it.
   AddInput(&config, "KV_INPUT", inference::TYPE_FP32,
-           {-1, -1, shape.kv_embed_dim}, true);
+           {-1, -1, shape.kv_embed_dim}, shape.kv_embed_dim == shape.embed_dim);
   AddOutput(&config, "OUTPUT", {-1, -1, shape.embed_dim});
   AddOutput(&config, "LSE", {-1, shape.heads, -1});
   AddOutput(&config, "WEIGHTS", {-1, -1, -1, -1});
@@ -559,15 +588,18 @@ void InferenceStatistics::Record(const std::string& model,
   absl::MutexLock lock(&mutex_);
   auto it = models_.find({model, version});
   if (it == models_.end()) {
-    if (models_.size() >= kMaxModels) return;
-    it = models_
-             .emplace(std::make_pair(model, version),
-                      inference::ModelStatistics())
-             .first;
-    it->second.set_name(model);
-    it->second.set_version(version);
+    if (models_.size() >= kMaxModels) {
+      models_.erase(std::min_element(
+          models_.begin(), models_.end(), [](const auto& a, const auto& b) {
+            return a.second.recorded < b.second.recorded;
+          }));
+    }
+    it = models_.emplace(std::make_pair(model, version), Entry()).first;
+    it->second.stats.set_name(model);
+    it->second.stats.set_version(version);
   }
-  inference::ModelStatistics& stats = it->second;
+  it->second.recorded = ++recorded_;
+  inference::ModelStatistics& stats = it->second.stats;
   inference::InferStatistics* infer = stats.mutable_inference_stats();
   const auto add = [](inference::StatisticDuration* duration, int64_t ns) {
     duration->set_count(duration->count() + 1);
@@ -590,7 +622,7 @@ inference::ModelStatistics InferenceStatistics::Of(
     const std::string& model, const std::string& version) const {
   absl::MutexLock lock(&mutex_);
   const auto it = models_.find({model, version});
-  if (it != models_.end()) return it->second;
+  if (it != models_.end()) return it->second.stats;
   inference::ModelStatistics stats;
   stats.set_name(model);
   stats.set_version(version);

@@ -19,7 +19,9 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "server/server_fixture.h"
+#include "server/weights_helpers.h"
 
 namespace attnserve {
 namespace {
@@ -275,6 +277,33 @@ TEST_F(GrpcServicesTest, MethodsNotServedAreUnimplemented) {
     EXPECT_NE(status.error_message().find(method), std::string::npos)
         << status.error_message();
   }
+}
+
+// A weight set named as the built-in Open Inference Protocol model is served
+// by AttentionService alone: over the protocol the name is the built-in's,
+// and ModelStatistics lists that one only.
+TEST_F(GrpcServicesTest, ASetNamedSdpaLeavesTheBuiltInModelAlone) {
+  v1::PutWeightsRequest put;
+  put.set_name("sdpa");
+  *put.mutable_weights() = testing::MakeWeights({1, 1, 1, 8, 8, 2, 2, 4, 4}, 5);
+  ASSERT_TRUE(client_->PutWeights(put, kTimeout).ok());
+  auto stub = inference::GRPCInferenceService::NewStub(client_->channel());
+  inference::ModelStatisticsRequest request;
+  request.set_name("sdpa");
+  inference::ModelStatisticsResponse response;
+  std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+  const grpc::Status status =
+      stub->ModelStatistics(context.get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.model_stats_size(), 1);
+  EXPECT_EQ(response.model_stats(0).version(), "1");
+  inference::ModelMetadataRequest metadata_request;
+  metadata_request.set_name("sdpa");
+  inference::ModelMetadataResponse metadata;
+  context = ContextWithDeadline();
+  ASSERT_TRUE(
+      stub->ModelMetadata(context.get(), metadata_request, &metadata).ok());
+  EXPECT_EQ(metadata.inputs(0).name(), "QUERY");
 }
 
 }  // namespace

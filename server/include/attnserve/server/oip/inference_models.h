@@ -84,8 +84,9 @@ inference::ModelConfig WeightSetConfig(const std::string& name,
 
 // Per model and version, what Triton's ModelStatistics reports: calls that
 // succeeded and failed with their durations, and the queue and compute times
-// of those that computed. Holds at most kMaxModels models; calls to models past
-// that are not counted.
+// of those that computed. Holds at most kMaxModels (model, version) pairs:
+// past that, the pair recorded least recently goes (a set re-put many times
+// leaves its old versions behind, and the current one must still count).
 class InferenceStatistics {
  public:
   static constexpr size_t kMaxModels = 4096;
@@ -100,9 +101,15 @@ class InferenceStatistics {
       ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  struct Entry {
+    inference::ModelStatistics stats;
+    uint64_t recorded = 0;  // recorded_ when last recorded
+  };
+
   mutable absl::Mutex mutex_;
-  std::map<std::pair<std::string, std::string>, inference::ModelStatistics>
-      models_ ABSL_GUARDED_BY(mutex_);
+  std::map<std::pair<std::string, std::string>, Entry> models_
+      ABSL_GUARDED_BY(mutex_);
+  uint64_t recorded_ ABSL_GUARDED_BY(mutex_) = 0;  // Records so far.
 };
 
 }  // namespace attnserve::oip

@@ -452,6 +452,8 @@ ATTNSERVE_PAGED_INLINE float FoldScores(float* s, int64_t n, int64_t visible,
   }
   if (AnyOf(nans)) state->nan = true;
   const float block_max = MaxOf(maxima);
+  // A score of +inf makes the row NaN, as exp(inf − inf) is.
+  if (block_max == -kNegativeInfinity) state->nan = true;
   const float new_max = std::max(state->max, block_max);
   if (new_max == kNegativeInfinity) {
     std::fill(s, s + end, 0.0f);

@@ -28,6 +28,9 @@ constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 // the block's probabilities subtract (−inf: the row has seen no key yet, and
 // every probability of the block is 0).
 float AdvanceMax(float block_max, RowState* state, float* shift) {
+  // A score of +inf makes the row NaN, as exp(inf − inf) is (IEEE, and the
+  // unfused path); its probability would otherwise come out 1.
+  if (block_max == -kNegativeInfinity) state->nan = true;
   const float new_max = std::max(state->max, block_max);
   *shift = new_max;
   if (new_max == kNegativeInfinity) return 1.0f;

@@ -209,6 +209,75 @@ TEST(AttentionEngineTest, NonFiniteInputsPropagateWithoutCrashing) {
   EXPECT_TRUE(std::isfinite(output[1]));
 }
 
+// A score of +inf makes its row NaN, as exp(inf − inf) is, on every path
+// (the fused kernel's first and later blocks, at both precisions, the unfused
+// path with weights); the other rows stay finite. A +inf from the mask, and
+// one from a product that overflows.
+TEST(AttentionEngineTest, APositiveInfiniteScoreMakesItsRowNaN) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int64_t query_len : {1, 5, 70}) {
+    for (const int64_t key_len : {9, 300}) {
+      for (const bool bf16 : {false, true}) {
+        for (const bool weights : {false, true}) {
+          for (const bool overflow : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "Lq " << query_len << " Lk " << key_len << " bf16 "
+                         << bf16 << " weights " << weights << " overflow "
+                         << overflow);
+            const AttentionShape shape =
+                SdpaShape(1, 1, 1, query_len, key_len, 8, 8);
+            std::vector<float> query = RandomValues(shape.QueryElements(), 1);
+            std::vector<float> key = RandomValues(shape.KeyElements(), 2);
+            const std::vector<float> value =
+                RandomValues(shape.ValueElements(), 3);
+            const int64_t row = query_len - 1, column = key_len - 5;
+            std::vector<float> bias(static_cast<size_t>(query_len * key_len),
+                                    0.0f);
+            AttentionOptions options;
+            if (overflow) {  // q · k = 8 · 1e20 · 1e20: +inf in f32.
+              std::fill_n(query.begin() + row * 8, 8, 1e20f);
+              std::fill_n(key.begin() + column * 8, 8, 1e20f);
+              for (int64_t j = 0; j < key_len; ++j) {
+                if (j != column) std::fill_n(key.begin() + j * 8, 8, 0.0f);
+              }
+            } else {
+              bias[static_cast<size_t>(row * key_len + column)] = inf;
+              AttentionMask mask;
+              mask.dims = {1, 1, query_len, key_len};
+              mask.bias = bias.data();
+              options.mask = mask;
+            }
+            if (bf16) options.precision = Precision::kBFloat16;
+            if (weights) options.weights = AttentionWeightsMode::kPerHead;
+            options.return_lse = true;
+            std::vector<float> output(shape.OutputElements());
+            std::vector<float> weights_out(weights ? shape.WeightsElements()
+                                                   : 0);
+            std::vector<float> lse(shape.LseElements());
+            ASSERT_TRUE(
+                MakeEngine()
+                    ->Attend(shape, options, query, key, value,
+                             AttentionOutputs(absl::MakeSpan(output),
+                                              absl::MakeSpan(weights_out),
+                                              absl::MakeSpan(lse)))
+                    .ok());
+            for (int64_t r = 0; r < query_len; ++r) {
+              for (int64_t c = 0; c < 8; ++c) {
+                const float o = output[static_cast<size_t>(r * 8 + c)];
+                if (r == row) {
+                  EXPECT_TRUE(std::isnan(o)) << "row " << r << ": " << o;
+                } else if (!overflow) {
+                  EXPECT_TRUE(std::isfinite(o)) << "row " << r << ": " << o;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Runs the engine and the reference on the same random inputs and options.
 struct OptionRun {
   std::vector<float> output, weights, lse;

@@ -340,8 +340,25 @@ absl::StatusOr<v1::GetSessionResponse> Client::GetSession(
 
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
     absl::Duration timeout) {
-  return CallWithRetries(&v1::AttentionService::Stub::ListSessions,
-                         v1::ListSessionsRequest(), timeout, true);
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::ListSessionsRequest request;
+  v1::ListSessionsResponse all;
+  while (true) {
+    absl::StatusOr<v1::ListSessionsResponse> page =
+        CallWithRetries(&v1::AttentionService::Stub::ListSessions, request,
+                        deadline - absl::Now(), true);
+    if (!page.ok()) return page.status();
+    for (v1::SessionInfo& info : *page->mutable_sessions()) {
+      *all.add_sessions() = std::move(info);
+    }
+    all.set_total_bytes(page->total_bytes());
+    all.set_budget_bytes(page->budget_bytes());
+    // Each page holds a session at least, so that this ends.
+    if (page->next_page_token().empty() || page->sessions_size() == 0) {
+      return all;
+    }
+    request.set_page_token(page->next_page_token());
+  }
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>

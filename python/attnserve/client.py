@@ -410,8 +410,15 @@ class Client:
         return self.call("GetSession", request, timeout).session
 
     def list_sessions(self, timeout=None):
-        """This caller's sessions (SessionInfo messages), by creation time."""
-        return list(self.call("ListSessions", pb2.ListSessionsRequest(), timeout).sessions)
+        """This caller's sessions (SessionInfo messages), by creation time: every page the
+        server answers (as many as fit in a message each), each page within `timeout`."""
+        sessions, request = [], pb2.ListSessionsRequest()
+        while True:
+            page = self.call("ListSessions", request, timeout)
+            sessions.extend(page.sessions)
+            if not page.next_page_token or not page.sessions:
+                return sessions
+            request = pb2.ListSessionsRequest(page_token=page.next_page_token)
 
 
 def _projection_weights(weights, num_heads, num_kv_heads):

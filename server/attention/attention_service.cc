@@ -568,16 +568,13 @@ void AttentionServiceImpl::ServeGetSession(const Call& call,
 }
 
 void AttentionServiceImpl::ServeListSessions(
-    const Call& call, const v1::ListSessionsRequest& /*request*/,
+    const Call& call, const v1::ListSessionsRequest& request,
     v1::ListSessionsResponse* response) {
-  int64_t total = 0;
-  for (const SessionDescription& d : sessions_->List(Owner(call))) {
-    DescribeSession(d, response->add_sessions());
-    total += d.bytes;
-  }
-  response->set_total_bytes(total);
+  const absl::Status listed =
+      ListSessionsPage(sessions_->List(Owner(call)), request,
+                       transport_.max_message_bytes, response);
   response->set_budget_bytes(sessions_->options().kv_cache_bytes);
-  return Finish(call, absl::OkStatus(), response);
+  return Finish(call, listed, response);
 }
 
 void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,

@@ -147,8 +147,9 @@ ABSL_FLAG(int64_t, max_session_layers, Defaults().sessions.max_session_layers,
           "Most layers a session may have.");
 ABSL_FLAG(double, session_ttl_seconds,
           absl::ToDoubleSeconds(Defaults().sessions.session_ttl),
-          "Seconds without a call after which a session expires; caps and "
-          "defaults CreateSession's ttl_seconds.");
+          "Seconds without a Step, ForkSession or TruncateSession after which "
+          "a session expires (GetSession and ListSessions only look); caps "
+          "and defaults CreateSession's ttl_seconds.");
 ABSL_FLAG(std::string, replica_name, "",
           "The name CreateSession reports as this replica's (with an "
           "incarnation drawn at start-up); empty: the host name, a "

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
@@ -273,6 +274,83 @@ void DescribeSession(const SessionDescription& d, v1::SessionInfo* info) {
   info->set_created_unix_ms(UnixMillis(d.created));
   info->set_last_used_unix_ms(UnixMillis(d.last_used));
   info->set_forked_from(d.forked_from);
+}
+
+namespace {
+
+// A page token: the last session's creation time (ns since the epoch) and id,
+// the listing's order.
+std::string PageToken(const SessionDescription& d) {
+  return absl::StrCat(absl::ToUnixNanos(d.created), "-", d.id);
+}
+
+bool ListedBefore(const SessionDescription& d, int64_t created_ns,
+                  const std::string& id) {
+  const int64_t created = absl::ToUnixNanos(d.created);
+  return created != created_ns ? created < created_ns : d.id <= id;
+}
+
+// Room in a message for what is not a session: the totals, the token, tags.
+constexpr int64_t kListingOverheadBytes = 256;
+
+}  // namespace
+
+absl::Status ListSessionsPage(const SessionListing& listing,
+                              const v1::ListSessionsRequest& request,
+                              int64_t max_message_bytes,
+                              v1::ListSessionsResponse* response) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size is ", request.page_size(),
+                     ", expected 0 (as many as fit) or more"));
+  }
+  size_t next = 0;
+  if (!request.page_token().empty()) {
+    const std::string& token = request.page_token();
+    const size_t dash = token.find('-');
+    int64_t created_ns = 0;
+    const std::string id =
+        dash == std::string::npos ? std::string() : token.substr(dash + 1);
+    if (dash == std::string::npos ||
+        !absl::SimpleAtoi(absl::string_view(token).substr(0, dash),
+                          &created_ns) ||
+        !IsSessionId(id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_token is ", Quoted(token),
+          ", expected empty or the next_page_token of a ListSessions answer"));
+    }
+    while (next < listing.sessions.size() &&
+           ListedBefore(listing.sessions[next], created_ns, id)) {
+      ++next;
+    }
+  }
+  response->set_total_bytes(listing.bytes);
+  const int64_t room = max_message_bytes - kListingOverheadBytes;
+  int64_t used = 0;
+  for (; next < listing.sessions.size(); ++next) {
+    if (request.page_size() > 0 &&
+        response->sessions_size() >= request.page_size()) {
+      break;
+    }
+    v1::SessionInfo info;
+    DescribeSession(listing.sessions[next], &info);
+    const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
+    if (used + bytes > room) {
+      if (response->sessions_size() == 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "session ", listing.sessions[next].id, " alone takes ", bytes,
+            " bytes to describe, over the max_message_bytes limit of ",
+            max_message_bytes, "; ask GetSession"));
+      }
+      break;
+    }
+    used += bytes;
+    *response->add_sessions() = std::move(info);
+  }
+  if (next < listing.sessions.size() && response->sessions_size() > 0) {
+    response->set_next_page_token(PageToken(listing.sessions[next - 1]));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -397,7 +398,7 @@ void SessionStore::MaybeExpire(absl::Time now) {
     Remove(session,
            absl::StrCat("expired after ",
                         absl::ToInt64Seconds(session->config.ttl),
-                        " s without a call (its TTL)"),
+                        " s without a step, fork or truncation (its TTL)"),
            SessionRemoval::kExpired);
   }
   if (!expired.empty()) RecordTotals();
@@ -569,19 +570,28 @@ absl::StatusOr<SessionDescription> SessionStore::Get(const std::string& owner,
   return Describe(**session);
 }
 
-std::vector<SessionDescription> SessionStore::List(const std::string& owner) {
+SessionListing SessionStore::List(const std::string& owner) {
   absl::MutexLock lock(&mutex_);
   MaybeExpire(absl::Now());
-  std::vector<SessionDescription> listed;
+  SessionListing listing;
+  absl::flat_hash_set<const Page*> pages;
   for (const auto& [id, session] : sessions_) {
-    if (session->owner == owner) listed.push_back(Describe(*session));
+    if (session->owner != owner) continue;
+    listing.sessions.push_back(Describe(*session));
+    for (const Session::Layer& layer : session->layers) {
+      for (const std::shared_ptr<Page>& page : layer.pages) {
+        if (page != nullptr && pages.insert(page.get()).second) {
+          listing.bytes += page->bytes;
+        }
+      }
+    }
   }
-  std::sort(listed.begin(), listed.end(),
+  std::sort(listing.sessions.begin(), listing.sessions.end(),
             [](const SessionDescription& a, const SessionDescription& b) {
               return a.created != b.created ? a.created < b.created
                                             : a.id < b.id;
             });
-  return listed;
+  return listing;
 }
 
 absl::StatusOr<SessionStore::Pin> SessionStore::Acquire(

@@ -944,7 +944,7 @@ TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {
   status = stub_->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(),
-              HasSubstr("expired after 1 s without a call"));
+              HasSubstr("expired after 1 s without a step, fork or truncation"));
   EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"expired\"}"],
             1);
 }
@@ -1422,6 +1422,80 @@ TEST_F(SessionBudgetTest, StepTensorsAreBoundByMaxElements) {
                                        "max_elements limit of 100")));
     Truncate(model, 0);
   }
+}
+
+// ListSessions answers a page at a time, as many sessions as fit in a
+// message (or page_size), oldest first; the client library and the tokens
+// walk them all. total_bytes counts a page forks share once.
+TEST_F(SessionBudgetTest, ListSessionsPagesWhatDoesNotFitInAMessage) {
+  ServerOptions options = Options();
+  options.transport.max_message_bytes = 20000;
+  Start(options);
+  // Each described with 1,024 ALiBi slopes: over 4 KB.
+  v1::SessionDefaults defaults;
+  for (int h = 0; h < 1024; ++h) defaults.add_alibi_slopes(0.5f);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 10; ++i) {
+    ids.push_back(NewSession(1, 1024, 1, 8, v1::FLOAT32, "", defaults).id);
+  }
+  SessionModel small = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  ids.push_back(small.id);
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(small, 0, 40, 0, 900);  // 3 pages.
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(small.id);
+  v1::ForkSessionResponse forked;
+  ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+  ids.push_back(forked.session().session_id());
+
+  for (const int64_t page_size : {0, 5}) {
+    SCOPED_TRACE(absl::StrCat("page_size ", page_size));
+    v1::ListSessionsRequest list;
+    list.set_page_size(page_size);
+    std::vector<std::string> listed;
+    int pages = 0;
+    for (; pages < 20; ++pages) {
+      v1::ListSessionsResponse page;
+      const grpc::Status status =
+          stub_->ListSessions(Context().get(), list, &page);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_LT(page.ByteSizeLong(), 20000u);
+      if (page_size > 0) {
+        EXPECT_LE(page.sessions_size(), page_size);
+      }
+      EXPECT_EQ(page.total_bytes(), 3 * 4096);  // Shared pages once.
+      for (const v1::SessionInfo& info : page.sessions()) {
+        listed.push_back(info.session_id());
+      }
+      if (page.next_page_token().empty()) break;
+      list.set_page_token(page.next_page_token());
+    }
+    EXPECT_GT(pages, 1);
+    EXPECT_EQ(listed, ids);
+  }
+
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+  ASSERT_TRUE(client.ok());
+  const absl::StatusOr<v1::ListSessionsResponse> all =
+      (*client)->ListSessions(absl::Seconds(30));
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->sessions_size(), static_cast<int>(ids.size()));
+  EXPECT_EQ(all->sessions(11).session_id(), ids[11]);
+
+  v1::ListSessionsRequest bad;
+  bad.set_page_token("12-not-an-id");
+  v1::ListSessionsResponse page;
+  grpc::Status status = stub_->ListSessions(Context().get(), bad, &page);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("expected empty or the next_page_token"));
+  bad.Clear();
+  bad.set_page_size(-1);
+  status = stub_->ListSessions(Context().get(), bad, &page);
+  EXPECT_THAT(status.error_message(), HasSubstr("page_size is -1"));
 }
 
 TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {

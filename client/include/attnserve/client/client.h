@@ -204,7 +204,8 @@ class Client {
       int* attempts = nullptr);
   absl::StatusOr<v1::GetSessionResponse> GetSession(
       absl::string_view session_id, absl::Duration timeout);
-  // The caller's sessions, by creation time.
+  // The caller's sessions, by creation time: every page of them (the server
+  // answers as many as fit in a message), in one response, within `timeout`.
   absl::StatusOr<v1::ListSessionsResponse> ListSessions(absl::Duration timeout);
 
   // Asks grpc.health.v1.Health about `service` ("" for the server as a whole).

@@ -43,6 +43,14 @@ void DescribeReplica(const ReplicaIdentity& replica,
 void DescribeSession(const SessionDescription& description,
                      v1::SessionInfo* info);
 
+// The page of `listing` that `request` asks for, in a message of at most
+// `max_message_bytes`: INVALID_ARGUMENT for a negative page_size or a
+// page_token no answer gave.
+absl::Status ListSessionsPage(const SessionListing& listing,
+                              const v1::ListSessionsRequest& request,
+                              int64_t max_message_bytes,
+                              v1::ListSessionsResponse* response);
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_REQUESTS_H_

@@ -142,6 +142,13 @@ struct SessionDescription {
   std::string forked_from;
 };
 
+// An owner's sessions, oldest first (then by id), and the bytes of the
+// distinct pages they reference (a page forks share counts once).
+struct SessionListing {
+  std::vector<SessionDescription> sessions;
+  int64_t bytes = 0;
+};
+
 // Tokens to append to one layer: key [Hkv, T, Dk] and value [Hkv, T, Dv],
 // packed, little-endian, in their own dtypes.
 struct KvAppend {
@@ -227,8 +234,8 @@ class SessionStore {
                                             const std::string& id);
   absl::StatusOr<SessionDescription> Get(const std::string& owner,
                                          const std::string& id);
-  // `owner`'s sessions, oldest first.
-  std::vector<SessionDescription> List(const std::string& owner);
+  // `owner`'s sessions.
+  SessionListing List(const std::string& owner);
 
   // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
   absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);

@@ -943,8 +943,9 @@ TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {
   get.set_session_id(created.session().session_id());
   status = stub_->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_THAT(status.error_message(),
-              HasSubstr("expired after 1 s without a step, fork or truncation"));
+  EXPECT_THAT(
+      status.error_message(),
+      HasSubstr("expired after 1 s without a step, fork or truncation"));
   EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"expired\"}"],
             1);
 }

@@ -7,12 +7,15 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
+#include "google/protobuf/descriptor.h"
 
 namespace attnserve {
 namespace {
@@ -44,10 +47,17 @@ const v1::Tensor& AttendTensor(const v1::AttendRequest& request,
   return field == "key" ? request.key() : request.value();
 }
 
-absl::Status CheckEnum(const char* field, int value, bool (*is_valid)(int)) {
-  if (is_valid(value)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " is ", value, ", not a value of its enum"));
+// INVALID_ARGUMENT naming the enum's values unless `value` is one of them.
+absl::Status CheckEnum(const char* field, int value,
+                       const google::protobuf::EnumDescriptor* values) {
+  if (values->FindValueByNumber(value) != nullptr) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (int i = 0; i < values->value_count(); ++i) {
+    names.push_back(absl::StrCat(values->value(i)->name(), " (",
+                                 values->value(i)->number(), ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", value, ", expected ", absl::StrJoin(names, ", ")));
 }
 
 absl::Status ValidateMask(const v1::Tensor& mask, const AttentionShape& s,
@@ -194,12 +204,12 @@ absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
   }
   ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.causal_alignment",
                                       proto.causal_alignment(),
-                                      Options::CausalAlignment_IsValid));
+                                      Options::CausalAlignment_descriptor()));
   ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.return_weights",
                                       proto.return_weights(),
-                                      Options::ReturnWeights_IsValid));
+                                      Options::ReturnWeights_descriptor()));
   ATTNSERVE_RETURN_IF_ERROR(CheckEnum("options.precision", proto.precision(),
-                                      Options::Precision_IsValid));
+                                      Options::Precision_descriptor()));
   options.causal = proto.causal();
   options.causal_alignment = proto.causal_alignment() == Options::BOTTOM_RIGHT
                                  ? CausalAlignment::kBottomRight

@@ -220,19 +220,23 @@ std::vector<MalformedCase> OptionCases() {
                r.mutable_options()->set_causal_alignment(
                    static_cast<Options::CausalAlignment>(7));
              },
-             kInvalid, {"options.causal_alignment is 7"}),
+             kInvalid,
+             {"options.causal_alignment is 7, expected TOP_LEFT (0), "
+              "BOTTOM_RIGHT (1)"}),
       Attend("UnknownReturnWeights",
              [](Request& r) {
                r.mutable_options()->set_return_weights(
                    static_cast<Options::ReturnWeights>(9));
              },
-             kInvalid, {"options.return_weights is 9"}),
+             kInvalid,
+             {"options.return_weights is 9, expected NONE (0), PER_HEAD (1), "
+              "HEAD_MEAN (2)"}),
       Attend("UnknownPrecision",
              [](Request& r) {
                r.mutable_options()->set_precision(
                    static_cast<Options::Precision>(5));
              },
-             kInvalid, {"options.precision is 5"}),
+             kInvalid, {"options.precision is 5, expected F32 (0), BF16 (1)"}),
       Attend("NegativePrecision",
              [](Request& r) {
                r.mutable_options()->set_precision(

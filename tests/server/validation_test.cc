@@ -373,21 +373,23 @@ const std::vector<BadRequestCase>& BadRequestCases() {
              static_cast<v1::AttentionOptions::CausalAlignment>(7));
        },
        absl::StatusCode::kInvalidArgument,
-       {"options.causal_alignment is 7"}},
+       {"options.causal_alignment is 7, expected TOP_LEFT (0), BOTTOM_RIGHT "
+        "(1)"}},
       {"UnknownReturnWeights",
        [](v1::AttendRequest& r) {
          r.mutable_options()->set_return_weights(
              static_cast<v1::AttentionOptions::ReturnWeights>(9));
        },
        absl::StatusCode::kInvalidArgument,
-       {"options.return_weights is 9"}},
+       {"options.return_weights is 9, expected NONE (0), PER_HEAD (1), "
+        "HEAD_MEAN (2)"}},
       {"UnknownPrecision",
        [](v1::AttendRequest& r) {
          r.mutable_options()->set_precision(
              static_cast<v1::AttentionOptions::Precision>(5));
        },
        absl::StatusCode::kInvalidArgument,
-       {"options.precision is 5"}},
+       {"options.precision is 5, expected F32 (0), BF16 (1)"}},
       {"OutputDTypeBool",
        [](v1::AttendRequest& r) {
          r.mutable_options()->set_output_dtype(v1::BOOL);

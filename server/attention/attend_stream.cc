@@ -33,11 +33,24 @@ class AttendStreamCall final : public ServerCall {
   }
 
   void OnCancel() override {
-    if (held_ && deps_.gate->Unhold(*held_)) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          "the call was cancelled while the server was "
-                          "shutting down"));
+    if (held_) {
+      if (deps_.gate->Unhold(*held_)) {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "the call was cancelled while the server was "
+                            "shutting down"));
+      }
+      return;
     }
+    // Reading paused (answers not taken): no read is in flight to fail, so
+    // reading is over here, or the call would never finish and would hold
+    // its budget until the process exits.
+    bool paused;
+    {
+      absl::MutexLock lock(&mutex_);
+      paused = read_paused_ && !reading_done_;
+      if (paused) reading_done_ = true;
+    }
+    if (paused) Advance();
   }
 
   // Reads the next message, watched: a stream whose next message has not come
@@ -104,9 +117,13 @@ class AttendStreamCall final : public ServerCall {
       writing_ = false;
       slots_.pop_front();
       if (!ok) broken_ = true;
-      if (read_paused_ && !reading_done_ && !broken_) {
-        read_paused_ = false;
-        resume_reading = true;
+      if (read_paused_ && !reading_done_) {
+        if (broken_) {
+          reading_done_ = true;  // No read in flight, and none will start.
+        } else {
+          read_paused_ = false;
+          resume_reading = true;
+        }
       }
     }
     if (resume_reading) Read();
@@ -129,9 +146,18 @@ class AttendStreamCall final : public ServerCall {
     SlotCaller(AttendStreamCall* stream, std::shared_ptr<Slot> slot)
         : stream_(stream), slot_(std::move(slot)) {}
 
+    // As a unary call's: a passed deadline (or a cancel within
+    // kDeadlineSlack of it) is the deadline's, for the answer and the
+    // metrics.
     absl::Status StillWanted() const override {
-      if (!stream_->cancelled()) return absl::OkStatus();
-      return absl::CancelledError("the stream was cancelled");
+      const bool cancelled = stream_->cancelled();
+      if (DeadlineWithin(stream_->context(),
+                         cancelled ? kDeadlineSlack : absl::ZeroDuration())) {
+        return absl::DeadlineExceededError(
+            "the stream's deadline passed before the compute started");
+      }
+      if (cancelled) return absl::CancelledError("the stream was cancelled");
+      return absl::OkStatus();
     }
 
     void Computed(const absl::Status& status) override {

@@ -25,14 +25,6 @@
 
 namespace attnserve {
 
-namespace {
-
-// How long before its deadline a call's cancel is taken for the client's own
-// deadline (DeadlineWithin).
-constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(250);
-
-}  // namespace
-
 // A unary call's side of its compute job.
 class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
  public:

@@ -424,6 +424,64 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   EXPECT_EQ(Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 5);
 }
 
+// A stream message whose deadline passed while it waited is answered and
+// counted as the deadline's, as a unary call's is, not as cancelled.
+TEST_F(ServiceTest, AStreamsPassedDeadlineIsTheDeadlinesNotACancel) {
+  ServerOptions options = DefaultOptions();
+  options.scheduling.max_batch = 1;
+  Start(options);
+  auto slow = StartSlowRequest();
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(300));
+  auto stream = stub->AttendStream(&context);
+  ASSERT_TRUE(stream->Write(Request({1, 1, 1, 4, 4, 4, 4}, 7)));
+  stream->WritesDone();
+  v1::AttendStreamResponse answer;
+  while (stream->Read(&answer)) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(slow.get().ok());
+  AwaitMetric(
+      R"(attnserve_requests_total{code="DEADLINE_EXCEEDED",rpc="AttendStream"})",
+      1);
+  EXPECT_EQ(
+      Metric(
+          R"(attnserve_requests_total{code="DEADLINE_EXCEEDED",rpc="AttendStream"})"),
+      1);
+  EXPECT_LE(
+      Metric(
+          R"(attnserve_requests_total{code="CANCELLED",rpc="AttendStream"})"),
+      0);
+}
+
+// A stream whose client stops taking answers has its reads paused; cancelled
+// then, it still ends and gives its budget back (no read is in flight to fail
+// and end it).
+TEST_F(ServiceTest, AStreamCancelledWhileItsReadsArePausedEnds) {
+  Start(DefaultOptions());
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  auto stream = stub->AttendStream(&context);
+  // Small requests, answers of 256 KiB ([1, 1, 256, 256] f32), never read:
+  // more than the transport buffers, and the 32 a stream holds unanswered.
+  const v1::AttendRequest request = Request({1, 1, 1, 256, 1, 1, 256}, 8);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(stream->Write(request));
+  AwaitMetric(R"(attnserve_compute_seconds_count{rpc="AttendStream"})", 32);
+  absl::SleepFor(absl::Seconds(1));
+  context.TryCancel();
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (Metric("attnserve_inflight_bytes") > 0 && absl::Now() < by) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Metric("attnserve_inflight_bytes"), 0);
+  EXPECT_TRUE(
+      client_->Attend(Request({1, 1, 1, 4, 4, 4, 4}, 9), kTimeout).ok());
+}
+
 // A call its client cancels while it computes stops (the engine polls the
 // call between tiles) and is counted.
 TEST_F(ServiceTest, ARunningComputeStopsWhenItsClientCancels) {

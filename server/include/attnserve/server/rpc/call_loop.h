@@ -133,6 +133,10 @@ bool DeadlinePassed(const grpc::ServerContextBase& context);
 bool DeadlineWithin(const grpc::ServerContextBase& context,
                     absl::Duration slack);
 
+// How long before its deadline a call's cancel is taken for the client's own
+// deadline (DeadlineWithin), so that the metrics tell the two apart.
+inline constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(250);
+
 // Thread-safe after Start.
 class CallLoop {
  public:

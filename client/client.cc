@@ -338,6 +338,10 @@ absl::StatusOr<v1::GetSessionResponse> Client::GetSession(
                          timeout, true);
 }
 
+// More sessions than one caller of any server holds (its --max_sessions):
+// pages past it are a broken server's.
+constexpr int kMaxListedSessions = 1 << 20;
+
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -353,9 +357,17 @@ absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
     }
     all.set_total_bytes(page->total_bytes());
     all.set_budget_bytes(page->budget_bytes());
-    // Each page holds a session at least, so that this ends.
     if (page->next_page_token().empty() || page->sessions_size() == 0) {
       return all;
+    }
+    // A server's tokens move on; one that repeats a token, or lists more
+    // sessions than any server holds, is not followed further.
+    if (page->next_page_token() == request.page_token() ||
+        all.sessions_size() > kMaxListedSessions) {
+      return absl::InternalError(
+          absl::StrCat("ListSessions: the server's pages do not end (",
+                       all.sessions_size(), " sessions so far, page_token ",
+                       request.page_token(), " repeated or too many)"));
     }
     request.set_page_token(page->next_page_token());
   }

@@ -1,6 +1,7 @@
 #include "attnserve/client/session.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -47,6 +48,29 @@ StepOutput OutputOf(v1::StepResult&& result) {
   if (result.has_lse()) output.lse = std::move(*result.mutable_lse());
   output.length = result.length();
   return output;
+}
+
+// A session as a server described it, checked before the client sizes
+// anything by it: a broken server's num_layers of 2^40 or negative heads
+// would otherwise abort the client.
+absl::Status CheckServerInfo(const v1::SessionInfo& info) {
+  constexpr int64_t kMost = int64_t{1} << 16;
+  const int64_t dims[] = {info.num_layers(), info.num_heads(),
+                          info.num_kv_heads(), info.key_dim(),
+                          info.value_dim()};
+  const bool sized =
+      std::all_of(std::begin(dims), std::end(dims),
+                  [](int64_t d) { return d >= 1 && d <= kMost; });
+  if (!sized ||
+      (info.lengths_size() != 0 && info.lengths_size() != info.num_layers())) {
+    return absl::InternalError(absl::StrCat(
+        "the server described session ", info.session_id(), " with num_layers ",
+        info.num_layers(), ", ", info.lengths_size(), " lengths, heads ",
+        info.num_heads(), "/", info.num_kv_heads(), " and dims ",
+        info.key_dim(), "/", info.value_dim(),
+        ", expected each 1 to 65536 and a length per layer"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -97,6 +121,7 @@ absl::StatusOr<Session> Session::Create(Client* client,
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::CreateSessionResponse response,
                              client->CreateSession(request, timeout));
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response.session()));
   Session session(client, response.session());
   session.replica_ = response.replica();
   return session;
@@ -108,6 +133,7 @@ absl::StatusOr<Session> Session::Attach(Client* client,
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
                              client->GetSession(session_id, timeout));
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response.session()));
   Session session(client, response.session());
   session.replica_ = response.replica();
   return session;
@@ -253,6 +279,7 @@ absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
   absl::StatusOr<v1::ForkSessionResponse> response =
       client_->ForkSession(request, timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   Session child(client_, response->session());
   child.replica_ = response->replica();
   child.address_ = address_;
@@ -267,6 +294,7 @@ absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
   absl::StatusOr<v1::TruncateSessionResponse> response =
       client_->TruncateSession(request, timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   Adopt(response->session());
   return absl::OkStatus();
 }
@@ -287,6 +315,7 @@ absl::Status Session::Sync(absl::Duration timeout) {
   absl::StatusOr<v1::GetSessionResponse> response =
       client_->GetSession(id(), timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   Adopt(response->session());
   return absl::OkStatus();
 }

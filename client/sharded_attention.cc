@@ -69,6 +69,36 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
   if (clients == 0)
     return absl::InvalidArgumentError(
         "clients is empty, expected at least one");
+  // The mask and key_lengths are read here, to cut them per shard: checked
+  // first, as the server would check them.
+  const v1::AttentionOptions& options = request.options();
+  const int64_t full[4] = {request.query().shape(0), request.query().shape(1),
+                           request.query().shape(2), request.key().shape(2)};
+  if (options.has_attn_mask()) {
+    const v1::Tensor& mask = options.attn_mask();
+    const int rank = mask.shape_size();
+    bool valid = rank >= 1 && rank <= 4 &&
+                 (mask.dtype() == v1::BOOL || mask.dtype() == v1::FLOAT32 ||
+                  mask.dtype() == v1::BFLOAT16 || mask.dtype() == v1::FLOAT16);
+    for (int d = 0; valid && d < rank; ++d) {
+      const int64_t dim = mask.shape(d);
+      valid = dim == 1 || dim == full[4 - rank + d];
+    }
+    if (!valid || static_cast<int64_t>(mask.data().size()) !=
+                      Product(mask, 0, rank) * DTypeBytes(mask.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.attn_mask must be BOOL or a float dtype, of rank 1 to 4, "
+          "each dimension 1 or [B, H, Lq, Lk] = [",
+          full[0], ", ", full[1], ", ", full[2], ", ", full[3],
+          "] (aligned right), its bytes matching its shape"));
+    }
+  }
+  if (options.key_lengths_size() != 0 &&
+      options.key_lengths_size() != full[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.key_lengths holds ", options.key_lengths_size(),
+                     " lengths, expected none or B = ", full[0]));
+  }
   if (shards < 1 || shards > request.key().shape(2)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shards is ", shards, ", expected 1 to ",

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/tensors.h"
+#include "attnserve/common/status_macros.h"
+#include "attnserve/proto/tensors.h"
 #include "deadline.h"
 #include "shard_merge.h"
 
@@ -44,6 +46,16 @@ absl::StatusOr<ShardedSession> ShardedSession::Create(
         request.max_tokens() > 0
             ? absl::StrCat(request.max_tokens(), " (the request's max_tokens)")
             : std::string("the servers' limit")));
+  }
+  // Each shard's positions start at 0: what depends on a key's position in
+  // the whole sequence would be computed at the wrong one.
+  const v1::SessionDefaults& d = request.defaults();
+  if ((d.has_window_left() && d.window_left() != -1) ||
+      d.num_sink_tokens() != 0 || d.alibi_slopes_size() > 0 || d.has_rope()) {
+    return absl::InvalidArgumentError(
+        "defaults.window_left, num_sink_tokens, alibi_slopes and rope must be "
+        "unset for a sharded session: they depend on each key's position in "
+        "the whole sequence, and a shard's positions start at 0");
   }
   v1::CreateSessionRequest shard = request;
   shard.set_max_tokens(shard_tokens);
@@ -86,6 +98,10 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   }
   absl::StatusOr<int64_t> appended = AppendedTokens(inputs);
   if (!appended.ok()) return appended.status();
+  // Checked before any shard is sent a piece, so that a malformed step
+  // appends nothing anywhere (the server would refuse it only at the shard
+  // holding its query, after the earlier pieces were appended).
+  if (absl::Status valid = CheckInputs(inputs); !valid.ok()) return valid;
   const int64_t start = lengths_[layer];
   const int64_t end = start + *appended;
   const int64_t query_rows = inputs.query && inputs.query->shape_size() == 3
@@ -127,8 +143,11 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
             layer, std::move(key), std::move(value), Remaining(deadline));
         !s.ok()) {
       return absl::Status(
-          s.code(), absl::StrCat("appending to shard ", shard, " at token ",
-                                 from, ": ", s.message()));
+          s.code(),
+          absl::StrCat("appending to shard ", shard, " at token ", from, ": ",
+                       s.message(), "; the step's first ", from - start,
+                       " tokens stand (lengths() is ", from,
+                       "): send the rest, not the whole step again"));
     }
     lengths_[layer] = to;
     from = to;
@@ -220,6 +239,38 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   merged.recovered = std::any_of(parts.begin(), parts.end(),
                                  [](const auto& p) { return p->recovered; });
   return merged;
+}
+
+absl::Status ShardedSession::CheckInputs(const StepInputs& inputs) const {
+  const v1::CreateSessionRequest& r = request_;
+  const int64_t kv_heads =
+      r.num_kv_heads() > 0 ? r.num_kv_heads() : r.num_heads();
+  const int64_t value_dim = r.value_dim() > 0 ? r.value_dim() : r.key_dim();
+  const auto check = [](const char* field, const v1::Tensor& tensor,
+                        int64_t heads, int64_t dim) -> absl::Status {
+    const bool float_dtype = tensor.dtype() == v1::FLOAT32 ||
+                             tensor.dtype() == v1::BFLOAT16 ||
+                             tensor.dtype() == v1::FLOAT16;
+    if (!float_dtype || tensor.shape_size() != 3 || tensor.shape(0) != heads ||
+        tensor.shape(1) < 1 || tensor.shape(2) != dim ||
+        static_cast<int64_t>(tensor.data().size()) !=
+            heads * tensor.shape(1) * dim * DTypeBytes(tensor.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " must be a float tensor of shape [", heads, ", T, ", dim,
+          "] (the session's) whose bytes match its shape"));
+    }
+    return absl::OkStatus();
+  };
+  if (inputs.key) {
+    ATTNSERVE_RETURN_IF_ERROR(check("key", *inputs.key, kv_heads, r.key_dim()));
+    ATTNSERVE_RETURN_IF_ERROR(
+        check("value", *inputs.value, kv_heads, value_dim));
+  }
+  if (inputs.query) {
+    ATTNSERVE_RETURN_IF_ERROR(
+        check("query", *inputs.query, r.num_heads(), r.key_dim()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardedSession::Append(int64_t layer, v1::Tensor key,

@@ -82,6 +82,19 @@ int RunStep(Client& client, const std::string& id) {
         absl::StrCat("--layer is ", layer, ", the session has layers 0 to ",
                      session->num_layers() - 1)));
   }
+  // Before the call: a step that appends and then cannot write its files
+  // would have appended for nothing (and again when run again).
+  const std::pair<const char*, std::string> outputs[] = {
+      {"--output", absl::GetFlag(FLAGS_output)},
+      {"--lse_out", absl::GetFlag(FLAGS_lse_out)}};
+  for (const auto& [flag, path] : outputs) {
+    if (!inputs->query && !path.empty()) {
+      return UsageError(absl::InvalidArgumentError(
+          absl::StrCat(flag, " is ", path,
+                       ", but the step has no query (--query, or --demo with "
+                       "--query_tokens > 0) to answer it")));
+    }
+  }
   const int64_t before = session->length(layer);
   const absl::Time start = absl::Now();
   absl::StatusOr<StepOutput> out =

@@ -418,6 +418,11 @@ class Client:
             sessions.extend(page.sessions)
             if not page.next_page_token or not page.sessions:
                 return sessions
+            # A server's tokens move on: a repeated one, or more sessions than any server
+            # holds, is a broken server's, not followed further.
+            if page.next_page_token == request.page_token or len(sessions) > 1 << 20:
+                raise AttnserveError(grpc.StatusCode.INTERNAL,
+                                     "ListSessions: the server's pages do not end")
             request = pb2.ListSessionsRequest(page_token=page.next_page_token)
 
 

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "attnserve/client/client.h"
 #include "attnserve/client/replicas.h"
+#include "attnserve/client/session.h"
 #include "attnserve/client/sharded_attention.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -123,6 +124,58 @@ TEST(ClientRetryTest, RetriesUnavailableAndResourceExhaustedWithBackoff) {
   EXPECT_EQ(service.calls(), 3u);
   EXPECT_GE(absl::Now() - start,
             absl::Milliseconds(20));  // Two backoffs of ≥ 10 and ≥ 20 ms.
+}
+
+// A broken server: ListSessions pages that never end (its token repeats),
+// sessions described with 2^40 layers or negative heads.
+class BrokenSessionService final
+    : public v1::AttentionService::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* ListSessions(
+      grpc::CallbackServerContext* context,
+      const v1::ListSessionsRequest* /*request*/,
+      v1::ListSessionsResponse* response) override {
+    response->add_sessions()->set_session_id(std::string(32, 'a'));
+    response->set_next_page_token("again");
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetSession(
+      grpc::CallbackServerContext* context,
+      const v1::GetSessionRequest* request,
+      v1::GetSessionResponse* response) override {
+    v1::SessionInfo& info = *response->mutable_session();
+    info.set_session_id(request->session_id());
+    const bool huge = request->session_id()[0] == 'a';
+    info.set_num_layers(huge ? int64_t{1} << 40 : 1);
+    info.set_num_heads(huge ? 4 : -4);
+    info.set_num_kv_heads(4);
+    info.set_key_dim(8);
+    info.set_value_dim(8);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+TEST(ClientBrokenServerTest, NeitherLoopsNorSizesAnythingByItsAnswers) {
+  BrokenSessionService service;
+  FakeServer server(&service);
+  std::unique_ptr<Client> client = Connect(server.target());
+  const absl::StatusOr<v1::ListSessionsResponse> listed =
+      client->ListSessions(absl::InfiniteDuration());
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(listed.status().message()),
+              HasSubstr("pages do not end"));
+  for (const char first : {'a', 'b'}) {
+    const absl::StatusOr<Session> session =
+        Session::Attach(client.get(), std::string(32, first), kTimeout);
+    EXPECT_EQ(session.status().code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(session.status().message()),
+                HasSubstr("expected each 1 to 65536"));
+  }
 }
 
 TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {
@@ -372,6 +425,32 @@ TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // A mask or key_lengths the client would cut per shard is checked first:
+  // causal, so that the client reads the mask itself.
+  for (const auto& set :
+       std::vector<std::function<void(v1::AttentionOptions&)>>{
+           [](v1::AttentionOptions& o) {  // H 3 against the query's 2.
+             *o.mutable_attn_mask() =
+                 MakeBoolTensor({1, 3, 3, 4}, std::vector<bool>(36, true));
+           },
+           [](v1::AttentionOptions& o) {  // 8 bytes for [64, 64].
+             *o.mutable_attn_mask() = MakeFloat32Tensor({2}, {0.0f, 0.0f});
+             o.mutable_attn_mask()->set_shape(0, 64);
+             o.mutable_attn_mask()->add_shape(64);
+           },
+           [](v1::AttentionOptions& o) { o.add_key_lengths(4); }}) {
+    v1::AttendRequest bad = RandomRequest(1, 2, 2, 3, 4, 4, 4, 52);
+    bad.mutable_options()->set_causal(true);
+    bad.mutable_options()->clear_key_lengths();
+    set(*bad.mutable_options());
+    if (bad.options().key_lengths_size() == 1) {
+      bad.mutable_options()->add_key_lengths(4);  // 2 for B = 1.
+    }
+    const absl::Status refused =
+        ShardedAttend(replicas, bad, 2, kTimeout).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument)
+        << refused.message();
+  }
 }
 
 TEST_F(ClientServerTest, AsyncAndFutureCallsMatchSyncOnes) {

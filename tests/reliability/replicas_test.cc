@@ -659,7 +659,44 @@ TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
   const absl::Status refused = sharded->Step(two, kTimeout).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("query holds 2 rows"));
+
+  // A step crossing into the next shard with a malformed query appends
+  // nothing anywhere: its earlier piece is not sent ahead of the refusal.
+  const int64_t before = sharded->length(1);
+  const int64_t tokens = kShard - before % kShard + 2;
+  StepInputs bad = AttendInputs(
+      1,
+      MakeFloat32Tensor({kKvHeads, tokens, kDim},
+                        RandomValues(kKvHeads * tokens * kDim, 10)),
+      MakeFloat32Tensor({kKvHeads, tokens, kDim},
+                        RandomValues(kKvHeads * tokens * kDim, 11)),
+      MakeFloat32Tensor({kHeads, 1, kDim + 1},
+                        RandomValues(kHeads * (kDim + 1), 12)),
+      options);
+  const absl::Status malformed = sharded->Step(bad, kTimeout).status();
+  EXPECT_EQ(malformed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(malformed.message()), HasSubstr("query must be"));
+  EXPECT_EQ(sharded->length(1), before);
+  int64_t held = 0;
+  for (const Session& shard : sharded->shards()) held += shard.length(1);
+  EXPECT_EQ(held, before);
   EXPECT_TRUE(sharded->Delete(kTimeout).ok());
+
+  // What depends on a key's position in the whole sequence is refused.
+  for (const auto& set : std::vector<std::function<void(v1::SessionDefaults&)>>{
+           [](v1::SessionDefaults& d) { d.set_window_left(4); },
+           [](v1::SessionDefaults& d) { d.set_num_sink_tokens(2); },
+           [](v1::SessionDefaults& d) { d.add_alibi_slopes(0.5f); },
+           [](v1::SessionDefaults& d) { d.mutable_rope(); }}) {
+    v1::CreateSessionRequest positional = create;
+    set(*positional.mutable_defaults());
+    const absl::Status status =
+        ShardedSession::Create(replicas->get(), positional, kShard, kTimeout)
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("must be unset for a sharded session"));
+  }
 }
 
 }  // namespace

@@ -32,7 +32,12 @@
 //
 // Each shard keeps Session's retry rules (expected lengths, recovery of lost
 // answers); a shard whose replica is gone fails the step ABORTED
-// (IsReplicaGone). Not thread-safe; the Replicas must outlive it.
+// (IsReplicaGone). A step whose tensors do not have the session's shapes is
+// refused before any shard is sent a piece; one that fails at a later shard
+// after earlier pieces were appended says how many of its tokens stand
+// (lengths() agrees): send the rest. Windows, sinks, ALiBi and RoPE are
+// refused at Create (a shard's positions start at 0). Not thread-safe; the
+// Replicas must outlive it.
 #ifndef ATTNSERVE_CLIENT_SHARDED_SESSION_H_
 #define ATTNSERVE_CLIENT_SHARDED_SESSION_H_
 
@@ -51,7 +56,9 @@ class ShardedSession {
  public:
   // Creates the first shard (Replicas::CreateSession with `request`, whose
   // session_id must be empty: every shard draws its own). INVALID_ARGUMENT
-  // for shard_tokens < 1 or above the request's max_tokens (when set).
+  // for shard_tokens < 1 or above the request's max_tokens (when set), and
+  // for defaults that depend on a key's position (window, sinks, ALiBi,
+  // RoPE).
   static absl::StatusOr<ShardedSession> Create(
       Replicas* replicas, const v1::CreateSessionRequest& request,
       int64_t shard_tokens, absl::Duration timeout);
@@ -83,6 +90,8 @@ class ShardedSession {
   ShardedSession(Replicas* replicas, v1::CreateSessionRequest request,
                  int64_t shard_tokens, Session first);
 
+  // INVALID_ARGUMENT unless the step's tensors have the session's shapes.
+  absl::Status CheckInputs(const StepInputs& inputs) const;
   // Creates shards until shard `index` exists.
   absl::Status EnsureShard(size_t index, absl::Time deadline);
 

@@ -153,11 +153,22 @@ class ShardedSession:
     [s·C, (s+1)·C) of every layer (C = shard_tokens), on a replica of its own while there is
     one. A step with a query attends on every shard holding the layer's tokens at once (the
     last appends and attends, the others attend alone) and merges outputs and lse exactly
-    (float64). A query of more than one row is refused once the layer spans several shards."""
+    (float64). A query of more than one row is refused once the layer spans several shards.
+    A window, sinks, ALiBi slopes or RoPE are refused (ValueError): each shard's positions
+    start at 0, so what depends on a key's position in the whole sequence would be wrong."""
 
     def __init__(self, replicas, shard_tokens, *, timeout=None, **session_options):
         if shard_tokens < 1:
             raise ValueError(f"shard_tokens is {shard_tokens}, expected >= 1")
+        unset = {"window_left": -1, "num_sink_tokens": 0}  # and None for all four
+        positional = [name for name in ("window_left", "num_sink_tokens", "alibi_slopes",
+                                        "rope_theta")
+                      if session_options.get(name) is not None
+                      and not (name in unset and session_options[name] == unset[name])]
+        if positional:
+            raise ValueError(f"{', '.join(positional)} cannot be sharded: they depend on each "
+                             "key's position in the whole sequence, and a shard's positions "
+                             "start at 0")
         self._replicas = replicas
         self._options = dict(session_options, max_tokens=shard_tokens)
         self.shard_tokens = shard_tokens

@@ -114,6 +114,20 @@ def test_sessions_are_pinned_told_gone_and_rebuilt(three):
                     decode(sessions[s], models[s])
 
 
+def test_a_sharded_session_refuses_positional_variants(three):
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target) as replicas:
+        for options in ({"window_left": 4}, {"window_left": 0}, {"num_sink_tokens": 2},
+                        {"alibi_slopes": np.full(4, 0.5, np.float32)}, {"rope_theta": 1e4}):
+            with pytest.raises(ValueError, match="cannot be sharded"):
+                attnserve.ShardedSession(replicas, 16, num_layers=1, num_heads=4,
+                                         num_kv_heads=2, key_dim=D, **options)
+        sharded = attnserve.ShardedSession(replicas, 16, num_layers=1, num_heads=4,
+                                           num_kv_heads=2, key_dim=D, window_left=-1,
+                                           num_sink_tokens=0)
+        sharded.delete()
+
+
 def test_a_sharded_session_equals_the_reference(three):
     target = "ipv4:" + ",".join(server.target for server in three)
     with attnserve.Replicas(target) as replicas:

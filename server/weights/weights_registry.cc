@@ -1,5 +1,6 @@
 #include "attnserve/server/weights/weights_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -116,7 +117,11 @@ absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Put(
   if (entry.weights != nullptr) total_bytes_ -= entry.weights->bytes();
   total_bytes_ += weights->bytes();
   entry.weights = std::move(weights);
+  // A folder's own version moves the counter too, so that a later put (of
+  // any name) never gets a version a folder's set has, or a lower one: a
+  // weights_version pin names one set of weights.
   entry.version = version > 0 ? version : ++last_version_;
+  last_version_ = std::max(last_version_, entry.version);
   return entry;
 }
 

@@ -436,5 +436,28 @@ INSTANTIATE_TEST_SUITE_P(Cases, BadPutWeightsTest,
                            return std::string(param.param.name);
                          });
 
+// A --weights_dir set's own version moves the registry's count, so that a
+// later put of any name gets a higher one, never a version a set had: a
+// weights_version pin names one set of weights.
+TEST(WeightsRegistryVersionsTest, PutsNeverReuseAFoldersVersion) {
+  WeightsRegistry registry(int64_t{64} << 20);
+  v1::PutWeightsRequest folder = DemoWeights();
+  folder.set_name("x");
+  const absl::StatusOr<v1::PutWeightsResponse> at_three =
+      PutWeightsInto(registry, folder, /*version=*/3);
+  ASSERT_TRUE(at_three.ok()) << at_three.status();
+  EXPECT_EQ(at_three->version(), 3);
+  v1::PutWeightsRequest other = DemoWeights();
+  other.set_name("y");
+  const absl::StatusOr<v1::PutWeightsResponse> y =
+      PutWeightsInto(registry, other);
+  ASSERT_TRUE(y.ok());
+  EXPECT_EQ(y->version(), 4);
+  const absl::StatusOr<v1::PutWeightsResponse> x_again =
+      PutWeightsInto(registry, folder);
+  ASSERT_TRUE(x_again.ok());
+  EXPECT_EQ(x_again->version(), 5);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -139,10 +139,12 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
 
 absl::StatusOr<std::vector<std::string>> WeightsDirWatcher::LoadAll() {
   absl::MutexLock lock(&mutex_);
-  ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<std::string> folders,
+  ATTNSERVE_ASSIGN_OR_RETURN(const WeightsDirListing listing,
                              WeightsFolders(directory_));
+  // At start-up anything refused stops the server, naming it.
+  if (!listing.refused.empty()) return listing.refused.front();
   std::vector<std::string> names;
-  for (const std::string& folder : folders) {
+  for (const std::string& folder : listing.folders) {
     // The fingerprint before the read: a change while reading shows next scan.
     const absl::Status status =
         Register(NameOf(folder), folder, Fingerprint(folder));
@@ -165,18 +167,25 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
   Changes changes;
   {
     absl::MutexLock lock(&mutex_);
-    absl::StatusOr<std::vector<std::string>> folders =
-        WeightsFolders(directory_);
-    if (!folders.ok()) {
+    absl::StatusOr<WeightsDirListing> listing = WeightsFolders(directory_);
+    if (!listing.ok()) {
       // The folder itself is unreadable (mid-update, or gone): keep every
       // set as it is rather than deleting them all.
       Log(LogLevel::kWarning,
-          absl::StrCat("attnserve: ", folders.status().message(),
+          absl::StrCat("attnserve: ", listing.status().message(),
                        "; keeping the weights registered"));
       changes.failed = 1;
     } else {
-      std::set<std::string> present;
-      for (const std::string& folder : *folders) {
+      // An entry refused fails alone: a refused folder's set keeps its last
+      // good version, and the other sets follow their folders.
+      std::set<std::string> present(listing->refused_sets.begin(),
+                                    listing->refused_sets.end());
+      for (const absl::Status& refused : listing->refused) {
+        ++changes.failed;
+        Log(LogLevel::kWarning, absl::StrCat("attnserve: ", refused.message(),
+                                             "; keeping what it held"));
+      }
+      for (const std::string& folder : listing->folders) {
         const std::string name = NameOf(folder);
         present.insert(name);
         const std::string fingerprint = Fingerprint(folder);

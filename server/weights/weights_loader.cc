@@ -132,33 +132,52 @@ v1::PutWeightsRequest DemoWeights() {
   return request;
 }
 
-absl::StatusOr<std::vector<std::string>> WeightsFolders(
-    const std::string& directory) {
+absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
   std::error_code error;
   const std::filesystem::path root =
       std::filesystem::canonical(directory, error);
-  std::vector<std::string> folders;
+  WeightsDirListing listing;
   if (!error) {
     for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
       if (entry.path().filename().string().rfind('.', 0) == 0) continue;
-      ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, entry.path()));
-      if (!entry.is_directory()) {
-        ATTNSERVE_RETURN_IF_ERROR(CheckNotOneSet(directory, entry.path()));
+      if (absl::Status inside = CheckStaysInside(root, entry.path());
+          !inside.ok()) {
+        listing.refused.push_back(inside);
         continue;
       }
-      for (const auto& file :
-           std::filesystem::directory_iterator(entry.path(), error)) {
-        ATTNSERVE_RETURN_IF_ERROR(CheckStaysInside(root, file.path()));
+      if (!entry.is_directory()) {
+        if (absl::Status file = CheckNotOneSet(directory, entry.path());
+            !file.ok()) {
+          listing.refused.push_back(file);
+        }
+        continue;
       }
-      folders.push_back(entry.path().string());
+      absl::Status held = absl::OkStatus();
+      std::error_code folder_error;
+      for (const auto& file :
+           std::filesystem::directory_iterator(entry.path(), folder_error)) {
+        held = CheckStaysInside(root, file.path());
+        if (!held.ok()) break;
+      }
+      if (folder_error) {
+        held = absl::InvalidArgumentError(
+            absl::StrCat(entry.path().string(),
+                         " cannot be read: ", folder_error.message()));
+      }
+      if (!held.ok()) {
+        listing.refused.push_back(held);
+        listing.refused_sets.push_back(entry.path().filename().string());
+        continue;
+      }
+      listing.folders.push_back(entry.path().string());
     }
   }
   if (error) {
     return absl::NotFoundError(absl::StrCat(
         "weights_dir ", directory, " cannot be read: ", error.message()));
   }
-  std::sort(folders.begin(), folders.end());
-  return folders;
+  std::sort(listing.folders.begin(), listing.folders.end());
+  return listing;
 }
 
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(

@@ -302,6 +302,47 @@ TEST_F(WeightsDirTest, ReloadsAddedChangedRemovedAndBrokenSets) {
             1);
 }
 
+// While the server runs, an entry the folder may not hold (a link out of
+// weights_dir, in a set's folder or at the top) fails alone: that set keeps
+// its last good version, and the other sets still follow their folders.
+TEST_F(WeightsDirTest, ABadEntryFailsAloneWhileTheServerRuns) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("a", "num_heads=2\nversion=1\n", MakeWeights(tiny, 460), "<f4");
+  WriteFolder("b", "num_heads=2\nversion=1\n", MakeWeights(tiny, 461), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  options.weights_reload_interval = absl::Milliseconds(50);
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  const auto versions = [this] {
+    std::map<std::string, int64_t> found;
+    absl::StatusOr<v1::ListWeightsResponse> list =
+        client_->ListWeights(kTimeout);
+    if (list.ok()) {
+      for (const v1::WeightsInfo& info : list->weights()) {
+        found[info.name()] = info.version();
+      }
+    }
+    return found;
+  };
+  ASSERT_EQ(versions(), (std::map<std::string, int64_t>{{"a", 1}, {"b", 1}}));
+  const std::filesystem::path outside = root_.parent_path();
+  std::filesystem::create_symlink(outside, root_ / "a" / "escape");
+  std::filesystem::create_symlink(outside, root_ / "stray");
+  // Changed and added beside them.
+  WriteFolder(".b", "num_heads=2\nversion=2\n", MakeWeights(tiny, 462), "<f4");
+  std::filesystem::remove_all(root_ / "b");
+  std::filesystem::rename(root_ / ".b", root_ / "b");
+  WriteFolder("c", "num_heads=2\nversion=3\n", MakeWeights(tiny, 463), "<f4");
+  EXPECT_TRUE(Eventually([&] {
+    return versions() ==
+           std::map<std::string, int64_t>{{"a", 1}, {"b", 2}, {"c", 3}};
+  })) << "a, b, c at "
+      << versions()["a"] << ", " << versions()["b"] << ", " << versions()["c"];
+}
+
 // weights_version is checked like any field.
 TEST_F(WeightsDirTest, WeightsVersionNeedsAPositiveVersionAndAName) {
   StartServer(DefaultOptions());

@@ -30,13 +30,20 @@ inline constexpr char kDemoWeightsName[] = "demo";
 // numbers.
 v1::PutWeightsRequest DemoWeights();
 
-// The set folders of `directory` (sorted), skipping hidden entries
-// (Kubernetes' ..data); every entry, and everything in each folder, must be a
-// folder or a regular file, or a symbolic link resolving to one inside
-// `directory`. NOT_FOUND if it cannot be read; INVALID_ARGUMENT naming the
-// first entry that is none of those, or a set's file directly in `directory`.
-absl::StatusOr<std::vector<std::string>> WeightsFolders(
-    const std::string& directory);
+// What `directory` holds: its set folders (sorted), skipping hidden entries
+// (Kubernetes' ..data), and the entries refused, each with INVALID_ARGUMENT
+// naming it. Every entry, and everything in each folder, must be a folder or a
+// regular file, or a symbolic link resolving to one inside `directory`; a
+// set's file directly in `directory` is refused too. A folder refused for what
+// it holds is listed by its set's name in `refused_sets` (its set keeps its
+// last good version while the server runs).
+struct WeightsDirListing {
+  std::vector<std::string> folders;
+  std::vector<absl::Status> refused;
+  std::vector<std::string> refused_sets;
+};
+// NOT_FOUND if `directory` cannot be read.
+absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory);
 
 // Reads the weight set in `folder` (named by its last path component) as a
 // PutWeights request. Each file is refused over `max_file_bytes` before it is

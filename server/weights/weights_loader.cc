@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -182,6 +184,26 @@ absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
 
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes) {
+  // The files' sizes first: a set larger than the registry could hold is
+  // refused before any of it is read. A float64 file halves when converted,
+  // so twice the limit is the most that can still fit.
+  int64_t total = 0;
+  for (const char* name :
+       {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"}) {
+    std::error_code error;
+    const std::uintmax_t size = std::filesystem::file_size(
+        absl::StrCat(folder, "/", name, ".npy"), error);
+    if (!error)
+      total += static_cast<int64_t>(std::min<std::uintmax_t>(
+          size, std::numeric_limits<int64_t>::max() / 16));
+  }
+  if (total / 2 > max_file_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "its .npy files hold ", total,
+        " bytes, more than twice max_weights_bytes (", max_file_bytes,
+        "), more than the registry could hold even from float64; nothing "
+        "was read"));
+  }
   v1::PutWeightsRequest request;
   request.set_name(std::filesystem::path(folder).filename().string());
   ATTNSERVE_ASSIGN_OR_RETURN(

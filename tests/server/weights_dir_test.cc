@@ -415,6 +415,28 @@ TEST_F(WeightsDirTest, FolderWithoutConfigFailsStartNamingTheFolder) {
   EXPECT_THAT(message, HasSubstr("config.txt is missing"));
 }
 
+// A set whose files hold more than twice max_weights_bytes (each file under
+// it) is refused from the files' sizes, before any of it is read.
+TEST_F(WeightsDirTest, AFolderTooLargeIsRefusedBeforeItIsRead) {
+  // E 64, H 8 x 8: each weight 64 x 64 f32, 16 KiB and a header; four of
+  // them, 64 KiB in all, against a limit of 30,000 bytes.
+  const ReferenceMhaShape shape{1, 1, 1, 64, 64, 8, 8, 8, 8};
+  WriteFolder("big", "num_heads=8\n", MakeWeights(shape, 910, Biases::kNone),
+              "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  options.memory.max_weights_bytes = 30000;
+  const absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kResourceExhausted)
+      << server.status();
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("more than twice max_weights_bytes (30000)"));
+}
+
 TEST_F(WeightsDirTest, MissingWeightsDirFailsStartNamingIt) {
   ServerOptions options = DefaultOptions();
   options.weights_dir = (root_ / "does-not-exist").string();

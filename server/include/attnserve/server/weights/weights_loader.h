@@ -46,8 +46,9 @@ struct WeightsDirListing {
 absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory);
 
 // Reads the weight set in `folder` (named by its last path component) as a
-// PutWeights request. Each file is refused over `max_file_bytes` before it is
-// read.
+// PutWeights request. Each file is refused over `max_file_bytes` (the
+// registry's max_weights_bytes) before it is read, and the whole set if its
+// files hold more than twice that (what float64 files could convert into).
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes);
 

@@ -73,13 +73,7 @@ std::string NameOf(const std::string& folder) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> WeightsFolderVersion(
-    const std::string& folder, const v1::PutWeightsRequest& request) {
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      const WeightsConfig config,
-      ReadWeightsConfig(
-          (std::filesystem::path(folder) / "config.txt").string()));
-  if (config.version > 0) return config.version;
+absl::StatusOr<int64_t> WeightsDigest(const v1::PutWeightsRequest& request) {
   // The serialisation streams through the hash a buffer at a time: a set
   // may be gigabytes, and is already held twice while it loads.
   const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(
@@ -124,16 +118,30 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
   absl::StatusOr<v1::PutWeightsRequest> request =
       ReadWeightsFolder(folder, max_file_bytes_);
   if (!request.ok()) return request.status();
-  ATTNSERVE_ASSIGN_OR_RETURN(const int64_t version,
-                             WeightsFolderVersion(folder, *request));
-  if (version == seen.version) {
-    // Touched, not changed: the registry holds this version already.
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      const WeightsConfig config,
+      ReadWeightsConfig(
+          (std::filesystem::path(folder) / "config.txt").string()));
+  // Read in pieces, file by file: a folder swapped meanwhile may have given
+  // some files of one version and some of the next. Its state must be the
+  // one seen before the read, or nothing is registered (the next scan reads
+  // it again).
+  if (Fingerprint(folder) != fingerprint) {
+    seen.fingerprint.clear();
+    return absl::UnavailableError(
+        "it changed while it was read; it is read again at the next look");
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(const int64_t digest, WeightsDigest(*request));
+  const int64_t version = config.version > 0 ? config.version : digest;
+  if (version == seen.version && digest == seen.digest) {
+    // Touched, not changed: the registry holds these weights already.
     const absl::StatusOr<WeightsRegistry::Entry> held = registry_->Get(name);
     if (held.ok() && held->version == version) return absl::OkStatus();
   }
   ATTNSERVE_RETURN_IF_ERROR(
       PutWeightsInto(*registry_, *request, version).status());
   seen.version = version;
+  seen.digest = digest;
   return absl::OkStatus();
 }
 
@@ -145,9 +153,13 @@ absl::StatusOr<std::vector<std::string>> WeightsDirWatcher::LoadAll() {
   if (!listing.refused.empty()) return listing.refused.front();
   std::vector<std::string> names;
   for (const std::string& folder : listing.folders) {
-    // The fingerprint before the read: a change while reading shows next scan.
-    const absl::Status status =
-        Register(NameOf(folder), folder, Fingerprint(folder));
+    // The fingerprint before the read; a folder changed while it was read is
+    // read again (a few times: it is being updated).
+    absl::Status status;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      status = Register(NameOf(folder), folder, Fingerprint(folder));
+      if (!absl::IsUnavailable(status)) break;
+    }
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("weights folder ", folder,
                                                       ": ", status.message()));

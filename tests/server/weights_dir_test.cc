@@ -415,6 +415,39 @@ TEST_F(WeightsDirTest, FolderWithoutConfigFailsStartNamingTheFolder) {
   EXPECT_THAT(message, HasSubstr("config.txt is missing"));
 }
 
+// A folder changed while its config.txt keeps its version=N is registered
+// again at N: its contents, not its version, tell whether it changed (a
+// server started afterwards reads the new weights; this one must agree).
+TEST_F(WeightsDirTest, NewWeightsUnderTheSameVersionAreServed) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("same", "num_heads=2\nversion=5\n", MakeWeights(tiny, 470),
+              "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = root_.string();
+  options.weights_reload_interval = absl::Milliseconds(50);
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  const v1::ProjectionWeights changed = MakeWeights(tiny, 471);
+  WriteFolder(".same", "num_heads=2\nversion=5\n", changed, "<f4");
+  std::filesystem::remove_all(root_ / "same");
+  std::filesystem::rename(root_ / ".same", root_ / "same");
+  v1::MultiHeadAttentionRequest request = MakeRequest(tiny, 472, false);
+  request.set_weights_name("same");
+  const std::vector<double> expected = Expected(tiny, request, changed).output;
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<v1::MultiHeadAttentionResponse> answer =
+        client_->MultiHeadAttention(request, kTimeout);
+    if (!answer.ok() || answer->weights_version() != 5) return false;
+    const std::vector<float> got = ValuesOf(answer->output());
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::abs(got[i] - expected[i]) > 1e-4) return false;
+    }
+    return got.size() == expected.size();
+  }));
+}
+
 // A set whose files hold more than twice max_weights_bytes (each file under
 // it) is refused from the files' sizes, before any of it is read.
 TEST_F(WeightsDirTest, AFolderTooLargeIsRefusedBeforeItIsRead) {

@@ -66,6 +66,7 @@ class WeightsDirWatcher {
   struct Seen {
     std::string fingerprint;
     int64_t version = 0;  // 0: the folder has never loaded.
+    int64_t digest = 0;   // WeightsDigest of what it registered.
   };
 
   // Reads and registers the set in `folder` as `name`, remembering it as
@@ -84,12 +85,11 @@ class WeightsDirWatcher {
   std::thread thread_;
 };
 
-// The version a set read from `folder` (as `request`) registers under:
-// config.txt's `version=N` if it has one, else the first 56 bits of the
-// SHA-256 of the set's weights (their deterministic serialisation), at least
-// 1.
-absl::StatusOr<int64_t> WeightsFolderVersion(
-    const std::string& folder, const v1::PutWeightsRequest& request);
+// The first 56 bits of the SHA-256 of a set's weights (their deterministic
+// serialisation), at least 1: the version a folder's set registers under
+// when its config.txt has no `version=N`, and what tells its contents apart
+// when it keeps one.
+absl::StatusOr<int64_t> WeightsDigest(const v1::PutWeightsRequest& request);
 
 }  // namespace attnserve
 

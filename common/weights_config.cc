@@ -39,8 +39,8 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
     if (!absl::SimpleAtoi(entry.second, &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": line ", number,
-          " is not key=integer, expected num_heads=H, num_kv_heads=Hkv or "
-          "version=N"));
+          " is not key=integer, expected num_heads=H, num_kv_heads=Hkv, "
+          "version=N, rope_theta=T, rotary_dim=R or rope_interleaved=0|1"));
     }
     if (entry.first == "num_heads") {
       config.num_heads = value;
@@ -71,6 +71,14 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
                        "num_kv_heads, version, rope_theta, rotary_dim or "
                        "rope_interleaved"));
     }
+  }
+  // RoPE's other keys mean nothing without its base: said, not dropped.
+  if (config.rope_theta == 0 &&
+      (config.rotary_dim != 0 || config.rope_interleaved)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        " sets rotary_dim or rope_interleaved without rope_theta, expected "
+        "rope_theta=T (an integer > 1, e.g. 10000) with them, or neither"));
   }
   return config;
 }

@@ -470,6 +470,24 @@ TEST_F(WeightsDirTest, AFolderTooLargeIsRefusedBeforeItIsRead) {
               HasSubstr("more than twice max_weights_bytes (30000)"));
 }
 
+// RoPE's rotary_dim or rope_interleaved without rope_theta would be dropped
+// (a set with no RoPE): refused, naming the file.
+TEST_F(WeightsDirTest, RopeKeysWithoutThetaFailStart) {
+  const ReferenceMhaShape tiny{1, 1, 1, 4, 4, 2, 2, 4, 4};
+  WriteFolder("rope", "num_heads=2\nrotary_dim=2\nrope_interleaved=1\n",
+              MakeWeights(tiny, 920), "<f4");
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.weights_dir = root_.string();
+  const absl::StatusOr<std::unique_ptr<AttnServer>> server =
+      AttnServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("sets rotary_dim or rope_interleaved without "
+                        "rope_theta"));
+}
+
 TEST_F(WeightsDirTest, MissingWeightsDirFailsStartNamingIt) {
   ServerOptions options = DefaultOptions();
   options.weights_dir = (root_ / "does-not-exist").string();

@@ -430,8 +430,19 @@ TEST_F(ServiceTest, AStreamsPassedDeadlineIsTheDeadlinesNotACancel) {
   ServerOptions options = DefaultOptions();
   options.scheduling.max_batch = 1;
   Start(options);
-  auto slow = StartSlowRequest();
+  // The only executor held until the stream's deadline has passed:
+  // LongRequest, cancelled only then.
   auto stub = v1::AttentionService::NewStub(client_->channel());
+  const v1::AttendRequest long_request = LongRequest();
+  grpc::ClientContext long_context;
+  long_context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(600));
+  v1::AttendResponse long_response;
+  std::promise<grpc::Status> long_done;
+  stub->async()->Attend(
+      &long_context, &long_request, &long_response,
+      [&long_done](grpc::Status status) { long_done.set_value(status); });
+  AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 1);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(300));
@@ -442,7 +453,9 @@ TEST_F(ServiceTest, AStreamsPassedDeadlineIsTheDeadlinesNotACancel) {
   while (stream->Read(&answer)) {
   }
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  ASSERT_TRUE(slow.get().ok());
+  long_context.TryCancel();
+  EXPECT_EQ(long_done.get_future().get().error_code(),
+            grpc::StatusCode::CANCELLED);
   AwaitMetric(
       R"(attnserve_requests_total{code="DEADLINE_EXCEEDED",rpc="AttendStream"})",
       1);

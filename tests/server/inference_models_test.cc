@@ -27,13 +27,14 @@ const inference::ModelInput* FindInput(const inference::ModelConfig& config,
 // A client that leaves out optional inputs must still be answered: KV_INPUT
 // is optional only where self-attention can do without it.
 TEST(InferenceModelsTest, KvInputIsOptionalOnlyWhereEkvIsE) {
-  WeightsShape self{64, 64, 8, 8, 8, 8};
-  WeightsShape cross{64, 12, 8, 8, 8, 8};
-  const inference::ModelInput* kv =
-      FindInput(WeightSetConfig("self", self), "KV_INPUT");
+  const inference::ModelConfig self =
+      WeightSetConfig("self", WeightsShape{64, 64, 8, 8, 8, 8});
+  const inference::ModelConfig cross =
+      WeightSetConfig("cross", WeightsShape{64, 12, 8, 8, 8, 8});
+  const inference::ModelInput* kv = FindInput(self, "KV_INPUT");
   ASSERT_NE(kv, nullptr);
   EXPECT_TRUE(kv->optional());
-  kv = FindInput(WeightSetConfig("cross", cross), "KV_INPUT");
+  kv = FindInput(cross, "KV_INPUT");
   ASSERT_NE(kv, nullptr);
   EXPECT_FALSE(kv->optional());
 }

@@ -24,14 +24,15 @@ absl::StatusOr<v1::ProjectionWeights> ReadWeightsFolderWith(
     weights.mutable_rope()->set_interleaved(config.rope_interleaved);
   }
   const std::pair<const char*, v1::Tensor* (v1::ProjectionWeights::*)()>
-      files[] = {{"w_q", &v1::ProjectionWeights::mutable_w_q},
-                 {"w_k", &v1::ProjectionWeights::mutable_w_k},
-                 {"w_v", &v1::ProjectionWeights::mutable_w_v},
-                 {"w_o", &v1::ProjectionWeights::mutable_w_o},
-                 {"b_q", &v1::ProjectionWeights::mutable_b_q},
-                 {"b_k", &v1::ProjectionWeights::mutable_b_k},
-                 {"b_v", &v1::ProjectionWeights::mutable_b_v},
-                 {"b_o", &v1::ProjectionWeights::mutable_b_o}};
+      files[] = {
+          {kWeightsFolderTensors[0], &v1::ProjectionWeights::mutable_w_q},
+          {kWeightsFolderTensors[1], &v1::ProjectionWeights::mutable_w_k},
+          {kWeightsFolderTensors[2], &v1::ProjectionWeights::mutable_w_v},
+          {kWeightsFolderTensors[3], &v1::ProjectionWeights::mutable_w_o},
+          {kWeightsFolderTensors[4], &v1::ProjectionWeights::mutable_b_q},
+          {kWeightsFolderTensors[5], &v1::ProjectionWeights::mutable_b_k},
+          {kWeightsFolderTensors[6], &v1::ProjectionWeights::mutable_b_v},
+          {kWeightsFolderTensors[7], &v1::ProjectionWeights::mutable_b_o}};
   for (const auto& [name, mutable_tensor] : files) {
     const std::string path = absl::StrCat(folder, "/", name, ".npy");
     const bool optional = name[0] == 'b';

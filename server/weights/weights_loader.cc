@@ -188,8 +188,7 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
   // refused before any of it is read. A float64 file halves when converted,
   // so twice the limit is the most that can still fit.
   int64_t total = 0;
-  for (const char* name :
-       {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"}) {
+  for (const char* name : kWeightsFolderTensors) {
     std::error_code error;
     const std::uintmax_t size = std::filesystem::file_size(
         absl::StrCat(folder, "/", name, ".npy"), error);

@@ -76,6 +76,19 @@ class WeightsDirTest : public ServerFixture {
                                                          weights, descr));
   }
 
+  // The registered sets and their versions (empty if ListWeights fails).
+  std::map<std::string, int64_t> Versions() {
+    std::map<std::string, int64_t> found;
+    absl::StatusOr<v1::ListWeightsResponse> list =
+        client_->ListWeights(kTimeout);
+    if (list.ok()) {
+      for (const v1::WeightsInfo& info : list->weights()) {
+        found[info.name()] = info.version();
+      }
+    }
+    return found;
+  }
+
   std::filesystem::path root_;
 };
 
@@ -239,17 +252,7 @@ TEST_F(WeightsDirTest, ReloadsAddedChangedRemovedAndBrokenSets) {
   options.metrics_port = 0;
   StartServer(options);
   if (HasFatalFailure()) return;
-  const auto versions = [this] {
-    std::map<std::string, int64_t> found;
-    absl::StatusOr<v1::ListWeightsResponse> list =
-        client_->ListWeights(kTimeout);
-    if (list.ok()) {
-      for (const v1::WeightsInfo& info : list->weights()) {
-        found[info.name()] = info.version();
-      }
-    }
-    return found;
-  };
+  const auto versions = [this] { return Versions(); };
   EXPECT_EQ(versions(), (std::map<std::string, int64_t>{{"tiny", 1}}));
 
   // Added (written apart, then renamed in whole).
@@ -316,17 +319,7 @@ TEST_F(WeightsDirTest, ABadEntryFailsAloneWhileTheServerRuns) {
   options.weights_reload_interval = absl::Milliseconds(50);
   StartServer(options);
   if (HasFatalFailure()) return;
-  const auto versions = [this] {
-    std::map<std::string, int64_t> found;
-    absl::StatusOr<v1::ListWeightsResponse> list =
-        client_->ListWeights(kTimeout);
-    if (list.ok()) {
-      for (const v1::WeightsInfo& info : list->weights()) {
-        found[info.name()] = info.version();
-      }
-    }
-    return found;
-  };
+  const auto versions = [this] { return Versions(); };
   ASSERT_EQ(versions(), (std::map<std::string, int64_t>{{"a", 1}, {"b", 1}}));
   const std::filesystem::path outside = root_.parent_path();
   std::filesystem::create_symlink(outside, root_ / "a" / "escape");

@@ -15,6 +15,11 @@
 
 namespace attnserve {
 
+// The tensors a folder holds, each as NAME.npy: the weights, then the
+// optional biases.
+inline constexpr const char* kWeightsFolderTensors[] = {
+    "w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"};
+
 // Reads the weight set in `folder`: the head counts from config.txt, each
 // tensor through `read` (given the path of its .npy file; a bias whose file is
 // absent stays unset). NOT_FOUND for a missing config.txt; otherwise the first

@@ -122,6 +122,7 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
       const WeightsConfig config,
       ReadWeightsConfig(
           (std::filesystem::path(folder) / "config.txt").string()));
+  if (after_read_) after_read_(folder);
   // Read in pieces, file by file: a folder swapped meanwhile may have given
   // some files of one version and some of the next. Its state must be the
   // one seen before the read, or nothing is registered (the next scan reads

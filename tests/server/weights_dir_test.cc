@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/server/server.h"
+#include "attnserve/server/weights/weights_dir_watcher.h"
+#include "attnserve/server/weights/weights_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -439,6 +441,77 @@ TEST_F(WeightsDirTest, NewWeightsUnderTheSameVersionAreServed) {
     }
     return got.size() == expected.size();
   }));
+}
+
+// A folder changed after its files were read and before they are registered
+// (a swap in the middle of a read may give files of two versions) is not
+// registered from that read: at start-up it is read again, and a running
+// scan keeps the last good version until the next look.
+TEST_F(WeightsDirTest, AFolderChangedDuringItsReadIsNotRegisteredFromIt) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("tiny", "num_heads=2\nversion=1\n", MakeWeights(tiny, 930),
+              "<f4");
+  if (HasFatalFailure()) return;
+  WeightsRegistry registry(int64_t{1} << 24);
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  // Rewrites the folder (a config.txt of another size) on the first
+  // `changes` reads after it is set.
+  int changes = 0;
+  int64_t next_version = 0;
+  watcher.SetAfterReadForTesting([&](const std::string& folder) {
+    if (changes == 0) return;
+    --changes;
+    WriteFolder(std::filesystem::path(folder).filename().string(),
+                absl::StrCat("num_heads=2\nversion=", next_version, "\n"),
+                MakeWeights(tiny, 931), "<f4");
+  });
+  const auto version = [&registry] {
+    const absl::StatusOr<WeightsRegistry::Entry> entry = registry.Get("tiny");
+    return entry.ok() ? entry->version : int64_t{-1};
+  };
+
+  // Start-up: changed during the first read, registered from the second.
+  changes = 1;
+  next_version = 22;
+  const absl::StatusOr<std::vector<std::string>> loaded = watcher.LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(version(), 22);
+  EXPECT_EQ(changes, 0);
+
+  // A scan: version 3 written, changed to 444 while it is read. Nothing is
+  // registered from that read; the next scan registers 444.
+  WriteFolder("tiny", "num_heads=2\nversion=3\n", MakeWeights(tiny, 932),
+              "<f4");
+  changes = 1;
+  next_version = 444;
+  WeightsDirWatcher::Changes scan = watcher.Scan();
+  EXPECT_EQ(scan.failed, 1);
+  EXPECT_EQ(scan.registered, 0);
+  EXPECT_EQ(version(), 22);
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.failed, 0);
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(version(), 444);
+
+  // A folder that changes at every read fails start-up after a few reads,
+  // naming it.
+  WeightsRegistry fresh(int64_t{1} << 24);
+  WeightsDirWatcher restless(root_.string(), int64_t{1} << 20, &fresh, nullptr);
+  int reads = 0;
+  restless.SetAfterReadForTesting([&](const std::string& folder) {
+    ++reads;
+    WriteFolder(std::filesystem::path(folder).filename().string(),
+                absl::StrCat("num_heads=2\nversion=", 10 * reads, "\n"),
+                MakeWeights(tiny, 933), "<f4");
+  });
+  const absl::StatusOr<std::vector<std::string>> refused = restless.LoadAll();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("tiny: it changed while it was read"));
+  EXPECT_EQ(reads, 3);
+  EXPECT_FALSE(fresh.Get("tiny").ok());
 }
 
 // A set whose files hold more than twice max_weights_bytes (each file under

@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -61,6 +62,14 @@ class WeightsDirWatcher {
   // One scan, on the calling thread.
   Changes Scan();
 
+  // Calls `hook` with a folder's path after its files are read and before
+  // its state is checked again: a test changes the folder there to show a
+  // swap in the middle of a read. Call before LoadAll and Start.
+  void SetAfterReadForTesting(std::function<void(const std::string&)> hook) {
+    absl::MutexLock lock(&mutex_);
+    after_read_ = std::move(hook);
+  }
+
  private:
   // What the watcher last saw of a folder, and the version it registered.
   struct Seen {
@@ -81,6 +90,7 @@ class WeightsDirWatcher {
   const std::function<void(const Changes&)> on_change_;
   absl::Mutex mutex_;  // One scan at a time.
   std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mutex_);  // By set name.
+  std::function<void(const std::string&)> after_read_ ABSL_GUARDED_BY(mutex_);
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -187,7 +187,9 @@ int PrepareAttend(Client& client, BenchTarget& target) {
                              static_cast<double>(query.shape(3)),
                              static_cast<double>(value.shape(3))};
     target.flops_per_request =
-        AttentionFlops(dims, request->options().causal());
+        AttentionFlops(dims, request->options().causal(),
+                       request->options().causal_alignment() ==
+                           v1::AttentionOptions::BOTTOM_RIGHT);
   }
   target.input_dtype = v1::DType_Name(query.dtype());
   auto shared = std::make_shared<const v1::AttendRequest>(*std::move(request));
@@ -226,7 +228,9 @@ int PrepareMultiHead(Client& client, BenchTarget& target) {
         " Dk=", info->key_dim(), " Dv=", info->value_dim());
     target.flops_per_request =
         MultiHeadFlops({batch, heads, query_len, key_len, key_dim, value_dim},
-                       {embed, kv_embed, kv_heads}, request.options().causal());
+                       {embed, kv_embed, kv_heads}, request.options().causal(),
+                       request.options().causal_alignment() ==
+                           v1::AttentionOptions::BOTTOM_RIGHT);
   }
   target.input_dtype = v1::DType_Name(input.dtype());
   auto shared =

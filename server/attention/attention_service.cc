@@ -88,9 +88,11 @@ AttentionServiceImpl::AttentionServiceImpl(
 
 namespace {
 
-// Why a unary call's request never arrived.
+// Why a unary call's request never arrived: its read fails when the call is
+// cancelled, which the client's own deadline does at about the moment the
+// server's copy passes (kDeadlineSlack).
 absl::Status NotReceived(const grpc::ServerContextBase& context) {
-  if (DeadlinePassed(context)) {
+  if (DeadlineWithin(context, kDeadlineSlack)) {
     return absl::DeadlineExceededError(
         "the deadline passed before the request arrived");
   }
@@ -404,13 +406,14 @@ void AttentionServiceImpl::StartMultiHeadAttention(
   if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return caller->Computed(held);
-  const double flops =
-      MultiHeadFlops(work->shape.Heads().Dims(), work->shape.Projections(),
-                     work->plan.options.causal);
+  const double flops = MultiHeadFlops(
+      work->shape.Heads().Dims(), work->shape.Projections(),
+      work->plan.options.causal,
+      work->plan.options.causal_alignment == CausalAlignment::kBottomRight);
   SeedOutput(work->shape.batch * work->shape.query_len * work->shape.embed_dim,
              work->plan.output_dtype, response->mutable_output());
   auto compute = [this, request = &request, response, registered,
-                  work = *std::move(work)](const StopCheck& stop) {
+                  work = *std::move(work)](const StopCheck& stop, double*) {
     if (registered != nullptr) {
       return ComputeMultiHead(*engine_, work, registered->views(), *request,
                               stop, response);
@@ -497,9 +500,12 @@ void AttentionServiceImpl::ServeStep(const Call& call,
     return Finish(call, held, response);
   }
   const double flops = steps->flops;
-  auto compute = [this, response,
-                  steps = *std::move(steps)](const StopCheck& stop) mutable {
-    return RunSteps(steps, *sessions_, *engine_, stop, response);
+  auto compute = [this, response, steps = *std::move(steps)](
+                     const StopCheck& stop, double* done) mutable {
+    const absl::Status status =
+        RunSteps(steps, *sessions_, *engine_, stop, response);
+    *done = steps.flops;  // Of the steps that computed.
+    return status;
   };
   ComputeJob::Submit(ComputeJob::Alone(
       compute_, call.rpc, std::make_shared<UnaryCaller>(this, call, response),

@@ -29,8 +29,9 @@ std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
     std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
     AttendWork work, const v1::AttendRequest* request,
     v1::AttendResponse* response) {
-  const double flops =
-      AttentionFlops(work.shape.Dims(), work.plan.options.causal);
+  const double flops = AttentionFlops(
+      work.shape.Dims(), work.plan.options.causal,
+      work.plan.options.causal_alignment == CausalAlignment::kBottomRight);
   std::unique_ptr<ComputeJob> job(
       new ComputeJob(context, rpc, std::move(caller), call_started, flops,
                      response->mutable_timing()));
@@ -47,7 +48,7 @@ std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
   job->attend_request_ = request;
   job->attend_response_ = response;
   ComputeJob* const raw = job.get();
-  job->compute_ = [raw](const StopCheck& stop) {
+  job->compute_ = [raw](const StopCheck& stop, double*) {
     return ComputeAttend(*raw->context_.engine, *raw->attend_work_,
                          *raw->attend_request_, stop, raw->attend_response_);
   };
@@ -57,8 +58,7 @@ std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
 std::unique_ptr<ComputeJob> ComputeJob::Alone(
     const ComputeContext& context, Rpc rpc,
     std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
-    double flops, v1::ServerTiming* timing,
-    absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute) {
+    double flops, v1::ServerTiming* timing, AloneCompute compute) {
   std::unique_ptr<ComputeJob> job(new ComputeJob(
       context, rpc, std::move(caller), call_started, flops, timing));
   job->compute_ = std::move(compute);
@@ -67,13 +67,14 @@ std::unique_ptr<ComputeJob> ComputeJob::Alone(
 
 void ComputeJob::Submit(std::unique_ptr<ComputeJob> job) {
   const ComputeContext context = job->context_;
-  const Rpc rpc = job->rpc_;
   // A refused job is gone once the scheduler returns; its caller is not.
   const std::shared_ptr<ComputeCaller> caller = job->caller_;
   context.metrics->Enqueued();
   const absl::Status queued = context.scheduler->Submit(std::move(job));
   if (!queued.ok()) {
-    context.metrics->Dequeued(rpc, absl::ZeroDuration());
+    // Not a wait of 0: refusals would pull the wait's quantiles (what an
+    // autoscaler reads) down just when the queue is full.
+    context.metrics->NotQueued();
     caller->Computed(queued);
   }
 }
@@ -98,7 +99,7 @@ absl::Status ComputeJob::RunAlone() {
             ? "the deadline passed while the compute ran: it stopped"
             : absl::StrCat("the compute stopped: ", wanted.message()));
   };
-  const absl::Status status = std::move(compute_)(stop);
+  const absl::Status status = std::move(compute_)(stop, &flops_);
   if (stopped.load() && !status.ok()) {
     context_.metrics->ComputeStopped(rpc_, status.code());
   }

@@ -341,6 +341,8 @@ void ServerMetrics::Dequeued(Rpc rpc, absl::Duration wait) {
   rpcs_[static_cast<int>(rpc)].queue_wait->Observe(absl::ToDoubleSeconds(wait));
 }
 
+void ServerMetrics::NotQueued() { queue_depth_->Decrement(); }
+
 void ServerMetrics::Batched(int requests) { batch_size_->Observe(requests); }
 
 void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, double flops) {

@@ -22,6 +22,17 @@ constexpr int64_t kResultOverheadBytes = 128;
 // And the response's own: the timing, the results' tags.
 constexpr int64_t kResponseOverheadBytes = 128;
 
+// The attention FLOPs of a step's `query_len` rows over a layer of `length`
+// tokens: the last rows of a causal sequence, aligned at the bottom right.
+double StepFlops(const SessionConfig& config, int64_t query_len,
+                 int64_t length) {
+  return AttentionFlops(
+      {1.0, static_cast<double>(config.heads), static_cast<double>(query_len),
+       static_cast<double>(length), static_cast<double>(config.key_dim),
+       static_cast<double>(config.value_dim)},
+      /*causal=*/true, /*bottom_right=*/true);
+}
+
 // Keeps the result's length: what the layer holds, set before the error by
 // whoever knows it. The message names the step, unless it names one of the
 // step's fields already ("steps[2].key ...").
@@ -265,13 +276,8 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
       if (work.output_dtype != v1::FLOAT32) {
         call.memory_bytes += rows * config.value_dim * 4;
       }
-      const int64_t length = work.expected_length + work.append.tokens;
-      call.flops += AttentionFlops(
-          {1.0, static_cast<double>(config.heads),
-           static_cast<double>(work.query_len), static_cast<double>(length),
-           static_cast<double>(config.key_dim),
-           static_cast<double>(config.value_dim)},
-          /*causal=*/false);
+      call.flops += StepFlops(config, work.query_len,
+                              work.expected_length + work.append.tokens);
       PagedAttend size;
       size.layout = PageLayoutOf(config, store.options());
       size.heads = config.heads;
@@ -312,6 +318,7 @@ namespace {
 // A step whose query is being computed, and where its results go.
 struct Computing {
   int index;
+  double flops;
   SessionStore::View view;
   std::vector<float> query_storage;
   std::unique_ptr<OutputTensor> output;
@@ -391,6 +398,7 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     }
     Computing& c = computing.emplace_back();
     c.index = work.index;
+    c.flops = StepFlops(config, work.query_len, view->length);
     c.view = *std::move(view);
     PagedAttend item;
     item.layout = c.view.layout;
@@ -437,6 +445,7 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     // Stopped: the caller is gone or past its deadline; the appends stand.
     return computed;
   }
+  call.flops = 0;
   for (Computing& c : computing) {
     v1::StepResult* result = response->mutable_results(c.index);
     if (!computed.ok()) {
@@ -451,6 +460,7 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     }
     c.output->Finish();
     if (c.lse != nullptr) c.lse->Finish();
+    call.flops += c.flops;
   }
   return absl::OkStatus();
 }

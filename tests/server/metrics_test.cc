@@ -202,9 +202,10 @@ TEST_F(MetricsTest, ScrapeCountsAKnownMixOfCalls) {
   EXPECT_EQ(value("attnserve_batch_size_count"), 4);
   EXPECT_EQ(value("attnserve_queue_depth"), 0);
   EXPECT_EQ(value("attnserve_requests_in_flight"), 0);
-  // Attend: 2·B·H·Lq·Lk·(Dk+Dv) = 2·1·2·4·6·16 = 1536, halved when causal.
+  // Attend: 2·B·H·Lq·Lk·(Dk+Dv) = 2·1·2·4·6·16 = 1536; causal (top left),
+  // the rows see 1, 2, 3 and 4 of the 6 keys: 10 of 24 pairs.
   EXPECT_EQ(value(R"(attnserve_floating_point_operations_total{rpc="Attend"})"),
-            1536 + 1536 + 768);
+            1536 + 1536 + 1536 * 10 / 24);
   // MHA on demo (E=64, H=8, D=8), B=1, L=3: projections 2·3·64·64·4, attention
   // 2·8·3·3·16.
   EXPECT_EQ(

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
@@ -383,6 +384,10 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
               HasSubstr("max_queue limit is 1"));
   EXPECT_TRUE(slow.get().ok());
   EXPECT_TRUE(queued.get().ok());
+  // The refused request waited for nothing: the wait histogram holds the two
+  // that ran, and the depth is back to 0.
+  EXPECT_EQ(Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 2);
+  EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
 }
 
 TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
@@ -467,6 +472,42 @@ TEST_F(ServiceTest, AStreamsPassedDeadlineIsTheDeadlinesNotACancel) {
       Metric(
           R"(attnserve_requests_total{code="CANCELLED",rpc="AttendStream"})"),
       0);
+}
+
+// A unary call whose deadline passes before its request has arrived (the
+// client sent the headers only) is counted as the deadline's, as the client
+// sees it, not as cancelled.
+TEST_F(ServiceTest, ADeadlineBeforeTheRequestArrivedIsTheDeadlines) {
+  Start(DefaultOptions());
+  grpc::GenericStub stub(client_->channel());
+  constexpr int kCalls = 3;
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(300));
+    grpc::CompletionQueue queue;
+    // Attend called as a stream, so that its message can be held back.
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        stub.PrepareCall(&context, "/attnserve.v1.AttentionService/Attend",
+                         &queue);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(queue.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(2));
+    ASSERT_TRUE(queue.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    queue.Shutdown();
+    while (queue.Next(&tag, &ok)) {
+    }
+  }
+  const std::string deadline =
+      R"(attnserve_requests_total{code="DEADLINE_EXCEEDED",rpc="Attend"})";
+  AwaitMetric(deadline, kCalls);
+  EXPECT_EQ(Metric(deadline), kCalls);
+  EXPECT_EQ(
+      Metric(R"(attnserve_requests_total{code="CANCELLED",rpc="Attend"})"), 0);
 }
 
 // A stream whose client stops taking answers has its reads paused; cancelled

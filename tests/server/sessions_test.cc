@@ -891,9 +891,18 @@ TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
   // message must stay UTF-8, or the whole response would not serialise.
   v1::SessionStep* long_id = request.add_steps();
   long_id->set_session_id(std::string(63, 'a') + "\u00e9\u00e9\u00e9");
+  // Well formed, but expecting a length b does not have: it fails when it
+  // runs, and computes nothing.
+  v1::SessionStep* stale = request.add_steps();
+  stale->set_session_id(b.id);
+  stale->set_expected_length(7);
+  *stale->mutable_query() = MakeFloat32Tensor({4, 1, 8}, RandomValues(32, 4));
+  const std::string flops =
+      R"(attnserve_floating_point_operations_total{rpc="Step"})";
+  const double flops_before = Metrics()[flops];
   v1::StepResponse response;
   ASSERT_TRUE(Step(request, &response).ok());
-  ASSERT_EQ(response.results_size(), 5);
+  ASSERT_EQ(response.results_size(), 6);
   ASSERT_NO_FATAL_FAILURE(CheckOutput(a, 0, query_a, 2, response.results(0)));
   EXPECT_EQ(response.results(1).error().code(),
             grpc::StatusCode::INVALID_ARGUMENT);
@@ -907,6 +916,11 @@ TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
   EXPECT_THAT(response.results(4).error().message(),
               HasSubstr("steps[4].session_id is '" + std::string(63, 'a') +
                         "...' (69 bytes)"));
+  EXPECT_EQ(response.results(5).error().code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // Only step 0 computed: H 4, its 2 query rows at the bottom right of 4 keys
+  // see 3 and 4 of them, Dk + Dv = 16.
+  EXPECT_EQ(Metrics()[flops] - flops_before, 2.0 * 4 * (3 + 4) * 16);
 }
 
 TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {

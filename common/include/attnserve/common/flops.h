@@ -27,13 +27,19 @@ struct ProjectionDims {
 };
 
 // FLOPs of one SDPA call, FlashAttention's convention: 2·B·H·Lq·Lk·(Dk + Dv),
-// halved if causal (the masked half of the scores is never computed).
-double AttentionFlops(const AttentionDims& dims, bool causal);
+// if causal times the share of the Lq × Lk score pairs the causal mask leaves
+// (the masked ones are never computed): L(L + 1)/2 of L² where Lq = Lk (about
+// half, FlashAttention's count), and all Lk keys for a decode step's one row
+// aligned at the bottom right (`bottom_right`: query i sees keys up to
+// i + Lk − Lq; otherwise up to i).
+double AttentionFlops(const AttentionDims& dims, bool causal,
+                      bool bottom_right = false);
 
 // FLOPs of one MHA call: the attention plus 2·rows·in·out for each of the
 // query, key, value and output projections.
 double MultiHeadFlops(const AttentionDims& dims,
-                      const ProjectionDims& projections, bool causal);
+                      const ProjectionDims& projections, bool causal,
+                      bool bottom_right = false);
 
 }  // namespace attnserve
 

@@ -61,13 +61,15 @@ class ComputeJob final : public Job {
       AttendWork work, const v1::AttendRequest* request,
       v1::AttendResponse* response);
 
-  // Any other compute, run alone: `compute(stop)` fills the response that
-  // `timing` belongs to and does `flops`, handing `stop` to the engine.
+  // Any other compute, run alone: `compute(stop, &flops)` fills the response
+  // that `timing` belongs to, handing `stop` to the engine, and does `flops`
+  // (which it lowers if it computed less, as a Step whose steps failed).
+  using AloneCompute =
+      absl::AnyInvocable<absl::Status(const StopCheck&, double*) &&>;
   static std::unique_ptr<ComputeJob> Alone(
       const ComputeContext& context, Rpc rpc,
       std::shared_ptr<ComputeCaller> caller, absl::Time call_started,
-      double flops, v1::ServerTiming* timing,
-      absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute);
+      double flops, v1::ServerTiming* timing, AloneCompute compute);
 
   const std::string& batch_key() const override { return batch_key_; }
   bool runs_inline() const override { return runs_inline_; }
@@ -92,10 +94,10 @@ class ComputeJob final : public Job {
   const Rpc rpc_;
   const std::shared_ptr<ComputeCaller> caller_;
   const absl::Time call_started_;  // For the timing's server_us.
-  const double flops_;
+  double flops_;                   // Set by an alone compute when it runs.
   v1::ServerTiming* const timing_;
   // The compute when the job runs alone.
-  absl::AnyInvocable<absl::Status(const StopCheck&) &&> compute_;
+  AloneCompute compute_;
   // An Attend's, to run it in a batch; unset for other computes.
   std::optional<AttendWork> attend_work_;
   const v1::AttendRequest* attend_request_ = nullptr;

@@ -85,6 +85,9 @@ class ServerMetrics {
   // A compute task entered the executor's queue / left it after `wait`.
   void Enqueued();
   void Dequeued(Rpc rpc, absl::Duration wait);
+  // A task counted by Enqueued was refused by the scheduler (queue full,
+  // draining): it leaves the depth, and waited for nothing to be observed.
+  void NotQueued();
   // A compute ran `requests` requests in one kernel call.
   void Batched(int requests);
   // A compute that ran `rpc`'s requests took `elapsed` and did `flops` for

@@ -54,6 +54,8 @@ struct StepCall {
   // What the compute will allocate: queries and outputs in f32, the encoded
   // outputs and lse, the kernel's scratch.
   int64_t memory_bytes = 0;
+  // The attention's FLOPs: of every step with a query once prepared, of those
+  // that computed once run.
   double flops = 0;
 };
 

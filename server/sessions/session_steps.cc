@@ -333,9 +333,12 @@ absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
                                     int64_t query_len) {
   if (!config.evict_outside_window) return absl::OkStatus();
   const int64_t position = view.length - query_len;  // the first row's
-  const std::optional<FreedKeys> freed =
-      FreedKeysSeen(config, view.layout.page_tokens, view.length, position,
-                    [&view](size_t p) { return view.data[p] != nullptr; });
+  const int64_t page_tokens = view.layout.page_tokens;
+  const std::optional<FreedKeys> freed = FreedKeysSeen(
+      config, page_tokens, view.length, position,
+      [&view, page_tokens](size_t p) {
+        return HeldFrom(view.data[p] != nullptr, page_tokens, view.lost_end, p);
+      });
   if (!freed) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the step's first query row (position ", position,

@@ -55,6 +55,9 @@ struct SessionStore::Session {
   struct Layer {
     std::vector<std::shared_ptr<Page>> pages;
     int64_t length = 0;
+    // Keys before it in a held page are zeros: that page replaced one that
+    // evict_outside_window freed (HeldFrom).
+    int64_t lost_end = 0;
   };
 
   std::string id;
@@ -308,29 +311,42 @@ int64_t WindowStart(const SessionConfig& config, int64_t position) {
              : std::max<int64_t>(0, position - config.window_left);
 }
 
-std::optional<FreedKeys> FreedKeysSeen(const SessionConfig& config,
-                                       int64_t page_tokens, int64_t length,
-                                       int64_t position,
-                                       absl::FunctionRef<bool(size_t)> held) {
+std::optional<FreedKeys> FreedKeysSeen(
+    const SessionConfig& config, int64_t page_tokens, int64_t length,
+    int64_t position, absl::FunctionRef<int64_t(size_t)> held_from) {
   const int64_t sinks = std::min(config.num_sink_tokens, length);
   const int64_t first = WindowStart(config, position);
   for (int64_t p = 0; p * page_tokens < length; ++p) {
     const int64_t begin = p * page_tokens;
     const int64_t end = std::min(begin + page_tokens, length);
-    if ((begin < sinks || end > first) && !held(static_cast<size_t>(p))) {
-      return FreedKeys{begin, end - 1};
+    // Keys [begin, freed_end) of the page are freed.
+    const int64_t freed_end =
+        std::clamp(held_from(static_cast<size_t>(p)), begin, end);
+    if (freed_end > begin && (begin < sinks || freed_end > first)) {
+      return FreedKeys{begin, freed_end - 1};
     }
   }
   return std::nullopt;
+}
+
+int64_t HeldFrom(bool page_held, int64_t page_tokens, int64_t lost_end,
+                 size_t p) {
+  const int64_t begin = static_cast<int64_t>(p) * page_tokens;
+  if (!page_held) return begin + page_tokens;
+  return std::max(begin, lost_end);
 }
 
 absl::Status SessionStore::CheckHeld(const Session& session, size_t layer_index,
                                      int64_t position, int64_t length,
                                      absl::string_view what) const {
   const Session::Layer& layer = session.layers[layer_index];
-  const std::optional<FreedKeys> freed = FreedKeysSeen(
-      session.config, session.layout.page_tokens, length, position,
-      [&layer](size_t p) { return layer.pages[p] != nullptr; });
+  const int64_t page_tokens = session.layout.page_tokens;
+  const std::optional<FreedKeys> freed =
+      FreedKeysSeen(session.config, page_tokens, length, position,
+                    [&layer, page_tokens](size_t p) {
+                      return HeldFrom(layer.pages[p] != nullptr, page_tokens,
+                                      layer.lost_end, p);
+                    });
   if (!freed) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       what, " sees the keys from ", WindowStart(session.config, position),
@@ -346,10 +362,13 @@ void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {
   const SessionConfig& config = session->config;
   if (!config.evict_outside_window) return;
   const int64_t page_tokens = session->layout.page_tokens;
-  // The next token (at position length) sees the sinks and the keys from
-  // length − window_left on; a page wholly between them goes.
+  // The last token (at position length − 1) saw the sinks and the keys from
+  // length − 1 − window_left on, and the next sees fewer; a page wholly
+  // between them goes. Keeping what the last token saw lets a client that
+  // lost a decode step's answer ask for it again.
   const int64_t sinks = config.num_sink_tokens;
-  const int64_t first = WindowStart(config, layer->length);
+  const int64_t first =
+      WindowStart(config, std::max<int64_t>(0, layer->length - 1));
   // Pages from the first after the sinks' to the last wholly before `first`
   // (counted by division: a page index times page_tokens may overflow with
   // sinks near 2^63).
@@ -510,6 +529,7 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
     const Session::Layer& from = (*parent)->layers[l];
     Session::Layer& to = child->layers[l];
     to.length = std::min(from.length, length.value_or(from.length));
+    to.lost_end = std::min(from.lost_end, to.length);
     const int64_t pages = (to.length + page_tokens - 1) / page_tokens;
     for (int64_t p = 0; p < pages; ++p) {
       to.pages.push_back(from.pages[static_cast<size_t>(p)]);
@@ -540,6 +560,7 @@ absl::StatusOr<SessionDescription> SessionStore::Truncate(
   const int64_t page_tokens = (*session)->layout.page_tokens;
   for (Session::Layer& layer : (*session)->layers) {
     layer.length = std::min(layer.length, length);
+    layer.lost_end = std::min(layer.lost_end, layer.length);
     const size_t keep =
         static_cast<size_t>((layer.length + page_tokens - 1) / page_tokens);
     while (layer.pages.size() > keep) {
@@ -720,6 +741,7 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
       std::shared_ptr<Page> copy = *next++;
       if (layer.pages.back() == nullptr) {
         std::memset(copy->data, 0, static_cast<size_t>(layout.PageBytes()));
+        layer.lost_end = layer.length;  // Its keys before the append.
       } else {
         std::memcpy(copy->data, layer.pages.back()->data,
                     static_cast<size_t>(layout.PageBytes()));
@@ -769,6 +791,7 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
   View view;
   view.layout = layout;
   view.length = layer.length;
+  view.lost_end = layer.lost_end;
   for (const std::shared_ptr<Page>& page : layer.pages) {
     view.pages.push_back(page);
     view.data.push_back(page == nullptr ? nullptr : page->data);

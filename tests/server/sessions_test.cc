@@ -651,6 +651,68 @@ TEST_F(SessionsTest, AWindowOfZeroTruncatesAndForksBackIntoFreedPages) {
           CheckOutput(*m, 0, query, 2, response.results(0)));
     }
   }
+
+  // Truncated back to 20 and one token appended: the fresh page's first keys
+  // (16 to 19) were never appended to it. A query whose first row reaches
+  // them is refused, not answered from the page's zeros.
+  Truncate(model, 20);
+  truncate.set_length(20);
+  ASSERT_TRUE(
+      stub_->TruncateSession(Context().get(), truncate, &truncated).ok());
+  v1::StepRequest append;
+  *append.add_steps() = MakeStep(model, 0, 1, 1, seed += 3);
+  v1::StepResponse appended;
+  ASSERT_TRUE(Step(append, &appended).ok());
+  ASSERT_FALSE(appended.results(0).has_error())
+      << appended.results(0).error().message();
+  for (const int64_t length : {int64_t{21}, int64_t{18}}) {
+    if (length < 21) {  // Truncated into the zeros, then asked again.
+      Truncate(model, length);
+      truncate.set_length(length);
+      ASSERT_TRUE(
+          stub_->TruncateSession(Context().get(), truncate, &truncated).ok());
+    }
+    v1::StepRequest reach_back;
+    // Rows from position 16 on.
+    *reach_back.add_steps() = MakeStep(model, 0, 0, length - 16, seed += 3);
+    v1::StepResponse refused;
+    ASSERT_TRUE(Step(reach_back, &refused).ok());
+    EXPECT_EQ(refused.results(0).error().code(),
+              grpc::StatusCode::FAILED_PRECONDITION)
+        << "at length " << length;
+    EXPECT_THAT(refused.results(0).error().message(),
+                HasSubstr("freed keys 16 to " +
+                          std::to_string(std::min<int64_t>(19, length - 1))));
+  }
+}
+
+// With eviction on, the keys the last token saw are kept: a client that lost
+// a decode step's answer asks for it again (a query-only step of one row),
+// even where the next token's window starts on a page boundary.
+TEST_F(SessionsTest, AnEvictingSessionAnswersItsLastTokenAgain) {
+  v1::SessionDefaults defaults;
+  defaults.set_window_left(4);
+  defaults.set_evict_outside_window(true);
+  SessionModel model = NewSession(1, 2, 2, 8, v1::FLOAT32, "", defaults);
+  uint64_t seed = 500;
+  // 20 tokens: the last sees keys 15 to 19, the next 16 to 20, a page's start.
+  std::vector<float> query;
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(model, 0, 20, 1, seed += 3, &query);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  ASSERT_NO_FATAL_FAILURE(CheckOutput(model, 0, query, 1, response.results(0)));
+  v1::StepRequest again;
+  v1::SessionStep* step = again.add_steps();
+  *step = request.steps(0);  // The same query and options, no keys.
+  step->clear_key();
+  step->clear_value();
+  step->set_expected_length(20);
+  v1::StepResponse answered;
+  ASSERT_TRUE(Step(again, &answered).ok());
+  ASSERT_FALSE(answered.results(0).has_error())
+      << answered.results(0).error().message();
+  ASSERT_NO_FATAL_FAILURE(CheckOutput(model, 0, query, 1, answered.results(0)));
 }
 
 // Sinks past any length (up to 2^63 − 1) with eviction on: every key is a

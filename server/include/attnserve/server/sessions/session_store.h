@@ -113,14 +113,21 @@ struct FreedKeys {
   int64_t last = 0;
 };
 
-// The first page of freed keys among a layer's `length` keys (in pages of
-// `page_tokens`; `held(p)` says whether page p is held) that queries at
+// The first run of freed keys among a layer's `length` keys (in pages of
+// `page_tokens`; `held_from(p)` is the first key of page p still held: its
+// first if all are, its end or past it if none is) that queries at
 // `position` and after see in a session of `config`: its sinks and the keys
 // from position − window_left on. nullopt when they see none.
-std::optional<FreedKeys> FreedKeysSeen(const SessionConfig& config,
-                                       int64_t page_tokens, int64_t length,
-                                       int64_t position,
-                                       absl::FunctionRef<bool(size_t)> held);
+std::optional<FreedKeys> FreedKeysSeen(
+    const SessionConfig& config, int64_t page_tokens, int64_t length,
+    int64_t position, absl::FunctionRef<int64_t(size_t)> held_from);
+
+// The first key of page `p` (of a layer in pages of `page_tokens`) held, for
+// FreedKeysSeen: a freed (null) page holds none; the keys of a held page
+// before `lost_end` were freed before the page replaced a freed one (an
+// append after a truncate or fork into it), and are zeros, not keys.
+int64_t HeldFrom(bool page_held, int64_t page_tokens, int64_t lost_end,
+                 size_t p);
 
 // The first key a query at `position` sees beyond its sinks.
 int64_t WindowStart(const SessionConfig& config, int64_t position);
@@ -200,7 +207,8 @@ class SessionStore {
     PageLayout layout;
     int64_t length = 0;
     std::vector<std::shared_ptr<const Page>> pages;
-    std::vector<const char*> data;  // pages[i]'s bytes
+    std::vector<const char*> data;  // pages[i]'s bytes (null: freed)
+    int64_t lost_end = 0;           // As the layer's (HeldFrom).
   };
 
   // `metrics` may be null (tests).

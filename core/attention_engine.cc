@@ -88,7 +88,7 @@ AttentionEngineImpl::AttentionEngineImpl(const EngineOptions& options,
     : options_(options),
       engine_(std::move(engine)),
       threads_(options.num_threads > 0 ? options.num_threads
-                                       : omp_get_max_threads()),
+                                       : DefaultComputeThreads()),
       kernels_(SelectTileKernels(options.portable_kernels)) {}
 
 absl::Status AttentionEngineImpl::Attend(const AttentionShape& shape,
@@ -615,6 +615,8 @@ RuntimeInfo OneDnnRuntimeInfo() {
   info.cpu_isa = internal::IsaName(dnnl::get_effective_cpu_isa());
   return info;
 }
+
+int DefaultComputeThreads() { return omp_get_max_threads(); }
 
 bool PreferredKeysTransposed() {
   return internal::PagedKeysTransposedOnThisCpu();

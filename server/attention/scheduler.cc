@@ -77,7 +77,9 @@ std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
       // Wait for partners until the batch is full or the head has waited long
       // enough.
       const absl::Time deadline = head->enqueued() + options_.max_queue_delay;
-      while (absl::Now() < deadline) {
+      // Stopping ends the wait: the batch runs with the partners it has (the
+      // wait below would return at once, and spin, until the deadline).
+      while (absl::Now() < deadline && !stopping_) {
         int compatible = 0;
         for (const auto& job : queue_)
           compatible += job->batch_key() == key ? 1 : 0;

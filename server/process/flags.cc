@@ -39,8 +39,9 @@ ABSL_FLAG(std::string, address, Defaults().address,
 ABSL_FLAG(int, port, Defaults().port,
           "gRPC port; 0 picks a free one, printed at start-up.");
 ABSL_FLAG(int, threads, Defaults().engine.num_threads,
-          "OpenMP threads per executor; 0: the cores the process may use, "
-          "divided among the executors.");
+          "OpenMP threads per executor, 0 to 4096; 0: OpenMP's threads "
+          "(OMP_NUM_THREADS, else the cores the process may use) divided "
+          "among the executors.");
 ABSL_FLAG(
     int, executors, Defaults().scheduling.executors,
     "Compute executors: requests computed at once, each on --threads threads.");
@@ -65,7 +66,8 @@ ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
 ABSL_FLAG(int64_t, max_queue_delay_us,
           absl::ToInt64Microseconds(Defaults().scheduling.max_queue_delay),
           "How long the first request of a possible batch waits for partners, "
-          "in µs; 0 batches only what is already queued (no added latency).");
+          "in µs, at most 10 s; 0 batches only what is already queued (no "
+          "added latency).");
 ABSL_FLAG(int, max_concurrent_streams,
           Defaults().transport.max_concurrent_streams,
           "HTTP/2 streams one connection may have open at once (advertised "
@@ -79,12 +81,12 @@ ABSL_FLAG(double, message_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.message_timeout),
           "How long a request may take to arrive after its call starts; past "
           "it the call is cancelled (a client that stops sending holds no "
-          "memory).");
+          "memory). At most 24 h.");
 ABSL_FLAG(double, stream_idle_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.stream_idle_timeout),
           "How long an AttendStream may wait for its next whole message; past "
           "it the stream is cancelled (an idle or stalled stream is not held "
-          "open forever).");
+          "open forever). At most 24 h.");
 ABSL_FLAG(std::string, response_compression, "none",
           "Compress responses with gzip or deflate for clients that accept "
           "it (their grpc-accept-encoding), or none. Costs CPU and saves "
@@ -183,8 +185,8 @@ ABSL_FLAG(double, weights_reload_seconds,
           "start-up.");
 ABSL_FLAG(double, drain_grace_seconds, kDefaultDrainGraceSeconds,
           "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
-          "new calls with UNAVAILABLE; then queued and running work finishes "
-          "and the process exits 0.");
+          "new calls with UNAVAILABLE (0 to 3600); then queued and running "
+          "work finishes and the process exits 0.");
 ABSL_FLAG(std::string, tls_cert, Defaults().tls.cert_file,
           "PEM certificate chain for TLS; empty: plaintext.");
 ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,

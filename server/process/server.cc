@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/core/attention_engine.h"
 #include "attnserve/server/attention/attention_service.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
@@ -401,11 +402,13 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
                              PlanMemory(requested.memory, ReadMemoryLimit()));
   ServerOptions options = requested;
-  // Executors share the cores unless told otherwise.
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  // Executors share the compute threads (those the process may use, or
+  // OMP_NUM_THREADS: a container's CPU limit through the entrypoint) unless
+  // told otherwise.
   const int executors = options.scheduling.executors;
   if (options.engine.num_threads == 0 && executors > 1) {
-    options.engine.num_threads = std::max(1, cores / executors);
+    options.engine.num_threads =
+        std::max(1, DefaultComputeThreads() / executors);
   }
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
                              AttentionEngine::Create(options.engine));
@@ -419,8 +422,10 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                                                  memory, std::move(tokens),
                                                  std::move(access_log));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
-  ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
+  // The metrics port first: a start-up that fails there has served no call,
+  // and leaves without a drain.
   ATTNSERVE_RETURN_IF_ERROR(server->ExposeMetrics(options));
+  ATTNSERVE_RETURN_IF_ERROR(server->Listen(options));
   return server;
 }
 

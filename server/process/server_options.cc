@@ -29,15 +29,33 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return OutOfRange("transport.max_message_bytes",
                       transport.max_message_bytes, "1 to 2147483647");
   }
-  if (transport.message_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport.message_timeout is ",
-        absl::FormatDuration(transport.message_timeout), ", expected > 0"));
-  }
-  if (transport.stream_idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transport.stream_idle_timeout is ",
-        absl::FormatDuration(transport.stream_idle_timeout), ", expected > 0"));
+  // Durations have bounds: a flag of inf or nan is an infinite duration,
+  // which would mean never (a drain that never ends, a batch that waits for
+  // partners forever).
+  const struct {
+    const char* name;
+    absl::Duration value;
+    absl::Duration low;  // Exclusive if positive_only.
+    bool positive_only;
+    absl::Duration high;
+    const char* expected;
+  } durations[] = {
+      {"transport.message_timeout", transport.message_timeout,
+       absl::ZeroDuration(), true, absl::Hours(24), "> 0 and at most 24h"},
+      {"transport.stream_idle_timeout", transport.stream_idle_timeout,
+       absl::ZeroDuration(), true, absl::Hours(24), "> 0 and at most 24h"},
+      {"scheduling.max_queue_delay", options.scheduling.max_queue_delay,
+       absl::ZeroDuration(), false, absl::Seconds(10), "0 to 10s"},
+      {"drain_grace", options.drain_grace, absl::ZeroDuration(), false,
+       absl::Hours(1), "0 to 1h"},
+  };
+  for (const auto& d : durations) {
+    const bool low_ok = d.positive_only ? d.value > d.low : d.value >= d.low;
+    if (!low_ok || d.value > d.high) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(d.name, " is ", absl::FormatDuration(d.value),
+                       ", expected ", d.expected));
+    }
   }
   if (transport.max_client_resets_per_second < 0) {
     return OutOfRange("transport.max_client_resets_per_second",
@@ -64,8 +82,11 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
         "transport.io_spin is ", absl::FormatDuration(transport.io_spin),
         ", expected 0 to 1s"));
   }
-  if (options.engine.num_threads < 0) {
-    return OutOfRange("engine.num_threads", options.engine.num_threads, ">= 0");
+  // More threads than any machine has cores would only fail every call (the
+  // kernels size their scratch by the thread count).
+  if (options.engine.num_threads < 0 || options.engine.num_threads > 4096) {
+    return OutOfRange("engine.num_threads", options.engine.num_threads,
+                      "0 (every core) to 4096");
   }
   const std::pair<const char*, int64_t> positive[] = {
       {"scheduling.executors", options.scheduling.executors},
@@ -80,11 +101,6 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.scheduling.executors > 256) {
     return OutOfRange("scheduling.executors", options.scheduling.executors,
                       "at most 256");
-  }
-  if (options.scheduling.max_queue_delay < absl::ZeroDuration() ||
-      options.drain_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "scheduling.max_queue_delay and drain_grace must not be negative");
   }
   const SessionOptions& sessions = options.sessions;
   const std::pair<const char*, int64_t> session_limits[] = {
@@ -116,6 +132,14 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "tls.cert_file and tls.key_file go together, and tls.client_ca_file "
         "needs them");
+  }
+  if (options.metrics_port && *options.metrics_port != 0 &&
+      *options.metrics_port == options.port &&
+      (options.metrics_address.empty() ||
+       options.metrics_address == options.address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port is ", *options.metrics_port,
+        ", the same as port on the same address; expected another port"));
   }
   // The memory budgets are checked by PlanMemory.
   return absl::OkStatus();

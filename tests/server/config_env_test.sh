@@ -54,6 +54,19 @@ set -e
 [[ ${status} -ne 0 ]] || fail "io_spin_us=-1 was accepted"
 grep -q "io_spin_us is -1, expected 0 to 1000000" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
 
+# --threads=0 with several executors divides OpenMP's threads (a container's
+# CPU limit, through the entrypoint's OMP_NUM_THREADS), not the machine's cores.
+line=$(startup_line OMP_NUM_THREADS=6 "${attnserve}" --executors=3)
+[[ ${line} == *", 2 threads,"* ]] || fail "6 OpenMP threads over 3 executors: ${line}"
+
+set +e
+"${attnserve}" --port=0 --metrics_port=0 --drain_grace_seconds=inf >"${workdir}/bad.log" 2>&1
+status=$?
+set -e
+[[ ${status} -eq 2 ]] || fail "drain_grace_seconds=inf exited ${status}, expected 2"
+grep -q "drain_grace_seconds is inf, expected 0 to 1h" "${workdir}/bad.log" ||
+  fail "$(cat "${workdir}/bad.log")"
+
 line=$(startup_line "${attnserve}" --demo_weights=false)
 [[ ${line} == *"demo_weights=off "* ]] || fail "--demo_weights=false not in effect: ${line}"
 

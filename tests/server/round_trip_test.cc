@@ -445,6 +445,27 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
   const Case cases[] = {
       {"port", [](ServerOptions& o) { o.port = 70000; }},
       {"threads", [](ServerOptions& o) { o.engine.num_threads = -2; }},
+      {"num_threads is 5000",
+       [](ServerOptions& o) { o.engine.num_threads = 5000; }},
+      {"drain_grace is inf",
+       [](ServerOptions& o) { o.drain_grace = absl::InfiniteDuration(); }},
+      {"max_queue_delay is 11s",
+       [](ServerOptions& o) {
+         o.scheduling.max_queue_delay = absl::Seconds(11);
+       }},
+      {"message_timeout is inf",
+       [](ServerOptions& o) {
+         o.transport.message_timeout = absl::Seconds(std::nan(""));
+       }},
+      {"stream_idle_timeout is 0",
+       [](ServerOptions& o) {
+         o.transport.stream_idle_timeout = absl::ZeroDuration();
+       }},
+      {"metrics_port is 50051, the same as port",
+       [](ServerOptions& o) {
+         o.port = 50051;
+         o.metrics_port = 50051;
+       }},
       {"max_message_bytes",
        [](ServerOptions& o) {
          o.transport.max_message_bytes = int64_t{1} << 31;

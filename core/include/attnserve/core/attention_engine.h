@@ -198,6 +198,10 @@ class AttentionEngine {
 // onednn_version, threading and cpu_isa (threads 0, kernels empty).
 RuntimeInfo OneDnnRuntimeInfo();
 
+// The compute threads EngineOptions::num_threads 0 stands for: OpenMP's
+// maximum (OMP_NUM_THREADS, else the cores this process may run on).
+int DefaultComputeThreads();
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_CORE_ATTENTION_ENGINE_H_

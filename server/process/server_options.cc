@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/server/rpc/wire_messages.h"
 
 namespace attnserve {
 namespace {
@@ -110,6 +111,11 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
       {"sessions.max_steps_per_call", sessions.max_steps_per_call}};
   for (const auto& [name, value] : session_limits) {
     if (value <= 0) return OutOfRange(name, value, "> 0");
+  }
+  if (sessions.max_steps_per_call > kMaxRepeatedEntries) {
+    // Each step is a repeated entry (wire_messages.h).
+    return OutOfRange("sessions.max_steps_per_call",
+                      sessions.max_steps_per_call, "1 to 65536");
   }
   if (sessions.page_tokens < 1 || sessions.page_tokens > 4096) {
     return OutOfRange("sessions.page_tokens", sessions.page_tokens,

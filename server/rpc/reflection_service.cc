@@ -23,6 +23,10 @@ constexpr const char* kReflectionServices[] = {
     "grpc.reflection.v1alpha.ServerReflection",
     "grpc.reflection.v1.ServerReflection"};
 
+// The largest reflection request answered: its names are those of protobuf
+// files and symbols.
+constexpr size_t kMaxReflectionRequestBytes = 4096;
+
 void SetError(grpc::StatusCode code, const std::string& message,
               ServerReflectionResponse* response) {
   response->mutable_error_response()->set_error_code(static_cast<int>(code));
@@ -59,6 +63,19 @@ ServerReflectionResponse Answer(const ServerReflectionRequest& request,
                                 const std::vector<std::string>& services) {
   const DescriptorPool& pool = *DescriptorPool::generated_pool();
   ServerReflectionResponse response;
+  // The answer echoes the request (the protocol's original_request) and
+  // names what it asked for: a request of names no descriptor has would come
+  // back twice its size. Such a request gets an error that echoes nothing.
+  const size_t request_bytes = request.ByteSizeLong();
+  if (request_bytes > kMaxReflectionRequestBytes) {
+    SetError(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the reflection request is ", request_bytes,
+                     " bytes, expected at most ", kMaxReflectionRequestBytes,
+                     " (host and names of files and symbols)"),
+        &response);
+    return response;
+  }
   response.set_valid_host(request.host());
   *response.mutable_original_request() = request;
   switch (request.message_request_case()) {

@@ -145,19 +145,39 @@ bool IsRepeatedVarint(const FieldDescriptor& field) {
   }
 }
 
-// Counts, in `in` (a `type` message), the integers of repeated varint fields,
-// nested messages included, into `*count`; stops once it passes `limit`,
-// naming the field in `*field`. Best effort: it stops at the first thing it
-// cannot read, and the parse then says what is wrong.
-void CountIntegers(CodedInputStream& in,
-                   const google::protobuf::Descriptor& type, int depth,
-                   int64_t limit, int64_t* count,
-                   const FieldDescriptor** field_at) {
+// What a parse would allocate objects for, counted before it.
+struct ParsedCounts {
+  int64_t integers = 0;  // Of repeated varint fields.
+  int64_t entries = 0;  // Of repeated messages, strings, bytes; unknown fields.
+  std::string passed;   // The field that passed a limit, or empty.
+};
+
+// Counts, in `in` (a `type` message), nested messages included, into
+// `*counts`; stops once a count passes its limit (kMaxRepeatedIntegers,
+// kMaxRepeatedEntries), naming the field. Best effort: it stops at the first
+// thing it cannot read, and the parse then says what is wrong.
+void CountParsed(CodedInputStream& in, const google::protobuf::Descriptor& type,
+                 int depth, ParsedCounts* counts) {
   while (const uint32_t tag = in.ReadTag()) {
     const FieldDescriptor* field =
         type.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
     const auto wire_type = WireFormatLite::GetTagWireType(tag);
+    if (field == nullptr ||
+        (field->is_repeated() && !IsRepeatedVarint(*field) &&
+         wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+      // An unknown field is kept as one, an entry as its object.
+      if (++counts->entries > kMaxRepeatedEntries) {
+        counts->passed =
+            field != nullptr
+                ? field->full_name()
+                : absl::StrCat("unknown field ",
+                               WireFormatLite::GetTagFieldNumber(tag), " of ",
+                               type.full_name());
+        return;
+      }
+    }
     if (field != nullptr && IsRepeatedVarint(*field)) {
+      int64_t* count = &counts->integers;
       if (wire_type == WireFormatLite::WIRETYPE_VARINT) {
         uint64_t ignored = 0;
         if (!in.ReadVarint64(&ignored)) return;
@@ -180,8 +200,8 @@ void CountIntegers(CodedInputStream& in,
       } else if (!WireFormatLite::SkipField(&in, tag)) {
         return;
       }
-      if (*count > limit) {
-        *field_at = field;
+      if (*count > kMaxRepeatedIntegers) {
+        counts->passed = field->full_name();
         return;
       }
       continue;
@@ -193,9 +213,8 @@ void CountIntegers(CodedInputStream& in,
       if (!in.ReadVarint32(&length)) return;
       const CodedInputStream::Limit limit_at =
           in.PushLimit(static_cast<int>(length));
-      CountIntegers(in, *field->message_type(), depth + 1, limit, count,
-                    field_at);
-      if (*field_at != nullptr) return;
+      CountParsed(in, *field->message_type(), depth + 1, counts);
+      if (!counts->passed.empty()) return;
       in.Skip(in.BytesUntilLimit());
       in.PopLimit(limit_at);
       continue;
@@ -205,23 +224,30 @@ void CountIntegers(CodedInputStream& in,
 }
 
 // INVALID_ARGUMENT if `wire` (a `type` message) holds more than
-// kMaxRepeatedIntegers integers in repeated fields: each parses into 4 or 8
-// bytes from as little as one, so their count, not the message's size, bounds
-// the parse's memory.
-absl::Status CheckIntegerCount(grpc::ByteBuffer* wire,
+// kMaxRepeatedIntegers integers in repeated fields, or more than
+// kMaxRepeatedEntries repeated entries and unknown fields: each parses into
+// more bytes than it takes on the wire, so their counts, not the message's
+// size, bound the parse's memory.
+absl::Status CheckParsedCounts(grpc::ByteBuffer* wire,
                                const google::protobuf::Descriptor& type) {
   grpc::ProtoBufferReader reader(wire);
   if (!reader.status().ok()) return absl::OkStatus();
   CodedInputStream in(&reader);
   in.SetTotalBytesLimit(std::numeric_limits<int>::max());
-  int64_t count = 0;
-  const FieldDescriptor* field = nullptr;
-  CountIntegers(in, type, 0, kMaxRepeatedIntegers, &count, &field);
-  if (field == nullptr) return absl::OkStatus();
+  ParsedCounts counts;
+  CountParsed(in, type, 0, &counts);
+  if (counts.passed.empty()) return absl::OkStatus();
+  if (counts.integers > kMaxRepeatedIntegers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request's repeated integer fields hold more than ",
+        kMaxRepeatedIntegers, " values (", counts.passed,
+        " passed it); the most a request may hold is ", kMaxRepeatedIntegers));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
-      "the request's repeated integer fields hold more than ",
-      kMaxRepeatedIntegers, " values (", field->full_name(),
-      " passed it); the most a request may hold is ", kMaxRepeatedIntegers));
+      "the request's repeated message, string and bytes fields and unknown "
+      "fields hold more than ",
+      kMaxRepeatedEntries, " entries (", counts.passed,
+      " passed it); the most a request may hold is ", kMaxRepeatedEntries));
 }
 
 // A tensor's bytes on their way out: owned by the slice that refers to them,
@@ -256,10 +282,11 @@ absl::Status SerializeError(const Message& message, const std::string& why) {
 absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
                        BytesPool* pool) {
   const size_t bytes = wire->Length();
-  // Cheap for a message of tensors: their bytes are skipped, not read.
-  if (bytes > kMaxRepeatedIntegers) {
+  // Cheap for a message of tensors: their bytes are skipped, not read. A
+  // message this small holds fewer of either than their limits.
+  if (bytes > static_cast<size_t>(kMaxRepeatedEntries)) {
     const absl::Status counted =
-        CheckIntegerCount(wire, *message->GetDescriptor());
+        CheckParsedCounts(wire, *message->GetDescriptor());
     if (!counted.ok()) {
       wire->Clear();
       return counted;

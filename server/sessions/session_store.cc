@@ -15,6 +15,17 @@
 #include "absl/time/clock.h"
 
 namespace attnserve {
+namespace {
+
+// A session's bookkeeping as charged (SessionBookkeepingBytes), measured with
+// malloc's overheads: its record with its id, owner, and the nodes of the
+// store's map and LRU list; each layer's record; each page reference of a
+// layer's table (a shared_ptr).
+constexpr int64_t kSessionRecordBytes = 1024;
+constexpr int64_t kLayerRecordBytes = 48;
+constexpr int64_t kTableEntryBytes = 16;
+
+}  // namespace
 
 // One page: its bytes, charged to the store's budget while it lives.
 // One page: its bytes (from the arena), charged to the store's budget while
@@ -68,6 +79,7 @@ struct SessionStore::Session {
   absl::Time created;
   absl::Time last_used;
   std::string forked_from;
+  int64_t bookkeeping_bytes = 0;  // Charged: SessionBookkeepingBytes.
   int pins = 0;          // Steps in flight on it: not evicted meanwhile.
   bool removed = false;  // Gone from the tables (deleted while pinned).
   std::string removed_reason;
@@ -240,7 +252,7 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
                      "(kv_cache_bytes) of ",
                      budget, " bytes"));
   }
-  const int64_t used = used_bytes_->load();
+  const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
   if (used + bytes <= budget) return absl::OkStatus();
   if (options_.eviction == EvictionPolicy::kNone) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -259,6 +271,7 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
     if (used - freed + bytes <= budget) break;
     if (candidate->pins > 0 || candidate == keep) continue;
     victims.push_back(candidate);
+    freed += candidate->bookkeeping_bytes;
     for (const Session::Layer& layer : candidate->layers) {
       for (const std::shared_ptr<Page>& page : layer.pages) {
         if (page != nullptr && ++victim_tables[page.get()] == page->tables) {
@@ -303,6 +316,14 @@ void SessionStore::Release(std::shared_ptr<Page>* page) {
   if (*page == nullptr) return;  // Evicted.
   if ((*page)->tables-- == 2) shared_bytes_ -= (*page)->bytes;
   page->reset();
+}
+
+int64_t SessionBookkeepingBytes(const SessionConfig& config,
+                                int64_t table_entries) {
+  return kSessionRecordBytes + config.layers * kLayerRecordBytes +
+         static_cast<int64_t>(config.alibi_slopes.size()) *
+             static_cast<int64_t>(sizeof(float)) +
+         table_entries * kTableEntryBytes;
 }
 
 int64_t WindowStart(const SessionConfig& config, int64_t position) {
@@ -388,6 +409,8 @@ void SessionStore::Remove(const std::shared_ptr<Session>& removed,
     layer.pages.clear();
     layer.length = 0;
   }
+  bookkeeping_bytes_ -= session->bookkeeping_bytes;
+  session->bookkeeping_bytes = 0;
   lru_.erase(session->lru);
   session->removed = true;
   session->removed_reason = reason;
@@ -477,7 +500,14 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
         "another random id"));
   }
   if (absl::Status room = MakeRoomForSession(); !room.ok()) return room;
+  const int64_t bookkeeping = SessionBookkeepingBytes(config, 0);
+  if (absl::Status room = MakeRoom(bookkeeping, nullptr); !room.ok()) {
+    RecordTotals();
+    return room;
+  }
   auto session = std::make_shared<Session>();
+  session->bookkeeping_bytes = bookkeeping;
+  bookkeeping_bytes_ += bookkeeping;
   session->id = id.empty() ? NewId() : id;
   session->owner = owner;
   session->config = config;
@@ -508,11 +538,23 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
       return held;
     }
   }
+  int64_t table_entries = 0;
+  for (const Session::Layer& from : (*parent)->layers) {
+    const int64_t kept = std::min(from.length, length.value_or(from.length));
+    table_entries += (kept + (*parent)->layout.page_tokens - 1) /
+                     (*parent)->layout.page_tokens;
+  }
+  const int64_t bookkeeping =
+      SessionBookkeepingBytes((*parent)->config, table_entries);
   // Pinned while room is made, so that it is not the session evicted.
   ++(*parent)->pins;
-  const absl::Status room = MakeRoomForSession();
+  absl::Status room = MakeRoomForSession();
+  if (room.ok()) room = MakeRoom(bookkeeping, parent->get());
   --(*parent)->pins;
-  if (!room.ok()) return room;
+  if (!room.ok()) {
+    RecordTotals();
+    return room;
+  }
   const absl::Time now = absl::Now();
   Touch(parent->get(), now);
   auto child = std::make_shared<Session>();
@@ -523,6 +565,8 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   child->layout = (*parent)->layout;
   child->created = child->last_used = now;
   child->forked_from = id;
+  child->bookkeeping_bytes = bookkeeping;
+  bookkeeping_bytes_ += bookkeeping;
   child->layers.resize((*parent)->layers.size());
   const int64_t page_tokens = child->layout.page_tokens;
   for (size_t l = 0; l < child->layers.size(); ++l) {
@@ -566,6 +610,8 @@ absl::StatusOr<SessionDescription> SessionStore::Truncate(
     while (layer.pages.size() > keep) {
       Release(&layer.pages.back());
       layer.pages.pop_back();
+      (*session)->bookkeeping_bytes -= kTableEntryBytes;
+      bookkeeping_bytes_ -= kTableEntryBytes;
     }
   }
   RecordTotals();
@@ -720,7 +766,8 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
         (layer.length + tokens + page_tokens - 1) / page_tokens -
         static_cast<int64_t>(layer.pages.size());
     const int64_t bytes = (new_pages + (copy_last ? 1 : 0)) *
-                          PageArena::Footprint(layout.PageBytes());
+                              PageArena::Footprint(layout.PageBytes()) +
+                          new_pages * kTableEntryBytes;
     if (absl::Status room = MakeRoom(bytes, &session); !room.ok()) {
       RecordTotals();
       return room;
@@ -753,6 +800,8 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     for (; next != fresh.end(); ++next) {
       layer.pages.push_back(std::move(*next));
       Hold(layer.pages.back());
+      session.bookkeeping_bytes += kTableEntryBytes;
+      bookkeeping_bytes_ += kTableEntryBytes;
     }
     const int64_t element = DataTypeBytes(layout.dtype);
     const int64_t key_in = DataTypeBytes(append.key_dtype);

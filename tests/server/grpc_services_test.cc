@@ -230,6 +230,30 @@ TEST_F(GrpcServicesTest, ReflectionListsServicesAndServesDescriptors) {
   }
 }
 
+// The answer echoes the request and names what it asked for: a request over
+// 4 KiB (no file or symbol name is that long) gets an error echoing nothing,
+// not an answer twice its size.
+TEST_F(GrpcServicesTest, ReflectionAnswersALongRequestWithoutEchoingIt) {
+  std::vector<ServerReflectionRequest> requests(2);
+  requests[0].set_file_containing_symbol(std::string(1 << 20, 'x'));
+  requests[1].set_host(std::string(5000, 'h'));
+  requests[1].set_list_services("");
+  grpc::Status status;
+  const std::vector<ServerReflectionResponse> responses =
+      Reflect(requests, &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(responses.size(), requests.size());
+  for (const ServerReflectionResponse& response : responses) {
+    EXPECT_EQ(response.error_response().error_code(),
+              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_NE(
+        response.error_response().error_message().find("expected at most 4096"),
+        std::string::npos)
+        << response.error_response().error_message();
+    EXPECT_LT(response.ByteSizeLong(), 512u);
+  }
+}
+
 TEST_F(GrpcServicesTest, ReflectionNeedsTheTokenHealthDoesNot) {
   const std::string token_file = ::testing::TempDir() + "/reflection_token";
   std::ofstream(token_file) << "open-sesame\n";

@@ -1378,8 +1378,9 @@ class SessionBudgetTest : public SessionsTest {
 
 TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   ServerOptions options = Options();
-  // Pages of 16 x 2 x 16 x 4 = 2 KiB, each charged as 4 KiB; a budget of 20.
-  options.memory.kv_cache_bytes = 20 * 4096;
+  // Pages of 16 x 2 x 16 x 4 = 2 KiB, each charged as 4 KiB; a budget of 20
+  // and room for five sessions' bookkeeping (1024 + 48 + 4 x 16 each).
+  options.memory.kv_cache_bytes = 20 * 4096 + 8192;
   Start(options);
   std::vector<SessionModel> models;
   for (int i = 0; i < 6; ++i) {
@@ -1400,7 +1401,7 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(),
               HasSubstr("evicted (least recently used) to make room in the KV "
-                        "cache budget of 81920 bytes"));
+                        "cache budget of 90112 bytes"));
   get.set_session_id(models[5].id);
   EXPECT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
   EXPECT_EQ(Metrics()["attnserve_session_removals_total{reason=\"evicted\"}"],
@@ -1413,14 +1414,57 @@ TEST_F(SessionBudgetTest, LeastRecentlyUsedSessionsAreEvictedPastTheBudget) {
   EXPECT_EQ(response.results(0).error().code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("KV cache budget (kv_cache_bytes) of 81920 bytes"));
+              HasSubstr("KV cache budget (kv_cache_bytes) of 90112 bytes"));
+}
+
+// A fork shares its parent's pages but copies their table: a reference per
+// page, charged to the budget with the session's record. Forks of a long
+// session past the budget evict the least recently used (the oldest forks),
+// never the parent they fork.
+TEST_F(SessionBudgetTest, ForksOfALongSessionAreChargedTheirTables) {
+  ServerOptions options = Options();
+  // Pages of 16 tokens charged 4 KiB each; 60 of them in a budget of 64.
+  options.memory.kv_cache_bytes = 64 * 4096;
+  Start(options);
+  SessionModel parent = NewSession(1, 2, 2, 8, v1::FLOAT32);
+  v1::StepRequest prefill;
+  *prefill.add_steps() = MakeStep(parent, 0, 960, 0, 7);
+  v1::StepResponse prefilled;
+  ASSERT_TRUE(Step(prefill, &prefilled).ok());
+  ASSERT_FALSE(prefilled.results(0).has_error())
+      << prefilled.results(0).error().message();
+  // Each fork: 1024 + 48 + 60 x 16 = 2032 bytes; the 16 KiB left hold 8.
+  constexpr int kForks = 40;
+  for (int i = 0; i < kForks; ++i) {
+    v1::ForkSessionRequest fork;
+    fork.set_session_id(parent.id);
+    v1::ForkSessionResponse forked;
+    const grpc::Status status =
+        stub_->ForkSession(Context().get(), fork, &forked);
+    ASSERT_TRUE(status.ok()) << "fork " << i << ": " << status.error_message();
+  }
+  std::map<std::string, double> metrics = Metrics();
+  EXPECT_GE(metrics["attnserve_session_removals_total{reason=\"evicted\"}"],
+            kForks - 8);
+  EXPECT_LE(metrics["attnserve_sessions"], 1 + 8);
+  EXPECT_LE(metrics["attnserve_kv_cache_bytes"], 64 * 4096);
+  // The parent stays, and steps.
+  std::vector<float> query;
+  v1::StepRequest step;
+  *step.add_steps() = MakeStep(parent, 0, 1, 1, 8, &query);
+  v1::StepResponse stepped;
+  ASSERT_TRUE(Step(step, &stepped).ok());
+  EXPECT_FALSE(stepped.results(0).has_error())
+      << stepped.results(0).error().message();
 }
 
 // A step that would not fit even with every idle session evicted, and a fork
 // refused for freed keys, are refused without evicting anyone.
 TEST_F(SessionBudgetTest, ARefusedStepOrForkEvictsNothing) {
   ServerOptions options = Options();
-  options.memory.kv_cache_bytes = 4 * 4096;  // 4 pages.
+  // 4 pages, and a page's worth for the sessions' bookkeeping (1024 + 48
+  // + 16 a page each).
+  options.memory.kv_cache_bytes = 5 * 4096;
   options.sessions.max_sessions = 2;
   Start(options);
   SessionModel bystander = NewSession(1, 2, 2, 8, v1::FLOAT32);
@@ -1439,7 +1483,8 @@ TEST_F(SessionBudgetTest, ARefusedStepOrForkEvictsNothing) {
     v1::GetSessionResponse got;
     return stub_->GetSession(Context().get(), get, &got).ok();
   };
-  // 2 more pages: with the bystander gone, `big` alone would hold 5 of 4.
+  // 2 more pages: with the bystander gone (its page and 1088 bytes of
+  // bookkeeping), `big` alone would hold 5 pages and its bookkeeping.
   v1::StepRequest request;
   *request.add_steps() = MakeStep(big, 0, 32, 0, 700);
   v1::StepResponse response;
@@ -1447,7 +1492,7 @@ TEST_F(SessionBudgetTest, ARefusedStepOrForkEvictsNothing) {
   EXPECT_EQ(response.results(0).error().code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("would free only 4096"));
+              HasSubstr("would free only 5184"));
   EXPECT_EQ(response.results(0).length(), 48);
   EXPECT_TRUE(alive(bystander.id));
 

@@ -277,6 +277,46 @@ TEST(WireMessagesTest, RefusesMoreRepeatedIntegersThanTheLimit) {
       << status;
 }
 
+// Repeated entries (messages, strings) and unknown fields parse into objects
+// of tens to hundreds of bytes from two or three: past kMaxRepeatedEntries in
+// all, the request is refused before it is parsed.
+TEST(WireMessagesTest, RefusesMoreRepeatedEntriesThanTheLimit) {
+  inference::ModelInferRequest at_limit;
+  for (int64_t i = 0; i < kMaxRepeatedEntries; ++i) at_limit.add_inputs();
+  grpc::ByteBuffer wire = Sliced(at_limit.SerializeAsString(), 16384);
+  inference::ModelInferRequest parsed;
+  EXPECT_TRUE(ParseWire(&wire, &parsed).ok());
+  EXPECT_EQ(parsed.inputs_size(), kMaxRepeatedEntries);
+
+  inference::ModelInferRequest over = at_limit;
+  over.add_outputs();
+  wire = Sliced(over.SerializeAsString(), 16384);
+  parsed.Clear();
+  absl::Status status = ParseWire(&wire, &parsed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("inference.ModelInferRequest.outputs passed "
+                                  "it); the most a request may hold is 65536"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(wire.Length(), 0u);
+
+  // Unknown fields: field 1000 as a varint of 0, beside a small Attend.
+  v1::AttendRequest small;
+  *small.mutable_query() = Floats(4, 1.0f);
+  std::string unknown = small.SerializeAsString();
+  const std::string field_1000("\xc0\x3e\x00",
+                               3);  // Tag (1000 << 3, varint), value 0.
+  for (int64_t i = 0; i <= kMaxRepeatedEntries; ++i) unknown += field_1000;
+  wire = Sliced(unknown, 16384);
+  v1::AttendRequest attend;
+  status = ParseWire(&wire, &attend);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find(
+                "unknown field 1000 of attnserve.v1.AttendRequest passed it"),
+            std::string::npos)
+      << status;
+}
+
 TEST(WireMessagesTest, SerialisesWithoutAPoolAsProtobufDoes) {
   v1::AttendResponse response;
   *response.mutable_output() = Floats(50000, 4.0f);

@@ -36,13 +36,21 @@ namespace attnserve {
 // parse allocate 8 times its size, outside the memory budget's count.
 inline constexpr int64_t kMaxRepeatedIntegers = int64_t{1} << 20;
 
+// The most entries a request's repeated message, string and bytes fields and
+// unknown fields may hold in all: each parses into an object of 30 to 200+
+// bytes from as little as two on the wire (an empty ModelInfer input, an
+// empty step), so their count bounds that part of the parse's memory, to
+// about 13 MiB. A Step carries at most 65,536 steps (--max_steps_per_call).
+inline constexpr int64_t kMaxRepeatedEntries = int64_t{1} << 16;
+
 // Parses `wire` into `message`, consuming the bytes (`wire` is left empty, so a
 // request is not held twice). With a pool, `message` must be empty, and the
 // data of each of its Tensor fields is read into a string taken from the pool.
 // INVALID_ARGUMENT naming the message type and the byte count when the bytes
 // are not a valid message (truncated, not protobuf wire format, a string that
 // is not UTF-8), or naming the field when its repeated integer fields hold
-// more than kMaxRepeatedIntegers values (counted before anything is parsed).
+// more than kMaxRepeatedIntegers values or its repeated entries and unknown
+// fields more than kMaxRepeatedEntries (counted before anything is parsed).
 absl::Status ParseWire(grpc::ByteBuffer* wire,
                        google::protobuf::Message* message,
                        BytesPool* pool = nullptr);

@@ -53,7 +53,7 @@ RUN apt-get update -q \
     && apt-get install -y -q --no-install-recommends \
         libgrpc++1.51 libprotobuf32 libabsl20220623 \
         libdnnl2 ocl-icd-libopencl1 libgomp1 \
-        libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libssl3 zlib1g libpng16-16 \
+        libprometheus-cpp-core1.0 libssl3 zlib1g libpng16-16 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 RUN groupadd --system --gid 10001 attnserve \
     && useradd --system --uid 10001 --gid attnserve --no-create-home \

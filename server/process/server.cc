@@ -17,6 +17,7 @@
 #include "attnserve/server/attention/attention_service.h"
 #include "attnserve/server/attention/scheduler.h"
 #include "attnserve/server/metrics/metrics.h"
+#include "attnserve/server/metrics/metrics_endpoint.h"
 #include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
@@ -31,7 +32,6 @@
 #include "grpc/support/log.h"
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 
 namespace attnserve {
@@ -67,10 +67,6 @@ int IoThreads(const ServerOptions& options, const RuntimeInfo& runtime) {
   if (options.transport.io_threads > 0) return options.transport.io_threads;
   return std::clamp(runtime.threads * options.scheduling.executors / 8, 1, 8);
 }
-
-// Threads of the /metrics endpoint, and how long one waits for a request.
-constexpr int kMetricsThreads = 8;
-constexpr absl::Duration kMetricsRequestTimeout = absl::Seconds(5);
 
 const std::string& MetricsAddress(const ServerOptions& options) {
   return options.metrics_address.empty() ? options.address
@@ -141,28 +137,24 @@ class AttnServerImpl final : public AttnServer {
     return absl::OkStatus();
   }
 
-  // Serves /metrics, if asked.
-  // The /metrics endpoint (civetweb, a thread per connection): enough threads
-  // that idle or slow connections leave some for Prometheus, and a timeout
-  // that drops a connection whose request has not arrived (a connection held
-  // open without one used to take a thread for civetweb's default 30 s; two
-  // such took both and every scrape timed out).
+  // Serves /metrics, if asked, on a thread that polls every connection
+  // (metrics_endpoint.h): connections held open idle or half-sent cost a
+  // slot, not a thread (civetweb's thread per connection let 16 of them hold
+  // a scrape past Prometheus's timeout).
   absl::Status ExposeMetrics(const ServerOptions& options) {
     service_.RecordWeightsHeld();
     if (!options.metrics_port) return absl::OkStatus();
-    const std::string address =
-        HostPort(MetricsAddress(options), *options.metrics_port);
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-          "listening_ports", address, "num_threads",
-          std::to_string(kMetricsThreads), "request_timeout_ms",
-          std::to_string(absl::ToInt64Milliseconds(kMetricsRequestTimeout))});
-    } catch (const std::exception& error) {
-      return absl::UnavailableError(absl::StrCat("could not serve metrics on ",
-                                                 address, ": ", error.what()));
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+        MetricsEndpoint::Start(MetricsAddress(options), *options.metrics_port,
+                               metrics_.registry(), {});
+    if (!endpoint.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("could not serve metrics on ",
+                       HostPort(MetricsAddress(options), *options.metrics_port),
+                       ": ", endpoint.status().message()));
     }
-    exposer_->RegisterCollectable(metrics_.registry());
-    metrics_port_ = exposer_->GetListeningPorts().front();
+    metrics_endpoint_ = *std::move(endpoint);
+    metrics_port_ = metrics_endpoint_->port();
     return absl::OkStatus();
   }
 
@@ -350,10 +342,10 @@ class AttnServerImpl final : public AttnServer {
     }
   }
 
-  // Declared in the order they are built; destroyed in reverse: the exposer,
-  // the gRPC server and the loop (after Shutdown has answered every call), the
-  // services, the scheduler (its queue empty by then), the registry, the
-  // engine.
+  // Declared in the order they are built; destroyed in reverse: the metrics
+  // endpoint, the gRPC server and the loop (after Shutdown has answered every
+  // call), the services, the scheduler (its queue empty by then), the registry,
+  // the engine.
   const ServerOptions options_;
   const MemoryPlan memory_;
   std::unique_ptr<AttentionEngine> engine_;
@@ -378,7 +370,8 @@ class AttnServerImpl final : public AttnServer {
   int port_ = 0;
   CallLoop loop_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<prometheus::Exposer> exposer_;  // Scrapes read metrics_.
+  // Scrapes read metrics_.
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   // Keeps weights_dir's sets registered; stopped first, while the registry,
   // the metrics and the service it updates stand.
   std::unique_ptr<WeightsDirWatcher> watcher_;

@@ -1,5 +1,6 @@
 // /metrics scraped over HTTP after a known mix of calls: exact counters and
 // histogram counts.
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -55,10 +56,12 @@ class MetricsTest : public ::attnserve::testing::ServerFixture {
 // Scrapes need no token, so anyone who reaches the port can hold connections
 // open: idle ones, and ones that stop half-way through a request. Prometheus
 // must still be answered (within Scrape's 10 s), and the held connections
-// dropped after the request timeout.
+// dropped after the request timeout. 300 are held: more than the endpoint's
+// 256 slots (the oldest then goes for each new one), and more than enough to
+// have held every thread of a thread-per-connection server for a minute.
 TEST_F(MetricsTest, ScrapesAreAnsweredWhileConnectionsAreHeldOpen) {
   std::vector<int> held;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 300; ++i) {
     held.push_back(
         ::attnserve::testing::ConnectTo("127.0.0.1", server_->metrics_port()));
     ASSERT_GE(held.back(), 0);
@@ -134,6 +137,84 @@ TEST_F(MetricsAddressTest, MetricsServeOnTheirOwnAddress) {
   EXPECT_THAT(server_->Describe(),
               HasSubstr(absl::StrCat("metrics on 127.0.0.2:",
                                      server_->metrics_port(), "/metrics")));
+}
+
+// What the endpoint answers besides a scrape: HEAD without the body, another
+// path 404, another method 405; a request past 8 KiB 431.
+TEST_F(MetricsTest, OnlyGetAndHeadOfMetricsAreServed) {
+  const auto ask = [this](const std::string& request) {
+    const int fd =
+        ::attnserve::testing::ConnectTo("127.0.0.1", server_->metrics_port());
+    EXPECT_GE(fd, 0);
+    if (fd < 0) return std::string();
+    timeval timeout{10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    std::string response;
+    size_t written = 0;
+    while (written < request.size()) {
+      const ssize_t n =
+          write(fd, request.data() + written, request.size() - written);
+      if (n <= 0) break;
+      written += static_cast<size_t>(n);
+    }
+    char buffer[65536];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof(buffer))) > 0)
+      response.append(buffer, n);
+    close(fd);
+    return response;
+  };
+  const std::string head = ask("HEAD /metrics HTTP/1.1\r\nHost: a\r\n\r\n");
+  EXPECT_THAT(head, ::testing::StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(head, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_THAT(head, ::testing::EndsWith("\r\n\r\n"));  // No body.
+  EXPECT_THAT(ask("GET /metrics?x=1 HTTP/1.1\r\n\r\n"),
+              HasSubstr("attnserve_build_info"));
+  EXPECT_THAT(ask("GET /other HTTP/1.1\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 404 "));
+  EXPECT_THAT(ask("GET /metricsX HTTP/1.1\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 404 "));
+  EXPECT_THAT(ask("POST /metrics HTTP/1.1\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 405 "));
+  EXPECT_THAT(ask("GET /metrics HTTP/1.1\r\nX: " + std::string(9000, 'x')),
+              ::testing::StartsWith("HTTP/1.1 431 "));
+}
+
+// The endpoint listens on IPv6 addresses too (civetweb, before it, was built
+// without IPv6: --address=::1 failed to start).
+TEST_F(MetricsAddressTest, MetricsServeOnIpv6) {
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 loopback{};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback),
+                         sizeof(loopback)) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_ipv6) GTEST_SKIP() << "this machine has no IPv6 loopback";
+  ServerOptions options = DefaultOptions();
+  options.metrics_port = 0;
+  options.metrics_address = "::1";
+  StartServer(options);
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  loopback.sin6_port = htons(static_cast<uint16_t>(server_->metrics_port()));
+  ASSERT_EQ(
+      connect(fd, reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)), 0);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string request = "GET /metrics HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(write(fd, request.data(), request.size()),
+            static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+  close(fd);
+  EXPECT_THAT(response, HasSubstr("attnserve_build_info"));
+  EXPECT_THAT(server_->Describe(),
+              HasSubstr(absl::StrCat(
+                  "metrics on [::1]:", server_->metrics_port(), "/metrics")));
 }
 
 TEST_F(MetricsTest, ScrapeCountsAKnownMixOfCalls) {

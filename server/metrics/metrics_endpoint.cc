@@ -1,0 +1,331 @@
+#include "attnserve/server/metrics/metrics_endpoint.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "prometheus/text_serializer.h"
+
+namespace attnserve {
+namespace {
+
+// How often the loop wakes to close connections past their time.
+constexpr int kSweepMillis = 100;
+
+// An answer with a body (left out for HEAD), and the connection closed.
+std::string Answer(absl::string_view status, absl::string_view content_type,
+                   absl::string_view body, bool head,
+                   absl::string_view extra_headers = "") {
+  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
+                      "\r\nContent-Length: ", body.size(), "\r\n",
+                      extra_headers, "Connection: close\r\n\r\n",
+                      head ? "" : body);
+}
+
+class EpollMetricsEndpoint final : public MetricsEndpoint {
+ public:
+  EpollMetricsEndpoint(int listener, int port, int epoll, int wake,
+                       std::shared_ptr<prometheus::Registry> registry,
+                       const Options& options)
+      : listener_(listener),
+        port_(port),
+        epoll_(epoll),
+        wake_(wake),
+        registry_(std::move(registry)),
+        options_(options) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~EpollMetricsEndpoint() override {
+    const uint64_t one = 1;
+    if (write(wake_, &one, sizeof(one)) < 0) {
+      // The loop also ends at its next sweep once stopping_ is seen.
+    }
+    stopping_ = true;
+    thread_.join();
+    for (auto& [fd, connection] : connections_) close(fd);
+    close(listener_);
+    close(wake_);
+    close(epoll_);
+  }
+
+  int port() const override { return port_; }
+
+ private:
+  struct Connection {
+    absl::Time accepted;
+    absl::Time deadline;
+    std::string in;
+    std::string out;
+    size_t sent = 0;
+    bool answering = false;
+  };
+
+  void Loop() {
+    epoll_event events[64];
+    while (!stopping_) {
+      const int ready = epoll_wait(epoll_, events, 64, kSweepMillis);
+      for (int i = 0; i < ready; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == wake_) return;
+        if (fd == listener_) {
+          Accept();
+          continue;
+        }
+        const auto it = connections_.find(fd);
+        if (it == connections_.end()) continue;
+        if ((events[i].events & (EPOLLERR | EPOLLHUP)) != 0 &&
+            (events[i].events & EPOLLIN) == 0) {
+          Close(fd);
+          continue;
+        }
+        if (it->second.answering) {
+          Send(fd, it->second);
+        } else {
+          Read(fd, it->second);
+        }
+      }
+      Sweep(absl::Now());
+    }
+  }
+
+  void Accept() {
+    while (true) {
+      const int fd =
+          accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;  // EAGAIN, or out of descriptors: later.
+      if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+        // The oldest still sending its request goes: a scraper sends its
+        // request at once, a connection held open does not.
+        int oldest = -1;
+        absl::Time oldest_at = absl::InfiniteFuture();
+        for (const auto& [other, connection] : connections_) {
+          if (!connection.answering && connection.accepted < oldest_at) {
+            oldest = other;
+            oldest_at = connection.accepted;
+          }
+        }
+        if (oldest < 0) {
+          close(fd);
+          continue;
+        }
+        Close(oldest);
+      }
+      epoll_event event{};
+      event.events = EPOLLIN | EPOLLRDHUP;
+      event.data.fd = fd;
+      if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
+        close(fd);
+        continue;
+      }
+      const absl::Time now = absl::Now();
+      Connection& connection = connections_[fd];
+      connection.accepted = now;
+      connection.deadline = now + options_.request_timeout;
+    }
+  }
+
+  void Read(int fd, Connection& connection) {
+    char buffer[4096];
+    while (true) {
+      const size_t room = static_cast<size_t>(options_.max_request_bytes) -
+                          connection.in.size();
+      const ssize_t n =
+          recv(fd, buffer, std::min(sizeof(buffer), room), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                     errno != EINTR)) {
+        Close(fd);
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return;  // All read for now.
+      }
+      connection.in.append(buffer, static_cast<size_t>(n));
+      if (absl::StrContains(connection.in, "\r\n\r\n")) {
+        Respond(fd, connection);
+        return;
+      }
+      if (connection.in.size() >=
+          static_cast<size_t>(options_.max_request_bytes)) {
+        connection.out =
+            Answer("431 Request Header Fields Too Large", "text/plain",
+                   absl::StrCat("a request of at most ",
+                                options_.max_request_bytes, " bytes\n"),
+                   false);
+        StartSending(fd, connection);
+        return;
+      }
+    }
+  }
+
+  void Respond(int fd, Connection& connection) {
+    const absl::string_view request = connection.in;
+    const absl::string_view line = request.substr(0, request.find("\r\n"));
+    const size_t method_end = line.find(' ');
+    const absl::string_view method = line.substr(0, method_end);
+    absl::string_view path = method_end == absl::string_view::npos
+                                 ? ""
+                                 : line.substr(method_end + 1);
+    path = path.substr(0, path.find(' '));
+    path = path.substr(0, path.find('?'));
+    const bool head = method == "HEAD";
+    if (path != "/metrics") {
+      connection.out = Answer("404 Not Found", "text/plain",
+                              "attnserve serves /metrics only\n", head);
+    } else if (method != "GET" && !head) {
+      connection.out = Answer("405 Method Not Allowed", "text/plain",
+                              "GET or HEAD\n", false, "Allow: GET, HEAD\r\n");
+    } else {
+      const std::string body =
+          prometheus::TextSerializer().Serialize(registry_->Collect());
+      connection.out = Answer(
+          "200 OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
+    }
+    StartSending(fd, connection);
+  }
+
+  void StartSending(int fd, Connection& connection) {
+    connection.in.clear();
+    connection.in.shrink_to_fit();
+    connection.answering = true;
+    connection.deadline = absl::Now() + options_.write_timeout;
+    epoll_event event{};
+    event.events = EPOLLOUT;
+    event.data.fd = fd;
+    epoll_ctl(epoll_, EPOLL_CTL_MOD, fd, &event);
+    Send(fd, connection);
+  }
+
+  void Send(int fd, Connection& connection) {
+    while (connection.sent < connection.out.size()) {
+      const ssize_t n = send(fd, connection.out.data() + connection.sent,
+                             connection.out.size() - connection.sent,
+                             MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        break;
+      }
+      connection.sent += static_cast<size_t>(n);
+    }
+    shutdown(fd, SHUT_WR);
+    Close(fd);
+  }
+
+  void Sweep(absl::Time now) {
+    std::vector<int> late;
+    for (const auto& [fd, connection] : connections_) {
+      if (connection.deadline < now) late.push_back(fd);
+    }
+    for (int fd : late) Close(fd);
+  }
+
+  void Close(int fd) {
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
+    connections_.erase(fd);
+  }
+
+  const int listener_;
+  const int port_;
+  const int epoll_;
+  const int wake_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+  const Options options_;
+  std::map<int, Connection> connections_;  // The loop's thread only.
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// A listening, non-blocking socket on `host`:`port`, or the reason why not.
+absl::StatusOr<int> Listen(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                                   service.c_str(), &hints, &found);
+  if (resolved != 0) {
+    return absl::UnavailableError(gai_strerror(resolved));
+  }
+  std::string why = "no address";
+  int listener = -1;
+  for (const addrinfo* at = found; at != nullptr && listener < 0;
+       at = at->ai_next) {
+    const int fd =
+        socket(at->ai_family, at->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+               at->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (bind(fd, at->ai_addr, at->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+      why = std::strerror(errno);
+      close(fd);
+      continue;
+    }
+    listener = fd;
+  }
+  freeaddrinfo(found);
+  if (listener < 0) {
+    return absl::UnavailableError(why);
+  }
+  return listener;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& host, int port,
+    std::shared_ptr<prometheus::Registry> registry, const Options& options) {
+  absl::StatusOr<int> listener = Listen(host, port);
+  if (!listener.ok()) return listener.status();
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  getsockname(*listener, reinterpret_cast<sockaddr*>(&bound), &length);
+  const int bound_port =
+      bound.ss_family == AF_INET6
+          ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
+          : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  const int epoll = epoll_create1(EPOLL_CLOEXEC);
+  const int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll < 0 || wake < 0) {
+    const std::string why = std::strerror(errno);
+    close(*listener);
+    if (epoll >= 0) close(epoll);
+    if (wake >= 0) close(wake);
+    return absl::UnavailableError(why);
+  }
+  for (const int fd : {*listener, wake}) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event);
+  }
+  return std::unique_ptr<MetricsEndpoint>(new EpollMetricsEndpoint(
+      *listener, bound_port, epoll, wake, std::move(registry), options));
+}
+
+}  // namespace attnserve

@@ -24,6 +24,11 @@ class AttendStreamCall final : public ServerCall {
   void OnStart() override {
     const absl::Status admitted = deps_.gate->Admit(context());
     if (!admitted.ok()) {
+      // Counted as one request, so that refusals of streams (a wrong token,
+      // a drain) show beside the unary calls'.
+      deps_.compute.metrics->CallStarted(Rpc::kAttendStream, 0);
+      deps_.compute.metrics->CallFinished(Rpc::kAttendStream, admitted.code(),
+                                          absl::ZeroDuration(), 0);
       held_ = deps_.gate->HoldRefusal(
           [this, admitted] { Finish(ToGrpcStatus(admitted)); });
       if (!held_) Finish(ToGrpcStatus(admitted));

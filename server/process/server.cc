@@ -143,6 +143,10 @@ class AttnServerImpl final : public AttnServer {
   // a scrape past Prometheus's timeout).
   absl::Status ExposeMetrics(const ServerOptions& options) {
     service_.RecordWeightsHeld();
+    // The budget's gauges from the first scrape on (the trimmer samples them
+    // each second after): a utilisation over a limit of 0 would be NaN.
+    metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
+                               budget_.refused());
     if (!options.metrics_port) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
         MetricsEndpoint::Start(MetricsAddress(options), *options.metrics_port,

@@ -193,11 +193,18 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
       // good version, and the other sets follow their folders.
       std::set<std::string> present(listing->refused_sets.begin(),
                                     listing->refused_sets.end());
+      // Each refusal is counted and reported once, as a folder that fails
+      // to load is, not at every look while it stays.
+      std::set<std::string> refused_now;
       for (const absl::Status& refused : listing->refused) {
+        const std::string message(refused.message());
+        refused_now.insert(message);
+        if (refused_seen_.count(message) > 0) continue;
         ++changes.failed;
-        Log(LogLevel::kWarning, absl::StrCat("attnserve: ", refused.message(),
-                                             "; keeping what it held"));
+        Log(LogLevel::kWarning,
+            absl::StrCat("attnserve: ", message, "; keeping what it held"));
       }
+      refused_seen_ = std::move(refused_now);
       for (const std::string& folder : listing->folders) {
         const std::string name = NameOf(folder);
         present.insert(name);

@@ -366,6 +366,10 @@ class InflightMetricsTest : public ::attnserve::testing::ServerFixture {
 };
 
 TEST_F(InflightMetricsTest, BudgetGaugesShowTheLimitAndRefusals) {
+  // The limit is there from the first scrape, before the first sample.
+  EXPECT_EQ(Samples(Scrape(
+                server_->metrics_port()))["attnserve_inflight_limit_bytes"],
+            48 << 20);
   // A 3 MiB request whose 32 MiB of PER_HEAD weights take its compute past
   // the 24 MiB one connection may hold.
   v1::AttendRequest large;

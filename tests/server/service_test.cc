@@ -723,6 +723,7 @@ TEST_F(ServiceTest, TlsMutualTlsAndTokens) {
   options.tls.client_ca_file = certs->directory + "/ca.crt";
   options.auth_token_file = token_file;
   options.port = 0;
+  options.metrics_port = 0;
   absl::StatusOr<std::unique_ptr<AttnServer>> server =
       AttnServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -746,6 +747,24 @@ TEST_F(ServiceTest, TlsMutualTlsAndTokens) {
   ClientOptions no_token = good;
   no_token.bearer_token.clear();
   EXPECT_EQ(attend(no_token).code(), absl::StatusCode::kUnauthenticated);
+  // A stream refused for its token counts once, as a unary call does.
+  {
+    std::unique_ptr<Client> client = Client::Connect(target, no_token).value();
+    std::unique_ptr<AttendSession> stream =
+        client->OpenAttendSession(absl::Seconds(5));
+    stream->Send(small).IgnoreError();
+    stream->CloseSend().IgnoreError();
+    EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kUnauthenticated);
+  }
+  const auto counted = Samples(Scrape((*server)->metrics_port()));
+  EXPECT_EQ(
+      counted.at(
+          R"(attnserve_requests_total{code="UNAUTHENTICATED",rpc="AttendStream"})"),
+      1);
+  EXPECT_EQ(
+      counted.at(
+          R"(attnserve_requests_total{code="UNAUTHENTICATED",rpc="Attend"})"),
+      2);
   // Health needs no token.
   EXPECT_TRUE(Client::Connect(target, no_token)
                   .value()

@@ -319,6 +319,7 @@ TEST_F(WeightsDirTest, ABadEntryFailsAloneWhileTheServerRuns) {
   options.demo_weights = false;
   options.weights_dir = root_.string();
   options.weights_reload_interval = absl::Milliseconds(50);
+  options.metrics_port = 0;
   StartServer(options);
   if (HasFatalFailure()) return;
   const auto versions = [this] { return Versions(); };
@@ -336,6 +337,15 @@ TEST_F(WeightsDirTest, ABadEntryFailsAloneWhileTheServerRuns) {
            std::map<std::string, int64_t>{{"a", 1}, {"b", 2}, {"c", 3}};
   })) << "a, b, c at "
       << versions()["a"] << ", " << versions()["b"] << ", " << versions()["c"];
+  // The two refused entries are counted once each, not at every look (ten
+  // more looks here) while they stay.
+  absl::SleepFor(absl::Milliseconds(500));
+  const auto found = ::attnserve::testing::Samples(
+      ::attnserve::testing::Scrape(server_->metrics_port()));
+  const auto failed =
+      found.find(R"(attnserve_weights_dir_changes_total{change="failed"})");
+  ASSERT_NE(failed, found.end());
+  EXPECT_EQ(failed->second, 2);
 }
 
 // weights_version is checked like any field.

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -90,6 +91,8 @@ class WeightsDirWatcher {
   const std::function<void(const Changes&)> on_change_;
   absl::Mutex mutex_;  // One scan at a time.
   std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mutex_);  // By set name.
+  // The entries the last look refused (their messages).
+  std::set<std::string> refused_seen_ ABSL_GUARDED_BY(mutex_);
   std::function<void(const std::string&)> after_read_ ABSL_GUARDED_BY(mutex_);
   absl::Notification stop_;
   std::thread thread_;

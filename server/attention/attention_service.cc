@@ -338,8 +338,21 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
 void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
                                   google::protobuf::Message* response) const {
   absl::Status answer = status;
+  if (answer.ok() && !IsComputeRpc(call.rpc)) {
+    // An answer built here, not by a compute (whose memory the hold has
+    // already): a ListSessions page may be max_message_bytes, held as the
+    // message and on the wire until the client reads it.
+    answer = call.handler->hold.Grow(
+        2 * static_cast<int64_t>(response->ByteSizeLong()));
+  }
   grpc::ByteBuffer* wire_response = &call.handler->wire_response;
   if (answer.ok()) answer = SerializeWire(response, wire_response, pool_);
+  if (!answer.ok() && response != nullptr) {
+    // Freed now, not with the call (which may wait on its client): Clear()
+    // would keep a repeated field's entries for reuse.
+    const std::unique_ptr<google::protobuf::Message> empty(response->New());
+    response->GetReflection()->Swap(response, empty.get());
+  }
   const absl::Time now = absl::Now();
   const int64_t response_bytes =
       answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0;

@@ -41,17 +41,17 @@ const char* StatusCodeName(int code) {
   return kNames[code];
 }
 
-bool IsCompute(Rpc rpc) {
-  return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
-         rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep ||
-         rpc == Rpc::kModelInfer;
-}
-
 // The `reason` label values, by SessionRemoval.
 constexpr const char* kRemovalReasons[kSessionRemovalCount] = {
     "evicted", "expired", "deleted", "drained"};
 
 }  // namespace
+
+bool IsComputeRpc(Rpc rpc) {
+  return rpc == Rpc::kAttend || rpc == Rpc::kAttendStream ||
+         rpc == Rpc::kMultiHeadAttention || rpc == Rpc::kStep ||
+         rpc == Rpc::kModelInfer;
+}
 
 const char* RpcName(Rpc rpc) {
   static const char* const kNames[kRpcCount] = {"Attend",
@@ -138,7 +138,7 @@ ServerMetrics::ServerMetrics(const std::string& version,
         &request_duration.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
     per.request_bytes = &request_bytes.Add({{"rpc", RpcName(rpc)}});
     per.response_bytes = &response_bytes.Add({{"rpc", RpcName(rpc)}});
-    if (IsCompute(rpc)) {
+    if (IsComputeRpc(rpc)) {
       per.queue_wait =
           &queue_wait.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());
       per.compute = &compute.Add({{"rpc", RpcName(rpc)}}, DurationBuckets());

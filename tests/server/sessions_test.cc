@@ -1546,6 +1546,32 @@ TEST_F(SessionBudgetTest, StepTensorsAreBoundByMaxElements) {
   }
 }
 
+// An answer built without a compute (a ListSessions page) is held, as the
+// message and on the wire, until its client reads it: it is charged to the
+// in-flight budget like a compute's memory, or unread pages of many calls
+// would hold memory the budget does not see.
+TEST_F(SessionBudgetTest, AListSessionsAnswerIsChargedToTheInflightBudget) {
+  ServerOptions options = Options();
+  // Calls get 6 MiB of it, one connection half: 3 MiB.
+  options.memory.max_inflight_bytes = 8 << 20;
+  Start(options);
+  // Each described with 4,096 ALiBi slopes: over 16 KB; 150 of them 2.4 MB.
+  v1::SessionDefaults defaults;
+  for (int h = 0; h < 4096; ++h) defaults.add_alibi_slopes(0.5f);
+  for (int i = 0; i < 150; ++i) {
+    NewSession(1, 4096, 1, 1, v1::FLOAT32, "", defaults);
+  }
+  v1::ListSessionsRequest list;
+  v1::ListSessionsResponse page;
+  grpc::Status status = stub_->ListSessions(Context().get(), list, &page);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_inflight_bytes"));
+  list.set_page_size(20);
+  status = stub_->ListSessions(Context().get(), list, &page);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(page.sessions_size(), 20);
+}
+
 // ListSessions answers a page at a time, as many sessions as fit in a
 // message (or page_size), oldest first; the client library and the tokens
 // walk them all. total_bytes counts a page forks share once.

@@ -63,6 +63,10 @@ inline constexpr int kSessionRemovalCount = 4;
 // The `rpc` label value: "Attend", "MultiHeadAttention", ...
 const char* RpcName(Rpc rpc);
 
+// Whether `rpc` runs a compute (Attend, AttendStream, MultiHeadAttention,
+// Step, ModelInfer).
+bool IsComputeRpc(Rpc rpc);
+
 class ServerMetrics {
  public:
   // `version` is attnserve's; `runtime` fills the build-info labels.

@@ -511,8 +511,16 @@ std::optional<int64_t> AttentionEngineImpl::SdpaWorkspaceBytes(
   if (UseFused(options)) {
     return FusedWorkspaceBytes(shape, options, threads_, key_value_packed);
   }
-  return UnfusedWorkspaceBytes(shape, options.precision, SlabBudget(),
-                               key_value_packed);
+  const std::optional<int64_t> unfused = UnfusedWorkspaceBytes(
+      shape, options.precision, SlabBudget(), key_value_packed);
+  const std::optional<AttentionOptions> output_options =
+      FusedOutputOptions(options);
+  if (!unfused || !output_options) return unfused;
+  // The fused kernel runs after the unfused one, its scratch apart.
+  const std::optional<int64_t> fused =
+      FusedWorkspaceBytes(shape, *output_options, threads_, key_value_packed);
+  if (!fused) return std::nullopt;
+  return *unfused + *fused;
 }
 
 absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,
@@ -522,7 +530,32 @@ absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,
     return RunFusedAttention(engine_, problem, TeamSize(flops), kernels_,
                              tile_plans_, scratch_);
   }
-  return RunUnfusedAttention(engine_, stream, problem, SlabBudget(), plans_);
+  ATTNSERVE_RETURN_IF_ERROR(
+      RunUnfusedAttention(engine_, stream, problem, SlabBudget(), plans_));
+  const std::optional<AttentionOptions> output_options =
+      FusedOutputOptions(*problem.options);
+  if (!output_options) return absl::OkStatus();
+  // The weights asked of an engine that runs the fused kernel: the unfused
+  // kernel wrote them, and the fused kernel writes the output and lse over
+  // its own, so that asking for the weights changes no other answer. (The
+  // unfused product P·V takes 0 · NaN for a key no row sees, NaN in a padded
+  // value row, into the output; the fused kernel never reads such a key.)
+  SdpaProblem output_only = problem;
+  output_only.options = &*output_options;
+  output_only.weights = {};
+  return RunFusedAttention(engine_, output_only, TeamSize(flops), kernels_,
+                           tile_plans_, scratch_);
+}
+
+std::optional<AttentionOptions> AttentionEngineImpl::FusedOutputOptions(
+    const AttentionOptions& options) const {
+  if (options_.kernel != AttentionKernel::kAuto ||
+      options.weights == AttentionWeightsMode::kNone) {
+    return std::nullopt;
+  }
+  AttentionOptions without_weights = options;
+  without_weights.weights = AttentionWeightsMode::kNone;
+  return without_weights;
 }
 
 absl::Status AttentionEngineImpl::AttendPaged(

@@ -114,6 +114,13 @@ class AttentionEngineImpl final : public AttentionEngine {
   // The team size of a call of `flops` (see NewStream).
   int TeamSize(double flops) const;
 
+  // The options the fused kernel runs with after the unfused one, for the
+  // output and lse of a call that asks for the weights; nullopt if the
+  // unfused kernel's own answer stands (no weights, or --attention_kernel
+  // unfused).
+  std::optional<AttentionOptions> FusedOutputOptions(
+      const AttentionOptions& options) const;
+
   // The scratch bytes RunSdpa allocates (see FusedWorkspaceBytes and
   // UnfusedWorkspaceBytes).
   std::optional<int64_t> SdpaWorkspaceBytes(const AttentionShape& shape,

@@ -278,6 +278,67 @@ TEST(AttentionEngineTest, APositiveInfiniteScoreMakesItsRowNaN) {
   }
 }
 
+// Asking for the weights changes no other answer: NaN in the value rows of
+// keys no query sees (padding past key_lengths, a masked key) stays out of the
+// output and lse, as without the weights, and a batch item that sees no key
+// answers 0 and −inf. (The unfused product P·V alone took 0 · NaN in.)
+TEST(AttentionEngineTest, HiddenNaNValuesStayOutWhenTheWeightsAreAsked) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const AttentionShape shape = SdpaShape(2, 2, 1, 3, 6, 4, 4);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 31);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 32);
+  std::vector<float> value = RandomValues(shape.ValueElements(), 33);
+  // Batch 0 sees keys 0 to 4: key 5 is padding. Batch 1 sees none.
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = b == 0 ? 5 : 0; j < 6; ++j) {
+      std::fill_n(value.begin() + (b * 6 + j) * 4, 4, nan);
+    }
+  }
+  const std::vector<int64_t> key_lengths = {5, 0};
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    std::vector<float> plain_output(shape.OutputElements()),
+        plain_lse(shape.LseElements());
+    for (const AttentionWeightsMode mode :
+         {AttentionWeightsMode::kNone, AttentionWeightsMode::kPerHead,
+          AttentionWeightsMode::kHeadMean}) {
+      AttentionOptions options;
+      options.key_lengths = key_lengths;
+      options.return_lse = true;
+      options.weights = mode;
+      if (bf16) options.precision = Precision::kBFloat16;
+      std::vector<float> output(shape.OutputElements()),
+          lse(shape.LseElements()),
+          weights(mode == AttentionWeightsMode::kNone ? 0
+                  : mode == AttentionWeightsMode::kPerHead
+                      ? shape.WeightsElements()
+                      : shape.HeadMeanWeightsElements());
+      ASSERT_TRUE(MakeEngine()
+                      ->Attend(shape, options, query, key, value,
+                               AttentionOutputs(absl::MakeSpan(output),
+                                                absl::MakeSpan(weights),
+                                                absl::MakeSpan(lse)))
+                      .ok());
+      for (size_t i = 0; i < output.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(output[i])) << "output " << i;
+        if (i >= output.size() / 2) {
+          EXPECT_EQ(output[i], 0.0f) << i;
+        }
+      }
+      for (size_t i = lse.size() / 2; i < lse.size(); ++i) {
+        EXPECT_EQ(lse[i], -std::numeric_limits<float>::infinity());
+      }
+      if (mode == AttentionWeightsMode::kNone) {
+        plain_output = output;
+        plain_lse = lse;
+      } else {
+        EXPECT_EQ(output, plain_output);
+        EXPECT_EQ(lse, plain_lse);
+      }
+    }
+  }
+}
+
 // Runs the engine and the reference on the same random inputs and options.
 struct OptionRun {
   std::vector<float> output, weights, lse;

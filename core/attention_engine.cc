@@ -516,11 +516,11 @@ std::optional<int64_t> AttentionEngineImpl::SdpaWorkspaceBytes(
   const std::optional<AttentionOptions> output_options =
       FusedOutputOptions(options);
   if (!unfused || !output_options) return unfused;
-  // The fused kernel runs after the unfused one, its scratch apart.
+  // The fused kernel runs once the unfused one has freed its scratch.
   const std::optional<int64_t> fused =
       FusedWorkspaceBytes(shape, *output_options, threads_, key_value_packed);
   if (!fused) return std::nullopt;
-  return *unfused + *fused;
+  return std::max(*unfused, *fused);
 }
 
 absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,

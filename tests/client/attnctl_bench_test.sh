@@ -38,11 +38,12 @@ check_json counted.json 'r["rpc"] == "attend"' 'r["requests"] == 200' 'r["ok"] =
   'r["throughput_rps"] > 0 and r["gflops_per_s"] > 0 and r["elapsed_s"] > 0' \
   'abs(r["throughput_rps"] - 200 / r["elapsed_s"]) < 1e-3 * r["throughput_rps"] + 1e-3'
 
-# Causal halves the FLOPs; bfloat16 inputs are reported.
+# Causal counts the pairs the mask leaves: 36 of the 8 x 8; bfloat16 inputs are
+# reported.
 ctl bench --requests=8 --concurrency=2 --json --causal --input_dtype=bfloat16 --heads=2 \
   --kv_heads=2 --query_len=8 --key_len=8 --key_dim=8 --value_dim=8 >causal.json
 check_json causal.json 'r["ok"] == 8' 'r["input_dtype"] == "BFLOAT16"' \
-  'r["flops_per_request"] == 2 * 2 * 8 * 8 * 16 / 2'
+  'r["flops_per_request"] == 2 * 2 * 8 * 8 * 16 * 36 / 64'
 
 # Every request rejected: counted by code, exit 1 since nothing succeeded.
 expect_exit 1 '"errors":{"INVALID_ARGUMENT":40}' ctl bench --requests=40 --concurrency=3 \

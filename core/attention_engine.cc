@@ -530,16 +530,20 @@ absl::Status AttentionEngineImpl::RunSdpa(dnnl::stream& stream,
     return RunFusedAttention(engine_, problem, TeamSize(flops), kernels_,
                              tile_plans_, scratch_);
   }
-  ATTNSERVE_RETURN_IF_ERROR(
-      RunUnfusedAttention(engine_, stream, problem, SlabBudget(), plans_));
   const std::optional<AttentionOptions> output_options =
       FusedOutputOptions(*problem.options);
-  if (!output_options) return absl::OkStatus();
+  if (!output_options) {
+    return RunUnfusedAttention(engine_, stream, problem, SlabBudget(), plans_);
+  }
   // The weights asked of an engine that runs the fused kernel: the unfused
-  // kernel wrote them, and the fused kernel writes the output and lse over
-  // its own, so that asking for the weights changes no other answer. (The
-  // unfused product P·V takes 0 · NaN for a key no row sees, NaN in a padded
+  // kernel gives them (without its product P·V), and the fused kernel the
+  // output and lse, so that asking for the weights changes no other answer.
+  // (The unfused P·V takes 0 · NaN for a key no row sees, NaN in a padded
   // value row, into the output; the fused kernel never reads such a key.)
+  SdpaProblem weights_only = problem;
+  weights_only.output = nullptr;
+  ATTNSERVE_RETURN_IF_ERROR(
+      RunUnfusedAttention(engine_, stream, weights_only, SlabBudget(), plans_));
   SdpaProblem output_only = problem;
   output_only.options = &*output_options;
   output_only.weights = {};

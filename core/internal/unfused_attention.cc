@@ -181,7 +181,8 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     std::vector<float> query(static_cast<size_t>(s.QueryElements())),
         key(static_cast<size_t>(s.KeyElements())),
         value(static_cast<size_t>(s.ValueElements())),
-        output(static_cast<size_t>(s.OutputElements()));
+        output(p.output != nullptr ? static_cast<size_t>(s.OutputElements())
+                                   : 0);
     CopyTensor4(p.query, p.query_strides, query.data(), query_packed,
                 {s.batch, s.heads, s.query_len, s.key_dim});
     CopyTensor4(p.key, p.key_strides, key.data(), key_packed,
@@ -195,12 +196,14 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     packed.key_strides = key_packed;
     packed.value = value.data();
     packed.value_strides = value_packed;
-    packed.output = output.data();
+    packed.output = p.output != nullptr ? output.data() : nullptr;
     packed.output_strides = output_packed;
     ATTNSERVE_RETURN_IF_ERROR(
         RunUnfusedAttention(engine, stream, packed, slab_budget_bytes, cache));
-    CopyTensor4(output.data(), output_packed, p.output, p.output_strides,
-                {s.batch, s.heads, s.query_len, s.value_dim});
+    if (p.output != nullptr) {
+      CopyTensor4(output.data(), output_packed, p.output, p.output_strides,
+                  {s.batch, s.heads, s.query_len, s.value_dim});
+    }
     return absl::OkStatus();
   }
   const Precision precision = p.options->precision;
@@ -268,9 +271,6 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
         memory probabilities_mem(
             plan.probabilities_md, engine,
             bf16 ? static_cast<void*>(probabilities.data()) : scores.get());
-        const Strides4& os = p.output_strides;
-        memory output_mem(plan.output_md, engine,
-                          p.output + b * os[0] + kv * group * os[1]);
         const memory scratchpad_mem(plan.scratchpad_md, engine);
 
         plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
@@ -283,6 +283,10 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
             ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count},
             scores.get(), input, bf16 ? probabilities.data() : nullptr,
             p.weights, p.lse);
+        if (p.output == nullptr) continue;  // The weights and lse only.
+        const Strides4& os = p.output_strides;
+        memory output_mem(plan.output_md, engine,
+                          p.output + b * os[0] + kv * group * os[1]);
         plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
                                       {DNNL_ARG_WEIGHTS, value_mem},
                                       {DNNL_ARG_DST, output_mem},

@@ -45,7 +45,8 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& shape,
 // Computes `problem`, whose shape and options the caller has validated. Strided
 // views (MHA's projections) are first packed: oneDNN 2.6 runs 5-D strided
 // matmul operands on its slow gemm:jit kernel, packed ones on brgemm. Returns
-// INTERNAL or RESOURCE_EXHAUSTED if oneDNN fails.
+// INTERNAL or RESOURCE_EXHAUSTED if oneDNN fails. With `problem.output` null
+// it gives the weights and lse only, skipping the product P·V.
 absl::Status RunUnfusedAttention(const dnnl::engine& engine,
                                  dnnl::stream& stream,
                                  const SdpaProblem& problem,

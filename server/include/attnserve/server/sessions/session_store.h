@@ -352,19 +352,11 @@ class SessionStore {
       ABSL_GUARDED_BY(mutex_);
   std::deque<std::string> tombstone_order_ ABSL_GUARDED_BY(mutex_);
   int64_t shared_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
-  // The sessions' bookkeeping (SessionBookkeepingBytes), charged to the
-  // budget beside the pages.
+  // The sessions' bookkeeping (their records and page tables, not their
+  // pages), charged to the budget beside the pages.
   int64_t bookkeeping_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Time last_expiry_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
 };
-
-// What a session of `config` holds besides its pages, with `table_entries`
-// page references in its layers' tables: its record, each layer's, each ALiBi
-// slope, each reference (a fork copies its parent's). Charged to the KV cache
-// budget, so that forks of a long session, or many empty sessions of many
-// layers, cannot hold memory the budget does not see.
-int64_t SessionBookkeepingBytes(const SessionConfig& config,
-                                int64_t table_entries);
 
 // Whether `id` has the form of a session id: 32 lowercase hex digits.
 bool IsSessionId(const std::string& id);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,39 @@
 #include "absl/strings/strip.h"
 
 namespace attnserve {
+namespace {
+
+int64_t HeldIn(const absl::flat_hash_map<std::string, int64_t>& holders,
+               const std::string& holder) {
+  const auto found = holders.find(holder);
+  return found == holders.end() ? 0 : found->second;
+}
+
+void GiveBack(absl::flat_hash_map<std::string, int64_t>& holders,
+              const std::string& holder, int64_t bytes) {
+  const auto found = holders.find(holder);
+  if (found == holders.end()) return;
+  found->second -= bytes;
+  if (found->second <= 0) holders.erase(found);
+}
+
+}  // namespace
+
+std::string PeerAddress(const std::string& peer) {
+  // "ipv4:10.0.0.7:51234" and "ipv6:[fe80::1]:51234": the port follows the
+  // last colon. Anything else ("unix:/path", "unknown") is its own address.
+  if (!absl::StartsWith(peer, "ipv4:") && !absl::StartsWith(peer, "ipv6:")) {
+    return peer;
+  }
+  const size_t colon = peer.rfind(':');
+  if (colon <= 4) return peer;
+  const absl::string_view port = absl::string_view(peer).substr(colon + 1);
+  if (port.empty() ||
+      !std::all_of(port.begin(), port.end(), absl::ascii_isdigit)) {
+    return peer;
+  }
+  return peer.substr(0, colon);
+}
 
 MemoryBudget::Hold::Hold(Hold&& other) noexcept
     : budget_(std::exchange(other.budget_, nullptr)),
@@ -59,6 +93,7 @@ MemoryBudget::Hold MemoryBudget::TakeAlways(int64_t bytes,
   absl::MutexLock lock(&mutex_);
   held_ += bytes;
   connections_[connection] += bytes;
+  addresses_[PeerAddress(connection)] += bytes;
   return Hold(this, connection, bytes);
 }
 
@@ -69,8 +104,12 @@ int64_t MemoryBudget::held() const {
 
 int64_t MemoryBudget::held_by(const std::string& connection) const {
   absl::MutexLock lock(&mutex_);
-  const auto found = connections_.find(connection);
-  return found == connections_.end() ? 0 : found->second;
+  return HeldIn(connections_, connection);
+}
+
+int64_t MemoryBudget::held_from(const std::string& address) const {
+  absl::MutexLock lock(&mutex_);
+  return HeldIn(addresses_, address);
 }
 
 int64_t MemoryBudget::refused() const {
@@ -81,14 +120,17 @@ int64_t MemoryBudget::refused() const {
 absl::Status MemoryBudget::Reserve(int64_t bytes,
                                    const std::string& connection) {
   absl::MutexLock lock(&mutex_);
-  const auto found = connections_.find(connection);
-  const int64_t own = found == connections_.end() ? 0 : found->second;
+  const int64_t own = HeldIn(connections_, connection);
+  const std::string address = PeerAddress(connection);
+  const int64_t own_address = HeldIn(addresses_, address);
   // The bounds are compared as "bytes <= bound - held", which cannot overflow.
-  const int64_t heavy_bound = own > limit_ / 16 ? limit_ / 8 * 7 : limit_;
+  const bool heavy = own > limit_ / 16 || own_address > limit_ / 16;
+  const int64_t heavy_bound = heavy ? limit_ / 8 * 7 : limit_;
   const bool fits = bytes <= heavy_bound - held_ && bytes <= limit_ / 2 - own;
   if (fits) {
     held_ += bytes;
     connections_[connection] += bytes;
+    addresses_[address] += bytes;
     return absl::OkStatus();
   }
   ++refused_;
@@ -107,13 +149,16 @@ absl::Status MemoryBudget::Reserve(int64_t bytes,
         " bytes (max_inflight_bytes) one connection may hold; wait for "
         "answers (and read them) before sending more"));
   }
-  const std::string bound =
-      heavy_bound < limit_
-          ? absl::StrCat(heavy_bound,
-                         " bytes a connection holding much may take them to "
-                         "(the last eighth of the ",
-                         limit_, " is kept for connections holding little)")
-          : absl::StrCat(limit_, " bytes they may hold");
+  std::string bound = absl::StrCat(limit_, " bytes they may hold");
+  if (heavy) {
+    bound = absl::StrCat(
+        heavy_bound, " bytes a client holding much may take them to (",
+        own > limit_ / 16 ? absl::StrCat("this connection holds ", own)
+                          : absl::StrCat("this client's connections from ",
+                                         address, " hold ", own_address),
+        "; the last eighth of the ", limit_,
+        " is kept for clients holding little)");
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "the server's memory for calls in flight is in use: this call needs ",
       bytes, " bytes, and calls in flight hold ", held_, " of the ", bound,
@@ -123,10 +168,8 @@ absl::Status MemoryBudget::Reserve(int64_t bytes,
 void MemoryBudget::Release(int64_t bytes, const std::string& connection) {
   absl::MutexLock lock(&mutex_);
   held_ -= bytes;
-  const auto found = connections_.find(connection);
-  if (found == connections_.end()) return;
-  found->second -= bytes;
-  if (found->second <= 0) connections_.erase(found);
+  GiveBack(connections_, connection, bytes);
+  GiveBack(addresses_, PeerAddress(connection), bytes);
 }
 
 }  // namespace attnserve

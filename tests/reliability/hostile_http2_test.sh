@@ -141,7 +141,10 @@ for scenario in large unread; do
   stop_server
 done
 budget=$((16 << 20))
-start_server --max_inflight_bytes="${budget}"
-run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" streams
-stop_server
+for scenario in streams addresses; do
+  start_server --max_inflight_bytes="${budget}"
+  run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
+    "${scenario}"
+  stop_server
+done
 echo "PASS"

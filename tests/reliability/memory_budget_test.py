@@ -9,11 +9,15 @@ that must keep being answered meanwhile):
          later calls are refused, until the connection goes and the budget comes back.
   streams: idle Health.Watch and AttendStream calls, 16 KiB of the budget each while open:
          past the budget new ones are refused.
+  addresses: 100 connections from 127.0.0.2, each with 16 idle Health.Watch calls, more than
+         the budget holds: the connections of one address together may not take it past seven
+         eighths, so a client from another address (127.0.0.1) still opens streams and is
+         answered.
 
 Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
 budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
 
-usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES large|unread|streams
+usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES large|unread|streams|addresses
 """
 import collections
 import os
@@ -170,12 +174,48 @@ def streams(port, failures):
         calls.close()
 
 
+def addresses(port, failures):
+    """Many connections from one address hold at most seven eighths of the budget together."""
+    watch = "/grpc.health.v1.Health/Watch"
+    flood = []
+    for _ in range(100):
+        calls = Calls(port, source="127.0.0.2")
+        for _ in range(16):
+            calls.start(watch, b"", end_stream=False)
+        calls.pump(0.05, until=lambda: False)
+        flood.append(calls)
+    for calls in flood:
+        calls.pump(0.05, until=lambda: False)
+    statuses = collections.Counter(
+        "open" if status is None else status for calls in flood for status in calls.statuses.values())
+    print(f"1,600 idle watches from 127.0.0.2 on 100 connections: {dict(statuses)}")
+    if statuses["open"] == 0 or statuses[RESOURCE_EXHAUSTED] == 0 or len(statuses) != 2:
+        failures.append(f"the flood's watches: {dict(statuses)}, expected some open and the "
+                        "rest refused RESOURCE_EXHAUSTED")
+    # Another address: 32 idle watches and an Attend on one connection, while the flood holds.
+    other = Calls(port, source="127.0.0.1")
+    watches = [other.start(watch, b"", end_stream=False) for _ in range(32)]
+    attend = other.start(ATTEND, attend_request(1, 16, 8).SerializeToString())
+    other.pump(10, until=lambda: other.statuses[attend] is not None)
+    other.pump(0.5, until=lambda: False)
+    refused = [other.statuses[s] for s in watches if other.statuses[s] is not None]
+    print(f"from 127.0.0.1 meanwhile: Attend {other.statuses[attend]}, "
+          f"{32 - len(refused)} of 32 watches open")
+    if other.statuses[attend] != OK or refused:
+        failures.append(f"a client from another address got Attend {other.statuses[attend]} "
+                        f"and watches {refused}, expected OK and all open")
+    other.close()
+    for calls in flood:
+        calls.close()
+
+
 def main():
     port, pid, budget, scenario = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]),
                                    sys.argv[5])
     failures = []
     watch = RssWatch(pid)
-    {"large": large, "unread": unread, "streams": streams}[scenario](port, failures)
+    {"large": large, "unread": unread, "streams": streams,
+     "addresses": addresses}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "
           f"{budget / 2**20:.0f} MiB + {OVERHEAD_BYTES / 2**20:.0f} MiB overhead")

@@ -114,10 +114,13 @@ class Calls:
                              end_stream=True)
         calls.pump(seconds=5)        # sends and receives for 5 s, or until every call ended
         calls.statuses[stream]       # grpc-status, "reset", or None while open
+
+    `source` is the loopback address the connection comes from (127.0.0.0/8).
     """
 
-    def __init__(self, port, read_answers=True, timeout_s=30.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    def __init__(self, port, read_answers=True, timeout_s=30.0, source="127.0.0.1"):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s,
+                                             source_address=(source, 0))
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.initiate_connection()
         self.read_answers = read_answers

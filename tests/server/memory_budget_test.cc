@@ -4,7 +4,9 @@
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "attnserve/server/process/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -68,7 +70,8 @@ TEST(MemoryBudgetTest, TheLastEighthIsKeptForConnectionsHoldingLittle) {
   const absl::StatusOr<MemoryBudget::Hold> heavy = budget.Take(kMiB, "a");
   ASSERT_EQ(heavy.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(heavy.status().message(),
-              HasSubstr("kept for connections holding little"));
+              AllOf(HasSubstr("this connection holds 29360128"),
+                    HasSubstr("kept for clients holding little")));
   // A connection holding nothing may.
   absl::StatusOr<MemoryBudget::Hold> light = budget.Take(3 * kMiB, "c");
   ASSERT_TRUE(light.ok()) << light.status();
@@ -78,6 +81,56 @@ TEST(MemoryBudgetTest, TheLastEighthIsKeptForConnectionsHoldingLittle) {
   EXPECT_THAT(full.status().message(),
               AllOf(HasSubstr("calls in flight hold 67108864 of the 67108864"),
                     HasSubstr("retry after a backoff")));
+}
+
+TEST(MemoryBudgetTest, ManyConnectionsFromOneAddressShareTheLastEighthRule) {
+  MemoryBudget budget(64 * kMiB);
+  // 400 connections from one address, each holding little: together they
+  // hold much, so they may not take the budget past 56 MiB.
+  std::vector<MemoryBudget::Hold> holds;
+  int refused = 0;
+  for (int port = 10000; port < 10400; ++port) {
+    const std::string peer = absl::StrCat("ipv4:10.0.0.7:", port);
+    for (int stream = 0; stream < 16; ++stream) {
+      absl::StatusOr<MemoryBudget::Hold> hold =
+          budget.Take(kBytesPerCall, peer);
+      if (hold.ok()) {
+        holds.push_back(*std::move(hold));
+      } else {
+        ++refused;
+        EXPECT_THAT(hold.status().message(),
+                    AllOf(HasSubstr("this client's connections from "
+                                    "ipv4:10.0.0.7 hold"),
+                          HasSubstr("kept for clients holding little")));
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(budget.held_from("ipv4:10.0.0.7"), 56 * kMiB);
+  EXPECT_EQ(budget.held(), 56 * kMiB);
+  // Another address is served from the last eighth, up to the whole limit.
+  absl::StatusOr<MemoryBudget::Hold> other =
+      budget.Take(4 * kMiB, "ipv4:10.0.0.8:5000");
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<MemoryBudget::Hold> other_v6 =
+      budget.Take(4 * kMiB, "ipv6:[::1]:5000");
+  ASSERT_TRUE(other_v6.ok()) << other_v6.status();
+  EXPECT_EQ(budget.held(), 64 * kMiB);
+  holds.clear();
+  EXPECT_EQ(budget.held_from("ipv4:10.0.0.7"), 0);
+  EXPECT_EQ(budget.held_from("ipv6:[::1]"), 4 * kMiB);
+}
+
+TEST(MemoryBudgetTest, PeerAddressDropsThePortOnly) {
+  EXPECT_EQ(PeerAddress("ipv4:10.0.0.7:51234"), "ipv4:10.0.0.7");
+  EXPECT_EQ(PeerAddress("ipv6:[fe80::1%eth0]:51234"), "ipv6:[fe80::1%eth0]");
+  EXPECT_EQ(PeerAddress("ipv6:%5B::1%5D:80"), "ipv6:%5B::1%5D");
+  EXPECT_EQ(PeerAddress("unix:/run/attnserve.sock"),
+            "unix:/run/attnserve.sock");
+  EXPECT_EQ(PeerAddress("unknown"), "unknown");
+  EXPECT_EQ(PeerAddress("ipv4:"), "ipv4:");
+  EXPECT_EQ(PeerAddress("ipv4:10.0.0.7:"), "ipv4:10.0.0.7:");
+  EXPECT_EQ(PeerAddress("a"), "a");
 }
 
 class MemoryLimitTest : public ::testing::Test {

@@ -31,12 +31,15 @@ namespace attnserve {
 
 // Thread-safe; must outlive its holds.
 //
-// Fairness: each hold belongs to a connection (its peer address, as gRPC names
-// it: "ipv4:10.0.0.7:51234"). One connection may hold at most half the limit,
-// and a connection holding more than a sixteenth of it may not take the budget
-// past seven eighths: the last eighth stays for connections that hold little,
-// so that one client (or a few) filling the budget with large or stuck calls
-// leaves the others served.
+// Fairness: each hold belongs to a connection (its peer, as gRPC names it:
+// "ipv4:10.0.0.7:51234") and to the client address the connection comes from
+// (PeerAddress: "ipv4:10.0.0.7"). One connection may hold at most half the
+// limit, and a connection, or the connections of one address together, holding
+// more than a sixteenth of it may not take the budget past seven eighths: the
+// last eighth stays for clients that hold little, so that one client (or a
+// few) filling the budget with large or stuck calls, on one connection or on
+// hundreds, leaves the others served. Clients behind one proxy or NAT share an
+// address, and so share that rule.
 class MemoryBudget {
  public:
   // Bytes taken from the budget; given back when the hold is destroyed, reset
@@ -83,6 +86,9 @@ class MemoryBudget {
   // What `connection` holds now.
   int64_t held_by(const std::string& connection) const
       ABSL_LOCKS_EXCLUDED(mutex_);
+  // What the connections from `address` (a PeerAddress) hold now.
+  int64_t held_from(const std::string& address) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Calls refused so far.
   int64_t refused() const ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -99,8 +105,15 @@ class MemoryBudget {
   // What each connection holding anything holds.
   absl::flat_hash_map<std::string, int64_t> connections_
       ABSL_GUARDED_BY(mutex_);
+  // What the connections of each address holding anything hold.
+  absl::flat_hash_map<std::string, int64_t> addresses_ ABSL_GUARDED_BY(mutex_);
   int64_t refused_ ABSL_GUARDED_BY(mutex_) = 0;
 };
+
+// The client address of a gRPC peer: "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7",
+// "ipv6:[::1]:51234" -> "ipv6:[::1]"; a peer of another form is its own
+// address.
+std::string PeerAddress(const std::string& peer);
 
 // What a stream costs the budget while it is open, whatever its messages:
 // gRPC's own state for a call and its HTTP/2 stream, measured at 15-16 KiB for

@@ -3,9 +3,11 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/server/rpc/grpc_status.h"
@@ -15,9 +17,29 @@
 namespace attnserve {
 namespace {
 
-class AttendStreamCall final : public ServerCall {
+constexpr char kDrainReason[] = "the server is shutting down";
+
+class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
  public:
   explicit AttendStreamCall(const StreamDependencies& deps) : deps_(deps) {}
+
+  // The drain: no more messages are taken; the stream ends UNAVAILABLE once
+  // the answers to those taken are written (at once if there are none, with
+  // the read of the next one in flight).
+  void End(const std::string& reason) override {
+    bool finish = false;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (finished_) return;
+      drain_reason_ = reason;
+      if (slots_.empty() && computing_ == 0 && taking_ == 0 && !writing_) {
+        finished_ = finish = true;
+        status = DrainStatusLocked();
+      }
+    }
+    if (finish) Finish(status);
+  }
 
  private:
   // A refusal at the end of a drain is held by the gate (call_gate.h).
@@ -34,7 +56,15 @@ class AttendStreamCall final : public ServerCall {
       if (!held_) Finish(ToGrpcStatus(admitted));
       return;
     }
+    if (deps_.open_streams != nullptr) {
+      registered_ = true;
+      deps_.open_streams->Add(this);
+    }
     Read();
+  }
+
+  void OnDone() override {
+    if (registered_) deps_.open_streams->Remove(this);
   }
 
   void OnCancel() override {
@@ -59,14 +89,31 @@ class AttendStreamCall final : public ServerCall {
   }
 
   // Reads the next message, watched: a stream whose next message has not come
-  // within stream_idle_timeout is cancelled.
+  // within stream_idle_timeout is cancelled. Under the lock, so that no read
+  // starts after End has finished the call.
   void Read() {
+    absl::MutexLock lock(&mutex_);
+    if (finished_ || !drain_reason_.empty()) return;
     read_ticket_ = deps_.watchdog->Watch(&context());
     StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
     deps_.watchdog->Unwatch(read_ticket_);
+    bool draining;
+    {
+      absl::MutexLock lock(&mutex_);
+      draining = !drain_reason_.empty();
+      // Until it is among the slots, End must not finish the call under it.
+      if (ok && !draining) ++taking_;
+    }
+    if (ok && draining) {
+      // A message read after the drain began is not taken: the stream's
+      // status tells the client to send it again elsewhere.
+      incoming_.Clear();
+      Advance();
+      return;
+    }
     if (!ok) {
       {
         absl::MutexLock lock(&mutex_);
@@ -100,6 +147,7 @@ class AttendStreamCall final : public ServerCall {
     bool read_more;
     {
       absl::MutexLock lock(&mutex_);
+      --taking_;
       slot->answer.set_index(next_index_++);
       slots_.push_back(slot);
       if (work.ok()) ++computing_;
@@ -125,7 +173,7 @@ class AttendStreamCall final : public ServerCall {
       if (read_paused_ && !reading_done_) {
         if (broken_) {
           reading_done_ = true;  // No read in flight, and none will start.
-        } else {
+        } else if (drain_reason_.empty()) {
           read_paused_ = false;
           resume_reading = true;
         }
@@ -254,13 +302,16 @@ class AttendStreamCall final : public ServerCall {
         writing_ = true;
         to_write = slots_.front().get();
       }
-      if (reading_done_ && slots_.empty() && computing_ == 0 && !writing_ &&
-          !finished_) {
+      const bool draining = !drain_reason_.empty();
+      if ((reading_done_ || draining) && slots_.empty() && computing_ == 0 &&
+          taking_ == 0 && !writing_ && !finished_) {
         finished_ = finish = true;
         if (broken_ || cancelled()) {
           final_status = grpc::Status(
               grpc::StatusCode::CANCELLED,
               "the client went away before every answer was written");
+        } else if (draining && !reading_done_) {
+          final_status = DrainStatusLocked();
         }
       }
     }
@@ -271,8 +322,19 @@ class AttendStreamCall final : public ServerCall {
     if (finish) Finish(final_status);
   }
 
+  // UNAVAILABLE, naming the first message not taken.
+  grpc::Status DrainStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat(drain_reason_, ": this stream took ", next_index_,
+                     " messages (indexes below ", next_index_,
+                     ") and answered each; send the rest again on a new "
+                     "stream"));
+  }
+
   const StreamDependencies deps_;
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
+  bool registered_ = false;               // With open_streams; set in OnStart.
   grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
   ReadWatchdog::Ticket read_ticket_ = 0;  // The read in flight's.
 
@@ -281,14 +343,44 @@ class AttendStreamCall final : public ServerCall {
       ABSL_GUARDED_BY(mutex_);  // Unanswered, in order.
   int64_t next_index_ ABSL_GUARDED_BY(mutex_) = 0;
   int computing_ ABSL_GUARDED_BY(mutex_) = 0;
+  int taking_ ABSL_GUARDED_BY(mutex_) = 0;  // Messages read, not yet slots.
   bool reading_done_ ABSL_GUARDED_BY(mutex_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mutex_) = false;
   bool writing_ ABSL_GUARDED_BY(mutex_) = false;
   bool broken_ ABSL_GUARDED_BY(mutex_) = false;
   bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+  // Why the stream takes no more messages: set by End (the drain).
+  std::string drain_reason_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace
+
+void OpenStreams::Add(Stream* stream) {
+  bool ended;
+  {
+    absl::MutexLock lock(&mutex_);
+    streams_.insert(stream);
+    ended = ended_;
+  }
+  if (ended) stream->End(kDrainReason);
+}
+
+void OpenStreams::Remove(Stream* stream) {
+  absl::MutexLock lock(&mutex_);
+  streams_.erase(stream);
+}
+
+void OpenStreams::EndAll() {
+  // Under the lock: a stream removes itself before it is deleted.
+  absl::MutexLock lock(&mutex_);
+  ended_ = true;
+  for (Stream* stream : streams_) stream->End(kDrainReason);
+}
+
+int OpenStreams::size() const {
+  absl::MutexLock lock(&mutex_);
+  return static_cast<int>(streams_.size());
+}
 
 std::unique_ptr<ServerCall> MakeAttendStreamCall(
     const StreamDependencies& dependencies) {

@@ -308,7 +308,7 @@ void AttentionServiceImpl::AddTo(CallLoop& loop) {
               [this] {
                 return MakeAttendStreamCall({compute_, gate_, budget_, checks_,
                                              transport_, &stream_watchdog_,
-                                             access_log_});
+                                             access_log_, &open_streams_});
               });
 }
 

@@ -262,6 +262,9 @@ class AttnServerImpl final : public AttnServer {
     sessions_.StopCreating();
     absl::SleepFor(options_.drain_grace);
     gate_.Close();
+    // Streams waiting for their client's next message would hold gRPC's
+    // shutdown to its deadline.
+    service_.EndStreams();
     const absl::Time deadline = absl::Now() + kShutdownGrace;
     scheduler_.WaitIdle(kShutdownGrace);
     health_.Shutdown();  // Ends health watches, which would hold the server.

@@ -31,6 +31,7 @@ using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceShape;
 using ::attnserve::testing::Samples;
 using ::attnserve::testing::Scrape;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
@@ -709,6 +710,57 @@ TEST_F(ServiceTest, DrainingAnswersEveryAcceptedCallThenRefuses) {
   }
   EXPECT_EQ(served.at(R"(attnserve_requests_total{code="OK",rpc="Attend"})"),
             codes[absl::StatusCode::kOk]);
+}
+
+// A drain ends AttendStreams once the answers to the messages they took are
+// written, at once for one waiting for its client's next message: those held
+// gRPC's shutdown to its 30 s deadline. Through the grace they are served.
+TEST_F(ServiceTest, ADrainEndsStreamsWaitingForTheirNextMessage) {
+  ServerOptions options = DefaultOptions();
+  options.drain_grace = absl::Seconds(1);
+  Start(options);
+  const ReferenceShape s = {1, 2, 2, 4, 8, 8, 8};
+  const v1::AttendRequest request = Request(s, 11);
+  std::unique_ptr<AttendSession> answered =
+      client_->OpenAttendSession(kTimeout);
+  std::unique_ptr<AttendSession> silent = client_->OpenAttendSession(kTimeout);
+  ASSERT_TRUE(answered->Send(request).ok());
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> first =
+      answered->Receive();
+  ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
+  const absl::Time shutdown_started = absl::Now();
+  std::thread shutdown([&] { server_->Shutdown(); });
+  absl::SleepFor(absl::Milliseconds(300));
+  // Within the grace a stream is still served.
+  ASSERT_TRUE(answered->Send(request).ok());
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> second =
+      answered->Receive();
+  ASSERT_TRUE(second.ok() && second->has_value()) << second.status();
+  EXPECT_EQ((*second)->index(), 1);
+  EXPECT_TRUE((*second)->has_response()) << (*second)->error().message();
+  // Then both end UNAVAILABLE, naming what they took, without either client
+  // closing its side.
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> end =
+      answered->Receive();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_FALSE(end->has_value());
+  const absl::Status answered_end = answered->Finish();
+  EXPECT_EQ(answered_end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(answered_end.message()),
+              AllOf(HasSubstr("the server is shutting down"),
+                    HasSubstr("took 2 messages (indexes below 2)")));
+  absl::StatusOr<std::optional<v1::AttendStreamResponse>> silent_answer =
+      silent->Receive();
+  ASSERT_TRUE(silent_answer.ok()) << silent_answer.status();
+  EXPECT_FALSE(silent_answer->has_value());
+  const absl::Status silent_end = silent->Finish();
+  EXPECT_EQ(silent_end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(silent_end.message()), HasSubstr("took 0 messages"));
+  shutdown.join();
+  const absl::Duration took = absl::Now() - shutdown_started;
+  std::printf("the drain took %.2f s with a 1 s grace\n",
+              absl::ToDoubleSeconds(took));
+  EXPECT_LT(took, absl::Seconds(15));
 }
 
 TEST_F(ServiceTest, TlsMutualTlsAndTokens) {

@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/attention/attend_stream.h"
 #include "attnserve/server/attention/compute_job.h"
 #include "attnserve/server/attention/request_validator.h"
 #include "attnserve/server/attention/scheduler.h"
@@ -49,6 +50,11 @@ class AttentionServiceImpl final {
   // Sets the weights gauges from the registry (the handlers call it after each
   // change; the server after loading weights at start-up).
   void RecordWeightsHeld() const;
+
+  // The drain's end: every AttendStream, open or opened later, takes no more
+  // messages and ends UNAVAILABLE once it has written the answers to those it
+  // took.
+  void EndStreams() { open_streams_.EndAll(); }
 
  private:
   class UnaryCaller;
@@ -221,6 +227,8 @@ class AttentionServiceImpl final {
   ReadWatchdog watchdog_;
   // Cancels AttendStreams whose next message does not come.
   ReadWatchdog stream_watchdog_;
+  // The AttendStreams open, for EndStreams.
+  OpenStreams open_streams_;
   // One line per call when not null (--access_log).
   AccessLog* const access_log_;
   // ModelInfer's calls by model, for ModelStatistics.

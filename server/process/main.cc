@@ -5,7 +5,7 @@
 //
 // Serves attnserve.v1.AttentionService, the Open Inference Protocol's
 // inference.GRPCInferenceService, grpc.health.v1.Health and server reflection
-// until SIGINT or SIGTERM, then drains (see --drain_grace_seconds)
+// until SIGINT, SIGTERM or SIGHUP, then drains (see --drain_grace_seconds)
 // and exits 0. A configuration that cannot work exits 2; another start-up
 // failure 1. Every flag can also come from the environment as ATTNSERVE_<FLAG
 // IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.

@@ -11,6 +11,7 @@ TerminationSignals::TerminationSignals() {
   sigemptyset(&signals_);
   sigaddset(&signals_, SIGINT);
   sigaddset(&signals_, SIGTERM);
+  sigaddset(&signals_, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
   watcher_ = std::thread([this] { Watch(); });
 }

@@ -33,7 +33,7 @@ int RunInChild(const std::function<int()>& body) {
 }
 
 TEST(TerminationSignalsTest, SignalDuringStartUpEndsTheProcessAtOnce) {
-  for (int signal_number : {SIGTERM, SIGINT}) {
+  for (int signal_number : {SIGTERM, SIGINT, SIGHUP}) {
     const int status = RunInChild([signal_number] {
       TerminationSignals signals;
       kill(getpid(), signal_number);
@@ -47,14 +47,17 @@ TEST(TerminationSignalsTest, SignalDuringStartUpEndsTheProcessAtOnce) {
 }
 
 TEST(TerminationSignalsTest, AfterStartedWaitReturnsTheSignal) {
-  const int status = RunInChild([] {
-    TerminationSignals signals;
-    signals.Started();
-    kill(getpid(), SIGINT);
-    return signals.Wait() == SIGINT ? 0 : 1;
-  });
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // SIGHUP too: a closed terminal drains the server rather than killing it.
+  for (int signal_number : {SIGINT, SIGHUP}) {
+    const int status = RunInChild([signal_number] {
+      TerminationSignals signals;
+      signals.Started();
+      kill(getpid(), signal_number);
+      return signals.Wait() == signal_number ? 0 : 1;
+    });
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << signal_number;
+  }
 }
 
 TEST(TerminationSignalsTest, WithoutASignalTheDestructorReturns) {

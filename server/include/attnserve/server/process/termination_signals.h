@@ -1,15 +1,16 @@
-// SIGINT and SIGTERM for the attnserve binary, watched by one thread from the
-// first line of main: during start-up (loading weights can take a while) a
-// signal ends the process at once, with status 128 + the signal's number, as
-// its default action would; once the server is up, it starts the drain.
+// SIGINT, SIGTERM and SIGHUP (a closed terminal) for the attnserve binary,
+// watched by one thread from the first line of main: during start-up (loading
+// weights can take a while) a signal ends the process at once, with status 128
+// + the signal's number, as its default action would; once the server is up, it
+// starts the drain.
 //
 //   TerminationSignals signals;  // before any other thread starts
 //   ... start the server ...
 //   signals.Started();
 //   const int signal = signals.Wait();  // then drain
 //
-// Thread-safe. The constructor blocks both signals in the calling thread (and
-// so in every thread it starts later); its watcher thread is joined by the
+// Thread-safe. The constructor blocks the three signals in the calling thread
+// (and so in every thread it starts later); its watcher thread is joined by the
 // destructor.
 #ifndef ATTNSERVE_SERVER_PROCESS_TERMINATION_SIGNALS_H_
 #define ATTNSERVE_SERVER_PROCESS_TERMINATION_SIGNALS_H_
@@ -34,7 +35,8 @@ class TerminationSignals {
   // From now on a signal is returned by Wait instead of ending the process.
   void Started();
 
-  // Blocks until SIGINT or SIGTERM arrives after Started; returns its number.
+  // Blocks until SIGINT, SIGTERM or SIGHUP arrives after Started; returns its
+  // number.
   int Wait();
 
  private:

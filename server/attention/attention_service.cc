@@ -235,6 +235,8 @@ class AttentionServiceImpl::WireCall final
     service_->watchdog_.Unwatch(ticket_);
     absl::Status admitted = absl::OkStatus();
     if (ok) {
+      // Counted as received, before the budget or the inflation sees it.
+      received_bytes = static_cast<int64_t>(wire_request_.Length());
       absl::StatusOr<MemoryBudget::Hold> taken = AdmitMessage(
           service_->transport_, *service_->budget_, peer(), &wire_request_);
       if (taken.ok()) {
@@ -317,9 +319,7 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
                                  grpc::ByteBuffer* wire_request,
                                  const absl::Status& admitted,
                                  Handler<Request, Response> serve) {
-  const int64_t request_bytes =
-      wire_request == nullptr ? 0
-                              : static_cast<int64_t>(wire_request->Length());
+  const int64_t request_bytes = handler->received_bytes;
   metrics_->CallStarted(rpc, request_bytes);
   Call call{rpc, handler, absl::Now(), request_bytes, admitted};
   if (call.admitted.ok() && wire_request == nullptr) {

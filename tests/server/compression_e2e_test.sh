@@ -5,7 +5,9 @@
 # - --accept_compressed_requests --response_compression=gzip: `attnctl --compression=gzip`
 #   (and deflate) sends an Attend whose keys and values are zeros in under a tenth of its raw
 #   bytes, and the all-zero output comes back in under a tenth of its own; the output is right;
-#   without --compression the request crosses whole.
+#   without --compression the request crosses whole. The access log (and so
+#   attnserve_request_bytes_total, which counts the same figure) gives each request's bytes as
+#   they arrived, compressed.
 # - --response_compression=gzip alone: a gzip request is refused UNIMPLEMENTED naming
 #   accept_compressed_requests; plain requests still get compressed answers.
 # - neither: responses cross whole, a gzip request gets gRPC's UNIMPLEMENTED.
@@ -80,7 +82,7 @@ sys.exit(0 if o.shape == (1, 8, 64, 64) and not o.any() else 1)" "${workdir}/out
 
 # --- Both ways compressed.
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 \
-  --accept_compressed_requests --response_compression=gzip
+  --accept_compressed_requests --response_compression=gzip --access_log="${workdir}/access.log"
 grep -q "compressed_requests=on response_compression=gzip" "${workdir}/server.log" ||
   fail "the start-up line does not show the compression"
 start_proxy
@@ -98,6 +100,16 @@ attend_through_proxy
 ((up >= raw_request)) || fail "an uncompressed call sent only ${up} bytes"
 ((down * 10 < raw_output)) || fail "the response to a plain request took ${down} bytes"
 stop_attnserve
+"${python}" - "${workdir}/access.log" "${raw_request}" <<'PY' || fail "the access log's request_bytes"
+import json, sys
+raw = int(sys.argv[2])
+sizes = [line["request_bytes"] for line in map(json.loads, open(sys.argv[1]))
+         if line["rpc"] == "Attend"]
+print("access log request_bytes:", sizes)
+# gzip, deflate, then plain: the compressed ones as they arrived, not inflated.
+sys.exit(0 if len(sizes) == 3 and all(size * 10 < raw for size in sizes[:2])
+         and sizes[2] >= raw else 1)
+PY
 
 # --- Compressed responses only.
 start_attnserve "${attnserve}" --threads=2 --drain_grace_seconds=0 --response_compression=gzip

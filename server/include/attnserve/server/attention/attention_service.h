@@ -63,6 +63,8 @@ class AttentionServiceImpl final {
   class UnaryCall : public ServerCall {
    public:
     grpc::ByteBuffer wire_response;  // Where Finish serialises the response.
+    // The request's bytes as they arrived (compressed or not), once read.
+    int64_t received_bytes = 0;
     // The call's share of the memory budget: its message from arrival, then
     // its compute's memory too, until the answer has been sent (OnDone).
     MemoryBudget::Hold hold;

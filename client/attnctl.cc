@@ -151,5 +151,10 @@ int main(int argc, char** argv) {
   if (std::optional<int> status = attnserve::HandleHelpFlags(argc, argv)) {
     return *status;
   }
+  if (const std::optional<std::string> error =
+          attnserve::FlagArgumentsError(argc, argv)) {
+    std::fprintf(stderr, "attnctl: %s\n", error->c_str());
+    return 2;
+  }
   return attnserve::Run(absl::ParseCommandLine(argc, argv));
 }

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "attnserve/common/echo.h"
 #include "attnserve_build_info.h"
 
 namespace attnserve {
@@ -114,6 +116,69 @@ std::string HelpText(bool full) {
                     "--fromenv, ...).\n");
   }
   return text;
+}
+
+std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;  // A command or its argument.
+    }
+    const size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    // Abseil's usage flags, which its parse answers without registering them.
+    if (name == "help" || name == "helpfull" || name == "helpshort" ||
+        name == "helppackage" || name == "helpon" || name == "helpmatch" ||
+        name == "version" || name == "only_check_args") {
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      // --nodemo_weights: a boolean flag's false.
+      absl::CommandLineFlag* negated =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        if (equals == absl::string_view::npos) continue;
+        return absl::StrCat("--", name, " takes no value");
+      }
+    }
+    if (flag == nullptr) {
+      return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
+                          "; --help lists the flags");
+    }
+    if (IsAbseilFlag(*flag)) continue;  // --flagfile, --fromenv, ...
+    absl::string_view value;
+    if (equals != absl::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::StrCat("--", name, " needs a value");
+    }
+    std::string error;
+    if (flag->ParseFrom(value, &error)) continue;
+    if (flag->IsOfType<bool>()) {
+      return absl::StrCat("--", name, " is ", EchoText(value),
+                          ", expected true or false");
+    }
+    std::string expected = "a value of its type";
+    if (flag->IsOfType<int>()) {
+      expected = "a 32-bit integer (-2147483648 to 2147483647)";
+    } else if (flag->IsOfType<int64_t>()) {
+      expected =
+          "a 64-bit integer (-9223372036854775808 to 9223372036854775807)";
+    } else if (flag->IsOfType<double>()) {
+      expected = "a number";
+    } else if (flag->IsOfType<absl::Duration>()) {
+      expected = "a duration (500ms, 30s, 2m, 1h30m)";
+    }
+    return absl::StrCat("--", name, " is ", EchoText(value), ", expected ",
+                        expected, "; --help gives its range");
+  }
+  return std::nullopt;
 }
 
 std::optional<int> HandleHelpFlags(int argc, char** argv) {

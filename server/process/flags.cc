@@ -211,8 +211,8 @@ ABSL_FLAG(
 namespace attnserve {
 
 const char kUsage[] =
-    "attnserve [FLAGS]: serves multi-head attention over gRPC until SIGINT or "
-    "SIGTERM. Every flag also reads ATTNSERVE_<FLAG> from the environment "
+    "attnserve [FLAGS]: serves multi-head attention over gRPC until SIGINT, "
+    "SIGTERM or SIGHUP. Every flag also reads ATTNSERVE_<FLAG> from the environment "
     "(the command line wins). --help lists the flags, --version prints the "
     "version.";
 

@@ -119,6 +119,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> environment;
   std::vector<char*> arguments =
       attnserve::ArgumentsWithEnvironment(argc, argv, &environment);
+  if (const std::optional<std::string> error = attnserve::FlagArgumentsError(
+          static_cast<int>(arguments.size()), arguments.data())) {
+    std::fprintf(stderr, "attnserve: %s\n", error->c_str());
+    return 2;
+  }
   absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
   attnserve::TerminationSignals signals;
   // Debian builds Abseil without NDEBUG, so every absl::Mutex acquisition

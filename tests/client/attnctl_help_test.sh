@@ -2,7 +2,8 @@
 # attnctl's help and version, no server: --help (and -help, --helpshort) lists every flag that a
 # source file under client/ defines, exits 0 and shows no absolute path; --helpfull adds Abseil's
 # --flagfile and exits 0; --version prints "attnctl X.Y.Z" and the commit it was built from; `attnctl help` is still an unknown
-# command (exit 2).
+# command (exit 2); an unknown flag or a value a flag cannot parse is a usage error (exit 2) that
+# names the flag and what it expects.
 #
 # usage: attnctl_help_test.sh ATTNCTL CLIENT_SOURCE_DIR
 set -euo pipefail
@@ -44,4 +45,18 @@ timeout 10 "${attnctl}" help >/dev/null 2>&1
 status=$?
 set -e
 [[ ${status} -eq 2 ]] || fail "'attnctl help' exited ${status}, expected 2 (unknown command)"
+
+bad_flag() {  # EXPECTED_MESSAGE ARGUMENT...
+  local expected=$1 output status
+  shift
+  set +e
+  output=$(timeout 10 "${attnctl}" "$@" 2>&1)
+  status=$?
+  set -e
+  [[ ${status} -eq 2 ]] || fail "attnctl $* exited ${status}, expected 2: ${output}"
+  [[ ${output} == *"${expected}"* ]] || fail "attnctl $*: '${output}', expected '${expected}'"
+}
+bad_flag 'unknown flag "--timeout_seconds"; --help lists the flags' --timeout_seconds=5 health
+bad_flag '--timeout is "abc", expected a duration (500ms, 30s, 2m, 1h30m)' --timeout=abc health
+bad_flag '--timeout needs a value' health --timeout
 echo "PASS"

@@ -67,6 +67,32 @@ set -e
 grep -q "drain_grace_seconds is inf, expected 0 to 1h" "${workdir}/bad.log" ||
   fail "$(cat "${workdir}/bad.log")"
 
+# Values a flag's type cannot take, and unknown flags: exit 2 (a configuration that cannot work),
+# naming the flag and what it expects, not Abseil's exit 1.
+bad_flag() {  # EXPECTED_MESSAGE ARGUMENT...
+  local expected=$1 status
+  shift
+  set +e
+  env "$@" --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
+  status=$?
+  set -e
+  [[ ${status} -eq 2 ]] || fail "$* exited ${status}, expected 2: $(cat "${workdir}/bad.log")"
+  grep -qF -- "${expected}" "${workdir}/bad.log" ||
+    fail "$*: $(cat "${workdir}/bad.log"), expected '${expected}'"
+}
+bad_flag '--max_batch is "abc", expected a 32-bit integer (-2147483648 to 2147483647)' \
+  "${attnserve}" --max_batch=abc
+bad_flag '--max_batch is "99999999999", expected a 32-bit integer' "${attnserve}" --max_batch=99999999999
+bad_flag '--max_elements is "1e3", expected a 64-bit integer' "${attnserve}" --max_elements 1e3
+bad_flag '--drain_grace_seconds is "soon", expected a number' "${attnserve}" --drain_grace_seconds=soon
+bad_flag '--demo_weights is "maybe", expected true or false' "${attnserve}" --demo_weights=maybe
+bad_flag '--nodemo_weights takes no value' "${attnserve}" --nodemo_weights=1
+bad_flag 'unknown flag "--max_batches"; --help lists the flags' "${attnserve}" --max_batches=3
+bad_flag '--max_batch is "many", expected a 32-bit integer' ATTNSERVE_MAX_BATCH=many "${attnserve}"
+
+line=$(startup_line "${attnserve}" --nodemo_weights)
+[[ ${line} == *"demo_weights=off "* ]] || fail "--nodemo_weights not in effect: ${line}"
+
 line=$(startup_line "${attnserve}" --demo_weights=false)
 [[ ${line} == *"demo_weights=off "* ]] || fail "--demo_weights=false not in effect: ${line}"
 

@@ -51,6 +51,16 @@ void ConfigureUsage(const ProgramUsage& usage);
 // --helpshort list the program's own flags, --helpfull Abseil's too.
 std::optional<int> HandleHelpFlags(int argc, char** argv);
 
+// Checks each flag on the command line (before any "--") names a flag of the
+// program and that its value parses as the flag's type, before Abseil's parse,
+// which exits 1 with neither the expected value nor a usage error's status.
+// Returns the first error: "unknown flag --prot; --help lists the flags",
+// "--port is \"abc\", expected a 32-bit integer (-2147483648 to 2147483647)",
+// "--port needs a value". Values are set on the flags as they are checked, as
+// Abseil's parse then sets them again. Abseil's own flags (--flagfile, ...)
+// are left to its parse.
+std::optional<std::string> FlagArgumentsError(int argc, char* const* argv);
+
 // The help text HandleHelpFlags prints: the usage message and, for each source
 // file defining flags, its flags with their help and defaults, wrapped at 80
 // columns. With `full`, Abseil's own flags (--flagfile, ...) as well.

@@ -319,6 +319,14 @@ ATTNSERVE_AVX512_BF16 inline __m512 PlainProbabilities(float* s, int64_t n,
 // before the row's shift is raised (LaterPlainBlock).
 constexpr float kLazyShiftLimit = 8.0f;
 
+// The scaled scores (natural units) up to which a block's exponents may be
+// one FMA of the raw score against a rounded shift (PlainProbabilities,
+// LaterPlainBlock): the two roundings differ by at most about 3 ulps of the
+// shift in powers of two, 2^21 · log2(e) · 3 · 2^-24 ≈ 0.54 at the bound, and
+// a whole power of two added to such a shift is exact. Real scores are far
+// below it; past it (scale 1e9, an audit's) the max's 2^x had overflowed.
+constexpr float kLargeScaledScore = 2097152.0f;  // 2^21
+
 // A later block's running state (LaterPlainBlock): the shift in powers of
 // two, the probabilities' two lane sums, and the factor of the row's output.
 struct LaterBlockState {
@@ -457,13 +465,19 @@ ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
   float block_max;
   // A block with every key visible and no mask (most blocks): the max of the
   // scaled scores is the scaled max (or min, for a negative scale) of the raw
-  // ones, so the first pass only reads.
-  const bool plain =
-      mask.bias == nullptr && mask.allowed == nullptr && visible >= n;
+  // ones, so the first pass only reads. Its exponents are s·scale2 − shift2 in
+  // one FMA, the product unrounded and the shift rounded: at scaled scores
+  // past kLargeScaledScore they differ by more than a power of two and the
+  // max's 2^x could overflow, so such rows take the rounded scores of the
+  // masked blocks' pass, whose max subtracts to exactly 0.
+  bool plain = mask.bias == nullptr && mask.allowed == nullptr && visible >= n;
   if (plain && state->max != kNegativeInfinity && !state->nan) {
-    return p16 != nullptr
-               ? LaterPlainBlock<kCvtBf16, true>(s, n, scale, state, p16)
-               : LaterPlainBlock<kCvtBf16, false>(s, n, scale, state, p16);
+    if (std::abs(state->max) < kLargeScaledScore) {
+      return p16 != nullptr
+                 ? LaterPlainBlock<kCvtBf16, true>(s, n, scale, state, p16)
+                 : LaterPlainBlock<kCvtBf16, false>(s, n, scale, state, p16);
+    }
+    plain = false;
   }
   if (plain) {
     __m512 high = minus_inf, low = _mm512_set1_ps(-kNegativeInfinity);
@@ -476,7 +490,11 @@ ATTNSERVE_AVX512_BF16 float SoftmaxBlockAvx512(float* s, int64_t n,
     }
     block_max = scale >= 0.0f ? scale * _mm512_reduce_max_ps(high)
                               : scale * _mm512_reduce_min_ps(low);
-  } else {
+    // Not below the bound: huge, infinite or NaN (the masked pass sorts
+    // those out).
+    if (!(std::abs(block_max) < kLargeScaledScore)) plain = false;
+  }
+  if (!plain) {
     __m512 max_v = minus_inf;
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 lanes = FirstLanes(n - j);

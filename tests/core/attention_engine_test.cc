@@ -707,5 +707,84 @@ TEST(AttentionEngineTest, CreateRejectsNegativeThreads) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Scaled scores far past any model's (scale up to 1e18 on inputs in [-1, 1):
+// scores up to about 3e18) are a one-hot softmax: every path answers the value
+// row of the row's largest score, and a finite lse. The AVX-512 fused kernel
+// had answered inf and NaN from about 1e9 on: its exponent's FMA against a
+// rounded shift gave the max 2^x past f32's range.
+TEST(AttentionEngineTest, HugeScoresGiveTheLargestScoresValueRow) {
+  struct Path {
+    const char* name;
+    EngineOptions engine;
+  };
+  EngineOptions portable, avx2;
+  portable.portable_kernels = true;
+  avx2.avx2_kernels = true;
+  const Path paths[] = {
+      {"default", {}}, {"portable", portable}, {"avx2", avx2}};
+  // One query head per kv head (the fused kernel), and a GQA group of decode
+  // rows (the paged kernel at f32).
+  const ReferenceShape shapes[] = {{1, 1, 1, 1, 300, 8, 8},
+                                   {1, 1, 1, 5, 300, 8, 8},
+                                   {1, 2, 2, 70, 300, 8, 8},
+                                   {2, 4, 2, 1, 300, 8, 8}};
+  for (const float scale : {1e6f, 1e8f, 1e9f, 1e10f, 1e12f, 1e15f, 1e18f}) {
+    for (const ReferenceShape& s : shapes) {
+      const AttentionShape shape =
+          SdpaShape(s.batch, s.heads, s.kv_heads, s.query_len, s.key_len,
+                    s.key_dim, s.value_dim);
+      const std::vector<float> query = RandomValues(shape.QueryElements(), 1);
+      const std::vector<float> key = RandomValues(shape.KeyElements(), 2);
+      const std::vector<float> value = RandomValues(shape.ValueElements(), 3);
+      for (const Precision precision :
+           {Precision::kFloat32, Precision::kBFloat16}) {
+        // At BF16 precision the kernels read Q, K and V rounded to bf16, and
+        // the largest score is that of the rounded inputs.
+        const auto rounded = [precision](std::vector<float> values) {
+          if (precision == Precision::kBFloat16) {
+            for (float& x : values) x = BFloat16ToFloat32(Float32ToBFloat16(x));
+          }
+          return values;
+        };
+        ::attnserve::testing::ReferenceOptions reference_options;
+        reference_options.scale = scale;
+        const ::attnserve::testing::ReferenceResult expected =
+            ReferenceAttention(s, rounded(query), rounded(key), rounded(value),
+                               reference_options);
+        for (const Path& path : paths) {
+          SCOPED_TRACE(::testing::Message()
+                       << "scale " << scale << " shape " << shape.DebugString()
+                       << " " << path.name << " bf16 "
+                       << (precision == Precision::kBFloat16));
+          AttentionOptions options;
+          options.scale = scale;
+          options.precision = precision;
+          options.return_lse = true;
+          std::vector<float> output(shape.OutputElements());
+          std::vector<float> lse(shape.LseElements());
+          ASSERT_TRUE(MakeEngine(path.engine)
+                          ->Attend(shape, options, query, key, value,
+                                   AttentionOutputs(absl::MakeSpan(output), {},
+                                                    absl::MakeSpan(lse)))
+                          .ok());
+          // docs/api.md's tolerances; lse's relative to its magnitude too.
+          const bool bf16 = precision == Precision::kBFloat16;
+          const double tolerance = bf16 ? 2e-2 : 1e-5;
+          for (size_t i = 0; i < output.size(); ++i) {
+            ASSERT_NEAR(output[i], expected.output[i],
+                        tolerance * (1 + std::abs(expected.output[i])))
+                << "output " << i;
+          }
+          for (size_t i = 0; i < lse.size(); ++i) {
+            ASSERT_NEAR(lse[i], expected.lse[i],
+                        (bf16 ? 5e-2 : 1e-4) + 1e-6 * std::abs(expected.lse[i]))
+                << "lse " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnserve

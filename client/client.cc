@@ -281,10 +281,37 @@ absl::StatusOr<v1::PutWeightsResponse> Client::PutWeights(
                          timeout, options_.retry.retry_weight_changes);
 }
 
+// More sets than any server holds (--max_weights_bytes over the 1 KiB each
+// costs): a server whose pages go past it is not followed further.
+constexpr int kMaxListedWeights = 1 << 24;
+
 absl::StatusOr<v1::ListWeightsResponse> Client::ListWeights(
     absl::Duration timeout) {
-  return CallWithRetries(&v1::AttentionService::Stub::ListWeights,
-                         v1::ListWeightsRequest(), timeout, true);
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::ListWeightsRequest request;
+  v1::ListWeightsResponse all;
+  while (true) {
+    absl::StatusOr<v1::ListWeightsResponse> page =
+        CallWithRetries(&v1::AttentionService::Stub::ListWeights, request,
+                        deadline - absl::Now(), true);
+    if (!page.ok()) return page.status();
+    for (v1::WeightsInfo& info : *page->mutable_weights()) {
+      *all.add_weights() = std::move(info);
+    }
+    all.set_total_bytes(page->total_bytes());
+    if (page->next_page_token().empty() || page->weights_size() == 0) {
+      return all;
+    }
+    // Names only increase from page to page.
+    if (page->next_page_token() <= request.page_token() ||
+        all.weights_size() > kMaxListedWeights) {
+      return absl::InternalError(
+          absl::StrCat("ListWeights: the server's pages do not end (",
+                       all.weights_size(), " sets so far, page_token ",
+                       request.page_token(), " not passed or too many)"));
+    }
+    request.set_page_token(page->next_page_token());
+  }
 }
 
 absl::StatusOr<v1::DeleteWeightsResponse> Client::DeleteWeights(

@@ -344,8 +344,20 @@ class Client:
 
     def list_weights(self, timeout=None):
         """The registered weight sets: WeightsInfo messages (name, version, bytes, num_heads,
-        num_kv_heads, embed_dim, kv_embed_dim, key_dim, value_dim, has_bias), by name."""
-        return list(self.call("ListWeights", pb2.ListWeightsRequest(), timeout).weights)
+        num_kv_heads, embed_dim, kv_embed_dim, key_dim, value_dim, has_bias), by name: every
+        page the server answers (at most 4,096 sets each), each page within `timeout`."""
+        sets, request = [], pb2.ListWeightsRequest()
+        while True:
+            page = self.call("ListWeights", request, timeout)
+            sets.extend(page.weights)
+            if not page.next_page_token or not page.weights:
+                return sets
+            # Names only increase from page to page: a token that does not, or more sets
+            # than any server holds, is a broken server's, not followed further.
+            if page.next_page_token <= request.page_token or len(sets) > 1 << 24:
+                raise AttnserveError(grpc.StatusCode.INTERNAL,
+                                     "ListWeights: the server's pages do not end")
+            request = pb2.ListWeightsRequest(page_token=page.next_page_token)
 
     def delete_weights(self, name, timeout=None):
         self.call("DeleteWeights", pb2.DeleteWeightsRequest(name=name), timeout,

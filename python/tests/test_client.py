@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import attnserve
+from attnserve.v1 import attention_pb2
 from attnserve_client import reference_mha, reference_sdpa
+from conftest import Server
 
 RNG = np.random.default_rng(2026)
 
@@ -101,6 +103,22 @@ def test_multi_head_attention_inline_and_registered(server):
     np.testing.assert_allclose(inline.output, expected, atol=1e-4)
     np.testing.assert_allclose(registered.output, expected, atol=1e-4)
     assert gone.value.code == grpc.StatusCode.NOT_FOUND and name in gone.value.message
+
+
+def test_list_weights_walks_every_page():
+    # 4 KiB messages hold about 100 sets' descriptions: 200 take two pages or more.
+    small = Server("--max_message_bytes=4096", "--demo_weights=false")
+    try:
+        tiny = {name: uniform(2, 2) for name in ("w_q", "w_k", "w_v", "w_o")}
+        names = [f"set-{i:03d}" for i in range(200)]
+        with attnserve.Client(small.target) as client:
+            for name in names:
+                client.put_weights(name, tiny, num_heads=1, num_kv_heads=1)
+            first = client.call("ListWeights", attention_pb2.ListWeightsRequest())
+            assert 0 < len(first.weights) < 200 and first.next_page_token
+            assert [info.name for info in client.list_weights()] == names
+    finally:
+        small.stop()
 
 
 def test_errors_carry_the_code_and_the_field(server):

@@ -451,14 +451,12 @@ void AttentionServiceImpl::ServePutWeights(const Call& call,
 }
 
 void AttentionServiceImpl::ServeListWeights(
-    const Call& call, const v1::ListWeightsRequest& /*request*/,
+    const Call& call, const v1::ListWeightsRequest& request,
     v1::ListWeightsResponse* response) {
-  const WeightsRegistry::Listing listing = registry_->List();
-  for (const auto& [name, entry] : listing.entries) {
-    *response->add_weights() = DescribeWeights(name, entry);
-  }
-  response->set_total_bytes(listing.total_bytes);
-  return Finish(call, absl::OkStatus(), response);
+  return Finish(call,
+                ListWeightsPage(*registry_, request,
+                                transport_.max_message_bytes, response),
+                response);
 }
 
 void AttentionServiceImpl::ServeDeleteWeights(
@@ -596,9 +594,8 @@ void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,
 }
 
 void AttentionServiceImpl::RecordWeightsHeld() const {
-  const WeightsRegistry::Listing listing = registry_->List();
-  metrics_->SetWeightsHeld(static_cast<int64_t>(listing.entries.size()),
-                           listing.total_bytes);
+  const WeightsRegistry::Listing listing = registry_->List("", 0);
+  metrics_->SetWeightsHeld(listing.total_sets, listing.total_bytes);
 }
 
 // ---- inference.GRPCInferenceService: the Open Inference Protocol ----------
@@ -718,13 +715,34 @@ void AttentionServiceImpl::ServeModelStatistics(
     *response->add_model_stats() =
         inference_statistics_.Of(oip::kSdpaModel, oip::kSdpaVersion);
   }
-  for (const auto& [name, entry] : registry_->List().entries) {
-    const std::string version = absl::StrCat(entry.version);
-    // A set named as the built-in model is not one of the protocol's models
-    // (the built-in answers to its name).
-    if (name == oip::kSdpaModel) continue;
-    if (wanted(name, version)) {
+  // The registry a page at a time; the protocol has no pages, so an answer
+  // past the message limit is refused rather than built whole.
+  std::string after;
+  int64_t bytes = 0;
+  for (bool more = true; more;) {
+    const WeightsRegistry::Listing listing =
+        registry_->List(after, kMaxWeightsPage);
+    more = listing.more;
+    for (const auto& [name, entry] : listing.entries) {
+      after = name;
+      const std::string version = absl::StrCat(entry.version);
+      // A set named as the built-in model is not one of the protocol's models
+      // (the built-in answers to its name).
+      if (name == oip::kSdpaModel || !wanted(name, version)) continue;
       *response->add_model_stats() = inference_statistics_.Of(name, version);
+      bytes += static_cast<int64_t>(
+                   response->model_stats(response->model_stats_size() - 1)
+                       .ByteSizeLong()) +
+               8;
+      if (bytes > transport_.max_message_bytes) {
+        return Finish(
+            call,
+            absl::ResourceExhaustedError(absl::StrCat(
+                "the statistics of every model take more than the ",
+                "max_message_bytes limit of ", transport_.max_message_bytes,
+                " bytes; ask for one model by name (ListWeights lists them)")),
+            response);
+      }
     }
   }
   if (!request.name().empty() && response->model_stats_size() == 0) {

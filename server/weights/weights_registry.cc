@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
@@ -36,7 +37,7 @@ int64_t WeightSet::BytesFor(const WeightsShape& s,
     // The stacked copy for the fused projection, and its stacked bias.
     floats += (q + k + v) * s.embed_dim + (qkv_bias ? q + k + v : 0);
   }
-  return floats * int64_t{sizeof(float)};
+  return floats * int64_t{sizeof(float)} + kWeightSetOverheadBytes;
 }
 
 std::shared_ptr<const WeightSet> WeightSet::FromProto(
@@ -151,9 +152,21 @@ absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Delete(
   return entry;
 }
 
-WeightsRegistry::Listing WeightsRegistry::List() const {
+WeightsRegistry::Listing WeightsRegistry::List(const std::string& after,
+                                               int64_t max_entries) const {
   absl::ReaderMutexLock lock(&mutex_);
-  return {{entries_.begin(), entries_.end()}, total_bytes_};
+  Listing listing;
+  listing.total_bytes = total_bytes_;
+  listing.total_sets = static_cast<int64_t>(entries_.size());
+  auto it = after.empty() ? entries_.begin() : entries_.upper_bound(after);
+  for (; it != entries_.end(); ++it) {
+    if (static_cast<int64_t>(listing.entries.size()) >= max_entries) {
+      listing.more = true;
+      break;
+    }
+    listing.entries.emplace_back(it->first, it->second);
+  }
+  return listing;
 }
 
 v1::WeightsInfo DescribeWeights(const std::string& name,
@@ -171,6 +184,61 @@ v1::WeightsInfo DescribeWeights(const std::string& name,
   info.set_value_dim(s.value_dim);
   info.set_has_bias(entry.weights->has_bias());
   return info;
+}
+
+namespace {
+
+// Room in a message for what is not a set: the total, the token, tags.
+constexpr int64_t kListingOverheadBytes = 256;
+
+}  // namespace
+
+absl::Status ListWeightsPage(const WeightsRegistry& registry,
+                             const v1::ListWeightsRequest& request,
+                             int64_t max_message_bytes,
+                             v1::ListWeightsResponse* response) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size is ", request.page_size(),
+                     ", expected 0 (as many as fit) or more"));
+  }
+  // A token is the name the previous page ended with.
+  if (!request.page_token().empty() &&
+      !ValidateWeightsName("page_token", request.page_token()).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token is ", EchoText(request.page_token()),
+        ", expected empty or the next_page_token of a ListWeights answer"));
+  }
+  const int64_t most = request.page_size() > 0
+                           ? std::min(request.page_size(), kMaxWeightsPage)
+                           : kMaxWeightsPage;
+  const WeightsRegistry::Listing listing =
+      registry.List(request.page_token(), most);
+  response->set_total_bytes(listing.total_bytes);
+  const int64_t room = max_message_bytes - kListingOverheadBytes;
+  int64_t used = 0;
+  bool more = listing.more;
+  for (const auto& [name, entry] : listing.entries) {
+    v1::WeightsInfo info = DescribeWeights(name, entry);
+    const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
+    if (used + bytes > room) {
+      if (response->weights_size() == 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "weights '", name, "' alone take ", bytes,
+            " bytes to describe, over the max_message_bytes limit of ",
+            max_message_bytes));
+      }
+      more = true;
+      break;
+    }
+    used += bytes;
+    *response->add_weights() = std::move(info);
+  }
+  if (more && response->weights_size() > 0) {
+    response->set_next_page_token(
+        response->weights(response->weights_size() - 1).name());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(

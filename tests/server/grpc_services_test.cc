@@ -330,5 +330,38 @@ TEST_F(GrpcServicesTest, ASetNamedSdpaLeavesTheBuiltInModelAlone) {
   EXPECT_EQ(metadata.inputs(0).name(), "QUERY");
 }
 
+// ModelStatistics without a name answers every model in one message (the
+// protocol has no pages): past the message limit it is refused, not built
+// whole; one model by name is still answered.
+TEST_F(GrpcServicesTest, ModelStatisticsOfEveryModelStopsAtTheMessageLimit) {
+  ServerOptions options = DefaultOptions();
+  options.transport.max_message_bytes = 4096;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  v1::PutWeightsRequest put;
+  *put.mutable_weights() = testing::MakeWeights({1, 1, 1, 2, 2, 1, 1, 2, 2}, 6);
+  for (int i = 0; i < 200; ++i) {
+    put.set_name(absl::StrCat("set-", i));
+    ASSERT_TRUE(client_->PutWeights(put, kTimeout).ok());
+  }
+  auto stub = inference::GRPCInferenceService::NewStub(client_->channel());
+  inference::ModelStatisticsRequest request;
+  inference::ModelStatisticsResponse response;
+  std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+  grpc::Status status =
+      stub->ModelStatistics(context.get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(
+      status.error_message(),
+      ::testing::HasSubstr("max_message_bytes limit of 4096 bytes; ask for one "
+                           "model by name"));
+  request.set_name("set-150");
+  context = ContextWithDeadline();
+  status = stub->ModelStatistics(context.get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.model_stats_size(), 1);
+  EXPECT_EQ(response.model_stats(0).name(), "set-150");
+}
+
 }  // namespace
 }  // namespace attnserve

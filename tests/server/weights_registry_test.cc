@@ -8,8 +8,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "attnserve/server/weights/weights_loader.h"
+#include "attnserve/v1/attention.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "server/server_fixture.h"
@@ -258,6 +261,96 @@ TEST_F(WeightsRegistryTest, DeleteWeightsChecksTheNameAndEchoesItBounded) {
   const std::string message(named.message());
   EXPECT_THAT(message, HasSubstr("éé…\" (" + std::to_string(accents.size()) +
                                  " bytes)"));
+}
+
+// ListWeights answers a page at a time (as many sets as fit in a message, at
+// most page_size); the C++ client walks every page.
+TEST_F(WeightsRegistryTest, ListWeightsAnswersPagesThatTheClientWalks) {
+  ServerOptions options = DefaultOptions();
+  options.transport.max_message_bytes = 8192;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  const v1::ProjectionWeights tiny =
+      MakeWeights({1, 1, 1, 2, 2, 1, 1, 2, 2}, 3);
+  std::vector<std::string> names = {"demo"};
+  for (int i = 0; i < 300; ++i) {
+    names.push_back(absl::StrCat("set-", absl::Dec(i, absl::kZeroPad3)));
+    ASSERT_TRUE(
+        client_->PutWeights(PutRequest(names.back(), tiny), kTimeout).ok());
+  }
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  const auto list = [&stub](int64_t page_size, const std::string& token,
+                            v1::ListWeightsResponse* response) {
+    grpc::ClientContext context;
+    v1::ListWeightsRequest request;
+    request.set_page_size(page_size);
+    request.set_page_token(token);
+    return stub->ListWeights(&context, request, response);
+  };
+  v1::ListWeightsResponse first, second, last;
+  ASSERT_TRUE(list(2, "", &first).ok());
+  EXPECT_THAT(NamesOf(first), ElementsAre("demo", "set-000"));
+  EXPECT_EQ(first.next_page_token(), "set-000");
+  ASSERT_TRUE(list(2, first.next_page_token(), &second).ok());
+  EXPECT_THAT(NamesOf(second), ElementsAre("set-001", "set-002"));
+  EXPECT_EQ(second.total_bytes(), first.total_bytes());
+  ASSERT_TRUE(list(5, "set-298", &last).ok());
+  EXPECT_THAT(NamesOf(last), ElementsAre("set-299"));
+  EXPECT_EQ(last.next_page_token(), "");
+  // As many as fit in 8 KiB: fewer than all 301.
+  v1::ListWeightsResponse fitting;
+  ASSERT_TRUE(list(0, "", &fitting).ok());
+  EXPECT_GT(fitting.weights_size(), 10);
+  EXPECT_LT(fitting.weights_size(), 301);
+  EXPECT_LE(static_cast<int64_t>(fitting.ByteSizeLong()), 8192);
+  EXPECT_FALSE(fitting.next_page_token().empty());
+  // The client walks the pages.
+  absl::StatusOr<v1::ListWeightsResponse> all = client_->ListWeights(kTimeout);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(NamesOf(*all), names);
+  int64_t sum = 0;
+  for (const v1::WeightsInfo& info : all->weights()) sum += info.bytes();
+  EXPECT_EQ(all->total_bytes(), sum);
+  // Bad requests.
+  v1::ListWeightsResponse refused;
+  const grpc::Status negative = list(-1, "", &refused);
+  EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(
+      negative.error_message(),
+      HasSubstr("page_size is -1, expected 0 (as many as fit) or more"));
+  const grpc::Status token = list(0, "not a name", &refused);
+  EXPECT_EQ(token.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(token.error_message(),
+              HasSubstr("page_token is \"not a name\", expected empty or the "
+                        "next_page_token of a ListWeights answer"));
+}
+
+// Each set costs 1 KiB of --max_weights_bytes beyond its values, so a flood of
+// tiny sets stops at the limit.
+TEST_F(WeightsRegistryTest, TinySetsAreBoundedByTheLimitToo) {
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.memory.max_weights_bytes = 64 << 10;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  const v1::ProjectionWeights tiny =
+      MakeWeights({1, 1, 1, 2, 2, 1, 1, 1, 1}, 4);
+  int held = 0;
+  absl::Status refused;
+  for (int i = 0; i < 200 && refused.ok(); ++i) {
+    absl::StatusOr<v1::PutWeightsResponse> put = client_->PutWeights(
+        PutRequest(absl::StrCat("tiny-", i), tiny), kTimeout);
+    if (put.ok()) {
+      ++held;
+      EXPECT_GT(put->bytes(), 1024);
+    } else {
+      refused = put.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("max_weights_bytes limit of 65536"));
+  EXPECT_GT(held, 32);
+  EXPECT_LT(held, 64);
 }
 
 TEST_F(WeightsRegistryTest, UnknownWeightsNameIsNotFoundNamingIt) {

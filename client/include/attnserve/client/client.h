@@ -175,6 +175,8 @@ class Client {
   // The weights registry: register or replace, list, delete.
   absl::StatusOr<v1::PutWeightsResponse> PutWeights(
       const v1::PutWeightsRequest& request, absl::Duration timeout);
+  // Every registered set, by name: every page of them (the server answers at
+  // most 4,096 a call), in one response, within `timeout`.
   absl::StatusOr<v1::ListWeightsResponse> ListWeights(absl::Duration timeout);
   absl::StatusOr<v1::DeleteWeightsResponse> DeleteWeights(
       absl::string_view name, absl::Duration timeout);

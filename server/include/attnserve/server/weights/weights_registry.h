@@ -7,6 +7,7 @@
 #define ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_REGISTRY_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,12 +77,18 @@ class WeightsRegistry {
   absl::StatusOr<Entry> Get(const std::string& name) const;
   absl::StatusOr<Entry> Delete(const std::string& name);
 
-  // Every entry, sorted by name, and the bytes they hold, read at one instant.
+  // A page of entries, sorted by name, and the registry's totals, read at one
+  // instant.
   struct Listing {
     std::vector<std::pair<std::string, Entry>> entries;
-    int64_t total_bytes = 0;
+    int64_t total_bytes = 0;  // Of every set, not the page's alone.
+    int64_t total_sets = 0;
+    bool more = false;  // Sets follow the page's last.
   };
-  Listing List() const;
+  // The entries named after `after` ("": from the first), at most
+  // `max_entries` of them (0: none, the totals only).
+  Listing List(const std::string& after = "",
+               int64_t max_entries = std::numeric_limits<int64_t>::max()) const;
 
  private:
   absl::Status CheckCapacityLocked(const std::string& name, int64_t bytes) const
@@ -94,9 +101,26 @@ class WeightsRegistry {
   int64_t last_version_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
+// What a weight set costs beyond its f32 values: the set, its name and its
+// entry in the registry (measured under 1 KiB), so that many tiny sets are
+// bounded by --max_weights_bytes too.
+inline constexpr int64_t kWeightSetOverheadBytes = 1024;
+
+// The most sets one ListWeights answer holds, whatever its page_size.
+inline constexpr int64_t kMaxWeightsPage = 4096;
+
 // Fills a WeightsInfo for `name`.
 v1::WeightsInfo DescribeWeights(const std::string& name,
                                 const WeightsRegistry::Entry& entry);
+
+// ListWeights: the sets after request.page_token, as many as fit in a
+// message of `max_message_bytes` (and at most page_size, and
+// kMaxWeightsPage), with next_page_token set when more follow.
+// INVALID_ARGUMENT for a negative page_size or a token that is not a name.
+absl::Status ListWeightsPage(const WeightsRegistry& registry,
+                             const v1::ListWeightsRequest& request,
+                             int64_t max_message_bytes,
+                             v1::ListWeightsResponse* response);
 
 // Validates, converts and registers `request` (shared by PutWeights and the
 // start-up loaders).

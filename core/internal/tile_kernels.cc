@@ -336,15 +336,73 @@ struct LaterBlockState {
   float alpha;
 };
 
+// How RaiseShift left a later block.
+enum class Raised {
+  kRaised,  // The shift is raised; the block goes on with its FMA exponents.
+  kNaN,     // A score of +inf: the row is NaN, the block's probabilities 0.
+  kHuge,    // The rest of the block is written (FinishHugeBlock).
+};
+
+// The rest of a later block, from key j, whose largest score is past
+// kLargeScaledScore: the FMA exponents against a shift that large lose more
+// than a power of two, so the rest takes the masked blocks' exponents, the
+// rounded scaled scores less their rounded max (exactly 0 for the max). The
+// probabilities before j, the sums and the row's state scale to that max.
+template <bool kCvtBf16>
+ATTNSERVE_AVX512_BF16 void FinishHugeBlock(float* s, int64_t n, int64_t j,
+                                           float scale, RowState* state,
+                                           uint16_t* p16,
+                                           LaterBlockState* block) {
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  __m512 high = _mm512_set1_ps(kNegativeInfinity);
+  __mmask16 nan_lanes = 0;
+  for (int64_t k = j; k < n; k += 16) {
+    const __mmask16 rest = FirstLanes(n - k);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(rest, s + k), scale_v);
+    const __mmask16 ordered = _mm512_mask_cmp_ps_mask(rest, x, x, _CMP_ORD_Q);
+    nan_lanes |= rest & ~ordered;
+    high = _mm512_mask_max_ps(high, ordered, high, x);
+  }
+  // Exp512 takes a NaN for the floor: the row is NaN as in the other passes.
+  if (nan_lanes != 0) state->nan = true;
+  const float new_max = std::max(state->max, _mm512_reduce_max_ps(high));
+  const float factor = ExpNonPositive(state->max - new_max);
+  for (int64_t k = 0; k < j; ++k) {
+    if (p16 == nullptr) {
+      s[k] *= factor;
+    } else {
+      p16[k] = Float32ToBFloat16(BFloat16ToFloat32(p16[k]) * factor);
+    }
+  }
+  const __m512 factor_v = _mm512_set1_ps(factor);
+  __m512 sum = _mm512_add_ps(_mm512_mul_ps(block->sum0, factor_v),
+                             _mm512_mul_ps(block->sum1, factor_v));
+  state->sum *= factor;
+  state->max = new_max;
+  block->alpha *= factor;
+  const __m512 shift = _mm512_set1_ps(new_max);
+  for (int64_t k = j; k < n; k += 16) {
+    const __mmask16 lanes = FirstLanes(n - k);
+    const __m512 p = Exp512(_mm512_sub_ps(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, s + k), scale_v), shift));
+    sum = _mm512_mask_add_ps(sum, lanes, sum, p);
+    StoreProbabilities<kCvtBf16>(s, p16, k, lanes, p);
+  }
+  block->sum0 = sum;
+  block->sum1 = _mm512_setzero_ps();
+}
+
 // Raises a later block's shift by the whole powers of two below the largest of
 // its scores from key j on (NaNs aside): it stays at most the row's max. The
-// probabilities before j, the sums and the row's state scale with it. Returns
-// false for a score of +inf: the row is NaN (as inf − inf is), and the block's
-// probabilities are all written as 0.
+// probabilities before j, the sums and the row's state scale with it. A score
+// of +inf makes the row NaN (as inf − inf is), and the block's probabilities
+// are all written as 0. A largest score past kLargeScaledScore has the rest of
+// the block written by FinishHugeBlock.
 template <bool kCvtBf16>
-ATTNSERVE_AVX512_BF16 bool RaiseShift(float* s, int64_t n, int64_t j,
-                                      __m512 scale2, RowState* state,
-                                      uint16_t* p16, LaterBlockState* block) {
+ATTNSERVE_AVX512_BF16 Raised RaiseShift(float* s, int64_t n, int64_t j,
+                                        float scale, __m512 scale2,
+                                        RowState* state, uint16_t* p16,
+                                        LaterBlockState* block) {
   __m512 high = _mm512_set1_ps(kNegativeInfinity);
   for (int64_t k = j; k < n; k += 16) {
     const __mmask16 rest = FirstLanes(n - k);
@@ -360,7 +418,11 @@ ATTNSERVE_AVX512_BF16 bool RaiseShift(float* s, int64_t n, int64_t j,
       StoreProbabilities<kCvtBf16>(s, p16, k, FirstLanes(n - k),
                                    _mm512_setzero_ps());
     }
-    return false;
+    return Raised::kNaN;
+  }
+  if (!(std::abs(state->max + raise / kExpLog2e) < kLargeScaledScore)) {
+    FinishHugeBlock<kCvtBf16>(s, n, j, scale, state, p16, block);
+    return Raised::kHuge;
   }
   const float factor =
       raise > 200.0f ? 0.0f : std::ldexp(1.0f, -static_cast<int>(raise));
@@ -378,7 +440,7 @@ ATTNSERVE_AVX512_BF16 bool RaiseShift(float* s, int64_t n, int64_t j,
   state->max += raise / kExpLog2e;
   block->alpha *= factor;
   block->shift2 = _mm512_add_ps(block->shift2, _mm512_set1_ps(raise));
-  return true;
+  return Raised::kRaised;
 }
 
 // A later block of a row (it has a shift) whose keys are all visible and
@@ -407,8 +469,12 @@ ATTNSERVE_AVX512_BF16 float LaterPlainBlock(float* s, int64_t n, float scale,
     __m512 x1 = _mm512_fmsub_ps(raw1, scale2, block.shift2);
     if ((_mm512_cmp_ps_mask(x0, limit, _CMP_GT_OQ) |
          _mm512_cmp_ps_mask(x1, limit, _CMP_GT_OQ)) != 0) {
-      if (!RaiseShift<kCvtBf16>(s, n, j, scale2, state, p16, &block)) {
-        return 1.0f;
+      const Raised raised =
+          RaiseShift<kCvtBf16>(s, n, j, scale, scale2, state, p16, &block);
+      if (raised == Raised::kNaN) return 1.0f;
+      if (raised == Raised::kHuge) {
+        j = n;  // Every key is written.
+        break;
       }
       x0 = _mm512_fmsub_ps(raw0, scale2, block.shift2);
       x1 = _mm512_fmsub_ps(raw1, scale2, block.shift2);
@@ -424,9 +490,10 @@ ATTNSERVE_AVX512_BF16 float LaterPlainBlock(float* s, int64_t n, float scale,
     const __m512 raw = _mm512_maskz_loadu_ps(lanes, s + j);
     __m512 x = _mm512_fmsub_ps(raw, scale2, block.shift2);
     if (_mm512_mask_cmp_ps_mask(lanes, x, limit, _CMP_GT_OQ) != 0) {
-      if (!RaiseShift<kCvtBf16>(s, n, j, scale2, state, p16, &block)) {
-        return 1.0f;
-      }
+      const Raised raised =
+          RaiseShift<kCvtBf16>(s, n, j, scale, scale2, state, p16, &block);
+      if (raised == Raised::kNaN) return 1.0f;
+      if (raised == Raised::kHuge) break;
       x = _mm512_fmsub_ps(raw, scale2, block.shift2);
     }
     const __m512 p = kBf16Exp ? Exp2Bf16_512(x) : Exp2_512(x);

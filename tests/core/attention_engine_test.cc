@@ -786,5 +786,58 @@ TEST(AttentionEngineTest, HugeScoresGiveTheLargestScoresValueRow) {
   }
 }
 
+// The same when the huge scores come only in a later key block, after a first
+// block of small ones: the kernel had raised its shift there by a rounded FMA
+// and answered NaN (a review's case: scale 1e9, keys 0-255 near 0, keys from
+// 256 on at 1-2 with the largest at 280).
+TEST(AttentionEngineTest, HugeScoresInALaterKeyBlockGiveTheLargestsValueRow) {
+  EngineOptions portable;
+  portable.portable_kernels = true;
+  for (const int64_t query_len : {1, 5, 70}) {
+    for (const float first : {0.0f, 5e-8f, 8e-8f}) {
+      for (const float big : {2.003f, 1.0f, 3.7f, 0.01f}) {
+        const ReferenceShape s = {1, 1, 1, query_len, 300, 8, 8};
+        const AttentionShape shape = SdpaShape(1, 1, 1, query_len, 300, 8, 8);
+        std::vector<float> query(shape.QueryElements(), 0.0f);
+        for (int64_t i = 0; i < query_len; ++i) query[i * 8] = 1.0f;
+        std::vector<float> key(shape.KeyElements(), 0.0f);
+        key[0] = first;
+        for (int64_t j = 256; j < 300; ++j) key[j * 8] = big * 0.5f;
+        key[280 * 8] = big;
+        const std::vector<float> value = RandomValues(shape.ValueElements(), 5);
+        ::attnserve::testing::ReferenceOptions reference_options;
+        reference_options.scale = 1e9;
+        const ::attnserve::testing::ReferenceResult expected =
+            ReferenceAttention(s, query, key, value, reference_options);
+        for (const bool use_portable : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "Lq " << query_len << " first " << first << " big "
+                       << big << " portable " << use_portable);
+          AttentionOptions options;
+          options.scale = 1e9f;
+          options.return_lse = true;
+          std::vector<float> output(shape.OutputElements());
+          std::vector<float> lse(shape.LseElements());
+          ASSERT_TRUE(MakeEngine(use_portable ? portable : EngineOptions{})
+                          ->Attend(shape, options, query, key, value,
+                                   AttentionOutputs(absl::MakeSpan(output), {},
+                                                    absl::MakeSpan(lse)))
+                          .ok());
+          for (size_t i = 0; i < output.size(); ++i) {
+            ASSERT_NEAR(output[i], expected.output[i],
+                        1e-5 * (1 + std::abs(expected.output[i])))
+                << "output " << i;
+          }
+          for (size_t i = 0; i < lse.size(); ++i) {
+            ASSERT_NEAR(lse[i], expected.lse[i],
+                        1e-4 + 1e-6 * std::abs(expected.lse[i]))
+                << "lse " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnserve

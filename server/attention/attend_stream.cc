@@ -25,20 +25,15 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
 
   // The drain: no more messages are taken; the stream ends UNAVAILABLE once
   // the answers to those taken are written (at once if there are none, with
-  // the read of the next one in flight).
+  // the read of the next one in flight). Advance picks the status: OK for a
+  // client that had closed its side, CANCELLED for one gone.
   void End(const std::string& reason) override {
-    bool finish = false;
-    grpc::Status status;
     {
       absl::MutexLock lock(&mutex_);
       if (finished_) return;
       drain_reason_ = reason;
-      if (slots_.empty() && computing_ == 0 && taking_ == 0 && !writing_) {
-        finished_ = finish = true;
-        status = DrainStatusLocked();
-      }
     }
-    if (finish) Finish(status);
+    Advance();
   }
 
  private:

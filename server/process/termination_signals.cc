@@ -11,7 +11,13 @@ TerminationSignals::TerminationSignals() {
   sigemptyset(&signals_);
   sigaddset(&signals_, SIGINT);
   sigaddset(&signals_, SIGTERM);
-  sigaddset(&signals_, SIGHUP);
+  // A hang-up drains, unless the process was started to ignore it (nohup, a
+  // supervisor): a blocked signal is delivered to sigwait even when ignored.
+  struct sigaction hangup = {};
+  if (sigaction(SIGHUP, nullptr, &hangup) == 0 &&
+      hangup.sa_handler != SIG_IGN) {
+    sigaddset(&signals_, SIGHUP);
+  }
   pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
   watcher_ = std::thread([this] { Watch(); });
 }

@@ -60,6 +60,20 @@ TEST(TerminationSignalsTest, AfterStartedWaitReturnsTheSignal) {
   }
 }
 
+// Started with SIGHUP ignored (nohup), the process goes on ignoring it.
+TEST(TerminationSignalsTest, AnIgnoredHangUpStaysIgnored) {
+  const int status = RunInChild([] {
+    signal(SIGHUP, SIG_IGN);
+    TerminationSignals signals;
+    signals.Started();
+    kill(getpid(), SIGHUP);
+    kill(getpid(), SIGTERM);
+    return signals.Wait() == SIGTERM ? 0 : 1;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(TerminationSignalsTest, WithoutASignalTheDestructorReturns) {
   const int status = RunInChild([] {
     { TerminationSignals signals; }

@@ -1,4 +1,5 @@
-// SIGINT, SIGTERM and SIGHUP (a closed terminal) for the attnserve binary,
+// SIGINT, SIGTERM and SIGHUP (a closed terminal; not when the process was
+// started with it ignored, as under nohup) for the attnserve binary,
 // watched by one thread from the first line of main: during start-up (loading
 // weights can take a while) a signal ends the process at once, with status 128
 // + the signal's number, as its default action would; once the server is up, it

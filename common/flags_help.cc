@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -119,14 +120,36 @@ std::string HelpText(bool full) {
 }
 
 std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
+  // Names --undefok lets through unknown (Abseil's parse then ignores them).
+  absl::flat_hash_set<std::string> undefined_ok;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;
+    }
+    absl::string_view names;
+    if (absl::ConsumePrefix(&arg, "undefok=")) {
+      names = arg;
+    } else if (arg == "undefok" && i + 1 < argc) {
+      names = argv[i + 1];
+    } else {
+      continue;
+    }
+    for (absl::string_view name : absl::StrSplit(names, ',')) {
+      undefined_ok.insert(std::string(name));
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") break;
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
       continue;  // A command or its argument.
     }
+    if (arg.empty()) continue;  // A lone "-": an argument, as Abseil takes it.
     const size_t equals = arg.find('=');
     const absl::string_view name = arg.substr(0, equals);
+    if (name.empty()) break;  // "--=x": Abseil ends the flags there.
     // Abseil's usage flags, which its parse answers without registering them.
     if (name == "help" || name == "helpfull" || name == "helpshort" ||
         name == "helppackage" || name == "helpon" || name == "helpmatch" ||
@@ -142,6 +165,11 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
         if (equals == absl::string_view::npos) continue;
         return absl::StrCat("--", name, " takes no value");
       }
+    }
+    if (flag == nullptr && (undefined_ok.contains(name) ||
+                            (absl::StartsWith(name, "no") &&
+                             undefined_ok.contains(name.substr(2))))) {
+      continue;
     }
     if (flag == nullptr) {
       return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),

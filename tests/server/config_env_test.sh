@@ -89,6 +89,13 @@ bad_flag '--demo_weights is "maybe", expected true or false' "${attnserve}" --de
 bad_flag '--nodemo_weights takes no value' "${attnserve}" --nodemo_weights=1
 bad_flag 'unknown flag "--max_batches"; --help lists the flags' "${attnserve}" --max_batches=3
 bad_flag '--max_batch is "many", expected a 32-bit integer' ATTNSERVE_MAX_BATCH=many "${attnserve}"
+# What Abseil's parse takes stays taken: --undefok's names, a lone "-", "--=x" (the flags end).
+for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches" \
+  "-" "--=x --not_a_flag"; do
+  # shellcheck disable=SC2086 # the words of each case are separate arguments
+  "${attnserve}" --port=0 --metrics_port=0 --only_check_args ${arguments} >"${workdir}/ok.log" 2>&1 ||
+    fail "attnserve ${arguments} was refused: $(cat "${workdir}/ok.log")"
+done
 
 line=$(startup_line "${attnserve}" --nodemo_weights)
 [[ ${line} == *"demo_weights=off "* ]] || fail "--nodemo_weights not in effect: ${line}"

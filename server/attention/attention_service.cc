@@ -717,8 +717,10 @@ void AttentionServiceImpl::ServeModelStatistics(
   }
   // The registry a page at a time; the protocol has no pages, so an answer
   // past the message limit is refused rather than built whole.
+  // Room kept for the message's framing, as in the listings' pages.
+  constexpr int64_t kFramingBytes = 256;
   std::string after;
-  int64_t bytes = 0;
+  int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
   for (bool more = true; more;) {
     const WeightsRegistry::Listing listing =
         registry_->List(after, kMaxWeightsPage);
@@ -734,7 +736,7 @@ void AttentionServiceImpl::ServeModelStatistics(
                    response->model_stats(response->model_stats_size() - 1)
                        .ByteSizeLong()) +
                8;
-      if (bytes > transport_.max_message_bytes) {
+      if (bytes > transport_.max_message_bytes - kFramingBytes) {
         return Finish(
             call,
             absl::ResourceExhaustedError(absl::StrCat(

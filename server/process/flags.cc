@@ -192,8 +192,9 @@ ABSL_FLAG(std::string, tls_cert, Defaults().tls.cert_file,
 ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,
           "PEM private key for --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
-          "PEM CA bundle; when set, clients must present a certificate it "
-          "signed (mTLS).");
+          "PEM CA bundle; when set, clients must present a certificate one of "
+          "its CAs signed (mTLS), and a certificate's issuer and subject own "
+          "its sessions.");
 ABSL_FLAG(std::string, log_level, LogLevelName(Defaults().log_level),
           "The server's own log lines to write: debug, info (the start-up "
           "line, drains), warning (weights folders that failed to load) or "
@@ -204,9 +205,10 @@ ABSL_FLAG(std::string, access_log, Defaults().access_log,
           "stdout, stderr or a file appended to; empty: none.");
 ABSL_FLAG(
     std::string, auth_token_file, Defaults().auth_token_file,
-    "File holding bearer tokens, one per line; every call except health "
-    "checks must carry one as \"authorization: Bearer <token>\", and each "
-    "token owns its own sessions. Empty: no token.");
+    "File holding bearer tokens, one per line (lines starting with # are "
+    "comments; at most 4096 bytes a token); every call except health checks "
+    "must carry one as \"authorization: Bearer <token>\", and each token "
+    "owns its own sessions. Empty: no token.");
 
 namespace attnserve {
 

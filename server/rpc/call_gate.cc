@@ -1,8 +1,19 @@
 #include "attnserve/server/rpc/call_gate.h"
 
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/sha.h>
+#include <openssl/x509.h>
+
+#include <iterator>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
@@ -23,6 +34,63 @@ bool ConstantTimeEquals(const std::string& expected, grpc::string_ref actual) {
 
 }  // namespace
 
+namespace {
+
+constexpr absl::string_view kScheme = "bearer ";
+
+// The token of a call's one "authorization: Bearer <token>" header (the scheme
+// in any case, as RFC 7235 has it), or nothing: no such header, another
+// scheme, or more than one authorization header (which a proxy in front might
+// read otherwise than the server).
+std::optional<grpc::string_ref> BearerToken(
+    const grpc::ServerContextBase& context) {
+  const auto [first, end] =
+      context.client_metadata().equal_range("authorization");
+  if (first == end || std::next(first) != end) return std::nullopt;
+  const grpc::string_ref value = first->second;
+  if (value.size() < kScheme.size() ||
+      !absl::EqualsIgnoreCase(absl::string_view(value.data(), kScheme.size()),
+                              kScheme)) {
+    return std::nullopt;
+  }
+  return value.substr(kScheme.size());
+}
+
+// A client certificate's identity: its issuer's and its subject's names (DER),
+// hashed, so that one subject from two trusted CAs is two identities while a
+// re-issued certificate (another key, the same names) keeps its sessions.
+std::string CertificateIdentity(const grpc::AuthContext& auth) {
+  const std::vector<grpc::string_ref> pem =
+      auth.FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pem.empty()) return "";
+  BIO* bio =
+      BIO_new_mem_buf(pem.front().data(), static_cast<int>(pem.front().size()));
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  ERR_clear_error();
+  if (cert == nullptr) return "";
+  std::string names;
+  for (const X509_NAME* name :
+       {X509_get_issuer_name(cert), X509_get_subject_name(cert)}) {
+    unsigned char* der = nullptr;
+    const int length = i2d_X509_NAME(name, &der);
+    if (length > 0) {
+      absl::StrAppend(&names, length, ":",
+                      absl::string_view(reinterpret_cast<char*>(der),
+                                        static_cast<size_t>(length)));
+    }
+    OPENSSL_free(der);
+  }
+  X509_free(cert);
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(names.data()), names.size(),
+         digest);
+  return "x509:" + absl::BytesToHexString(absl::string_view(
+                       reinterpret_cast<const char*>(digest), 16));
+}
+
+}  // namespace
+
 absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   if (closed_.load()) {
     refused_closed_.fetch_add(1);
@@ -30,42 +98,35 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
         "the server is shutting down; retry on another replica");
   }
   if (bearer_tokens_.empty()) return absl::OkStatus();
-  const auto header = context.client_metadata().find("authorization");
+  const std::optional<grpc::string_ref> presented = BearerToken(context);
   bool matched = false;
-  if (header != context.client_metadata().end()) {
+  if (presented.has_value()) {
     // Every token compared, so the time taken does not say which matched.
     for (const std::string& token : bearer_tokens_) {
-      matched =
-          ConstantTimeEquals("Bearer " + token, header->second) || matched;
+      matched = ConstantTimeEquals(token, *presented) || matched;
     }
   }
   if (!matched) {
     return absl::UnauthenticatedError(
-        "authorization is missing or wrong, expected the header "
-        "\"authorization: Bearer "
-        "<token>\" with the server's token");
+        "authorization is missing or wrong, expected one header "
+        "\"authorization: Bearer <token>\" with the server's token");
   }
   return absl::OkStatus();
 }
 
 std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
   if (!bearer_tokens_.empty()) {
-    const auto header = context.client_metadata().find("authorization");
-    if (header == context.client_metadata().end()) return "";
+    const std::optional<grpc::string_ref> token = BearerToken(context);
+    if (!token.has_value()) return "";
     unsigned char digest[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(header->second.data()),
-           header->second.size(), digest);
+    SHA256(reinterpret_cast<const unsigned char*>(token->data()), token->size(),
+           digest);
     return "token:" + absl::BytesToHexString(absl::string_view(
                           reinterpret_cast<const char*>(digest), 16));
   }
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    const std::vector<grpc::string_ref> subject =
-        auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
-    if (!subject.empty()) {
-      return "x509:" +
-             std::string(subject.front().data(), subject.front().size());
-    }
+    return CertificateIdentity(*auth);
   }
   return "";
 }

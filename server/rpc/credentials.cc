@@ -49,12 +49,47 @@ std::unique_ptr<BIO, BioFree> ReadOnlyBio(const std::string& pem) {
       BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
 }
 
+// OpenSSL's passphrase callback, refusing: without one it asks the terminal
+// (or stdin) for an encrypted key's passphrase and start-up waits there.
+int NoPassphrase(char* /*buffer*/, int /*size*/, int /*rwflag*/,
+                 void* /*user*/) {
+  return 0;
+}
+
 std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
   auto bio = ReadOnlyBio(pem);
   std::unique_ptr<X509, X509Free> cert(
-      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+      PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
   ERR_clear_error();
   return cert;
+}
+
+// How many certificates a PEM bundle holds, or an error naming the first
+// certificate block OpenSSL could not read (other blocks are skipped, as gRPC
+// skips them): gRPC would drop every certificate from a broken
+// block on, silently, and refuse those CAs' clients at their handshake.
+absl::StatusOr<int> CountCertificates(const std::string& pem) {
+  const std::string begin = "-----BEGIN CERTIFICATE-----";
+  int blocks = 0;
+  for (size_t at = pem.find(begin); at != std::string::npos;
+       at = pem.find(begin, at + 1)) {
+    ++blocks;
+  }
+  auto bio = ReadOnlyBio(pem);
+  int read = 0;
+  while (true) {
+    std::unique_ptr<X509, X509Free> cert(
+        PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
+    if (cert == nullptr) break;
+    ++read;
+  }
+  ERR_clear_error();
+  if (read != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificate ", read + 1, " of the ", blocks,
+        " (-----BEGIN CERTIFICATE----- blocks) is not readable"));
+  }
+  return read;
 }
 
 // The checks gRPC would make only when the first client connects (or, for a
@@ -71,7 +106,7 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
   }
   auto bio = ReadOnlyBio(key_pem);
   const std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr));
   ERR_clear_error();
   if (key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -85,10 +120,15 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
         " does not match the certificate in tls.cert_file ", tls.cert_file,
         " (the first certificate of the chain must be the key's)"));
   }
-  if (client_ca_pem != nullptr && FirstCertificate(*client_ca_pem) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tls.client_ca_file: ", tls.client_ca_file,
-        " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+  if (client_ca_pem != nullptr) {
+    const absl::StatusOr<int> authorities = CountCertificates(*client_ca_pem);
+    if (!authorities.ok() || *authorities == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tls.client_ca_file: ", tls.client_ca_file,
+          authorities.ok()
+              ? " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+              : absl::StrCat(": ", authorities.status().message())));
+    }
   }
   return absl::OkStatus();
 }
@@ -127,7 +167,16 @@ absl::StatusOr<std::vector<std::string>> BearerTokensFor(
   for (const absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
     const absl::string_view token = absl::StripAsciiWhitespace(line);
-    if (token.empty()) continue;
+    // Blank lines and comments.
+    if (token.empty() || token[0] == '#') continue;
+    if (token.size() > kMaxBearerTokenBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "auth_token_file: %s holds a token of %d bytes on line %d, expected "
+          "at most %d (a client sends it in an HTTP header, which gRPC bounds "
+          "at 8 KiB with the others)",
+          token_file, static_cast<int>(token.size()), line_number,
+          static_cast<int>(kMaxBearerTokenBytes)));
+    }
     for (size_t i = 0; i < token.size(); ++i) {
       const unsigned char c = static_cast<unsigned char>(token[i]);
       if (c < 0x20 || c > 0x7e) {

@@ -84,6 +84,27 @@ expect_start_failure "tls_key: .*a.crt holds no unencrypted PEM private key" \
   --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.crt"
 expect_start_failure "tls_client_ca: .*a.key holds no PEM certificate" \
   --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" --tls_client_ca="${workdir}/a.key"
+# A broken block amid a CA bundle: gRPC would drop it and every CA after it, silently.
+{
+  cat "${workdir}/a.crt"
+  printf -- '-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n'
+  cat "${workdir}/b.crt"
+} >"${workdir}/broken_bundle.crt"
+expect_start_failure "tls_client_ca: .*broken_bundle.crt: certificate 2 of the 3 .* is not readable" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" \
+  --tls_client_ca="${workdir}/broken_bundle.crt"
+# An encrypted key is refused, never prompted for: with stdin a pipe nobody writes to (a FIFO
+# held open read-write, so it never ends), OpenSSL's default prompt would wait there.
+openssl pkey -in "${workdir}/a.key" -aes256 -passout pass:secret -out "${workdir}/encrypted.key"
+mkfifo "${workdir}/silent_stdin"
+exec 3<>"${workdir}/silent_stdin"
+expect_start_failure "tls_key: .*encrypted.key holds no unencrypted PEM private key" \
+  --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/encrypted.key" <&3
+exec 3<&-
+# A token no client can send in gRPC's 8 KiB of headers.
+head -c 5000 /dev/zero | tr '\0' 'x' >"${workdir}/token_long"
+expect_start_failure "token_long holds a token of 5000 bytes on line 1, expected at most 4096" \
+  --auth_token_file="${workdir}/token_long"
 
 # Kubernetes mounts a volume as ..<timestamp>/ with a ..data link to it and a link per entry.
 dir="${workdir}/k8s" && make_weights "${dir}/..2026_12_01/mounted" &&

@@ -763,6 +763,38 @@ TEST_F(ServiceTest, ADrainEndsStreamsWaitingForTheirNextMessage) {
   EXPECT_LT(took, absl::Seconds(15));
 }
 
+// A token is one "authorization" header with the scheme in any case; a
+// token file's "#" lines are comments, not tokens; two authorization headers
+// are refused whatever they hold.
+TEST_F(ServiceTest, ATokenIsOneHeaderAndCommentsAreNotTokens) {
+  const std::string token_file = ::testing::TempDir() + "/commented_token";
+  std::ofstream(token_file) << "# the service's token\nopen-sesame\n";
+  ServerOptions options = DefaultOptions();
+  options.auth_token_file = token_file;
+  Start(options);
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  const auto list = [&stub](const std::vector<std::string>& headers) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    for (const std::string& header : headers) {
+      context.AddMetadata("authorization", header);
+    }
+    v1::ListWeightsResponse response;
+    return stub->ListWeights(&context, v1::ListWeightsRequest(), &response)
+        .error_code();
+  };
+  EXPECT_EQ(list({"Bearer open-sesame"}), grpc::StatusCode::OK);
+  EXPECT_EQ(list({"bearer open-sesame"}), grpc::StatusCode::OK);
+  EXPECT_EQ(list({"BEARER open-sesame"}), grpc::StatusCode::OK);
+  EXPECT_EQ(list({"Bearer # the service's token"}),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(list({"Bearer open-sesame", "Bearer open-sesame"}),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(list({"Basic open-sesame"}), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(list({"Bearer"}), grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST_F(ServiceTest, TlsMutualTlsAndTokens) {
   const std::optional<::attnserve::testing::TestCertificates> certs =
       ::attnserve::testing::MakeCertificates();

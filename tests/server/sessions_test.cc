@@ -1765,15 +1765,16 @@ TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
-// Under mutual TLS without tokens, each client certificate's subject owns
-// its sessions.
+// Under mutual TLS without tokens, each client certificate's issuer and
+// subject own its sessions: a certificate of the same subject from another
+// trusted CA is another identity.
 TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   std::optional<testing::TestCertificates> certs = testing::MakeCertificates();
   ASSERT_TRUE(certs.has_value()) << "openssl could not make certificates";
   ServerOptions options = Options();
   options.tls = {certs->directory + "/server.crt",
                  certs->directory + "/server.key",
-                 certs->directory + "/ca.crt"};
+                 certs->directory + "/both_cas.crt"};
   Start(options);
   const auto stub_for = [&](const std::string& cert, const std::string& key) {
     grpc::SslCredentialsOptions ssl;
@@ -1786,6 +1787,7 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   };
   auto client = stub_for(certs->client_cert, certs->client_key);
   auto other = stub_for(certs->other_cert, certs->other_key);
+  auto impostor = stub_for(certs->impostor_cert, certs->impostor_key);
   v1::CreateSessionRequest create;
   create.set_num_layers(1);
   create.set_num_heads(2);
@@ -1799,6 +1801,9 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   v1::GetSessionResponse got;
   EXPECT_TRUE(client->GetSession(Context().get(), get, &got).ok());
   grpc::Status status = other->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+  status = impostor->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
   v1::DeleteSessionRequest del;

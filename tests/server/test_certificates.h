@@ -21,7 +21,10 @@ namespace attnserve::testing {
 // Certificates made with openssl for this test run: a CA, a server certificate
 // for 127.0.0.1, and two client certificates (subjects CN=client and
 // CN=other), as PEM text, and the folder holding them as files (ca.crt,
-// server.crt, server.key, client.crt, client.key, other.crt, other.key). The
+// server.crt, server.key, client.crt, client.key, other.crt, other.key); and
+// a second CA (second_ca.crt) with a client certificate of its own under the
+// first's subject, CN=client (impostor.crt, impostor.key), and both CAs in
+// one bundle (both_cas.crt). The
 // folder is removed with the last owner, so private keys do not pile up in the
 // temporary directory run after run.
 struct TestCertificates {
@@ -36,6 +39,9 @@ struct TestCertificates {
         client_key(std::move(other.client_key)),
         other_cert(std::move(other.other_cert)),
         other_key(std::move(other.other_key)),
+        second_ca(std::move(other.second_ca)),
+        impostor_cert(std::move(other.impostor_cert)),
+        impostor_key(std::move(other.impostor_key)),
         directory(std::exchange(other.directory, std::string())) {}
   TestCertificates& operator=(TestCertificates&&) = delete;
   ~TestCertificates() {
@@ -46,6 +52,7 @@ struct TestCertificates {
 
   std::string ca, server_cert, server_key, client_cert, client_key;
   std::string other_cert, other_key;
+  std::string second_ca, impostor_cert, impostor_key;
   std::string directory;
 };
 
@@ -72,7 +79,15 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > $who.ext;",
       "openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
       "-days 1 "
-      "-extfile $who.ext -out $who.crt 2>/dev/null; done");
+      "-extfile $who.ext -out $who.crt 2>/dev/null; done;",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=second-ca "
+      "-keyout second_ca.key -out second_ca.crt 2>/dev/null;",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=client -keyout "
+      "impostor.key -out impostor.csr 2>/dev/null;",
+      "openssl x509 -req -in impostor.csr -CA second_ca.crt -CAkey "
+      "second_ca.key -CAcreateserial -days 1 -extfile client.ext -out "
+      "impostor.crt 2>/dev/null;",
+      "cat ca.crt second_ca.crt > both_cas.crt");
   const std::string script_path = dir + ".sh";
   std::ofstream(script_path) << script << "\n";
   const int exit_status = std::system(("bash " + script_path).c_str());
@@ -88,6 +103,9 @@ inline std::optional<TestCertificates> MakeCertificates() {
   certs->client_key = ReadFile(dir + "/client.key");
   certs->other_cert = ReadFile(dir + "/other.crt");
   certs->other_key = ReadFile(dir + "/other.key");
+  certs->second_ca = ReadFile(dir + "/second_ca.crt");
+  certs->impostor_cert = ReadFile(dir + "/impostor.crt");
+  certs->impostor_key = ReadFile(dir + "/impostor.key");
   return certs;
 }
 

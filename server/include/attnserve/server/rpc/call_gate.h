@@ -48,14 +48,18 @@ class CallGate {
   explicit CallGate(std::vector<std::string> bearer_tokens)
       : bearer_tokens_(std::move(bearer_tokens)) {}
 
-  // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without
-  // "authorization: Bearer <token>" for one of the tokens, when there are.
+  // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without one
+  // "authorization: Bearer <token>" header (the scheme in any case) for one of
+  // the tokens, when there are: a call with two authorization headers is
+  // refused, whatever they hold.
   absl::Status Admit(const grpc::ServerContextBase& context) const;
 
   // Who an admitted caller is: with tokens, "token:" and the first 128 bits
   // of the SHA-256 of the caller's token in hex (the token itself is never
   // kept); else with a verified client certificate (mutual TLS), "x509:" and
-  // its subject; else "" (one namespace for every caller).
+  // the first 128 bits of the SHA-256 of its issuer's and subject's names
+  // (one subject from two CAs is two identities); else "" (one namespace for
+  // every caller).
   std::string Identity(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).

@@ -5,6 +5,7 @@
 #ifndef ATTNSERVE_SERVER_RPC_CREDENTIALS_H_
 #define ATTNSERVE_SERVER_RPC_CREDENTIALS_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,17 +26,24 @@ struct ServerTlsOptions {
 
 // Insecure credentials without a certificate file; else TLS from the PEM
 // certificate chain and key (and client CA bundle for mTLS). INVALID_ARGUMENT
-// naming the file and the cause: not a regular file, no PEM certificate or key
-// in it, a key that does not match the chain's first certificate.
+// naming the file and the cause: not a regular file, no PEM certificate or no
+// unencrypted key in it (an encrypted key is refused, never prompted for), a
+// key that does not match the chain's first certificate, a block of the
+// client CA bundle that is not a readable certificate.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     const ServerTlsOptions& tls);
 
+// The longest bearer token a token file may hold: gRPC bounds a call's
+// headers at 8 KiB in all.
+inline constexpr size_t kMaxBearerTokenBytes = 4096;
+
 // No tokens for no `token_file`; else its tokens, one per line without
-// surrounding whitespace (blank lines skipped). Each token is an identity of
-// its own (CallGate). INVALID_ARGUMENT naming the file if it holds no token or
-// a token with anything but printable ASCII (a control character, which no
-// client could send in an authorization header); the message gives the
-// offending byte's line and offset, never the token.
+// surrounding whitespace (blank lines and lines starting with '#' skipped).
+// Each token is an identity of its own (CallGate). INVALID_ARGUMENT naming the
+// file if it holds no token, a token with anything but printable ASCII (a
+// control character, which no client could send in an authorization header)
+// or one longer than kMaxBearerTokenBytes; the message gives the line (and the
+// offending byte's offset), never the token.
 absl::StatusOr<std::vector<std::string>> BearerTokensFor(
     const std::string& token_file);
 

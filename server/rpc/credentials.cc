@@ -85,9 +85,9 @@ absl::StatusOr<int> CountCertificates(const std::string& pem) {
   }
   ERR_clear_error();
   if (read != blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "certificate ", read + 1, " of the ", blocks,
-        " (-----BEGIN CERTIFICATE----- blocks) is not readable"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("certificate ", read + 1, " of the ", blocks,
+                     " (-----BEGIN CERTIFICATE----- blocks) is not readable"));
   }
   return read;
 }

@@ -336,6 +336,19 @@ struct LaterBlockState {
   float alpha;
 };
 
+// Scales the probabilities a later block has written before key j (f32 over
+// the scores, or bf16 to p16) by `factor`, as its shift is raised.
+inline void ScaleWrittenProbabilities(float* s, uint16_t* p16, int64_t j,
+                                      float factor) {
+  for (int64_t k = 0; k < j; ++k) {
+    if (p16 == nullptr) {
+      s[k] *= factor;
+    } else {
+      p16[k] = Float32ToBFloat16(BFloat16ToFloat32(p16[k]) * factor);
+    }
+  }
+}
+
 // How RaiseShift left a later block.
 enum class Raised {
   kRaised,  // The shift is raised; the block goes on with its FMA exponents.
@@ -367,13 +380,7 @@ ATTNSERVE_AVX512_BF16 void FinishHugeBlock(float* s, int64_t n, int64_t j,
   if (nan_lanes != 0) state->nan = true;
   const float new_max = std::max(state->max, _mm512_reduce_max_ps(high));
   const float factor = ExpNonPositive(state->max - new_max);
-  for (int64_t k = 0; k < j; ++k) {
-    if (p16 == nullptr) {
-      s[k] *= factor;
-    } else {
-      p16[k] = Float32ToBFloat16(BFloat16ToFloat32(p16[k]) * factor);
-    }
-  }
+  ScaleWrittenProbabilities(s, p16, j, factor);
   const __m512 factor_v = _mm512_set1_ps(factor);
   __m512 sum = _mm512_add_ps(_mm512_mul_ps(block->sum0, factor_v),
                              _mm512_mul_ps(block->sum1, factor_v));
@@ -426,13 +433,7 @@ ATTNSERVE_AVX512_BF16 Raised RaiseShift(float* s, int64_t n, int64_t j,
   }
   const float factor =
       raise > 200.0f ? 0.0f : std::ldexp(1.0f, -static_cast<int>(raise));
-  for (int64_t k = 0; k < j; ++k) {
-    if (p16 == nullptr) {
-      s[k] *= factor;
-    } else {
-      p16[k] = Float32ToBFloat16(BFloat16ToFloat32(p16[k]) * factor);
-    }
-  }
+  ScaleWrittenProbabilities(s, p16, j, factor);
   const __m512 factor_v = _mm512_set1_ps(factor);
   block->sum0 = _mm512_mul_ps(block->sum0, factor_v);
   block->sum1 = _mm512_mul_ps(block->sum1, factor_v);

@@ -372,11 +372,6 @@ void OpenStreams::EndAll() {
   for (Stream* stream : streams_) stream->End(kDrainReason);
 }
 
-int OpenStreams::size() const {
-  absl::MutexLock lock(&mutex_);
-  return static_cast<int>(streams_.size());
-}
-
 std::unique_ptr<ServerCall> MakeAttendStreamCall(
     const StreamDependencies& dependencies) {
   return std::make_unique<AttendStreamCall>(dependencies);

@@ -215,9 +215,8 @@ namespace attnserve {
 const char kUsage[] =
     "attnserve [FLAGS]: serves multi-head attention over gRPC until SIGINT, "
     "SIGTERM or SIGHUP. Every flag also reads ATTNSERVE_<FLAG> from the "
-    "environment "
-    "(the command line wins). --help lists the flags, --version prints the "
-    "version.";
+    "environment (the command line wins). --help lists the flags, --version "
+    "prints the version.";
 
 namespace {
 

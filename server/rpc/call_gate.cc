@@ -32,10 +32,6 @@ bool ConstantTimeEquals(const std::string& expected, grpc::string_ref actual) {
   return difference == 0;
 }
 
-}  // namespace
-
-namespace {
-
 constexpr absl::string_view kScheme = "bearer ";
 
 // The token of a call's one "authorization: Bearer <token>" header (the scheme

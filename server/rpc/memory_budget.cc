@@ -55,6 +55,7 @@ std::string PeerAddress(const std::string& peer) {
 MemoryBudget::Hold::Hold(Hold&& other) noexcept
     : budget_(std::exchange(other.budget_, nullptr)),
       connection_(std::move(other.connection_)),
+      address_(std::move(other.address_)),
       bytes_(std::exchange(other.bytes_, 0)) {}
 
 MemoryBudget::Hold& MemoryBudget::Hold::operator=(Hold&& other) noexcept {
@@ -62,6 +63,7 @@ MemoryBudget::Hold& MemoryBudget::Hold::operator=(Hold&& other) noexcept {
     Reset();
     budget_ = std::exchange(other.budget_, nullptr);
     connection_ = std::move(other.connection_);
+    address_ = std::move(other.address_);
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
@@ -71,30 +73,34 @@ absl::Status MemoryBudget::Hold::Grow(int64_t bytes) {
   if (budget_ == nullptr) {
     return absl::FailedPreconditionError("the hold has no budget");
   }
-  absl::Status reserved = budget_->Reserve(bytes, connection_);
+  absl::Status reserved = budget_->Reserve(bytes, connection_, address_);
   if (reserved.ok()) bytes_ += bytes;
   return reserved;
 }
 
 void MemoryBudget::Hold::Reset() {
-  if (budget_ != nullptr && bytes_ > 0) budget_->Release(bytes_, connection_);
+  if (budget_ != nullptr && bytes_ > 0) {
+    budget_->Release(bytes_, connection_, address_);
+  }
   bytes_ = 0;
 }
 
 absl::StatusOr<MemoryBudget::Hold> MemoryBudget::Take(
     int64_t bytes, const std::string& connection) {
-  absl::Status reserved = Reserve(bytes, connection);
+  std::string address = PeerAddress(connection);
+  absl::Status reserved = Reserve(bytes, connection, address);
   if (!reserved.ok()) return reserved;
-  return Hold(this, connection, bytes);
+  return Hold(this, connection, std::move(address), bytes);
 }
 
 MemoryBudget::Hold MemoryBudget::TakeAlways(int64_t bytes,
                                             const std::string& connection) {
+  std::string address = PeerAddress(connection);
   absl::MutexLock lock(&mutex_);
   held_ += bytes;
   connections_[connection] += bytes;
-  addresses_[PeerAddress(connection)] += bytes;
-  return Hold(this, connection, bytes);
+  addresses_[address] += bytes;
+  return Hold(this, connection, std::move(address), bytes);
 }
 
 int64_t MemoryBudget::held() const {
@@ -117,11 +123,10 @@ int64_t MemoryBudget::refused() const {
   return refused_;
 }
 
-absl::Status MemoryBudget::Reserve(int64_t bytes,
-                                   const std::string& connection) {
+absl::Status MemoryBudget::Reserve(int64_t bytes, const std::string& connection,
+                                   const std::string& address) {
   absl::MutexLock lock(&mutex_);
   const int64_t own = HeldIn(connections_, connection);
-  const std::string address = PeerAddress(connection);
   const int64_t own_address = HeldIn(addresses_, address);
   // The bounds are compared as "bytes <= bound - held", which cannot overflow.
   const bool heavy = own > limit_ / 16 || own_address > limit_ / 16;
@@ -165,11 +170,12 @@ absl::Status MemoryBudget::Reserve(int64_t bytes,
       " (max_inflight_bytes); retry after a backoff or on another replica"));
 }
 
-void MemoryBudget::Release(int64_t bytes, const std::string& connection) {
+void MemoryBudget::Release(int64_t bytes, const std::string& connection,
+                           const std::string& address) {
   absl::MutexLock lock(&mutex_);
   held_ -= bytes;
   GiveBack(connections_, connection, bytes);
-  GiveBack(addresses_, PeerAddress(connection), bytes);
+  GiveBack(addresses_, address, bytes);
 }
 
 }  // namespace attnserve

@@ -56,10 +56,9 @@ class OpenStreams {
   void Remove(Stream* stream) ABSL_LOCKS_EXCLUDED(mutex_);
   // Ends every stream open and any added later.
   void EndAll() ABSL_LOCKS_EXCLUDED(mutex_);
-  int size() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  mutable absl::Mutex mutex_;
+  absl::Mutex mutex_;
   bool ended_ ABSL_GUARDED_BY(mutex_) = false;
   absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mutex_);
 };

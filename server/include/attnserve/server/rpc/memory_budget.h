@@ -60,11 +60,16 @@ class MemoryBudget {
 
    private:
     friend class MemoryBudget;
-    Hold(MemoryBudget* budget, std::string connection, int64_t bytes)
-        : budget_(budget), connection_(std::move(connection)), bytes_(bytes) {}
+    Hold(MemoryBudget* budget, std::string connection, std::string address,
+         int64_t bytes)
+        : budget_(budget),
+          connection_(std::move(connection)),
+          address_(std::move(address)),
+          bytes_(bytes) {}
 
     MemoryBudget* budget_ = nullptr;
     std::string connection_;
+    std::string address_;  // PeerAddress(connection_), taken once.
     int64_t bytes_ = 0;
   };
 
@@ -94,10 +99,10 @@ class MemoryBudget {
 
  private:
   // Adds `bytes` to what is held unless the rules above refuse them.
-  absl::Status Reserve(int64_t bytes, const std::string& connection)
-      ABSL_LOCKS_EXCLUDED(mutex_);
-  void Release(int64_t bytes, const std::string& connection)
-      ABSL_LOCKS_EXCLUDED(mutex_);
+  absl::Status Reserve(int64_t bytes, const std::string& connection,
+                       const std::string& address) ABSL_LOCKS_EXCLUDED(mutex_);
+  void Release(int64_t bytes, const std::string& connection,
+               const std::string& address) ABSL_LOCKS_EXCLUDED(mutex_);
 
   const int64_t limit_;
   mutable absl::Mutex mutex_;

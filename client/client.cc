@@ -384,6 +384,9 @@ absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
     }
     all.set_total_bytes(page->total_bytes());
     all.set_budget_bytes(page->budget_bytes());
+    all.set_identity_budget_bytes(page->identity_budget_bytes());
+    all.set_identity_max_sessions(page->identity_max_sessions());
+    all.set_identity_held_bytes(page->identity_held_bytes());
     if (page->next_page_token().empty() || page->sessions_size() == 0) {
       return all;
     }

@@ -174,10 +174,16 @@ int RunList(Client& client) {
   for (const v1::SessionInfo& info : response->sessions()) {
     std::printf("%s\n", FormatSessionInfo(info).c_str());
   }
-  std::printf("sessions=%d total_bytes=%lld budget_bytes=%lld\n",
-              response->sessions_size(),
-              static_cast<long long>(response->total_bytes()),
-              static_cast<long long>(response->budget_bytes()));
+  std::printf(
+      "sessions=%d total_bytes=%lld budget_bytes=%lld "
+      "identity_held_bytes=%lld identity_budget_bytes=%lld "
+      "identity_max_sessions=%lld\n",
+      response->sessions_size(),
+      static_cast<long long>(response->total_bytes()),
+      static_cast<long long>(response->budget_bytes()),
+      static_cast<long long>(response->identity_held_bytes()),
+      static_cast<long long>(response->identity_budget_bytes()),
+      static_cast<long long>(response->identity_max_sessions()));
   return kExitOk;
 }
 

@@ -582,7 +582,11 @@ void AttentionServiceImpl::ServeListSessions(
   const absl::Status listed =
       ListSessionsPage(sessions_->List(Owner(call)), request,
                        transport_.max_message_bytes, response);
-  response->set_budget_bytes(sessions_->options().kv_cache_bytes);
+  const SessionOptions& options = sessions_->options();
+  response->set_budget_bytes(options.kv_cache_bytes);
+  response->set_identity_budget_bytes(options.kv_cache_bytes_per_identity);
+  response->set_identity_max_sessions(options.max_sessions_per_identity);
+  response->set_identity_held_bytes(sessions_->HeldBytes(Owner(call)));
   return Finish(call, listed, response);
 }
 

@@ -142,6 +142,18 @@ ABSL_FLAG(int64_t, kv_page_tokens, Defaults().sessions.page_tokens,
           "one layer); 1 to 4096.");
 ABSL_FLAG(int64_t, max_sessions, Defaults().sessions.max_sessions,
           "Most sessions the server holds at once.");
+ABSL_FLAG(int64_t, max_sessions_per_identity,
+          Defaults().sessions.max_sessions_per_identity,
+          "Most sessions one caller (a token, or a client certificate) holds "
+          "at once; past it its own least recently used idle session is "
+          "evicted (--kv_eviction=lru) or the new one refused (none). 0: no "
+          "cap but --max_sessions.");
+ABSL_FLAG(int64_t, kv_cache_bytes_per_identity,
+          Defaults().sessions.kv_cache_bytes_per_identity,
+          "Most bytes of --kv_cache_bytes one caller's sessions hold; past it "
+          "its own least recently used idle sessions are evicted "
+          "(--kv_eviction=lru) or the step refused (none). 0: no cap but "
+          "--kv_cache_bytes.");
 ABSL_FLAG(int64_t, max_session_tokens, Defaults().sessions.max_session_tokens,
           "Most tokens one layer of a session may hold; caps and defaults "
           "CreateSession's max_tokens.");
@@ -256,6 +268,8 @@ constexpr FlagOption kFlags[] = {
     {"kv_eviction", "sessions.eviction"},
     {"kv_page_tokens", "sessions.page_tokens"},
     {"max_sessions", "sessions.max_sessions"},
+    {"max_sessions_per_identity", "sessions.max_sessions_per_identity"},
+    {"kv_cache_bytes_per_identity", "sessions.kv_cache_bytes_per_identity"},
     {"max_session_tokens", "sessions.max_session_tokens"},
     {"max_session_layers", "sessions.max_session_layers"},
     {"session_ttl_seconds", "sessions.session_ttl"},
@@ -410,6 +424,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   options.sessions.page_tokens = absl::GetFlag(FLAGS_kv_page_tokens);
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.sessions.max_sessions_per_identity =
+      absl::GetFlag(FLAGS_max_sessions_per_identity);
+  options.sessions.kv_cache_bytes_per_identity =
+      absl::GetFlag(FLAGS_kv_cache_bytes_per_identity);
   options.sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.sessions.max_session_layers = absl::GetFlag(FLAGS_max_session_layers);
   const double ttl = absl::GetFlag(FLAGS_session_ttl_seconds);

@@ -112,6 +112,14 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   for (const auto& [name, value] : session_limits) {
     if (value <= 0) return OutOfRange(name, value, "> 0");
   }
+  const std::pair<const char*, int64_t> identity_caps[] = {
+      {"sessions.max_sessions_per_identity",
+       sessions.max_sessions_per_identity},
+      {"sessions.kv_cache_bytes_per_identity",
+       sessions.kv_cache_bytes_per_identity}};
+  for (const auto& [name, value] : identity_caps) {
+    if (value < 0) return OutOfRange(name, value, ">= 0 (0: no cap)");
+  }
   if (sessions.max_steps_per_call > kMaxRepeatedEntries) {
     // Each step is a repeated entry (wire_messages.h).
     return OutOfRange("sessions.max_steps_per_call",
@@ -164,6 +172,9 @@ std::string DescribeOptions(const ServerOptions& options,
       options.sessions.eviction == EvictionPolicy::kLru ? "lru" : "none",
       " kv_page_tokens=", options.sessions.page_tokens,
       " max_sessions=", options.sessions.max_sessions,
+      " max_sessions_per_identity=", options.sessions.max_sessions_per_identity,
+      " kv_cache_bytes_per_identity=",
+      options.sessions.kv_cache_bytes_per_identity,
       " max_session_tokens=", options.sessions.max_session_tokens,
       " session_ttl=", absl::FormatDuration(options.sessions.session_ttl), ")",
       " buffer_pool_bytes=", memory.buffer_pool_bytes,

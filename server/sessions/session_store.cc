@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <new>
+#include <queue>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -85,6 +87,7 @@ struct SessionStore::Session {
 
   std::string id;
   std::string owner;
+  Account* account = nullptr;  // The owner's; null once removed.
   SessionConfig config;
   PageLayout layout;
   std::vector<Layer> layers;
@@ -95,7 +98,14 @@ struct SessionStore::Session {
   int pins = 0;          // Steps in flight on it: not evicted meanwhile.
   bool removed = false;  // Gone from the tables (deleted while pinned).
   std::string removed_reason;
-  std::list<Session*>::iterator lru;
+  std::list<Session*>::iterator lru;  // In its account's.
+};
+
+struct SessionStore::Account {
+  std::list<Session*> lru;  // Its sessions, least recently used first.
+  // The pages its sessions' tables hold (each once: forks share pages only
+  // with their own owner's sessions) and their bookkeeping.
+  int64_t bytes = 0;
 };
 
 namespace {
@@ -224,39 +234,128 @@ absl::StatusOr<std::shared_ptr<SessionStore::Session>> SessionStore::Find(
 
 void SessionStore::Touch(Session* session, absl::Time now) {
   session->last_used = now;
-  lru_.splice(lru_.end(), lru_, session->lru);
+  std::list<Session*>& lru = session->account->lru;
+  lru.splice(lru.end(), lru, session->lru);
 }
 
-absl::Status SessionStore::MakeRoomForSession() {
+SessionStore::Account* SessionStore::AccountOf(const std::string& owner) {
+  std::unique_ptr<Account>& account = accounts_[owner];
+  if (account == nullptr) account = std::make_unique<Account>();
+  return account.get();
+}
+
+void SessionStore::ChargeBookkeeping(Session* session, int64_t bytes) {
+  session->bookkeeping_bytes += bytes;
+  session->account->bytes += bytes;
+  bookkeeping_bytes_ += bytes;
+}
+
+namespace {
+
+// How an eviction is told to the owner of a session evicted for another
+// identity's work.
+constexpr char kHeldTheMost[] =
+    "; another caller needed the room, and yours held the most";
+
+}  // namespace
+
+absl::Status SessionStore::MakeRoomForSession(const std::string& owner) {
+  const bool evict = options_.eviction == EvictionPolicy::kLru;
+  // An account's least recently used session no step is using.
+  const auto idle = [](const Account& account) -> Session* {
+    for (Session* session : account.lru) {
+      if (session->pins == 0) return session;
+    }
+    return nullptr;
+  };
+  const auto refused = [evict](absl::string_view limit, int64_t value) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        limit, " ", value, " sessions",
+        evict ? ", all in use by steps" : " and kv_eviction is none",
+        "; delete sessions you no longer need"));
+  };
+  const int64_t cap = options_.max_sessions_per_identity;
+  while (cap > 0) {
+    // Looked up each time: the last session's removal drops the account.
+    const auto found = accounts_.find(owner);
+    if (found == accounts_.end() ||
+        static_cast<int64_t>(found->second->lru.size()) < cap) {
+      break;
+    }
+    Session* victim = evict ? idle(*found->second) : nullptr;
+    if (victim == nullptr) {
+      return refused("this caller holds max_sessions_per_identity", cap);
+    }
+    Remove(sessions_.at(victim->id),
+           absl::StrCat("was evicted (its caller's least recently used) to "
+                        "make room for a new session of its caller under "
+                        "max_sessions_per_identity ",
+                        cap),
+           SessionRemoval::kEvicted);
+  }
   while (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    // The identity that would hold the most sessions (the caller counted
+    // with the new one; ties go to the caller) gives up its least recently
+    // used idle one.
     Session* victim = nullptr;
-    if (options_.eviction == EvictionPolicy::kLru) {
-      for (Session* session : lru_) {
-        if (session->pins == 0) {
-          victim = session;
-          break;
-        }
+    int64_t most = -1;
+    for (const auto& [name, account] : accounts_) {
+      Session* candidate = evict ? idle(*account) : nullptr;
+      if (candidate == nullptr) continue;
+      const int64_t holds =
+          static_cast<int64_t>(account->lru.size()) + (name == owner ? 1 : 0);
+      if (holds > most || (holds == most && name == owner)) {
+        most = holds;
+        victim = candidate;
       }
     }
     if (victim == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds max_sessions ", options_.max_sessions, " sessions",
-          options_.eviction == EvictionPolicy::kLru
-              ? ", all in use by steps"
-              : " and kv_eviction is none",
-          "; delete sessions you no longer need"));
+      return refused("the server holds max_sessions", options_.max_sessions);
     }
     Remove(sessions_.at(victim->id),
            absl::StrCat("was evicted (least recently used) to make room for a "
                         "new session under max_sessions ",
-                        options_.max_sessions),
+                        options_.max_sessions,
+                        victim->owner == owner ? "" : kHeldTheMost),
            SessionRemoval::kEvicted);
   }
   return absl::OkStatus();
 }
 
-absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
+// Sessions chosen to be evicted together, and what their going frees.
+struct SessionStore::EvictionPlan {
+  // Adds `session`, counting a page once every table holding it is a
+  // victim's.
+  void Add(Session* session) {
+    victims.push_back(session);
+    chosen.insert(session);
+    int64_t bytes = session->bookkeeping_bytes;
+    for (const Session::Layer& layer : session->layers) {
+      for (const std::shared_ptr<Page>& page : layer.pages) {
+        if (page != nullptr && ++tables[page.get()] == page->tables) {
+          bytes += page->bytes;
+        }
+      }
+    }
+    freed_by[session->account] += bytes;
+    freed += bytes;
+  }
+  int64_t FreedBy(const Account* account) const {
+    const auto found = freed_by.find(account);
+    return found == freed_by.end() ? 0 : found->second;
+  }
+
+  std::vector<Session*> victims;
+  absl::flat_hash_set<const Session*> chosen;
+  absl::flat_hash_map<const Page*, int> tables;
+  absl::flat_hash_map<const Account*, int64_t> freed_by;
+  int64_t freed = 0;
+};
+
+absl::Status SessionStore::MakeRoom(int64_t bytes, const std::string& owner,
+                                    const Session* keep) {
   const int64_t budget = options_.kv_cache_bytes;
+  const int64_t cap = options_.kv_cache_bytes_per_identity;
   if (bytes > budget) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the step needs ", bytes,
@@ -264,48 +363,108 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const Session* keep) {
                      "(kv_cache_bytes) of ",
                      budget, " bytes"));
   }
-  const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
-  if (used + bytes <= budget) return absl::OkStatus();
-  if (options_.eviction == EvictionPolicy::kNone) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
-        used, " bytes held; the step needs ", bytes,
-        " more); kv_eviction is none: delete or truncate sessions"));
+  if (cap > 0 && bytes > cap) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the step needs ", bytes,
+                     " bytes of pages, more than one caller may hold "
+                     "(kv_cache_bytes_per_identity ",
+                     cap, " bytes)"));
   }
-  // The victims are chosen, least recently used first, before any goes, so
-  // that a step that would not fit even with them all gone evicts none. A
-  // page goes with its last table: it counts once every table holding it is
-  // a victim's.
-  std::vector<Session*> victims;
-  absl::flat_hash_map<const Page*, int> victim_tables;
-  int64_t freed = 0;
-  for (Session* candidate : lru_) {
-    if (used - freed + bytes <= budget) break;
-    if (candidate->pins > 0 || candidate == keep) continue;
-    victims.push_back(candidate);
-    freed += candidate->bookkeeping_bytes;
-    for (const Session::Layer& layer : candidate->layers) {
-      for (const std::shared_ptr<Page>& page : layer.pages) {
-        if (page != nullptr && ++victim_tables[page.get()] == page->tables) {
-          freed += page->bytes;
-        }
-      }
+  const auto found = accounts_.find(owner);
+  Account* const account =
+      found == accounts_.end() ? nullptr : found->second.get();
+  const int64_t held = account == nullptr ? 0 : account->bytes;
+  const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
+  const bool over_cap = cap > 0 && held + bytes > cap;
+  if (!over_cap && used + bytes <= budget) return absl::OkStatus();
+  const std::string cap_full = absl::StrCat(
+      "this caller's share of the KV cache (kv_cache_bytes_per_identity ", cap,
+      " bytes) is full (", held, " bytes held; the step needs ", bytes,
+      " more)");
+  const std::string budget_full = absl::StrCat(
+      "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
+      used, " bytes held; the step needs ", bytes, " more)");
+  if (options_.eviction == EvictionPolicy::kNone) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(over_cap ? cap_full : budget_full,
+                     "; kv_eviction is none: delete or truncate sessions"));
+  }
+  // The victims are chosen before any goes, so that a step that would not
+  // fit even with them all gone evicts none. First the caller's own least
+  // recently used, past its share.
+  EvictionPlan plan;
+  if (over_cap) {
+    for (Session* candidate : account->lru) {
+      if (held - plan.freed + bytes <= cap) break;
+      if (candidate->pins == 0 && candidate != keep) plan.Add(candidate);
+    }
+    if (held - plan.freed + bytes > cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          cap_full,
+          ", and evicting every session of this caller's no step is "
+          "using would free only ",
+          plan.freed,
+          " (the rest is this session's, shared with it, or in use by "
+          "steps); nothing was evicted"));
     }
   }
-  if (used - freed + bytes > budget) {
+  const size_t for_cap = plan.victims.size();
+  // Then, past the budget, the least recently used of the identity that
+  // would hold the most (the caller counted with what it asks for; ties go
+  // to the caller), again after each victim.
+  struct Holder {
+    int64_t holds;
+    bool asking;
+    const Account* account;
+    std::list<Session*>::const_iterator next;
+    bool operator<(const Holder& other) const {
+      return holds != other.holds ? holds < other.holds : asking < other.asking;
+    }
+  };
+  std::priority_queue<Holder> holders;
+  if (used - plan.freed + bytes > budget) {
+    for (const auto& [name, holder] : accounts_) {
+      const bool asking = holder.get() == account;
+      holders.push(
+          {holder->bytes - plan.FreedBy(holder.get()) + (asking ? bytes : 0),
+           asking, holder.get(), holder->lru.begin()});
+    }
+  }
+  while (used - plan.freed + bytes > budget && !holders.empty()) {
+    Holder holder = holders.top();
+    holders.pop();
+    const auto end = holder.account->lru.end();
+    while (holder.next != end &&
+           ((*holder.next)->pins > 0 || *holder.next == keep ||
+            plan.chosen.contains(*holder.next))) {
+      ++holder.next;
+    }
+    if (holder.next == end) continue;  // Nothing more of its may go.
+    plan.Add(*holder.next++);
+    holder.holds = holder.account->bytes - plan.FreedBy(holder.account) +
+                   (holder.asking ? bytes : 0);
+    holders.push(holder);
+  }
+  if (used - plan.freed + bytes > budget) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
-        used, " bytes held; the step needs ", bytes,
-        " more), and evicting every session no step is using would free only ",
-        freed,
+        budget_full,
+        ", and evicting every session no step is using would free only ",
+        plan.freed,
         " (the rest is this session's, shared with it, or in use by steps); "
         "nothing was evicted"));
   }
-  for (Session* victim : victims) {
+  for (size_t i = 0; i < plan.victims.size(); ++i) {
+    Session* victim = plan.victims[i];
     Remove(sessions_.at(victim->id),
-           absl::StrCat("was evicted (least recently used) to make room in "
-                        "the KV cache budget of ",
-                        budget, " bytes"),
+           i < for_cap
+               ? absl::StrCat("was evicted (its caller's least recently used) "
+                              "to make room in its caller's share of the KV "
+                              "cache (kv_cache_bytes_per_identity ",
+                              cap, " bytes)")
+               : absl::StrCat("was evicted (least recently used) to make room "
+                              "in the KV cache budget of ",
+                              budget, " bytes",
+                              victim->owner == owner ? "" : kHeldTheMost),
            SessionRemoval::kEvicted);
   }
   return absl::OkStatus();
@@ -319,14 +478,18 @@ std::shared_ptr<SessionStore::Page> SessionStore::NewPage(
   return page;
 }
 
-void SessionStore::Hold(const std::shared_ptr<Page>& page) {
+void SessionStore::Hold(Account* account, const std::shared_ptr<Page>& page) {
   if (page == nullptr) return;  // Evicted.
-  if (++page->tables == 2) shared_bytes_ += page->bytes;
+  const int tables = ++page->tables;
+  if (tables == 1) account->bytes += page->bytes;
+  if (tables == 2) shared_bytes_ += page->bytes;
 }
 
-void SessionStore::Release(std::shared_ptr<Page>* page) {
+void SessionStore::Release(Account* account, std::shared_ptr<Page>* page) {
   if (*page == nullptr) return;  // Evicted.
-  if ((*page)->tables-- == 2) shared_bytes_ -= (*page)->bytes;
+  const int tables = (*page)->tables--;
+  if (tables == 1) account->bytes -= (*page)->bytes;
+  if (tables == 2) shared_bytes_ -= (*page)->bytes;
   page->reset();
 }
 
@@ -399,7 +562,7 @@ void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {
   // sinks near 2^63).
   for (int64_t p = sinks / page_tokens + (sinks % page_tokens != 0 ? 1 : 0);
        p < first / page_tokens; ++p) {
-    Release(&layer->pages[static_cast<size_t>(p)]);
+    Release(session->account, &layer->pages[static_cast<size_t>(p)]);
   }
 }
 
@@ -408,14 +571,16 @@ void SessionStore::Remove(const std::shared_ptr<Session>& removed,
                           SessionRemoval metric_reason) {
   // A copy: `removed` may be the map's own reference, erased below.
   const std::shared_ptr<Session> session = removed;
+  Account* account = session->account;
   for (Session::Layer& layer : session->layers) {
-    for (std::shared_ptr<Page>& page : layer.pages) Release(&page);
+    for (std::shared_ptr<Page>& page : layer.pages) Release(account, &page);
     layer.pages.clear();
     layer.length = 0;
   }
-  bookkeeping_bytes_ -= session->bookkeeping_bytes;
-  session->bookkeeping_bytes = 0;
-  lru_.erase(session->lru);
+  ChargeBookkeeping(session.get(), -session->bookkeeping_bytes);
+  account->lru.erase(session->lru);
+  session->account = nullptr;
+  if (account->lru.empty()) accounts_.erase(session->owner);
   session->removed = true;
   session->removed_reason = reason;
   if (options_.max_tombstones > 0) {
@@ -503,22 +668,26 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
         ": a session of that id exists or was recently removed; choose "
         "another random id"));
   }
-  if (absl::Status room = MakeRoomForSession(); !room.ok()) return room;
+  if (absl::Status room = MakeRoomForSession(owner); !room.ok()) {
+    RecordTotals();
+    return room;
+  }
   const int64_t bookkeeping = SessionBookkeepingBytes(config, 0);
-  if (absl::Status room = MakeRoom(bookkeeping, nullptr); !room.ok()) {
+  if (absl::Status room = MakeRoom(bookkeeping, owner, nullptr); !room.ok()) {
     RecordTotals();
     return room;
   }
   auto session = std::make_shared<Session>();
-  session->bookkeeping_bytes = bookkeeping;
-  bookkeeping_bytes_ += bookkeeping;
   session->id = id.empty() ? NewId() : id;
   session->owner = owner;
+  session->account = AccountOf(owner);
+  ChargeBookkeeping(session.get(), bookkeeping);
   session->config = config;
   session->layout = PageLayoutOf(config, options_);
   session->layers.resize(static_cast<size_t>(config.layers));
   session->created = session->last_used = now;
-  session->lru = lru_.insert(lru_.end(), session.get());
+  std::list<Session*>& lru = session->account->lru;
+  session->lru = lru.insert(lru.end(), session.get());
   sessions_[session->id] = session;
   RecordTotals();
   return Describe(*session);
@@ -552,8 +721,8 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
       SessionBookkeepingBytes((*parent)->config, table_entries);
   // Pinned while room is made, so that it is not the session evicted.
   ++(*parent)->pins;
-  absl::Status room = MakeRoomForSession();
-  if (room.ok()) room = MakeRoom(bookkeeping, parent->get());
+  absl::Status room = MakeRoomForSession(owner);
+  if (room.ok()) room = MakeRoom(bookkeeping, owner, parent->get());
   --(*parent)->pins;
   if (!room.ok()) {
     RecordTotals();
@@ -569,8 +738,9 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   child->layout = (*parent)->layout;
   child->created = child->last_used = now;
   child->forked_from = id;
-  child->bookkeeping_bytes = bookkeeping;
-  bookkeeping_bytes_ += bookkeeping;
+  // The parent is the owner's, so its account is the child's.
+  child->account = (*parent)->account;
+  ChargeBookkeeping(child.get(), bookkeeping);
   child->layers.resize((*parent)->layers.size());
   const int64_t page_tokens = child->layout.page_tokens;
   for (size_t l = 0; l < child->layers.size(); ++l) {
@@ -581,10 +751,11 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
     const int64_t pages = (to.length + page_tokens - 1) / page_tokens;
     for (int64_t p = 0; p < pages; ++p) {
       to.pages.push_back(from.pages[static_cast<size_t>(p)]);
-      Hold(to.pages.back());
+      Hold(child->account, to.pages.back());
     }
   }
-  child->lru = lru_.insert(lru_.end(), child.get());
+  std::list<Session*>& lru = child->account->lru;
+  child->lru = lru.insert(lru.end(), child.get());
   sessions_[child->id] = child;
   RecordTotals();
   return Describe(*child);
@@ -612,10 +783,9 @@ absl::StatusOr<SessionDescription> SessionStore::Truncate(
     const size_t keep =
         static_cast<size_t>((layer.length + page_tokens - 1) / page_tokens);
     while (layer.pages.size() > keep) {
-      Release(&layer.pages.back());
+      Release((*session)->account, &layer.pages.back());
       layer.pages.pop_back();
-      (*session)->bookkeeping_bytes -= kTableEntryBytes;
-      bookkeeping_bytes_ -= kTableEntryBytes;
+      ChargeBookkeeping(session->get(), -kTableEntryBytes);
     }
   }
   RecordTotals();
@@ -663,6 +833,13 @@ SessionListing SessionStore::List(const std::string& owner) {
                                             : a.id < b.id;
             });
   return listing;
+}
+
+int64_t SessionStore::HeldBytes(const std::string& owner) {
+  absl::MutexLock lock(&mutex_);
+  MaybeExpire(absl::Now());
+  const auto found = accounts_.find(owner);
+  return found == accounts_.end() ? 0 : found->second->bytes;
 }
 
 absl::StatusOr<SessionStore::Pin> SessionStore::Acquire(
@@ -772,7 +949,8 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     const int64_t bytes = (new_pages + (copy_last ? 1 : 0)) *
                               PageArena::Footprint(layout.PageBytes()) +
                           new_pages * kTableEntryBytes;
-    if (absl::Status room = MakeRoom(bytes, &session); !room.ok()) {
+    if (absl::Status room = MakeRoom(bytes, session.owner, &session);
+        !room.ok()) {
       RecordTotals();
       return room;
     }
@@ -797,15 +975,14 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
         std::memcpy(copy->data, layer.pages.back()->data,
                     static_cast<size_t>(layout.PageBytes()));
       }
-      Release(&layer.pages.back());
+      Release(session.account, &layer.pages.back());
       layer.pages.back() = std::move(copy);
-      Hold(layer.pages.back());
+      Hold(session.account, layer.pages.back());
     }
     for (; next != fresh.end(); ++next) {
       layer.pages.push_back(std::move(*next));
-      Hold(layer.pages.back());
-      session.bookkeeping_bytes += kTableEntryBytes;
-      bookkeeping_bytes_ += kTableEntryBytes;
+      Hold(session.account, layer.pages.back());
+      ChargeBookkeeping(&session, kTableEntryBytes);
     }
     const int64_t element = DataTypeBytes(layout.dtype);
     const int64_t key_in = DataTypeBytes(append.key_dtype);

@@ -91,7 +91,7 @@ check_reference k0.npy,k2.npy v0.npy,v2.npy q2.npy o2.npy l2.npy
 list=$(ctl session list)
 echo "${list}"
 grep -q "^${id} " <<<"${list}" && grep -q "^${child} " <<<"${list}" || fail "list lacks them"
-grep -q "^sessions=[0-9]* total_bytes=[0-9]* budget_bytes=[0-9]*$" <<<"${list}" || fail "list total"
+grep -q "^sessions=[0-9]* total_bytes=[0-9]* budget_bytes=[0-9]* identity_held_bytes=[1-9][0-9]* identity_budget_bytes=0 identity_max_sessions=0$" <<<"${list}" || fail "list total"
 
 # Usage errors, before any step is sent.
 expect_exit 2 "key and --value are needed together" ctl session step "${id}" --key=k2.npy

@@ -89,6 +89,10 @@ bad_flag '--demo_weights is "maybe", expected true or false' "${attnserve}" --de
 bad_flag '--nodemo_weights takes no value' "${attnserve}" --nodemo_weights=1
 bad_flag 'unknown flag "--max_batches"; --help lists the flags' "${attnserve}" --max_batches=3
 bad_flag '--max_batch is "many", expected a 32-bit integer' ATTNSERVE_MAX_BATCH=many "${attnserve}"
+bad_flag '--kv_cache_bytes_per_identity is -1, expected >= 0 (0: no cap)' \
+  "${attnserve}" --kv_cache_bytes_per_identity=-1
+bad_flag '--max_sessions_per_identity is -5, expected >= 0 (0: no cap)' \
+  ATTNSERVE_MAX_SESSIONS_PER_IDENTITY=-5 "${attnserve}"
 # What Abseil's parse takes stays taken: --undefok's names, a lone "-", "--=x" (the flags end).
 for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches" \
   "-" "--=x --not_a_flag"; do
@@ -139,6 +143,7 @@ for flag in address port threads io_threads io_spin_us executors max_queue max_b
             tls_client_ca auth_token_file attention_kernel portable_kernels demo_weights \
             max_concurrent_streams message_timeout_seconds accept_compressed_requests \
             buffer_pool_bytes metrics_address kv_cache_bytes kv_eviction kv_page_tokens max_sessions \
+            max_sessions_per_identity kv_cache_bytes_per_identity \
             max_session_tokens max_session_layers session_ttl_seconds max_steps_per_call; do
   grep -q -- "-${flag} " <<<"${help}" || fail "--help does not document --${flag}"
 done

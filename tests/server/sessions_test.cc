@@ -46,6 +46,7 @@ using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceOptions;
 using ::attnserve::testing::ReferenceShape;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // One layer's keys and values as the server stores them, per kv head.
 struct LayerModel {
@@ -1847,6 +1848,201 @@ TEST_F(SessionBudgetTest, AFloodStaysWithinTheBudget) {
     }
   }
   EXPECT_GT(evictions_seen, 100);
+}
+
+// Sessions of 4 pages each (64 tokens of H 2, Dk 8, f32, pages of 16),
+// created and filled by `token`'s caller.
+class SessionShareTest : public SessionBudgetTest {
+ protected:
+  void StartWithTokens(ServerOptions options) {
+    const std::string tokens = ::testing::TempDir() + "/share_tokens";
+    std::ofstream(tokens) << "alice-token\nbob-token\n";
+    options.auth_token_file = tokens;
+    Start(options);
+  }
+
+  // A new session of `token`'s: one layer, H and Hkv 2, Dk 8, f32.
+  SessionModel Small(const std::string& token) {
+    return NewSession(1, 2, 2, 8, v1::FLOAT32, token);
+  }
+
+  // Fills `pages` more pages of `model`, `token`'s; its step's error (empty:
+  // none).
+  std::string Fill(SessionModel& model, int64_t pages, const std::string& token,
+                   uint64_t seed) {
+    v1::StepRequest request;
+    *request.add_steps() = MakeStep(model, 0, 16 * pages, 0, seed);
+    v1::StepResponse response;
+    const grpc::Status status = Step(request, &response, token);
+    if (!status.ok()) return status.error_message();
+    return response.results(0).error().message();
+  }
+
+  grpc::Status Get(const SessionModel& model, const std::string& token) {
+    v1::GetSessionRequest get;
+    get.set_session_id(model.id);
+    v1::GetSessionResponse got;
+    return stub_->GetSession(Context(token).get(), get, &got);
+  }
+
+  v1::ListSessionsResponse List(const std::string& token) {
+    v1::ListSessionsResponse listed;
+    const grpc::Status status = stub_->ListSessions(
+        Context(token).get(), v1::ListSessionsRequest(), &listed);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return listed;
+  }
+};
+
+// One caller flooding a full cache evicts its own least recently used
+// sessions, not an older one of another caller's; the other caller's growth
+// then evicts the flooder's, telling it why.
+TEST_F(SessionShareTest, AFloodingCallerEvictsItsOwnSessionsFirst) {
+  ServerOptions options = Options();
+  // 20 pages of 4 KiB, and room for the sessions' bookkeeping.
+  options.memory.kv_cache_bytes = 20 * 4096 + 8192;
+  StartWithTokens(options);
+  SessionModel bobs = Small("bob-token");
+  ASSERT_EQ(Fill(bobs, 4, "bob-token", 1), "");
+  std::vector<SessionModel> alices;
+  for (int i = 0; i < 12; ++i) {
+    alices.push_back(Small("alice-token"));
+    ASSERT_EQ(Fill(alices.back(), 4, "alice-token", 10 + i), "") << i;
+  }
+  // Bob's session, the oldest, is whole; alice kept her last four.
+  EXPECT_TRUE(Get(bobs, "bob-token").ok());
+  const grpc::Status first = Get(alices[0], "alice-token");
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(first.error_message(),
+              HasSubstr("evicted (least recently used) to make room in the KV "
+                        "cache budget of 90112 bytes"));
+  EXPECT_THAT(first.error_message(), Not(HasSubstr("another caller")));
+  EXPECT_EQ(List("alice-token").sessions_size(), 4);
+  // Bob grows by 4 pages: the caller holding the most, alice, gives up her
+  // least recently used session, and is told why.
+  ASSERT_EQ(Fill(bobs, 4, "bob-token", 2), "");
+  EXPECT_TRUE(Get(bobs, "bob-token").ok());
+  EXPECT_EQ(List("alice-token").sessions_size(), 3);
+  const grpc::Status evicted = Get(alices[8], "alice-token");
+  EXPECT_EQ(evicted.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(evicted.error_message(),
+              HasSubstr("another caller needed the room, and yours held the "
+                        "most"));
+  v1::StepRequest request;
+  *request.add_steps() = MakeStep(bobs, 0, 1, 1, 3);
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response, "bob-token").ok());
+  EXPECT_FALSE(response.results(0).has_error())
+      << response.results(0).error().message();
+  EXPECT_EQ(response.results(0).length(), 129);
+  EXPECT_LE(Metrics()["attnserve_kv_cache_bytes"], 20 * 4096);
+}
+
+// At max_sessions, the caller holding the most sessions gives one up.
+TEST_F(SessionShareTest, AtMaxSessionsTheCallerHoldingTheMostGivesOneUp) {
+  ServerOptions options = Options();
+  options.sessions.max_sessions = 6;
+  StartWithTokens(options);
+  std::vector<SessionModel> bobs;
+  for (int i = 0; i < 2; ++i) {
+    bobs.push_back(Small("bob-token"));
+  }
+  std::vector<SessionModel> alices;
+  for (int i = 0; i < 10; ++i) {
+    alices.push_back(Small("alice-token"));
+  }
+  for (const SessionModel& bob : bobs) EXPECT_TRUE(Get(bob, "bob-token").ok());
+  EXPECT_EQ(List("alice-token").sessions_size(), 4);
+  bobs.push_back(Small("bob-token"));
+  for (const SessionModel& bob : bobs) EXPECT_TRUE(Get(bob, "bob-token").ok());
+  EXPECT_EQ(List("alice-token").sessions_size(), 3);
+  const grpc::Status evicted = Get(alices[6], "alice-token");
+  EXPECT_EQ(evicted.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(evicted.error_message(),
+              HasSubstr("for a new session under max_sessions 6; another "
+                        "caller needed the room"));
+  EXPECT_LE(Metrics()["attnserve_sessions"], 6);
+}
+
+// Each caller is held to its share: past it, its own least recently used
+// sessions go (the other caller's stay, though the budget has room), or
+// with kv_eviction none its new work is refused.
+TEST_F(SessionShareTest, EachCallerIsHeldToItsShare) {
+  for (const EvictionPolicy eviction :
+       {EvictionPolicy::kLru, EvictionPolicy::kNone}) {
+    SCOPED_TRACE(eviction == EvictionPolicy::kLru ? "lru" : "none");
+    ServerOptions options = Options();
+    options.sessions.eviction = eviction;
+    options.sessions.max_sessions_per_identity = 3;
+    // 8 pages and the bookkeeping of three sessions.
+    const int64_t share = 8 * 4096 + 3 * (1024 + 48 + 4 * 16);
+    options.sessions.kv_cache_bytes_per_identity = share;
+    StartWithTokens(options);
+    SessionModel bobs = Small("bob-token");
+    ASSERT_EQ(Fill(bobs, 4, "bob-token", 1), "");
+    std::vector<SessionModel> alices;
+    for (int i = 0; i < 3; ++i) {
+      alices.push_back(Small("alice-token"));
+    }
+    const v1::ListSessionsResponse listed = List("alice-token");
+    EXPECT_EQ(listed.identity_budget_bytes(), share);
+    EXPECT_EQ(listed.identity_max_sessions(), 3);
+    EXPECT_EQ(listed.budget_bytes(), 64 << 20);
+    ASSERT_EQ(Fill(alices[0], 4, "alice-token", 2), "");
+    ASSERT_EQ(Fill(alices[1], 4, "alice-token", 3), "");
+    // A fork shares its parent's pages: only its bookkeeping is charged,
+    // and at three sessions alice's least recently used idle one (alices[2],
+    // empty) gives way, or the fork is refused.
+    v1::ForkSessionRequest fork;
+    fork.set_session_id(alices[1].id);
+    v1::ForkSessionResponse forked;
+    grpc::Status status =
+        stub_->ForkSession(Context("alice-token").get(), fork, &forked);
+    const std::string third = Fill(alices[2], 1, "alice-token", 4);
+    if (eviction == EvictionPolicy::kLru) {
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_THAT(third, HasSubstr("evicted (its caller's least recently "
+                                   "used) to make room for a new session of "
+                                   "its caller under max_sessions_per_identity "
+                                   "3"));
+    } else {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_THAT(status.error_message(),
+                  HasSubstr("this caller holds max_sessions_per_identity 3 "
+                            "sessions and kv_eviction is none"));
+      // alices[2] takes its page: 9 pages pass the share.
+      EXPECT_THAT(third, HasSubstr("this caller's share of the KV cache "
+                                   "(kv_cache_bytes_per_identity "));
+      EXPECT_THAT(third, HasSubstr("kv_eviction is none"));
+    }
+    // More pages than the share allows: alices[0], the least recently used,
+    // gives way (lru), or the step is refused (none).
+    const std::string more = Fill(alices[1], 2, "alice-token", 5);
+    const grpc::Status oldest = Get(alices[0], "alice-token");
+    if (eviction == EvictionPolicy::kLru) {
+      EXPECT_EQ(more, "");
+      EXPECT_EQ(oldest.error_code(), grpc::StatusCode::NOT_FOUND);
+      EXPECT_THAT(oldest.error_message(),
+                  HasSubstr("evicted (its caller's least recently used) to "
+                            "make room in its caller's share of the KV cache "
+                            "(kv_cache_bytes_per_identity "));
+    } else {
+      EXPECT_THAT(more, HasSubstr("kv_eviction is none"));
+      EXPECT_TRUE(oldest.ok());
+    }
+    // What counts against the share: the pages and the bookkeeping.
+    const v1::ListSessionsResponse held = List("alice-token");
+    EXPECT_LE(held.identity_held_bytes(), share);
+    EXPECT_GT(held.identity_held_bytes(), held.total_bytes());
+    // Bob's session is whole: alice's share is not his.
+    EXPECT_TRUE(Get(bobs, "bob-token").ok());
+    // A step larger than the whole share is refused, naming it.
+    SessionModel big = Small("bob-token");
+    EXPECT_THAT(Fill(big, 10, "bob-token", 6),
+                HasSubstr("more than one caller may hold "
+                          "(kv_cache_bytes_per_identity "));
+    server_.reset();
+  }
 }
 
 }  // namespace

@@ -10,14 +10,24 @@
 // table holds it and no step is reading it, so a shared or read page is copied
 // first (copy on write). Every page is charged to the budget from its
 // allocation to its release (in whole 4 KiB pages: PageArena::Footprint), so
-// the pages held never exceed it: past it the store evicts the least recently
-// used sessions no step is using (EvictionPolicy::kLru), or refuses (kNone).
-// Sessions idle past their TTL expire.
+// the pages held never exceed it: past it the store evicts sessions no step
+// is using (EvictionPolicy::kLru), or refuses (kNone). Sessions idle past
+// their TTL expire.
 //
 // A session belongs to the identity that created it (CallGate::Identity in
 // rpc/call_gate.h); any other identity gets NOT_FOUND for it, with the very
 // message an unknown id gets. The owner learns why a session is gone
 // (expired, evicted, deleted) for the last `max_tombstones` removals.
+//
+// Identities share the store fairly. Each may be capped
+// (kv_cache_bytes_per_identity, max_sessions_per_identity): past its cap an
+// identity's own least recently used sessions go (kLru), or its new work is
+// refused (kNone). Past the store's budget or max_sessions, the sessions that
+// go are the least recently used of the identity that would hold the most
+// (the one asking counted with what it asks for), so that one caller's flood
+// evicts its own sessions before anyone else's, and with one identity this
+// is plain LRU. Forks stay with their owner, so every page belongs to one
+// identity.
 //
 // Thread-safe: one mutex guards the tables; the compute reads pages outside
 // it through the references a view holds.
@@ -27,7 +37,6 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +69,10 @@ struct SessionOptions {
   EvictionPolicy eviction = EvictionPolicy::kLru;
   int64_t page_tokens = 64;
   int64_t max_sessions = 4096;
+  // The most sessions, and bytes of kv_cache_bytes, one identity may hold;
+  // 0: no cap but the store's.
+  int64_t max_sessions_per_identity = 0;
+  int64_t kv_cache_bytes_per_identity = 0;
   // Caps each session's max_tokens (the most tokens a layer may hold).
   int64_t max_session_tokens = 131072;
   int64_t max_session_layers = 256;
@@ -179,6 +192,8 @@ class SessionStore {
  public:
   struct Session;
   struct Page;
+  struct Account;
+  struct EvictionPlan;
 
   // A session pinned for a call's step: looked up and owner-checked, and not
   // evicted or expired until the pin is dropped (deleting it still works).
@@ -244,6 +259,9 @@ class SessionStore {
                                          const std::string& id);
   // `owner`'s sessions.
   SessionListing List(const std::string& owner);
+  // What counts against `owner`'s share (kv_cache_bytes_per_identity): the
+  // pages its sessions' tables hold, each once, and their bookkeeping.
+  int64_t HeldBytes(const std::string& owner);
 
   // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
   absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);
@@ -289,22 +307,33 @@ class SessionStore {
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& owner,
                                                 const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Room for one more session: evicts the least recently used idle one at
-  // max_sessions (kLru), else RESOURCE_EXHAUSTED.
-  absl::Status MakeRoomForSession() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Room in the budget for `bytes` more, evicting idle sessions other than
-  // `keep` least recently used first (kLru); RESOURCE_EXHAUSTED if there is
-  // none.
-  absl::Status MakeRoom(int64_t bytes, const Session* keep)
+  // `owner`'s account, made if it has none.
+  Account* AccountOf(const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Room for one more session of `owner`'s: under max_sessions_per_identity its
+  // own least recently used idle session goes, under max_sessions that of the
+  // identity holding the most sessions (kLru), else RESOURCE_EXHAUSTED.
+  absl::Status MakeRoomForSession(const std::string& owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Room for `bytes` more of `owner`'s under kv_cache_bytes_per_identity and
+  // the budget, evicting idle sessions other than `keep` (kLru; see the top
+  // of this file for which); nothing is evicted, and RESOURCE_EXHAUSTED
+  // answered, if that would not make room.
+  absl::Status MakeRoom(int64_t bytes, const std::string& owner,
+                        const Session* keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Adds `bytes` (negative: frees) to `session`'s bookkeeping, its account's
+  // and the store's.
+  void ChargeBookkeeping(Session* session, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // A page of `layout` from the arena; null if it could not map memory.
   std::shared_ptr<Page> NewPage(const PageLayout& layout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Adds a page to / drops it from a session's table, keeping the shared
-  // bytes.
-  void Hold(const std::shared_ptr<Page>& page)
+  // Adds a page to / drops it from a table of `account`'s session, keeping
+  // the shared bytes and the account's.
+  void Hold(Account* account, const std::shared_ptr<Page>& page)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Release(std::shared_ptr<Page>* page)
+  void Release(Account* account, std::shared_ptr<Page>* page)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Removes a session from the tables (its pages go once no view holds
   // them), leaving a tombstone with `reason` for its owner.
@@ -346,8 +375,9 @@ class SessionStore {
   absl::Mutex mutex_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mutex_);
-  // Least recently used first.
-  std::list<Session*> lru_ ABSL_GUARDED_BY(mutex_);
+  // Each identity's sessions and what they hold, while it holds any.
+  absl::flat_hash_map<std::string, std::unique_ptr<Account>> accounts_
+      ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::string, Tombstone> tombstones_
       ABSL_GUARDED_BY(mutex_);
   std::deque<std::string> tombstone_order_ ABSL_GUARDED_BY(mutex_);

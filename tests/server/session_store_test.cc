@@ -1,0 +1,154 @@
+// SessionStore's per-identity accounting: what counts against a caller's
+// share (HeldBytes) stays equal to its sessions' distinct pages and their
+// bookkeeping through random creations, appends, forks, truncations,
+// windows that free pages, deletions and evictions; and no caller passes its
+// caps.
+#include "attnserve/server/sessions/session_store.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+constexpr int64_t kPageTokens = 8;
+
+// What SessionStore charges a session besides its pages: its record, each
+// layer's, and a table entry for each page a layer's length spans (a freed
+// page keeps its entry).
+int64_t Bookkeeping(const SessionDescription& session) {
+  int64_t bytes = 1024 + 48 * session.config.layers +
+                  4 * static_cast<int64_t>(session.config.alibi_slopes.size());
+  for (const int64_t length : session.lengths) {
+    bytes += 16 * ((length + kPageTokens - 1) / kPageTokens);
+  }
+  return bytes;
+}
+
+struct Budgets {
+  const char* name;
+  EvictionPolicy eviction;
+  int64_t kv_cache_bytes;
+  int64_t max_sessions;
+  int64_t max_sessions_per_identity;
+  int64_t kv_cache_bytes_per_identity;
+};
+
+class SessionStoreAccountingTest : public ::testing::TestWithParam<Budgets> {};
+
+TEST_P(SessionStoreAccountingTest, HeldBytesFollowEveryOperation) {
+  const Budgets& run = GetParam();
+  SessionOptions options;
+  options.kv_cache_bytes = run.kv_cache_bytes;
+  options.eviction = run.eviction;
+  options.page_tokens = kPageTokens;
+  options.max_sessions = run.max_sessions;
+  options.max_sessions_per_identity = run.max_sessions_per_identity;
+  options.kv_cache_bytes_per_identity = run.kv_cache_bytes_per_identity;
+  SessionStore store(options, nullptr);
+  const std::vector<std::string> owners = {"alice", "bob", "carol"};
+  std::mt19937_64 random(2026);
+  const auto pick = [&random](int64_t n) {
+    return static_cast<int64_t>(random() % static_cast<uint64_t>(n));
+  };
+  std::vector<float> values(2 * 64 * 4, 0.5f);
+  int failures = 0;
+  for (int op = 0; op < 3000; ++op) {
+    // The flooder, alice, acts half the time.
+    const std::string& owner =
+        owners[static_cast<size_t>(pick(2) == 0 ? 0 : 1 + pick(2))];
+    const SessionListing listing = store.List(owner);
+    const std::vector<SessionDescription>& mine = listing.sessions;
+    const int kind = static_cast<int>(pick(mine.empty() ? 1 : 6));
+    absl::Status status;
+    if (kind == 0) {
+      SessionConfig config;
+      config.layers = 1 + pick(2);
+      config.heads = 2;
+      config.kv_heads = 2;
+      config.key_dim = 4;
+      config.value_dim = 4;
+      config.max_tokens = 1000;
+      if (pick(3) == 0) {
+        config.window_left = 12;
+        config.num_sink_tokens = 2;
+        config.evict_outside_window = true;
+      }
+      status = store.Create(owner, config).status();
+    } else {
+      const SessionDescription& session =
+          mine[static_cast<size_t>(pick(static_cast<int64_t>(mine.size())))];
+      const int64_t length = session.lengths[0];
+      if (kind == 1) {
+        status =
+            store
+                .Fork(owner, session.id, pick(length + 1), absl::ZeroDuration())
+                .status();
+      } else if (kind == 2) {
+        status = store.Truncate(owner, session.id, pick(length + 1)).status();
+      } else if (kind == 3 && pick(4) == 0) {
+        status = store.Delete(owner, session.id).status();
+      } else {
+        absl::StatusOr<SessionStore::Pin> pin =
+            store.Acquire(owner, session.id);
+        ASSERT_TRUE(pin.ok()) << pin.status();
+        const int64_t layer = pick(session.config.layers);
+        KvAppend append;
+        append.tokens = 1 + pick(40);
+        append.key = reinterpret_cast<const char*>(values.data());
+        append.value = append.key;
+        int64_t now = 0;
+        status = store
+                     .AppendAndView(*pin, layer,
+                                    session.lengths[static_cast<size_t>(layer)],
+                                    append, &now)
+                     .status();
+      }
+    }
+    if (!status.ok()) ++failures;
+    // Every owner's account against what its sessions hold.
+    int64_t pages = 0;
+    for (const std::string& who : owners) {
+      const SessionListing held = store.List(who);
+      int64_t expected = held.bytes;
+      for (const SessionDescription& session : held.sessions) {
+        expected += Bookkeeping(session);
+      }
+      ASSERT_EQ(store.HeldBytes(who), expected) << "op " << op << " " << who;
+      pages += held.bytes;
+      if (run.kv_cache_bytes_per_identity > 0) {
+        ASSERT_LE(expected, run.kv_cache_bytes_per_identity) << who;
+      }
+      if (run.max_sessions_per_identity > 0) {
+        ASSERT_LE(static_cast<int64_t>(held.sessions.size()),
+                  run.max_sessions_per_identity)
+            << who;
+      }
+    }
+    const SessionTotals totals = store.Totals();
+    ASSERT_EQ(totals.used_bytes, pages) << "op " << op;
+    ASSERT_LE(totals.sessions, run.max_sessions);
+  }
+  // Refused work: windows' freed keys, and past tight budgets.
+  RecordProperty("refused", failures);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Budgets, SessionStoreAccountingTest,
+    ::testing::Values(
+        Budgets{"Loose", EvictionPolicy::kLru, int64_t{1} << 30, 4096, 0, 0},
+        Budgets{"Tight", EvictionPolicy::kLru, 48 * 4096, 24, 0, 0},
+        Budgets{"Shares", EvictionPolicy::kLru, 48 * 4096, 24, 8, 20 * 4096},
+        Budgets{"SharesWithoutEviction", EvictionPolicy::kNone, 48 * 4096, 24,
+                8, 20 * 4096}),
+    [](const ::testing::TestParamInfo<Budgets>& param) {
+      return std::string(param.param.name);
+    });
+
+}  // namespace
+}  // namespace attnserve

@@ -345,19 +345,10 @@ class Client:
     def list_weights(self, timeout=None):
         """The registered weight sets: WeightsInfo messages (name, version, bytes, num_heads,
         num_kv_heads, embed_dim, kv_embed_dim, key_dim, value_dim, has_bias), by name: every
-        page the server answers (at most 4,096 sets each), each page within `timeout`."""
-        sets, request = [], pb2.ListWeightsRequest()
-        while True:
-            page = self.call("ListWeights", request, timeout)
-            sets.extend(page.weights)
-            if not page.next_page_token or not page.weights:
-                return sets
-            # Names only increase from page to page: a token that does not, or more sets
-            # than any server holds, is a broken server's, not followed further.
-            if page.next_page_token <= request.page_token or len(sets) > 1 << 24:
-                raise AttnserveError(grpc.StatusCode.INTERNAL,
-                                     "ListWeights: the server's pages do not end")
-            request = pb2.ListWeightsRequest(page_token=page.next_page_token)
+        page the server answers (at most 4,096 sets each), all within `timeout`."""
+        # Names only increase from page to page.
+        return self._walk_pages("ListWeights", pb2.ListWeightsRequest, "weights", timeout,
+                                lambda old, new: new > old, 1 << 24)
 
     def delete_weights(self, name, timeout=None):
         self.call("DeleteWeights", pb2.DeleteWeightsRequest(name=name), timeout,
@@ -423,19 +414,31 @@ class Client:
 
     def list_sessions(self, timeout=None):
         """This caller's sessions (SessionInfo messages), by creation time: every page the
-        server answers (as many as fit in a message each), each page within `timeout`."""
-        sessions, request = [], pb2.ListSessionsRequest()
+        server answers (as many as fit in a message each), all within `timeout`."""
+        # Session tokens are "time-id", not ordered: each only differs from the last.
+        return self._walk_pages("ListSessions", pb2.ListSessionsRequest, "sessions", timeout,
+                                lambda old, new: new != old, 1 << 20)
+
+    def _walk_pages(self, method, request_type, field, timeout, moves_on, most):
+        """The `field` entries of every page of the paged `method`, all within one deadline
+        `timeout` away. A next token for which moves_on(this page's token, it) is false, or
+        more than `most` entries, is a broken server's, not followed further."""
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        found, request = [], request_type()
         while True:
-            page = self.call("ListSessions", request, timeout)
-            sessions.extend(page.sessions)
-            if not page.next_page_token or not page.sessions:
-                return sessions
-            # A server's tokens move on: a repeated one, or more sessions than any server
-            # holds, is a broken server's, not followed further.
-            if page.next_page_token == request.page_token or len(sessions) > 1 << 20:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"{method}: the deadline passed before the last page")
+            page = self.call(method, request, left)
+            entries = getattr(page, field)
+            found.extend(entries)
+            if not page.next_page_token or not entries:
+                return found
+            if not moves_on(request.page_token, page.next_page_token) or len(found) > most:
                 raise AttnserveError(grpc.StatusCode.INTERNAL,
-                                     "ListSessions: the server's pages do not end")
-            request = pb2.ListSessionsRequest(page_token=page.next_page_token)
+                                     f"{method}: the server's pages do not end")
+            request = request_type(page_token=page.next_page_token)
 
 
 def _projection_weights(weights, num_heads, num_kv_heads):

@@ -117,6 +117,21 @@ def test_list_weights_walks_every_page():
             first = client.call("ListWeights", attention_pb2.ListWeightsRequest())
             assert 0 < len(first.weights) < 200 and first.next_page_token
             assert [info.name for info in client.list_weights()] == names
+            # The walk has one deadline: each page gets what the pages before it left.
+            timeouts, call = [], client.call
+
+            def slow_call(method, request, timeout=None, retryable=True):
+                timeouts.append(timeout)
+                time.sleep(0.2)
+                return call(method, request, timeout, retryable)
+
+            client.call = slow_call
+            assert len(client.list_weights(timeout=30)) == 200
+            assert len(timeouts) >= 2 and timeouts[0] <= 30
+            assert all(b <= a - 0.2 for a, b in zip(timeouts, timeouts[1:])), timeouts
+            with pytest.raises(attnserve.AttnserveError) as late:
+                client.list_weights(timeout=0.1)
+            assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     finally:
         small.stop()
 

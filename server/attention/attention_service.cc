@@ -443,6 +443,9 @@ void AttentionServiceImpl::StartMultiHeadAttention(
 void AttentionServiceImpl::ServePutWeights(const Call& call,
                                            const v1::PutWeightsRequest& request,
                                            v1::PutWeightsResponse* response) {
+  const absl::Status admitted =
+      gate_->AdmitWeightChange(call.handler->context());
+  if (!admitted.ok()) return Finish(call, admitted, response);
   absl::StatusOr<v1::PutWeightsResponse> result =
       PutWeightsInto(*registry_, request);
   if (result.ok()) *response = *std::move(result);
@@ -462,6 +465,9 @@ void AttentionServiceImpl::ServeListWeights(
 void AttentionServiceImpl::ServeDeleteWeights(
     const Call& call, const v1::DeleteWeightsRequest& request,
     v1::DeleteWeightsResponse* response) {
+  const absl::Status admitted =
+      gate_->AdmitWeightChange(call.handler->context());
+  if (!admitted.ok()) return Finish(call, admitted, response);
   const absl::Status valid = ValidateWeightsName("name", request.name());
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<WeightsRegistry::Entry> entry =

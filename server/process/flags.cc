@@ -221,6 +221,13 @@ ABSL_FLAG(
     "comments; at most 4096 bytes a token); every call except health checks "
     "must carry one as \"authorization: Bearer <token>\", and each token "
     "owns its own sessions. Empty: no token.");
+ABSL_FLAG(std::string, weights_admin_token_file,
+          Defaults().weights_admin_token_file,
+          "File holding the bearer tokens (one per line, as "
+          "--auth_token_file's) of which PutWeights and DeleteWeights must "
+          "carry one (PERMISSION_DENIED for another token); they are taken "
+          "for every other call too. Empty: any caller the server admits may "
+          "put or delete weight sets.");
 
 namespace attnserve {
 
@@ -284,6 +291,7 @@ constexpr FlagOption kFlags[] = {
     {"tls_key", "tls.key_file"},
     {"tls_client_ca", "tls.client_ca_file"},
     {"auth_token_file", "auth_token_file"},
+    {"weights_admin_token_file", "weights_admin_token_file"},
     {"log_level", "log_level"},
     {"access_log", "access_log"}};
 
@@ -447,6 +455,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.weights_admin_token_file =
+      absl::GetFlag(FLAGS_weights_admin_token_file);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);

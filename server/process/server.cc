@@ -91,6 +91,7 @@ class AttnServerImpl final : public AttnServer {
   AttnServerImpl(std::unique_ptr<AttentionEngine> engine,
                  const ServerOptions& options, const MemoryPlan& memory,
                  std::vector<std::string> bearer_tokens,
+                 std::vector<std::string> admin_tokens,
                  std::unique_ptr<AccessLog> access_log)
       : options_(options),
         memory_(memory),
@@ -101,7 +102,7 @@ class AttnServerImpl final : public AttnServer {
         registry_(memory.max_weights_bytes),
         io_threads_(IoThreads(options, engine_->runtime_info())),
         sessions_(SessionsWithBudget(options.sessions, memory), &metrics_),
-        gate_(std::move(bearer_tokens)),
+        gate_(std::move(bearer_tokens), std::move(admin_tokens)),
         scheduler_(options.scheduling),
         service_(&metrics_, engine_.get(), &scheduler_, &registry_, &sessions_,
                  &gate_, &budget_,
@@ -412,15 +413,19 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(std::unique_ptr<AttentionEngine> engine,
                              AttentionEngine::Create(options.engine));
-  ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
-                             BearerTokensFor(options.auth_token_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      std::vector<std::string> tokens,
+      BearerTokensFor("auth_token_file", options.auth_token_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> admin_tokens,
+                             BearerTokensFor("weights_admin_token_file",
+                                             options.weights_admin_token_file));
   std::unique_ptr<AccessLog> access_log;
   if (!options.access_log.empty()) {
     ATTNSERVE_ASSIGN_OR_RETURN(access_log, AccessLog::Open(options.access_log));
   }
-  auto server = std::make_unique<AttnServerImpl>(std::move(engine), options,
-                                                 memory, std::move(tokens),
-                                                 std::move(access_log));
+  auto server = std::make_unique<AttnServerImpl>(
+      std::move(engine), options, memory, std::move(tokens),
+      std::move(admin_tokens), std::move(access_log));
   ATTNSERVE_RETURN_IF_ERROR(server->LoadWeights(options));
   // The metrics port first: a start-up that fails there has served no call,
   // and leaves without a drain.

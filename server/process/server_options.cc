@@ -201,6 +201,8 @@ std::string DescribeOptions(const ServerOptions& options,
           ? "off"
           : (options.tls.client_ca_file.empty() ? "on" : "mutual"),
       " auth_token=", options.auth_token_file.empty() ? "off" : "on",
+      " weights_admin_token=",
+      options.weights_admin_token_file.empty() ? "off" : "on",
       " demo_weights=", options.demo_weights ? "on" : "off", " weights_dir=",
       options.weights_dir.empty()
           ? "(none)"

@@ -85,6 +85,16 @@ std::string CertificateIdentity(const grpc::AuthContext& auth) {
                        reinterpret_cast<const char*>(digest), 16));
 }
 
+// Whether `presented` is one of `tokens`; every token compared, so the time
+// taken does not say which matched.
+bool OneOf(const std::vector<std::string>& tokens, grpc::string_ref presented) {
+  bool matched = false;
+  for (const std::string& token : tokens) {
+    matched = ConstantTimeEquals(token, presented) || matched;
+  }
+  return matched;
+}
+
 }  // namespace
 
 absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
@@ -95,14 +105,7 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   }
   if (bearer_tokens_.empty()) return absl::OkStatus();
   const std::optional<grpc::string_ref> presented = BearerToken(context);
-  bool matched = false;
-  if (presented.has_value()) {
-    // Every token compared, so the time taken does not say which matched.
-    for (const std::string& token : bearer_tokens_) {
-      matched = ConstantTimeEquals(token, *presented) || matched;
-    }
-  }
-  if (!matched) {
+  if (!presented.has_value() || !Known(*presented)) {
     return absl::UnauthenticatedError(
         "authorization is missing or wrong, expected one header "
         "\"authorization: Bearer <token>\" with the server's token");
@@ -110,16 +113,40 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   return absl::OkStatus();
 }
 
+bool CallGate::Known(grpc::string_ref token) const {
+  // Both lists compared whole, so the time taken does not say which holds it.
+  const bool caller = OneOf(bearer_tokens_, token);
+  const bool admin = OneOf(admin_tokens_, token);
+  return caller || admin;
+}
+
+absl::Status CallGate::AdmitWeightChange(
+    const grpc::ServerContextBase& context) const {
+  if (admin_tokens_.empty()) return absl::OkStatus();
+  const std::optional<grpc::string_ref> presented = BearerToken(context);
+  if (!presented.has_value()) {
+    return absl::UnauthenticatedError(
+        "putting or deleting a weight set needs one header \"authorization: "
+        "Bearer <token>\" with a token of weights_admin_token_file");
+  }
+  if (!OneOf(admin_tokens_, *presented)) {
+    return absl::PermissionDeniedError(
+        "putting or deleting a weight set needs a token of "
+        "weights_admin_token_file, and this caller's is not one");
+  }
+  return absl::OkStatus();
+}
+
 std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
-  if (!bearer_tokens_.empty()) {
-    const std::optional<grpc::string_ref> token = BearerToken(context);
-    if (!token.has_value()) return "";
+  const std::optional<grpc::string_ref> token = BearerToken(context);
+  if (token.has_value() && Known(*token)) {
     unsigned char digest[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(token->data()), token->size(),
            digest);
     return "token:" + absl::BytesToHexString(absl::string_view(
                           reinterpret_cast<const char*>(digest), 16));
   }
+  if (!bearer_tokens_.empty()) return "";  // Not admitted.
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
     return CertificateIdentity(*auth);

@@ -158,10 +158,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
 }
 
 absl::StatusOr<std::vector<std::string>> BearerTokensFor(
-    const std::string& token_file) {
+    const char* option, const std::string& token_file) {
   if (token_file.empty()) return std::vector<std::string>();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string text,
-                             ReadCredentialFile("auth_token_file", token_file));
+                             ReadCredentialFile(option, token_file));
   std::vector<std::string> tokens;
   int line_number = 0;
   for (const absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -171,27 +171,27 @@ absl::StatusOr<std::vector<std::string>> BearerTokensFor(
     if (token.empty() || token[0] == '#') continue;
     if (token.size() > kMaxBearerTokenBytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "auth_token_file: %s holds a token of %d bytes on line %d, expected "
+          "%s: %s holds a token of %d bytes on line %d, expected "
           "at most %d (a client sends it in an HTTP header, which gRPC bounds "
           "at 8 KiB with the others)",
-          token_file, static_cast<int>(token.size()), line_number,
+          option, token_file, static_cast<int>(token.size()), line_number,
           static_cast<int>(kMaxBearerTokenBytes)));
     }
     for (size_t i = 0; i < token.size(); ++i) {
       const unsigned char c = static_cast<unsigned char>(token[i]);
       if (c < 0x20 || c > 0x7e) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "auth_token_file: %s holds byte 0x%02x at offset %d of the token "
+            "%s: %s holds byte 0x%02x at offset %d of the token "
             "on line %d, expected one token per line of printable ASCII (a "
             "client sends the token in an HTTP header)",
-            token_file, c, static_cast<int>(i), line_number));
+            option, token_file, c, static_cast<int>(i), line_number));
       }
     }
     tokens.emplace_back(token);
   }
   if (tokens.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("auth_token_file: ", token_file, " holds no token"));
+        absl::StrCat(option, ": ", token_file, " holds no token"));
   }
   return tokens;
 }

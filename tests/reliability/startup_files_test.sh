@@ -68,6 +68,8 @@ expect_start_failure "holds byte 0x01 at offset 3 of the token on line 2, expect
   --auth_token_file="${workdir}/token_two_lines"
 printf '\n \n' >"${workdir}/token_blank"
 expect_start_failure "token_blank holds no token" --auth_token_file="${workdir}/token_blank"
+expect_start_failure "weights_admin_token_file: .*token_blank holds no token" \
+  --weights_admin_token_file="${workdir}/token_blank"
 mkfifo "${workdir}/token_fifo"
 expect_start_failure "token_fifo is a FIFO, expected a regular file" \
   --auth_token_file="${workdir}/token_fifo"

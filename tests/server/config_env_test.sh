@@ -140,7 +140,7 @@ help=$("${attnserve}" --help)
 for flag in address port threads io_threads io_spin_us executors max_queue max_batch max_queue_delay_us \
             max_message_bytes max_elements max_request_memory_bytes max_workspace_bytes \
             metrics_port max_weights_bytes max_inflight_bytes stream_idle_timeout_seconds max_client_resets_per_second weights_dir drain_grace_seconds tls_cert tls_key \
-            tls_client_ca auth_token_file attention_kernel portable_kernels demo_weights \
+            tls_client_ca auth_token_file weights_admin_token_file attention_kernel portable_kernels demo_weights \
             max_concurrent_streams message_timeout_seconds accept_compressed_requests \
             buffer_pool_bytes metrics_address kv_cache_bytes kv_eviction kv_page_tokens max_sessions \
             max_sessions_per_identity kv_cache_bytes_per_identity \

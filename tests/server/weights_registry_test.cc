@@ -3,6 +3,8 @@
 // against the naive reference.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -237,6 +239,60 @@ TEST_F(WeightsRegistryTest, DeleteWeightsReturnsInfoThenNameIsNotFound) {
       client_->DeleteWeights("doomed", kTimeout).status();
   EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << again;
   EXPECT_THAT(std::string(again.message()), HasSubstr("'doomed'"));
+}
+
+// With --weights_admin_token_file, only its tokens put or delete weight sets;
+// every other admitted caller still lists and uses them.
+TEST_F(WeightsRegistryTest, OnlyAnAdminTokenChangesWeightSets) {
+  const std::string callers = ::testing::TempDir() + "/weights_callers";
+  const std::string admins = ::testing::TempDir() + "/weights_admins";
+  std::ofstream(callers) << "caller-token\n";
+  std::ofstream(admins) << "# who may change weights\nadmin-token\n";
+  for (const bool with_caller_tokens : {true, false}) {
+    SCOPED_TRACE(with_caller_tokens ? "auth_token_file too" : "admins alone");
+    ServerOptions options = DefaultOptions();
+    if (with_caller_tokens) options.auth_token_file = callers;
+    options.weights_admin_token_file = admins;
+    server_.reset();
+    StartServer(options);
+    const auto connect = [this](const std::string& token) {
+      ClientOptions client_options;
+      client_options.bearer_token = token;
+      return Client::Connect(absl::StrCat("127.0.0.1:", server_->port()),
+                             client_options)
+          .value();
+    };
+    std::unique_ptr<Client> caller = connect("caller-token");
+    std::unique_ptr<Client> admin = connect("admin-token");
+    std::unique_ptr<Client> anonymous = connect("");
+    const v1::PutWeightsRequest put =
+        PutRequest("shared", MakeWeights(kSelfShape, 3));
+    absl::Status status = caller->PutWeights(put, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("needs a token of weights_admin_token_file"));
+    status = anonymous->PutWeights(put, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    ASSERT_TRUE(admin->PutWeights(put, kTimeout).ok());
+    // Every caller uses the set; the admin is admitted to every call too.
+    v1::MultiHeadAttentionRequest request =
+        MakeRequest(kSelfShape, 4, /*cross=*/false);
+    request.set_weights_name("shared");
+    EXPECT_TRUE(caller->MultiHeadAttention(request, kTimeout).ok());
+    EXPECT_TRUE(admin->MultiHeadAttention(request, kTimeout).ok());
+    EXPECT_EQ(anonymous->MultiHeadAttention(request, kTimeout).status().code(),
+              with_caller_tokens ? absl::StatusCode::kUnauthenticated
+                                 : absl::StatusCode::kOk);
+    for (const char* name : {"shared", "demo"}) {
+      status = caller->DeleteWeights(name, kTimeout).status();
+      EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    }
+    absl::StatusOr<v1::ListWeightsResponse> list =
+        caller->ListWeights(kTimeout);
+    ASSERT_TRUE(list.ok()) << list.status();
+    EXPECT_THAT(NamesOf(*list), ElementsAre("demo", "shared"));
+    EXPECT_TRUE(admin->DeleteWeights("shared", kTimeout).ok());
+  }
 }
 
 // Names are checked before use, and echoed at most 256 bytes, cut on a UTF-8

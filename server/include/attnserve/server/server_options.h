@@ -47,6 +47,10 @@ struct ServerOptions {
   // health checks must carry one; each token is an identity of its own (for
   // session ownership). Empty: none.
   std::string auth_token_file;
+  // A file of bearer tokens, one per line, of which PutWeights and
+  // DeleteWeights must carry one (they are admitted to every call too).
+  // Empty: any admitted caller may change weight sets.
+  std::string weights_admin_token_file;
 
   // Port of the Prometheus /metrics endpoint, on `metrics_address`; 0 picks a
   // free one (see AttnServer::metrics_port()); nullopt (the default here; the

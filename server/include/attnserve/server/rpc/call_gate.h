@@ -1,7 +1,7 @@
 // CallGate: whether a call may enter — the server still takes calls (not
 // draining) and the caller holds one of the bearer tokens, if any are
-// configured — and who the caller is (Identity), for what it owns. Health
-// checks never pass through it.
+// configured — whether it may change weight sets, and who the caller is
+// (Identity), for what it owns. Health checks never pass through it.
 //
 // At the very end of a drain the gate holds the calls it refuses instead of
 // answering them at once: a client answered UNAVAILABLE sends its next call
@@ -43,23 +43,31 @@ class CallGate {
  public:
   using Ticket = uint64_t;
 
-  // No `bearer_tokens`: calls need no token. Each token is an identity of
-  // its own.
-  explicit CallGate(std::vector<std::string> bearer_tokens)
-      : bearer_tokens_(std::move(bearer_tokens)) {}
+  // No `bearer_tokens`: calls need no token. No `admin_tokens`: any admitted
+  // caller may change weight sets; else only a holder of one of them, which
+  // is admitted to every call too. Each token is an identity of its own.
+  explicit CallGate(std::vector<std::string> bearer_tokens,
+                    std::vector<std::string> admin_tokens = {})
+      : bearer_tokens_(std::move(bearer_tokens)),
+        admin_tokens_(std::move(admin_tokens)) {}
 
   // OK; UNAVAILABLE once Close() was called; UNAUTHENTICATED without one
   // "authorization: Bearer <token>" header (the scheme in any case) for one of
-  // the tokens, when there are: a call with two authorization headers is
-  // refused, whatever they hold.
+  // the tokens (bearer or admin), when there are bearer tokens: a call with
+  // two authorization headers is refused, whatever they hold.
   absl::Status Admit(const grpc::ServerContextBase& context) const;
 
-  // Who an admitted caller is: with tokens, "token:" and the first 128 bits
-  // of the SHA-256 of the caller's token in hex (the token itself is never
-  // kept); else with a verified client certificate (mutual TLS), "x509:" and
-  // the first 128 bits of the SHA-256 of its issuer's and subject's names
-  // (one subject from two CAs is two identities); else "" (one namespace for
-  // every caller).
+  // For an admitted call that puts or deletes a weight set: OK without admin
+  // tokens or with one; else UNAUTHENTICATED without a token and
+  // PERMISSION_DENIED with another.
+  absl::Status AdmitWeightChange(const grpc::ServerContextBase& context) const;
+
+  // Who an admitted caller is: with one of the tokens (bearer or admin),
+  // "token:" and the first 128 bits of the SHA-256 of it in hex (the token
+  // itself is never kept); else with a verified client certificate (mutual
+  // TLS), "x509:" and the first 128 bits of the SHA-256 of its issuer's and
+  // subject's names (one subject from two CAs is two identities); else ""
+  // (one namespace for every caller).
   std::string Identity(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).
@@ -85,7 +93,11 @@ class CallGate {
   int ReleaseHeld() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // Whether `token` is one of the bearer or admin tokens.
+  bool Known(grpc::string_ref token) const;
+
   const std::vector<std::string> bearer_tokens_;
+  const std::vector<std::string> admin_tokens_;
   std::atomic<bool> closed_{false};
   mutable std::atomic<int64_t> refused_closed_{0};
   // The held answers are the gate's working state, not what it admits: the

@@ -252,6 +252,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       record.rpc = RpcName(Rpc::kAttendStream);
       record.status = status;
       record.peer = peer();
+      record.identity = deps_.gate->Identity(context());
       record.stream_index = slot.answer.index();
       record.request_bytes = slot.request_bytes;
       record.response_bytes = response_bytes;

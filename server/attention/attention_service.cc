@@ -365,6 +365,7 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     record.rpc = RpcName(call.rpc);
     record.status = answer;
     record.peer = call.handler->peer();
+    record.identity = Owner(call);
     record.request_bytes = call.request_bytes;
     record.response_bytes = response_bytes;
     record.server = now - call.started;

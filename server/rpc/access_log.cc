@@ -97,6 +97,7 @@ std::string AccessLogLine(const AccessRecord& record) {
     AppendField("message", record.status.message(), &line);
   }
   AppendField("peer", record.peer, &line);
+  if (!record.identity.empty()) AppendField("identity", record.identity, &line);
   if (record.stream_index >= 0) {
     AppendField("stream_index", record.stream_index, &line);
   }

@@ -2,8 +2,8 @@
 # The attnserve binary's --access_log and --log_level. With a token file and an access log
 # file: calls through attnctl (Attend, MultiHeadAttention with the demo weights, a session's
 # create, step, fork and delete, a refused call without the token) each leave one JSON line
-# (python3's json parses them) with their RPC, code, bytes, times, peer, weights and session,
-# and no line holds the token or any tensor data. --log_level=warning leaves out the info lines
+# (python3's json parses them) with their RPC, code, bytes, times, peer, the caller's identity
+# (its token's hash), weights and session, and no line holds the token or any tensor data. --log_level=warning leaves out the info lines
 # (the start-up line), debug adds gRPC's own, and an unknown level stops start-up (exit 2)
 # naming the flag.
 #
@@ -46,7 +46,7 @@ set -e
 stop_attnserve
 
 "${python}" - "${log}" "${token}" "${session}" "${child}" <<'PY' || fail "the access log: see above"
-import json, sys
+import hashlib, json, sys
 
 path, token, session, child = sys.argv[1:5]
 text = open(path, encoding="utf-8").read()
@@ -82,6 +82,13 @@ find("ForkSession", session=session, created_session=child)
 find("DeleteSession", session=session)
 refused = find("Attend", code="UNAUTHENTICATED")
 assert refused["response_bytes"] == 0 and "message" in refused, refused
+# The caller as sessions know it: the first 128 bits of its token's SHA-256; a caller refused
+# at the gate has none.
+identity = "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+for record in records:
+    if record["code"] != "UNAUTHENTICATED":
+        assert record.get("identity") == identity, (record, identity)
+assert "identity" not in refused, refused
 print(f"PASS {len(records)} access-log lines")
 PY
 

@@ -34,6 +34,7 @@ AccessRecord SomeRecord() {
   record.rpc = "MultiHeadAttention";
   record.status = absl::OkStatus();
   record.peer = "ipv4:127.0.0.1:53312";
+  record.identity = "token:000102030405060708090a0b0c0d0e0f";
   record.request_bytes = 1048612;
   record.response_bytes = 524321;
   record.server = absl::Microseconds(2140);
@@ -58,6 +59,7 @@ TEST(AccessLogLineTest, SaysWhatTheCallDid) {
   EXPECT_EQ(line["code"], "OK");
   EXPECT_FALSE(line.contains("message"));
   EXPECT_EQ(line["peer"], "ipv4:127.0.0.1:53312");
+  EXPECT_EQ(line["identity"], "token:000102030405060708090a0b0c0d0e0f");
   EXPECT_EQ(line["request_bytes"], 1048612);
   EXPECT_EQ(line["response_bytes"], 524321);
   EXPECT_EQ(line["server_us"], 2140);

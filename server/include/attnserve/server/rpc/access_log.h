@@ -1,10 +1,12 @@
 // AccessLog: one JSON line per call (--access_log), for the operator who asks
 // "who called, what did it cost, how did it end". No tensor data and no
 // token: the RPC, its status, the bytes each way, the server's times, the
-// peer, and the weights and session it named.
+// peer and the caller's identity (a hash: CallGate::Identity), and the weights
+// and session it named.
 //
 //   {"time":"2026-12-02T05:40:01.123456Z","rpc":"MultiHeadAttention",
-//    "code":"OK","peer":"ipv4:10.0.3.7:53312","request_bytes":1048612,
+//    "code":"OK","peer":"ipv4:10.0.3.7:53312",
+//    "identity":"token:1f0c…","request_bytes":1048612,
 //    "response_bytes":524321,"server_us":2140,"queue_us":35,
 //    "compute_us":1960,"weights":"llama-l0","weights_version":3}
 //
@@ -42,6 +44,8 @@ struct AccessRecord {
   absl::string_view rpc;  // "Attend", "Step", ...
   absl::Status status;
   std::string peer;  // gRPC's peer string: "ipv4:127.0.0.1:53312"
+  // CallGate::Identity ("token:…", "x509:…"); empty: none (no credentials).
+  std::string identity;
   int64_t request_bytes = 0;
   int64_t response_bytes = 0;  // 0 for a failed call
   absl::Duration server;       // from the request's arrival to the answer

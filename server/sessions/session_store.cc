@@ -268,11 +268,12 @@ absl::Status SessionStore::MakeRoomForSession(const std::string& owner) {
     }
     return nullptr;
   };
-  const auto refused = [evict](absl::string_view limit, int64_t value) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        limit, " ", value, " sessions",
-        evict ? ", all in use by steps" : " and kv_eviction is none",
-        "; delete sessions you no longer need"));
+  const auto refused = [evict](absl::string_view limit, int64_t value,
+                                absl::string_view in_use) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(limit, " ", value, " sessions",
+                     evict ? in_use : " and kv_eviction is none",
+                     "; delete sessions you no longer need"));
   };
   const int64_t cap = options_.max_sessions_per_identity;
   while (cap > 0) {
@@ -284,7 +285,8 @@ absl::Status SessionStore::MakeRoomForSession(const std::string& owner) {
     }
     Session* victim = evict ? idle(*found->second) : nullptr;
     if (victim == nullptr) {
-      return refused("this caller holds max_sessions_per_identity", cap);
+      return refused("this caller holds max_sessions_per_identity", cap,
+                     ", all in use by steps");
     }
     Remove(sessions_.at(victim->id),
            absl::StrCat("was evicted (its caller's least recently used) to "
@@ -296,21 +298,32 @@ absl::Status SessionStore::MakeRoomForSession(const std::string& owner) {
   while (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
     // The identity that would hold the most sessions (the caller counted
     // with the new one; ties go to the caller) gives up its least recently
-    // used idle one.
+    // used idle one; another's only while it holds at least as many as the
+    // caller would.
+    const auto asking = accounts_.find(owner);
+    const int64_t would_hold =
+        (asking == accounts_.end()
+             ? 0
+             : static_cast<int64_t>(asking->second->lru.size())) +
+        1;
     Session* victim = nullptr;
     int64_t most = -1;
     for (const auto& [name, account] : accounts_) {
+      const bool own = name == owner;
+      const int64_t holds =
+          static_cast<int64_t>(account->lru.size()) + (own ? 1 : 0);
+      if (holds < would_hold) continue;
       Session* candidate = evict ? idle(*account) : nullptr;
       if (candidate == nullptr) continue;
-      const int64_t holds =
-          static_cast<int64_t>(account->lru.size()) + (name == owner ? 1 : 0);
-      if (holds > most || (holds == most && name == owner)) {
+      if (holds > most || (holds == most && own)) {
         most = holds;
         victim = candidate;
       }
     }
     if (victim == nullptr) {
-      return refused("the server holds max_sessions", options_.max_sessions);
+      return refused("the server holds max_sessions", options_.max_sessions,
+                     ", and this caller's are all in use by steps, as are "
+                     "those of every caller holding as many as it would");
     }
     Remove(sessions_.at(victim->id),
            absl::StrCat("was evicted (least recently used) to make room for a "
@@ -430,8 +443,15 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const std::string& owner,
            asking, holder.get(), holder->lru.begin()});
     }
   }
+  // Another caller's sessions go only while it holds at least as much as the
+  // caller would.
+  const auto would_hold = [&] {
+    return (account == nullptr ? 0 : account->bytes - plan.FreedBy(account)) +
+           bytes;
+  };
   while (used - plan.freed + bytes > budget && !holders.empty()) {
     Holder holder = holders.top();
+    if (!holder.asking && holder.holds < would_hold()) break;
     holders.pop();
     const auto end = holder.account->lru.end();
     while (holder.next != end &&
@@ -448,10 +468,12 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const std::string& owner,
   if (used - plan.freed + bytes > budget) {
     return absl::ResourceExhaustedError(absl::StrCat(
         budget_full,
-        ", and evicting every session no step is using would free only ",
+        ", and evicting every session that may go for this caller would "
+        "free only ",
         plan.freed,
-        " (the rest is this session's, shared with it, or in use by steps); "
-        "nothing was evicted"));
+        " (the rest is this session's, shared with it, or in use by steps, "
+        "or another caller's holding less than this caller would); nothing "
+        "was evicted"));
   }
   for (size_t i = 0; i < plan.victims.size(); ++i) {
     Session* victim = plan.victims[i];

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attnserve {
@@ -149,6 +150,84 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Budgets>& param) {
       return std::string(param.param.name);
     });
+
+// A session of one layer, H and Hkv 1, Dk and Dv 4, f32: 8 tokens a page.
+SessionConfig Small() {
+  SessionConfig config;
+  config.key_dim = 4;
+  config.value_dim = 4;
+  config.max_tokens = 1000;
+  return config;
+}
+
+// Appends `tokens` tokens to layer 0 of `owner`'s session `id`.
+absl::Status Append(SessionStore& store, const std::string& owner,
+                    const std::string& id, int64_t tokens) {
+  absl::StatusOr<SessionStore::Pin> pin = store.Acquire(owner, id);
+  if (!pin.ok()) return pin.status();
+  const std::vector<float> values(static_cast<size_t>(4 * tokens), 0.25f);
+  KvAppend append;
+  append.tokens = tokens;
+  append.key = reinterpret_cast<const char*>(values.data());
+  append.value = append.key;
+  int64_t length = 0;
+  return store.AppendAndView(*pin, 0, pin->Length(0), append, &length).status();
+}
+
+// A caller whose own sessions are all in use by steps is refused, rather
+// than evicting a caller that holds less than it would; one that holds less
+// takes its room from the largest holder.
+TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  // 12 pages and the bookkeeping of three sessions of up to 12 pages.
+  options.kv_cache_bytes = 12 * 4096 + 3 * (1024 + 48 + 12 * 16);
+  options.max_sessions = 3;
+  SessionStore store(options, nullptr);
+  std::vector<std::string> alices;
+  for (int i = 0; i < 2; ++i) {
+    alices.push_back(store.Create("alice", Small())->id);
+    ASSERT_TRUE(Append(store, "alice", alices.back(), 32).ok());  // 4 pages.
+  }
+  const std::string bobs = store.Create("bob", Small())->id;
+  ASSERT_TRUE(Append(store, "bob", bobs, 16).ok());  // 2 pages.
+  {
+    // Alice's sessions in use by steps: 4 more pages would evict bob's,
+    // who holds less than she would. Refused; nothing goes.
+    absl::StatusOr<SessionStore::Pin> first = store.Acquire("alice", alices[0]);
+    absl::StatusOr<SessionStore::Pin> second =
+        store.Acquire("alice", alices[1]);
+    ASSERT_TRUE(first.ok() && second.ok());
+    const std::vector<float> values(4 * 32, 0.25f);
+    KvAppend append;
+    append.tokens = 32;
+    append.key = reinterpret_cast<const char*>(values.data());
+    append.value = append.key;
+    int64_t length = 0;
+    const absl::Status status =
+        store.AppendAndView(*first, 0, 32, append, &length).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr("another caller's holding less than "
+                                     "this caller would"));
+    // Another session of hers would take bob's place under max_sessions.
+    const absl::Status created = store.Create("alice", Small()).status();
+    EXPECT_EQ(created.code(), absl::StatusCode::kResourceExhausted) << created;
+    EXPECT_THAT(std::string(created.message()),
+                ::testing::HasSubstr("as are those of every caller holding "
+                                     "as many as it would"));
+    EXPECT_TRUE(store.Get("bob", bobs).ok());
+  }
+  // Bob, holding less, takes 4 pages from alice, the largest holder: her
+  // least recently used idle session goes.
+  ASSERT_TRUE(Append(store, "bob", bobs, 32).ok());
+  EXPECT_TRUE(store.Get("bob", bobs).ok());
+  const absl::Status evicted = store.Get("alice", alices[0]).status();
+  EXPECT_EQ(evicted.code(), absl::StatusCode::kNotFound) << evicted;
+  EXPECT_THAT(std::string(evicted.message()),
+              ::testing::HasSubstr("another caller needed the room"));
+  EXPECT_TRUE(store.Get("alice", alices[1]).ok());
+}
 
 }  // namespace
 }  // namespace attnserve

@@ -24,9 +24,10 @@
 // identity's own least recently used sessions go (kLru), or its new work is
 // refused (kNone). Past the store's budget or max_sessions, the sessions that
 // go are the least recently used of the identity that would hold the most
-// (the one asking counted with what it asks for), so that one caller's flood
-// evicts its own sessions before anyone else's, and with one identity this
-// is plain LRU. Forks stay with their owner, so every page belongs to one
+// (the one asking counted with what it asks for), and another identity's
+// only while it holds at least as much as the one asking would: one caller's
+// flood evicts its own sessions, never those of a caller holding less, and
+// with one identity this is plain LRU. Forks stay with their owner, so every page belongs to one
 // identity.
 //
 // Thread-safe: one mutex guards the tables; the compute reads pages outside

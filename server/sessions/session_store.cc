@@ -259,89 +259,16 @@ constexpr char kHeldTheMost[] =
 
 }  // namespace
 
-absl::Status SessionStore::MakeRoomForSession(const std::string& owner) {
-  const bool evict = options_.eviction == EvictionPolicy::kLru;
-  // An account's least recently used session no step is using.
-  const auto idle = [](const Account& account) -> Session* {
-    for (Session* session : account.lru) {
-      if (session->pins == 0) return session;
-    }
-    return nullptr;
-  };
-  const auto refused = [evict](absl::string_view limit, int64_t value,
-                                absl::string_view in_use) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(limit, " ", value, " sessions",
-                     evict ? in_use : " and kv_eviction is none",
-                     "; delete sessions you no longer need"));
-  };
-  const int64_t cap = options_.max_sessions_per_identity;
-  while (cap > 0) {
-    // Looked up each time: the last session's removal drops the account.
-    const auto found = accounts_.find(owner);
-    if (found == accounts_.end() ||
-        static_cast<int64_t>(found->second->lru.size()) < cap) {
-      break;
-    }
-    Session* victim = evict ? idle(*found->second) : nullptr;
-    if (victim == nullptr) {
-      return refused("this caller holds max_sessions_per_identity", cap,
-                     ", all in use by steps");
-    }
-    Remove(sessions_.at(victim->id),
-           absl::StrCat("was evicted (its caller's least recently used) to "
-                        "make room for a new session of its caller under "
-                        "max_sessions_per_identity ",
-                        cap),
-           SessionRemoval::kEvicted);
-  }
-  while (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    // The identity that would hold the most sessions (the caller counted
-    // with the new one; ties go to the caller) gives up its least recently
-    // used idle one; another's only while it holds at least as many as the
-    // caller would.
-    const auto asking = accounts_.find(owner);
-    const int64_t would_hold =
-        (asking == accounts_.end()
-             ? 0
-             : static_cast<int64_t>(asking->second->lru.size())) +
-        1;
-    Session* victim = nullptr;
-    int64_t most = -1;
-    for (const auto& [name, account] : accounts_) {
-      const bool own = name == owner;
-      const int64_t holds =
-          static_cast<int64_t>(account->lru.size()) + (own ? 1 : 0);
-      if (holds < would_hold) continue;
-      Session* candidate = evict ? idle(*account) : nullptr;
-      if (candidate == nullptr) continue;
-      if (holds > most || (holds == most && own)) {
-        most = holds;
-        victim = candidate;
-      }
-    }
-    if (victim == nullptr) {
-      return refused("the server holds max_sessions", options_.max_sessions,
-                     ", and this caller's are all in use by steps, as are "
-                     "those of every caller holding as many as it would");
-    }
-    Remove(sessions_.at(victim->id),
-           absl::StrCat("was evicted (least recently used) to make room for a "
-                        "new session under max_sessions ",
-                        options_.max_sessions,
-                        victim->owner == owner ? "" : kHeldTheMost),
-           SessionRemoval::kEvicted);
-  }
-  return absl::OkStatus();
-}
-
-// Sessions chosen to be evicted together, and what their going frees.
+// Sessions chosen to be evicted together, and what their going frees. Every
+// victim is chosen before any goes, so that work refused for want of room
+// evicts none.
 struct SessionStore::EvictionPlan {
   // Adds `session`, counting a page once every table holding it is a
-  // victim's.
-  void Add(Session* session) {
-    victims.push_back(session);
+  // victim's; `reason` tells its owner why it went.
+  void Add(Session* session, std::string reason) {
+    victims.emplace_back(session, std::move(reason));
     chosen.insert(session);
+    ++chosen_by[session->account];
     int64_t bytes = session->bookkeeping_bytes;
     for (const Session::Layer& layer : session->layers) {
       for (const std::shared_ptr<Page>& page : layer.pages) {
@@ -357,74 +284,168 @@ struct SessionStore::EvictionPlan {
     const auto found = freed_by.find(account);
     return found == freed_by.end() ? 0 : found->second;
   }
+  // The sessions `account` (null: none) holds once the victims are gone.
+  int64_t Left(const Account* account) const {
+    if (account == nullptr) return 0;
+    const auto found = chosen_by.find(account);
+    return static_cast<int64_t>(account->lru.size()) -
+           (found == chosen_by.end() ? 0 : found->second);
+  }
 
-  std::vector<Session*> victims;
+  std::vector<std::pair<Session*, std::string>> victims;
   absl::flat_hash_set<const Session*> chosen;
+  absl::flat_hash_map<const Account*, int64_t> chosen_by;
   absl::flat_hash_map<const Page*, int> tables;
   absl::flat_hash_map<const Account*, int64_t> freed_by;
   int64_t freed = 0;
 };
 
-absl::Status SessionStore::MakeRoom(int64_t bytes, const std::string& owner,
-                                    const Session* keep) {
+SessionStore::Account* SessionStore::FindAccount(const std::string& owner) {
+  const auto found = accounts_.find(owner);
+  return found == accounts_.end() ? nullptr : found->second.get();
+}
+
+absl::Status SessionStore::PlanRoomForSession(const std::string& owner,
+                                              const Session* keep,
+                                              EvictionPlan* plan) {
+  const bool evict = options_.eviction == EvictionPolicy::kLru;
+  // An account's least recently used session that may go: no step is using
+  // it, it is not `keep`, and it is not chosen already.
+  const auto idle = [keep, plan](const Account& account) -> Session* {
+    for (Session* session : account.lru) {
+      if (session->pins == 0 && session != keep &&
+          !plan->chosen.contains(session)) {
+        return session;
+      }
+    }
+    return nullptr;
+  };
+  const auto refused = [evict, keep](absl::string_view limit, int64_t value,
+                                     absl::string_view in_use) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        limit, " ", value, " sessions",
+        evict ? absl::StrCat(in_use, keep == nullptr
+                                         ? ""
+                                         : " (the session forked included)")
+              : " and kv_eviction is none",
+        "; delete sessions you no longer need"));
+  };
+  Account* const account = FindAccount(owner);
+  const int64_t cap = options_.max_sessions_per_identity;
+  while (cap > 0 && plan->Left(account) >= cap) {
+    Session* victim = evict ? idle(*account) : nullptr;
+    if (victim == nullptr) {
+      return refused("this caller holds max_sessions_per_identity", cap,
+                     ", all in use by steps");
+    }
+    plan->Add(victim,
+              absl::StrCat("was evicted (its caller's least recently used) to "
+                           "make room for a new session of its caller under "
+                           "max_sessions_per_identity ",
+                           cap));
+  }
+  while (static_cast<int64_t>(sessions_.size() - plan->victims.size()) >=
+         options_.max_sessions) {
+    // The identity that would hold the most sessions (the caller counted
+    // with the new one; ties go to the caller) gives up its least recently
+    // used idle one; another's only while it holds at least as many as the
+    // caller would.
+    const int64_t would_hold = plan->Left(account) + 1;
+    Session* victim = nullptr;
+    int64_t most = -1;
+    for (const auto& [name, holder] : accounts_) {
+      const bool own = holder.get() == account;
+      const int64_t holds = plan->Left(holder.get()) + (own ? 1 : 0);
+      if (holds < would_hold) continue;
+      Session* candidate = evict ? idle(*holder) : nullptr;
+      if (candidate == nullptr) continue;
+      if (holds > most || (holds == most && own)) {
+        most = holds;
+        victim = candidate;
+      }
+    }
+    if (victim == nullptr) {
+      return refused("the server holds max_sessions", options_.max_sessions,
+                     ", and this caller's are all in use by steps, as are "
+                     "those of every caller holding as many as it would");
+    }
+    plan->Add(victim,
+              absl::StrCat("was evicted (least recently used) to make room "
+                           "for a new session under max_sessions ",
+                           options_.max_sessions,
+                           victim->owner == owner ? "" : kHeldTheMost));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
+                                    const std::string& owner,
+                                    const Session* keep, EvictionPlan* plan) {
   const int64_t budget = options_.kv_cache_bytes;
   const int64_t cap = options_.kv_cache_bytes_per_identity;
   if (bytes > budget) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the step needs ", bytes,
-                     " bytes of pages, more than the whole KV cache budget "
+        absl::StrCat(what, " needs ", bytes,
+                     " bytes, more than the whole KV cache budget "
                      "(kv_cache_bytes) of ",
                      budget, " bytes"));
   }
   if (cap > 0 && bytes > cap) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the step needs ", bytes,
-                     " bytes of pages, more than one caller may hold "
+        absl::StrCat(what, " needs ", bytes,
+                     " bytes, more than one caller may hold "
                      "(kv_cache_bytes_per_identity ",
                      cap, " bytes)"));
   }
-  const auto found = accounts_.find(owner);
-  Account* const account =
-      found == accounts_.end() ? nullptr : found->second.get();
-  const int64_t held = account == nullptr ? 0 : account->bytes;
+  Account* const account = FindAccount(owner);
+  const auto would_hold = [&] {
+    return (account == nullptr ? 0 : account->bytes - plan->FreedBy(account)) +
+           bytes;
+  };
   const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
-  const bool over_cap = cap > 0 && held + bytes > cap;
-  if (!over_cap && used + bytes <= budget) return absl::OkStatus();
+  const auto over_cap = [&] { return cap > 0 && would_hold() > cap; };
+  const auto over_budget = [&] { return used - plan->freed + bytes > budget; };
+  if (!over_cap() && !over_budget()) return absl::OkStatus();
   const std::string cap_full = absl::StrCat(
       "this caller's share of the KV cache (kv_cache_bytes_per_identity ", cap,
-      " bytes) is full (", held, " bytes held; the step needs ", bytes,
-      " more)");
+      " bytes) is full (",
+      account == nullptr ? 0 : account->bytes - plan->FreedBy(account),
+      " bytes held; ", what, " needs ", bytes, " more)");
   const std::string budget_full = absl::StrCat(
       "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
-      used, " bytes held; the step needs ", bytes, " more)");
+      used - plan->freed, " bytes held; ", what, " needs ", bytes, " more)");
   if (options_.eviction == EvictionPolicy::kNone) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(over_cap ? cap_full : budget_full,
+        absl::StrCat(over_cap() ? cap_full : budget_full,
                      "; kv_eviction is none: delete or truncate sessions"));
   }
-  // The victims are chosen before any goes, so that a step that would not
-  // fit even with them all gone evicts none. First the caller's own least
-  // recently used, past its share.
-  EvictionPlan plan;
-  if (over_cap) {
+  // First the caller's own least recently used, past its share.
+  const auto may_go = [keep, plan](const Session* session) {
+    return session->pins == 0 && session != keep &&
+           !plan->chosen.contains(session);
+  };
+  if (over_cap()) {
     for (Session* candidate : account->lru) {
-      if (held - plan.freed + bytes <= cap) break;
-      if (candidate->pins == 0 && candidate != keep) plan.Add(candidate);
+      if (!over_cap()) break;
+      if (!may_go(candidate)) continue;
+      plan->Add(candidate,
+                absl::StrCat("was evicted (its caller's least recently used) "
+                             "to make room in its caller's share of the KV "
+                             "cache (kv_cache_bytes_per_identity ",
+                             cap, " bytes)"));
     }
-    if (held - plan.freed + bytes > cap) {
+    if (over_cap()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           cap_full,
-          ", and evicting every session of this caller's no step is "
-          "using would free only ",
-          plan.freed,
-          " (the rest is this session's, shared with it, or in use by "
-          "steps); nothing was evicted"));
+          ", and evicting every session of this caller's that may go would "
+          "not make room (the rest is this session's, shared with it, or in "
+          "use by steps); nothing was evicted"));
     }
   }
-  const size_t for_cap = plan.victims.size();
   // Then, past the budget, the least recently used of the identity that
   // would hold the most (the caller counted with what it asks for; ties go
-  // to the caller), again after each victim.
+  // to the caller), again after each victim; another caller's only while it
+  // holds at least as much as the caller would.
   struct Holder {
     int64_t holds;
     bool asking;
@@ -435,61 +456,49 @@ absl::Status SessionStore::MakeRoom(int64_t bytes, const std::string& owner,
     }
   };
   std::priority_queue<Holder> holders;
-  if (used - plan.freed + bytes > budget) {
+  if (over_budget()) {
     for (const auto& [name, holder] : accounts_) {
       const bool asking = holder.get() == account;
       holders.push(
-          {holder->bytes - plan.FreedBy(holder.get()) + (asking ? bytes : 0),
+          {asking ? would_hold() : holder->bytes - plan->FreedBy(holder.get()),
            asking, holder.get(), holder->lru.begin()});
     }
   }
-  // Another caller's sessions go only while it holds at least as much as the
-  // caller would.
-  const auto would_hold = [&] {
-    return (account == nullptr ? 0 : account->bytes - plan.FreedBy(account)) +
-           bytes;
-  };
-  while (used - plan.freed + bytes > budget && !holders.empty()) {
+  while (over_budget() && !holders.empty()) {
     Holder holder = holders.top();
     if (!holder.asking && holder.holds < would_hold()) break;
     holders.pop();
     const auto end = holder.account->lru.end();
-    while (holder.next != end &&
-           ((*holder.next)->pins > 0 || *holder.next == keep ||
-            plan.chosen.contains(*holder.next))) {
-      ++holder.next;
-    }
+    while (holder.next != end && !may_go(*holder.next)) ++holder.next;
     if (holder.next == end) continue;  // Nothing more of its may go.
-    plan.Add(*holder.next++);
-    holder.holds = holder.account->bytes - plan.FreedBy(holder.account) +
-                   (holder.asking ? bytes : 0);
+    Session* victim = *holder.next++;
+    plan->Add(victim,
+              absl::StrCat("was evicted (least recently used) to make room "
+                           "in the KV cache budget of ",
+                           budget, " bytes",
+                           victim->owner == owner ? "" : kHeldTheMost));
+    holder.holds = holder.asking
+                       ? would_hold()
+                       : holder.account->bytes - plan->FreedBy(holder.account);
     holders.push(holder);
   }
-  if (used - plan.freed + bytes > budget) {
+  if (over_budget()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         budget_full,
         ", and evicting every session that may go for this caller would "
         "free only ",
-        plan.freed,
+        plan->freed,
         " (the rest is this session's, shared with it, or in use by steps, "
         "or another caller's holding less than this caller would); nothing "
         "was evicted"));
   }
-  for (size_t i = 0; i < plan.victims.size(); ++i) {
-    Session* victim = plan.victims[i];
-    Remove(sessions_.at(victim->id),
-           i < for_cap
-               ? absl::StrCat("was evicted (its caller's least recently used) "
-                              "to make room in its caller's share of the KV "
-                              "cache (kv_cache_bytes_per_identity ",
-                              cap, " bytes)")
-               : absl::StrCat("was evicted (least recently used) to make room "
-                              "in the KV cache budget of ",
-                              budget, " bytes",
-                              victim->owner == owner ? "" : kHeldTheMost),
-           SessionRemoval::kEvicted);
-  }
   return absl::OkStatus();
+}
+
+void SessionStore::Evict(const EvictionPlan& plan) {
+  for (const auto& [victim, reason] : plan.victims) {
+    Remove(sessions_.at(victim->id), reason, SessionRemoval::kEvicted);
+  }
 }
 
 std::shared_ptr<SessionStore::Page> SessionStore::NewPage(
@@ -690,15 +699,14 @@ absl::StatusOr<SessionDescription> SessionStore::Create(
         ": a session of that id exists or was recently removed; choose "
         "another random id"));
   }
-  if (absl::Status room = MakeRoomForSession(owner); !room.ok()) {
-    RecordTotals();
-    return room;
-  }
   const int64_t bookkeeping = SessionBookkeepingBytes(config, 0);
-  if (absl::Status room = MakeRoom(bookkeeping, owner, nullptr); !room.ok()) {
-    RecordTotals();
-    return room;
+  EvictionPlan plan;
+  absl::Status room = PlanRoomForSession(owner, nullptr, &plan);
+  if (room.ok()) {
+    room = PlanRoom(bookkeeping, "the session", owner, nullptr, &plan);
   }
+  if (!room.ok()) return room;
+  Evict(plan);
   auto session = std::make_shared<Session>();
   session->id = id.empty() ? NewId() : id;
   session->owner = owner;
@@ -741,15 +749,14 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
   }
   const int64_t bookkeeping =
       SessionBookkeepingBytes((*parent)->config, table_entries);
-  // Pinned while room is made, so that it is not the session evicted.
-  ++(*parent)->pins;
-  absl::Status room = MakeRoomForSession(owner);
-  if (room.ok()) room = MakeRoom(bookkeeping, owner, parent->get());
-  --(*parent)->pins;
-  if (!room.ok()) {
-    RecordTotals();
-    return room;
+  // The parent is kept while room is made: it is not the session evicted.
+  EvictionPlan plan;
+  absl::Status room = PlanRoomForSession(owner, parent->get(), &plan);
+  if (room.ok()) {
+    room = PlanRoom(bookkeeping, "the fork", owner, parent->get(), &plan);
   }
+  if (!room.ok()) return room;
+  Evict(plan);
   const absl::Time now = absl::Now();
   Touch(parent->get(), now);
   auto child = std::make_shared<Session>();
@@ -971,11 +978,13 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     const int64_t bytes = (new_pages + (copy_last ? 1 : 0)) *
                               PageArena::Footprint(layout.PageBytes()) +
                           new_pages * kTableEntryBytes;
-    if (absl::Status room = MakeRoom(bytes, session.owner, &session);
+    EvictionPlan plan;
+    if (absl::Status room =
+            PlanRoom(bytes, "the step", session.owner, &session, &plan);
         !room.ok()) {
-      RecordTotals();
       return room;
     }
+    Evict(plan);
     // Every page first, so that a failed mapping leaves the layer as it was.
     std::vector<std::shared_ptr<Page>> fresh;
     for (int64_t p = 0; p < new_pages + (copy_last ? 1 : 0); ++p) {

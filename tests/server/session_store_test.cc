@@ -229,5 +229,40 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
   EXPECT_TRUE(store.Get("alice", alices[1]).ok());
 }
 
+// Work refused for want of room evicts nothing, though making room for its
+// session count alone would have.
+TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  options.kv_cache_bytes = 1 << 20;
+  options.max_sessions = 2;
+  options.kv_cache_bytes_per_identity = 8192;
+  options.max_sessions_per_identity = 1;
+  SessionStore store(options, nullptr);
+  const std::string bobs = store.Create("bob", Small())->id;
+  const std::string alices = store.Create("alice", Small())->id;
+  // 256 layers' bookkeeping (13,312 bytes) pass alice's share: refused, and
+  // neither her session (her count's victim) nor bob's goes.
+  SessionConfig deep = Small();
+  deep.layers = 256;
+  absl::Status status = store.Create("alice", deep).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("the session needs 13312 bytes, more than "
+                                   "one caller may hold"));
+  EXPECT_TRUE(store.Get("alice", alices).ok());
+  EXPECT_TRUE(store.Get("bob", bobs).ok());
+  // A fork of her only session cannot evict it to make room for itself.
+  status =
+      store.Fork("alice", alices, std::nullopt, absl::ZeroDuration()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("max_sessions_per_identity 1 sessions, all "
+                                   "in use by steps (the session forked "
+                                   "included)"));
+  EXPECT_TRUE(store.Get("alice", alices).ok());
+  EXPECT_EQ(store.Totals().sessions, 2);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -2041,6 +2041,15 @@ TEST_F(SessionShareTest, EachCallerIsHeldToItsShare) {
     EXPECT_THAT(Fill(big, 10, "bob-token", 6),
                 HasSubstr("more than one caller may hold "
                           "(kv_cache_bytes_per_identity "));
+    // A session whose one page passes the share could never take a token.
+    v1::CreateSessionRequest wide = SmallSession();
+    wide.set_key_dim(1024);  // 16 x 2 x 2048 x 4 bytes: 256 KiB a page.
+    v1::CreateSessionResponse created;
+    const grpc::Status refused = Create(wide, &created, "bob-token");
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr("over one caller's share "
+                          "(kv_cache_bytes_per_identity) of "));
     server_.reset();
   }
 }

@@ -27,8 +27,8 @@
 // (the one asking counted with what it asks for), and another identity's
 // only while it holds at least as much as the one asking would: one caller's
 // flood evicts its own sessions, never those of a caller holding less, and
-// with one identity this is plain LRU. Forks stay with their owner, so every page belongs to one
-// identity.
+// with one identity this is plain LRU. Forks stay with their owner, so every
+// page belongs to one identity.
 //
 // Thread-safe: one mutex guards the tables; the compute reads pages outside
 // it through the references a view holds.
@@ -311,18 +311,27 @@ class SessionStore {
   // `owner`'s account, made if it has none.
   Account* AccountOf(const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Room for one more session of `owner`'s: under max_sessions_per_identity its
-  // own least recently used idle session goes, under max_sessions that of the
-  // identity holding the most sessions (kLru), else RESOURCE_EXHAUSTED.
-  absl::Status MakeRoomForSession(const std::string& owner)
+  // `owner`'s account; null if it holds no session.
+  Account* FindAccount(const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Room for `bytes` more of `owner`'s under kv_cache_bytes_per_identity and
-  // the budget, evicting idle sessions other than `keep` (kLru; see the top
-  // of this file for which); nothing is evicted, and RESOURCE_EXHAUSTED
-  // answered, if that would not make room.
-  absl::Status MakeRoom(int64_t bytes, const std::string& owner,
-                        const Session* keep)
+  // Adds to `plan` the idle sessions (other than `keep` and those chosen
+  // already) that must go for one more session of `owner`'s: under
+  // max_sessions_per_identity its own least recently used, under
+  // max_sessions that of the identity holding the most sessions (kLru; see
+  // the top of this file); RESOURCE_EXHAUSTED if none may go.
+  absl::Status PlanRoomForSession(const std::string& owner, const Session* keep,
+                                  EvictionPlan* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Adds to `plan` the idle sessions (other than `keep`) that must go, on
+  // top of those chosen already, for `bytes` more of `owner`'s (`what`
+  // needs them: "the step") under kv_cache_bytes_per_identity and the
+  // budget; RESOURCE_EXHAUSTED naming the limit if they would not make room.
+  absl::Status PlanRoom(int64_t bytes, absl::string_view what,
+                        const std::string& owner, const Session* keep,
+                        EvictionPlan* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Removes `plan`'s victims, telling each owner why.
+  void Evict(const EvictionPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Adds `bytes` (negative: frees) to `session`'s bookkeeping, its account's
   // and the store's.
   void ChargeBookkeeping(Session* session, int64_t bytes)

@@ -55,6 +55,8 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       registered_ = true;
       deps_.open_streams->Add(this);
     }
+    if (deps_.access_log != nullptr)
+      identity_ = deps_.gate->Identity(context());
     Read();
   }
 
@@ -252,7 +254,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       record.rpc = RpcName(Rpc::kAttendStream);
       record.status = status;
       record.peer = peer();
-      record.identity = deps_.gate->Identity(context());
+      record.identity = identity_;
       record.stream_index = slot.answer.index();
       record.request_bytes = slot.request_bytes;
       record.response_bytes = response_bytes;
@@ -331,6 +333,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   const StreamDependencies deps_;
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
   bool registered_ = false;               // With open_streams; set in OnStart.
+  std::string identity_;  // The caller's, for the access log; set in OnStart.
   grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
   ReadWatchdog::Ticket read_ticket_ = 0;  // The read in flight's.
 

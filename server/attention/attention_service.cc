@@ -321,7 +321,7 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
                                  Handler<Request, Response> serve) {
   const int64_t request_bytes = handler->received_bytes;
   metrics_->CallStarted(rpc, request_bytes);
-  Call call{rpc, handler, absl::Now(), request_bytes, admitted};
+  Call call{rpc, handler, absl::Now(), request_bytes, admitted, std::nullopt};
   if (call.admitted.ok() && wire_request == nullptr) {
     call.admitted = NotReceived(handler->context());
   }
@@ -365,7 +365,10 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     record.rpc = RpcName(call.rpc);
     record.status = answer;
     record.peer = call.handler->peer();
-    record.identity = Owner(call);
+    // A token the gate refused is no one's.
+    if (call.admitted.code() != absl::StatusCode::kUnauthenticated) {
+      record.identity = Owner(call);
+    }
     record.request_bytes = call.request_bytes;
     record.response_bytes = response_bytes;
     record.server = now - call.started;
@@ -480,8 +483,9 @@ void AttentionServiceImpl::ServeDeleteWeights(
   return Finish(call, entry.status(), response);
 }
 
-std::string AttentionServiceImpl::Owner(const Call& call) const {
-  return gate_->Identity(call.handler->context());
+const std::string& AttentionServiceImpl::Owner(const Call& call) const {
+  if (!call.identity) call.identity = gate_->Identity(call.handler->context());
+  return *call.identity;
 }
 
 void AttentionServiceImpl::ServeCreateSession(

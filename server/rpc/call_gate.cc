@@ -55,12 +55,8 @@ std::optional<grpc::string_ref> BearerToken(
 // A client certificate's identity: its issuer's and its subject's names (DER),
 // hashed, so that one subject from two trusted CAs is two identities while a
 // re-issued certificate (another key, the same names) keeps its sessions.
-std::string CertificateIdentity(const grpc::AuthContext& auth) {
-  const std::vector<grpc::string_ref> pem =
-      auth.FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
-  if (pem.empty()) return "";
-  BIO* bio =
-      BIO_new_mem_buf(pem.front().data(), static_cast<int>(pem.front().size()));
+std::string CertificateIdentity(grpc::string_ref pem) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
   BIO_free(bio);
   ERR_clear_error();
@@ -138,20 +134,38 @@ absl::Status CallGate::AdmitWeightChange(
 }
 
 std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
-  const std::optional<grpc::string_ref> token = BearerToken(context);
-  if (token.has_value() && Known(*token)) {
+  // With bearer tokens, the caller's (Admit checked it); admin tokens alone
+  // leave callers to their certificates, so that a certificate holding one
+  // keeps its own sessions.
+  if (!bearer_tokens_.empty()) {
+    const std::optional<grpc::string_ref> token = BearerToken(context);
+    if (!token.has_value()) return "";
     unsigned char digest[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(token->data()), token->size(),
            digest);
     return "token:" + absl::BytesToHexString(absl::string_view(
                           reinterpret_cast<const char*>(digest), 16));
   }
-  if (!bearer_tokens_.empty()) return "";  // Not admitted.
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth != nullptr && auth->IsPeerAuthenticated()) {
-    return CertificateIdentity(*auth);
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  const std::vector<grpc::string_ref> pem =
+      auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pem.empty()) return "";
+  // Parsing a certificate takes a few hundred microseconds: each is parsed
+  // once while it is among the last kCachedCertificates seen.
+  std::string key(pem.front().data(), pem.front().size());
+  {
+    absl::MutexLock lock(&certificates_mutex_);
+    const auto found = certificate_identities_.find(key);
+    if (found != certificate_identities_.end()) return found->second;
   }
-  return "";
+  std::string identity = CertificateIdentity(pem.front());
+  absl::MutexLock lock(&certificates_mutex_);
+  if (certificate_identities_.size() >= kCachedCertificates) {
+    certificate_identities_.clear();
+  }
+  certificate_identities_.emplace(std::move(key), identity);
+  return identity;
 }
 
 std::optional<CallGate::Ticket> CallGate::HoldRefusal(

@@ -42,6 +42,13 @@ timeout 60 "${attnctl}" --target="127.0.0.1:${port}" attend --demo >/dev/null 2>
 status=$?
 set -e
 [[ ${status} -ne 0 ]] || fail "a call without the token was answered"
+echo "not-${token}" >"${workdir}/wrong_token"
+set +e
+timeout 60 "${attnctl}" --target="127.0.0.1:${port}" --auth_token_file="${workdir}/wrong_token" \
+  attend --demo >/dev/null 2>&1
+status=$?
+set -e
+[[ ${status} -ne 0 ]] || fail "a call with a wrong token was answered"
 # The log is complete once the server has drained and exited.
 stop_attnserve
 
@@ -88,7 +95,10 @@ identity = "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
 for record in records:
     if record["code"] != "UNAUTHENTICATED":
         assert record.get("identity") == identity, (record, identity)
-assert "identity" not in refused, refused
+refused_lines = [r for r in records if r["code"] == "UNAUTHENTICATED"]
+assert len(refused_lines) == 2, refused_lines
+for record in refused_lines:
+    assert "identity" not in record, record
 print(f"PASS {len(records)} access-log lines")
 PY
 

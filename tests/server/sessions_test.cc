@@ -1768,7 +1768,8 @@ TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
 
 // Under mutual TLS without tokens, each client certificate's issuer and
 // subject own its sessions: a certificate of the same subject from another
-// trusted CA is another identity.
+// trusted CA is another identity, and an admin token (weights) changes no
+// certificate's identity.
 TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   std::optional<testing::TestCertificates> certs = testing::MakeCertificates();
   ASSERT_TRUE(certs.has_value()) << "openssl could not make certificates";
@@ -1776,6 +1777,9 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   options.tls = {certs->directory + "/server.crt",
                  certs->directory + "/server.key",
                  certs->directory + "/both_cas.crt"};
+  const std::string admins = ::testing::TempDir() + "/certificate_admins";
+  std::ofstream(admins) << "admin-token\n";
+  options.weights_admin_token_file = admins;
   Start(options);
   const auto stub_for = [&](const std::string& cert, const std::string& key) {
     grpc::SslCredentialsOptions ssl;
@@ -1795,13 +1799,18 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   create.set_key_dim(8);
   create.set_dtype(v1::FLOAT32);
   v1::CreateSessionResponse created;
-  ASSERT_TRUE(client->CreateSession(Context().get(), create, &created).ok());
+  ASSERT_TRUE(
+      client->CreateSession(Context("admin-token").get(), create, &created)
+          .ok());
   const std::string id = created.session().session_id();
   v1::GetSessionRequest get;
   get.set_session_id(id);
   v1::GetSessionResponse got;
   EXPECT_TRUE(client->GetSession(Context().get(), get, &got).ok());
-  grpc::Status status = other->GetSession(Context().get(), get, &got);
+  grpc::Status status =
+      other->GetSession(Context("admin-token").get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  status = other->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
   status = impostor->GetSession(Context().get(), get, &got);

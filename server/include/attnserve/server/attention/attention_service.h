@@ -96,6 +96,8 @@ class AttentionServiceImpl final {
     int64_t request_bytes;  // On the wire, as it arrived (compressed or not).
     absl::Status admitted;  // The gate's verdict, then the parse's: not OK
                             // means answer at once with it.
+    // The caller's identity, worked out once (Owner).
+    mutable std::optional<std::string> identity;
   };
 
   template <typename Request, typename Response>
@@ -194,8 +196,9 @@ class AttentionServiceImpl final {
                          const v1::ListSessionsRequest& request,
                          v1::ListSessionsResponse* response);
 
-  // The identity the caller's sessions belong to (CallGate::Identity).
-  std::string Owner(const Call& call) const;
+  // The identity the caller's sessions belong to (CallGate::Identity), of an
+  // admitted call.
+  const std::string& Owner(const Call& call) const;
 
   // Gives a response tensor that will hold `elements` of `dtype` kept memory
   // of that size, if the pool has some.

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/server_context.h"
@@ -62,12 +63,12 @@ class CallGate {
   // PERMISSION_DENIED with another.
   absl::Status AdmitWeightChange(const grpc::ServerContextBase& context) const;
 
-  // Who an admitted caller is: with one of the tokens (bearer or admin),
-  // "token:" and the first 128 bits of the SHA-256 of it in hex (the token
+  // Who an admitted caller is: with bearer tokens, "token:" and the first 128
+  // bits of the SHA-256 of its token (bearer or admin) in hex (the token
   // itself is never kept); else with a verified client certificate (mutual
   // TLS), "x509:" and the first 128 bits of the SHA-256 of its issuer's and
-  // subject's names (one subject from two CAs is two identities); else ""
-  // (one namespace for every caller).
+  // subject's names (one subject from two CAs is two identities), whatever
+  // admin token it carries; else "" (one namespace for every caller).
   std::string Identity(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).
@@ -96,6 +97,9 @@ class CallGate {
   // Whether `token` is one of the bearer or admin tokens.
   bool Known(grpc::string_ref token) const;
 
+  // The most client certificates whose identity is kept.
+  static constexpr size_t kCachedCertificates = 1024;
+
   const std::vector<std::string> bearer_tokens_;
   const std::vector<std::string> admin_tokens_;
   std::atomic<bool> closed_{false};
@@ -106,6 +110,10 @@ class CallGate {
   bool holding_ ABSL_GUARDED_BY(mutex_) = false;
   mutable Ticket next_ ABSL_GUARDED_BY(mutex_) = 0;
   mutable std::map<Ticket, std::function<void()>> held_ ABSL_GUARDED_BY(mutex_);
+  // Client certificates' identities, by their PEM.
+  mutable absl::Mutex certificates_mutex_;
+  mutable absl::flat_hash_map<std::string, std::string> certificate_identities_
+      ABSL_GUARDED_BY(certificates_mutex_);
 };
 
 }  // namespace attnserve

@@ -9,6 +9,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
@@ -34,7 +36,7 @@ ABSL_FLAG(std::string, compression, "none",
           "with --accept_compressed_requests).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token to send as \"authorization: Bearer "
-          "<token>\".");
+          "<token>\": its one line that is not blank or a # comment.");
 
 namespace attnserve {
 namespace {
@@ -66,6 +68,33 @@ int UsageError(const absl::Status& status) {
 }
 
 absl::Duration CallTimeout() { return absl::GetFlag(FLAGS_timeout); }
+
+namespace {
+
+// The token of --auth_token_file: its one line that is neither blank nor a
+// comment (starting with '#'), as the server's token files have them; empty
+// without the flag. A file of several tokens (a server's) is refused: which
+// one is the caller's is not for attnctl to guess.
+absl::StatusOr<std::string> BearerTokenFromFlag() {
+  const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+  absl::StatusOr<std::string> text = ReadFlagFile("auth_token_file", path);
+  if (!text.ok()) return text.status();
+  std::string token;
+  int tokens = 0;
+  for (const absl::string_view line : absl::StrSplit(*text, '\n')) {
+    const absl::string_view stripped = absl::StripAsciiWhitespace(line);
+    if (stripped.empty() || stripped[0] == '#') continue;
+    if (++tokens == 1) token = std::string(stripped);
+  }
+  if (tokens > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_token_file ", path, " holds ", tokens,
+                     " tokens, expected one: the token to send"));
+  }
+  return token;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -101,10 +130,9 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
     tls.server_name_override = server_name;
     options.tls = tls;
   }
-  absl::StatusOr<std::string> token =
-      ReadFlagFile("auth_token_file", absl::GetFlag(FLAGS_auth_token_file));
+  absl::StatusOr<std::string> token = BearerTokenFromFlag();
   if (!token.ok()) return token.status();
-  options.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  options.bearer_token = *std::move(token);
   return Client::Connect(absl::GetFlag(FLAGS_target), options);
 }
 

@@ -52,6 +52,10 @@ tls=(--tls_ca=ca.crt --tls_cert=client.crt --tls_key=client.key)
 [[ $(ctl "${tls[@]}" health) == SERVING ]] || fail "health over mTLS"
 ctl "${tls[@]}" --auth_token_file=token attend --demo --heads=2 --kv_heads=2 --query_len=8 --key_len=8 \
   | grep -q "^output shape \[1, 2, 8, 64\]" || fail "attend over mTLS with the token"
+# attnctl reads a token file as the server does: comments and blank lines are not the token.
+printf '# my token\n\n  s3cret-token  \n' >commented_token
+ctl "${tls[@]}" --auth_token_file=commented_token attend --demo --heads=2 --kv_heads=2 \
+  --query_len=8 --key_len=8 | grep -q "^output shape" || fail "attend with a commented token file"
 
 set +e
 no_token=$(ctl "${tls[@]}" attend --demo --heads=2 --kv_heads=2 --query_len=8 --key_len=8 2>&1)
@@ -60,6 +64,10 @@ no_cert=$(ctl --tls_ca=ca.crt --auth_token_file=token health 2>&1)
 [[ $? -ne 0 ]] || fail "a client without a certificate was served: ${no_cert}"
 plain=$(ctl health 2>&1)
 [[ $? -ne 0 ]] || fail "a plaintext client was served: ${plain}"
+printf 's3cret-token\nanother-token\n' >two_tokens
+two=$(ctl "${tls[@]}" --auth_token_file=two_tokens health 2>&1)
+[[ $? -eq 2 && ${two} == *"two_tokens holds 2 tokens, expected one: the token to send"* ]] ||
+  fail "a file of two tokens: ${two}"
 set -e
 
 kill -TERM "${server_pid}"

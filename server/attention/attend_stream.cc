@@ -46,6 +46,14 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       deps_.compute.metrics->CallStarted(Rpc::kAttendStream, 0);
       deps_.compute.metrics->CallFinished(Rpc::kAttendStream, admitted.code(),
                                           absl::ZeroDuration(), 0);
+      if (deps_.access_log != nullptr) {  // A line without a stream_index.
+        AccessRecord record;
+        record.time = absl::Now();
+        record.rpc = RpcName(Rpc::kAttendStream);
+        record.status = admitted;
+        record.peer = peer();
+        deps_.access_log->Write(record);
+      }
       held_ = deps_.gate->HoldRefusal(
           [this, admitted] { Finish(ToGrpcStatus(admitted)); });
       if (!held_) Finish(ToGrpcStatus(admitted));

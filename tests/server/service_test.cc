@@ -33,6 +33,7 @@ using ::attnserve::testing::Samples;
 using ::attnserve::testing::Scrape;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
@@ -278,6 +279,35 @@ TEST_F(ServiceTest, TheAccessLogHasALinePerCallAndPerStreamRequest) {
   EXPECT_EQ(unary["INVALID_ARGUMENT"], 8);
   EXPECT_EQ(stream_codes, (std::map<int64_t, std::string>{
                               {0, "OK"}, {1, "INVALID_ARGUMENT"}, {2, "OK"}}));
+  std::remove(path.c_str());
+}
+
+// A stream the gate refuses (no token) leaves one line, without a
+// stream_index or an identity.
+TEST_F(ServiceTest, TheAccessLogHasALineForAStreamRefusedAtTheGate) {
+  const std::string path = ::testing::TempDir() + "/refused_stream_access.log";
+  const std::string tokens = ::testing::TempDir() + "/refused_stream_tokens";
+  std::remove(path.c_str());
+  std::ofstream(tokens) << "stream-token\n";
+  ServerOptions options = DefaultOptions();
+  options.access_log = path;
+  options.auth_token_file = tokens;
+  Start(options);
+  std::unique_ptr<AttendSession> stream = client_->OpenAttendSession(kTimeout);
+  stream->Send(Request({1, 1, 1, 2, 2, 2, 2}, 1)).IgnoreError();
+  stream->CloseSend().IgnoreError();
+  const auto received = stream->Receive();
+  EXPECT_TRUE(!received.ok() || !received->has_value());
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kUnauthenticated);
+  server_.reset();  // Writes what is queued.
+  std::ifstream file(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(file, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr(R"("rpc":"AttendStream","code":)"
+                                  R"("UNAUTHENTICATED")"));
+  EXPECT_THAT(lines[0], Not(HasSubstr("stream_index")));
+  EXPECT_THAT(lines[0], Not(HasSubstr("identity")));
   std::remove(path.c_str());
 }
 

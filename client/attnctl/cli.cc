@@ -73,8 +73,9 @@ namespace {
 
 // The token of --auth_token_file: its one line that is neither blank nor a
 // comment (starting with '#'), as the server's token files have them; empty
-// without the flag. A file of several tokens (a server's) is refused: which
-// one is the caller's is not for attnctl to guess.
+// without the flag. A file of no token, of several (a server's: which one is
+// the caller's is not for attnctl to guess), or of a token that is not
+// printable ASCII (which no header can carry) is refused.
 absl::StatusOr<std::string> BearerTokenFromFlag() {
   const std::string path = absl::GetFlag(FLAGS_auth_token_file);
   absl::StatusOr<std::string> text = ReadFlagFile("auth_token_file", path);
@@ -86,10 +87,19 @@ absl::StatusOr<std::string> BearerTokenFromFlag() {
     if (stripped.empty() || stripped[0] == '#') continue;
     if (++tokens == 1) token = std::string(stripped);
   }
-  if (tokens > 1) {
+  if (path.empty()) return token;
+  if (tokens != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--auth_token_file ", path, " holds ", tokens,
                      " tokens, expected one: the token to send"));
+  }
+  for (const char c : token) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auth_token_file ", path, " holds byte ",
+          static_cast<int>(static_cast<unsigned char>(c)),
+          " in its token, expected printable ASCII (a header carries it)"));
+    }
   }
   return token;
 }

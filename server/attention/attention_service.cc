@@ -322,6 +322,9 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
   const int64_t request_bytes = handler->received_bytes;
   metrics_->CallStarted(rpc, request_bytes);
   Call call{rpc, handler, absl::Now(), request_bytes, admitted, std::nullopt};
+  // Refused by the gate (its token, a drain): no one's, whatever token it
+  // carries.
+  if (!admitted.ok() && wire_request == nullptr) call.identity.emplace();
   if (call.admitted.ok() && wire_request == nullptr) {
     call.admitted = NotReceived(handler->context());
   }
@@ -365,10 +368,7 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     record.rpc = RpcName(call.rpc);
     record.status = answer;
     record.peer = call.handler->peer();
-    // A token the gate refused is no one's.
-    if (call.admitted.code() != absl::StatusCode::kUnauthenticated) {
-      record.identity = Owner(call);
-    }
+    record.identity = Owner(call);
     record.request_bytes = call.request_bytes;
     record.response_bytes = response_bytes;
     record.server = now - call.started;

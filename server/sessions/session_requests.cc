@@ -181,25 +181,27 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
   }
   const int64_t page_bytes =
       PageArena::Footprint(PageLayoutOf(config, options).PageBytes());
-  // A session whose one page no caller may hold could never take a token.
+  // A session that could not hold its first page with its bookkeeping
+  // could never take a token.
+  const int64_t first_token = page_bytes + SessionBookkeepingBytes(config, 1);
   std::string over;
   if (page_bytes > options.max_page_bytes) {
     over = absl::StrCat("the page limit of ", options.max_page_bytes);
-  } else if (page_bytes > options.kv_cache_bytes) {
+  } else if (first_token > options.kv_cache_bytes) {
     over = absl::StrCat("the KV cache budget (kv_cache_bytes) of ",
                         options.kv_cache_bytes);
   } else if (options.kv_cache_bytes_per_identity > 0 &&
-             page_bytes > options.kv_cache_bytes_per_identity) {
+             first_token > options.kv_cache_bytes_per_identity) {
     over = absl::StrCat("one caller's share (kv_cache_bytes_per_identity) of ",
                         options.kv_cache_bytes_per_identity);
   }
   if (!over.empty()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("one page of this session (", options.page_tokens,
-                     " tokens x num_kv_heads ", config.kv_heads, " x (key_dim ",
-                     config.key_dim, " + value_dim ", config.value_dim, ") x ",
-                     DataTypeBytes(config.dtype), " bytes) takes ", page_bytes,
-                     " bytes, over ", over, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one page of this session (", options.page_tokens,
+        " tokens x num_kv_heads ", config.kv_heads, " x (key_dim ",
+        config.key_dim, " + value_dim ", config.value_dim, ") x ",
+        DataTypeBytes(config.dtype), " bytes) takes ", page_bytes, " bytes, ",
+        first_token, " with the session's bookkeeping, over ", over, " bytes"));
   }
   return config;
 }

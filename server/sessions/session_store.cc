@@ -19,19 +19,16 @@
 namespace attnserve {
 namespace {
 
-// A session's bookkeeping as charged (SessionBookkeepingBytes below),
-// measured with malloc's overheads: its record with its id, owner, and the
+// A session's bookkeeping as charged (SessionBookkeepingBytes), measured with
+// malloc's overheads: its record with its id, owner, and the
 // nodes of the store's map and LRU list; each layer's record; each page
 // reference of a layer's table (a shared_ptr).
 constexpr int64_t kSessionRecordBytes = 1024;
 constexpr int64_t kLayerRecordBytes = 48;
 constexpr int64_t kTableEntryBytes = 16;
 
-// What a session of `config` holds besides its pages, with `table_entries`
-// page references in its layers' tables: its record, each layer's, each ALiBi
-// slope, each reference (a fork copies its parent's). Charged to the KV cache
-// budget, so that forks of a long session, or many empty sessions of many
-// layers, cannot hold memory the budget does not see.
+}  // namespace
+
 int64_t SessionBookkeepingBytes(const SessionConfig& config,
                                 int64_t table_entries) {
   return kSessionRecordBytes + config.layers * kLayerRecordBytes +
@@ -39,8 +36,6 @@ int64_t SessionBookkeepingBytes(const SessionConfig& config,
              static_cast<int64_t>(sizeof(float)) +
          table_entries * kTableEntryBytes;
 }
-
-}  // namespace
 
 // One page: its bytes (from the arena), charged to the store's budget while
 // it lives.

@@ -68,6 +68,10 @@ printf 's3cret-token\nanother-token\n' >two_tokens
 two=$(ctl "${tls[@]}" --auth_token_file=two_tokens health 2>&1)
 [[ $? -eq 2 && ${two} == *"two_tokens holds 2 tokens, expected one: the token to send"* ]] ||
   fail "a file of two tokens: ${two}"
+printf '# only a comment\n' >no_token
+none=$(ctl "${tls[@]}" --auth_token_file=no_token health 2>&1)
+[[ $? -eq 2 && ${none} == *"no_token holds 0 tokens, expected one"* ]] ||
+  fail "a file of no token: ${none}"
 set -e
 
 kill -TERM "${server_pid}"

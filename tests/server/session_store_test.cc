@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "attnserve/server/sessions/session_requests.h"
+#include "attnserve/v1/attention.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -262,6 +264,32 @@ TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {
                                    "included)"));
   EXPECT_TRUE(store.Get("alice", alices).ok());
   EXPECT_EQ(store.Totals().sessions, 2);
+}
+
+// A session whose first page fits a caller's share but not with the
+// session's bookkeeping could never take a token: CreateSession refuses it.
+TEST(SessionStoreFairnessTest, CreateRefusesASessionThatCouldNeverTakeAToken) {
+  SessionOptions options;
+  options.page_tokens = 16;
+  options.kv_cache_bytes = 1 << 20;
+  v1::CreateSessionRequest request;
+  request.set_num_layers(1);
+  request.set_num_heads(1);
+  request.set_key_dim(32);  // 16 x (32 + 32) x 4 bytes: one 4 KiB page.
+  request.set_dtype(v1::FLOAT32);
+  options.kv_cache_bytes_per_identity = 4096 + 1024 + 48 + 16;
+  EXPECT_TRUE(ValidateCreateSession(request, options).ok());
+  options.kv_cache_bytes_per_identity -= 1;
+  const absl::Status refused = ValidateCreateSession(request, options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("takes 4096 bytes, 5184 with the session's "
+                                   "bookkeeping, over one caller's share"));
+  options.kv_cache_bytes_per_identity = 0;
+  options.kv_cache_bytes = 5183;
+  EXPECT_THAT(
+      std::string(ValidateCreateSession(request, options).status().message()),
+      ::testing::HasSubstr("over the KV cache budget"));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ absl::Status ValidateSessionId(absl::string_view field, const std::string& id);
 
 // The session a CreateSession request describes, within `options`' limits:
 // INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED for a page larger
-// than max_page_bytes or the whole budget.
+// than max_page_bytes, or for a session whose first page and bookkeeping
+// pass the whole budget or one caller's share: it could never take a token.
 absl::StatusOr<SessionConfig> ValidateCreateSession(
     const v1::CreateSessionRequest& request, const SessionOptions& options);
 

@@ -146,6 +146,14 @@ int64_t HeldFrom(bool page_held, int64_t page_tokens, int64_t lost_end,
 // The first key a query at `position` sees beyond its sinks.
 int64_t WindowStart(const SessionConfig& config, int64_t position);
 
+// What a session of `config` holds besides its pages, with `table_entries`
+// page references in its layers' tables: its record, each layer's, each ALiBi
+// slope, each reference (a fork copies its parent's). Charged to the KV cache
+// budget, so that forks of a long session, or many empty sessions of many
+// layers, cannot hold memory the budget does not see.
+int64_t SessionBookkeepingBytes(const SessionConfig& config,
+                                int64_t table_entries);
+
 // How the pages of a session of `config` are laid out in a store of
 // `options`.
 PageLayout PageLayoutOf(const SessionConfig& config,

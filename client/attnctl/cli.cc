@@ -6,12 +6,12 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "attnserve/common/bearer_tokens.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target of the attnserve server.");
@@ -71,37 +71,24 @@ absl::Duration CallTimeout() { return absl::GetFlag(FLAGS_timeout); }
 
 namespace {
 
-// The token of --auth_token_file: its one line that is neither blank nor a
-// comment (starting with '#'), as the server's token files have them; empty
-// without the flag. A file of no token, of several (a server's: which one is
-// the caller's is not for attnctl to guess), or of a token that is not
-// printable ASCII (which no header can carry) is refused.
+// The token of --auth_token_file, read as the server reads token files
+// (attnserve/common/bearer_tokens.h); empty without the flag. A file of no
+// token, or of several (a server's: which one is the caller's is not for
+// attnctl to guess), is refused.
 absl::StatusOr<std::string> BearerTokenFromFlag() {
   const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+  if (path.empty()) return std::string();
   absl::StatusOr<std::string> text = ReadFlagFile("auth_token_file", path);
   if (!text.ok()) return text.status();
-  std::string token;
-  int tokens = 0;
-  for (const absl::string_view line : absl::StrSplit(*text, '\n')) {
-    const absl::string_view stripped = absl::StripAsciiWhitespace(line);
-    if (stripped.empty() || stripped[0] == '#') continue;
-    if (++tokens == 1) token = std::string(stripped);
-  }
-  if (path.empty()) return token;
-  if (tokens != 1) {
+  absl::StatusOr<std::vector<std::string>> tokens =
+      ParseBearerTokens("--auth_token_file", path, *text);
+  if (!tokens.ok()) return tokens.status();
+  if (tokens->size() != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file ", path, " holds ", tokens,
+        absl::StrCat("--auth_token_file ", path, " holds ", tokens->size(),
                      " tokens, expected one: the token to send"));
   }
-  for (const char c : token) {
-    if (c < 0x20 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--auth_token_file ", path, " holds byte ",
-          static_cast<int>(static_cast<unsigned char>(c)),
-          " in its token, expected printable ASCII (a header carries it)"));
-    }
-  }
-  return token;
+  return std::move(tokens->front());
 }
 
 }  // namespace

@@ -101,19 +101,16 @@ absl::Status CallGate::Admit(const grpc::ServerContextBase& context) const {
   }
   if (bearer_tokens_.empty()) return absl::OkStatus();
   const std::optional<grpc::string_ref> presented = BearerToken(context);
-  if (!presented.has_value() || !Known(*presented)) {
+  // Both lists compared whole, so the time taken does not say which holds it.
+  const bool caller =
+      presented.has_value() && OneOf(bearer_tokens_, *presented);
+  const bool admin = presented.has_value() && OneOf(admin_tokens_, *presented);
+  if (!caller && !admin) {
     return absl::UnauthenticatedError(
         "authorization is missing or wrong, expected one header "
         "\"authorization: Bearer <token>\" with the server's token");
   }
   return absl::OkStatus();
-}
-
-bool CallGate::Known(grpc::string_ref token) const {
-  // Both lists compared whole, so the time taken does not say which holds it.
-  const bool caller = OneOf(bearer_tokens_, token);
-  const bool admin = OneOf(admin_tokens_, token);
-  return caller || admin;
 }
 
 absl::Status CallGate::AdmitWeightChange(
@@ -153,7 +150,7 @@ std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
   if (pem.empty()) return "";
   // Parsing a certificate takes a few hundred microseconds: each is parsed
   // once while it is among the last kCachedCertificates seen.
-  std::string key(pem.front().data(), pem.front().size());
+  const absl::string_view key(pem.front().data(), pem.front().size());
   {
     absl::MutexLock lock(&certificates_mutex_);
     const auto found = certificate_identities_.find(key);
@@ -164,7 +161,7 @@ std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
   if (certificate_identities_.size() >= kCachedCertificates) {
     certificate_identities_.clear();
   }
-  certificate_identities_.emplace(std::move(key), identity);
+  certificate_identities_.emplace(std::string(key), identity);
   return identity;
 }
 

@@ -10,9 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
 #include "attnserve/common/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
@@ -162,33 +160,8 @@ absl::StatusOr<std::vector<std::string>> BearerTokensFor(
   if (token_file.empty()) return std::vector<std::string>();
   ATTNSERVE_ASSIGN_OR_RETURN(std::string text,
                              ReadCredentialFile(option, token_file));
-  std::vector<std::string> tokens;
-  int line_number = 0;
-  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    const absl::string_view token = absl::StripAsciiWhitespace(line);
-    // Blank lines and comments.
-    if (token.empty() || token[0] == '#') continue;
-    if (token.size() > kMaxBearerTokenBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %s holds a token of %d bytes on line %d, expected "
-          "at most %d (a client sends it in an HTTP header, which gRPC bounds "
-          "at 8 KiB with the others)",
-          option, token_file, static_cast<int>(token.size()), line_number,
-          static_cast<int>(kMaxBearerTokenBytes)));
-    }
-    for (size_t i = 0; i < token.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(token[i]);
-      if (c < 0x20 || c > 0x7e) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: %s holds byte 0x%02x at offset %d of the token "
-            "on line %d, expected one token per line of printable ASCII (a "
-            "client sends the token in an HTTP header)",
-            option, token_file, c, static_cast<int>(i), line_number));
-      }
-    }
-    tokens.emplace_back(token);
-  }
+  ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                             ParseBearerTokens(option, token_file, text));
   if (tokens.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(option, ": ", token_file, " holds no token"));

@@ -275,6 +275,11 @@ struct SessionStore::EvictionPlan {
     freed_by[session->account] += bytes;
     freed += bytes;
   }
+  // Whether `session` may be chosen: no step is using it, it is not `keep`
+  // (the session the work is for), and it is not chosen already.
+  bool MayGo(const Session* session, const Session* keep) const {
+    return session->pins == 0 && session != keep && !chosen.contains(session);
+  }
   int64_t FreedBy(const Account* account) const {
     const auto found = freed_by.find(account);
     return found == freed_by.end() ? 0 : found->second;
@@ -304,14 +309,10 @@ absl::Status SessionStore::PlanRoomForSession(const std::string& owner,
                                               const Session* keep,
                                               EvictionPlan* plan) {
   const bool evict = options_.eviction == EvictionPolicy::kLru;
-  // An account's least recently used session that may go: no step is using
-  // it, it is not `keep`, and it is not chosen already.
+  // An account's least recently used session that may go.
   const auto idle = [keep, plan](const Account& account) -> Session* {
     for (Session* session : account.lru) {
-      if (session->pins == 0 && session != keep &&
-          !plan->chosen.contains(session)) {
-        return session;
-      }
+      if (plan->MayGo(session, keep)) return session;
     }
     return nullptr;
   };
@@ -415,14 +416,10 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
                      "; kv_eviction is none: delete or truncate sessions"));
   }
   // First the caller's own least recently used, past its share.
-  const auto may_go = [keep, plan](const Session* session) {
-    return session->pins == 0 && session != keep &&
-           !plan->chosen.contains(session);
-  };
   if (over_cap()) {
     for (Session* candidate : account->lru) {
       if (!over_cap()) break;
-      if (!may_go(candidate)) continue;
+      if (!plan->MayGo(candidate, keep)) continue;
       plan->Add(candidate,
                 absl::StrCat("was evicted (its caller's least recently used) "
                              "to make room in its caller's share of the KV "
@@ -464,7 +461,9 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
     if (!holder.asking && holder.holds < would_hold()) break;
     holders.pop();
     const auto end = holder.account->lru.end();
-    while (holder.next != end && !may_go(*holder.next)) ++holder.next;
+    while (holder.next != end && !plan->MayGo(*holder.next, keep)) {
+      ++holder.next;
+    }
     if (holder.next == end) continue;  // Nothing more of its may go.
     Session* victim = *holder.next++;
     plan->Add(victim,

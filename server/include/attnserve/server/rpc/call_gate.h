@@ -94,9 +94,6 @@ class CallGate {
   int ReleaseHeld() ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
-  // Whether `token` is one of the bearer or admin tokens.
-  bool Known(grpc::string_ref token) const;
-
   // The most client certificates whose identity is kept.
   static constexpr size_t kCachedCertificates = 1024;
 

@@ -33,18 +33,11 @@ struct ServerTlsOptions {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
     const ServerTlsOptions& tls);
 
-// The longest bearer token a token file may hold: gRPC bounds a call's
-// headers at 8 KiB in all.
-inline constexpr size_t kMaxBearerTokenBytes = 4096;
-
 // No tokens for no `token_file` (the value of the server option `option`);
-// else its tokens, one per line without surrounding whitespace (blank lines
-// and lines starting with '#' skipped). Each token is an identity of its own
+// else its tokens (attnserve/common/bearer_tokens.h: INVALID_ARGUMENT for a
+// token no client could send). Each token is an identity of its own
 // (CallGate). INVALID_ARGUMENT naming the option and the file if it holds no
-// token, a token with anything but printable ASCII (a control character, which
-// no client could send in an authorization header) or one longer than
-// kMaxBearerTokenBytes; the message gives the line (and the offending byte's
-// offset), never the token.
+// token.
 absl::StatusOr<std::vector<std::string>> BearerTokensFor(
     const char* option, const std::string& token_file);
 

@@ -9,7 +9,9 @@
 // (before the client has seen its GOAWAY) is cancelled by gRPC, which a client
 // cannot tell from a cancellation of a call that ran. Held calls are answered
 // once gRPC has stopped taking streams, so that the clients' next calls meet
-// the GOAWAY or the closed listener: UNAVAILABLE, never CANCELLED.
+// the GOAWAY or the closed listener: UNAVAILABLE, never CANCELLED. (A call a
+// client sends at its own pace, in the round trip between the GOAWAY going out
+// and the client reading it, is still cancelled by gRPC before it gets here.)
 //
 //   // In a handler's OnStart:
 //   const absl::Status admitted = gate->Admit(context());

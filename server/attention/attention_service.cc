@@ -203,9 +203,10 @@ class AttentionServiceImpl::WireCall final
   }
 
  private:
-  // The gate is checked on the headers: a caller without the token, or one
-  // arriving while the server drains, is answered before any of its message
-  // is read, so its bytes are never buffered.
+  // The gate is checked on the headers: a caller without the token, one
+  // changing weight sets without an admin token, or one arriving while the
+  // server drains, is answered before any of its message is read, so its
+  // bytes are never buffered.
   // A refusal at the end of a drain is held by the gate (call_gate.h).
   void OnStart() override {
     const absl::Status admitted = service_->gate_->Admit(context());
@@ -215,6 +216,14 @@ class AttentionServiceImpl::WireCall final
       });
       if (!held_) service_->Serve(rpc_, this, nullptr, admitted, handler_);
       return;
+    }
+    caller_admitted = true;
+    if (rpc_ == Rpc::kPutWeights || rpc_ == Rpc::kDeleteWeights) {
+      const absl::Status may_change =
+          service_->gate_->AdmitWeightChange(context());
+      if (!may_change.ok()) {
+        return service_->Serve(rpc_, this, nullptr, may_change, handler_);
+      }
     }
     ticket_ = service_->watchdog_.Watch(&context());
     StartRead(&wire_request_);
@@ -324,7 +333,7 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
   Call call{rpc, handler, absl::Now(), request_bytes, admitted, std::nullopt};
   // Refused by the gate (its token, a drain): no one's, whatever token it
   // carries.
-  if (!admitted.ok() && wire_request == nullptr) call.identity.emplace();
+  if (!handler->caller_admitted) call.identity.emplace();
   if (call.admitted.ok() && wire_request == nullptr) {
     call.admitted = NotReceived(handler->context());
   }
@@ -447,9 +456,6 @@ void AttentionServiceImpl::StartMultiHeadAttention(
 void AttentionServiceImpl::ServePutWeights(const Call& call,
                                            const v1::PutWeightsRequest& request,
                                            v1::PutWeightsResponse* response) {
-  const absl::Status admitted =
-      gate_->AdmitWeightChange(call.handler->context());
-  if (!admitted.ok()) return Finish(call, admitted, response);
   absl::StatusOr<v1::PutWeightsResponse> result =
       PutWeightsInto(*registry_, request);
   if (result.ok()) *response = *std::move(result);
@@ -469,9 +475,6 @@ void AttentionServiceImpl::ServeListWeights(
 void AttentionServiceImpl::ServeDeleteWeights(
     const Call& call, const v1::DeleteWeightsRequest& request,
     v1::DeleteWeightsResponse* response) {
-  const absl::Status admitted =
-      gate_->AdmitWeightChange(call.handler->context());
-  if (!admitted.ok()) return Finish(call, admitted, response);
   const absl::Status valid = ValidateWeightsName("name", request.name());
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<WeightsRegistry::Entry> entry =

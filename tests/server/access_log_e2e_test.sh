@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The attnserve binary's --access_log and --log_level. With a token file and an access log
 # file: calls through attnctl (Attend, MultiHeadAttention with the demo weights, a session's
-# create, step, fork and delete, a refused call without the token) each leave one JSON line
+# create, step, fork and delete, a weight set's deletion denied to a caller without an admin
+# token, a refused call without the token) each leave one JSON line
 # (python3's json parses them) with their RPC, code, bytes, times, peer, the caller's identity
 # (its token's hash), weights and session, and no line holds the token or any tensor data. --log_level=warning leaves out the info lines
 # (the start-up line), debug adds gRPC's own, and an unknown level stops start-up (exit 2)
@@ -20,8 +21,9 @@ token="access-log-test-token-$$-${RANDOM}${RANDOM}"
 echo "${token}" >"${workdir}/tokens"
 echo "${token}" >"${workdir}/token"
 log="${workdir}/access.log"
+echo "admin-${token}" >"${workdir}/admins"
 start_attnserve "${attnserve}" --threads=2 --auth_token_file="${workdir}/tokens" \
-  --access_log="${log}"
+  --weights_admin_token_file="${workdir}/admins" --access_log="${log}"
 grep -q "access_log=${log}" "${workdir}/server.log" || fail "the start-up line does not show the access log"
 
 ctl() {
@@ -37,6 +39,11 @@ ctl session step "${session}" --demo --tokens=3 --query_tokens=1 >/dev/null ||
 child=$(ctl session fork "${session}" | awk 'NR == 1 { print $1 }')
 [[ ${child} =~ ^[0-9a-f]+$ ]] || fail "attnctl session fork printed no session id"
 ctl session delete "${session}" >/dev/null || fail "attnctl session delete failed"
+set +e
+ctl weights delete demo >/dev/null 2>&1
+status=$?
+set -e
+[[ ${status} -ne 0 ]] || fail "a caller without an admin token deleted a weight set"
 set +e
 timeout 60 "${attnctl}" --target="127.0.0.1:${port}" attend --demo >/dev/null 2>&1
 status=$?
@@ -87,6 +94,9 @@ step = find("Step", session=session, steps=1)
 assert "compute_us" in step, step
 find("ForkSession", session=session, created_session=child)
 find("DeleteSession", session=session)
+# Refused on its headers, but by an admitted caller: it keeps its identity.
+denied = find("DeleteWeights", code="PERMISSION_DENIED")
+assert denied["request_bytes"] == 0, denied
 refused = find("Attend", code="UNAUTHENTICATED")
 assert refused["response_bytes"] == 0 and "message" in refused, refused
 # The caller as sessions know it: the first 128 bits of its token's SHA-256; a caller refused

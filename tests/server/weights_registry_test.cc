@@ -253,6 +253,7 @@ TEST_F(WeightsRegistryTest, OnlyAnAdminTokenChangesWeightSets) {
     ServerOptions options = DefaultOptions();
     if (with_caller_tokens) options.auth_token_file = callers;
     options.weights_admin_token_file = admins;
+    options.transport.max_message_bytes = 64 << 10;
     server_.reset();
     StartServer(options);
     const auto connect = [this](const std::string& token) {
@@ -273,6 +274,17 @@ TEST_F(WeightsRegistryTest, OnlyAnAdminTokenChangesWeightSets) {
                 HasSubstr("needs a token of weights_admin_token_file"));
     status = anonymous->PutWeights(put, kTimeout).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    // Refused on its headers, before its message is read: a non-admin's
+    // PutWeights past the largest message the server reads is denied, where
+    // an admin's is refused for its size.
+    v1::PutWeightsRequest oversized = put;
+    oversized.set_name(std::string(128 << 10, 'n'));
+    status = caller->PutWeights(oversized, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    status = anonymous->PutWeights(oversized, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    status = admin->PutWeights(oversized, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
     ASSERT_TRUE(admin->PutWeights(put, kTimeout).ok());
     // Every caller uses the set; the admin is admitted to every call too.
     v1::MultiHeadAttentionRequest request =

@@ -65,6 +65,9 @@ class AttentionServiceImpl final {
     grpc::ByteBuffer wire_response;  // Where Finish serialises the response.
     // The request's bytes as they arrived (compressed or not), once read.
     int64_t received_bytes = 0;
+    // The gate admitted the caller (its token, the drain): its identity is
+    // known, whatever else refuses the call.
+    bool caller_admitted = false;
     // The call's share of the memory budget: its message from arrival, then
     // its compute's memory too, until the answer has been sent (OnDone).
     MemoryBudget::Hold hold;

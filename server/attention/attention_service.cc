@@ -600,7 +600,6 @@ void AttentionServiceImpl::ServeListSessions(
   response->set_budget_bytes(options.kv_cache_bytes);
   response->set_identity_budget_bytes(options.kv_cache_bytes_per_identity);
   response->set_identity_max_sessions(options.max_sessions_per_identity);
-  response->set_identity_held_bytes(sessions_->HeldBytes(Owner(call)));
   return Finish(call, listed, response);
 }
 

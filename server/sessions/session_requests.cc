@@ -333,6 +333,7 @@ absl::Status ListSessionsPage(const SessionListing& listing,
     }
   }
   response->set_total_bytes(listing.bytes);
+  response->set_identity_held_bytes(listing.held_bytes);
   const int64_t room = max_message_bytes - kListingOverheadBytes;
   int64_t used = 0;
   for (; next < listing.sessions.size(); ++next) {

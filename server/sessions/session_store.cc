@@ -850,19 +850,14 @@ SessionListing SessionStore::List(const std::string& owner) {
       }
     }
   }
+  const auto account = accounts_.find(owner);
+  if (account != accounts_.end()) listing.held_bytes = account->second->bytes;
   std::sort(listing.sessions.begin(), listing.sessions.end(),
             [](const SessionDescription& a, const SessionDescription& b) {
               return a.created != b.created ? a.created < b.created
                                             : a.id < b.id;
             });
   return listing;
-}
-
-int64_t SessionStore::HeldBytes(const std::string& owner) {
-  absl::MutexLock lock(&mutex_);
-  MaybeExpire(absl::Now());
-  const auto found = accounts_.find(owner);
-  return found == accounts_.end() ? 0 : found->second->bytes;
 }
 
 absl::StatusOr<SessionStore::Pin> SessionStore::Acquire(

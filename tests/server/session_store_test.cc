@@ -122,7 +122,7 @@ TEST_P(SessionStoreAccountingTest, HeldBytesFollowEveryOperation) {
       for (const SessionDescription& session : held.sessions) {
         expected += Bookkeeping(session);
       }
-      ASSERT_EQ(store.HeldBytes(who), expected) << "op " << op << " " << who;
+      ASSERT_EQ(held.held_bytes, expected) << "op " << op << " " << who;
       pages += held.bytes;
       if (run.kv_cache_bytes_per_identity > 0) {
         ASSERT_LE(expected, run.kv_cache_bytes_per_identity) << who;

@@ -172,10 +172,14 @@ struct SessionDescription {
 };
 
 // An owner's sessions, oldest first (then by id), and the bytes of the
-// distinct pages they reference (a page forks share counts once).
+// distinct pages they reference (a page forks share counts once), read
+// together with what counts against the owner's share
+// (kv_cache_bytes_per_identity): those pages and the sessions' bookkeeping,
+// as its account holds them.
 struct SessionListing {
   std::vector<SessionDescription> sessions;
   int64_t bytes = 0;
+  int64_t held_bytes = 0;
 };
 
 // Tokens to append to one layer: key [Hkv, T, Dk] and value [Hkv, T, Dv],
@@ -266,11 +270,8 @@ class SessionStore {
                                             const std::string& id);
   absl::StatusOr<SessionDescription> Get(const std::string& owner,
                                          const std::string& id);
-  // `owner`'s sessions.
+  // `owner`'s sessions and what they hold.
   SessionListing List(const std::string& owner);
-  // What counts against `owner`'s share (kv_cache_bytes_per_identity): the
-  // pages its sessions' tables hold, each once, and their bookkeeping.
-  int64_t HeldBytes(const std::string& owner);
 
   // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
   absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);

@@ -104,6 +104,18 @@ def _integers(values, name):
     return [_integer(value, f"{name}[{i}]") for i, value in enumerate(values)]
 
 
+def _seconds(value, name):
+    """A number of seconds (a deadline's distance), as float."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    raise ValueError(f"{name} is {value!r}, expected a number of seconds")
+
+
+def _flat(values):
+    """A NumPy array of any rank, row-major, as one dimension; anything else as it is."""
+    return values.ravel() if isinstance(values, np.ndarray) else values
+
+
 def _real(value, name):
     """A Python or NumPy number (not a bool) -> float."""
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
@@ -137,8 +149,8 @@ def _data_dtype(value, name):
 
 def _mask_tensor(mask):
     try:
-        return to_tensor(mask)
-    except TypeError:
+        return to_tensor(mask, what="attn_mask")
+    except ValueError:
         raise ValueError(f"attn_mask is a NumPy {np.asarray(mask).dtype} array, expected bool "
                          f"(True = may attend) or float (added to the scores): float32, "
                          f"float16, float64, or uint16 bfloat16 bits") from None
@@ -149,12 +161,14 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
                       return_weights=None, precision=None, output_dtype=None,
                       window_left=None, window_right=None, num_sink_tokens=0,
                       alibi_slopes=None, softcap=None, cu_seqlens_q=None,
-                      cu_seqlens_k=None):
+                      cu_seqlens_k=None, query_positions=None, key_positions=None):
     """AttentionOptions from Python values. attn_mask: a NumPy array, bool (True = may
     attend) or float (added to the scores), broadcastable to [B, H, Lq, Lk].
     window_left / window_right (None or -1: unbounded), num_sink_tokens, alibi_slopes
     (one per query head) and softcap as docs/api.md defines them; cu_seqlens_q and
-    cu_seqlens_k: packed sequences, with [total, H, D] tensors. A value of the wrong kind
+    cu_seqlens_k: packed sequences, with [total, H, D] tensors. query_positions and
+    key_positions: the tokens' positions for a weight set with RoPE (mha() only), B * Lq and
+    B * Lk integers (row-major [B, L]; None: 0 to L - 1). A value of the wrong kind
     (a flag not True or False, a length or window not an integer, output_dtype not float32,
     bfloat16 or float16, a mask neither bool nor float) is a ValueError naming it."""
     options = pb2.AttentionOptions(
@@ -186,6 +200,10 @@ def attention_options(*, causal=False, causal_alignment="top_left", scale=None,
         options.cu_seqlens_q.extend(_integers(cu_seqlens_q, "cu_seqlens_q"))
     if cu_seqlens_k is not None:
         options.cu_seqlens_k.extend(_integers(cu_seqlens_k, "cu_seqlens_k"))
+    if query_positions is not None:
+        options.query_positions.extend(_integers(_flat(query_positions), "query_positions"))
+    if key_positions is not None:
+        options.key_positions.extend(_integers(_flat(key_positions), "key_positions"))
     return options
 
 
@@ -230,11 +248,15 @@ class Client:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._compression = _choice(_COMPRESSION, compression, "compression")
         self._retry = retry
-        self._timeout = timeout
+        self._timeout = _seconds(timeout, "timeout")
+        self._closed = False
         self._wait_for_ready = wait_for_ready
         self.target = target
 
     def close(self):
+        """Closes the channel: calls in flight end CANCELLED, later ones fail CANCELLED with
+        "the client is closed"."""
+        self._closed = True
         self._channel.close()
 
     def __enter__(self):
@@ -253,7 +275,8 @@ class Client:
     def call_counting(self, method, request, timeout=None, retryable=True):
         """call(), returning (response, the number of attempts it took). An AttnserveError
         it raises carries `attempts` too."""
-        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self._timeout if timeout is None
+                                       else _seconds(timeout, "timeout"))
         rpc = getattr(self._stub, method)
         backoff = self._retry.initial_backoff
         attempt = 1
@@ -265,9 +288,18 @@ class Client:
                 failure.attempts = attempt
                 raise failure
             try:
+                if self._closed:
+                    raise ValueError("closed")
                 return rpc(request, timeout=left, metadata=self._metadata,
                            compression=self._compression,
                            wait_for_ready=self._wait_for_ready), attempt
+            except ValueError:  # gRPC's for a closed channel
+                if not self._closed:
+                    raise
+                failure = AttnserveError(grpc.StatusCode.CANCELLED,
+                                         f"{method}: the client is closed")
+                failure.attempts = attempt
+                raise failure from None
             except grpc.RpcError as error:
                 failure = AttnserveError(error.code(), error.details())
                 failure.attempts = attempt
@@ -285,9 +317,9 @@ class Client:
     def attend_request(self, query, key, value, *, input_dtype=None, **options):
         """The AttendRequest attend() sends (for AttendStream or sharding)."""
         input_dtype = _data_dtype(input_dtype, "input_dtype")
-        return pb2.AttendRequest(query=to_tensor(query, input_dtype),
-                                 key=to_tensor(key, input_dtype),
-                                 value=to_tensor(value, input_dtype),
+        return pb2.AttendRequest(query=to_tensor(query, input_dtype, "query"),
+                                 key=to_tensor(key, input_dtype, "key"),
+                                 value=to_tensor(value, input_dtype, "value"),
                                  options=attention_options(**options))
 
     def attend(self, query, key, value, *, input_dtype=None, timeout=None, **options):
@@ -306,38 +338,48 @@ class Client:
                             _optional(response, "weights"), _timing(response))
 
     def mha(self, query_input, kv_input=None, *, weights_name=None, weights_version=0,
-            weights=None, num_heads=None, num_kv_heads=0, input_dtype=None, timeout=None,
-            **options):
+            weights=None, num_heads=None, num_kv_heads=0, rope_theta=None, rotary_dim=0,
+            rope_interleaved=False, input_dtype=None, timeout=None, **options):
         """nn.MultiheadAttention, batch first: query_input [B, Lq, E], kv_input [B, Lk, Ekv]
         or None (self-attention) -> MhaResult with output [B, Lq, E].
 
         The projections: a registered set (weights_name, and weights_version to insist on
         one), or inline `weights`, a dict of w_q, w_k, w_v, w_o and optional b_q, b_k, b_v,
-        b_o arrays in torch.nn.Linear layout, with num_heads (and num_kv_heads).
+        b_o arrays in torch.nn.Linear layout, with num_heads (and num_kv_heads), and
+        rope_theta (None: no RoPE), rotary_dim (0: the head) and rope_interleaved for a
+        Llama-style layer. query_positions and key_positions (options) place the tokens of
+        a set with RoPE.
         """
         input_dtype = _data_dtype(input_dtype, "input_dtype")
         request = pb2.MultiHeadAttentionRequest(
-            query_input=to_tensor(query_input, input_dtype),
+            query_input=to_tensor(query_input, input_dtype, "query_input"),
             options=attention_options(**options))
         if kv_input is not None:
-            request.kv_input.CopyFrom(to_tensor(kv_input, input_dtype))
+            request.kv_input.CopyFrom(to_tensor(kv_input, input_dtype, "kv_input"))
         if (weights_name is None) == (weights is None):
             raise ValueError("give weights_name or weights, not both or neither")
+        if weights_name is not None and rope_theta is not None:
+            raise ValueError("rope_theta is for inline weights: a registered set has its own")
         if weights_name is not None:
             request.weights_name = weights_name
-            request.weights_version = weights_version
+            request.weights_version = _integer(weights_version, "weights_version")
         else:
-            request.weights.CopyFrom(_projection_weights(weights, num_heads, num_kv_heads))
+            request.weights.CopyFrom(_projection_weights(
+                weights, num_heads, num_kv_heads,
+                _rope(rope_theta, rotary_dim, rope_interleaved)))
         response = self.call("MultiHeadAttention", request, timeout)
         return MhaResult(from_tensor(response.output), _optional(response, "lse"),
                          _optional(response, "weights"), response.weights_version,
                          _timing(response))
 
-    def put_weights(self, name, weights, *, num_heads, num_kv_heads=0, timeout=None):
-        """Registers `weights` (as mha() takes them inline) under `name` -> PutWeightsResult
-        (the new version, the bytes the server holds for them)."""
+    def put_weights(self, name, weights, *, num_heads, num_kv_heads=0, rope_theta=None,
+                    rotary_dim=0, rope_interleaved=False, timeout=None):
+        """Registers `weights` (as mha() takes them inline, RoPE included) under `name` ->
+        PutWeightsResult (the new version, the bytes the server holds for them)."""
         request = pb2.PutWeightsRequest(
-            name=name, weights=_projection_weights(weights, num_heads, num_kv_heads))
+            name=name, weights=_projection_weights(
+                weights, num_heads, num_kv_heads,
+                _rope(rope_theta, rotary_dim, rope_interleaved)))
         response = self.call("PutWeights", request, timeout,
                              retryable=self._retry.retry_weight_changes)
         return PutWeightsResult(response.version, response.bytes)
@@ -423,7 +465,8 @@ class Client:
         """The `field` entries of every page of the paged `method`, all within one deadline
         `timeout` away. A next token for which moves_on(this page's token, it) is false, or
         more than `most` entries, is a broken server's, not followed further."""
-        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self._timeout if timeout is None
+                                       else _seconds(timeout, "timeout"))
         found, request = [], request_type()
         while True:
             left = deadline - time.monotonic()
@@ -441,14 +484,26 @@ class Client:
             request = request_type(page_token=page.next_page_token)
 
 
-def _projection_weights(weights, num_heads, num_kv_heads):
+def _rope(theta, rotary_dim, interleaved):
+    """A RotaryEmbedding, or None without `theta`."""
+    if theta is None:
+        return None
+    return pb2.RotaryEmbedding(theta=_real(theta, "rope_theta"),
+                               rotary_dim=_integer(rotary_dim, "rotary_dim"),
+                               interleaved=_flag(interleaved, "rope_interleaved"))
+
+
+def _projection_weights(weights, num_heads, num_kv_heads, rope=None):
     if num_heads is None:
         raise ValueError("inline weights need num_heads")
     unknown = set(weights) - {"w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"}
     if unknown:
         raise ValueError(f"unknown weights {sorted(unknown)}: expected w_q, w_k, w_v, w_o "
                          f"and optional b_q, b_k, b_v, b_o")
-    message = pb2.ProjectionWeights(num_heads=num_heads, num_kv_heads=num_kv_heads)
+    message = pb2.ProjectionWeights(num_heads=_integer(num_heads, "num_heads"),
+                                    num_kv_heads=_integer(num_kv_heads, "num_kv_heads"))
     for name, array in weights.items():
-        getattr(message, name).CopyFrom(to_tensor(array))
+        getattr(message, name).CopyFrom(to_tensor(array, what=f"weights[{name!r}]"))
+    if rope is not None:
+        message.rope.CopyFrom(rope)
     return message

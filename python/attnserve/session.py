@@ -154,11 +154,11 @@ class Session:
                                options=_step_options(**options))
         tokens = 0
         if key is not None:
-            step.key.CopyFrom(to_tensor(key, input_dtype))
-            step.value.CopyFrom(to_tensor(value, input_dtype))
+            step.key.CopyFrom(to_tensor(key, input_dtype, "key"))
+            step.value.CopyFrom(to_tensor(value, input_dtype, "value"))
             tokens = int(step.key.shape[1]) if len(step.key.shape) == 3 else 0
         if query is not None:
-            step.query.CopyFrom(to_tensor(query, input_dtype))
+            step.query.CopyFrom(to_tensor(query, input_dtype, "query"))
         try:
             response, attempts = self._client.call_counting(
                 "Step", pb2.StepRequest(steps=[step],
@@ -208,9 +208,10 @@ class Session:
     def fork(self, length=None, ttl_seconds=0, timeout=None):
         """A new session sharing this one's first `length` tokens of every layer (all when
         None); retried only with RetryPolicy.retry_session_creation."""
-        request = pb2.ForkSessionRequest(session_id=self.id, ttl_seconds=ttl_seconds)
+        request = pb2.ForkSessionRequest(session_id=self.id,
+                                         ttl_seconds=_integer(ttl_seconds, "ttl_seconds"))
         if length is not None:
-            request.length = length
+            request.length = _integer(length, "length")
         response = self._client.call(
             "ForkSession", request, timeout,
             retryable=self._client._retry.retry_session_creation)
@@ -220,7 +221,8 @@ class Session:
 
     def truncate(self, length, timeout=None):
         """Keeps every layer's first `length` tokens."""
-        request = pb2.TruncateSessionRequest(session_id=self.id, length=length)
+        request = pb2.TruncateSessionRequest(session_id=self.id,
+                                             length=_integer(length, "length"))
         self._adopt(self._client.call("TruncateSession", request, timeout).session)
 
     def sync(self, timeout=None):

@@ -40,22 +40,28 @@ def wire_dtype(name):
     return upper
 
 
-def to_tensor(array, dtype=None):
-    """A Tensor holding `array`.
+def to_tensor(array, dtype=None, what="array"):
+    """A Tensor holding `array`, in either byte order.
 
     Without `dtype`: float32 (and float64, narrowed) -> FLOAT32, float16 -> FLOAT16, uint16 ->
     BFLOAT16 bit patterns, bool -> BOOL. With `dtype` ("float32", "bfloat16", "float16",
-    "bool"), the values are converted to it (float to bfloat16 rounds to nearest even).
+    "bool"), the values are converted to it (float to bfloat16 rounds to nearest even; a
+    uint16 array is bfloat16 bit patterns whatever `dtype` says, so it is read as those
+    values). Another array is a ValueError naming it as `what`.
     """
     array = np.asarray(array)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if array.dtype not in _DEFAULT_WIRE:
+        raise ValueError(f"{what} is a NumPy {array.dtype} array, expected float32, float16, "
+                         f"float64, bool, or uint16 bfloat16 bits")
     if dtype is None:
-        name = _DEFAULT_WIRE.get(array.dtype)
-        if name is None:
-            raise TypeError(f"no attnserve dtype for a NumPy {array.dtype} array: pass "
-                            f"float32, float16, bool, or uint16 bfloat16 bits")
+        name = _DEFAULT_WIRE[array.dtype]
     else:
         name = wire_dtype(dtype)
-        if name == "BFLOAT16" and array.dtype != np.uint16:
+        if array.dtype == np.uint16 and name != "BFLOAT16":
+            array = bfloat16_bits_to_float32(array)
+        elif name == "BFLOAT16" and array.dtype != np.uint16:
             array = float32_to_bfloat16_bits(array)
     data = np.ascontiguousarray(array, dtype=_PACKED[name]).tobytes()
     return pb2.Tensor(dtype=name, shape=array.shape, data=data)

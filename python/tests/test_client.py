@@ -394,6 +394,20 @@ def test_a_value_out_of_place_is_a_value_error_before_any_call(server):
             with pytest.raises(ValueError, match=message):
                 client.create_session(**dict(dict(num_layers=1, num_heads=2, key_dim=8),
                                              **options))
+        for call, message in ((lambda: session.truncate(2.5), "length is 2.5"),
+                              (lambda: session.fork(length=1.5), "length is 1.5"),
+                              (lambda: session.fork(ttl_seconds=2.5), "ttl_seconds is 2.5"),
+                              (lambda: client.mha(uniform(1, 3, 8), weights_name="demo",
+                                                  weights_version=1.5),
+                               "weights_version is 1.5"),
+                              (lambda: client.mha(uniform(1, 3, 8), weights_name="demo",
+                                                  query_positions=[0.5]),
+                               r"query_positions\[0\] is 0.5"),
+                              (lambda: client.put_weights("x", {}, num_heads=2,
+                                                          num_kv_heads="1"),
+                               "num_kv_heads is '1'")):
+            with pytest.raises(ValueError, match=message):
+                call()
         client.call_counting = real
         assert session.lengths == [0, 0]
         # NumPy scalars and integral floats are values in place, and mean what they say.
@@ -487,6 +501,74 @@ def test_a_rope_session_rotates_at_the_token_positions(server):
             weights /= weights.sum(-1, keepdims=True)
             np.testing.assert_allclose(out[:, 0], np.einsum("hj,hjd->hd", weights, values),
                                        atol=1e-5)
+
+
+def test_rope_weights_rotate_at_the_positions_given(server):
+    B, L, E, H, D, theta = 2, 3, 8, 2, 4, 500.0
+
+    def rotate(x, positions):  # [B, H, L, D] at positions [B, L], GPT-NeoX pairs
+        angle = positions[:, None, :, None] / theta ** (np.arange(D // 2) * 2 / D)
+        cos, sin = np.cos(angle), np.sin(angle)
+        a, b = x[..., :D // 2], x[..., D // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    weights = {name: RNG.uniform(-0.5, 0.5, (E, E)).astype(np.float32)
+               for name in ("w_q", "w_k", "w_v", "w_o")}
+    x = uniform(B, L, E)
+    positions = np.array([[7, 9, 30], [0, 100, 2]])
+    heads = lambda y: y.reshape(B, L, H, D).transpose(0, 2, 1, 3)
+    x64 = x.astype(np.float64)
+    q = rotate(heads(x64 @ weights["w_q"].T), positions)
+    k = rotate(heads(x64 @ weights["w_k"].T), positions)
+    v = heads(x64 @ weights["w_v"].T)
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(D)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    attended = (p / p.sum(-1, keepdims=True)) @ v
+    expected = attended.transpose(0, 2, 1, 3).reshape(B, L, E) @ weights["w_o"].T
+    rope = dict(rope_theta=theta)
+    name = f"pytest-rope-{os.getpid()}"
+    with attnserve.Client(server.target) as client:
+        inline = client.mha(x, weights=weights, num_heads=H, query_positions=positions,
+                            key_positions=positions, **rope)
+        np.testing.assert_allclose(inline.output, expected, atol=1e-5)
+        client.put_weights(name, weights, num_heads=H, **rope)
+        registered = client.mha(x, weights_name=name, query_positions=positions.ravel(),
+                                key_positions=positions)
+        np.testing.assert_allclose(registered.output, expected, atol=1e-5)
+        with pytest.raises(ValueError, match="rope_theta is for inline weights"):
+            client.mha(x, weights_name=name, **rope)
+        client.delete_weights(name)
+
+
+def test_arrays_in_any_byte_order_and_bfloat16_bits_under_any_input_dtype(server):
+    q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 5, 8), uniform(1, 2, 5, 8)
+    with attnserve.Client(server.target) as client:
+        native = client.attend(q, k, v, attn_mask=np.zeros((3, 5), np.float32)).output
+        swapped = client.attend(q.astype(">f4"), k.astype(">f4"), v.astype(">f4"),
+                                attn_mask=np.zeros((3, 5), ">f4")).output
+        np.testing.assert_array_equal(swapped, native)
+        bits = [attnserve.float32_to_bfloat16_bits(x) for x in (q, k, v)]
+        values = [attnserve.bfloat16_bits_to_float32(b) for b in bits]
+        for input_dtype in ("float32", "float16", "bfloat16", None):
+            np.testing.assert_allclose(client.attend(*bits, input_dtype=input_dtype).output,
+                                       reference_sdpa(*values), atol=2e-3)
+        with pytest.raises(ValueError, match="key is a NumPy int32 array, expected float32"):
+            client.attend(q, k.astype(np.int32), v)
+
+
+def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server):
+    q = uniform(1, 1, 2, 4)
+    client = attnserve.Client(server.target)
+    client.attend(q, q, q)
+    client.close()
+    with pytest.raises(attnserve.AttnserveError, match="the client is closed") as closed:
+        client.attend(q, q, q)
+    assert closed.value.code == grpc.StatusCode.CANCELLED
+    with pytest.raises(ValueError, match="timeout is None, expected a number of seconds"):
+        attnserve.Client(server.target, timeout=None)
+    with attnserve.Client(server.target) as client:
+        with pytest.raises(ValueError, match="timeout is '1', expected a number of seconds"):
+            client.attend(q, q, q, timeout="1")
 
 
 def test_packed_sequences_attend_within_themselves(server):

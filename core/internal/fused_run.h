@@ -284,6 +284,13 @@ class FusedRun {
                                 const TileBuffers& buffers,
                                 TileBinding* binding,
                                 ThreadContext& context) const;
+  // Whether a value of the block is NaN or ±inf: the matmul would take
+  // 0 · NaN into every row, also those that do not see it.
+  bool ValuesNotFinite(const KeyBlock& keys) const;
+  // AccumulateBlock without the matmul, over the keys each row sees (those of
+  // probability above 0), as the small tiles' code accumulates.
+  dnnl_status_t AccumulateSeenValues(RowRange rows, const KeyBlock& keys,
+                                     const TileBuffers& buffers) const;
   // Keeps split `split`'s partial result of `tile` for MergeTile.
   void KeepPartial(const Tile& tile, int64_t split,
                    const TileBuffers& buffers) const;

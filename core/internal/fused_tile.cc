@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attnserve/common/dtype.h"
 #include "internal/fused_plan.h"
 #include "internal/fused_run.h"
 #include "internal/matmul.h"
@@ -432,6 +433,7 @@ dnnl_status_t FusedRun::AccumulateBlock(RowRange rows, const KeyBlock& keys,
     }
     return dnnl_success;
   }
+  if (ValuesNotFinite(keys)) return AccumulateSeenValues(rows, keys, buffers);
   dnnl_memory_set_data_handle(binding->probabilities.get(),
                               g_.NativeBf16Tiles()
                                   ? static_cast<void*>(buffers.probabilities)
@@ -442,6 +444,49 @@ dnnl_status_t FusedRun::AccumulateBlock(RowRange rows, const KeyBlock& keys,
   return Execute(binding->plan->context, context.stream,
                  binding->probabilities.get(), binding->value.get(),
                  binding->output.get(), binding->context_scratchpad.get());
+}
+
+bool FusedRun::ValuesNotFinite(const KeyBlock& keys) const {
+  // The tiles' values are bf16 when two bytes wide (half inputs read in place
+  // or packed for bf16 tiles), else f32 (f16 ones widened by WidenBlock).
+  if (keys.element == 2) {
+    return kernels_.any_non_finite_bf16(
+        reinterpret_cast<const uint16_t*>(keys.values), keys.n, s_.value_dim,
+        keys.value_stride);
+  }
+  return kernels_.any_non_finite_f32(
+      reinterpret_cast<const float*>(keys.values), keys.n, s_.value_dim,
+      keys.value_stride);
+}
+
+dnnl_status_t FusedRun::AccumulateSeenValues(RowRange rows,
+                                             const KeyBlock& keys,
+                                             const TileBuffers& buffers) const {
+  const int64_t n = keys.n;
+  const int64_t dv = s_.value_dim;
+  for (int64_t r = 0; r < rows.size(); ++r) {
+    float* out = buffers.output + (rows.first + r) * dv;
+    for (int64_t j = 0; j < n; ++j) {
+      const float weight =
+          g_.NativeBf16Tiles()
+              ? BFloat16ToFloat32(buffers.probabilities[r * n + j])
+              : buffers.scores[r * n + j];
+      if (weight == 0.0f) continue;  // A key the row does not see.
+      const int64_t first = j * keys.value_stride;
+      if (keys.element == 2) {
+        const uint16_t* value =
+            reinterpret_cast<const uint16_t*>(keys.values) + first;
+        for (int64_t c = 0; c < dv; ++c) {
+          out[c] += weight * BFloat16ToFloat32(value[c]);
+        }
+      } else {
+        const float* value =
+            reinterpret_cast<const float*>(keys.values) + first;
+        for (int64_t c = 0; c < dv; ++c) out[c] += weight * value[c];
+      }
+    }
+  }
+  return dnnl_success;
 }
 
 void FusedRun::KeepPartial(const Tile& tile, int64_t split,

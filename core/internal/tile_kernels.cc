@@ -142,6 +142,30 @@ void F16ToF32Portable(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = Float16ToFloat32(src[i]);
 }
 
+// An element is not finite when its exponent bits are all set.
+template <typename Bits>
+bool AnyNonFinitePortable(const Bits* v, int64_t rows, int64_t dim,
+                          int64_t stride, Bits exponent) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const Bits* row = v + j * stride;
+    for (int64_t c = 0; c < dim; ++c) {
+      if ((row[c] & exponent) == exponent) return true;
+    }
+  }
+  return false;
+}
+
+bool AnyNonFiniteF32Portable(const float* v, int64_t rows, int64_t dim,
+                             int64_t stride) {
+  return AnyNonFinitePortable(reinterpret_cast<const uint32_t*>(v), rows, dim,
+                              stride, uint32_t{0x7f800000});
+}
+
+bool AnyNonFiniteBf16Portable(const uint16_t* v, int64_t rows, int64_t dim,
+                              int64_t stride) {
+  return AnyNonFinitePortable(v, rows, dim, stride, uint16_t{0x7f80});
+}
+
 // ----------------------------------------------------------------- AVX-512
 
 #define ATTNSERVE_AVX512 \
@@ -778,6 +802,43 @@ ATTNSERVE_AVX512 void F16ToF32Avx512(const uint16_t* src, int64_t n,
   }
 }
 
+ATTNSERVE_AVX512 bool AnyNonFiniteF32Avx512(const float* v, int64_t rows,
+                                            int64_t dim, int64_t stride) {
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  __mmask16 found = 0;
+  for (int64_t j = 0; j < rows; ++j) {
+    const float* row = v + j * stride;
+    for (int64_t c = 0; c < dim; c += 16) {
+      const __m512i bits =
+          _mm512_maskz_loadu_epi32(FirstLanes(dim - c), row + c);
+      found |=
+          _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, exponent), exponent);
+    }
+    if (found != 0) return true;
+  }
+  return false;
+}
+
+ATTNSERVE_AVX512 bool AnyNonFiniteBf16Avx512(const uint16_t* v, int64_t rows,
+                                             int64_t dim, int64_t stride) {
+  const __m512i exponent = _mm512_set1_epi16(0x7f80);
+  __mmask32 found = 0;
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint16_t* row = v + j * stride;
+    for (int64_t c = 0; c < dim; c += 32) {
+      const int64_t left = dim - c;
+      const __mmask32 lanes =
+          left >= 32 ? ~__mmask32{0}
+                     : static_cast<__mmask32>((uint32_t{1} << left) - 1);
+      const __m512i bits = _mm512_maskz_loadu_epi16(lanes, row + c);
+      found |=
+          _mm512_cmpeq_epi16_mask(_mm512_and_si512(bits, exponent), exponent);
+    }
+    if (found != 0) return true;
+  }
+  return false;
+}
+
 #undef ATTNSERVE_AVX512
 
 bool CpuHasAvx512Bf16() {
@@ -806,6 +867,8 @@ TileKernels Avx512TileKernels(const char* name, bool cvt_bf16) {
       cvt_bf16 ? ToBf16Avx512Bf16 : ToBf16Avx512,
       Bf16ToF32Avx512,
       F16ToF32Avx512,
+      AnyNonFiniteF32Avx512,
+      AnyNonFiniteBf16Avx512,
   };
 }
 
@@ -822,6 +885,8 @@ const TileKernels& PortableTileKernels() {
       ToBf16Portable,
       Bf16ToF32Portable,
       F16ToF32Portable,
+      AnyNonFiniteF32Portable,
+      AnyNonFiniteBf16Portable,
   };
   return kernels;
 }

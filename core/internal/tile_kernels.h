@@ -75,6 +75,15 @@ struct TileKernels {
   // the kernels read where they lie, widened a block at a time).
   void (*bf16_to_f32)(const uint16_t* src, int64_t n, float* dst);
   void (*f16_to_f32)(const uint16_t* src, int64_t n, float* dst);
+
+  // Whether any of `rows` rows of `dim` elements, `stride` elements apart, is
+  // NaN or ±inf: f32, or bf16 bit patterns. A block of values holding one
+  // cannot go through a matmul, which would take 0 · NaN into the rows that
+  // do not see it.
+  bool (*any_non_finite_f32)(const float* v, int64_t rows, int64_t dim,
+                             int64_t stride);
+  bool (*any_non_finite_bf16)(const uint16_t* v, int64_t rows, int64_t dim,
+                              int64_t stride);
 };
 
 // The portable set, correct on any CPU.

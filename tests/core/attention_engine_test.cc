@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <ostream>
@@ -334,6 +335,95 @@ TEST(AttentionEngineTest, HiddenNaNValuesStayOutWhenTheWeightsAreAsked) {
       } else {
         EXPECT_EQ(output, plain_output);
         EXPECT_EQ(lse, plain_lse);
+      }
+    }
+  }
+}
+
+// Tiles of many rows (here 4 heads of a kv head × 20 queries) take P · V as a
+// matmul, which would take 0 · NaN into every row: a NaN or ±inf value stays
+// out of the rows that do not see its key (padding past key_lengths, keys past
+// a causal edge, a BOOL mask's), on every kernel and precision, and a row that
+// sees it is NaN.
+TEST(AttentionEngineTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const AttentionShape shape = SdpaShape(1, 4, 1, 20, 70, 16, 16);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 41);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 42);
+  const std::vector<float> finite = RandomValues(shape.ValueElements(), 43);
+  struct Case {
+    const char* name;
+    int64_t first_hidden;  // Value rows [first_hidden, 70) no query sees.
+    std::function<void(AttentionOptions&)> set;
+  };
+  std::vector<uint8_t> allowed(20 * 70, 1);
+  for (int64_t i = 0; i < 20; ++i) allowed[i * 70 + 69] = 0;
+  const std::vector<Case> cases = {
+      {"key_lengths", 50, [](AttentionOptions& o) { o.key_lengths = {50}; }},
+      {"causal", 20, [](AttentionOptions& o) { o.causal = true; }},
+      {"bool mask", 69,
+       [&allowed](AttentionOptions& o) {
+         AttentionMask mask;
+         mask.dims = {1, 1, 20, 70};
+         mask.allowed = allowed.data();
+         o.mask = mask;
+       }},
+  };
+  for (const bool portable : {false, true}) {
+    EngineOptions engine_options;
+    engine_options.portable_kernels = portable;
+    std::unique_ptr<AttentionEngine> engine = MakeEngine(engine_options);
+    for (const Precision precision :
+         {Precision::kFloat32, Precision::kBFloat16}) {
+      for (const Case& test_case : cases) {
+        for (const float bad : {std::nanf(""), inf, -inf}) {
+          SCOPED_TRACE(::testing::Message()
+                       << test_case.name << (portable ? " portable" : "")
+                       << (precision == Precision::kBFloat16 ? " bf16" : "")
+                       << " value " << bad);
+          AttentionOptions options;
+          options.precision = precision;
+          test_case.set(options);
+          std::vector<float> value = finite;
+          for (int64_t j = test_case.first_hidden; j < 70; ++j) {
+            std::fill_n(value.begin() + j * 16, 16, bad);
+          }
+          std::vector<float> expected(shape.OutputElements()),
+              output(shape.OutputElements());
+          ASSERT_TRUE(engine
+                          ->Attend(shape, options, query, key, finite,
+                                   AttentionOutputs(absl::MakeSpan(expected)))
+                          .ok());
+          ASSERT_TRUE(engine
+                          ->Attend(shape, options, query, key, value,
+                                   AttentionOutputs(absl::MakeSpan(output)))
+                          .ok());
+          for (size_t i = 0; i < output.size(); ++i) {
+            ASSERT_NEAR(output[i], expected[i], 1e-5) << i;
+          }
+        }
+      }
+      // Causal: value row 10 is seen by the queries from 10 on only.
+      SCOPED_TRACE(::testing::Message()
+                   << "seen by some" << (portable ? " portable" : "")
+                   << (precision == Precision::kBFloat16 ? " bf16" : ""));
+      AttentionOptions options;
+      options.precision = precision;
+      options.causal = true;
+      std::vector<float> value = finite;
+      std::fill_n(value.begin() + 10 * 16, 16, std::nanf(""));
+      std::vector<float> output(shape.OutputElements());
+      ASSERT_TRUE(engine
+                      ->Attend(shape, options, query, key, value,
+                               AttentionOutputs(absl::MakeSpan(output)))
+                      .ok());
+      for (int64_t h = 0; h < 4; ++h) {
+        for (int64_t i = 0; i < 20; ++i) {
+          for (int64_t c = 0; c < 16; ++c) {
+            const float out = output[(h * 20 + i) * 16 + c];
+            ASSERT_EQ(std::isnan(out), i >= 10) << h << " " << i << " " << c;
+          }
+        }
       }
     }
   }

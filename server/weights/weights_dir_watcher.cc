@@ -139,8 +139,11 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
     const absl::StatusOr<WeightsRegistry::Entry> held = registry_->Get(name);
     if (held.ok() && held->version == version) return absl::OkStatus();
   }
-  ATTNSERVE_RETURN_IF_ERROR(
-      PutWeightsInto(*registry_, *request, version).status());
+  const absl::Status put =
+      PutWeightsInto(*registry_, *request, version).status();
+  seen.refused_for_room_at =
+      absl::IsResourceExhausted(put) ? registry_->List("", 0).total_bytes : -1;
+  ATTNSERVE_RETURN_IF_ERROR(put);
   seen.version = version;
   seen.digest = digest;
   return absl::OkStatus();
@@ -206,11 +209,32 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
       }
       refused_seen_ = std::move(refused_now);
       for (const std::string& folder : listing->folders) {
+        present.insert(NameOf(folder));
+      }
+      // Removed sets go first, so that their room takes the sets that wait
+      // for it in the same look.
+      for (auto it = seen_.begin(); it != seen_.end();) {
+        if (present.count(it->first) > 0) {
+          ++it;
+          continue;
+        }
+        // Deleted only if what the registry holds is what the folder gave.
+        const absl::StatusOr<WeightsRegistry::Entry> held =
+            registry_->Get(it->first);
+        if (held.ok() && held->version == it->second.version &&
+            registry_->Delete(it->first).ok()) {
+          ++changes.removed;
+        }
+        it = seen_.erase(it);
+      }
+      for (const std::string& folder : listing->folders) {
         const std::string name = NameOf(folder);
-        present.insert(name);
         const std::string fingerprint = Fingerprint(folder);
         const auto it = seen_.find(name);
-        if (it != seen_.end() && it->second.fingerprint == fingerprint) {
+        if (it != seen_.end() && it->second.fingerprint == fingerprint &&
+            (it->second.refused_for_room_at < 0 ||
+             registry_->List("", 0).total_bytes >=
+                 it->second.refused_for_room_at)) {
           continue;
         }
         const int64_t before = it == seen_.end() ? 0 : it->second.version;
@@ -225,20 +249,6 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
         } else if (seen_[name].version != before) {
           ++changes.registered;
         }
-      }
-      for (auto it = seen_.begin(); it != seen_.end();) {
-        if (present.count(it->first) > 0) {
-          ++it;
-          continue;
-        }
-        // Deleted only if what the registry holds is what the folder gave.
-        const absl::StatusOr<WeightsRegistry::Entry> held =
-            registry_->Get(it->first);
-        if (held.ok() && held->version == it->second.version &&
-            registry_->Delete(it->first).ok()) {
-          ++changes.removed;
-        }
-        it = seen_.erase(it);
       }
     }
   }

@@ -524,6 +524,43 @@ TEST_F(WeightsDirTest, AFolderChangedDuringItsReadIsNotRegisteredFromIt) {
   EXPECT_FALSE(fresh.Get("tiny").ok());
 }
 
+// A set refused for want of room in --max_weights_bytes is read again, its
+// folder unchanged, once room is freed (by a set removed in the same look
+// here), not at every look while there is none: replicas that started with
+// the room would otherwise serve it while this one answered NOT_FOUND.
+TEST_F(WeightsDirTest, ASetRefusedForRoomLoadsOnceRoomIsFreed) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("a", "num_heads=2\nversion=1\n", MakeWeights(tiny, 940), "<f4");
+  WriteFolder("b", "num_heads=2\nversion=1\n", MakeWeights(tiny, 941), "<f4");
+  if (HasFatalFailure()) return;
+  // Room for one of them (2,128 bytes each).
+  WeightsRegistry registry(3000);
+  int reads = 0;
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  watcher.SetAfterReadForTesting([&reads](const std::string&) { ++reads; });
+  WeightsDirWatcher::Changes scan = watcher.Scan();
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(scan.failed, 1);
+  EXPECT_TRUE(registry.Get("a").ok());
+  EXPECT_FALSE(registry.Get("b").ok());
+  EXPECT_EQ(reads, 2);
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.failed, 0);
+  EXPECT_EQ(reads, 2);
+
+  std::filesystem::remove_all(root_ / "a");
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.removed, 1);
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(scan.failed, 0);
+  EXPECT_FALSE(registry.Get("a").ok());
+  const absl::StatusOr<WeightsRegistry::Entry> b = registry.Get("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->version, 1);
+  EXPECT_EQ(reads, 3);
+}
+
 // A set whose files hold more than twice max_weights_bytes (each file under
 // it) is refused from the files' sizes, before any of it is read.
 TEST_F(WeightsDirTest, AFolderTooLargeIsRefusedBeforeItIsRead) {

@@ -77,6 +77,9 @@ class WeightsDirWatcher {
     std::string fingerprint;
     int64_t version = 0;  // 0: the folder has never loaded.
     int64_t digest = 0;   // WeightsDigest of what it registered.
+    // The registry's bytes when the set last found no room in it (-1: it
+    // did not): the folder is read again, unchanged, once they are fewer.
+    int64_t refused_for_room_at = -1;
   };
 
   // Reads and registers the set in `folder` as `name`, remembering it as

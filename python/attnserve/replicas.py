@@ -191,6 +191,7 @@ class ShardedSession:
         checked = dict(options)  # before any shard is sent a step
         _data_dtype(checked.pop("input_dtype", None), "input_dtype")
         _step_options(return_lse=return_lse, **checked)
+        self._check_inputs(key, value, query)
         start = self.lengths[layer]
         tokens = 0 if key is None else np.asarray(key).shape[1]
         end = start + tokens
@@ -239,6 +240,29 @@ class ShardedSession:
         output = np.where(np.isneginf(lse)[..., None], 0.0, output)
         return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
                 end)
+
+    def _check_inputs(self, key, value, query):
+        """Refuses (ValueError) what a shard would refuse, before any shard is sent a piece: a
+        step refused half way would leave its first pieces appended."""
+        heads = self._options["num_heads"]
+        kv_heads = self._options.get("num_kv_heads") or heads
+        key_dim = self._options["key_dim"]
+        value_dim = self._options.get("value_dim") or key_dim
+        for name, array, rows, dim in (("key", key, kv_heads, key_dim),
+                                       ("value", value, kv_heads, value_dim),
+                                       ("query", query, heads, key_dim)):
+            if array is None:
+                continue
+            array = np.asarray(array)
+            if (array.dtype not in (np.float32, np.float64, np.float16, np.uint16)
+                    or array.ndim != 3 or array.shape[0] != rows or array.shape[1] < 1
+                    or array.shape[2] != dim):
+                raise ValueError(f"{name} is a {array.dtype} array of shape "
+                                 f"{list(array.shape)}, expected a float array of shape "
+                                 f"[{rows}, T, {dim}] (the session's)")
+        if key is not None and np.asarray(key).shape[1] != np.asarray(value).shape[1]:
+            raise ValueError(f"key holds {np.asarray(key).shape[1]} tokens and value "
+                             f"{np.asarray(value).shape[1]}, expected the same")
 
     def delete(self, timeout=None):
         for shard in self.shards:

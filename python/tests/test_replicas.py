@@ -151,6 +151,15 @@ def test_a_sharded_session_equals_the_reference(three):
         with pytest.raises(ValueError, match="output_dtype is 'bool'"):
             sharded.step(0, key=uniform(2, 20, D), value=uniform(2, 20, D),
                          query=uniform(4, 1, D), output_dtype="bool")
+        # A query, key or value a shard would refuse, with an append spanning shards.
+        for inputs, message in (
+                (dict(query=uniform(5, 1, D)), r"query is a float32 array of shape \[5, 1, 8\]"),
+                (dict(query=uniform(4, 1, D + 1)), r"expected a float array of shape \[4, T, 8\]"),
+                (dict(value=uniform(2, 20, D + 2)), r"value is a float32 array of shape"),
+                (dict(value=uniform(2, 19, D)), "key holds 20 tokens and value 19")):
+            step = dict(dict(key=uniform(2, 20, D), value=uniform(2, 20, D)), **inputs)
+            with pytest.raises(ValueError, match=message):
+                sharded.step(0, **step)
         assert sharded.lengths == [keys.shape[1]]
         assert [s.lengths[0] for s in sharded.shards] == [16, 16, keys.shape[1] - 32]
         sharded.delete()

@@ -155,7 +155,7 @@ absl::StatusOr<Response> Client::CallWithRetries(
                                                        const Request&,
                                                        Response*),
     const Request& request, absl::Duration timeout, bool retryable,
-    int* attempts) {
+    int* attempts, grpc::StatusCode also_retried) {
   const RetryPolicy& policy = options_.retry;
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = policy.initial_backoff;
@@ -168,7 +168,9 @@ absl::StatusOr<Response> Client::CallWithRetries(
     if (attempts != nullptr) *attempts = attempt;
     if (status.ok()) return response;
     if (!retryable || attempt >= policy.max_attempts ||
-        !IsRetryable(policy, status)) {
+        !(IsRetryable(policy, status) ||
+          (also_retried != grpc::StatusCode::OK &&
+           status.error_code() == also_retried))) {
       return FromGrpcStatus(status);
     }
     // Full backoff scaled by a jitter in [0.5, 1): spreads clients that failed
@@ -189,8 +191,13 @@ absl::StatusOr<v1::AttendResponse> Client::Attend(
 
 absl::StatusOr<v1::MultiHeadAttentionResponse> Client::MultiHeadAttention(
     const v1::MultiHeadAttentionRequest& request, absl::Duration timeout) {
-  return CallWithRetries(&v1::AttentionService::Stub::MultiHeadAttention,
-                         request, timeout, true);
+  // A replica at another version of the set: another may hold the one asked.
+  const bool pinned =
+      request.weights_version() != 0 && options_.retry.retry_weights_version;
+  return CallWithRetries(
+      &v1::AttentionService::Stub::MultiHeadAttention, request, timeout, true,
+      nullptr,
+      pinned ? grpc::StatusCode::FAILED_PRECONDITION : grpc::StatusCode::OK);
 }
 
 Client::~Client() {

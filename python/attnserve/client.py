@@ -39,6 +39,9 @@ class RetryPolicy:
     retry_on: tuple = (grpc.StatusCode.UNAVAILABLE,)
     retry_weight_changes: bool = False
     retry_session_creation: bool = False
+    # An mha() naming a weights_version the replica does not hold (FAILED_PRECONDITION):
+    # another replica, or this one after its next look at a shared weights_dir, may hold it.
+    retry_weights_version: bool = True
 
 
 # The server's times for a call (ServerTiming), in microseconds: waiting for an executor,
@@ -267,12 +270,14 @@ class Client:
 
     # ---- calls ------------------------------------------------------------------------------
 
-    def call(self, method, request, timeout=None, retryable=True):
+    def call(self, method, request, timeout=None, retryable=True, also_retry_on=()):
         """Calls `method` (a name of AttentionService's, "Attend") with `request`, retried per
-        the RetryPolicy within `timeout` in all. Raises AttnserveError."""
-        return self.call_counting(method, request, timeout, retryable)[0]
+        the RetryPolicy (and on the codes of `also_retry_on`) within `timeout` in all. Raises
+        AttnserveError."""
+        return self.call_counting(method, request, timeout, retryable, also_retry_on)[0]
 
-    def call_counting(self, method, request, timeout=None, retryable=True):
+    def call_counting(self, method, request, timeout=None, retryable=True,
+                      also_retry_on=()):
         """call(), returning (response, the number of attempts it took). An AttnserveError
         it raises carries `attempts` too."""
         deadline = time.monotonic() + (self._timeout if timeout is None
@@ -304,7 +309,8 @@ class Client:
                 failure = AttnserveError(error.code(), error.details())
                 failure.attempts = attempt
                 if (not retryable or attempt >= self._retry.max_attempts
-                        or failure.code not in self._retry.retry_on):
+                        or (failure.code not in self._retry.retry_on
+                            and failure.code not in also_retry_on)):
                     raise failure from None
                 wait = backoff * random.uniform(0.5, 1.0)
                 if time.monotonic() + wait >= deadline:
@@ -367,7 +373,10 @@ class Client:
             request.weights.CopyFrom(_projection_weights(
                 weights, num_heads, num_kv_heads,
                 _rope(rope_theta, rotary_dim, rope_interleaved)))
-        response = self.call("MultiHeadAttention", request, timeout)
+        pinned = request.weights_version != 0 and self._retry.retry_weights_version
+        response = self.call("MultiHeadAttention", request, timeout,
+                             also_retry_on=(grpc.StatusCode.FAILED_PRECONDITION,)
+                             if pinned else ())
         return MhaResult(from_tensor(response.output), _optional(response, "lse"),
                          _optional(response, "weights"), response.weights_version,
                          _timing(response))

@@ -540,6 +540,36 @@ def test_rope_weights_rotate_at_the_positions_given(server):
         client.delete_weights(name)
 
 
+def test_a_call_pinned_to_a_version_is_retried_on_another_replica(tmp_path):
+    shapes = dict(w_q=(8, 8), w_k=(8, 8), w_v=(8, 8), w_o=(8, 8))
+    servers = []
+    try:
+        for version in (7, 8):  # one replica a reload behind the other
+            folder = tmp_path / f"v{version}" / "layer"
+            folder.mkdir(parents=True)
+            (folder / "config.txt").write_text(f"num_heads=2\nversion={version}\n")
+            for name, shape in shapes.items():
+                np.save(folder / f"{name}.npy", uniform(*shape))
+            servers.append(Server(f"--weights_dir={folder.parent}", "--demo_weights=false"))
+        target = "ipv4:" + ",".join(s.target for s in servers)
+        x = uniform(1, 3, 8)
+        for retried in (True, False):
+            policy = attnserve.RetryPolicy(max_attempts=4, retry_weights_version=retried)
+            with attnserve.Client(target, retry=policy) as client:
+                refused = 0
+                for _ in range(8):
+                    try:
+                        assert client.mha(x, weights_name="layer",
+                                          weights_version=8).weights_version == 8
+                    except attnserve.AttnserveError as error:
+                        assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+                        refused += 1
+                assert (refused == 0) if retried else (refused > 0)
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def test_arrays_in_any_byte_order_and_bfloat16_bits_under_any_input_dtype(server):
     q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 5, 8), uniform(1, 2, 5, 8)
     with attnserve.Client(server.target) as client:

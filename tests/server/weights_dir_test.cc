@@ -225,6 +225,61 @@ TEST_F(WeightsDirTest, VersionsComeFromTheFolderSoReplicasAgree) {
   EXPECT_EQ(first->weights(0).version(), second->weights(0).version());
 }
 
+// Two replicas at two versions of a set (one reload ahead of the other): a
+// call pinned to the newer version is retried on FAILED_PRECONDITION, so
+// round_robin takes it to the replica holding it, unless the policy says not.
+TEST_F(WeightsDirTest, ACallPinnedToAVersionIsRetriedOnAnotherReplica) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  const std::filesystem::path ahead = root_ / "ahead";
+  WriteFolder("behind/layer", "num_heads=2\nversion=7\n",
+              MakeWeights(tiny, 420), "<f4");
+  ASSERT_TRUE(::attnserve::testing::WriteWeightsFolder(
+      ahead / "layer", "num_heads=2\nversion=8\n", MakeWeights(tiny, 421),
+      "<f4"));
+  if (HasFatalFailure()) return;
+  ServerOptions options = DefaultOptions();
+  options.demo_weights = false;
+  options.weights_dir = (root_ / "behind").string();
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  options.weights_dir = ahead.string();
+  absl::StatusOr<std::unique_ptr<AttnServer>> other =
+      AttnServer::Start(options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string target = absl::StrCat("ipv4:127.0.0.1:", server_->port(),
+                                          ",127.0.0.1:", (*other)->port());
+  v1::MultiHeadAttentionRequest request = MakeRequest(tiny, 422, false);
+  request.set_weights_name("layer");
+  request.set_weights_version(8);
+  for (const bool retried : {true, false}) {
+    SCOPED_TRACE(retried ? "retried" : "not retried");
+    ClientOptions client_options;
+    // More than two: a first call may find one replica connected only.
+    client_options.retry.max_attempts = 4;
+    client_options.retry.retry_weights_version = retried;
+    absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect(target, client_options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    int refused = 0;
+    for (int call = 0; call < 8; ++call) {
+      absl::StatusOr<v1::MultiHeadAttentionResponse> response =
+          (*client)->MultiHeadAttention(request, kTimeout);
+      if (response.ok()) {
+        EXPECT_EQ(response->weights_version(), 8);
+        continue;
+      }
+      EXPECT_EQ(response.status().code(), absl::StatusCode::kFailedPrecondition)
+          << response.status();
+      ++refused;
+    }
+    if (retried) {
+      EXPECT_EQ(refused, 0);
+    } else {
+      EXPECT_GT(refused, 0);
+    }
+  }
+}
+
 // Waits up to 30 s for `done`, polling every 20 ms.
 bool Eventually(const std::function<bool()>& done) {
   const absl::Time by = absl::Now() + absl::Seconds(30);

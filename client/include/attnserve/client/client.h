@@ -67,6 +67,10 @@ struct RetryPolicy {
   bool retry_resource_exhausted = true;
   bool retry_weight_changes = false;
   bool retry_session_creation = false;
+  // A MultiHeadAttention that names a weights_version the replica does not
+  // hold (FAILED_PRECONDITION): another replica, or this one after its next
+  // look at a shared weights_dir, may hold it.
+  bool retry_weights_version = true;
 };
 
 // TLS for the channel: server authentication, and client authentication (mTLS)
@@ -226,14 +230,16 @@ class Client {
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
 
   // Calls `method` with retries per the policy; `retryable` says whether this
-  // RPC may be. `attempts`, when not null, receives how many calls were made.
+  // RPC may be, and `also_retried` names a code retried beside the policy's
+  // (OK: none). `attempts`, when not null, receives how many calls were made.
   template <typename Request, typename Response>
   absl::StatusOr<Response> CallWithRetries(
       grpc::Status (v1::AttentionService::Stub::*method)(grpc::ClientContext*,
                                                          const Request&,
                                                          Response*),
       const Request& request, absl::Duration timeout, bool retryable,
-      int* attempts = nullptr);
+      int* attempts = nullptr,
+      grpc::StatusCode also_retried = grpc::StatusCode::OK);
 
   // Starts an asynchronous call: `start` calls the stub's async method with
   // the context, request, response and callback it is given.

@@ -58,10 +58,10 @@ absl::StatusOr<WeightsConfig> ReadWeightsConfig(const std::string& path) {
     } else if (entry.first == "rope_interleaved") {
       config.rope_interleaved = value != 0;
     } else if (entry.first == "version") {
-      if (value < 1) {
+      if (value < 1 || value > kMaxWeightsVersion) {
         return absl::InvalidArgumentError(
             absl::StrCat(path, ": line ", number, " sets version to ", value,
-                         ", expected a positive integer"));
+                         ", expected 1 to ", kMaxWeightsVersion));
       }
       config.version = value;
     } else {

@@ -60,6 +60,12 @@ expected_status=2 expect_start_failure \
   "--weights_dir .*/set holds (config.txt|w_[a-z]+.npy): it is one weight set's folder; expected the folder holding one folder per weight set \(its parent, to register it as 'set'\)" \
   --weights_dir="${dir}/set"
 
+# A version past 2^62 would let the registry's count of puts overflow.
+dir="${workdir}/huge_version" && make_weights "${dir}/set" &&
+  echo "version=9223372036854775807" >>"${dir}/set/config.txt"
+expect_start_failure "line [0-9]+ sets version to 9223372036854775807, expected 1 to 4611686018427387904" \
+  --weights_dir="${dir}"
+
 dir="${workdir}/passwd_copy" && make_weights "${dir}/set" && head -3 /etc/passwd >"${dir}/set/config.txt"
 expect_start_failure "config.txt: line 1 is not key=integer" --weights_dir="${dir}"
 

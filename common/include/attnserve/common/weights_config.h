@@ -15,6 +15,10 @@
 
 namespace attnserve {
 
+// The largest version a folder may give: the registry counts its puts' versions
+// on from the largest it holds, and 2^62 leaves that count room.
+inline constexpr int64_t kMaxWeightsVersion = int64_t{1} << 62;
+
 struct WeightsConfig {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // 0: the same as num_heads.

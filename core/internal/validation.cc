@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -105,11 +106,15 @@ absl::Status ValidateVariants(const AttentionShape& shape,
         absl::StrCat("options.num_sink_tokens is ", options.num_sink_tokens,
                      ", expected >= 0"));
   }
+  // Below the smallest normal float, 1 / softcap is inf: a score of 0 would
+  // become 0 · inf = NaN.
   if (options.softcap &&
-      !(std::isfinite(*options.softcap) && *options.softcap > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.softcap is ", *options.softcap,
-                     ", expected a finite number > 0 (or none)"));
+      !(std::isfinite(*options.softcap) &&
+        *options.softcap >= std::numeric_limits<float>::min())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.softcap is ", *options.softcap,
+        ", expected a finite number >= ", std::numeric_limits<float>::min(),
+        " (the smallest normal float), or none"));
   }
   if (!options.alibi_slopes.empty()) {
     ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize(

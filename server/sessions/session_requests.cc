@@ -1,6 +1,7 @@
 #include "attnserve/server/sessions/session_requests.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -71,10 +72,13 @@ absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
                                 defaults.alibi_slopes().end());
   }
   if (defaults.has_softcap()) {
-    if (!std::isfinite(defaults.softcap()) || !(defaults.softcap() > 0.0f)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("defaults.softcap is ", defaults.softcap(),
-                       ", expected a finite number > 0 (absent: none)"));
+    // As options.softcap (core/internal/validation.cc): 1 / softcap finite.
+    if (!std::isfinite(defaults.softcap()) ||
+        !(defaults.softcap() >= std::numeric_limits<float>::min())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "defaults.softcap is ", defaults.softcap(),
+          ", expected a finite number >= ", std::numeric_limits<float>::min(),
+          " (the smallest normal float; absent: none)"));
     }
     config->softcap = defaults.softcap();
   }

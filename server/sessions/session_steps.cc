@@ -330,7 +330,7 @@ struct Computing {
 // back than the last step's did): FAILED_PRECONDITION naming them.
 absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
                                     const SessionStore::View& view,
-                                    int64_t query_len) {
+                                    int64_t query_len, bool appended) {
   if (!config.evict_outside_window) return absl::OkStatus();
   const int64_t position = view.length - query_len;  // the first row's
   const int64_t page_tokens = view.layout.page_tokens;
@@ -346,8 +346,10 @@ absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
       " on (window_left ", config.window_left, ") and the ",
       std::min(config.num_sink_tokens, view.length),
       " sinks, and the session freed keys ", freed->first, " to ", freed->last,
-      " (evict_outside_window keeps the sinks and the last window_left "
-      "keys); the append stands, nothing was computed"));
+      " (evict_outside_window keeps the sinks and the last window_left + 1 "
+      "keys); ",
+      appended ? "the append stands, nothing was computed"
+               : "nothing was appended or computed"));
 }
 
 }  // namespace
@@ -393,8 +395,8 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     }
     result->set_length(view->length);
     if (work.query == nullptr) continue;
-    if (absl::Status held =
-            CheckQuerySeesHeldKeys(config, *view, work.query_len);
+    if (absl::Status held = CheckQuerySeesHeldKeys(
+            config, *view, work.query_len, work.append.tokens > 0);
         !held.ok()) {
       SetError(work.index, held, result);
       continue;

@@ -566,8 +566,8 @@ absl::Status SessionStore::CheckHeld(const Session& session, size_t layer_index,
       " on (window_left ", session.config.window_left, ") and the ",
       std::min(session.config.num_sink_tokens, length), " sinks, and session ",
       session.id, " freed keys ", freed->first, " to ", freed->last,
-      " (evict_outside_window keeps the sinks and the last window_left keys "
-      "of each layer)"));
+      " (evict_outside_window keeps the sinks and the last window_left + 1 "
+      "keys of each layer)"));
 }
 
 void SessionStore::EvictOutsideWindow(Session* session, size_t layer_index) {

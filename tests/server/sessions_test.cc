@@ -684,6 +684,9 @@ TEST_F(SessionsTest, AWindowOfZeroTruncatesAndForksBackIntoFreedPages) {
     EXPECT_THAT(refused.results(0).error().message(),
                 HasSubstr("freed keys 16 to " +
                           std::to_string(std::min<int64_t>(19, length - 1))));
+    // A query-only step appended nothing, and says so.
+    EXPECT_THAT(refused.results(0).error().message(),
+                HasSubstr("; nothing was appended or computed"));
   }
 }
 
@@ -774,6 +777,8 @@ TEST_F(SessionsTest, AFailedStepSaysWhatItsLayerHolds) {
   EXPECT_EQ(response.results(2).error().code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(response.results(2).error().message(), HasSubstr("freed keys"));
+  EXPECT_THAT(response.results(2).error().message(),
+              HasSubstr("; the append stands, nothing was computed"));
   EXPECT_EQ(response.results(2).length(), 41);  // The append stood.
 }
 
@@ -1302,7 +1307,9 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
       },
       "defaults.alibi_slopes[1] is nan");
   refused([](v1::SessionDefaults& d) { d.set_softcap(0.0f); },
-          "defaults.softcap is 0, expected a finite number > 0");
+          "defaults.softcap is 0, expected a finite number >= 1.17549e-38");
+  refused([](v1::SessionDefaults& d) { d.set_softcap(2e-39f); },
+          "defaults.softcap is 2e-39, expected a finite number >= 1.17549e-38");
   refused([](v1::SessionDefaults& d) { d.set_evict_outside_window(true); },
           "defaults.evict_outside_window is true without a window");
 

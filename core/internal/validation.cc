@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -106,15 +105,11 @@ absl::Status ValidateVariants(const AttentionShape& shape,
         absl::StrCat("options.num_sink_tokens is ", options.num_sink_tokens,
                      ", expected >= 0"));
   }
-  // Below the smallest normal float, 1 / softcap is inf: a score of 0 would
-  // become 0 · inf = NaN.
-  if (options.softcap &&
-      !(std::isfinite(*options.softcap) &&
-        *options.softcap >= std::numeric_limits<float>::min())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.softcap is ", *options.softcap,
-        ", expected a finite number >= ", std::numeric_limits<float>::min(),
-        " (the smallest normal float), or none"));
+  if (options.softcap && !IsValidSoftcap(*options.softcap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.softcap is ", *options.softcap,
+                     ", expected a finite number >= ", kMinSoftcap,
+                     " (the smallest normal float), or none"));
   }
   if (!options.alibi_slopes.empty()) {
     ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize(

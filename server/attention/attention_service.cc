@@ -859,6 +859,9 @@ void AttentionServiceImpl::ServeModelInfer(
         oip::MultiHeadRequestFrom(request, &native->outputs);
     if (!mha.ok()) return caller->Computed(mha.status());
     native->mha = *std::move(mha);
+    // The version the answer names is the one computed: a set put again
+    // meanwhile is refused as a request for another version would be.
+    native->mha.set_weights_version((*model)->version);
     return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
                                    std::move(caller));
   }

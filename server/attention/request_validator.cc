@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/core/attention_types.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 #include "google/protobuf/descriptor.h"
@@ -105,10 +106,11 @@ absl::Status ValidateVariants(const Options& proto, const AttentionShape& s,
   }
   options.num_sink_tokens = proto.num_sink_tokens();
   if (proto.has_softcap()) {
-    if (!std::isfinite(proto.softcap()) || !(proto.softcap() > 0.0f)) {
+    if (!IsValidSoftcap(proto.softcap())) {
       return absl::InvalidArgumentError(
           absl::StrCat("options.softcap is ", proto.softcap(),
-                       ", expected a finite number > 0 (absent: none)"));
+                       ", expected a finite number >= ", kMinSoftcap,
+                       " (the smallest normal float; absent: none)"));
     }
     options.softcap = proto.softcap();
   }
@@ -257,8 +259,9 @@ absl::StatusOr<OptionsPlan> ValidateOptions(const Options& proto,
 
 // Bytes of a response beyond its tensors' data: each tensor's tags, lengths,
 // dtype and shape (under 100 bytes), the timing, a stream answer's index,
-// an Open Inference Protocol answer's names (bounded by the same figure).
-constexpr int64_t kResponseFramingBytes = 512;
+// an Open Inference Protocol answer's names and echoed id (at most 128 and
+// oip::kMaxInferIdBytes = 512 bytes).
+constexpr int64_t kResponseFramingBytes = 1024;
 
 // The response must fit in a message: output, weights and lse together, with
 // their framing (gRPC refuses to send a message over the limit, and an
@@ -590,6 +593,12 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
   ATTNSERVE_RETURN_IF_ERROR(
       CheckDimEquals(DimField("query_input", 2, "E"), s.embed_dim, w.embed_dim,
                      absl::StrCat("E of ", weights_origin)));
+  if (work.self_attention && w.kv_embed_dim != w.embed_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_input is missing: ", weights_origin, " project queries of E = ",
+        w.embed_dim, " features and keys and values of Ekv = ", w.kv_embed_dim,
+        " (cross-attention), so they need one"));
+  }
   if (!work.self_attention) {
     const v1::Tensor& kv = request.kv_input();
     ATTNSERVE_RETURN_IF_ERROR(
@@ -599,14 +608,10 @@ absl::StatusOr<MultiHeadWork> ValidateMultiHeadRequest(
                                              DimField("query_input", 0, "B")));
     s.key_len = kv.shape(1);
     s.kv_embed_dim = kv.shape(2);
+    ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+        DimField("kv_input", 2, "Ekv"), s.kv_embed_dim, w.kv_embed_dim,
+        absl::StrCat("Ekv of ", weights_origin)));
   }
-  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
-      work.self_attention ? DimField("query_input", 2, "E")
-                          : DimField("kv_input", 2, "Ekv"),
-      s.kv_embed_dim, w.kv_embed_dim,
-      absl::StrCat(
-          "Ekv of ", weights_origin,
-          work.self_attention ? "; self-attention needs Ekv == E" : "")));
   s.heads = w.heads;
   s.kv_heads = w.kv_heads;
   s.key_dim = w.key_dim;

@@ -234,8 +234,38 @@ std::string Packed(const google::protobuf::RepeatedField<T>& values) {
   return bytes;
 }
 
+// The typed contents field of `datatype` ("": none, FP16 and BF16 travel only
+// raw, as the protocol says).
+std::string ContentsField(const std::string& datatype) {
+  if (datatype == "FP32") return "fp32_contents";
+  if (datatype == "INT64") return "int64_contents";
+  if (datatype == "BOOL") return "bool_contents";
+  return "";
+}
+
+// The typed contents fields an input's values may not be in, for `datatype`:
+// the name of the first that holds any, or null.
+const char* StrayContents(const inference::InferTensorContents& contents,
+                          const std::string& datatype) {
+  const std::pair<const char*, int> fields[] = {
+      {"bool_contents", contents.bool_contents_size()},
+      {"int_contents", contents.int_contents_size()},
+      {"int64_contents", contents.int64_contents_size()},
+      {"uint_contents", contents.uint_contents_size()},
+      {"uint64_contents", contents.uint64_contents_size()},
+      {"fp32_contents", contents.fp32_contents_size()},
+      {"fp64_contents", contents.fp64_contents_size()},
+      {"bytes_contents", contents.bytes_contents_size()},
+  };
+  const std::string own = ContentsField(datatype);
+  for (const auto& [field, size] : fields) {
+    if (size > 0 && own != field) return field;
+  }
+  return nullptr;
+}
+
 // Input `index`'s bytes: its raw_input_contents entry (moved out), or its
-// typed contents packed. FP16 and BF16 travel only raw, as the protocol says.
+// typed contents packed.
 absl::StatusOr<std::string> TakeBytes(ModelInferRequest& request, int index,
                                       const std::string& datatype) {
   const auto& input = request.inputs(index);
@@ -248,6 +278,15 @@ absl::StatusOr<std::string> TakeBytes(ModelInferRequest& request, int index,
     return std::move(*request.mutable_raw_input_contents(index));
   }
   const auto& contents = input.contents();
+  if (const char* stray = StrayContents(contents, datatype)) {
+    return Invalid(
+        absl::StrCat("input ", input.name(), " is ", datatype,
+                     " and holds values in ", stray, ", expected them in ",
+                     ContentsField(datatype).empty()
+                         ? std::string("raw_input_contents (its only form)")
+                         : absl::StrCat("contents.", ContentsField(datatype),
+                                        " or raw_input_contents")));
+  }
   if (datatype == "FP32") return Packed(contents.fp32_contents());
   if (datatype == "INT64") return Packed(contents.int64_contents());
   if (datatype == "BOOL") {
@@ -312,13 +351,41 @@ absl::Status TakeKeyLengths(ModelInferRequest& request, int index,
   return absl::OkStatus();
 }
 
-absl::Status CheckRaw(const ModelInferRequest& request) {
+// What a request asks beyond its inputs' values: raw_input_contents for
+// every input or none, an id the answer can echo, and no tensor parameters
+// (Triton's shared memory and classification, which attnserve does not
+// offer; an output's binary_data, HTTP's, means nothing on gRPC, where
+// outputs always travel raw).
+absl::Status CheckRequest(const ModelInferRequest& request) {
   if (request.raw_input_contents_size() > 0 &&
       request.raw_input_contents_size() != request.inputs_size()) {
     return Invalid(absl::StrCat("raw_input_contents holds ",
                                 request.raw_input_contents_size(),
                                 " entries for ", request.inputs_size(),
                                 " inputs: either every input's bytes or none"));
+  }
+  if (request.id().size() > kMaxInferIdBytes) {
+    return Invalid(absl::StrCat("id is ", request.id().size(),
+                                " bytes, expected at most ", kMaxInferIdBytes,
+                                " (the answer echoes it)"));
+  }
+  for (const auto& input : request.inputs()) {
+    if (!input.parameters().empty()) {
+      return Invalid(absl::StrCat(
+          "input ", EchoText(input.name()), " has parameter ",
+          EchoText(input.parameters().begin()->first),
+          ", expected none (attnserve reads inputs from the request: no "
+          "shared memory)"));
+    }
+  }
+  for (const auto& output : request.outputs()) {
+    for (const auto& [name, parameter] : output.parameters()) {
+      if (name == "binary_data") continue;
+      return Invalid(absl::StrCat(
+          "output ", EchoText(output.name()), " has parameter ", EchoText(name),
+          ", expected none or binary_data (attnserve answers whole tensors "
+          "in raw_output_contents: no classification, no shared memory)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -409,7 +476,7 @@ void RenameField(std::string* text, absl::string_view from,
 
 absl::StatusOr<v1::AttendRequest> AttendRequestFrom(ModelInferRequest& request,
                                                     RequestedOutputs* outputs) {
-  ATTNSERVE_RETURN_IF_ERROR(CheckRaw(request));
+  ATTNSERVE_RETURN_IF_ERROR(CheckRequest(request));
   ATTNSERVE_ASSIGN_OR_RETURN(
       const std::vector<int> at,
       FindInputs(request, kSdpaModel,
@@ -441,7 +508,7 @@ absl::StatusOr<v1::AttendRequest> AttendRequestFrom(ModelInferRequest& request,
 
 absl::StatusOr<v1::MultiHeadAttentionRequest> MultiHeadRequestFrom(
     ModelInferRequest& request, RequestedOutputs* outputs) {
-  ATTNSERVE_RETURN_IF_ERROR(CheckRaw(request));
+  ATTNSERVE_RETURN_IF_ERROR(CheckRequest(request));
   ATTNSERVE_ASSIGN_OR_RETURN(const std::vector<int> at,
                              FindInputs(request, EchoText(request.model_name()),
                                         {"INPUT", "KV_INPUT"}));
@@ -509,6 +576,13 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
     RenameField(&message, "query", "QUERY");
     RenameField(&message, "key", "KEY");
     RenameField(&message, "value", "VALUE");
+  }
+  // A tensor's bytes are an input's raw_input_contents entry or contents.
+  for (const char* input :
+       {"QUERY", "KEY", "VALUE", "ATTN_MASK", "INPUT", "KV_INPUT"}) {
+    Rename(&message, absl::StrCat(input, ".data has"),
+           absl::StrCat("input ", input,
+                        "'s data (raw_input_contents or contents) has"));
   }
   return absl::Status(status.code(), message);
 }

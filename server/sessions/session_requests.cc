@@ -1,12 +1,12 @@
 #include "attnserve/server/sessions/session_requests.h"
 
 #include <cmath>
-#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/core/attention_types.h"
 #include "attnserve/server/sessions/page_arena.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
@@ -72,13 +72,11 @@ absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
                                 defaults.alibi_slopes().end());
   }
   if (defaults.has_softcap()) {
-    // As options.softcap (core/internal/validation.cc): 1 / softcap finite.
-    if (!std::isfinite(defaults.softcap()) ||
-        !(defaults.softcap() >= std::numeric_limits<float>::min())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "defaults.softcap is ", defaults.softcap(),
-          ", expected a finite number >= ", std::numeric_limits<float>::min(),
-          " (the smallest normal float; absent: none)"));
+    if (!IsValidSoftcap(defaults.softcap())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("defaults.softcap is ", defaults.softcap(),
+                       ", expected a finite number >= ", kMinSoftcap,
+                       " (the smallest normal float; absent: none)"));
     }
     config->softcap = defaults.softcap();
   }

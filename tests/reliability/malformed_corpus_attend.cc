@@ -372,7 +372,7 @@ std::vector<MalformedCase> LimitCases() {
                Shapes(r, {1, 1, 65536, 1}, {1, 1, 1, 1}, {1, 1, 1, 32});
              },
              kExhausted,
-             {"the response (output, framing) would need 8389120 bytes",
+             {"the response (output, framing) would need 8389632 bytes",
               "max_message_bytes limit of 4194304"}),
       // Tensors of exactly the limit: their framing would take the message
       // over it (gRPC would refuse to send it, and end an AttendStream).
@@ -381,7 +381,7 @@ std::vector<MalformedCase> LimitCases() {
                Shapes(r, {1, 1, 32768, 1}, {1, 1, 1, 1}, {1, 1, 1, 32});
              },
              kExhausted,
-             {"the response (output, framing) would need 4194816 bytes",
+             {"the response (output, framing) would need 4195328 bytes",
               "max_message_bytes limit of 4194304"}),
       Attend(
           "WeightsOverMessageLimit",
@@ -390,7 +390,7 @@ std::vector<MalformedCase> LimitCases() {
             r.mutable_options()->set_return_weights(Options::PER_HEAD);
           },
           kExhausted,
-          {"the response (output, weights, framing) would need 4510208 bytes",
+          {"the response (output, weights, framing) would need 4510720 bytes",
            "limit of 4194304"}),
       Attend("ScoresOverWorkspaceLimit",
              [](Request& r) {

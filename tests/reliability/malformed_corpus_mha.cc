@@ -142,9 +142,8 @@ std::vector<MalformedCase> MultiHeadCases() {
           {"kv_input.dtype is DTYPE_UNSPECIFIED"}),
       Mha("SelfAttentionWithEkvNotE", [](Request& r) { r.clear_kv_input(); },
           kInvalid,
-          {"query_input.shape[2] (E) is 8, expected 6 (Ekv of weights; "
-           "self-attention needs "
-           "Ekv == E)"}),
+          {"kv_input is missing: weights project queries of E = 8 features "
+           "and keys and values of Ekv = 6 (cross-attention)"}),
       Mha("ZeroHeads",
           [](Request& r) { r.mutable_weights()->set_num_heads(0); }, kInvalid,
           {"weights.num_heads is 0, expected > 0"}),

@@ -120,5 +120,87 @@ TEST(InferenceModelsTest, MessagesRenameFieldsNotProse) {
   EXPECT_THAT(renamed.message(), Not(HasSubstr("QUERY heads")));
 }
 
+// What attnserve does not offer is refused, naming it: tensor parameters
+// (Triton's shared memory, classification; an output's binary_data, HTTP's,
+// is taken and means nothing here), and an id too long to echo.
+TEST(InferenceModelsTest, TensorParametersAndLongIdsAreRefusedByName) {
+  RequestedOutputs outputs;
+  inference::ModelInferRequest request = SdpaRequest();
+  auto* output = request.add_outputs();
+  output->set_name("OUTPUT");
+  (*output->mutable_parameters())["binary_data"].set_bool_param(true);
+  request.set_id(std::string(kMaxInferIdBytes, 'i'));
+  ASSERT_TRUE(AttendRequestFrom(request, &outputs).ok());
+
+  (*output->mutable_parameters())["classification"].set_int64_param(3);
+  absl::Status refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("output \"OUTPUT\" has parameter \"classification\", "
+                        "expected none or binary_data"));
+
+  request = SdpaRequest();
+  (*request.mutable_inputs(1)->mutable_parameters())["shared_memory_region"]
+      .set_string_param("region");
+  refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("input \"KEY\" has parameter "
+                        "\"shared_memory_region\", expected none"));
+
+  request = SdpaRequest();
+  request.set_id(std::string(kMaxInferIdBytes + 1, 'i'));
+  refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("id is 513 bytes, expected at most 512"));
+}
+
+// Typed contents in another type's field are refused, naming both fields, not
+// read as no values; junk beside the right field is refused too.
+TEST(InferenceModelsTest, ContentsInAnotherTypesFieldAreNamed) {
+  RequestedOutputs outputs;
+  inference::ModelInferRequest request = SdpaRequest();
+  request.clear_raw_input_contents();
+  for (auto& input : *request.mutable_inputs()) {
+    input.mutable_contents()->add_fp32_contents(0.5f);
+  }
+  ASSERT_TRUE(AttendRequestFrom(request, &outputs).ok());
+
+  request.mutable_inputs(0)->mutable_contents()->add_bytes_contents("junk");
+  absl::Status refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("input QUERY is FP32 and holds values in "
+                        "bytes_contents, expected them in "
+                        "contents.fp32_contents or raw_input_contents"));
+
+  request.mutable_inputs(0)->clear_contents();
+  request.mutable_inputs(0)->mutable_contents()->add_int64_contents(1);
+  refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("input QUERY is FP32 and holds values in "
+                        "int64_contents"));
+
+  request.mutable_inputs(0)->set_datatype("BF16");
+  refused = AttendRequestFrom(request, &outputs).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr("input QUERY is BF16 and holds values in "
+                        "int64_contents, expected them in raw_input_contents "
+                        "(its only form)"));
+}
+
+// A tensor's bytes are named as the protocol carries them.
+TEST(InferenceModelsTest, ATensorsBytesAreNamedAsTheProtocolCarriesThem) {
+  const absl::Status renamed = InProtocolNames(
+      absl::InvalidArgumentError("key.data has 3 bytes, expected 4"),
+      /*weight_set=*/false);
+  EXPECT_THAT(renamed.message(),
+              HasSubstr("input KEY's data (raw_input_contents or contents) "
+                        "has 3 bytes, expected 4"));
+  const absl::Status missing = InProtocolNames(
+      absl::InvalidArgumentError("kv_input is missing: weights 'x' project"),
+      /*weight_set=*/true);
+  EXPECT_THAT(missing.message(), HasSubstr("KV_INPUT is missing"));
+}
+
 }  // namespace
 }  // namespace attnserve::oip

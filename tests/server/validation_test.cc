@@ -184,7 +184,7 @@ const std::vector<BadRequestCase>& BadRequestCases() {
          Reshape({1, 1, 1, 32}, r.mutable_value());
        },
        absl::StatusCode::kResourceExhausted,
-       {"the response (output, framing) would need 8389120 bytes",
+       {"the response (output, framing) would need 8389632 bytes",
         "max_message_bytes limit of 4194304"}},
       {"MaskNotBroadcastable",
        [](v1::AttendRequest& r) {
@@ -409,7 +409,7 @@ const std::vector<BadRequestCase>& BadRequestCases() {
              v1::AttentionOptions::PER_HEAD);
        },
        absl::StatusCode::kResourceExhausted,
-       {"the response (output, weights, framing) would need 4510208 bytes",
+       {"the response (output, weights, framing) would need 4510720 bytes",
         "limit of 4194304"}},
       {"RequestOverMessageLimit",
        [](v1::AttendRequest& r) {

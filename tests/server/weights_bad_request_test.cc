@@ -248,8 +248,8 @@ const std::vector<BadMhaCase>& BadMhaCases() {
       {"SelfAttentionWithCrossWeights",
        [](Mha& r) { r.clear_kv_input(); },
        kInvalid,
-       {"query_input.shape[2] (E) is 8, expected 6",
-        "self-attention needs Ekv == E"}},
+       {"kv_input is missing: weights project queries of E = 8 features and "
+        "keys and values of Ekv = 6 (cross-attention), so they need one"}},
       {"RegisteredWeightsOfOtherEmbedDim",
        [](Mha& r) { r.set_weights_name("demo"); },
        kInvalid,

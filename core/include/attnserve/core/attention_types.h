@@ -11,8 +11,10 @@
 #define ATTNSERVE_CORE_ATTENTION_TYPES_H_
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -99,6 +101,13 @@ struct AttentionMask {
 // an atomic load). Empty: the computation runs to its end.
 using StopCheck = std::function<absl::Status()>;
 
+// The least logit softcap the kernels take: the smallest normal float. Below
+// it 1 / softcap is inf, and a score of 0 would become 0 · inf = NaN.
+inline constexpr float kMinSoftcap = std::numeric_limits<float>::min();
+inline bool IsValidSoftcap(float softcap) {
+  return std::isfinite(softcap) && softcap >= kMinSoftcap;
+}
+
 // How one call computes. Defaults are PyTorch's.
 struct AttentionOptions {
   // Multiplies Q Kᵀ. nullopt: 1 / sqrt(key_dim). Must be finite.
@@ -127,7 +136,7 @@ struct AttentionOptions {
   absl::Span<const float> alibi_slopes;
   // Logit softcap (Gemma 2): the scaled scores x become softcap · tanh(x /
   // softcap) before ALiBi, the mask and the softmax. nullopt: none; else
-  // finite and > 0.
+  // IsValidSoftcap.
   std::optional<float> softcap;
   // MultiHeadAttention with RoPE (ProjectionWeights::rope) only: each batch
   // item's query and key positions, [B, Lq] and [B, Lk], each in [0,

@@ -18,7 +18,8 @@
 // return_weights ("none", "per_head", "head_mean"), precision ("f32",
 // "bf16"), output_dtype ("FP32", "FP16", "BF16"). Triton's own request
 // parameters (priority, timeout, sequence_*) are ignored; any other is
-// INVALID_ARGUMENT naming it.
+// INVALID_ARGUMENT naming it, as is any parameter of an input or an output
+// but an output's binary_data (HTTP's).
 #ifndef ATTNSERVE_SERVER_OIP_INFERENCE_MODELS_H_
 #define ATTNSERVE_SERVER_OIP_INFERENCE_MODELS_H_
 
@@ -39,6 +40,9 @@
 namespace attnserve::oip {
 
 inline constexpr char kSdpaModel[] = "sdpa";
+// The longest request id a ModelInfer may carry: the answer echoes it, within
+// the framing the response size check allows (request_validator.cc).
+inline constexpr size_t kMaxInferIdBytes = 512;
 inline constexpr char kSdpaVersion[] = "1";
 inline constexpr char kPlatform[] = "attnserve";
 

@@ -185,7 +185,8 @@ absl::Status Session::ReplicaGoneOr(absl::Status status,
   absl::Status gone = absl::AbortedError(absl::StrCat(
       "session ", id(), "'s replica ", replica_.name(), " (incarnation ",
       replica_.incarnation(), ") at ", address_, " is gone, and the session ",
-      "with it: ", unreachable ? "it is unreachable" : "it restarted", " (",
+      "with it: ",
+      unreachable ? "it is unreachable or draining" : "it restarted", " (",
       status.message(),
       "); create the session again elsewhere (Session::Rebuild, or a rebuild "
       "hook)"));

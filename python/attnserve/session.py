@@ -114,7 +114,8 @@ class Session:
         return ReplicaGoneError(
             f"session {self.id}'s replica {self.replica.name} (incarnation "
             f"{self.replica.incarnation}) at {self.address} is gone, and the session with "
-            f"it: {'it is unreachable' if unreachable else 'it restarted'} ({error.message}); "
+            f"it: {'it is unreachable or draining' if unreachable else 'it restarted'} "
+            f"({error.message}); "
             f"create the session again elsewhere (rebuild(), or a rebuild_hook)",
             self.address)
 
@@ -212,9 +213,12 @@ class Session:
                                          ttl_seconds=_integer(ttl_seconds, "ttl_seconds"))
         if length is not None:
             request.length = _integer(length, "length")
-        response = self._client.call(
-            "ForkSession", request, timeout,
-            retryable=self._client._retry.retry_session_creation)
+        try:
+            response = self._client.call(
+                "ForkSession", request, timeout,
+                retryable=self._client._retry.retry_session_creation)
+        except AttnserveError as error:
+            raise self._gone_or(error) from None
         child = Session(self._client, response.session, response.replica)
         child._pin(self._replicas, self.address, self._create_options)
         return child
@@ -223,7 +227,10 @@ class Session:
         """Keeps every layer's first `length` tokens."""
         request = pb2.TruncateSessionRequest(session_id=self.id,
                                              length=_integer(length, "length"))
-        self._adopt(self._client.call("TruncateSession", request, timeout).session)
+        try:
+            self._adopt(self._client.call("TruncateSession", request, timeout).session)
+        except AttnserveError as error:
+            raise self._gone_or(error) from None
 
     def sync(self, timeout=None):
         """Takes the server's lengths (after a step given up, or another writer)."""
@@ -236,7 +243,7 @@ class Session:
             self._client.call_counting("DeleteSession", request, timeout)
         except AttnserveError as error:
             if error.code != grpc.StatusCode.NOT_FOUND or error.attempts < 2:
-                raise
+                raise self._gone_or(error) from None
 
     def _adopt(self, info):
         self.info = info

@@ -2,6 +2,9 @@
 hashing (the same weights as the C++ library's), pinning, a killed replica told apart and
 rebuilt through the caller's hook, a restarted one refused by incarnation, and a sharded
 session equal to the float64 reference."""
+import signal
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -163,3 +166,27 @@ def test_a_sharded_session_equals_the_reference(three):
         assert sharded.lengths == [keys.shape[1]]
         assert [s.lengths[0] for s in sharded.shards] == [16, 16, keys.shape[1] - 32]
         sharded.delete()
+
+
+def test_a_fork_on_a_draining_replica_says_its_sessions_go_with_it():
+    server = Server("--drain_grace_seconds=10", "--replica_name=py-draining")
+    try:
+        with attnserve.Replicas("ipv4:" + server.target) as replicas:
+            session = replicas.create_session(num_layers=1, num_heads=H, key_dim=D)
+            session.step(0, key=uniform(H, 3, D), value=uniform(H, 3, D))
+            server.process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while True:  # until the drain has begun
+                try:
+                    session.fork().delete()
+                except attnserve.ReplicaGoneError as gone:
+                    assert "is gone, and the session with it: it is unreachable or draining" \
+                        in gone.message and "is draining" in gone.message
+                    break
+                assert time.monotonic() < deadline, "the drain did not begin"
+                time.sleep(0.02)
+            # Its steps are served through the grace.
+            assert session.step(0, key=uniform(H, 1, D), value=uniform(H, 1, D),
+                                query=uniform(H, 1, D)).length == 4
+    finally:
+        server.stop()

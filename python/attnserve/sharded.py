@@ -104,7 +104,9 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
             key_lengths=shard_lengths, attn_mask=shard_mask, return_lse=True,
             **options))
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=shards) as pool:
+    # Four calls in flight a client at most: shards may number up to Lk.
+    workers = min(shards, 4 * len(clients))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(clients[s % len(clients)].call, "Attend", request, timeout)
                    for s, request in enumerate(requests)]
         responses = [future.result() for future in futures]  # the first error raises

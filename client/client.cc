@@ -67,7 +67,9 @@ bool IsRetryable(const RetryPolicy& policy, const grpc::Status& status) {
   return (policy.retry_unavailable &&
           status.error_code() == grpc::StatusCode::UNAVAILABLE) ||
          (policy.retry_resource_exhausted &&
-          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ||
+         (policy.retry_cancelled_by_server &&
+          status.error_code() == grpc::StatusCode::CANCELLED);
 }
 
 // One asynchronous call's state, alive until its callback has run.

@@ -42,6 +42,10 @@ class RetryPolicy:
     # An mha() naming a weights_version the replica does not hold (FAILED_PRECONDITION):
     # another replica, or this one after its next look at a shared weights_dir, may hold it.
     retry_weights_version: bool = True
+    # CANCELLED while the client is open, which a call gets only from the server's side (this
+    # client cancels none): gRPC 1.51 cancels a call that reaches a server as its shutdown
+    # begins, before attnserve sees it, and a server past its drain's 30 s cancels what runs.
+    retry_cancelled_by_server: bool = True
 
 
 # The server's times for a call (ServerTiming), in microseconds: waiting for an executor,
@@ -308,9 +312,13 @@ class Client:
             except grpc.RpcError as error:
                 failure = AttnserveError(error.code(), error.details())
                 failure.attempts = attempt
+                cancelled_by_server = (failure.code == grpc.StatusCode.CANCELLED
+                                       and self._retry.retry_cancelled_by_server
+                                       and not self._closed)
                 if (not retryable or attempt >= self._retry.max_attempts
                         or (failure.code not in self._retry.retry_on
-                            and failure.code not in also_retry_on)):
+                            and failure.code not in also_retry_on
+                            and not cancelled_by_server)):
                     raise failure from None
                 wait = backoff * random.uniform(0.5, 1.0)
                 if time.monotonic() + wait >= deadline:

@@ -570,6 +570,41 @@ def test_a_call_pinned_to_a_version_is_retried_on_another_replica(tmp_path):
             s.stop()
 
 
+def test_a_cancellation_from_the_server_is_retried():
+    from concurrent import futures
+    from attnserve.v1 import attention_pb2_grpc
+
+    class CancelsFirst(attention_pb2_grpc.AttentionServiceServicer):
+        calls = 0
+
+        def Attend(self, request, context):
+            CancelsFirst.calls += 1
+            if CancelsFirst.calls == 1:
+                context.abort(grpc.StatusCode.CANCELLED, "cancelled by the server")
+            return attention_pb2.AttendResponse()
+
+    fake = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    attention_pb2_grpc.add_AttentionServiceServicer_to_server(CancelsFirst(), fake)
+    port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    try:
+        for retried in (True, False):
+            CancelsFirst.calls = 0
+            policy = attnserve.RetryPolicy(initial_backoff=0.001,
+                                           retry_cancelled_by_server=retried)
+            with attnserve.Client(f"127.0.0.1:{port}", retry=policy) as client:
+                if retried:
+                    assert client.call_counting("Attend",
+                                                attention_pb2.AttendRequest())[1] == 2
+                else:
+                    with pytest.raises(attnserve.AttnserveError) as refused:
+                        client.call("Attend", attention_pb2.AttendRequest())
+                    assert refused.value.code == grpc.StatusCode.CANCELLED
+                    assert CancelsFirst.calls == 1
+    finally:
+        fake.stop(None)
+
+
 def test_arrays_in_any_byte_order_and_bfloat16_bits_under_any_input_dtype(server):
     q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 5, 8), uniform(1, 2, 5, 8)
     with attnserve.Client(server.target) as client:

@@ -212,6 +212,30 @@ TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
+// A blocking call's CANCELLED is the server's (gRPC's shutdown, a drain past
+// its 30 s): retried, unless the policy says not.
+TEST(ClientRetryTest, RetriesACancellationFromTheServer) {
+  for (const bool retried : {true, false}) {
+    SCOPED_TRACE(retried ? "retried" : "not retried");
+    FakeAttentionService service({grpc::StatusCode::CANCELLED});
+    FakeServer server(&service);
+    ClientOptions options;
+    options.retry.max_attempts = 3;
+    options.retry.initial_backoff = absl::Milliseconds(1);
+    options.retry.retry_cancelled_by_server = retried;
+    const absl::Status status = Connect(server.target(), options)
+                                    ->Attend(v1::AttendRequest(), kTimeout)
+                                    .status();
+    if (retried) {
+      EXPECT_TRUE(status.ok()) << status;
+      EXPECT_EQ(service.calls(), 2u);
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+      EXPECT_EQ(service.calls(), 1u);
+    }
+  }
+}
+
 TEST(ClientRetryTest, NeverRetriesOtherCodesOrPastMaxAttempts) {
   FakeAttentionService invalid({grpc::StatusCode::INVALID_ARGUMENT});
   FakeServer invalid_server(&invalid);

@@ -71,6 +71,11 @@ struct RetryPolicy {
   // hold (FAILED_PRECONDITION): another replica, or this one after its next
   // look at a shared weights_dir, may hold it.
   bool retry_weights_version = true;
+  // CANCELLED, which a blocking call gets only from the server's side (this
+  // client cancels none): gRPC 1.51 cancels a call that reaches a server as
+  // its shutdown begins, before attnserve sees it, and a server past its
+  // drain's 30 s cancels what still runs. Retried as UNAVAILABLE is.
+  bool retry_cancelled_by_server = true;
 };
 
 // TLS for the channel: server authentication, and client authentication (mTLS)

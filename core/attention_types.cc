@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace attnserve {
 
@@ -28,6 +29,13 @@ std::string RuntimeInfo::Description() const {
   return absl::StrCat("oneDNN ", onednn_version, " (", threading, "), ",
                       cpu_isa, ", ", threads, " threads, ", kernels,
                       " kernels");
+}
+
+absl::Status SoftcapRefusal(absl::string_view field, float softcap) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s is %.9g, expected a finite number >= %.9g (the smallest normal "
+      "float), or absent for none",
+      field, softcap, kMinSoftcap));
 }
 
 }  // namespace attnserve

@@ -106,10 +106,7 @@ absl::Status ValidateVariants(const AttentionShape& shape,
                      ", expected >= 0"));
   }
   if (options.softcap && !IsValidSoftcap(*options.softcap)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options.softcap is ", *options.softcap,
-                     ", expected a finite number >= ", kMinSoftcap,
-                     " (the smallest normal float), or none"));
+    return SoftcapRefusal("options.softcap", *options.softcap);
   }
   if (!options.alibi_slopes.empty()) {
     ATTNSERVE_RETURN_IF_ERROR(ValidateSpanSize(

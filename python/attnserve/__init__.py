@@ -22,11 +22,12 @@ from attnserve.replicas import (Replicas, ShardedSession, random_session_id,
                                 rendezvous_weight)
 from attnserve.session import ReplicaGoneError, Session, StepResult
 from attnserve.sharded import sharded_attend
-from attnserve.tensors import (bfloat16_bits_to_float32, float32_to_bfloat16_bits,
-                               from_tensor, to_tensor)
+from attnserve.tensors import (DtypeError, bfloat16_bits_to_float32,
+                               float32_to_bfloat16_bits, from_tensor, to_tensor)
 
-__all__ = ["AttendResult", "AttnserveError", "Client", "MhaResult", "PutWeightsResult",
-           "ReplicaGoneError", "Replicas", "RetryPolicy", "Session", "ShardedSession",
+__all__ = ["AttendResult", "AttnserveError", "Client", "DtypeError", "MhaResult",
+           "PutWeightsResult", "ReplicaGoneError", "Replicas", "RetryPolicy", "Session",
+           "ShardedSession",
            "StepResult", "Timing", "attention_options", "bfloat16_bits_to_float32",
            "float32_to_bfloat16_bits", "from_tensor", "random_session_id",
            "rendezvous_weight", "sharded_attend", "to_tensor"]

@@ -112,15 +112,24 @@ def _integers(values, name):
 
 
 def _seconds(value, name):
-    """A number of seconds (a deadline's distance), as float."""
-    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+    """A finite number of seconds (a deadline's distance), as float."""
+    if (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+            and np.isfinite(float(value))):
         return float(value)
-    raise ValueError(f"{name} is {value!r}, expected a number of seconds")
+    raise ValueError(f"{name} is {value!r}, expected a finite number of seconds")
 
 
 def _flat(values):
-    """A NumPy array of any rank, row-major, as one dimension; anything else as it is."""
-    return values.ravel() if isinstance(values, np.ndarray) else values
+    """An array or nested lists of numbers, of any rank, row-major, as one dimension;
+    anything else as it is (for _integers to refuse, naming it)."""
+    if isinstance(values, (list, tuple)) and values and isinstance(values[0], (list, tuple)):
+        try:
+            values = np.asarray(values)
+        except ValueError:  # ragged
+            return values
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return values.ravel()
+    return values
 
 
 def _real(value, name):
@@ -372,8 +381,10 @@ class Client:
             request.kv_input.CopyFrom(to_tensor(kv_input, input_dtype, "kv_input"))
         if (weights_name is None) == (weights is None):
             raise ValueError("give weights_name or weights, not both or neither")
-        if weights_name is not None and rope_theta is not None:
-            raise ValueError("rope_theta is for inline weights: a registered set has its own")
+        if weights_name is not None and (rope_theta is not None or rotary_dim
+                                         or rope_interleaved):
+            raise ValueError("rope_theta, rotary_dim and rope_interleaved are for inline "
+                             "weights: a registered set has its own")
         if weights_name is not None:
             request.weights_name = weights_name
             request.weights_version = _integer(weights_version, "weights_version")
@@ -502,8 +513,12 @@ class Client:
 
 
 def _rope(theta, rotary_dim, interleaved):
-    """A RotaryEmbedding, or None without `theta`."""
+    """A RotaryEmbedding, or None without `theta` (and then without the rest, which mean
+    nothing without it)."""
     if theta is None:
+        if rotary_dim or interleaved:
+            raise ValueError("rotary_dim and rope_interleaved need rope_theta (the base, "
+                             "e.g. 10000)")
         return None
     return pb2.RotaryEmbedding(theta=_real(theta, "rope_theta"),
                                rotary_dim=_integer(rotary_dim, "rotary_dim"),

@@ -19,6 +19,7 @@ import numpy as np
 
 from attnserve.client import Client, _data_dtype
 from attnserve.session import _layer, _step_options
+from attnserve.tensors import check_array
 
 _MASK = (1 << 64) - 1
 
@@ -191,7 +192,7 @@ class ShardedSession:
         checked = dict(options)  # before any shard is sent a step
         _data_dtype(checked.pop("input_dtype", None), "input_dtype")
         _step_options(return_lse=return_lse, **checked)
-        self._check_inputs(key, value, query)
+        self._check_inputs(key, value, query, options.get("input_dtype"))
         start = self.lengths[layer]
         tokens = 0 if key is None else np.asarray(key).shape[1]
         end = start + tokens
@@ -241,7 +242,7 @@ class ShardedSession:
         return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
                 end)
 
-    def _check_inputs(self, key, value, query):
+    def _check_inputs(self, key, value, query, input_dtype):
         """Refuses (ValueError) what a shard would refuse, before any shard is sent a piece: a
         step refused half way would leave its first pieces appended."""
         heads = self._options["num_heads"]
@@ -253,12 +254,10 @@ class ShardedSession:
                                        ("query", query, heads, key_dim)):
             if array is None:
                 continue
-            array = np.asarray(array)
-            if (array.dtype not in (np.float32, np.float64, np.float16, np.uint16)
-                    or array.ndim != 3 or array.shape[0] != rows or array.shape[1] < 1
+            array = check_array(array, input_dtype, name)
+            if (array.ndim != 3 or array.shape[0] != rows or array.shape[1] < 1
                     or array.shape[2] != dim):
-                raise ValueError(f"{name} is a {array.dtype} array of shape "
-                                 f"{list(array.shape)}, expected a float array of shape "
+                raise ValueError(f"{name} is an array of shape {list(array.shape)}, expected "
                                  f"[{rows}, T, {dim}] (the session's)")
         if key is not None and np.asarray(key).shape[1] != np.asarray(value).shape[1]:
             raise ValueError(f"key holds {np.asarray(key).shape[1]} tokens and value "

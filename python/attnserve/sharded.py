@@ -13,10 +13,13 @@ sequence: a window (window_left or window_right set and not -1; 0 is a window), 
 slopes or packed sequences (ValueError).
 """
 import concurrent.futures
+import time
 
+import grpc
 import numpy as np
 
-from attnserve.client import AttendResult, Timing, _integer, attention_options
+from attnserve.client import (AttendResult, AttnserveError, Timing, _integer, _seconds,
+                              attention_options)
 from attnserve.tensors import bfloat16_bits_to_float32, from_tensor
 from attnserve.v1 import attention_pb2 as pb2
 
@@ -104,12 +107,24 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
             key_lengths=shard_lengths, attn_mask=shard_mask, return_lse=True,
             **options))
 
-    # Four calls in flight a client at most: shards may number up to Lk.
-    workers = min(shards, 4 * len(clients))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(clients[s % len(clients)].call, "Attend", request, timeout)
-                   for s, request in enumerate(requests)]
-        responses = [future.result() for future in futures]  # the first error raises
+    # Four calls in flight a client at most (shards may number up to Lk), all within one
+    # deadline; the first error raises, and the shards not yet sent are dropped.
+    deadline = time.monotonic() + (clients[0]._timeout if timeout is None
+                                   else _seconds(timeout, "timeout"))
+
+    def attend(s, request):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"Attend: the deadline passed before shard {s} was sent")
+        return clients[s % len(clients)].call("Attend", request, left)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(shards, 4 * len(clients)))
+    try:
+        futures = [pool.submit(attend, s, request) for s, request in enumerate(requests)]
+        responses = [future.result() for future in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
     outputs = np.stack([from_tensor(r.output).astype(np.float64) for r in responses])
     lses = np.stack([from_tensor(r.lse).astype(np.float64) for r in responses])

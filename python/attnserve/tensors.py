@@ -40,6 +40,25 @@ def wire_dtype(name):
     return upper
 
 
+class DtypeError(ValueError, TypeError):
+    """An array attnserve cannot send: a ValueError naming the argument, and a TypeError, as
+    to_tensor raised before it named one."""
+
+
+def check_array(array, dtype=None, what="array"):
+    """`array` as a native-order NumPy array that to_tensor(array, dtype) sends, or
+    DtypeError naming it as `what`: without `dtype` it must be float32, float16, float64,
+    bool or uint16 (bfloat16 bits); with one, any number or bool converts."""
+    array = np.asarray(array)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if array.dtype in _DEFAULT_WIRE or (dtype is not None and array.dtype.kind in "biuf"):
+        return array
+    raise DtypeError(f"{what} is a NumPy {array.dtype} array, expected float32, float16, "
+                     f"float64, bool, or uint16 bfloat16 bits (or any number with "
+                     f"input_dtype)")
+
+
 def to_tensor(array, dtype=None, what="array"):
     """A Tensor holding `array`, in either byte order.
 
@@ -47,14 +66,10 @@ def to_tensor(array, dtype=None, what="array"):
     BFLOAT16 bit patterns, bool -> BOOL. With `dtype` ("float32", "bfloat16", "float16",
     "bool"), the values are converted to it (float to bfloat16 rounds to nearest even; a
     uint16 array is bfloat16 bit patterns whatever `dtype` says, so it is read as those
-    values). Another array is a ValueError naming it as `what`.
+    values; other integers as their values). Another array is a DtypeError naming it as
+    `what`.
     """
-    array = np.asarray(array)
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    if array.dtype not in _DEFAULT_WIRE:
-        raise ValueError(f"{what} is a NumPy {array.dtype} array, expected float32, float16, "
-                         f"float64, bool, or uint16 bfloat16 bits")
+    array = check_array(array, dtype, what)
     if dtype is None:
         name = _DEFAULT_WIRE[array.dtype]
     else:

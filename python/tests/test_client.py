@@ -533,10 +533,14 @@ def test_rope_weights_rotate_at_the_positions_given(server):
         np.testing.assert_allclose(inline.output, expected, atol=1e-5)
         client.put_weights(name, weights, num_heads=H, **rope)
         registered = client.mha(x, weights_name=name, query_positions=positions.ravel(),
-                                key_positions=positions)
+                                key_positions=positions.tolist())
         np.testing.assert_allclose(registered.output, expected, atol=1e-5)
-        with pytest.raises(ValueError, match="rope_theta is for inline weights"):
+        with pytest.raises(ValueError, match="are for inline weights"):
             client.mha(x, weights_name=name, **rope)
+        with pytest.raises(ValueError, match="are for inline weights"):
+            client.mha(x, weights_name=name, rotary_dim=2)
+        with pytest.raises(ValueError, match="rotary_dim and rope_interleaved need rope_theta"):
+            client.put_weights(name, weights, num_heads=H, rope_interleaved=True)
         client.delete_weights(name)
 
 
@@ -619,6 +623,14 @@ def test_arrays_in_any_byte_order_and_bfloat16_bits_under_any_input_dtype(server
                                        reference_sdpa(*values), atol=2e-3)
         with pytest.raises(ValueError, match="key is a NumPy int32 array, expected float32"):
             client.attend(q, k.astype(np.int32), v)
+        # Still a TypeError, as before the argument was named.
+        with pytest.raises(TypeError):
+            client.attend(q, k.astype(np.int32), v)
+        # With input_dtype, integers convert as their values.
+        small = [np.round(4 * x).astype(np.int32) for x in (q, k, v)]
+        np.testing.assert_allclose(client.attend(*small, input_dtype="float32").output,
+                                   reference_sdpa(*[x.astype(np.float32) for x in small]),
+                                   atol=1e-5)
 
 
 def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server):
@@ -629,11 +641,12 @@ def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server)
     with pytest.raises(attnserve.AttnserveError, match="the client is closed") as closed:
         client.attend(q, q, q)
     assert closed.value.code == grpc.StatusCode.CANCELLED
-    with pytest.raises(ValueError, match="timeout is None, expected a number of seconds"):
+    with pytest.raises(ValueError, match="timeout is None, expected a finite number of"):
         attnserve.Client(server.target, timeout=None)
     with attnserve.Client(server.target) as client:
-        with pytest.raises(ValueError, match="timeout is '1', expected a number of seconds"):
-            client.attend(q, q, q, timeout="1")
+        for bad in ("1", float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="expected a finite number of seconds"):
+                client.attend(q, q, q, timeout=bad)
 
 
 def test_packed_sequences_attend_within_themselves(server):

@@ -156,9 +156,10 @@ def test_a_sharded_session_equals_the_reference(three):
                          query=uniform(4, 1, D), output_dtype="bool")
         # A query, key or value a shard would refuse, with an append spanning shards.
         for inputs, message in (
-                (dict(query=uniform(5, 1, D)), r"query is a float32 array of shape \[5, 1, 8\]"),
-                (dict(query=uniform(4, 1, D + 1)), r"expected a float array of shape \[4, T, 8\]"),
-                (dict(value=uniform(2, 20, D + 2)), r"value is a float32 array of shape"),
+                (dict(query=uniform(5, 1, D)), r"query is an array of shape \[5, 1, 8\]"),
+                (dict(query=uniform(4, 1, D + 1)), r"expected \[4, T, 8\] \(the session's\)"),
+                (dict(value=uniform(2, 20, D + 2)), r"value is an array of shape"),
+                (dict(query=np.ones((4, 1, D), np.int32)), "query is a NumPy int32 array"),
                 (dict(value=uniform(2, 19, D)), "key holds 20 tokens and value 19")):
             step = dict(dict(key=uniform(2, 20, D), value=uniform(2, 20, D)), **inputs)
             with pytest.raises(ValueError, match=message):

@@ -819,6 +819,10 @@ void AttentionServiceImpl::ServeModelInfer(
                                      : native->attended.mutable_weights();
     const v1::ServerTiming& timing =
         weight_set ? native->mha_answer.timing() : native->attended.timing();
+    // The version computed, which a set put again since the lookup moved on.
+    if (weight_set) {
+      native->version = absl::StrCat(native->mha_answer.weights_version());
+    }
     inference_statistics_.Record(request.model_name(), native->version, true,
                                  absl::Now() - started, timing.queue_us(),
                                  timing.compute_us(), absl::Now());
@@ -859,9 +863,6 @@ void AttentionServiceImpl::ServeModelInfer(
         oip::MultiHeadRequestFrom(request, &native->outputs);
     if (!mha.ok()) return caller->Computed(mha.status());
     native->mha = *std::move(mha);
-    // The version the answer names is the one computed: a set put again
-    // meanwhile is refused as a request for another version would be.
-    native->mha.set_weights_version((*model)->version);
     return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
                                    std::move(caller));
   }

@@ -107,10 +107,7 @@ absl::Status ValidateVariants(const Options& proto, const AttentionShape& s,
   options.num_sink_tokens = proto.num_sink_tokens();
   if (proto.has_softcap()) {
     if (!IsValidSoftcap(proto.softcap())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("options.softcap is ", proto.softcap(),
-                       ", expected a finite number >= ", kMinSoftcap,
-                       " (the smallest normal float; absent: none)"));
+      return SoftcapRefusal("options.softcap", proto.softcap());
     }
     options.softcap = proto.softcap();
   }

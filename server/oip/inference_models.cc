@@ -568,6 +568,10 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
     Rename(&message, "kv_input.", "KV_INPUT.");
     RenameField(&message, "query_input", "INPUT");
     RenameField(&message, "kv_input", "KV_INPUT");
+    // The native refusal of a pinned version, in the protocol's terms.
+    Rename(&message, "weights_name '", "model '");
+    Rename(&message, "send weights_version 0 for any",
+           "send an empty model_version for any");
     Rename(&message, "weights_version", "model_version");
   } else {
     Rename(&message, "query.", "QUERY.");

@@ -73,10 +73,7 @@ absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
   }
   if (defaults.has_softcap()) {
     if (!IsValidSoftcap(defaults.softcap())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("defaults.softcap is ", defaults.softcap(),
-                       ", expected a finite number >= ", kMinSoftcap,
-                       " (the smallest normal float; absent: none)"));
+      return SoftcapRefusal("defaults.softcap", defaults.softcap());
     }
     config->softcap = defaults.softcap();
   }

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -139,10 +140,16 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
     const absl::StatusOr<WeightsRegistry::Entry> held = registry_->Get(name);
     if (held.ok() && held->version == version) return absl::OkStatus();
   }
+  // The registry's bytes around the put: a PutWeights or DeleteWeights may
+  // run beside it, and the larger of the two is at least what the put met,
+  // so a fall below it is never missed.
+  const int64_t held_before = registry_->List("", 0).total_bytes;
   const absl::Status put =
       PutWeightsInto(*registry_, *request, version).status();
   seen.refused_for_room_at =
-      absl::IsResourceExhausted(put) ? registry_->List("", 0).total_bytes : -1;
+      absl::IsResourceExhausted(put)
+          ? std::max(held_before, registry_->List("", 0).total_bytes)
+          : -1;
   ATTNSERVE_RETURN_IF_ERROR(put);
   seen.version = version;
   seen.digest = digest;

@@ -196,6 +196,18 @@ TEST(InferenceModelsTest, ATensorsBytesAreNamedAsTheProtocolCarriesThem) {
   EXPECT_THAT(renamed.message(),
               HasSubstr("input KEY's data (raw_input_contents or contents) "
                         "has 3 bytes, expected 4"));
+  const absl::Status pinned = InProtocolNames(
+      absl::FailedPreconditionError(
+          "weights_name 'm' is at version 3 on this server, the request's "
+          "weights_version is 2; replicas reloading a shared weights_dir "
+          "agree within its reload interval: retry, or send weights_version 0 "
+          "for any"),
+      /*weight_set=*/true);
+  EXPECT_THAT(pinned.message(),
+              HasSubstr("model 'm' is at version 3 on this server, the "
+                        "request's model_version is 2"));
+  EXPECT_THAT(pinned.message(),
+              HasSubstr("send an empty model_version for any"));
   const absl::Status missing = InProtocolNames(
       absl::InvalidArgumentError("kv_input is missing: weights 'x' project"),
       /*weight_set=*/true);

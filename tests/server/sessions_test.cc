@@ -1307,9 +1307,10 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
       },
       "defaults.alibi_slopes[1] is nan");
   refused([](v1::SessionDefaults& d) { d.set_softcap(0.0f); },
-          "defaults.softcap is 0, expected a finite number >= 1.17549e-38");
-  refused([](v1::SessionDefaults& d) { d.set_softcap(2e-39f); },
-          "defaults.softcap is 2e-39, expected a finite number >= 1.17549e-38");
+          "defaults.softcap is 0, expected a finite number >= 1.17549435e-38");
+  refused(
+      [](v1::SessionDefaults& d) { d.set_softcap(2e-39f); },
+      "expected a finite number >= 1.17549435e-38 (the smallest normal float)");
   refused([](v1::SessionDefaults& d) { d.set_evict_outside_window(true); },
           "defaults.evict_outside_window is true without a window");
 

@@ -252,11 +252,13 @@ const std::vector<BadRequestCase>& BadRequestCases() {
       {"ZeroSoftcap",
        [](v1::AttendRequest& r) { r.mutable_options()->set_softcap(0.0f); },
        absl::StatusCode::kInvalidArgument,
-       {"options.softcap is 0, expected a finite number >= 1.17549e-38"}},
+       {"options.softcap is 0, expected a finite number >= 1.17549435e-38 (the "
+        "smallest normal float), or absent for none"}},
       {"SubnormalSoftcap",
        [](v1::AttendRequest& r) { r.mutable_options()->set_softcap(2e-39f); },
        absl::StatusCode::kInvalidArgument,
-       {"options.softcap is 2e-39, expected a finite number >= 1.17549e-38"}},
+       {"options.softcap is 2.00000043e-39, expected a finite number >= "
+        "1.17549435e-38"}},
       {"NegativeSoftcap",
        [](v1::AttendRequest& r) { r.mutable_options()->set_softcap(-30.0f); },
        absl::StatusCode::kInvalidArgument,

@@ -40,9 +40,11 @@
 
 namespace attnserve {
 
-// Retries of the synchronous calls. Only UNAVAILABLE (no server took the call)
-// and RESOURCE_EXHAUSTED (the server refused it before computing) are retried,
-// with exponential backoff and jitter, and never past the call's deadline.
+// Retries of the synchronous calls: UNAVAILABLE (no server took the call),
+// RESOURCE_EXHAUSTED (the server refused it before computing), CANCELLED (the
+// server's side cancelled it) and, for a MultiHeadAttention naming a
+// weights_version, FAILED_PRECONDITION, each as its switch below says, with
+// exponential backoff and jitter, and never past the call's deadline.
 // Attend, MultiHeadAttention and the read-only weights calls are idempotent;
 // PutWeights and DeleteWeights are retried only if `retry_weight_changes` is
 // set, since a retried put may register a second version.

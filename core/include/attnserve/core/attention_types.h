@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/core/rotary.h"
@@ -107,6 +108,10 @@ inline constexpr float kMinSoftcap = std::numeric_limits<float>::min();
 inline bool IsValidSoftcap(float softcap) {
   return std::isfinite(softcap) && softcap >= kMinSoftcap;
 }
+// The INVALID_ARGUMENT for a softcap IsValidSoftcap refuses, naming `field`
+// (both numbers to float's 9 significant digits, so that the bound read back
+// is the bound).
+absl::Status SoftcapRefusal(absl::string_view field, float softcap);
 
 // How one call computes. Defaults are PyTorch's.
 struct AttentionOptions {

@@ -58,24 +58,28 @@ void AddFile(const FileDescriptor* file, const std::string& what,
   }
 }
 
+// The answer to a request of `request_bytes` past kMaxReflectionRequestBytes:
+// an error that echoes nothing.
+ServerReflectionResponse TooLong(size_t request_bytes) {
+  ServerReflectionResponse response;
+  SetError(grpc::StatusCode::INVALID_ARGUMENT,
+           absl::StrCat("the reflection request is ", request_bytes,
+                        " bytes, expected at most ", kMaxReflectionRequestBytes,
+                        " (host and names of files and symbols)"),
+           &response);
+  return response;
+}
+
 // The answer to one request.
 ServerReflectionResponse Answer(const ServerReflectionRequest& request,
                                 const std::vector<std::string>& services) {
   const DescriptorPool& pool = *DescriptorPool::generated_pool();
-  ServerReflectionResponse response;
   // The answer echoes the request (the protocol's original_request) and
   // names what it asked for: a request of names no descriptor has would come
   // back twice its size. Such a request gets an error that echoes nothing.
   const size_t request_bytes = request.ByteSizeLong();
-  if (request_bytes > kMaxReflectionRequestBytes) {
-    SetError(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("the reflection request is ", request_bytes,
-                     " bytes, expected at most ", kMaxReflectionRequestBytes,
-                     " (host and names of files and symbols)"),
-        &response);
-    return response;
-  }
+  if (request_bytes > kMaxReflectionRequestBytes) return TooLong(request_bytes);
+  ServerReflectionResponse response;
   response.set_valid_host(request.host());
   *response.mutable_original_request() = request;
   switch (request.message_request_case()) {
@@ -156,13 +160,22 @@ class ReflectionService::InfoCall final : public ServerCall {
 
   void OnReadDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::OK);  // The client is done asking.
-    ServerReflectionRequest request;
-    if (!ParseWire(&wire_request_, &request).ok()) {
-      return Finish(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          "a request is not a grpc.reflection ServerReflectionRequest"));
+    // Answered from its size, unparsed, when too long: a parse is what a
+    // flood of tiny fields would fill memory in.
+    const size_t request_bytes = wire_request_.Length();
+    ServerReflectionResponse response;
+    if (request_bytes > kMaxReflectionRequestBytes) {
+      wire_request_.Clear();
+      response = TooLong(request_bytes);
+    } else {
+      ServerReflectionRequest request;
+      if (!ParseWire(&wire_request_, &request).ok()) {
+        return Finish(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "a request is not a grpc.reflection ServerReflectionRequest"));
+      }
+      response = Answer(request, service_->services_);
     }
-    ServerReflectionResponse response = Answer(request, service_->services_);
     grpc::ByteBuffer wire_response;
     const absl::Status serialized = SerializeWire(&response, &wire_response);
     if (!serialized.ok()) return Finish(ToGrpcStatus(serialized));

@@ -145,6 +145,17 @@ bool IsRepeatedVarint(const FieldDescriptor& field) {
   }
 }
 
+// Whether `field` parses a value of `wire_type` into itself (repeated numbers
+// also come packed); a value of another wire type is kept as an unknown field.
+bool TakesWireType(const FieldDescriptor& field,
+                   WireFormatLite::WireType wire_type) {
+  const WireFormatLite::WireType own = WireFormatLite::WireTypeForFieldType(
+      static_cast<WireFormatLite::FieldType>(field.type()));
+  return wire_type == own ||
+         (field.is_packable() &&
+          wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+}
+
 // What a parse would allocate objects for, counted before it.
 struct ParsedCounts {
   int64_t integers = 0;  // Of repeated varint fields.
@@ -156,27 +167,67 @@ struct ParsedCounts {
 // `*counts`; stops once a count passes its limit (kMaxRepeatedIntegers,
 // kMaxRepeatedEntries), naming the field. Best effort: it stops at the first
 // thing it cannot read, and the parse then says what is wrong.
+// Counts the fields of the unknown group `start` opened (each is kept as an
+// unknown field, a nested group's as well) up to its end; false once the
+// count passes its limit or the bytes cannot be read.
+bool CountGroup(CodedInputStream& in, uint32_t start,
+                const google::protobuf::Descriptor& type, int depth,
+                ParsedCounts* counts) {
+  const int number = WireFormatLite::GetTagFieldNumber(start);
+  while (const uint32_t tag = in.ReadTag()) {
+    const auto wire_type = WireFormatLite::GetTagWireType(tag);
+    if (wire_type == WireFormatLite::WIRETYPE_END_GROUP) {
+      return WireFormatLite::GetTagFieldNumber(tag) == number;
+    }
+    if (++counts->entries > kMaxRepeatedEntries) {
+      counts->passed =
+          absl::StrCat("unknown group ", number, " of ", type.full_name());
+      return false;
+    }
+    if (wire_type == WireFormatLite::WIRETYPE_START_GROUP) {
+      if (depth >= 100 || !CountGroup(in, tag, type, depth + 1, counts)) {
+        return false;
+      }
+    } else if (!WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return false;
+}
+
 void CountParsed(CodedInputStream& in, const google::protobuf::Descriptor& type,
                  int depth, ParsedCounts* counts) {
   while (const uint32_t tag = in.ReadTag()) {
     const FieldDescriptor* field =
         type.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
     const auto wire_type = WireFormatLite::GetTagWireType(tag);
-    if (field == nullptr ||
-        (field->is_repeated() && !IsRepeatedVarint(*field) &&
-         wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
+    // A field of an unknown number, or of a known one sent in a wire type it
+    // does not take, is kept as an unknown field.
+    const bool unknown = field == nullptr || !TakesWireType(*field, wire_type);
+    if (unknown || (field->is_repeated() && !IsRepeatedVarint(*field) &&
+                    wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) {
       // An unknown field is kept as one, an entry as its object.
       if (++counts->entries > kMaxRepeatedEntries) {
         counts->passed =
-            field != nullptr
-                ? field->full_name()
-                : absl::StrCat("unknown field ",
+            field == nullptr
+                ? absl::StrCat("unknown field ",
                                WireFormatLite::GetTagFieldNumber(tag), " of ",
-                               type.full_name());
+                               type.full_name())
+            : unknown ? absl::StrCat(field->full_name(), " in wire type ",
+                                     static_cast<int>(wire_type))
+                      : field->full_name();
         return;
       }
     }
-    if (field != nullptr && IsRepeatedVarint(*field)) {
+    if (unknown) {
+      if (wire_type == WireFormatLite::WIRETYPE_START_GROUP) {
+        if (!CountGroup(in, tag, type, depth, counts)) return;
+      } else if (!WireFormatLite::SkipField(&in, tag)) {
+        return;
+      }
+      continue;
+    }
+    if (IsRepeatedVarint(*field)) {
       int64_t* count = &counts->integers;
       if (wire_type == WireFormatLite::WIRETYPE_VARINT) {
         uint64_t ignored = 0;
@@ -206,8 +257,7 @@ void CountParsed(CodedInputStream& in, const google::protobuf::Descriptor& type,
       }
       continue;
     }
-    if (field != nullptr && depth < 16 &&
-        field->type() == FieldDescriptor::TYPE_MESSAGE &&
+    if (depth < 16 && field->type() == FieldDescriptor::TYPE_MESSAGE &&
         wire_type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
       uint32_t length = 0;
       if (!in.ReadVarint32(&length)) return;

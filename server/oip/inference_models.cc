@@ -287,12 +287,28 @@ absl::StatusOr<std::string> TakeBytes(ModelInferRequest& request, int index,
                          : absl::StrCat("contents.", ContentsField(datatype),
                                         " or raw_input_contents")));
   }
-  if (datatype == "FP32") return Packed(contents.fp32_contents());
-  if (datatype == "INT64") return Packed(contents.int64_contents());
+  // Packed, the values are let go: the request holds one tensor twice at
+  // most, not every tensor twice until it ends.
+  inference::InferTensorContents* typed =
+      request.mutable_inputs(index)->mutable_contents();
+  if (datatype == "FP32") {
+    std::string bytes = Packed(typed->fp32_contents());
+    google::protobuf::RepeatedField<float>().Swap(
+        typed->mutable_fp32_contents());
+    return bytes;
+  }
+  if (datatype == "INT64") {
+    std::string bytes = Packed(typed->int64_contents());
+    google::protobuf::RepeatedField<int64_t>().Swap(
+        typed->mutable_int64_contents());
+    return bytes;
+  }
   if (datatype == "BOOL") {
     std::string bytes;
-    bytes.reserve(static_cast<size_t>(contents.bool_contents_size()));
-    for (const bool value : contents.bool_contents()) bytes.push_back(value);
+    bytes.reserve(static_cast<size_t>(typed->bool_contents_size()));
+    for (const bool value : typed->bool_contents()) bytes.push_back(value);
+    google::protobuf::RepeatedField<bool>().Swap(
+        typed->mutable_bool_contents());
     return bytes;
   }
   return Invalid(absl::StrCat("input ", input.name(), " is ", datatype,

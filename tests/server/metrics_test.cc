@@ -18,7 +18,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "grpcpp/channel.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_service.grpc.pb.h"
 #include "reference/reference_attention.h"
 #include "server/metrics_scrape.h"
 #include "server/server_fixture.h"
@@ -396,6 +398,63 @@ TEST_F(InflightMetricsTest, BudgetGaugesShowTheLimitAndRefusals) {
   EXPECT_LT(samples["attnserve_inflight_bytes"], 1 << 20);
   EXPECT_EQ(samples["attnserve_reset_connections_closed_total"], 0);
   EXPECT_EQ(samples.count("attnserve_io_standby_events_total"), 1u);
+}
+
+// A ModelInfer's typed contents are packed into a copy beside them, which is
+// charged as its message was: a 6 MiB QUERY whose 12 MiB output fits the 24
+// MiB one connection may hold when it travels in raw_input_contents (moved,
+// not copied) takes the call past it in fp32_contents.
+TEST_F(InflightMetricsTest, TypedContentsArePackedWithinTheBudget) {
+  const auto request = [](bool raw) {
+    inference::ModelInferRequest infer;
+    infer.set_model_name("sdpa");
+    const std::vector<std::pair<const char*, std::vector<int64_t>>> inputs = {
+        {"QUERY", {1, 1, 24576, 64}},
+        {"KEY", {1, 1, 1, 64}},
+        {"VALUE", {1, 1, 1, 128}}};
+    for (const auto& [name, shape] : inputs) {
+      auto* input = infer.add_inputs();
+      input->set_name(name);
+      input->set_datatype("FP32");
+      int64_t elements = 1;
+      for (const int64_t d : shape) {
+        input->add_shape(d);
+        elements *= d;
+      }
+      if (raw) {
+        infer.add_raw_input_contents(
+            std::string(static_cast<size_t>(4 * elements), '\0'));
+      } else {
+        input->mutable_contents()->mutable_fp32_contents()->Resize(
+            static_cast<int>(elements), 0.5f);
+      }
+    }
+    return infer;
+  };
+  const std::unique_ptr<inference::GRPCInferenceService::Stub> stub =
+      inference::GRPCInferenceService::NewStub(client_->channel());
+  const auto infer = [&stub, &request](bool raw) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+    inference::ModelInferResponse response;
+    return stub->ModelInfer(&context, request(raw), &response);
+  };
+  // The typed one first, on a server with nothing held: the copy is what
+  // passes the budget.
+  const grpc::Status typed = infer(false);
+  EXPECT_EQ(typed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << typed.error_message();
+  EXPECT_THAT(typed.error_message(), HasSubstr("max_inflight_bytes"));
+  // gRPC may still hold the first message's buffers for a moment, and then
+  // resets the next stream (ENHANCE_YOUR_CALM) before attnserve sees it.
+  grpc::Status raw = infer(true);
+  for (int i = 0; i < 50 && !raw.ok() &&
+                  absl::StrContains(raw.error_message(), "RST_STREAM");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    raw = infer(true);
+  }
+  EXPECT_TRUE(raw.ok()) << raw.error_message();
 }
 
 }  // namespace

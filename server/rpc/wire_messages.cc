@@ -163,10 +163,6 @@ struct ParsedCounts {
   std::string passed;   // The field that passed a limit, or empty.
 };
 
-// Counts, in `in` (a `type` message), nested messages included, into
-// `*counts`; stops once a count passes its limit (kMaxRepeatedIntegers,
-// kMaxRepeatedEntries), naming the field. Best effort: it stops at the first
-// thing it cannot read, and the parse then says what is wrong.
 // Counts the fields of the unknown group `start` opened (each is kept as an
 // unknown field, a nested group's as well) up to its end; false once the
 // count passes its limit or the bytes cannot be read.
@@ -195,6 +191,10 @@ bool CountGroup(CodedInputStream& in, uint32_t start,
   return false;
 }
 
+// Counts, in `in` (a `type` message), nested messages included, into
+// `*counts`; stops once a count passes its limit (kMaxRepeatedIntegers,
+// kMaxRepeatedEntries), naming the field. Best effort: it stops at the first
+// thing it cannot read, and the parse then says what is wrong.
 void CountParsed(CodedInputStream& in, const google::protobuf::Descriptor& type,
                  int depth, ParsedCounts* counts) {
   while (const uint32_t tag = in.ReadTag()) {

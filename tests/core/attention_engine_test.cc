@@ -356,10 +356,13 @@ TEST(AttentionEngineTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
     int64_t first_hidden;  // Value rows [first_hidden, 70) no query sees.
     std::function<void(AttentionOptions&)> set;
   };
+  // The options' spans point into these, which outlive every call.
+  const std::vector<int64_t> lengths = {50};
   std::vector<uint8_t> allowed(20 * 70, 1);
   for (int64_t i = 0; i < 20; ++i) allowed[i * 70 + 69] = 0;
   const std::vector<Case> cases = {
-      {"key_lengths", 50, [](AttentionOptions& o) { o.key_lengths = {50}; }},
+      {"key_lengths", 50,
+       [&lengths](AttentionOptions& o) { o.key_lengths = lengths; }},
       {"causal", 20, [](AttentionOptions& o) { o.causal = true; }},
       {"bool mask", 69,
        [&allowed](AttentionOptions& o) {

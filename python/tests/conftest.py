@@ -24,7 +24,8 @@ class Server:
             [os.environ["ATTNSERVE_BINARY"], "--address=127.0.0.1", "--port=0",
              "--metrics_port=0", "--drain_grace_seconds=0", "--threads=2", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
+        # Sanitized builds on a loaded 2-core machine have taken over 20 s to start.
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             self.log.seek(0)
             found = re.search(r"listening on 127\.0\.0\.1:(\d+),", self.log.read())
@@ -35,8 +36,10 @@ class Server:
             if self.process.poll() is not None:
                 break
             time.sleep(0.05)
+        self.log.seek(0)
+        said = self.log.read()  # before stop() removes the folder
         self.stop()
-        raise RuntimeError(f"attnserve did not start: {open(self.log.name).read()}")
+        raise RuntimeError(f"attnserve did not start within 60 s: {said}")
 
     def stop(self):
         if self.process.poll() is None:

@@ -858,16 +858,9 @@ void AttentionServiceImpl::ServeModelInfer(
                                      absl::Now());
       },
       weight_set);
-  // Typed contents are packed into a copy beside them (raw ones move into
-  // the native request): the copy is charged as the message was.
-  int64_t typed_bytes = 0;
-  for (const auto& input : request.inputs()) {
-    const inference::InferTensorContents& contents = input.contents();
-    typed_bytes += int64_t{4} * contents.fp32_contents_size() +
-                   int64_t{8} * contents.int64_contents_size() +
-                   contents.bool_contents_size();
-  }
-  if (typed_bytes > 0) {
+  // The packed copy of typed contents is charged as the message was.
+  if (const int64_t typed_bytes = oip::TypedContentsBytes(request);
+      typed_bytes > 0) {
     const absl::Status held = call.handler->hold.Grow(typed_bytes);
     if (!held.ok()) return caller->Computed(held);
   }

@@ -490,6 +490,17 @@ void RenameField(std::string* text, absl::string_view from,
 
 }  // namespace
 
+int64_t TypedContentsBytes(const ModelInferRequest& request) {
+  int64_t bytes = 0;
+  for (const auto& input : request.inputs()) {
+    const inference::InferTensorContents& contents = input.contents();
+    bytes += int64_t{4} * contents.fp32_contents_size() +
+             int64_t{8} * contents.int64_contents_size() +
+             contents.bool_contents_size();
+  }
+  return bytes;
+}
+
 absl::StatusOr<v1::AttendRequest> AttendRequestFrom(ModelInferRequest& request,
                                                     RequestedOutputs* outputs) {
   ATTNSERVE_RETURN_IF_ERROR(CheckRequest(request));

@@ -53,6 +53,10 @@ struct RequestedOutputs {
   bool weights = false;
 };
 
+// The bytes the translation packs typed contents into, beside the parsed
+// values (raw_input_contents move, and cost nothing more).
+int64_t TypedContentsBytes(const inference::ModelInferRequest& request);
+
 // An sdpa request as the native Attend request. The tensors' bytes are moved
 // out of `request` (raw_input_contents, or packed from typed contents).
 // INVALID_ARGUMENT naming the input or parameter at fault; the shapes and

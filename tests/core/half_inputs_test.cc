@@ -5,8 +5,10 @@
 // option the fused kernel takes, both precisions, the AVX-512 and portable
 // tile code; decode calls and the unfused kernel through their own routes;
 // and the refusals.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -325,6 +327,65 @@ TEST_P(HalfInputsTest, PackedSequencesEqualAttendPackedOverTheWidenedValues) {
                                             absl::MakeSpan(wide.lse)))
             .ok());
     ExpectSameBits(half, wide);
+  }
+}
+
+// Half values read in place (bf16 tiles) or widened (f32 tiles, f16 ones into
+// bf16 tiles): a NaN or ±inf value no row sees (past key_lengths) stays out of
+// every row of a tile of many rows (4 heads of a kv head × 20 queries), whose
+// P · V is a matmul, and a value a row does see makes that row NaN.
+TEST_P(HalfInputsTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
+  const DataType dtype = std::get<0>(GetParam());
+  std::unique_ptr<AttentionEngine> engine = MakeEngine();
+  const AttentionShape s = testing::SdpaShape(1, 4, 1, 20, 70, 16, 16);
+  const HalfTensor query = Store(RandomValues(s.QueryElements(), 51), dtype);
+  const HalfTensor key = Store(RandomValues(s.KeyElements(), 52), dtype);
+  const std::vector<float> finite = RandomValues(s.ValueElements(), 53);
+  const HalfTensor finite_value = Store(finite, dtype);
+  const std::vector<int64_t> lengths = {50};  // Outlives every call.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Precision precision :
+       {Precision::kFloat32, Precision::kBFloat16}) {
+    AttentionOptions options;
+    options.precision = precision;
+    options.key_lengths = lengths;
+    std::vector<float> expected(s.OutputElements());
+    ASSERT_TRUE(engine
+                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                 Bytes(finite_value),
+                                 AttentionOutputs(absl::MakeSpan(expected)))
+                    .ok());
+    for (const float bad : {std::nanf(""), inf, -inf}) {
+      SCOPED_TRACE(absl::StrCat("bf16 precision ",
+                                precision == Precision::kBFloat16, " value ",
+                                bad));
+      std::vector<float> values = finite;
+      std::fill(values.begin() + 50 * 16, values.end(), bad);
+      const HalfTensor value = Store(values, dtype);
+      std::vector<float> output(s.OutputElements());
+      ASSERT_TRUE(engine
+                      ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                   Bytes(value),
+                                   AttentionOutputs(absl::MakeSpan(output)))
+                      .ok());
+      // The block holding them is summed row by row, in another order.
+      for (size_t i = 0; i < output.size(); ++i) {
+        ASSERT_NEAR(output[i], expected[i], 1e-5) << "element " << i;
+      }
+    }
+    // A NaN value every row sees (key 10 is within every row's length).
+    std::vector<float> values = finite;
+    std::fill_n(values.begin() + 10 * 16, 16, std::nanf(""));
+    const HalfTensor value = Store(values, dtype);
+    std::vector<float> output(s.OutputElements());
+    ASSERT_TRUE(engine
+                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                 Bytes(value),
+                                 AttentionOutputs(absl::MakeSpan(output)))
+                    .ok());
+    for (size_t i = 0; i < output.size(); ++i) {
+      ASSERT_TRUE(std::isnan(output[i])) << "element " << i;
+    }
   }
 }
 

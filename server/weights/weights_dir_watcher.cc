@@ -14,6 +14,7 @@
 #include "attnserve/common/status_macros.h"
 #include "attnserve/common/weights_config.h"
 #include "attnserve/server/weights/weights_loader.h"
+#include "attnserve/server/weights/weights_validator.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
 
@@ -146,10 +147,18 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
   const int64_t held_before = registry_->List("", 0).total_bytes;
   const absl::Status put =
       PutWeightsInto(*registry_, *request, version).status();
-  seen.refused_for_room_at =
-      absl::IsResourceExhausted(put)
-          ? std::max(held_before, registry_->List("", 0).total_bytes)
-          : -1;
+  seen.refused_for_room_at = -1;
+  if (absl::IsResourceExhausted(put)) {
+    // A set over the whole limit waits for its folder to change instead.
+    const absl::StatusOr<WeightsShape> shape =
+        ValidateProjectionWeights(request->weights(), "weights");
+    const bool never_fits =
+        shape.ok() && WeightSet::BytesFor(*shape, request->weights()) >
+                          registry_->max_total_bytes();
+    seen.refused_for_room_at =
+        never_fits ? 0
+                   : std::max(held_before, registry_->List("", 0).total_bytes);
+  }
   ATTNSERVE_RETURN_IF_ERROR(put);
   seen.version = version;
   seen.digest = digest;

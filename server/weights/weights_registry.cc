@@ -103,6 +103,12 @@ absl::Status WeightsRegistry::CheckCapacityLocked(const std::string& name,
   const int64_t freed =
       existing == entries_.end() ? 0 : existing->second.weights->bytes();
   if (total_bytes_ - freed + bytes <= max_total_bytes_) return absl::OkStatus();
+  if (bytes > max_total_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("weights '", name, "' need ", bytes,
+                     " bytes, more than the whole max_weights_bytes limit of ",
+                     max_total_bytes_));
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "weights '", name, "' need ", bytes, " bytes; the registry holds ",
       total_bytes_, " of its max_weights_bytes limit of ", max_total_bytes_));

@@ -616,6 +616,44 @@ TEST_F(WeightsDirTest, ASetRefusedForRoomLoadsOnceRoomIsFreed) {
   EXPECT_EQ(reads, 3);
 }
 
+// A set larger than the whole limit is not read again each time the registry
+// shrinks (it would fail again, and be counted and logged again): only once
+// its folder changes.
+TEST_F(WeightsDirTest, ASetOverTheWholeLimitWaitsForItsFolderToChange) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  const ReferenceMhaShape wide{1, 2, 2, 16, 16, 2, 2, 8, 8};
+  WriteFolder("a", "num_heads=2\nversion=1\n", MakeWeights(tiny, 950), "<f4");
+  WriteFolder("big", "num_heads=2\nversion=1\n",
+              MakeWeights(wide, 951, Biases::kNone), "<f4");
+  if (HasFatalFailure()) return;
+  WeightsRegistry registry(3000);  // Room for a (2,128 bytes), never big.
+  int reads = 0;
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  watcher.SetAfterReadForTesting([&reads](const std::string&) { ++reads; });
+  WeightsDirWatcher::Changes scan = watcher.Scan();
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(scan.failed, 1);
+  EXPECT_EQ(reads, 2);
+
+  std::filesystem::remove_all(root_ / "a");
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.removed, 1);
+  EXPECT_EQ(scan.failed, 0);
+  EXPECT_EQ(reads, 2);
+  EXPECT_EQ(registry.List("", 0).total_bytes, 0);
+
+  WriteFolder("big", "num_heads=2\nversion=2\n", MakeWeights(tiny, 952), "<f4");
+  if (HasFatalFailure()) return;
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(scan.failed, 0);
+  EXPECT_EQ(reads, 3);
+  const absl::StatusOr<WeightsRegistry::Entry> big = registry.Get("big");
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->version, 2);
+}
+
 // A set whose files hold more than twice max_weights_bytes (each file under
 // it) is refused from the files' sizes, before any of it is read.
 TEST_F(WeightsDirTest, AFolderTooLargeIsRefusedBeforeItIsRead) {

@@ -79,6 +79,7 @@ class WeightsDirWatcher {
     int64_t digest = 0;   // WeightsDigest of what it registered.
     // The registry's bytes when the set last found no room in it (-1: it
     // did not): the folder is read again, unchanged, once they are fewer.
+    // 0 for a set larger than the whole limit: read again once it changes.
     int64_t refused_for_room_at = -1;
   };
 

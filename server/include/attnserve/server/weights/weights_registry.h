@@ -73,6 +73,9 @@ class WeightsRegistry {
                             std::shared_ptr<const WeightSet> weights,
                             int64_t version = 0);
 
+  // The limit on the bytes of every set together.
+  int64_t max_total_bytes() const { return max_total_bytes_; }
+
   // NOT_FOUND for an unknown name.
   absl::StatusOr<Entry> Get(const std::string& name) const;
   absl::StatusOr<Entry> Delete(const std::string& name);

@@ -62,6 +62,9 @@ _ALIGNMENTS = {"top_left": "TOP_LEFT", "bottom_right": "BOTTOM_RIGHT"}
 _RETURN_WEIGHTS = {None: "NONE", "none": "NONE", "per_head": "PER_HEAD",
                    "head_mean": "HEAD_MEAN"}
 _PRECISIONS = {None: "F32", "f32": "F32", "bf16": "BF16"}
+# grpc.StatusCode by its number (ErrorStatus.code on an AttendStream answer).
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
 _COMPRESSION = {None: grpc.Compression.NoCompression, "none": grpc.Compression.NoCompression,
                 "gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}
 
@@ -359,6 +362,62 @@ class Client:
         response = self.call("Attend", request, timeout)
         return AttendResult(from_tensor(response.output), _optional(response, "lse"),
                             _optional(response, "weights"), _timing(response))
+
+    def attend_stream(self, requests, timeout=None):
+        """AttendStream: sends the AttendRequests of the iterable `requests` (attend_request()
+        builds them; it is read as the stream's flow control allows, so it may be a generator
+        that waits for answers) on one stream, and yields an (index, answer) pair per request,
+        in the order sent: answer is an AttendResult, or, for a request the server refused or
+        failed, an AttnserveError (yielded, not raised: the stream goes on). The stream is
+        not retried. Raises AttnserveError if the stream itself fails (its deadline, `timeout`
+        for the whole stream, passes; the server drains; the client is closed), and
+        TypeError if `requests` yields something other than an AttendRequest."""
+        deadline = self._timeout if timeout is None else _seconds(timeout, "timeout")
+        refused = []
+
+        def checked():
+            for index, request in enumerate(requests):
+                if not isinstance(request, pb2.AttendRequest):
+                    refused.append(TypeError(
+                        f"requests[{index}] is a {type(request).__name__}, expected an "
+                        "AttendRequest (Client.attend_request builds one)"))
+                    call.cancel()
+                    return
+                yield request
+
+        try:
+            call = self._stub.AttendStream(checked(), timeout=deadline,
+                                           metadata=self._metadata,
+                                           compression=self._compression,
+                                           wait_for_ready=self._wait_for_ready)
+        except ValueError:  # gRPC's for a closed channel
+            if not self._closed:
+                raise
+            raise AttnserveError(grpc.StatusCode.CANCELLED,
+                                 "AttendStream: the client is closed") from None
+        try:
+            for answer in call:
+                if answer.HasField("error"):
+                    yield answer.index, AttnserveError(
+                        _STATUS_CODES.get(answer.error.code, grpc.StatusCode.UNKNOWN),
+                        answer.error.message)
+                else:
+                    response = answer.response
+                    yield answer.index, AttendResult(
+                        from_tensor(response.output), _optional(response, "lse"),
+                        _optional(response, "weights"), _timing(response))
+        except grpc.RpcError as error:
+            if refused:
+                raise refused[0] from None
+            code = error.code()
+            message = error.details()
+            if self._closed and code == grpc.StatusCode.CANCELLED:
+                message = "AttendStream: the client is closed"
+            raise AttnserveError(code, message) from None
+        finally:
+            call.cancel()  # a consumer that stops early ends the stream
+        if refused:
+            raise refused[0]
 
     def mha(self, query_input, kv_input=None, *, weights_name=None, weights_version=0,
             weights=None, num_heads=None, num_kv_heads=0, rope_theta=None, rotary_dim=0,

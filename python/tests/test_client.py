@@ -54,6 +54,45 @@ def test_attend_matches_the_reference(server):
     assert 0 <= result.timing.compute_us <= result.timing.server_us
 
 
+def test_attend_stream_answers_in_order_and_a_bad_request_fails_alone(server):
+    shapes = [((1, 2, 3, 8), (1, 2, 5, 8)), ((2, 4, 1, 16), (2, 2, 7, 16)),
+              ((1, 1, 4, 8), (1, 1, 4, 8))]
+    inputs = [(uniform(*q), uniform(*k), uniform(*k)) for q, k in shapes]
+    with attnserve.Client(server.target) as client:
+        requests = [client.attend_request(q, k, v, causal=True) for q, k, v in inputs]
+        # The second asks for a key_dim its query does not have.
+        requests.insert(1, client.attend_request(uniform(1, 2, 3, 8), uniform(1, 2, 5, 4),
+                                                 uniform(1, 2, 5, 4)))
+        answers = list(client.attend_stream(iter(requests), timeout=30))
+    assert [index for index, _ in answers] == [0, 1, 2, 3]
+    refused = answers[1][1]
+    assert isinstance(refused, attnserve.AttnserveError)
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "key" in refused.message
+    for (q, k, v), (_, result) in zip(inputs, answers[:1] + answers[2:]):
+        assert isinstance(result, attnserve.AttendResult)
+        np.testing.assert_allclose(result.output, reference_sdpa(q, k, v, causal=True),
+                                   atol=1e-5)
+        assert 0 <= result.timing.compute_us <= result.timing.server_us
+
+
+def test_attend_stream_refuses_what_is_not_a_request_and_a_closed_client(server):
+    q = uniform(1, 1, 2, 8)
+    client = attnserve.Client(server.target)
+    good = client.attend_request(q, q, q)
+    with pytest.raises(TypeError, match=r"requests\[1\] is a str, expected an AttendRequest"):
+        list(client.attend_stream([good, "not a request"]))
+    # A consumer that stops early ends the stream; the client goes on.
+    stream = client.attend_stream(iter([good] * 3))
+    assert next(stream)[0] == 0
+    stream.close()
+    assert client.attend(q, q, q).output.shape == (1, 1, 2, 8)
+    client.close()
+    with pytest.raises(attnserve.AttnserveError, match="the client is closed") as closed:
+        list(client.attend_stream([good]))
+    assert closed.value.code == grpc.StatusCode.CANCELLED
+
+
 def test_weights_and_masks(server):
     q, k, v = uniform(1, 2, 6, 8), uniform(1, 2, 7, 8), uniform(1, 2, 7, 8)
     mask = RNG.uniform(size=(6, 7)) < 0.7

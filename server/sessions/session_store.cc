@@ -259,21 +259,27 @@ constexpr char kHeldTheMost[] =
 // evicts none.
 struct SessionStore::EvictionPlan {
   // Adds `session`, counting a page once every table holding it is a
-  // victim's; `reason` tells its owner why it went.
+  // victim's: off its owner's share then, and off the budget only if no
+  // step's view holds it too (a step on a session deleted meanwhile, or on a
+  // fork sharing it), since only then is it freed; `reason` tells its owner
+  // why it went.
   void Add(Session* session, std::string reason) {
     victims.emplace_back(session, std::move(reason));
     chosen.insert(session);
     ++chosen_by[session->account];
-    int64_t bytes = session->bookkeeping_bytes;
+    int64_t untabled = session->bookkeeping_bytes;
+    int64_t released = session->bookkeeping_bytes;
     for (const Session::Layer& layer : session->layers) {
       for (const std::shared_ptr<Page>& page : layer.pages) {
-        if (page != nullptr && ++tables[page.get()] == page->tables) {
-          bytes += page->bytes;
-        }
+        if (page == nullptr || ++tables[page.get()] != page->tables) continue;
+        untabled += page->bytes;
+        // Views are made under the store's mutex, held here: the count
+        // only falls meanwhile, which frees more than counted.
+        if (page.use_count() == page->tables) released += page->bytes;
       }
     }
-    freed_by[session->account] += bytes;
-    freed += bytes;
+    freed_by[session->account] += untabled;
+    freed += released;
   }
   // Whether `session` may be chosen: no step is using it, it is not `keep`
   // (the session the work is for), and it is not chosen already.
@@ -296,6 +302,7 @@ struct SessionStore::EvictionPlan {
   absl::flat_hash_set<const Session*> chosen;
   absl::flat_hash_map<const Account*, int64_t> chosen_by;
   absl::flat_hash_map<const Page*, int> tables;
+  // Off each account's share (its tables' pages), and off the budget.
   absl::flat_hash_map<const Account*, int64_t> freed_by;
   int64_t freed = 0;
 };

@@ -231,6 +231,47 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
   EXPECT_TRUE(store.Get("alice", alices[1]).ok());
 }
 
+// Pages a step's view still reads stay in memory whatever their tables:
+// evicting the fork that shares them with a session deleted under that step
+// frees nothing, so it does not make room, and the pages held never pass the
+// budget.
+TEST(SessionStoreFairnessTest, PagesAStepStillReadsAreNotCountedAsFreed) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  // 8 pages and the bookkeeping of three sessions of up to 8 pages.
+  const int64_t budget = 8 * 4096 + 3 * (1024 + 48 + 8 * 16);
+  options.kv_cache_bytes = budget;
+  options.max_sessions = 3;
+  SessionStore store(options, nullptr);
+  const std::string parent = store.Create("alice", Small())->id;
+  ASSERT_TRUE(Append(store, "alice", parent, 32).ok());  // 4 pages.
+  const absl::StatusOr<SessionDescription> fork =
+      store.Fork("alice", parent, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  const std::string other = store.Create("alice", Small())->id;
+  {
+    // A step on the parent reads its 4 pages; the parent is deleted under it.
+    absl::StatusOr<SessionStore::Pin> pin = store.Acquire("alice", parent);
+    ASSERT_TRUE(pin.ok()) << pin.status();
+    KvAppend none;
+    int64_t length = 0;
+    const absl::StatusOr<SessionStore::View> view =
+        store.AppendAndView(*pin, 0, 32, none, &length);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(store.Delete("alice", parent).ok());
+    // 6 pages more would need the fork's 4, which the step still reads.
+    const absl::Status status = Append(store, "alice", other, 48);
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_TRUE(store.Get("alice", fork->id).ok());
+    EXPECT_LE(store.Totals().used_bytes, budget);
+  }
+  // Once the step is done, evicting the fork frees them.
+  ASSERT_TRUE(Append(store, "alice", other, 48).ok());
+  EXPECT_EQ(store.Get("alice", fork->id).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Totals().used_bytes, 6 * 4096);
+}
+
 // Work refused for want of room evicts nothing, though making room for its
 // session count alone would have.
 TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {

@@ -309,7 +309,7 @@ void FuzzStep(v1::StepRequest& request) {
     append.value = reinterpret_cast<const char*>(values.data());
     int64_t length = 0;
     Require("the tiny session's tokens",
-            store.AppendAndView(*pin, 0, 0, append, &length).status());
+            store.AppendAndView(*pin, 0, 0, append, 0, &length).status());
   }
   for (v1::SessionStep& step : *request.mutable_steps()) {
     if (step.session_id() == kTinySessionMarker) step.set_session_id(tiny->id);

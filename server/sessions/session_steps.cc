@@ -325,33 +325,6 @@ struct Computing {
   std::unique_ptr<OutputTensor> lse;
 };
 
-// OK unless a row of a step's query (Tq rows at positions L − Tq to L − 1)
-// sees a key whose page evict_outside_window freed (a query reaching further
-// back than the last step's did): FAILED_PRECONDITION naming them.
-absl::Status CheckQuerySeesHeldKeys(const SessionConfig& config,
-                                    const SessionStore::View& view,
-                                    int64_t query_len, bool appended) {
-  if (!config.evict_outside_window) return absl::OkStatus();
-  const int64_t position = view.length - query_len;  // the first row's
-  const int64_t page_tokens = view.layout.page_tokens;
-  const std::optional<FreedKeys> freed = FreedKeysSeen(
-      config, page_tokens, view.length, position,
-      [&view, page_tokens](size_t p) {
-        return HeldFrom(view.data[p] != nullptr, page_tokens, view.lost_end, p);
-      });
-  if (!freed) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the step's first query row (position ", position,
-      ") sees the keys from ", WindowStart(config, position),
-      " on (window_left ", config.window_left, ") and the ",
-      std::min(config.num_sink_tokens, view.length),
-      " sinks, and the session freed keys ", freed->first, " to ", freed->last,
-      " (evict_outside_window keeps the sinks and the last window_left + 1 "
-      "keys); ",
-      appended ? "the append stands, nothing was computed"
-               : "nothing was appended or computed"));
-}
-
 }  // namespace
 
 absl::Status RunSteps(StepCall& call, SessionStore& store,
@@ -383,7 +356,8 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
       work.append.key_dtype = DataType::kFloat32;
     }
     absl::StatusOr<SessionStore::View> view = store.AppendAndView(
-        work.pin, work.layer, work.expected_length, work.append, &length);
+        work.pin, work.layer, work.expected_length, work.append,
+        work.query == nullptr ? 0 : work.query_len, &length);
     if (!view.ok()) {
       // What the layer holds, so that a client retrying can tell whether its
       // first attempt landed without asking GetSession.
@@ -395,12 +369,6 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     }
     result->set_length(view->length);
     if (work.query == nullptr) continue;
-    if (absl::Status held = CheckQuerySeesHeldKeys(
-            config, *view, work.query_len, work.append.tokens > 0);
-        !held.ok()) {
-      SetError(work.index, held, result);
-      continue;
-    }
     Computing& c = computing.emplace_back();
     c.index = work.index;
     c.flops = StepFlops(config, work.query_len, view->length);

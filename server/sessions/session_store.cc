@@ -553,7 +553,7 @@ int64_t HeldFrom(bool page_held, int64_t page_tokens, int64_t lost_end,
                  size_t p) {
   const int64_t begin = static_cast<int64_t>(p) * page_tokens;
   if (!page_held) return begin + page_tokens;
-  return std::max(begin, lost_end);
+  return lost_end > begin && lost_end - begin < page_tokens ? lost_end : begin;
 }
 
 absl::Status SessionStore::CheckHeld(const Session& session, size_t layer_index,
@@ -935,7 +935,7 @@ void CopyRowsAsColumns(const char* source, DataType from, int64_t rows,
 
 absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
     const Pin& pin, int64_t layer_index, int64_t expected_length,
-    const KvAppend& append, int64_t* length) {
+    const KvAppend& append, int64_t query_rows, int64_t* length) {
   absl::MutexLock lock(&mutex_);
   Session& session = *pin.session_;
   if (session.removed) {
@@ -952,6 +952,35 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
   const PageLayout& layout = session.layout;
   const int64_t page_tokens = layout.page_tokens;
   const int64_t tokens = append.tokens;
+  if (query_rows > 0 && session.config.evict_outside_window) {
+    // Before anything changes. This append frees keys only once the view is
+    // taken, and only keys its last row does not see; the keys before it
+    // that are freed now stay freed, and the ones it brings are held.
+    const int64_t held = layer.length;
+    const int64_t after = held + tokens;
+    const int64_t position = after - query_rows;  // The first row's.
+    const std::optional<FreedKeys> freed = FreedKeysSeen(
+        session.config, page_tokens, after, position,
+        [&layer, page_tokens, held](size_t p) {
+          if (p >= layer.pages.size())
+            return static_cast<int64_t>(p) * page_tokens;
+          if (layer.pages[p] == nullptr) {
+            return std::min(static_cast<int64_t>(p + 1) * page_tokens, held);
+          }
+          return HeldFrom(true, page_tokens, layer.lost_end, p);
+        });
+    if (freed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the step's first query row (position ", position,
+          ") sees the keys from ", WindowStart(session.config, position),
+          " on (window_left ", session.config.window_left, ") and the ",
+          std::min(session.config.num_sink_tokens, after),
+          " sinks, and the session freed keys ", freed->first, " to ",
+          freed->last,
+          " (evict_outside_window keeps the sinks and the last window_left + "
+          "1 keys); nothing was appended or computed"));
+    }
+  }
   if (tokens > 0) {
     if (layer.length + tokens > session.config.max_tokens) {
       return absl::ResourceExhaustedError(

@@ -109,7 +109,7 @@ TEST_P(SessionStoreAccountingTest, HeldBytesFollowEveryOperation) {
         status = store
                      .AppendAndView(*pin, layer,
                                     session.lengths[static_cast<size_t>(layer)],
-                                    append, &now)
+                                    append, pick(3), &now)
                      .status();
       }
     }
@@ -173,7 +173,8 @@ absl::Status Append(SessionStore& store, const std::string& owner,
   append.key = reinterpret_cast<const char*>(values.data());
   append.value = append.key;
   int64_t length = 0;
-  return store.AppendAndView(*pin, 0, pin->Length(0), append, &length).status();
+  return store.AppendAndView(*pin, 0, pin->Length(0), append, 0, &length)
+      .status();
 }
 
 // A caller whose own sessions are all in use by steps is refused, rather
@@ -207,7 +208,7 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
     append.value = append.key;
     int64_t length = 0;
     const absl::Status status =
-        store.AppendAndView(*first, 0, 32, append, &length).status();
+        store.AppendAndView(*first, 0, 32, append, 0, &length).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
     EXPECT_THAT(std::string(status.message()),
                 ::testing::HasSubstr("another caller's holding less than "
@@ -256,7 +257,7 @@ TEST(SessionStoreFairnessTest, PagesAStepStillReadsAreNotCountedAsFreed) {
     KvAppend none;
     int64_t length = 0;
     const absl::StatusOr<SessionStore::View> view =
-        store.AppendAndView(*pin, 0, 32, none, &length);
+        store.AppendAndView(*pin, 0, 32, none, 0, &length);
     ASSERT_TRUE(view.ok()) << view.status();
     ASSERT_TRUE(store.Delete("alice", parent).ok());
     // 6 pages more would need the fork's 4, which the step still reads.
@@ -270,6 +271,57 @@ TEST(SessionStoreFairnessTest, PagesAStepStillReadsAreNotCountedAsFreed) {
   EXPECT_EQ(store.Get("alice", fork->id).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(store.Totals().used_bytes, 6 * 4096);
+}
+
+// With sinks and window_left 0, an append into a page eviction freed (after
+// a truncation back into it) starts a fresh page whose first keys are zeros:
+// only that page's keys before the append are lost, not the sinks' page, so
+// truncations, forks and queries that see the sinks go on. A step whose query
+// reaches the lost keys is refused before its append, which does not stand.
+TEST(SessionStoreWindowTest, AnAppendIntoAFreedPageLosesOnlyThatPagesKeys) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  options.kv_cache_bytes = 1 << 24;
+  SessionStore store(options, nullptr);
+  SessionConfig config = Small();
+  config.window_left = 0;
+  config.num_sink_tokens = 2;
+  config.evict_outside_window = true;
+  const std::string id = store.Create("alice", config)->id;
+  ASSERT_TRUE(Append(store, "alice", id, 40).ok());  // Frees pages 1 to 3.
+  const absl::StatusOr<SessionDescription> truncated =
+      store.Truncate("alice", id, 20);
+  ASSERT_TRUE(truncated.ok()) << truncated.status();
+  ASSERT_TRUE(Append(store, "alice", id, 1).ok());  // Keys 16 to 19 lost.
+  const absl::StatusOr<SessionDescription> again =
+      store.Truncate("alice", id, 21);
+  EXPECT_TRUE(again.ok()) << again.status();
+  const absl::StatusOr<SessionDescription> fork =
+      store.Fork("alice", id, 21, absl::ZeroDuration());
+  EXPECT_TRUE(fork.ok()) << fork.status();
+  absl::StatusOr<SessionStore::Pin> pin = store.Acquire("alice", id);
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  const std::vector<float> values(4, 0.25f);
+  KvAppend one;
+  one.tokens = 1;
+  one.key = reinterpret_cast<const char*>(values.data());
+  one.value = one.key;
+  int64_t length = 0;
+  // One token and two rows (positions 20 and 21): they see the sinks and
+  // themselves.
+  absl::StatusOr<SessionStore::View> view =
+      store.AppendAndView(*pin, 0, 21, one, 2, &length);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(length, 22);
+  // One more and six rows: the first, at 17, sees a lost key.
+  view = store.AppendAndView(*pin, 0, 22, one, 6, &length);
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(view.status().message()),
+              ::testing::HasSubstr("freed keys 16 to 19 (evict_outside_window "
+                                   "keeps the sinks and the last window_left "
+                                   "+ 1 keys); nothing was appended or "
+                                   "computed"));
+  EXPECT_EQ(length, 22);
 }
 
 // Work refused for want of room evicts nothing, though making room for its

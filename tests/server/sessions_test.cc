@@ -741,7 +741,7 @@ TEST_F(SessionsTest, SinksNearTheLargestCountKeepEveryKey) {
 
 // A failed step's length is what its layer holds, however it failed (but for
 // NOT_FOUND), so that a client retrying learns whether its first attempt
-// landed; a step whose append stood before its query failed says so.
+// landed; a step whose query would see freed keys appends nothing.
 TEST_F(SessionsTest, AFailedStepSaysWhatItsLayerHolds) {
   v1::SessionDefaults defaults;
   defaults.set_window_left(2);
@@ -778,8 +778,8 @@ TEST_F(SessionsTest, AFailedStepSaysWhatItsLayerHolds) {
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(response.results(2).error().message(), HasSubstr("freed keys"));
   EXPECT_THAT(response.results(2).error().message(),
-              HasSubstr("; the append stands, nothing was computed"));
-  EXPECT_EQ(response.results(2).length(), 41);  // The append stood.
+              HasSubstr("; nothing was appended or computed"));
+  EXPECT_EQ(response.results(2).length(), 40);  // Refused before its append.
 }
 
 // RoPE by the session: keys rotated at the positions they take, query rows at

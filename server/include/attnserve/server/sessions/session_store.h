@@ -137,9 +137,10 @@ std::optional<FreedKeys> FreedKeysSeen(
     int64_t position, absl::FunctionRef<int64_t(size_t)> held_from);
 
 // The first key of page `p` (of a layer in pages of `page_tokens`) held, for
-// FreedKeysSeen: a freed (null) page holds none; the keys of a held page
-// before `lost_end` were freed before the page replaced a freed one (an
-// append after a truncate or fork into it), and are zeros, not keys.
+// FreedKeysSeen: a freed (null) page holds none; in the held page where
+// `lost_end` falls, the keys before it were freed before the page replaced a
+// freed one (an append after a truncate or fork into it), and are zeros, not
+// keys. Every other held page holds all its keys.
 int64_t HeldFrom(bool page_held, int64_t page_tokens, int64_t lost_end,
                  size_t p);
 
@@ -280,12 +281,16 @@ class SessionStore {
   // naming both lengths otherwise), appends `append` if it has tokens (its
   // shapes checked against the session by the caller), and returns the view
   // of the layer with them. Nothing is appended on any error:
-  // RESOURCE_EXHAUSTED past the session's max_tokens or the budget; NOT_FOUND
-  // if the session was deleted meanwhile. `*length` gets the tokens the layer
-  // holds when the call returns (on any error but NOT_FOUND).
+  // RESOURCE_EXHAUSTED past the session's max_tokens or the budget;
+  // FAILED_PRECONDITION if the first of `query_rows` query rows after the
+  // append (0: a step without a query) would see keys evict_outside_window
+  // freed; NOT_FOUND if the session was deleted meanwhile. `*length` gets the
+  // tokens the layer holds when the call returns (on any error but
+  // NOT_FOUND).
   absl::StatusOr<View> AppendAndView(const Pin& pin, int64_t layer,
                                      int64_t expected_length,
-                                     const KvAppend& append, int64_t* length);
+                                     const KvAppend& append, int64_t query_rows,
+                                     int64_t* length);
 
   // Expires the idle sessions past their TTL (also done on each call, at most
   // once a second).

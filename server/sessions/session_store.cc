@@ -135,6 +135,9 @@ SessionStore::Pin::~Pin() {
   if (session_ == nullptr) return;  // Moved from.
   absl::MutexLock lock(&store_->mutex_);
   --session_->pins;
+  // Idle from the step's end: a step computing past the TTL is not followed
+  // by the session's expiry.
+  session_->last_used = std::max(session_->last_used, absl::Now());
 }
 
 const SessionConfig& SessionStore::Pin::config() const {

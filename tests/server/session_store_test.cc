@@ -324,6 +324,30 @@ TEST(SessionStoreWindowTest, AnAppendIntoAFreedPageLosesOnlyThatPagesKeys) {
   EXPECT_EQ(length, 22);
 }
 
+// A session is idle from its last step's end: one step that computed longer
+// than the TTL does not leave it to expire at the next look.
+TEST(SessionStoreWindowTest, TheTtlCountsFromTheEndOfTheLastStep) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  options.kv_cache_bytes = 1 << 24;
+  SessionStore store(options, nullptr);
+  SessionConfig config = Small();
+  config.ttl = absl::Milliseconds(300);
+  const std::string id = store.Create("alice", config)->id;
+  {
+    absl::StatusOr<SessionStore::Pin> pin = store.Acquire("alice", id);
+    ASSERT_TRUE(pin.ok()) << pin.status();
+    absl::SleepFor(absl::Milliseconds(400));  // The step computes.
+    store.ExpireIdle(absl::Now());
+    EXPECT_TRUE(store.Get("alice", id).ok());  // Pinned: kept.
+  }
+  store.ExpireIdle(absl::Now() + absl::Milliseconds(200));
+  EXPECT_TRUE(store.Get("alice", id).ok());
+  store.ExpireIdle(absl::Now() + absl::Milliseconds(400));
+  EXPECT_EQ(store.Get("alice", id).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // Work refused for want of room evicts nothing, though making room for its
 // session count alone would have.
 TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {

@@ -73,6 +73,9 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   }
 
   void OnCancel() override {
+    // Its messages still queued are answered now, their places and memory
+    // freed; the loop's hold on the call keeps it alive meanwhile.
+    deps_.compute.scheduler->DropAbandoned();
     if (held_) {
       if (deps_.gate->Unhold(*held_)) {
         Finish(grpc::Status(grpc::StatusCode::CANCELLED,

@@ -230,6 +230,9 @@ class AttentionServiceImpl::WireCall final
   }
 
   void OnCancel() override {
+    // A compute of this call's still queued is answered now, its place and
+    // memory freed (a passed deadline cancels the call too).
+    service_->compute_.scheduler->DropAbandoned();
     if (held_ && service_->gate_->Unhold(*held_)) {
       service_->Serve(rpc_, this, nullptr,
                       absl::CancelledError("the call was cancelled while the "

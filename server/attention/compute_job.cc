@@ -86,6 +86,13 @@ absl::Status ComputeJob::Dequeue(absl::Time now) {
   return caller_->StillWanted();
 }
 
+void ComputeJob::Drop() {
+  absl::Status wanted = Dequeue(absl::Now());
+  // Abandoned for good: a cancel or a passed deadline does not undo itself.
+  if (wanted.ok()) wanted = absl::CancelledError("the call was given up");
+  caller_->Computed(wanted);
+}
+
 absl::Status ComputeJob::RunAlone() {
   std::atomic<bool> stopped{false};
   const ComputeCaller* const caller = caller_.get();

@@ -23,8 +23,19 @@ Scheduler::~Scheduler() {
 }
 
 absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
+  std::vector<std::unique_ptr<Job>> dropped;
+  // Answered once the lock is let go, whatever becomes of `job`.
+  struct DropLater {
+    std::vector<std::unique_ptr<Job>>* jobs;
+    ~DropLater() {
+      for (const std::unique_ptr<Job>& job : *jobs) job->Drop();
+    }
+  } drop_later{&dropped};
   {
     absl::MutexLock lock(&mutex_);
+    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+      TakeAbandoned(&dropped);
+    }
     if (static_cast<int>(queue_.size()) >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the compute queue is full: ", queue_.size(),
@@ -46,6 +57,30 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
   absl::MutexLock lock(&mutex_);
   --running_;
   return absl::OkStatus();
+}
+
+void Scheduler::TakeAbandoned(std::vector<std::unique_ptr<Job>>* dropped) {
+  const size_t before = dropped->size();
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if ((*it)->Abandoned()) {
+      dropped->push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  executor_jobs_.fetch_sub(static_cast<int>(dropped->size() - before),
+                           std::memory_order_release);
+}
+
+int Scheduler::DropAbandoned() {
+  std::vector<std::unique_ptr<Job>> dropped;
+  {
+    absl::MutexLock lock(&mutex_);
+    TakeAbandoned(&dropped);
+  }
+  for (const std::unique_ptr<Job>& job : dropped) job->Drop();
+  return static_cast<int>(dropped.size());
 }
 
 bool Scheduler::WaitIdle(absl::Duration timeout) {
@@ -88,11 +123,16 @@ std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
         struct Arrival {
           Scheduler* self;
           int64_t seen;
-        } arrival{this, seen};
+          const Job* head;
+        } arrival{this, seen, head};
+        // A partner arrives, the scheduler stops, or the head is gone
+        // (dropped, its caller having given it up).
         mutex_.AwaitWithDeadline(
             absl::Condition(
                 +[](Arrival* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                  return a->self->submitted_ != a->seen || a->self->stopping_;
+                  return a->self->submitted_ != a->seen || a->self->stopping_ ||
+                         a->self->queue_.empty() ||
+                         a->self->queue_.front().get() != a->head;
                 },
                 &arrival),
             deadline);

@@ -142,6 +142,101 @@ TEST(SchedulerTest, RefusesJobsPastMaxQueueNamingTheLimit) {
   EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
 }
 
+// A job its caller can give up: Run records its id, Drop records −id.
+class AbandonableJob final : public Job {
+ public:
+  AbandonableJob(int id, std::string key, std::vector<int>* events,
+                 absl::Mutex* mutex, absl::Notification* gate = nullptr)
+      : id_(id),
+        key_(std::move(key)),
+        events_(events),
+        mutex_(mutex),
+        gate_(gate) {}
+
+  const std::string& batch_key() const override { return key_; }
+  bool Abandoned() const override { return abandoned_.load(); }
+  void GiveUp() { abandoned_.store(true); }
+
+  void Run(absl::Span<Job* const> batch) override {
+    if (gate_ != nullptr) gate_->WaitForNotification();
+    absl::MutexLock lock(mutex_);
+    for (Job* job : batch) {
+      events_->push_back(static_cast<AbandonableJob*>(job)->id_);
+    }
+  }
+  void Drop() override {
+    absl::MutexLock lock(mutex_);
+    events_->push_back(-id_);
+  }
+
+ private:
+  const int id_;
+  const std::string key_;
+  std::vector<int>* const events_;
+  absl::Mutex* const mutex_;
+  absl::Notification* const gate_;
+  std::atomic<bool> abandoned_{false};
+};
+
+// Given-up jobs leave the queue when asked, or when the queue is full, and
+// are dropped, never run; the rest run in order.
+TEST(SchedulerTest, DropsAbandonedJobsInsteadOfRunningThem) {
+  absl::Mutex mutex;
+  std::vector<int> events;
+  absl::Notification release;
+  SchedulerOptions options;
+  options.max_queue = 2;
+  Scheduler scheduler(options);
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<AbandonableJob>(1, "", &events,
+                                                           &mutex, &release))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(50));  // Job 1 runs; 2 and 3 queue.
+  auto second = std::make_unique<AbandonableJob>(2, "", &events, &mutex);
+  auto third = std::make_unique<AbandonableJob>(3, "", &events, &mutex);
+  AbandonableJob* const job2 = second.get();
+  AbandonableJob* const job3 = third.get();
+  ASSERT_TRUE(scheduler.Submit(std::move(second)).ok());
+  ASSERT_TRUE(scheduler.Submit(std::move(third)).ok());
+  EXPECT_EQ(scheduler.DropAbandoned(), 0);
+  job2->GiveUp();
+  // The queue is full but for a given-up job: 4 takes its place.
+  ASSERT_TRUE(
+      scheduler.Submit(std::make_unique<AbandonableJob>(4, "", &events, &mutex))
+          .ok());
+  job3->GiveUp();
+  EXPECT_EQ(scheduler.DropAbandoned(), 1);
+  EXPECT_TRUE(scheduler.busy());  // Job 1 still runs.
+  release.Notify();
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
+  absl::MutexLock lock(&mutex);
+  EXPECT_THAT(events, ElementsAre(-2, -3, 1, 4));
+}
+
+// A head waiting for batch partners and given up is dropped at once: the job
+// behind it does not wait out the head's queue delay.
+TEST(SchedulerTest, AHeadWaitingForPartnersIsDroppedAtOnce) {
+  absl::Mutex mutex;
+  std::vector<int> events;
+  SchedulerOptions options;
+  options.max_batch = 4;
+  options.max_queue_delay = absl::Seconds(600);
+  Scheduler scheduler(options);
+  auto head = std::make_unique<AbandonableJob>(1, "a", &events, &mutex);
+  AbandonableJob* const waiting = head.get();
+  ASSERT_TRUE(scheduler.Submit(std::move(head)).ok());
+  ASSERT_TRUE(
+      scheduler.Submit(std::make_unique<AbandonableJob>(2, "", &events, &mutex))
+          .ok());
+  absl::SleepFor(absl::Milliseconds(50));  // The executor waits for partners.
+  waiting->GiveUp();
+  EXPECT_EQ(scheduler.DropAbandoned(), 1);
+  EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(60)));
+  absl::MutexLock lock(&mutex);
+  // Job 2 may run before the dropping thread records the drop.
+  EXPECT_THAT(events, ::testing::UnorderedElementsAre(-1, 2));
+}
+
 TEST(SchedulerTest, SeveralExecutorsRunJobsAtOnce) {
   SchedulerOptions options;
   options.executors = 3;

@@ -460,6 +460,60 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   EXPECT_EQ(Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 5);
 }
 
+// A queued call whose caller cancels, or whose deadline passes, leaves the
+// queue at once, not when an executor would reach it: its place takes the
+// next call while the executor is still busy.
+TEST_F(ServiceTest, AQueuedCallGivenUpFreesItsPlaceAtOnce) {
+  ServerOptions options = DefaultOptions();
+  options.scheduling.max_queue = 1;
+  options.scheduling.max_batch = 1;
+  Start(options);
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  // The long request holds the only executor until it is cancelled.
+  const v1::AttendRequest long_request = LongRequest();
+  grpc::ClientContext long_context;
+  long_context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(600));
+  v1::AttendResponse long_response;
+  std::promise<grpc::Status> long_answered;
+  stub->async()->Attend(&long_context, &long_request, &long_response,
+                        [&long_answered](grpc::Status status) {
+                          long_answered.set_value(status);
+                        });
+  std::future<grpc::Status> long_answer = long_answered.get_future();
+  AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 1);
+  const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
+  // Cancelled while queued.
+  grpc::ClientContext cancelled_context;
+  v1::AttendResponse cancelled_response;
+  std::promise<grpc::Status> cancelled;
+  stub->async()->Attend(
+      &cancelled_context, &small, &cancelled_response,
+      [&cancelled](grpc::Status status) { cancelled.set_value(status); });
+  AwaitMetric("attnserve_queue_depth", 1);
+  cancelled_context.TryCancel();
+  EXPECT_EQ(cancelled.get_future().get().error_code(),
+            grpc::StatusCode::CANCELLED);
+  AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 2);
+  EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
+  // Expired while queued.
+  auto expiring = client_->AttendFuture(small, absl::Milliseconds(300));
+  EXPECT_EQ(expiring.get().status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 3);
+  EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
+  // Both went while the long compute ran; the next call takes the place.
+  EXPECT_EQ(long_answer.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout);
+  auto next = client_->AttendFuture(small, kTimeout);
+  AwaitMetric("attnserve_queue_depth", 1);
+  long_context.TryCancel();
+  EXPECT_EQ(long_answer.get().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(next.get().ok());
+  // None of the given-up calls was computed.
+  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"), 2);
+}
+
 // A stream message whose deadline passed while it waited is answered and
 // counted as the deadline's, as a unary call's is, not as cancelled.
 TEST_F(ServiceTest, AStreamsPassedDeadlineIsTheDeadlinesNotACancel) {

@@ -74,6 +74,8 @@ class ComputeJob final : public Job {
   const std::string& batch_key() const override { return batch_key_; }
   bool runs_inline() const override { return runs_inline_; }
   void Run(absl::Span<Job* const> batch) override;
+  bool Abandoned() const override { return !caller_->StillWanted().ok(); }
+  void Drop() override;
 
   // Queues the job; if the queue is full, the caller gets RESOURCE_EXHAUSTED
   // at once.

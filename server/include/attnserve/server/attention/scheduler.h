@@ -45,6 +45,14 @@ class Job {
   // runs_inline(), on the thread that submitted it.
   virtual void Run(absl::Span<Job* const> batch) = 0;
 
+  // Whether the job's caller has given it up (cancelled, or its deadline
+  // passed), for good. Thread-safe and lock-free: the scheduler asks it with
+  // its lock held.
+  virtual bool Abandoned() const { return false; }
+
+  // Answers an abandoned job without running it; instead of Run.
+  virtual void Drop() {}
+
   // When the job entered the queue.
   absl::Time enqueued() const { return enqueued_; }
 
@@ -87,8 +95,14 @@ class Scheduler {
 
   // Queues `job`, or runs it before returning if it runs_inline(), nothing is
   // queued and fewer than `executors` jobs run. RESOURCE_EXHAUSTED naming
-  // --max_queue if that many jobs already wait.
+  // --max_queue if that many jobs already wait, the abandoned ones dropped.
   absl::Status Submit(std::unique_ptr<Job> job);
+
+  // Takes the queued jobs whose callers gave them up off the queue and drops
+  // them (on this thread), so that their places, and what their calls hold,
+  // are free at once rather than when an executor would reach them; a job
+  // waiting for batch partners is among them. Returns how many.
+  int DropAbandoned();
 
   // Blocks until no job is queued or running, or `timeout` passes; returns
   // whether idle.
@@ -108,6 +122,9 @@ class Scheduler {
   // Takes the next batch off the queue, waiting for partners as the options
   // allow. Empty when stopping with nothing left.
   std::vector<std::unique_ptr<Job>> NextBatch()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Moves the abandoned queued jobs into `dropped`, to be dropped unlocked.
+  void TakeAbandoned(std::vector<std::unique_ptr<Job>>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const SchedulerOptions options_;

@@ -584,8 +584,9 @@ int64_t AttentionEngineImpl::PagedWorkspaceBytes(
 
 absl::Status AttentionEngineImpl::RunLinear(dnnl::stream& stream,
                                             const LinearProblem& problem,
-                                            Precision precision) {
-  return internal::RunLinear(engine_, stream, problem, precision);
+                                            Precision precision,
+                                            const StopCheck& stop) {
+  return internal::RunLinear(engine_, stream, problem, precision, stop);
 }
 
 int64_t AttentionEngineImpl::SlabBudget() const {

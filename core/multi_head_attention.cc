@@ -172,7 +172,7 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
         stream,
         {q_rows, shape.embed_dim, width, query_input.data(), shape.embed_dim,
          weights.w_qkv.data(), OrNull(weights.b_qkv), projected.data(), width},
-        options.precision));
+        options.precision, options.stop));
     SetProjectedViews(shape, projected.data(), width, projected.data() + q_out,
                       width, &problem);
     Rotate(shape, weights, options, projected.data(), width,
@@ -195,7 +195,7 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
     for (const LinearProblem& projection : projections) {
       ATTNSERVE_RETURN_IF_ERROR(StopIfAsked(options));
       ATTNSERVE_RETURN_IF_ERROR(
-          RunLinear(stream, projection, options.precision));
+          RunLinear(stream, projection, options.precision, options.stop));
     }
     SetProjectedViews(shape, q, q_out, kv, kv_out, &problem);
     Rotate(shape, weights, options, q, q_out, kv, kv_out);
@@ -212,7 +212,7 @@ absl::Status AttentionEngineImpl::MultiHeadAttention(
                    {q_rows, context_out, shape.embed_dim, context.data(),
                     context_out, weights.w_o.data(), OrNull(weights.b_o),
                     outputs.output.data(), shape.embed_dim},
-                   options.precision);
+                   options.precision, options.stop);
 }
 
 }  // namespace attnserve::internal

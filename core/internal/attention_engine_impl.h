@@ -131,9 +131,10 @@ class AttentionEngineImpl final : public AttentionEngine {
   absl::Status RunSdpa(dnnl::stream& stream, const SdpaProblem& problem,
                        double flops);
 
-  // internal::RunLinear on the engine's oneDNN engine.
+  // internal::RunLinear on the engine's oneDNN engine, `stop` polled between
+  // runs of rows.
   absl::Status RunLinear(dnnl::stream& stream, const LinearProblem& problem,
-                         Precision precision);
+                         Precision precision, const StopCheck& stop);
 
   // The unfused path's bytes of scores per slab.
   int64_t SlabBudget() const;

@@ -28,9 +28,21 @@ struct LinearProblem {
 // nothing at kFloat32.
 int64_t LinearWorkspaceBytes(const LinearProblem& problem, Precision precision);
 
+// A run of rows holds about this many FLOPs (tens of milliseconds on two
+// cores), and at least kLinearMinRowsBetweenPolls rows, so that the GEMMs
+// keep their rate.
+inline constexpr int64_t kLinearFlopsBetweenPolls = int64_t{1} << 32;
+inline constexpr int64_t kLinearMinRowsBetweenPolls = 256;
+
+// The rows of `problem` RunLinear computes between polls of its stop check.
+int64_t LinearRowsBetweenPolls(const LinearProblem& problem);
+
 // Computes y. At kBFloat16, x and w are rounded to bf16 and accumulated in f32.
+// Rows go in runs of LinearRowsBetweenPolls, `stop` (if set) polled between
+// them: its error ends the call, the rows after it not computed.
 absl::Status RunLinear(const dnnl::engine& engine, dnnl::stream& stream,
-                       const LinearProblem& problem, Precision precision);
+                       const LinearProblem& problem, Precision precision,
+                       const StopCheck& stop = StopCheck());
 
 }  // namespace attnserve::internal
 

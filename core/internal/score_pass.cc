@@ -75,6 +75,7 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
   const int64_t group = shape.heads / shape.kv_heads;
   const int64_t lq = shape.query_len;
   const int64_t lk = shape.key_len;
+  const int64_t rows = slab.query_count;
   const AttentionMask* mask = options.mask ? &*options.mask : nullptr;
   const MaskStrides mask_strides =
       mask ? StridesOf(*mask) : MaskStrides{0, 0, 0, 0};
@@ -84,9 +85,9 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
   // One (batch item, query) per iteration, all heads of the slab inside it, so
   // that head-mean weights accumulate without races.
 #pragma omp parallel for schedule(static)
-  for (int64_t item = 0; item < slab.batch_count * lq; ++item) {
-    const int64_t local_batch = item / lq;
-    const int64_t i = item % lq;
+  for (int64_t item = 0; item < slab.batch_count * rows; ++item) {
+    const int64_t local_batch = item / rows;
+    const int64_t i = slab.first_query + item % rows;
     const int64_t b = slab.first_batch + local_batch;
     const RowKeys keys = VisibleKeys(shape, options, b, i);
     const int64_t position =
@@ -95,8 +96,8 @@ void SoftmaxScoreSlab(const AttentionShape& shape,
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = (slab.first_kv_head + local_kv) * group + g;
         const int64_t slab_row =
-            ((local_batch * slab.kv_head_count + local_kv) * group + g) * lq +
-            i;
+            ((local_batch * slab.kv_head_count + local_kv) * group + g) * rows +
+            i - slab.first_query;
         float* row = scores + slab_row * lk;
         const int64_t mask_offset = mask ? b * mask_strides.batch +
                                                h * mask_strides.head +

@@ -20,6 +20,8 @@ struct ScoreSlab {
   int64_t batch_count = 0;
   int64_t first_kv_head = 0;
   int64_t kv_head_count = 0;
+  int64_t first_query = 0;
+  int64_t query_count = 0;  // Rows of each head: [batch, kv, group, query].
 };
 
 // For every row of `scores` (already multiplied by the scale): applies the

@@ -22,21 +22,24 @@ namespace {
 using dnnl::memory;
 using Dims = memory::dims;
 
-// How many batch items and kv heads one slab covers.
+// How many batch items, kv heads and query rows one slab covers: every row
+// unless one kv head's group of heads is more than a slab.
 struct SlabExtent {
   int64_t batch_count;
   int64_t kv_head_count;
-  bool operator<(const SlabExtent& other) const {
-    return std::pair(batch_count, kv_head_count) <
-           std::pair(other.batch_count, other.kv_head_count);
-  }
+  int64_t query_count;
 };
 
-// Slabs are 5-D: [batches, kv heads, H / Hkv, length, feature]. The query heads
-// that share a kv head sit in the third dimension, and keys and values
+// The most scores a slab holds where one kv head's group allows fewer: the
+// call's stop check is polled between slabs, a few milliseconds apart at this
+// size (a 4M-score slab is about 1 GFLOP of each matmul at Dk 128).
+constexpr int64_t kScoresBetweenPolls = int64_t{1} << 22;
+
+// Slabs are 5-D: [batches, kv heads, H / Hkv, query rows, feature]. The query
+// heads that share a kv head sit in the third dimension, and keys and values
 // broadcast over it.
 Dims QueryDims(const AttentionShape& s, const SlabExtent& e, int64_t feature) {
-  return {e.batch_count, e.kv_head_count, s.heads / s.kv_heads, s.query_len,
+  return {e.batch_count, e.kv_head_count, s.heads / s.kv_heads, e.query_count,
           feature};
 }
 
@@ -106,26 +109,36 @@ std::string PlanKey(const SdpaProblem& p, const Operands& in,
   const AttentionShape& s = p.shape;
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &p.scale, sizeof(scale_bits));
-  return absl::StrCat(
-      e.batch_count, ",", e.kv_head_count, ":", s.heads, ",", s.kv_heads, ",",
-      s.query_len, ",", s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
-      static_cast<int>(in.input), ":", absl::StrJoin(in.query_strides, ","),
-      ":", absl::StrJoin(in.key_strides, ","), ":",
-      absl::StrJoin(in.value_strides, ","), ":",
-      absl::StrJoin(p.output_strides, ","), ":", scale_bits);
+  return absl::StrCat(e.batch_count, ",", e.kv_head_count, ",", e.query_count,
+                      ":", s.heads, ",", s.kv_heads, ",", s.query_len, ",",
+                      s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
+                      static_cast<int>(in.input), ":",
+                      absl::StrJoin(in.query_strides, ","), ":",
+                      absl::StrJoin(in.key_strides, ","), ":",
+                      absl::StrJoin(in.value_strides, ","), ":",
+                      absl::StrJoin(p.output_strides, ","), ":", scale_bits);
 }
 
+// The largest slab within the budget (and kScoresBetweenPolls, unless a whole
+// kv head's group fits in the budget but not in that): whole groups of kv
+// heads, then of batch items, as many as fit; or rows of one group, at least
+// one.
 SlabExtent FullSlabExtent(const AttentionShape& s, int64_t slab_budget_bytes,
                           Precision precision) {
   const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;
-  const int64_t group_bytes =
-      (s.heads / s.kv_heads) * s.query_len * s.key_len * per_score;
+  const int64_t row_bytes = (s.heads / s.kv_heads) * s.key_len * per_score;
+  const int64_t group_bytes = row_bytes * s.query_len;
+  const int64_t budget =
+      std::min(slab_budget_bytes, kScoresBetweenPolls * per_score);
+  if (group_bytes > budget) {
+    return {1, 1, std::clamp<int64_t>(budget / row_bytes, 1, s.query_len)};
+  }
   const int64_t kv_heads =
-      std::clamp<int64_t>(slab_budget_bytes / group_bytes, 1, s.kv_heads);
-  if (kv_heads < s.kv_heads) return {1, kv_heads};
-  const int64_t batches = std::clamp<int64_t>(
-      slab_budget_bytes / (group_bytes * s.kv_heads), 1, s.batch);
-  return {batches, s.kv_heads};
+      std::clamp<int64_t>(budget / group_bytes, 1, s.kv_heads);
+  if (kv_heads < s.kv_heads) return {1, kv_heads, s.query_len};
+  const int64_t batches =
+      std::clamp<int64_t>(budget / (group_bytes * s.kv_heads), 1, s.batch);
+  return {batches, s.kv_heads, s.query_len};
 }
 
 const void* Offset(const void* base, MatmulInput input, int64_t elements) {
@@ -145,7 +158,8 @@ std::optional<int64_t> UnfusedWorkspaceBytes(const AttentionShape& s,
       CheckedProduct({s.heads / s.kv_heads, s.query_len, s.key_len, per_score});
   if (!group_bytes) return std::nullopt;
   const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
-  int64_t total = *group_bytes * full.batch_count * full.kv_head_count;
+  int64_t total = (s.heads / s.kv_heads) * full.query_count * s.key_len *
+                  per_score * full.batch_count * full.kv_head_count;
   const MatmulInput input = MatmulInputFor(precision);
   if (input != MatmulInput::kF32) {
     // Packed bf16-precision copies of Q, K and V (products checked by the
@@ -235,7 +249,7 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
     }
 
     const SlabExtent full = FullSlabExtent(s, slab_budget_bytes, precision);
-    const int64_t slab_scores = (s.heads / s.kv_heads) * s.query_len *
+    const int64_t slab_scores = (s.heads / s.kv_heads) * full.query_count *
                                 s.key_len * full.batch_count *
                                 full.kv_head_count;
     // Uninitialised: the first matmul writes every score before it is read.
@@ -246,51 +260,58 @@ absl::Status RunUnfusedAttention(const dnnl::engine& engine,
 
     for (int64_t b = 0; b < s.batch && !stopper.stopped();
          b += full.batch_count) {
-      for (int64_t kv = 0; kv < s.kv_heads; kv += full.kv_head_count) {
-        if (stopper.ShouldStop()) break;
-        const SlabExtent extent{std::min(full.batch_count, s.batch - b),
-                                std::min(full.kv_head_count, s.kv_heads - kv)};
-        const std::shared_ptr<const SlabPlan> cached = cache.GetOrCreate(
-            PlanKey(p, in, extent),
-            [&] { return MakeSlabPlan(engine, p, in, extent); });
-        const SlabPlan& plan = *cached;
-        const int64_t group = s.heads / s.kv_heads;
-        const Strides4& qs = in.query_strides;
-        const Strides4& ks = in.key_strides;
-        const Strides4& vs = in.value_strides;
-        memory query_mem(plan.query_md, engine,
-                         Mutable(Offset(in.query, in.input,
-                                        b * qs[0] + kv * group * qs[1])));
-        memory key_mem(
-            plan.key_t_md, engine,
-            Mutable(Offset(in.key, in.input, b * ks[0] + kv * ks[1])));
-        memory value_mem(
-            plan.value_md, engine,
-            Mutable(Offset(in.value, in.input, b * vs[0] + kv * vs[1])));
-        memory scores_mem(plan.scores_md, engine, scores.get());
-        memory probabilities_mem(
-            plan.probabilities_md, engine,
-            bf16 ? static_cast<void*>(probabilities.data()) : scores.get());
-        const memory scratchpad_mem(plan.scratchpad_md, engine);
+      for (int64_t kv = 0; kv < s.kv_heads && !stopper.stopped();
+           kv += full.kv_head_count) {
+        for (int64_t q = 0; q < s.query_len; q += full.query_count) {
+          if (stopper.ShouldStop()) break;
+          const SlabExtent extent{std::min(full.batch_count, s.batch - b),
+                                  std::min(full.kv_head_count, s.kv_heads - kv),
+                                  std::min(full.query_count, s.query_len - q)};
+          const std::shared_ptr<const SlabPlan> cached = cache.GetOrCreate(
+              PlanKey(p, in, extent),
+              [&] { return MakeSlabPlan(engine, p, in, extent); });
+          const SlabPlan& plan = *cached;
+          const int64_t group = s.heads / s.kv_heads;
+          const Strides4& qs = in.query_strides;
+          const Strides4& ks = in.key_strides;
+          const Strides4& vs = in.value_strides;
+          memory query_mem(
+              plan.query_md, engine,
+              Mutable(Offset(in.query, in.input,
+                             b * qs[0] + kv * group * qs[1] + q * qs[2])));
+          memory key_mem(
+              plan.key_t_md, engine,
+              Mutable(Offset(in.key, in.input, b * ks[0] + kv * ks[1])));
+          memory value_mem(
+              plan.value_md, engine,
+              Mutable(Offset(in.value, in.input, b * vs[0] + kv * vs[1])));
+          memory scores_mem(plan.scores_md, engine, scores.get());
+          memory probabilities_mem(
+              plan.probabilities_md, engine,
+              bf16 ? static_cast<void*>(probabilities.data()) : scores.get());
+          const memory scratchpad_mem(plan.scratchpad_md, engine);
 
-        plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
-                                     {DNNL_ARG_WEIGHTS, key_mem},
-                                     {DNNL_ARG_DST, scores_mem},
-                                     {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
-        stream.wait();
-        SoftmaxScoreSlab(
-            s, *p.options,
-            ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count},
-            scores.get(), input, bf16 ? probabilities.data() : nullptr,
-            p.weights, p.lse);
-        if (p.output == nullptr) continue;  // The weights and lse only.
-        const Strides4& os = p.output_strides;
-        memory output_mem(plan.output_md, engine,
-                          p.output + b * os[0] + kv * group * os[1]);
-        plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
-                                      {DNNL_ARG_WEIGHTS, value_mem},
-                                      {DNNL_ARG_DST, output_mem},
-                                      {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
+          plan.scores.execute(stream, {{DNNL_ARG_SRC, query_mem},
+                                       {DNNL_ARG_WEIGHTS, key_mem},
+                                       {DNNL_ARG_DST, scores_mem},
+                                       {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
+          stream.wait();
+          SoftmaxScoreSlab(
+              s, *p.options,
+              ScoreSlab{b, extent.batch_count, kv, extent.kv_head_count, q,
+                        extent.query_count},
+              scores.get(), input, bf16 ? probabilities.data() : nullptr,
+              p.weights, p.lse);
+          if (p.output == nullptr) continue;  // The weights and lse only.
+          const Strides4& os = p.output_strides;
+          memory output_mem(
+              plan.output_md, engine,
+              p.output + b * os[0] + kv * group * os[1] + q * os[2]);
+          plan.context.execute(stream, {{DNNL_ARG_SRC, probabilities_mem},
+                                        {DNNL_ARG_WEIGHTS, value_mem},
+                                        {DNNL_ARG_DST, output_mem},
+                                        {DNNL_ARG_SCRATCHPAD, scratchpad_mem}});
+        }
       }
     }
     stream.wait();

@@ -146,17 +146,79 @@ TEST(AttentionEngineTest, SplitsWorkIntoSlabsThatFitTheWorkspace) {
 }
 
 TEST(AttentionEngineTest, RejectsWorkspaceOverLimitBeforeComputing) {
-  // Unfused, the 64x64 scores need 16 KiB.
-  const AttentionShape shape = SdpaShape(1, 1, 1, 64, 64, 1, 1);
+  // Unfused, the least slab is one query row of the 4 heads sharing a kv
+  // head: 4 x 1024 scores, 16 KiB.
+  const AttentionShape shape = SdpaShape(1, 4, 1, 8, 1024, 1, 1);
   EngineOptions options;
   options.kernel = AttentionKernel::kUnfused;
-  options.max_workspace_bytes = 64 * 64 * 4 - 1;
-  std::vector<float> query(64), key(64), value(64), output(64);
+  options.max_workspace_bytes = 4 * 1024 * 4 - 1;
+  std::vector<float> query(32), key(1024), value(1024), output(32);
   const absl::Status status = MakeEngine(options)->Attend(
       shape, {}, query, key, value, absl::MakeSpan(output));
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(status.message(), HasSubstr("16384 bytes"));
   EXPECT_THAT(status.message(), HasSubstr("16383"));
+}
+
+// Slabs of a few query rows (a workspace smaller than a kv head's group of
+// scores) give what whole groups give, with every option the score pass
+// takes row by row: causality, key_lengths, a per-head mask, the lse and
+// both kinds of weights.
+TEST(AttentionEngineTest, UnfusedSlabsOfQueryRowsEqualWholeGroups) {
+  const AttentionShape shape = SdpaShape(2, 4, 2, 37, 50, 8, 8);
+  const std::vector<float> query = RandomValues(shape.QueryElements(), 61);
+  const std::vector<float> key = RandomValues(shape.KeyElements(), 62);
+  const std::vector<float> value = RandomValues(shape.ValueElements(), 63);
+  const std::vector<int64_t> lengths = {50, 31};
+  std::vector<uint8_t> allowed(4 * 37 * 50);
+  for (size_t i = 0; i < allowed.size(); ++i) allowed[i] = i % 7 != 3;
+  EngineOptions rows_options;
+  rows_options.kernel = AttentionKernel::kUnfused;
+  rows_options.max_workspace_bytes = 1 << 10;  // 2 rows of 2 heads x 50.
+  EngineOptions groups_options = rows_options;
+  groups_options.max_workspace_bytes = 1 << 20;
+  std::unique_ptr<AttentionEngine> rows = MakeEngine(rows_options);
+  std::unique_ptr<AttentionEngine> groups = MakeEngine(groups_options);
+  for (const AttentionWeightsMode mode :
+       {AttentionWeightsMode::kPerHead, AttentionWeightsMode::kHeadMean}) {
+    AttentionOptions options;
+    options.causal = true;
+    options.causal_alignment = CausalAlignment::kBottomRight;
+    options.key_lengths = lengths;
+    AttentionMask mask;
+    mask.dims = {1, 4, 37, 50};
+    mask.allowed = allowed.data();
+    options.mask = mask;
+    options.return_lse = true;
+    options.weights = mode;
+    const int64_t weights_size = mode == AttentionWeightsMode::kPerHead
+                                     ? shape.WeightsElements()
+                                     : shape.HeadMeanWeightsElements();
+    std::vector<float> output[2], lse[2], weights[2];
+    int run = 0;
+    for (AttentionEngine* engine : {rows.get(), groups.get()}) {
+      output[run].assign(shape.OutputElements(), 0.0f);
+      lse[run].assign(shape.LseElements(), 0.0f);
+      weights[run].assign(weights_size, 0.0f);
+      ASSERT_TRUE(engine
+                      ->Attend(shape, options, query, key, value,
+                               AttentionOutputs(absl::MakeSpan(output[run]),
+                                                absl::MakeSpan(weights[run]),
+                                                absl::MakeSpan(lse[run])))
+                      .ok());
+      ++run;
+    }
+    for (size_t i = 0; i < output[0].size(); ++i) {
+      ASSERT_NEAR(output[0][i], output[1][i], 1e-6) << "output " << i;
+    }
+    for (size_t i = 0; i < lse[0].size(); ++i) {
+      if (lse[0][i] == lse[1][i]) continue;  // −inf: a row that sees no key.
+      ASSERT_NEAR(lse[0][i], lse[1][i], 1e-6) << "lse " << i;
+    }
+    for (size_t i = 0; i < weights[0].size(); ++i) {
+      ASSERT_NEAR(weights[0][i], weights[1][i], 1e-6) << "weights " << i;
+    }
+  }
 }
 
 TEST(AttentionEngineTest, RejectsSpansThatDoNotMatchTheShape) {
@@ -661,6 +723,26 @@ TEST(StopCheckTest, UnfusedAttendStopsBetweenSlabs) {
   ASSERT_TRUE(AttendWithStop(*engine, shape, never.Check(), &polled).ok());
   EXPECT_EQ(plain, polled);
   EXPECT_EQ(never.polls.load(), 4);  // Four slabs.
+  CountingStop second(2);
+  EXPECT_EQ(AttendWithStop(*engine, shape, second.Check(), &stopped).code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(second.polls.load(), 2);
+}
+
+// Where one kv head's group of scores is more than a slab (4M scores, or the
+// workspace), slabs take some of its query rows, and the path polls between
+// them.
+TEST(StopCheckTest, UnfusedAttendStopsBetweenRowsOfOneGroup) {
+  EngineOptions options;
+  options.kernel = AttentionKernel::kUnfused;
+  options.max_workspace_bytes = int64_t{1} << 30;
+  std::unique_ptr<AttentionEngine> engine = MakeEngine(options);
+  // 8M scores: two slabs of 2048 rows.
+  const AttentionShape shape = SdpaShape(1, 1, 1, 4096, 2048, 16, 16);
+  std::vector<float> polled, stopped;
+  CountingStop never(std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(AttendWithStop(*engine, shape, never.Check(), &polled).ok());
+  EXPECT_EQ(never.polls.load(), 2);
   CountingStop second(2);
   EXPECT_EQ(AttendWithStop(*engine, shape, second.Check(), &stopped).code(),
             absl::StatusCode::kCancelled);

@@ -13,6 +13,7 @@
 #include "attnserve/core/attention_engine.h"
 #include "core/sdpa_shape.h"
 #include "gtest/gtest.h"
+#include "internal/linear.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "reference/reference_attention.h"
 #include "reference/tolerance.h"
@@ -34,6 +35,70 @@ using ::attnserve::testing::ReferenceResult;
 using ::attnserve::testing::ReferenceShape;
 using ::attnserve::testing::SdpaShape;
 using dnnl::memory;
+
+// RunLinear computes its rows in runs (512 rows here, of 2 · 2048 · 2048
+// FLOPs each), polling the stop check between runs: every row, the last
+// partial run's included, is x wᵀ + b; a check that says stop at its second
+// poll leaves the third run's rows unwritten.
+TEST(RunLinearTest, PollsBetweenRunsOfRowsAndStops) {
+  internal::LinearProblem p;
+  p.rows = 1100;
+  p.in = p.out = 2048;
+  ASSERT_EQ(internal::LinearRowsBetweenPolls(p), 512);
+  const std::vector<float> x = RandomValues(p.rows * p.in, 71);
+  const std::vector<float> w = RandomValues(p.out * p.in, 72);
+  const std::vector<float> bias = RandomValues(p.out, 73);
+  p.x = x.data();
+  p.x_stride = p.in;
+  p.w = w.data();
+  p.bias = bias.data();
+  p.y_stride = p.out;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  for (const Precision precision :
+       {Precision::kFloat32, Precision::kBFloat16}) {
+    SCOPED_TRACE(precision == Precision::kBFloat16 ? "bf16" : "f32");
+    std::vector<float> y(p.rows * p.out, -7.0f);
+    p.y = y.data();
+    dnnl::stream stream(engine);
+    int polls = 0;
+    ASSERT_TRUE(internal::RunLinear(engine, stream, p, precision, [&polls] {
+                  ++polls;
+                  return absl::OkStatus();
+                }).ok());
+    EXPECT_EQ(polls, 2);
+    const auto round = [precision](float v) {
+      if (precision == Precision::kFloat32) return static_cast<double>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+      float rounded;
+      std::memcpy(&rounded, &bits, 4);
+      return static_cast<double>(rounded);
+    };
+    for (const int64_t row : {int64_t{0}, int64_t{511}, int64_t{512},
+                              int64_t{1023}, int64_t{1024}, int64_t{1099}}) {
+      for (const int64_t col : {int64_t{0}, int64_t{777}, int64_t{2047}}) {
+        double expected = bias[col];
+        for (int64_t k = 0; k < p.in; ++k) {
+          expected += round(x[row * p.in + k]) * round(w[col * p.in + k]);
+        }
+        ASSERT_NEAR(y[row * p.out + col], expected, 1e-3)
+            << "row " << row << " col " << col;
+      }
+    }
+    std::fill(y.begin(), y.end(), -7.0f);
+    polls = 0;
+    const absl::Status stopped =
+        internal::RunLinear(engine, stream, p, precision, [&polls] {
+          return ++polls >= 2 ? absl::CancelledError("stopped by the test")
+                              : absl::OkStatus();
+        });
+    EXPECT_EQ(stopped.code(), absl::StatusCode::kCancelled) << stopped;
+    EXPECT_NE(y[1023 * p.out], -7.0f);
+    EXPECT_EQ(y[1024 * p.out], -7.0f);
+    EXPECT_EQ(y[1099 * p.out + 2047], -7.0f);
+  }
+}
 
 TEST(AvoidsAmxBf16MatmulTest, EveryReductionThatIsNotWholeTileRows) {
   struct Case {

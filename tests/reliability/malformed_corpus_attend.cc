@@ -392,9 +392,11 @@ std::vector<MalformedCase> LimitCases() {
           kExhausted,
           {"the response (output, weights, framing) would need 4510720 bytes",
            "limit of 4194304"}),
+      // The unfused kernel's least slab, one query row of the 64 heads
+      // sharing a kv head: 64 x 131072 scores, 32 MiB.
       Attend("ScoresOverWorkspaceLimit",
              [](Request& r) {
-               Shapes(r, {1, 1, 4096, 1}, {1, 1, 2048, 1}, {1, 1, 2048, 1});
+               Shapes(r, {1, 64, 2, 1}, {1, 1, 131072, 1}, {1, 1, 131072, 1});
              },
              kExhausted,
              {"needs 33554432 bytes of scratch",

@@ -12,16 +12,17 @@
 
 namespace attnserve::internal {
 
-// A slab: batch items [first_batch, first_batch + batch_count) and kv heads
-// [first_kv_head, first_kv_head + kv_head_count), whose scores are packed as
-// [batch_count, kv_head_count, H / Hkv, Lq, Lk].
+// A slab: batch items [first_batch, first_batch + batch_count), kv heads
+// [first_kv_head, first_kv_head + kv_head_count) and query rows
+// [first_query, first_query + query_count), whose scores are packed as
+// [batch_count, kv_head_count, H / Hkv, query_count, Lk].
 struct ScoreSlab {
   int64_t first_batch = 0;
   int64_t batch_count = 0;
   int64_t first_kv_head = 0;
   int64_t kv_head_count = 0;
   int64_t first_query = 0;
-  int64_t query_count = 0;  // Rows of each head: [batch, kv, group, query].
+  int64_t query_count = 0;
 };
 
 // For every row of `scores` (already multiplied by the scale): applies the

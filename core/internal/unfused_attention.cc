@@ -119,10 +119,9 @@ std::string PlanKey(const SdpaProblem& p, const Operands& in,
                       absl::StrJoin(p.output_strides, ","), ":", scale_bits);
 }
 
-// The largest slab within the budget (and kScoresBetweenPolls, unless a whole
-// kv head's group fits in the budget but not in that): whole groups of kv
-// heads, then of batch items, as many as fit; or rows of one group, at least
-// one.
+// The largest slab within the budget and kScoresBetweenPolls: whole groups
+// of kv heads, then of batch items, as many as fit; where one kv head's group
+// is more, rows of its queries, at least one.
 SlabExtent FullSlabExtent(const AttentionShape& s, int64_t slab_budget_bytes,
                           Precision precision) {
   const int64_t per_score = precision == Precision::kBFloat16 ? 6 : 4;

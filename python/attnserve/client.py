@@ -370,20 +370,25 @@ class Client:
         in the order sent: answer is an AttendResult, or, for a request the server refused or
         failed, an AttnserveError (yielded, not raised: the stream goes on). The stream is
         not retried. Raises AttnserveError if the stream itself fails (its deadline, `timeout`
-        for the whole stream, passes; the server drains; the client is closed), and
-        TypeError if `requests` yields something other than an AttendRequest."""
+        for the whole stream, passes; the server drains; the client is closed), TypeError if
+        `requests` yields something other than an AttendRequest, and whatever `requests`
+        itself raises (the stream is cancelled then, answers not yet read lost)."""
         deadline = self._timeout if timeout is None else _seconds(timeout, "timeout")
         refused = []
 
         def checked():
-            for index, request in enumerate(requests):
-                if not isinstance(request, pb2.AttendRequest):
-                    refused.append(TypeError(
-                        f"requests[{index}] is a {type(request).__name__}, expected an "
-                        "AttendRequest (Client.attend_request builds one)"))
-                    call.cancel()
-                    return
-                yield request
+            # gRPC reads this on a thread of its own, where an exception would be lost:
+            # it is kept, the call cancelled, and the caller gets it instead.
+            try:
+                for index, request in enumerate(requests):
+                    if not isinstance(request, pb2.AttendRequest):
+                        raise TypeError(
+                            f"requests[{index}] is a {type(request).__name__}, expected an "
+                            "AttendRequest (Client.attend_request builds one)")
+                    yield request
+            except Exception as error:  # pylint: disable=broad-except
+                refused.append(error)
+                call.cancel()
 
         try:
             call = self._stub.AttendStream(checked(), timeout=deadline,

@@ -82,6 +82,13 @@ def test_attend_stream_refuses_what_is_not_a_request_and_a_closed_client(server)
     good = client.attend_request(q, q, q)
     with pytest.raises(TypeError, match=r"requests\[1\] is a str, expected an AttendRequest"):
         list(client.attend_stream([good, "not a request"]))
+
+    def failing():
+        yield good
+        raise KeyError("the caller's own")
+
+    with pytest.raises(KeyError, match="the caller's own"):
+        list(client.attend_stream(failing()))
     # A consumer that stops early ends the stream; the client goes on.
     stream = client.attend_stream(iter([good] * 3))
     assert next(stream)[0] == 0

@@ -528,6 +528,18 @@ void SessionStore::Release(Account* account, std::shared_ptr<Page>* page) {
   page->reset();
 }
 
+namespace {
+
+// A layer's lost_end once it holds `length` keys: kept (clipped) while the
+// page where it falls is still the layer's; 0 once that page is gone, so
+// that it never lands in an earlier page, whose keys are all held.
+int64_t LostEndAt(int64_t lost_end, int64_t length, int64_t page_tokens) {
+  const int64_t lost_page = lost_end / page_tokens * page_tokens;
+  return length > lost_page ? std::min(lost_end, length) : 0;
+}
+
+}  // namespace
+
 int64_t WindowStart(const SessionConfig& config, int64_t position) {
   return config.window_left < 0
              ? 0
@@ -780,7 +792,7 @@ absl::StatusOr<SessionDescription> SessionStore::Fork(
     const Session::Layer& from = (*parent)->layers[l];
     Session::Layer& to = child->layers[l];
     to.length = std::min(from.length, length.value_or(from.length));
-    to.lost_end = std::min(from.lost_end, to.length);
+    to.lost_end = LostEndAt(from.lost_end, to.length, page_tokens);
     const int64_t pages = (to.length + page_tokens - 1) / page_tokens;
     for (int64_t p = 0; p < pages; ++p) {
       to.pages.push_back(from.pages[static_cast<size_t>(p)]);
@@ -812,7 +824,7 @@ absl::StatusOr<SessionDescription> SessionStore::Truncate(
   const int64_t page_tokens = (*session)->layout.page_tokens;
   for (Session::Layer& layer : (*session)->layers) {
     layer.length = std::min(layer.length, length);
-    layer.lost_end = std::min(layer.lost_end, layer.length);
+    layer.lost_end = LostEndAt(layer.lost_end, layer.length, page_tokens);
     const size_t keep =
         static_cast<size_t>((layer.length + page_tokens - 1) / page_tokens);
     while (layer.pages.size() > keep) {

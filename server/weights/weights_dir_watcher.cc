@@ -117,6 +117,9 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
                                          const std::string& fingerprint) {
   Seen& seen = seen_[name];
   seen.fingerprint = fingerprint;
+  // Set again below if this read is refused for room; any other outcome
+  // waits for the folder to change.
+  seen.refused_for_room_at = -1;
   absl::StatusOr<v1::PutWeightsRequest> request =
       ReadWeightsFolder(folder, max_file_bytes_);
   if (!request.ok()) return request.status();
@@ -147,7 +150,6 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
   const int64_t held_before = registry_->List("", 0).total_bytes;
   const absl::Status put =
       PutWeightsInto(*registry_, *request, version).status();
-  seen.refused_for_room_at = -1;
   if (absl::IsResourceExhausted(put)) {
     // A set over the whole limit waits for its folder to change instead.
     const absl::StatusOr<WeightsShape> shape =

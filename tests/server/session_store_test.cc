@@ -322,6 +322,19 @@ TEST(SessionStoreWindowTest, AnAppendIntoAFreedPageLosesOnlyThatPagesKeys) {
                                    "+ 1 keys); nothing was appended or "
                                    "computed"));
   EXPECT_EQ(length, 22);
+  // Truncated (and forked) back into the sinks' page, before the replaced
+  // page: its lost keys go with it, and the sinks' page's keys stay held.
+  const absl::StatusOr<SessionDescription> forked =
+      store.Fork("alice", id, 5, absl::ZeroDuration());
+  ASSERT_TRUE(forked.ok()) << forked.status();
+  ASSERT_TRUE(store.Truncate("alice", id, 5).ok());
+  for (const std::string& session : {id, forked->id}) {
+    absl::StatusOr<SessionStore::Pin> held = store.Acquire("alice", session);
+    ASSERT_TRUE(held.ok()) << held.status();
+    view = store.AppendAndView(*held, 0, 5, one, 1, &length);
+    EXPECT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(store.Truncate("alice", session, 4).ok());
+  }
 }
 
 // A session is idle from its last step's end: one step that computed longer

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -63,11 +64,22 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials(
   return grpc::SslCredentials(ssl);
 }
 
+// A message over a max_message_bytes limit, the client's or the server's,
+// as gRPC reports it: the same call would meet the same limit again.
+bool OverMessageLimit(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+         (absl::StartsWith(status.error_message(),
+                           "Received message larger than max") ||
+          absl::StartsWith(status.error_message(),
+                           "Sent message larger than max"));
+}
+
 bool IsRetryable(const RetryPolicy& policy, const grpc::Status& status) {
   return (policy.retry_unavailable &&
           status.error_code() == grpc::StatusCode::UNAVAILABLE) ||
          (policy.retry_resource_exhausted &&
-          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ||
+          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          !OverMessageLimit(status)) ||
          (policy.retry_cancelled_by_server &&
           status.error_code() == grpc::StatusCode::CANCELLED);
 }

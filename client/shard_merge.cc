@@ -48,8 +48,18 @@ void MergeByLse(const std::vector<std::vector<float>>& outputs,
   std::vector<double> row(static_cast<size_t>(value_dim));
   for (int64_t r = 0; r < rows; ++r) {
     double max_lse = -kInfinity;
+    bool nan = false;
     for (const auto& part_lse : lses) {
       max_lse = std::max<double>(max_lse, part_lse[r]);
+      nan = nan || std::isnan(part_lse[r]);
+    }
+    if (nan) {
+      // A NaN row (a NaN query, say) in any shard is NaN in the whole call,
+      // as one call over every key gives it.
+      constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+      std::fill_n(output->begin() + r * value_dim, value_dim, kNan);
+      (*lse)[r] = kNan;
+      continue;
     }
     if (max_lse == -kInfinity) {
       (*lse)[r] = -std::numeric_limits<float>::infinity();

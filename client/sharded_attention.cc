@@ -5,10 +5,12 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/checked_math.h"
 #include "attnserve/proto/tensors.h"
 #include "shard_merge.h"
 
@@ -17,10 +19,17 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-int64_t Product(const v1::Tensor& tensor, int from, int to) {
-  int64_t product = 1;
-  for (int d = from; d < to; ++d) product *= tensor.shape(d);
-  return product;
+// The product of dimensions [from, to) and `factor`; nullopt for a negative
+// dimension or past 2^63.
+std::optional<int64_t> Product(const v1::Tensor& tensor, int from, int to,
+                               int64_t factor = 1) {
+  std::vector<int64_t> factors(tensor.shape().begin() + from,
+                               tensor.shape().begin() + to);
+  factors.push_back(factor);
+  for (const int64_t f : factors) {
+    if (f < 0) return std::nullopt;
+  }
+  return CheckedProduct(factors);
 }
 
 // The user's mask broadcast to [B, H, Lq, Lk]: its additive value at (b, h, i,
@@ -55,12 +64,12 @@ struct Dims {
 };
 
 absl::Status Validate(const v1::AttendRequest& request, int shards,
-                      size_t clients) {
+                      size_t clients, int64_t max_message_bytes) {
   for (const v1::Tensor* tensor :
        {&request.query(), &request.key(), &request.value()}) {
     if (tensor->shape_size() != 4 || DTypeBytes(tensor->dtype()) == 1 ||
-        static_cast<int64_t>(tensor->data().size()) !=
-            Product(*tensor, 0, 4) * DTypeBytes(tensor->dtype())) {
+        Product(*tensor, 0, 4, DTypeBytes(tensor->dtype())) !=
+            static_cast<int64_t>(tensor->data().size())) {
       return absl::InvalidArgumentError(
           "query, key and value must be float tensors of rank 4 whose bytes "
           "match their shapes");
@@ -84,8 +93,8 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
       const int64_t dim = mask.shape(d);
       valid = dim == 1 || dim == full[4 - rank + d];
     }
-    if (!valid || static_cast<int64_t>(mask.data().size()) !=
-                      Product(mask, 0, rank) * DTypeBytes(mask.dtype())) {
+    if (!valid || Product(mask, 0, rank, DTypeBytes(mask.dtype())) !=
+                      static_cast<int64_t>(mask.data().size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "options.attn_mask must be BOOL or a float dtype, of rank 1 to 4, "
           "each dimension 1 or [B, H, Lq, Lk] = [",
@@ -103,6 +112,40 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
     return absl::InvalidArgumentError(
         absl::StrCat("shards is ", shards, ", expected 1 to ",
                      request.key().shape(2), " (Lk)"));
+  }
+  // What the widest shard's request holds, the mask built for causality
+  // included ([B, H, Lq, width] floats with a mask of the caller's, [B or
+  // 1, 1, Lq, width] bools without), against what a client sends: checked
+  // before any of it is built.
+  const int64_t width = (full[3] + shards - 1) / shards;
+  const int64_t mask_batches =
+      options.causal_alignment() == v1::AttentionOptions::BOTTOM_RIGHT &&
+              options.key_lengths_size() > 0
+          ? full[0]
+          : 1;
+  const std::optional<int64_t> mask_bytes =
+      !options.causal()
+          ? std::optional<int64_t>(options.attn_mask().ByteSizeLong())
+      : options.has_attn_mask()
+          ? CheckedProduct({full[0], full[1], full[2], width, 4})
+          : CheckedProduct({mask_batches, full[2], width});
+  const std::optional<int64_t> shard_bytes = CheckedSum(
+      {static_cast<int64_t>(request.query().data().size()),
+       CheckedProduct({static_cast<int64_t>(request.key().data().size()) /
+                           std::max<int64_t>(full[3], 1),
+                       width}),
+       CheckedProduct({static_cast<int64_t>(request.value().data().size()) /
+                           std::max<int64_t>(full[3], 1),
+                       width}),
+       mask_bytes});
+  if (!shard_bytes || *shard_bytes > max_message_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a shard's request would hold ",
+                     shard_bytes ? absl::StrCat(*shard_bytes, " bytes")
+                                 : std::string("more than 2^63 bytes"),
+                     ", over the client's max_message_bytes of ",
+                     max_message_bytes, "; use more shards",
+                     options.causal() ? " (causality is sent as a mask)" : ""));
   }
   if (request.options().return_weights() != v1::AttentionOptions::NONE) {
     return absl::InvalidArgumentError(
@@ -191,7 +234,9 @@ v1::AttendRequest ShardRequest(const v1::AttendRequest& request, const Dims& d,
 absl::StatusOr<v1::AttendResponse> ShardedAttend(
     absl::Span<Client* const> clients, const v1::AttendRequest& request,
     int shards, absl::Duration timeout) {
-  const absl::Status valid = Validate(request, shards, clients.size());
+  const absl::Status valid =
+      Validate(request, shards, clients.size(),
+               clients.empty() ? 0 : clients[0]->options().max_message_bytes);
   if (!valid.ok()) return valid;
   const Dims d{request.query().shape(0), request.query().shape(1),
                request.query().shape(2), request.key().shape(2),

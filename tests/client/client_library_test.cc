@@ -261,6 +261,31 @@ TEST(ClientRetryTest, NeverRetriesOtherCodesOrPastMaxAttempts) {
   EXPECT_EQ(unavailable.calls(), 3u);
 }
 
+// A message over a max_message_bytes limit meets it again on every attempt:
+// the client's own (its request, or the answer it would receive) is never
+// retried, though RESOURCE_EXHAUSTED otherwise is.
+TEST(ClientRetryTest, NeverRetriesAMessageOverALimit) {
+  FakeAttentionService service(
+      std::vector<grpc::StatusCode>(10, grpc::StatusCode::OK));
+  FakeServer server(&service);
+  ClientOptions options;
+  options.retry.max_attempts = 5;
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  options.max_message_bytes = 1024;
+  v1::AttendRequest large;
+  *large.mutable_query() =
+      MakeFloat32Tensor({1, 1, 1, 1024}, std::vector<float>(1024, 1.0f));
+  int attempts = 0;
+  const absl::Status status = Connect(server.target(), options)
+                                  ->Attend(large, kTimeout, &attempts)
+                                  .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Sent message larger than max"));
+  EXPECT_EQ(attempts, 1);
+  EXPECT_EQ(service.calls(), 0u);
+}
+
 TEST(ClientRetryTest, RetriesStopAtTheDeadline) {
   FakeAttentionService service(
       std::vector<grpc::StatusCode>(100, grpc::StatusCode::UNAVAILABLE));
@@ -475,6 +500,48 @@ TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
     EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument)
         << refused.message();
   }
+  // Dimensions whose product passes 2^63 (and wraps to the empty data's 0
+  // bytes) are refused, as is a shard whose request (with the causal mask
+  // the client builds) would pass the client's max_message_bytes: nothing
+  // that large is built.
+  v1::AttendRequest wrapping = RandomRequest(1, 1, 1, 1, 4, 4, 4, 53);
+  wrapping.mutable_query()->set_shape(0, int64_t{1} << 62);
+  wrapping.mutable_query()->set_shape(1, 4);
+  wrapping.mutable_query()->set_shape(3, 1);
+  wrapping.mutable_query()->clear_data();
+  EXPECT_EQ(ShardedAttend(replicas, wrapping, 2, kTimeout).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::AttendRequest wide = RandomRequest(1, 1, 1, 8192, 8192, 1, 1, 54);
+  *wide.mutable_options()->mutable_attn_mask() =
+      MakeFloat32Tensor({8192}, std::vector<float>(8192, 0.0f));
+  wide.mutable_options()->set_causal(true);
+  const absl::Status too_wide =
+      ShardedAttend(replicas, wide, 2, kTimeout).status();
+  EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument) << too_wide;
+  EXPECT_THAT(std::string(too_wide.message()),
+              HasSubstr("over the client's max_message_bytes"));
+}
+
+// A NaN query row is NaN in the merged answer, output and lse, as in one
+// call over every key, not a row that saw no key.
+TEST_F(ClientServerTest, ShardedAttendKeepsANanRowNan) {
+  v1::AttendRequest request = RandomRequest(1, 1, 1, 3, 8, 4, 4, 55);
+  std::vector<float> query = FloatValues(request.query()).value();
+  query[4] = std::nanf("");  // Row 1.
+  *request.mutable_query() = MakeFloat32Tensor({1, 1, 3, 4}, query);
+  request.mutable_options()->set_return_lse(true);
+  std::vector<Client*> replicas = {client_.get(), client_.get()};
+  const absl::StatusOr<v1::AttendResponse> merged =
+      ShardedAttend(replicas, request, 2, kTimeout);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const std::vector<float> output = FloatValues(merged->output()).value();
+  const std::vector<float> lse = FloatValues(merged->lse()).value();
+  for (int64_t v = 0; v < 4; ++v) {
+    EXPECT_TRUE(std::isnan(output[4 + v])) << v;
+    EXPECT_FALSE(std::isnan(output[v])) << v;
+  }
+  EXPECT_TRUE(std::isnan(lse[1]));
+  EXPECT_TRUE(std::isfinite(lse[0]));
 }
 
 TEST_F(ClientServerTest, AsyncAndFutureCallsMatchSyncOnes) {

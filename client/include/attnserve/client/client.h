@@ -41,7 +41,9 @@
 namespace attnserve {
 
 // Retries of the synchronous calls: UNAVAILABLE (no server took the call),
-// RESOURCE_EXHAUSTED (the server refused it before computing), CANCELLED (the
+// RESOURCE_EXHAUSTED (the server refused it before computing; never a message
+// over a max_message_bytes limit, the client's or the server's, which the same
+// call would meet again), CANCELLED (the
 // server's side cancelled it) and, for a MultiHeadAttention naming a
 // weights_version, FAILED_PRECONDITION, each as its switch below says, with
 // exponential backoff and jitter, and never past the call's deadline.
@@ -224,6 +226,9 @@ class Client {
   // Asks grpc.health.v1.Health about `service` ("" for the server as a whole).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
   CheckHealth(absl::string_view service, absl::Duration timeout);
+
+  // The options the client was made with.
+  const ClientOptions& options() const { return options_; }
 
   // The channel, for calling services this class does not wrap (reflection,
   // for one), with contexts from NewContext.

@@ -13,7 +13,7 @@ AttendSession::AttendSession(std::unique_ptr<grpc::ClientContext> context,
       stream_(stub.AttendStream(context_.get())) {}
 
 AttendSession::~AttendSession() {
-  if (!finished_) {
+  if (!ended_) {
     context_->TryCancel();
     stream_->Finish();
   }
@@ -41,20 +41,35 @@ absl::Status AttendSession::CloseSend() {
 
 absl::StatusOr<std::optional<v1::AttendStreamResponse>>
 AttendSession::Receive() {
-  v1::AttendStreamResponse answer;
-  if (stream_->Read(&answer))
-    return std::optional<v1::AttendStreamResponse>(std::move(answer));
+  if (!ended_) {
+    v1::AttendStreamResponse answer;
+    if (stream_->Read(&answer))
+      return std::optional<v1::AttendStreamResponse>(std::move(answer));
+    End();
+  }
+  // Past the last answer: nullopt if the stream ended OK, else why it did not.
+  if (!final_status_.ok()) return final_status_;
   return std::optional<v1::AttendStreamResponse>();
 }
 
 absl::Status AttendSession::Finish() {
-  if (finished_) return absl::FailedPreconditionError("Finish called twice");
-  finished_ = true;
-  if (!send_closed_) CloseSend().IgnoreError();
-  v1::AttendStreamResponse unread;
-  while (stream_->Read(&unread)) {
+  if (finish_called_) {
+    return absl::FailedPreconditionError("Finish called twice");
   }
-  return FromGrpcStatus(stream_->Finish());
+  finish_called_ = true;
+  if (!ended_) {
+    v1::AttendStreamResponse unread;
+    while (stream_->Read(&unread)) {
+    }
+    End();
+  }
+  return final_status_;
+}
+
+void AttendSession::End() {
+  ended_ = true;
+  if (!send_closed_) CloseSend().IgnoreError();
+  final_status_ = FromGrpcStatus(stream_->Finish());
 }
 
 }  // namespace attnserve

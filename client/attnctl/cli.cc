@@ -2,9 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/bearer_tokens.h"
+#include "attnserve/common/files.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target of the attnserve server.");
@@ -41,18 +40,26 @@ ABSL_FLAG(std::string, auth_token_file, "",
 namespace attnserve {
 namespace {
 
-// The contents of a small file named by a flag; empty for an empty path.
+// The most a certificate, key or token file may hold.
+constexpr int64_t kMaxFlagFileBytes = int64_t{1} << 20;
+
+// The contents of a small file named by a flag: a regular file (a folder,
+// FIFO or device is refused) that is not empty; empty for an empty path.
 absl::StatusOr<std::string> ReadFlagFile(const char* flag,
                                          const std::string& path) {
   if (path.empty()) return std::string();
-  std::ifstream file(path);
-  if (!file) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxFlagFileBytes);
+  if (!text.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " file ", path, " cannot be read"));
+        absl::StrCat("--", flag, " file ", path,
+                     " cannot be read: ", text.status().message()));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
+  if (text->empty()) {
+    // An empty CA would mean gRPC's default roots, not the file named.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " file ", path, " is empty"));
+  }
+  return text;
 }
 
 }  // namespace

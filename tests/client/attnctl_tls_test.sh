@@ -72,6 +72,14 @@ printf '# only a comment\n' >no_token
 none=$(ctl "${tls[@]}" --auth_token_file=no_token health 2>&1)
 [[ $? -eq 2 && ${none} == *"no_token holds 0 tokens, expected one"* ]] ||
   fail "a file of no token: ${none}"
+# A CA that is a folder or empty would leave gRPC's default roots in its place: refused.
+mkdir ca_folder
+: >empty_ca
+folder=$(ctl --tls_ca=ca_folder --tls_cert=client.crt --tls_key=client.key health 2>&1)
+[[ $? -eq 2 && ${folder} == *"--tls_ca file ca_folder cannot be read: ca_folder is a folder"* ]] ||
+  fail "a CA that is a folder: ${folder}"
+empty=$(ctl --tls_ca=empty_ca --tls_cert=client.crt --tls_key=client.key health 2>&1)
+[[ $? -eq 2 && ${empty} == *"--tls_ca file empty_ca is empty"* ]] || fail "an empty CA: ${empty}"
 set -e
 
 kill -TERM "${server_pid}"

@@ -662,6 +662,21 @@ TEST_F(ClientServerTest, StreamAnswersInOrderAndSurvivesABadRequest) {
   EXPECT_TRUE(session->Finish().ok());
 }
 
+// A stream that ends other than OK says so from Receive, not as a clean end:
+// here its deadline passes while the client waits for an answer.
+TEST_F(ClientServerTest, ReceiveReportsAStreamThatFailed) {
+  std::unique_ptr<AttendSession> session =
+      client_->OpenAttendSession(absl::Milliseconds(300));
+  const absl::StatusOr<std::optional<v1::AttendStreamResponse>> answer =
+      session->Receive();
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << answer.status();
+  EXPECT_EQ(session->Receive().status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(session->Finish().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(session->Finish().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ClientServerTest, AbandonedStreamLeavesTheServerServing) {
   {
     std::unique_ptr<AttendSession> session =

@@ -42,10 +42,11 @@ class AttendSession {
   // Tells the server no more requests will come.
   absl::Status CloseSend();
   // The next answer, in the order of the requests; nullopt once the server has
-  // answered all of them and closed the stream.
+  // answered all of them and closed the stream OK; the stream's error if it
+  // ended otherwise (its deadline, the server going away).
   absl::StatusOr<std::optional<v1::AttendStreamResponse>> Receive();
-  // Ends the call and returns its final status (after every answer has been
-  // received).
+  // Ends the call (answers not yet received are dropped) and returns its
+  // final status; FAILED_PRECONDITION if called before.
   absl::Status Finish();
 
  private:
@@ -59,8 +60,13 @@ class AttendSession {
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendStreamResponse>>
       stream_;
+  // Finishes the stream, whose last answer has been read, keeping its status.
+  void End();
+
   bool send_closed_ = false;
-  bool finished_ = false;
+  bool ended_ = false;          // The stream is finished; final_status_ set.
+  bool finish_called_ = false;  // By the caller.
+  absl::Status final_status_;
 };
 
 }  // namespace attnserve

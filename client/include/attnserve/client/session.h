@@ -4,6 +4,7 @@
 //   v1::CreateSessionRequest create;
 //   create.set_num_layers(32); create.set_num_heads(32);
 //   create.set_num_kv_heads(8); create.set_key_dim(128);
+//   create.set_dtype(v1::BFLOAT16);  // required
 //   ATTNSERVE_ASSIGN_OR_RETURN(Session session,
 //                              Session::Create(client.get(), create, timeout));
 //   // Prefill: append the prompt's keys and values, layer by layer.
@@ -150,8 +151,8 @@ class Session {
   // (Create, Attach, Fork, Truncate, Sync); its lengths may be behind.
   const v1::SessionInfo& info() const { return info_; }
   int64_t num_layers() const { return static_cast<int64_t>(lengths_.size()); }
-  // The tokens `layer` holds as far as this client knows: the expected_length
-  // of its next step.
+  // The tokens `layer` (0 to num_layers() − 1; std::out_of_range otherwise)
+  // holds as far as this client knows: the expected_length of its next step.
   int64_t length(int64_t layer) const { return lengths_.at(layer); }
   const std::vector<int64_t>& lengths() const { return lengths_; }
   // Whether a call on `layer` failed without an answer since its length was

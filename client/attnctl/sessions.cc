@@ -1,8 +1,11 @@
 #include "sessions.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +27,31 @@ ABSL_DECLARE_FLAG(std::string, lse_out);
 
 namespace attnserve {
 namespace {
+
+// OK if a file can be written at `path` (named by `flag`): a folder there, or
+// a missing or unwritable folder to hold it, is refused before any call.
+absl::Status CheckWritable(const char* flag, const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path file(path);
+  if (std::filesystem::is_directory(file, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " is ", path, ", a folder, expected a file"));
+  }
+  const bool exists = std::filesystem::exists(file, error);
+  const std::filesystem::path folder =
+      file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  const bool writable = exists ? ::access(path.c_str(), W_OK) == 0
+                               : std::filesystem::is_directory(folder, error) &&
+                                     ::access(folder.c_str(), W_OK | X_OK) == 0;
+  if (!writable) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " is ", path, ", which cannot be written",
+                     exists ? ""
+                            : absl::StrCat(" (", folder.string(),
+                                           " is not a writable folder)")));
+  }
+  return absl::OkStatus();
+}
 
 constexpr char kSessionUsage[] =
     "session takes create, step ID, fork ID [LENGTH], truncate ID LENGTH, "
@@ -88,11 +116,16 @@ int RunStep(Client& client, const std::string& id) {
       {"--output", absl::GetFlag(FLAGS_output)},
       {"--lse_out", absl::GetFlag(FLAGS_lse_out)}};
   for (const auto& [flag, path] : outputs) {
-    if (!inputs->query && !path.empty()) {
+    if (path.empty()) continue;
+    if (!inputs->query) {
       return UsageError(absl::InvalidArgumentError(
           absl::StrCat(flag, " is ", path,
                        ", but the step has no query (--query, or --demo with "
                        "--query_tokens > 0) to answer it")));
+    }
+    if (const absl::Status writable = CheckWritable(flag, path);
+        !writable.ok()) {
+      return UsageError(writable);
     }
   }
   const int64_t before = session->length(layer);

@@ -96,6 +96,10 @@ grep -q "^sessions=[0-9]* total_bytes=[0-9]* budget_bytes=[0-9]* identity_held_b
 # Usage errors, before any step is sent.
 expect_exit 2 "key and --value are needed together" ctl session step "${id}" --key=k2.npy
 expect_exit 2 "layer is 5" ctl session step "${id}" --layer=5 --demo
+# An output it could not write is refused before the step appends anything.
+expect_exit 2 "--output is /nonexistent/o.npy, which cannot be written" \
+  ctl session step "${id}" --demo --tokens=1 --query_tokens=1 --output=/nonexistent/o.npy
+[[ $(ctl session get "${id}") == *" lengths=3,3 "* ]] || fail "a refused step appended"
 expect_exit 2 "truncate's LENGTH" ctl session truncate "${id}" four
 expect_exit 2 "session takes" ctl session frobnicate
 # The server's own refusal: a query of the wrong width.

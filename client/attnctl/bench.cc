@@ -471,14 +471,16 @@ int RunDecodeBench(Client& client) {
   // two different minutes.
   const int64_t rounds =
       attend.has_value() ? std::min<int64_t>(config->steps, 10) : 1;
-  for (int64_t round = 0; round < rounds; ++round) {
+  // A phase stops at its first failed step; the other goes on alone.
+  bool step_going = true, attend_going = attend.has_value();
+  for (int64_t round = 0; round < rounds && (step_going || attend_going);
+       ++round) {
     const int64_t first = config->steps * round / rounds + 1;
     const int64_t last = config->steps * (round + 1) / rounds;
-    if (!RunDecodePhase(first, last, layers, step_call, step_phase)) break;
-    if (attend.has_value() &&
-        !RunDecodePhase(first, last, layers, attend_call, attend_phase)) {
-      break;
-    }
+    step_going = step_going &&
+                 RunDecodePhase(first, last, layers, step_call, step_phase);
+    attend_going = attend_going && RunDecodePhase(first, last, layers,
+                                                  attend_call, attend_phase);
   }
   cleanup();
   report.phases.push_back(std::move(step_phase));

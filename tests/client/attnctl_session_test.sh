@@ -132,6 +132,11 @@ text=$(ctl bench --rpc=step --sessions=2 --context=16 --steps=4 --heads=2 --kv_h
   --key_dim=8 --value_dim=8)
 echo "${text}"
 grep -q "^step: 4 steps ok 4 errors 0 in " <<<"${text}" || fail "bench step text"
+# Attends whose q + k + v pass --max_message_bytes fail at once; the Step phase goes on.
+text=$(ctl --max_message_bytes=1000000 bench --rpc=step --sessions=4 --context=300 --steps=20 \
+  --heads=2 --kv_heads=2 --key_dim=64 --value_dim=64 --compare_stateless)
+grep -q "^step: 20 steps ok 20 errors 0 in " <<<"${text}" || fail "a failed attend phase: ${text}"
+grep -q "^attend: 1 steps ok 0 errors 1 in " <<<"${text}" || fail "the attend phase: ${text}"
 [[ $(ctl session list | head -1) == sessions=0* ]] || fail "bench left sessions behind"
 expect_exit 2 "needs --sessions" ctl bench --rpc=step --sessions=0
 

@@ -1,6 +1,8 @@
 #include "tensor_io.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -13,13 +15,22 @@
 namespace attnserve {
 namespace {
 
-std::string Float64ToFloat32Bytes(const std::string& data) {
+// float64 values rounded to float32; INVALID_ARGUMENT for a finite one past
+// float32's range, which would become ±inf.
+absl::StatusOr<std::string> Float64ToFloat32Bytes(const std::string& data,
+                                                  const std::string& path) {
   const size_t count = data.size() / sizeof(double);
   std::string out(count * sizeof(float), '\0');
   for (size_t i = 0; i < count; ++i) {
     double value;
     std::memcpy(&value, data.data() + i * sizeof(double), sizeof(double));
     const float narrowed = static_cast<float>(value);
+    if (std::isinf(narrowed) && std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, " holds ", value, " at flat index ", i,
+          ", past float32's range (", std::numeric_limits<float>::max(),
+          "); it would be sent as ", value > 0 ? "inf" : "-inf"));
+    }
     std::memcpy(out.data() + i * sizeof(float), &narrowed, sizeof(float));
   }
   return out;
@@ -42,10 +53,12 @@ absl::StatusOr<v1::Tensor> NpyToTensor(NpyArray array, const std::string& path,
     case NpyDType::kFloat16:
       tensor.set_dtype(v1::FLOAT16);
       break;
-    case NpyDType::kFloat64:
+    case NpyDType::kFloat64: {
       tensor.set_dtype(v1::FLOAT32);
-      array.data = Float64ToFloat32Bytes(array.data);
+      ATTNSERVE_ASSIGN_OR_RETURN(array.data,
+                                 Float64ToFloat32Bytes(array.data, path));
       break;
+    }
     case NpyDType::kUInt16:
       if (!options.bf16_as_uint16) {
         return absl::InvalidArgumentError(absl::StrCat(

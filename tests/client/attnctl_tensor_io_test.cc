@@ -2,11 +2,13 @@
 // dtypes, and what is refused.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "attnctl/tensor_io.h"
 #include "attnserve/common/npy.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attnserve {
@@ -41,8 +43,11 @@ TEST(NpyToTensorTest, KeepsWireTypesAsTheyAre) {
   }
 }
 
+// Rounded to float32; an infinity stays one, but a finite value past
+// float32's range is refused rather than sent as one.
 TEST(NpyToTensorTest, RoundsFloat64ToFloat32) {
-  const double values[] = {0.1, -2.5, 1e300};
+  const double inf = std::numeric_limits<double>::infinity();
+  const double values[] = {0.1, -2.5, -inf};
   std::string data(sizeof(values), '\0');
   std::memcpy(data.data(), values, sizeof(values));
   absl::StatusOr<v1::Tensor> tensor =
@@ -54,7 +59,17 @@ TEST(NpyToTensorTest, RoundsFloat64ToFloat32) {
   std::memcpy(floats, tensor->data().data(), sizeof(floats));
   EXPECT_EQ(floats[0], 0.1f);
   EXPECT_EQ(floats[1], -2.5f);
-  EXPECT_TRUE(std::isinf(floats[2]));
+  EXPECT_EQ(floats[2], -std::numeric_limits<float>::infinity());
+  const double past[] = {0.5, 1e300};
+  std::string past_data(sizeof(past), '\0');
+  std::memcpy(past_data.data(), past, sizeof(past));
+  const absl::Status refused =
+      NpyToTensor(Array(NpyDType::kFloat64, {2}, past_data), "x.npy", {})
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("x.npy holds 1e+300 at flat index 1, past "
+                                   "float32's range"));
 }
 
 TEST(NpyToTensorTest, RefusesWhatTheOptionsDoNotAllow) {

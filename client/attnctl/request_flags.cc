@@ -154,13 +154,13 @@ absl::StatusOr<v1::DType> InputDType() {
   return ParseFloatDType("input_dtype", absl::GetFlag(FLAGS_input_dtype));
 }
 
-absl::Status CheckRandomDims(std::initializer_list<int64_t> dims) {
-  for (int64_t dim : dims) {
+// Each dimension, named as what gave it (a flag, or the weight set's E).
+absl::Status CheckRandomDims(
+    std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  for (const auto& [name, dim] : dims) {
     if (dim <= 0 || dim > kMaxRandomDim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "random input dimension ", dim,
-          " is out of range: --batch, --heads, --kv_heads, --query_len, "
-          "--key_len, --key_dim and --value_dim must be in [1, 2^20]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", dim, ", expected 1 to 2^20"));
     }
   }
   return absl::OkStatus();
@@ -191,7 +191,13 @@ absl::Status SetRandomAttendInputs(v1::AttendRequest* request) {
                 lk = absl::GetFlag(FLAGS_key_len),
                 dk = absl::GetFlag(FLAGS_key_dim),
                 dv = absl::GetFlag(FLAGS_value_dim);
-  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({b, h, hkv, lq, lk, dk, dv}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({{"--batch", b},
+                                             {"--heads", h},
+                                             {"--kv_heads", hkv},
+                                             {"--query_len", lq},
+                                             {"--key_len", lk},
+                                             {"--key_dim", dk},
+                                             {"--value_dim", dv}}));
   ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
   std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
   ATTNSERVE_ASSIGN_OR_RETURN(*request->mutable_query(),
@@ -369,7 +375,11 @@ absl::StatusOr<v1::CreateSessionRequest> CreateSessionRequestFromFlags() {
                 hkv = absl::GetFlag(FLAGS_kv_heads),
                 dk = absl::GetFlag(FLAGS_key_dim),
                 dv = absl::GetFlag(FLAGS_value_dim);
-  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({layers, h, hkv, dk, dv}));
+  ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims({{"--layers", layers},
+                                             {"--heads", h},
+                                             {"--kv_heads", hkv},
+                                             {"--key_dim", dk},
+                                             {"--value_dim", dv}}));
   v1::CreateSessionRequest request;
   request.set_num_layers(layers);
   request.set_num_heads(h);
@@ -615,7 +625,11 @@ absl::Status AddRandomMultiHeadInputs(const v1::WeightsInfo& weights,
                 lk = absl::GetFlag(FLAGS_key_len);
   const bool cross = weights.kv_embed_dim() != weights.embed_dim();
   ATTNSERVE_RETURN_IF_ERROR(CheckRandomDims(
-      {b, lq, cross ? lk : 1, weights.embed_dim(), weights.kv_embed_dim()}));
+      {{"--batch", b},
+       {"--query_len", lq},
+       {"--key_len", cross ? lk : 1},
+       {"the weight set's embed_dim", weights.embed_dim()},
+       {"the weight set's kv_embed_dim", weights.kv_embed_dim()}}));
   ATTNSERVE_ASSIGN_OR_RETURN(const v1::DType dtype, InputDType());
   std::mt19937_64 generator(absl::GetFlag(FLAGS_seed));
   ATTNSERVE_ASSIGN_OR_RETURN(

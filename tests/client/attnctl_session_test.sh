@@ -102,6 +102,7 @@ expect_exit 2 "--output is /nonexistent/o.npy, which cannot be written" \
 [[ $(ctl session get "${id}") == *" lengths=3,3 "* ]] || fail "a refused step appended"
 expect_exit 2 "truncate's LENGTH" ctl session truncate "${id}" four
 expect_exit 2 "session takes" ctl session frobnicate
+expect_exit 2 "^attnctl: --layers is 0, expected 1 to" ctl session create --layers=0
 # The server's own refusal: a query of the wrong width.
 expect_exit 1 "INVALID_ARGUMENT" ctl session step "${id}" --query=k2.npy
 

@@ -123,9 +123,17 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
               options.key_lengths_size() > 0
           ? full[0]
           : 1;
+  // Without causality a mask over every key is cut to the shard's keys.
+  const v1::Tensor& mask = options.attn_mask();
+  const bool mask_cut = mask.shape_size() > 0 &&
+                        mask.shape(mask.shape_size() - 1) == full[3] &&
+                        full[3] > 1;
   const std::optional<int64_t> mask_bytes =
       !options.causal()
-          ? std::optional<int64_t>(options.attn_mask().ByteSizeLong())
+          ? std::optional<int64_t>(
+                mask_cut
+                    ? static_cast<int64_t>(mask.data().size()) / full[3] * width
+                    : static_cast<int64_t>(mask.data().size()))
       : options.has_attn_mask()
           ? CheckedProduct({full[0], full[1], full[2], width, 4})
           : CheckedProduct({mask_batches, full[2], width});

@@ -45,7 +45,9 @@ AttendSession::Receive() {
     v1::AttendStreamResponse answer;
     if (stream_->Read(&answer))
       return std::optional<v1::AttendStreamResponse>(std::move(answer));
-    End();
+    // Another thread may be sending: the write side is left alone (Finish
+    // itself says no more will come).
+    End(/*close_send=*/false);
   }
   // Past the last answer: nullopt if the stream ended OK, else why it did not.
   if (!final_status_.ok()) return final_status_;
@@ -61,14 +63,14 @@ absl::Status AttendSession::Finish() {
     v1::AttendStreamResponse unread;
     while (stream_->Read(&unread)) {
     }
-    End();
+    End(/*close_send=*/true);
   }
   return final_status_;
 }
 
-void AttendSession::End() {
+void AttendSession::End(bool close_send) {
   ended_ = true;
-  if (!send_closed_) CloseSend().IgnoreError();
+  if (close_send && !send_closed_) CloseSend().IgnoreError();
   final_status_ = FromGrpcStatus(stream_->Finish());
 }
 

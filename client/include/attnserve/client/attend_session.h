@@ -60,8 +60,9 @@ class AttendSession {
   std::unique_ptr<
       grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendStreamResponse>>
       stream_;
-  // Finishes the stream, whose last answer has been read, keeping its status.
-  void End();
+  // Finishes the stream, whose last answer has been read, keeping its status;
+  // `close_send` first tells the server no more requests come.
+  void End(bool close_send);
 
   bool send_closed_ = false;
   bool ended_ = false;          // The stream is finished; final_status_ set.

@@ -63,8 +63,8 @@ absl::Status RunLinear(const dnnl::engine& engine, dnnl::stream& stream,
           p.bias != nullptr ? dnnl::matmul::desc(x_md, w_t_md, bias_md, y_md)
                             : dnnl::matmul::desc(x_md, w_t_md, y_md),
           dnnl::primitive_attr(), engine));
-      const char* x_rows = static_cast<const char*>(x) +
-                           first * x_stride * (type == f32 ? 4 : 2);
+      const char* x_rows =
+          static_cast<const char*>(x) + first * x_stride * BytesOf(input);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, memory(x_md, engine, const_cast<char*>(x_rows))},
           {DNNL_ARG_WEIGHTS, memory(w_t_md, engine, const_cast<void*>(w))},

@@ -235,6 +235,12 @@ def _optional(response, field):
     return from_tensor(getattr(response, field)) if response.HasField(field) else None
 
 
+def _attend_result(response):
+    """An AttendResponse as the AttendResult attend() and attend_stream() give."""
+    return AttendResult(from_tensor(response.output), _optional(response, "lse"),
+                        _optional(response, "weights"), _timing(response))
+
+
 class Client:
     """A channel to one attnserve target ("localhost:50051",
     "dns:///attnserve-headless.ml.svc:50051"), thread-safe.
@@ -360,8 +366,7 @@ class Client:
         """
         request = self.attend_request(query, key, value, input_dtype=input_dtype, **options)
         response = self.call("Attend", request, timeout)
-        return AttendResult(from_tensor(response.output), _optional(response, "lse"),
-                            _optional(response, "weights"), _timing(response))
+        return _attend_result(response)
 
     def attend_stream(self, requests, timeout=None):
         """AttendStream: sends the AttendRequests of the iterable `requests` (attend_request()
@@ -407,10 +412,7 @@ class Client:
                         _STATUS_CODES.get(answer.error.code, grpc.StatusCode.UNKNOWN),
                         answer.error.message)
                 else:
-                    response = answer.response
-                    yield answer.index, AttendResult(
-                        from_tensor(response.output), _optional(response, "lse"),
-                        _optional(response, "weights"), _timing(response))
+                    yield answer.index, _attend_result(answer.response)
         except grpc.RpcError as error:
             if refused:
                 raise refused[0] from None

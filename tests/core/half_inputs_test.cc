@@ -341,7 +341,6 @@ TEST_P(HalfInputsTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
   const HalfTensor query = Store(RandomValues(s.QueryElements(), 51), dtype);
   const HalfTensor key = Store(RandomValues(s.KeyElements(), 52), dtype);
   const std::vector<float> finite = RandomValues(s.ValueElements(), 53);
-  const HalfTensor finite_value = Store(finite, dtype);
   const std::vector<int64_t> lengths = {50};  // Outlives every call.
   const float inf = std::numeric_limits<float>::infinity();
   for (const Precision precision :
@@ -349,25 +348,26 @@ TEST_P(HalfInputsTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
     AttentionOptions options;
     options.precision = precision;
     options.key_lengths = lengths;
-    std::vector<float> expected(s.OutputElements());
-    ASSERT_TRUE(engine
-                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
-                                 Bytes(finite_value),
-                                 AttentionOutputs(absl::MakeSpan(expected)))
-                    .ok());
+    // The output over `values` stored as the dtype.
+    const auto attend = [&](const std::vector<float>& values,
+                            std::vector<float>* output) {
+      const HalfTensor value = Store(values, dtype);
+      output->assign(s.OutputElements(), 0.0f);
+      ASSERT_TRUE(engine
+                      ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
+                                   Bytes(value),
+                                   AttentionOutputs(absl::MakeSpan(*output)))
+                      .ok());
+    };
+    std::vector<float> expected, output;
+    ASSERT_NO_FATAL_FAILURE(attend(finite, &expected));
     for (const float bad : {std::nanf(""), inf, -inf}) {
       SCOPED_TRACE(absl::StrCat("bf16 precision ",
                                 precision == Precision::kBFloat16, " value ",
                                 bad));
       std::vector<float> values = finite;
       std::fill(values.begin() + 50 * 16, values.end(), bad);
-      const HalfTensor value = Store(values, dtype);
-      std::vector<float> output(s.OutputElements());
-      ASSERT_TRUE(engine
-                      ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
-                                   Bytes(value),
-                                   AttentionOutputs(absl::MakeSpan(output)))
-                      .ok());
+      ASSERT_NO_FATAL_FAILURE(attend(values, &output));
       // The block holding them is summed row by row, in another order.
       for (size_t i = 0; i < output.size(); ++i) {
         ASSERT_NEAR(output[i], expected[i], 1e-5) << "element " << i;
@@ -376,13 +376,7 @@ TEST_P(HalfInputsTest, HiddenNonFiniteValuesStayOutOfTilesOfManyRows) {
     // A NaN value every row sees (key 10 is within every row's length).
     std::vector<float> values = finite;
     std::fill_n(values.begin() + 10 * 16, 16, std::nanf(""));
-    const HalfTensor value = Store(values, dtype);
-    std::vector<float> output(s.OutputElements());
-    ASSERT_TRUE(engine
-                    ->AttendHalf(s, options, dtype, Bytes(query), Bytes(key),
-                                 Bytes(value),
-                                 AttentionOutputs(absl::MakeSpan(output)))
-                    .ok());
+    ASSERT_NO_FATAL_FAILURE(attend(values, &output));
     for (size_t i = 0; i < output.size(); ++i) {
       ASSERT_TRUE(std::isnan(output[i])) << "element " << i;
     }

@@ -601,6 +601,14 @@ absl::StatusOr<MultiHeadDraft> MultiHeadDraftFromFlags(InputMode mode) {
   if (!folder.empty()) {
     ATTNSERVE_ASSIGN_OR_RETURN(*request.mutable_weights(),
                                ReadWeightsFolder(folder, read_options));
+    // A set that cannot be described is a file that cannot be used, refused
+    // here (exit 2) rather than by the server or by WeightsInfoFor (exit 1).
+    const absl::StatusOr<v1::WeightsInfo> described =
+        DescribeWeights(request.weights());
+    if (!described.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--weights_dir=", folder, ": ", described.status().message()));
+    }
   } else {
     request.set_weights_name(name.empty() ? "demo" : name);
   }

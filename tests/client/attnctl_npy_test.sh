@@ -92,6 +92,12 @@ expect_exit 2 "put NAME FOLDER" ctl weights put lonely
 expect_exit 2 "config.txt is missing" ctl weights put nothing "${workdir}/no_such_folder"
 expect_exit 2 "exclude each other" ctl mha --query_input=x.npy --weights_name=demo \
   --weights_dir=wset
+# A folder whose set cannot be described is unusable input, with or without --demo.
+mkdir flat && cp wset/* flat/
+/usr/bin/python3 -c "import numpy; numpy.save('flat/w_q.npy', numpy.zeros((1, 12, 12), numpy.float32))"
+expect_exit 2 "weights_dir=flat: w_q has 3 dimensions, expected 2" ctl mha --demo --weights_dir=flat
+expect_exit 2 "weights_dir=flat: w_q has 3 dimensions, expected 2" ctl mha \
+  --query_input=x.npy --kv_input=y.npy --weights_dir=flat
 
 stop_server
 echo "PASS"

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -17,7 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attnserve/client/session.h"
@@ -115,16 +116,48 @@ absl::StatusOr<LoopConfig> LoopConfigFromFlags() {
   return config;
 }
 
-// Calls until `warmup_end`, waits at `barrier` for every worker, then calls
+// Where the workers and the main thread wait for each other between the
+// warm-up and the measured phase. Unlike absl::Barrier it can be opened before
+// everyone came, for workers that could not be started.
+class StartGate {
+ public:
+  explicit StartGate(int parties) : missing_(parties) {}
+
+  // Waits for the other parties or for Abandon(); true if the measured phase
+  // is to run.
+  bool Arrive() {
+    absl::MutexLock lock(&mutex_);
+    --missing_;
+    mutex_.Await(absl::Condition(
+        +[](StartGate* gate) {
+          return gate->missing_ <= 0 || gate->abandoned_;
+        },
+        this));
+    return !abandoned_;
+  }
+
+  // Releases everyone waiting, or to come, with Arrive() false.
+  void Abandon() {
+    absl::MutexLock lock(&mutex_);
+    abandoned_ = true;
+  }
+
+ private:
+  absl::Mutex mutex_;
+  int missing_ ABSL_GUARDED_BY(mutex_);
+  bool abandoned_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+// Calls until `warmup_end`, waits at `gate` for every worker, then calls
 // until the measured phase ends.
 void RunWorker(const LoopConfig& config, const Call& call,
-               absl::Time warmup_end, absl::Barrier& barrier,
+               absl::Time warmup_end, StartGate& gate,
                std::atomic<int64_t>& issued, WorkerTally& tally) {
   while (absl::Now() < warmup_end) {
     call().IgnoreError();
     ++tally.warmup_requests;
   }
-  barrier.Block();
+  if (!gate.Arrive()) return;
   const absl::Time end = absl::Now() + config.duration;
   while (absl::Now() < end &&
          issued.fetch_add(1, std::memory_order_relaxed) < config.requests) {
@@ -141,22 +174,34 @@ void RunWorker(const LoopConfig& config, const Call& call,
 }
 
 // Runs the closed loop; fills the measured fields of `report`.
-void RunClosedLoop(const LoopConfig& config, const Call& call,
-                   BenchReport& report) {
+// RESOURCE_EXHAUSTED (nothing measured) if the system would not start every
+// worker thread.
+absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
+                           BenchReport& report) {
   std::vector<WorkerTally> tallies(config.concurrency);
   std::atomic<int64_t> issued{0};
-  absl::Barrier barrier(config.concurrency + 1);
+  StartGate gate(config.concurrency + 1);
   const absl::Time warmup_end = absl::Now() + config.warmup;
   std::vector<std::thread> workers;
   workers.reserve(config.concurrency);
+  absl::Status started;
   for (WorkerTally& tally : tallies) {
-    workers.emplace_back(RunWorker, std::cref(config), std::cref(call),
-                         warmup_end, std::ref(barrier), std::ref(issued),
-                         std::ref(tally));
+    try {
+      workers.emplace_back(RunWorker, std::cref(config), std::cref(call),
+                           warmup_end, std::ref(gate), std::ref(issued),
+                           std::ref(tally));
+    } catch (const std::system_error& error) {
+      started = absl::ResourceExhaustedError(absl::StrCat(
+          "started ", workers.size(), " of --concurrency=", config.concurrency,
+          " worker threads: ", error.what()));
+      gate.Abandon();
+      break;
+    }
   }
-  barrier.Block();
+  const bool measure = gate.Arrive();
   const absl::Time start = absl::Now();
   for (std::thread& worker : workers) worker.join();
+  if (!measure) return started;
   report.elapsed = absl::Now() - start;
   for (const WorkerTally& tally : tallies) {
     report.latencies.Merge(tally.latencies);
@@ -164,6 +209,7 @@ void RunClosedLoop(const LoopConfig& config, const Call& call,
     report.warmup_requests += tally.warmup_requests;
     report.requests += tally.requests;
   }
+  return absl::OkStatus();
 }
 
 // Prepares Attend calls; returns the exit status of a failure, else kExitOk.
@@ -521,7 +567,8 @@ int RunBench(Client& client) {
   report.concurrency = config->concurrency;
   report.warmup = config->warmup;
 
-  RunClosedLoop(*config, target.call, report);
+  const absl::Status ran = RunClosedLoop(*config, target.call, report);
+  if (!ran.ok()) return Fail(ran);
   const std::string text = absl::GetFlag(FLAGS_json) ? FormatBenchJson(report)
                                                      : FormatBenchText(report);
   std::fputs(text.c_str(), stdout);

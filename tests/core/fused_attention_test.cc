@@ -8,7 +8,9 @@
 //   ATTNSERVE_FUSED_SEED=<seed> build/tests/fused_attention_test
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/dtype.h"
 #include "attnserve/core/attention_engine.h"
 #include "core/sdpa_shape.h"
 #include "gmock/gmock.h"
@@ -644,6 +647,75 @@ TEST(FusedAttentionTest, DecodeSplitsKeysAndMergesExactly) {
     EXPECT_NEAR(split_output[c], one_output[c], 1e-6) << c;
   }
   EXPECT_NEAR(split_lse[0], one_lse[0], 1e-5);
+}
+
+// The same call on the same engine gives the same bits every time, however
+// OpenMP hands its tiles and key splits to the threads (docs/api.md promises
+// it for a server with --max_batch=1): decode split over the keys, a tile's
+// keys split four ways, causal bands, BF16 precision, and decode over bf16
+// keys and values read in place.
+TEST(FusedAttentionTest, ACallRepeatsItsAnswerBitForBit) {
+  const std::unique_ptr<AttentionEngine> engine =
+      MakeEngine({"two", AttentionKernel::kAuto, false, 2});
+  struct Case {
+    AttentionShape shape;
+    bool causal;
+    Precision precision;
+    bool half_decode;
+  };
+  const Case cases[] = {
+      {SdpaShape(1, 1, 1, 1, 4097, 64), false, Precision::kFloat32, false},
+      {SdpaShape(1, 2, 2, 5, 513, 128), false, Precision::kFloat32, false},
+      {SdpaShape(2, 8, 2, 300, 700, 64), true, Precision::kFloat32, false},
+      {SdpaShape(1, 4, 4, 37, 1500, 80), false, Precision::kBFloat16, false},
+      {SdpaShape(3, 8, 2, 1, 3000, 128), false, Precision::kFloat32, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("Lq ", c.shape.query_len, " Lk ", c.shape.key_len,
+                              " causal ", c.causal));
+    const AttentionShape& s = c.shape;
+    const std::vector<float> query = RandomValues(s.QueryElements(), 21);
+    const std::vector<float> key = RandomValues(s.KeyElements(), 22);
+    const std::vector<float> value = RandomValues(s.ValueElements(), 23);
+    std::vector<uint16_t> half_key, half_value;
+    for (float x : key) half_key.push_back(Float32ToBFloat16(x));
+    for (float x : value) half_value.push_back(Float32ToBFloat16(x));
+    AttentionOptions options;
+    options.causal = c.causal;
+    options.precision = c.precision;
+    options.return_lse = true;
+    std::vector<float> first_output, first_lse;
+    for (int run = 0; run < 4; ++run) {
+      std::vector<float> output(s.OutputElements()),
+          lse(s.batch * s.heads * s.query_len);
+      const AttentionOutputs outputs(absl::MakeSpan(output), {},
+                                     absl::MakeSpan(lse));
+      const absl::Status status =
+          c.half_decode
+              ? engine->AttendDecode(
+                    s, options, query, DataType::kBFloat16,
+                    {reinterpret_cast<const char*>(half_key.data()),
+                     half_key.size() * 2},
+                    {reinterpret_cast<const char*>(half_value.data()),
+                     half_value.size() * 2},
+                    outputs)
+              : engine->Attend(s, options, query, key, value, outputs);
+      ASSERT_TRUE(status.ok()) << status;
+      if (run == 0) {
+        first_output = output;
+        first_lse = lse;
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(output.data(), first_output.data(),
+                            output.size() * sizeof(float)),
+                0)
+          << "run " << run;
+      EXPECT_EQ(
+          std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)),
+          0)
+          << "run " << run;
+    }
+  }
 }
 
 TEST(FusedAttentionTest, ReportsWhichKernelsRun) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "attnserve/client/client.h"
 #include "attnserve/server/server.h"
+#include "grpc/grpc.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 
@@ -34,6 +35,21 @@ inline v1::AttendRequest RandomAttendRequest(const ReferenceShape& s,
 
 class ServerFixture : public ::testing::Test {
  protected:
+  // gRPC stays initialised from the first test to the exit. Otherwise each
+  // test's teardown drops gRPC's last reference (the server's completion
+  // queue, after the client's channel), and grpc_shutdown joins gRPC's
+  // executor threads; one of them may be in the TCP backup poller that a write
+  // which filled its socket started (gRPC 1.51 tcp_posix.cc, run_poller),
+  // which waits up to 10 s in one poll, unwoken once the connections are gone:
+  // the teardown then took ~9 s instead of milliseconds.
+  ServerFixture() {
+    static const bool initialized = [] {
+      grpc_init();
+      return true;
+    }();
+    (void)initialized;
+  }
+
   // Options the server starts with; tests may change them before SetUp runs.
   static ServerOptions DefaultOptions() {
     ServerOptions options;

@@ -18,7 +18,10 @@ std::string AttendBatchKey(const AttentionEngine& engine,
     return "";
   }
   if (work.plan.mask_dims && (*work.plan.mask_dims)[0] != 1) return "";
-  if (!engine.AttendBatchable(work.plan.options)) return "";
+  if (!engine.AttendBatchable(work.plan.options) ||
+      engine.DecodeReadsInPlace(work.shape, RoutedOptions(work.plan))) {
+    return "";
+  }
   const AttentionShape& s = work.shape;
   return absl::StrCat("attend:", request.query().dtype(), ",",
                       request.key().dtype(), ",", request.value().dtype(), ":",

@@ -197,6 +197,34 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   ExpectEightBatched("Attend");
 }
 
+// Decode (Lq = 1, no mask) is never batched: each request is computed alone,
+// on the paged kernel where its heads share kv heads, and gets the same bits
+// as the same request sent when nothing else is queued.
+TEST_F(ServiceTest, ConcurrentDecodeAttendsAreEachComputedAlone) {
+  const ReferenceShape s = {1, 4, 2, 1, 300, 8, 8};
+  const std::vector<v1::AttendRequest> requests =
+      StartBatchingEight(s, /*causal=*/false);
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
+  for (const v1::AttendRequest& request : requests) {
+    calls.push_back(client_->AttendFuture(request, kTimeout));
+  }
+  std::vector<std::string> concurrent;
+  for (auto& call : calls) {
+    absl::StatusOr<v1::AttendResponse> response = call.get();
+    ASSERT_TRUE(response.ok()) << response.status();
+    concurrent.push_back(response->output().data());
+  }
+  EXPECT_EQ(Metric("attnserve_batch_size_count"), 8);
+  EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::StatusOr<v1::AttendResponse> alone =
+        client_->Attend(requests[i], kTimeout);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    ExpectMatchesReference(s, requests[i], *alone);
+    EXPECT_EQ(alone->output().data(), concurrent[i]) << "request " << i;
+  }
+}
+
 // AttendStream's requests take the unary compute path: sent at once on one
 // stream they batch, their answers split back in order.
 TEST_F(ServiceTest, BatchesTheAttendsOfAStream) {

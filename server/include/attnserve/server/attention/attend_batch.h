@@ -20,7 +20,10 @@ namespace attnserve {
 // with a batch dimension), the engine cannot batch them in place (weights
 // asked for, or the unfused kernel forced), or the request's inputs are read
 // where they lie by AttendHalf (AttendWork::inputs_in_place), which batching
-// would widen to f32 copies.
+// would widen to f32 copies, or the request is decode the engine reads in
+// place (AttentionEngine::DecodeReadsInPlace): alone, a grouped-query decode
+// runs on the paged kernel, which reads each key once for its group, and a
+// batch would put it on the fused kernel, whose last bits differ.
 std::string AttendBatchKey(const AttentionEngine& engine,
                            const v1::AttendRequest& request,
                            const AttendWork& work);

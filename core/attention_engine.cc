@@ -341,13 +341,28 @@ absl::Status AttentionEngineImpl::AttendBatch(
     }
   }
   ATTNSERVE_RETURN_IF_ERROR(ValidateShape(total));
-  ATTNSERVE_RETURN_IF_ERROR(
-      CheckWorkspace(absl::StrCat("attention for shape ", total.DebugString()),
-                     AttendWorkspaceBytes(total, options)));
+  // Requests of one B are cut into tiles and key splits as each would be
+  // alone, so that batching changes no bit of their answers.
+  Tiling tiling;
+  const bool alike =
+      std::all_of(parts.begin(), parts.end(), [&](const AttendPart& part) {
+        return part.batch == parts.front().batch;
+      });
+  if (alike) {
+    AttentionShape alone = shape;
+    alone.batch = parts.front().batch;
+    tiling.batch = alone.batch;
+    tiling.threads = TeamSize(AttentionFlops(alone));
+  }
+  ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+      absl::StrCat("attention for shape ", total.DebugString()),
+      FusedWorkspaceBytes(total, options, threads_, /*key_value_packed=*/true,
+                          DataType::kFloat32, tiling)));
 
   SdpaProblem problem =
       MakeSdpaProblem(total, options, AttentionOutputs(absl::Span<float>()));
   problem.batches = batches;
+  problem.tiling = tiling;
   ATTNSERVE_ASSIGN_OR_RETURN(dnnl::stream stream,
                              NewStream(AttentionFlops(total)));
   return RunSdpa(stream, problem, AttentionFlops(total));

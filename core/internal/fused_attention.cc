@@ -332,7 +332,9 @@ absl::Status RunFusedAttention(const dnnl::engine& engine,
                                const TileKernels& kernels, TilePlanCache& cache,
                                ScratchPool& pool) {
   const fused::Geometry geometry = fused::MakeGeometry(
-      problem.shape, *problem.options, threads, problem.input_dtype);
+      problem.shape, *problem.options,
+      problem.tiling.threads > 0 ? problem.tiling.threads : threads,
+      problem.input_dtype, problem.tiling.batch);
   fused::FusedRun run(problem, geometry, kernels);
   return run.Run(engine, threads, cache, pool);
 }

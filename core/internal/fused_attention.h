@@ -42,10 +42,13 @@ namespace attnserve::internal {
 // `threads` threads or with one, whichever is more (a team's tiles may be
 // smaller than one thread's), or nullopt on overflow. `key_value_packed`: key
 // and value rows are contiguous, D elements apart (else the kernel packs them
-// first). `source`: the inputs' dtype (SdpaProblem::input_dtype).
-std::optional<int64_t> FusedWorkspaceBytes(
-    const AttentionShape& shape, const AttentionOptions& options, int threads,
-    bool key_value_packed, DataType source = DataType::kFloat32);
+// first). `source`: the inputs' dtype (SdpaProblem::input_dtype). `tiling`:
+// the problem's (SdpaProblem::tiling), run on at most `threads`.
+std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& shape,
+                                           const AttentionOptions& options,
+                                           int threads, bool key_value_packed,
+                                           DataType source = DataType::kFloat32,
+                                           Tiling tiling = {});
 
 // True if `problem`'s key and value rows are contiguous and D elements apart.
 bool KeyValuePacked(const SdpaProblem& problem);

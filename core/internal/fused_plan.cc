@@ -24,17 +24,18 @@ int64_t TileRows() {
 }
 
 Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
-                      int threads, DataType source) {
+                      int threads, DataType source, int64_t tiling_batch) {
   Geometry g;
   g.group = s.heads / s.kv_heads;
   const KeyRules rules = RulesOf(options);
+  const int64_t batch = tiling_batch > 0 ? tiling_batch : s.batch;
   int64_t queries = std::clamp<int64_t>(TileRows() / g.group, 1, s.query_len);
   // A call of fewer tiles than its threads can share (a short one on many
   // cores) takes smaller tiles, down to kMinTileRows rows, before it splits
   // its keys.
   const int64_t fewest = std::max<int64_t>(1, kMinTileRows / g.group);
   while (queries > fewest &&
-         s.batch * s.kv_heads * CeilDiv(s.query_len, queries) <
+         batch * s.kv_heads * CeilDiv(s.query_len, queries) <
              kSplitBelow * threads) {
     queries = std::max(fewest, CeilDiv(queries, 2));
   }
@@ -46,9 +47,11 @@ Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
   g.k_block = std::min(kKeyBlock, s.key_len);
   g.k_blocks = CeilDiv(s.key_len, g.k_block);
   g.tiles = s.batch * s.kv_heads * g.q_blocks;
+  const int64_t tiling_tiles = batch * s.kv_heads * g.q_blocks;
   g.splits = 1;
-  if (threads > 1 && g.tiles < kSplitBelow * threads && g.k_blocks > 1) {
-    g.splits = std::min(g.k_blocks, CeilDiv(kSplitTarget * threads, g.tiles));
+  if (threads > 1 && tiling_tiles < kSplitBelow * threads && g.k_blocks > 1) {
+    g.splits =
+        std::min(g.k_blocks, CeilDiv(kSplitTarget * threads, tiling_tiles));
   }
   g.chunk = CeilDiv(g.k_blocks, g.splits);
   g.splits = CeilDiv(g.k_blocks, g.chunk);
@@ -114,21 +117,24 @@ int64_t PackedKeyValueBytes(const AttentionShape& s, const Geometry& g,
 std::optional<int64_t> FusedWorkspaceBytes(const AttentionShape& s,
                                            const AttentionOptions& options,
                                            int threads, bool key_value_packed,
-                                           DataType source) {
+                                           DataType source, Tiling tiling) {
   // Every product below is of dims the caller validated (each tensor's
   // element count fits), times small constants.
-  const auto bytes = [&](int team) {
-    const fused::Geometry g = fused::MakeGeometry(s, options, team, source);
+  const auto bytes = [&](int team, int tiling_threads) {
+    const fused::Geometry g =
+        fused::MakeGeometry(s, options, tiling_threads, source, tiling.batch);
     const fused::ThreadLayout layout =
         MakeThreadLayout(s, g, g.small ? 0 : ScratchpadAllowance(s, g));
     return CheckedSum({CheckedProduct({layout.total, team}),
                        CheckedProduct({fused::AlignUp(PartialBytes(s, g)), 1}),
                        PackedKeyValueBytes(s, g, key_value_packed)});
   };
+  // A batch tiled as its requests alone runs on at most `threads`.
+  if (tiling.threads > 0) return bytes(threads, tiling.threads);
   // A call too small to share runs on one thread (the engine's TeamSize),
   // whose tiles may be larger than a team's.
-  const std::optional<int64_t> team = bytes(threads);
-  const std::optional<int64_t> one = threads == 1 ? team : bytes(1);
+  const std::optional<int64_t> team = bytes(threads, threads);
+  const std::optional<int64_t> one = threads == 1 ? team : bytes(1, 1);
   if (!team || !one) return std::nullopt;
   return std::max(*team, *one);
 }

@@ -108,8 +108,14 @@ struct Geometry {
   bool WidensBlocks() const { return HalfSource() && !NativeBf16Tiles(); }
 };
 
+// The geometry of a call of `s` whose tiles and key splits are chosen for
+// `threads` threads and a batch of `tiling_batch` entries (0: s.batch). A batch
+// of requests of B entries each (AttendBatch) passes B and the threads each
+// request would have alone, so that every request is cut, and its rows
+// computed, exactly as alone, whatever it shares the call with.
 Geometry MakeGeometry(const AttentionShape& s, const AttentionOptions& options,
-                      int threads, DataType source = DataType::kFloat32);
+                      int threads, DataType source = DataType::kFloat32,
+                      int64_t tiling_batch = 0);
 
 // oneDNN's scratchpad for one tile matmul is the copy of a key or value block
 // it repacks; this bounds it for the workspace check before any primitive is

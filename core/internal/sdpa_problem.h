@@ -42,6 +42,16 @@ struct BatchTensors {
 // One SDPA call, with its tensors anywhere in memory: MHA passes views into its
 // projection buffers ([B, L, heads·D] read as [B, heads, L, D]) so that no
 // transpose is ever copied.
+// What the fused kernel cuts a call's tiles and key splits for (see
+// fused::MakeGeometry): by default (threads 0) the call's own batch on the
+// threads it runs on. AttendBatch gives the B and threads each of its
+// requests would have alone, so that each request's answer has the same bits
+// as alone.
+struct Tiling {
+  int64_t batch = 0;
+  int threads = 0;
+};
+
 struct SdpaProblem {
   AttentionShape shape;
   const AttentionOptions* options = nullptr;
@@ -68,6 +78,7 @@ struct SdpaProblem {
   const uint16_t* half_query = nullptr;
   const uint16_t* half_key = nullptr;
   const uint16_t* half_value = nullptr;
+  Tiling tiling;
 };
 
 // The problem of `shape` and `options` (which must outlive it) writing the

@@ -25,8 +25,8 @@ std::string AttendBatchKey(const AttentionEngine& engine,
   const AttentionShape& s = work.shape;
   return absl::StrCat("attend:", request.query().dtype(), ",",
                       request.key().dtype(), ",", request.value().dtype(), ":",
-                      s.heads, ",", s.kv_heads, ",", s.query_len, ",",
-                      s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
+                      s.batch, ",", s.heads, ",", s.kv_heads, ",", s.query_len,
+                      ",", s.key_len, ",", s.key_dim, ",", s.value_dim, ":",
                       options.SerializeAsString());
 }
 

@@ -61,9 +61,9 @@ ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
           "Requests waiting for an executor; past it new ones get "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
-          "Most Attend requests (alike but for B, unary or streamed; not "
-          "decode, Lq = 1) computed together in one call; 1 turns dynamic "
-          "batching off.");
+          "Most Attend requests (alike in shape and options, unary or "
+          "streamed; not decode, Lq = 1) computed together in one call, each "
+          "answered the bits it gets alone; 1 turns dynamic batching off.");
 ABSL_FLAG(int64_t, max_queue_delay_us,
           absl::ToInt64Microseconds(Defaults().scheduling.max_queue_delay),
           "How long the first request of a possible batch waits for partners, "

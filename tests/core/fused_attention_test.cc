@@ -718,6 +718,72 @@ TEST(FusedAttentionTest, ACallRepeatsItsAnswerBitForBit) {
   }
 }
 
+// Requests of one B batched by AttendBatch get the bits each gets alone from
+// Attend: the batch cuts each into the tiles and key splits it would have
+// alone (one thread for a call too small to share, keys split for one of few
+// tiles), whatever the batch's own size would call for.
+TEST(FusedAttentionTest, ABatchedRequestGetsTheBitsItGetsAlone) {
+  const std::unique_ptr<AttentionEngine> engine =
+      MakeEngine({"two", AttentionKernel::kAuto, false, 2});
+  struct Case {
+    AttentionShape part;
+    int parts;
+    bool causal;
+    Precision precision;
+  };
+  const Case cases[] = {
+      {SdpaShape(1, 2, 2, 5, 513, 128), 8, false, Precision::kFloat32},
+      {SdpaShape(1, 8, 2, 37, 700, 64), 4, true, Precision::kFloat32},
+      {SdpaShape(2, 4, 4, 3, 1000, 80), 3, false, Precision::kBFloat16},
+      {SdpaShape(1, 1, 1, 16, 16, 64), 5, false, Precision::kFloat32},
+      {SdpaShape(1, 4, 4, 300, 300, 64), 3, true, Precision::kBFloat16},
+  };
+  for (const Case& c : cases) {
+    const AttentionShape& s = c.part;
+    SCOPED_TRACE(absl::StrCat(c.parts, " parts of ", s.DebugString()));
+    AttentionOptions options;
+    options.causal = c.causal;
+    options.precision = c.precision;
+    options.return_lse = true;
+    std::vector<std::vector<float>> queries, keys, values, outputs, lses;
+    for (int i = 0; i < c.parts; ++i) {
+      queries.push_back(RandomValues(s.QueryElements(), 100 + 3 * i));
+      keys.push_back(RandomValues(s.KeyElements(), 101 + 3 * i));
+      values.push_back(RandomValues(s.ValueElements(), 102 + 3 * i));
+      outputs.emplace_back(s.OutputElements());
+      lses.emplace_back(s.LseElements());
+    }
+    std::vector<AttendPart> parts;
+    for (int i = 0; i < c.parts; ++i) {
+      AttendPart part;
+      part.batch = s.batch;
+      part.query = queries[i];
+      part.key = keys[i];
+      part.value = values[i];
+      part.outputs = AttentionOutputs(absl::MakeSpan(outputs[i]), {},
+                                      absl::MakeSpan(lses[i]));
+      parts.push_back(part);
+    }
+    const absl::Status batched = engine->AttendBatch(s, options, parts);
+    ASSERT_TRUE(batched.ok()) << batched;
+    for (int i = 0; i < c.parts; ++i) {
+      std::vector<float> output(s.OutputElements()), lse(s.LseElements());
+      const absl::Status alone = engine->Attend(
+          s, options, queries[i], keys[i], values[i],
+          AttentionOutputs(absl::MakeSpan(output), {}, absl::MakeSpan(lse)));
+      ASSERT_TRUE(alone.ok()) << alone;
+      EXPECT_EQ(std::memcmp(output.data(), outputs[i].data(),
+                            output.size() * sizeof(float)),
+                0)
+          << "part " << i;
+      EXPECT_EQ(
+          std::memcmp(lse.data(), lses[i].data(), lse.size() * sizeof(float)),
+          0)
+          << "part " << i;
+    }
+  }
+}
+
 TEST(FusedAttentionTest, ReportsWhichKernelsRun) {
   EXPECT_EQ(MakeEngine({"portable", AttentionKernel::kAuto, true, 1})
                 ->runtime_info()

@@ -197,6 +197,34 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   ExpectEightBatched("Attend");
 }
 
+// A batched Attend gets the bits it gets alone: the batch cuts each request
+// into the tiles and key splits it has alone (here two tiles, whose keys a
+// lone request splits across the two threads and a batch of eight cut for its
+// own size would not).
+TEST_F(ServiceTest, BatchedAttendsGetTheBitsTheyGetAlone) {
+  const ReferenceShape s = {1, 2, 2, 5, 513, 128, 128};
+  const std::vector<v1::AttendRequest> requests =
+      StartBatchingEight(s, /*causal=*/false);
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
+  for (const v1::AttendRequest& request : requests) {
+    calls.push_back(client_->AttendFuture(request, kTimeout));
+  }
+  std::vector<std::string> batched;
+  for (auto& call : calls) {
+    absl::StatusOr<v1::AttendResponse> response = call.get();
+    ASSERT_TRUE(response.ok()) << response.status();
+    batched.push_back(response->output().data());
+  }
+  ExpectEightBatched("Attend");
+  for (size_t i = 0; i < requests.size(); ++i) {
+    absl::StatusOr<v1::AttendResponse> alone =
+        client_->Attend(requests[i], kTimeout);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    ExpectMatchesReference(s, requests[i], *alone);
+    EXPECT_EQ(alone->output().data(), batched[i]) << "request " << i;
+  }
+}
+
 // Decode (Lq = 1, no mask) is never batched: each request is computed alone,
 // on the paged kernel where its heads share kv heads, and gets the same bits
 // as the same request sent when nothing else is queued.

@@ -124,9 +124,11 @@ class AttentionEngine {
 
   // Computes several Attends alike but for B in one kernel call (dynamic
   // batching), reading and writing each part's tensors where they are: as
-  // Attend over the parts' batches in order, `shape.batch` ignored. `options`
-  // must be AttendBatchable. Errors as for Attend, and INVALID_ARGUMENT naming
-  // the part whose spans do not fit.
+  // Attend over the parts' batches in order, `shape.batch` ignored. Parts of
+  // equal B get the same bits as each computed alone by Attend (but decode,
+  // which Attend may answer on the paged kernel); parts of unequal B may differ
+  // from that in the last bits. `options` must be AttendBatchable. Errors as
+  // for Attend, and INVALID_ARGUMENT naming the part whose spans do not fit.
   virtual absl::Status AttendBatch(const AttentionShape& shape,
                                    const AttentionOptions& options,
                                    absl::Span<const AttendPart> parts) = 0;

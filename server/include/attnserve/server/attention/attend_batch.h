@@ -1,6 +1,7 @@
-// Dynamic batching of Attend: requests alike in everything but their batch size
-// B run as one engine call (AttentionEngine::AttendBatch) that reads each
-// request's tensors and writes each response's output where they are.
+// Dynamic batching of Attend: alike requests run as one engine call
+// (AttentionEngine::AttendBatch) that reads each request's tensors and writes
+// each response's output where they are, each request's answer bit for bit
+// the answer it would get alone.
 #ifndef ATTNSERVE_SERVER_ATTENTION_ATTEND_BATCH_H_
 #define ATTNSERVE_SERVER_ATTENTION_ATTEND_BATCH_H_
 
@@ -15,15 +16,16 @@
 namespace attnserve {
 
 // The key under which a validated Attend may share a batch: equal for requests
-// with equal dtypes, equal shapes apart from B, and equal options. Empty (never
-// batched) when the options depend on the batch item (key_lengths, or a mask
-// with a batch dimension), the engine cannot batch them in place (weights
-// asked for, or the unfused kernel forced), or the request's inputs are read
-// where they lie by AttendHalf (AttendWork::inputs_in_place), which batching
-// would widen to f32 copies, or the request is decode the engine reads in
-// place (AttentionEngine::DecodeReadsInPlace): alone, a grouped-query decode
-// runs on the paged kernel, which reads each key once for its group, and a
-// batch would put it on the fused kernel, whose last bits differ.
+// with equal dtypes, equal shapes (B included: AttendBatch cuts a batch of
+// equal B as each request alone) and equal options. Empty (never batched) when
+// the options depend on the batch item (key_lengths, or a mask with a batch
+// dimension), the engine cannot batch them in place (weights asked for, or the
+// unfused kernel forced), or the request's inputs are read where they lie by
+// AttendHalf (AttendWork::inputs_in_place), which batching would widen to f32
+// copies, or the request is decode the engine reads in place
+// (AttentionEngine::DecodeReadsInPlace): alone, a grouped-query decode runs on
+// the paged kernel, which reads each key once for its group, and a batch would
+// put it on the fused kernel, whose last bits differ.
 std::string AttendBatchKey(const AttentionEngine& engine,
                            const v1::AttendRequest& request,
                            const AttendWork& work);

@@ -3,7 +3,7 @@
 //
 // On its way out of the queue a job records its wait, asks its caller whether
 // the compute is still wanted (the deadline, the client), runs — alone, or
-// batched with Attends alike but for B — times the compute, records the
+// batched with alike Attends — times the compute, records the
 // metrics and the response's timing, and hands the status back to its caller.
 // A job run alone keeps asking while it computes (the engine polls between
 // its tiles): once the caller's deadline passes or the client goes, the
@@ -52,7 +52,7 @@ struct ComputeContext {
 class ComputeJob final : public Job {
  public:
   // An Attend validated into `work`. With batching on (max_batch > 1) it may
-  // share a batch with Attends alike but for B; a compute the engine runs on
+  // share a batch with alike Attends; a compute the engine runs on
   // one thread anyway may run on the submitting thread (Scheduler::Submit).
   // `request` and `response` must outlive the job's answer.
   static std::unique_ptr<ComputeJob> ForAttend(

@@ -172,6 +172,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   }
 
   void OnWriteDone(bool ok) override {
+    deps_.watchdog->Unwatch(write_ticket_);
     bool resume_reading = false;
     {
       absl::MutexLock lock(&mutex_);
@@ -326,6 +327,10 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
     }
     if (to_write != nullptr) {
       Serialize(*to_write);
+      // An answer the client does not take within the idle timeout cancels
+      // the stream: it would otherwise hold every answer after it, and the
+      // messages behind them, for as long as the connection lives.
+      write_ticket_ = deps_.watchdog->Watch(&context());
       StartWrite(to_write->wire_answer);
     }
     if (finish) Finish(final_status);
@@ -345,8 +350,9 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
   bool registered_ = false;               // With open_streams; set in OnStart.
   std::string identity_;  // The caller's, for the access log; set in OnStart.
-  grpc::ByteBuffer incoming_;             // Only the read in flight touches it.
-  ReadWatchdog::Ticket read_ticket_ = 0;  // The read in flight's.
+  grpc::ByteBuffer incoming_;  // Only the read in flight touches it.
+  TransferWatchdog::Ticket read_ticket_ = 0;   // The read in flight's.
+  TransferWatchdog::Ticket write_ticket_ = 0;  // The write in flight's.
 
   absl::Mutex mutex_;
   std::deque<std::shared_ptr<Slot>> slots_

@@ -193,7 +193,9 @@ class AttentionServiceImpl::WireCall final
  public:
   WireCall(AttentionServiceImpl* service, Rpc rpc,
            Handler<Request, Response> handler)
-      : service_(service), rpc_(rpc), handler_(handler) {}
+      : service_(service), rpc_(rpc), handler_(handler) {
+    send_watchdog = &service_->watchdog_;
+  }
 
   Request request;
   Response response;
@@ -262,6 +264,7 @@ class AttentionServiceImpl::WireCall final
   }
 
   void OnDone() override {
+    if (send_ticket) service_->watchdog_.Unwatch(*send_ticket);
     GiveTensorBytes(&request, service_->pool_.get());
     GiveTensorBytes(&response, service_->pool_.get());
   }
@@ -270,7 +273,7 @@ class AttentionServiceImpl::WireCall final
   const Rpc rpc_;
   const Handler<Request, Response> handler_;
   grpc::ByteBuffer wire_request_;
-  ReadWatchdog::Ticket ticket_ = 0;
+  TransferWatchdog::Ticket ticket_ = 0;
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
 };
 

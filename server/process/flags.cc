@@ -80,14 +80,16 @@ ABSL_FLAG(int, max_client_resets_per_second,
           "whose deadline passed do not count. 0: no limit.");
 ABSL_FLAG(double, message_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.message_timeout),
-          "How long a request may take to arrive after its call starts; past "
-          "it the call is cancelled (a client that stops sending holds no "
-          "memory). At most 24 h.");
+          "How long a unary call's request may take to arrive after its call "
+          "starts, and its answer to be taken by the client once sent; past "
+          "it the call is cancelled (a client that stops sending or reading "
+          "holds no memory). At most 24 h.");
 ABSL_FLAG(double, stream_idle_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.stream_idle_timeout),
-          "How long an AttendStream may wait for its next whole message; past "
-          "it the stream is cancelled (an idle or stalled stream is not held "
-          "open forever). At most 24 h.");
+          "How long an AttendStream may wait for its next whole message, or "
+          "for its client to take an answer; past it the stream is cancelled "
+          "(an idle, stalled or unread stream is not held open forever). At "
+          "most 24 h.");
 ABSL_FLAG(std::string, response_compression, "none",
           "Compress responses with gzip or deflate for clients that accept "
           "it (their grpc-accept-encoding), or none. Costs CPU and saves "

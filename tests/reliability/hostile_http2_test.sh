@@ -14,7 +14,8 @@
 # - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
 #   with --response_compression=gzip alone: refused UNIMPLEMENTED, unread, bombs included;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
-#   and idle streams, with RSS bounded and a well-behaved client served meanwhile;
+#   (held until --message_timeout_seconds passes) and idle streams, with RSS bounded and a
+#   well-behaved client served meanwhile;
 # - rapid_reset_test.py: HEADERS + RST_STREAM on one connection: shut down past
 #   --max_client_resets_per_second (and 50,000 taken with the cap off), also with the server
 #   starved of CPU, RSS bounded and another client's Attends answered meanwhile.
@@ -140,6 +141,10 @@ for scenario in large unread; do
     "${scenario}"
   stop_server
 done
+start_server --max_inflight_bytes="${budget}" --message_timeout_seconds=2
+run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
+  unread_timeout
+stop_server
 budget=$((16 << 20))
 for scenario in streams addresses; do
   start_server --max_inflight_bytes="${budget}"

@@ -7,6 +7,9 @@ that must keep being answered meanwhile):
   unread: Attends asking for PER_HEAD weights (33 MB answers) on a connection that never reads
          its answers: answers not yet sent keep their share of the budget, so once it is held,
          later calls are refused, until the connection goes and the budget comes back.
+  unread_timeout: (the server at --message_timeout_seconds=2) the same unread answers on two
+         connections that stay open: once the timeout passes each call is cancelled
+         (CANCELLED, or its stream reset), and its share of the budget comes back, so a reader is answered.
   streams: idle Health.Watch and AttendStream calls, 16 KiB of the budget each while open:
          past the budget new ones are refused.
   addresses: 100 connections from 127.0.0.2, each with 16 idle Health.Watch calls, more than
@@ -17,7 +20,8 @@ that must keep being answered meanwhile):
 Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
 budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
 
-usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES large|unread|streams|addresses
+usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES
+       large|unread|unread_timeout|streams|addresses
 """
 import collections
 import os
@@ -32,7 +36,7 @@ from attnserve.v1 import attention_pb2_grpc  # noqa: E402
 from attend_messages import attend_request  # noqa: E402
 from raw_http2 import Calls, exit_with, rss_bytes  # noqa: E402
 
-OK, RESOURCE_EXHAUSTED = 0, 8
+OK, CANCELLED, RESOURCE_EXHAUSTED = 0, 1, 8
 # AddressSanitizer's builds keep freed memory in a 256 MiB quarantine: hostile_http2_test.sh
 # raises the overhead for them.
 OVERHEAD_BYTES = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
@@ -144,6 +148,35 @@ def unread(port, failures):
                         f"{reader.statuses[again]}")
 
 
+def unread_timeout(port, failures):
+    """Answers nobody takes are dropped once --message_timeout_seconds passes, and give their
+    share of the budget back while their connections stay open (before, they held it for as
+    long as the connection lived)."""
+    message = attend_request(4, 1024, 16, weights=True).SerializeToString()
+    held = []
+    for _ in range(2):
+        calls = Calls(port, read_answers=False)
+        held.append((calls, calls.start(ATTEND, message)))
+    start = time.monotonic()
+    for calls, stream in held:
+        calls.pump(max(0.1, start + 30 - time.monotonic()),
+                   until=lambda: calls.statuses[stream] is not None)
+    ended = [calls.statuses[stream] for calls, stream in held]
+    print(f"unread answers ended {ended} after {time.monotonic() - start:.1f} s")
+    # gRPC ends a cancelled call with grpc-status CANCELLED where it can, else resets it.
+    if not all(status in (CANCELLED, "reset") for status in ended):
+        failures.append(f"unread answers ended {ended}, expected CANCELLED or a reset")
+    reader = Calls(port, read_answers=True)
+    again = reader.start(ATTEND, message)
+    reader.pump(30, until=lambda: reader.statuses[again] is not None)
+    print(f"with those connections still open: {reader.statuses[again]}")
+    if reader.statuses[again] != OK:
+        failures.append(f"a reader's call while the dropped answers' connections stay open: "
+                        f"{reader.statuses[again]}")
+    for calls in [reader] + [calls for calls, _ in held]:
+        calls.close()
+
+
 def streams(port, failures):
     """Idle Health.Watch and AttendStream calls, 250 per connection on 4 connections."""
     connections = []
@@ -214,7 +247,7 @@ def main():
                                    sys.argv[5])
     failures = []
     watch = RssWatch(pid)
-    {"large": large, "unread": unread, "streams": streams,
+    {"large": large, "unread": unread, "unread_timeout": unread_timeout, "streams": streams,
      "addresses": addresses}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "

@@ -197,6 +197,28 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
   ExpectEightBatched("Attend");
 }
 
+// A stream whose client stops taking its answers is cancelled once an answer
+// has waited the idle timeout to be taken, and gives back the memory its
+// messages and answers held (before, it held them as long as its connection
+// lived, other connections' calls refused meanwhile).
+TEST_F(ServiceTest, AStreamWhoseAnswersAreNotTakenIsCancelled) {
+  ServerOptions options = DefaultOptions();
+  options.transport.stream_idle_timeout = absl::Seconds(1);
+  Start(options);
+  const ReferenceShape s = {2, 8, 8, 128, 256, 64, 64};  // 512 KiB answers
+  std::unique_ptr<AttendSession> stream = client_->OpenAttendSession(kTimeout);
+  // Sends stop once the server stops reading (32 answers wait) and the
+  // window is full, until the stream is cancelled.
+  int sent = 0;
+  while (sent < 48 && stream->Send(Request(s, sent)).ok()) ++sent;
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (Metric("attnserve_inflight_bytes") != 0 && absl::Now() < by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(Metric("attnserve_inflight_bytes"), 0) << sent << " sent";
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+}
+
 // A batched Attend gets the bits it gets alone: the batch cuts each request
 // into the tiles and key splits it has alone (here two tiles, whose keys a
 // lone request splits across the two threads and a batch of eight cut for its

@@ -27,7 +27,7 @@
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/memory_budget.h"
-#include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/rpc/transfer_watchdog.h"
 #include "attnserve/server/rpc/transport_options.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 
@@ -74,7 +74,7 @@ struct StreamDependencies {
   TransportOptions transport;
   // Cancels a stream whose next message has not arrived within
   // transport.stream_idle_timeout of the read's start.
-  ReadWatchdog* watchdog;
+  TransferWatchdog* watchdog;
   // One line per request when not null (--access_log).
   AccessLog* access_log = nullptr;
   // Where the stream registers while open, so that a drain ends it.

@@ -18,7 +18,7 @@
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/memory_budget.h"
-#include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/rpc/transfer_watchdog.h"
 #include "attnserve/server/rpc/transport_options.h"
 #include "attnserve/server/sessions/session_store.h"
 #include "attnserve/server/weights/weights_registry.h"
@@ -76,14 +76,24 @@ class AttentionServiceImpl final {
     // the weights or session it named, the server's timing.
     virtual void Describe(AccessRecord* record) const = 0;
 
-    // Ends the call with `status`, and with wire_response if OK.
+    // Ends the call with `status`, and with wire_response if OK: an answer
+    // its client has not taken within send_watchdog's timeout cancels the
+    // call, which frees what the answer holds.
     void Answer(const grpc::Status& status) {
       if (status.ok()) {
+        if (send_watchdog != nullptr) {
+          send_ticket = send_watchdog->Watch(&context());
+        }
         FinishWithMessage(wire_response, status);
       } else {
         Finish(status);
       }
     }
+
+   protected:
+    TransferWatchdog* send_watchdog = nullptr;  // Set by the subclass.
+    // The answer's, while it is sent; unwatched in OnDone.
+    std::optional<TransferWatchdog::Ticket> send_ticket;
   };
   // A unary call of one method: reads its request, then hands it to the
   // service; owns the request and the response until the call is done, then
@@ -232,9 +242,9 @@ class AttentionServiceImpl final {
   // Where the computes run and record.
   const ComputeContext compute_;
   // Cancels unary calls whose request stops arriving.
-  ReadWatchdog watchdog_;
+  TransferWatchdog watchdog_;
   // Cancels AttendStreams whose next message does not come.
-  ReadWatchdog stream_watchdog_;
+  TransferWatchdog stream_watchdog_;
   // The AttendStreams open, for EndStreams.
   OpenStreams open_streams_;
   // One line per call when not null (--access_log).

@@ -1,13 +1,13 @@
-#include "attnserve/server/rpc/read_watchdog.h"
+#include "attnserve/server/rpc/transfer_watchdog.h"
 
 #include <algorithm>
 
 namespace attnserve {
 
-ReadWatchdog::ReadWatchdog(absl::Duration timeout)
+TransferWatchdog::TransferWatchdog(absl::Duration timeout)
     : timeout_(timeout), thread_([this] { CancelExpired(); }) {}
 
-ReadWatchdog::~ReadWatchdog() {
+TransferWatchdog::~TransferWatchdog() {
   {
     absl::MutexLock lock(&mutex_);
     stopping_ = true;
@@ -15,24 +15,25 @@ ReadWatchdog::~ReadWatchdog() {
   thread_.join();
 }
 
-ReadWatchdog::Ticket ReadWatchdog::Watch(grpc::ServerContextBase* context) {
+TransferWatchdog::Ticket TransferWatchdog::Watch(
+    grpc::ServerContextBase* context) {
   absl::MutexLock lock(&mutex_);
   const Ticket ticket = next_++;
   watched_.emplace(ticket, Watched{context, absl::Now() + timeout_});
   return ticket;
 }
 
-void ReadWatchdog::Unwatch(Ticket ticket) {
+void TransferWatchdog::Unwatch(Ticket ticket) {
   absl::MutexLock lock(&mutex_);
   watched_.erase(ticket);
 }
 
-int64_t ReadWatchdog::cancelled() const {
+int64_t TransferWatchdog::cancelled() const {
   absl::MutexLock lock(&mutex_);
   return cancelled_;
 }
 
-void ReadWatchdog::CancelExpired() {
+void TransferWatchdog::CancelExpired() {
   // Checks a few times per timeout, at most every 100 ms.
   const absl::Duration period =
       std::clamp(timeout_ / 4, absl::Milliseconds(10), absl::Milliseconds(100));
@@ -44,7 +45,8 @@ void ReadWatchdog::CancelExpired() {
         ++it;
         continue;
       }
-      // Under the mutex: the call cannot finish its read (and Unwatch) first.
+      // Under the mutex: the call cannot finish its transfer (and Unwatch)
+      // first.
       it->second.context->TryCancel();
       ++cancelled_;
       it = watched_.erase(it);

@@ -354,10 +354,22 @@ absl::Status AttentionEngineImpl::AttendBatch(
     tiling.batch = alone.batch;
     tiling.threads = TeamSize(AttentionFlops(alone));
   }
-  ATTNSERVE_RETURN_IF_ERROR(CheckWorkspace(
+  const absl::Status fits = CheckWorkspace(
       absl::StrCat("attention for shape ", total.DebugString()),
       FusedWorkspaceBytes(total, options, threads_, /*key_value_packed=*/true,
-                          DataType::kFloat32, tiling)));
+                          DataType::kFloat32, tiling));
+  if (!fits.ok()) {
+    if (!alike || parts.size() == 1) return fits;
+    // The lone splits of many parts can take more scratch than the batch's
+    // own would: each part is then computed alone, as it would be unbatched.
+    AttentionShape alone = shape;
+    alone.batch = parts.front().batch;
+    for (const AttendPart& part : parts) {
+      ATTNSERVE_RETURN_IF_ERROR(Attend(alone, options, part.query, part.key,
+                                       part.value, part.outputs));
+    }
+    return absl::OkStatus();
+  }
 
   SdpaProblem problem =
       MakeSdpaProblem(total, options, AttentionOutputs(absl::Span<float>()));

@@ -102,7 +102,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   void Read() {
     absl::MutexLock lock(&mutex_);
     if (finished_ || !drain_reason_.empty()) return;
-    read_ticket_ = deps_.watchdog->Watch(&context());
+    read_ticket_ = deps_.watchdog->Watch(this);
     StartRead(&incoming_);
   }
 
@@ -330,7 +330,8 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       // An answer the client does not take within the idle timeout cancels
       // the stream: it would otherwise hold every answer after it, and the
       // messages behind them, for as long as the connection lives.
-      write_ticket_ = deps_.watchdog->Watch(&context());
+      write_ticket_ = deps_.watchdog->Watch(
+          this, SendAllowance(to_write->wire_answer.Length()));
       StartWrite(to_write->wire_answer);
     }
     if (finish) Finish(final_status);

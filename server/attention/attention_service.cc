@@ -227,7 +227,7 @@ class AttentionServiceImpl::WireCall final
         return service_->Serve(rpc_, this, nullptr, may_change, handler_);
       }
     }
-    ticket_ = service_->watchdog_.Watch(&context());
+    ticket_ = service_->watchdog_.Watch(this);
     StartRead(&wire_request_);
   }
 

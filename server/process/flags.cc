@@ -62,7 +62,8 @@ ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
           "Most Attend requests (alike in shape and options, unary or "
-          "streamed; not decode, Lq = 1) computed together in one call, each "
+          "streamed; not decode the paged kernel reads, Lq = 1) computed "
+          "together in one call, each "
           "answered the bits it gets alone; 1 turns dynamic batching off.");
 ABSL_FLAG(int64_t, max_queue_delay_us,
           absl::ToInt64Microseconds(Defaults().scheduling.max_queue_delay),
@@ -77,19 +78,20 @@ ABSL_FLAG(int, max_client_resets_per_second,
           Defaults().transport.max_client_resets_per_second,
           "Calls one connection's client may cancel in a second before the "
           "server shuts that connection down (rapid-reset floods); calls "
-          "whose deadline passed do not count. 0: no limit.");
+          "whose deadline passed, or that the server cancels for a stalled "
+          "transfer, do not count. 0: no limit.");
 ABSL_FLAG(double, message_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.message_timeout),
           "How long a unary call's request may take to arrive after its call "
-          "starts, and its answer to be taken by the client once sent; past "
-          "it the call is cancelled (a client that stops sending or reading "
-          "holds no memory). At most 24 h.");
+          "starts, and its answer, plus a second per MiB, to be taken by the "
+          "client once sent; past it the call is cancelled (a client that "
+          "stops sending or reading holds no memory). At most 24 h.");
 ABSL_FLAG(double, stream_idle_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.stream_idle_timeout),
           "How long an AttendStream may wait for its next whole message, or "
-          "for its client to take an answer; past it the stream is cancelled "
-          "(an idle, stalled or unread stream is not held open forever). At "
-          "most 24 h.");
+          "for its client to take an answer (plus a second per MiB); past it "
+          "the stream is cancelled (an idle, stalled or unread stream is not "
+          "held open forever). At most 24 h.");
 ABSL_FLAG(std::string, response_compression, "none",
           "Compress responses with gzip or deflate for clients that accept "
           "it (their grpc-accept-encoding), or none. Costs CPU and saves "

@@ -77,7 +77,9 @@ class CallSlot {
           cancel = cancel_waiting_;
         }
         if (cancel) {
-          loop_->CallCancelled(context_, peer_);
+          if (!cancelled_by_server_.load()) {
+            loop_->CallCancelled(context_, peer_);
+          }
           handler_->OnCancel();
         }
         break;
@@ -99,7 +101,9 @@ class CallSlot {
           cancel_waiting_ = !arrived_;
         }
         if (cancel) {
-          loop_->CallCancelled(context_, peer_);
+          if (!cancelled_by_server_.load()) {
+            loop_->CallCancelled(context_, peer_);
+          }
           handler_->OnCancel();
         }
         break;
@@ -110,6 +114,11 @@ class CallSlot {
   grpc::GenericServerContext& context() { return context_; }
   const std::string& peer() const { return peer_; }
   bool cancelled() const { return cancelled_.load(); }
+
+  void CancelStalled() {
+    cancelled_by_server_.store(true);
+    context_.TryCancel();
+  }
 
   // Operations on a queue that has shut down would abort gRPC: they are not
   // started (the loop has given up on the call by then; see Shutdown).
@@ -172,6 +181,7 @@ class CallSlot {
   // already finish on another thread; one per read or write in flight.
   std::atomic<int> pending_{3};
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> cancelled_by_server_{false};  // CancelStalled.
   // gRPC may hand one thread the call's cancellation while another takes its
   // arrival: OnCancel then waits until OnStart has returned.
   absl::Mutex arrival_mutex_;
@@ -235,6 +245,8 @@ grpc::GenericServerContext& ServerCall::context() const {
 const std::string& ServerCall::peer() const { return slot_->peer(); }
 
 bool ServerCall::cancelled() const { return slot_->cancelled(); }
+
+void ServerCall::CancelStalled() { slot_->CancelStalled(); }
 
 void ServerCall::StartRead(grpc::ByteBuffer* message) {
   slot_->StartRead(message);

@@ -15,11 +15,11 @@ TransferWatchdog::~TransferWatchdog() {
   thread_.join();
 }
 
-TransferWatchdog::Ticket TransferWatchdog::Watch(
-    grpc::ServerContextBase* context) {
+TransferWatchdog::Ticket TransferWatchdog::Watch(ServerCall* call,
+                                                 absl::Duration extra) {
   absl::MutexLock lock(&mutex_);
   const Ticket ticket = next_++;
-  watched_.emplace(ticket, Watched{context, absl::Now() + timeout_});
+  watched_.emplace(ticket, Watched{call, absl::Now() + timeout_ + extra});
   return ticket;
 }
 
@@ -47,7 +47,7 @@ void TransferWatchdog::CancelExpired() {
       }
       // Under the mutex: the call cannot finish its transfer (and Unwatch)
       // first.
-      it->second.context->TryCancel();
+      it->second.call->CancelStalled();
       ++cancelled_;
       it = watched_.erase(it);
     }

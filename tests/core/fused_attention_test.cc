@@ -784,6 +784,53 @@ TEST(FusedAttentionTest, ABatchedRequestGetsTheBitsItGetsAlone) {
   }
 }
 
+// Parts whose lone key splits together pass the workspace limit, though each
+// alone fits, are computed one after the other, with the bits they get alone.
+TEST(FusedAttentionTest, ABatchOverTheWorkspaceLimitComputesItsPartsAlone) {
+  const AttentionShape s = SdpaShape(1, 2, 2, 5, 513, 128);
+  AttentionOptions options;
+  EngineOptions limited;
+  limited.num_threads = 2;
+  limited.max_workspace_bytes =
+      MakeEngine({"two", AttentionKernel::kAuto, false, 2})
+          ->AttendWorkspaceBytes(s, options)
+          .value();
+  absl::StatusOr<std::unique_ptr<AttentionEngine>> engine =
+      AttentionEngine::Create(limited);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  constexpr int kParts = 16;
+  std::vector<std::vector<float>> queries, keys, values, outputs;
+  std::vector<AttendPart> parts;
+  for (int i = 0; i < kParts; ++i) {
+    queries.push_back(RandomValues(s.QueryElements(), 200 + 3 * i));
+    keys.push_back(RandomValues(s.KeyElements(), 201 + 3 * i));
+    values.push_back(RandomValues(s.ValueElements(), 202 + 3 * i));
+    outputs.emplace_back(s.OutputElements());
+  }
+  for (int i = 0; i < kParts; ++i) {
+    AttendPart part;
+    part.batch = 1;
+    part.query = queries[i];
+    part.key = keys[i];
+    part.value = values[i];
+    part.outputs = AttentionOutputs(absl::MakeSpan(outputs[i]));
+    parts.push_back(part);
+  }
+  const absl::Status batched = (*engine)->AttendBatch(s, options, parts);
+  ASSERT_TRUE(batched.ok()) << batched;
+  for (int i = 0; i < kParts; ++i) {
+    std::vector<float> output(s.OutputElements());
+    ASSERT_TRUE((*engine)
+                    ->Attend(s, options, queries[i], keys[i], values[i],
+                             AttentionOutputs(absl::MakeSpan(output)))
+                    .ok());
+    EXPECT_EQ(std::memcmp(output.data(), outputs[i].data(),
+                          output.size() * sizeof(float)),
+              0)
+        << "part " << i;
+  }
+}
+
 TEST(FusedAttentionTest, ReportsWhichKernelsRun) {
   EXPECT_EQ(MakeEngine({"portable", AttentionKernel::kAuto, true, 1})
                 ->runtime_info()

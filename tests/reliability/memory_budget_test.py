@@ -8,8 +8,8 @@ that must keep being answered meanwhile):
          its answers: answers not yet sent keep their share of the budget, so once it is held,
          later calls are refused, until the connection goes and the budget comes back.
   unread_timeout: (the server at --message_timeout_seconds=2) the same unread answers on two
-         connections that stay open: once the timeout passes each call is cancelled
-         (CANCELLED, or its stream reset), and its share of the budget comes back, so a reader is answered.
+         connections that stay open: once the timeout (and a second per MiB) passes each call
+         is cancelled (CANCELLED, or its stream reset), and its share of the budget comes back.
   streams: idle Health.Watch and AttendStream calls, 16 KiB of the budget each while open:
          past the budget new ones are refused.
   addresses: 100 connections from 127.0.0.2, each with 16 idle Health.Watch calls, more than
@@ -149,30 +149,41 @@ def unread(port, failures):
 
 
 def unread_timeout(port, failures):
-    """Answers nobody takes are dropped once --message_timeout_seconds passes, and give their
-    share of the budget back while their connections stay open (before, they held it for as
-    long as the connection lived)."""
+    """Answers nobody takes are dropped once --message_timeout_seconds (plus a second per MiB
+    of answer) passes, and give their share of the budget back while their connections stay
+    open (before, they held it for as long as the connection lived): two 33 MB answers on two
+    connections fill the budget, a third connection's call is refused, the two end CANCELLED
+    after about 2 + 32 s, and the third connection's next call is answered."""
     message = attend_request(4, 1024, 16, weights=True).SerializeToString()
     held = []
     for _ in range(2):
         calls = Calls(port, read_answers=False)
-        held.append((calls, calls.start(ATTEND, message)))
+        stream = calls.start(ATTEND, message)
+        calls.pump(4, until=lambda: False)  # computed, its answer waiting on the window
+        held.append((calls, stream))
+    reader = Calls(port, read_answers=True)
+    refused = reader.start(ATTEND, message)
+    reader.pump(10, until=lambda: reader.statuses[refused] is not None)
+    print(f"while two unread answers are held, another connection's call: "
+          f"{reader.statuses[refused]}")
+    if reader.statuses[refused] != RESOURCE_EXHAUSTED:
+        failures.append(f"a call while two unread answers held the budget got "
+                        f"{reader.statuses[refused]}, expected RESOURCE_EXHAUSTED")
     start = time.monotonic()
     for calls, stream in held:
-        calls.pump(max(0.1, start + 30 - time.monotonic()),
+        calls.pump(max(0.1, start + 90 - time.monotonic()),
                    until=lambda: calls.statuses[stream] is not None)
     ended = [calls.statuses[stream] for calls, stream in held]
-    print(f"unread answers ended {ended} after {time.monotonic() - start:.1f} s")
+    print(f"unread answers ended {ended} {time.monotonic() - start:.1f} s later")
     # gRPC ends a cancelled call with grpc-status CANCELLED where it can, else resets it.
     if not all(status in (CANCELLED, "reset") for status in ended):
         failures.append(f"unread answers ended {ended}, expected CANCELLED or a reset")
-    reader = Calls(port, read_answers=True)
     again = reader.start(ATTEND, message)
-    reader.pump(30, until=lambda: reader.statuses[again] is not None)
+    reader.pump(60, until=lambda: reader.statuses[again] is not None)
     print(f"with those connections still open: {reader.statuses[again]}")
     if reader.statuses[again] != OK:
-        failures.append(f"a reader's call while the dropped answers' connections stay open: "
-                        f"{reader.statuses[again]}")
+        failures.append(f"a call once the dropped answers gave the budget back, their "
+                        f"connections still open: {reader.statuses[again]}")
     for calls in [reader] + [calls for calls, _ in held]:
         calls.close()
 

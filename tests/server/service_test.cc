@@ -211,12 +211,34 @@ TEST_F(ServiceTest, AStreamWhoseAnswersAreNotTakenIsCancelled) {
   // window is full, until the stream is cancelled.
   int sent = 0;
   while (sent < 48 && stream->Send(Request(s, sent)).ok()) ++sent;
+  // 120 MB cannot fit the windows: a send failed once the stream was cancelled.
+  EXPECT_LT(sent, 48);
   const absl::Time by = absl::Now() + absl::Seconds(30);
   while (Metric("attnserve_inflight_bytes") != 0 && absl::Now() < by) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(Metric("attnserve_inflight_bytes"), 0) << sent << " sent";
   EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+}
+
+// Streams the server cancels for a stalled transfer are not resets of their
+// client's: more of them in a second than --max_client_resets_per_second
+// leave the connection open (before, the watchdog's cancels counted).
+TEST_F(ServiceTest, StalledStreamsTheServerCancelsAreNotClientResets) {
+  ServerOptions options = DefaultOptions();
+  options.transport.stream_idle_timeout = absl::Seconds(1);
+  options.transport.max_client_resets_per_second = 1;
+  Start(options);
+  std::vector<std::unique_ptr<AttendSession>> idle;
+  for (int i = 0; i < 4; ++i)
+    idle.push_back(client_->OpenAttendSession(kTimeout));
+  for (auto& stream : idle) {
+    EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
+  }
+  absl::SleepFor(absl::Milliseconds(1500));  // The gauges' refresh period.
+  EXPECT_EQ(Metric("attnserve_reset_connections_closed_total"), 0);
+  const ReferenceShape s = {1, 2, 2, 5, 7, 8, 8};
+  EXPECT_TRUE(client_->Attend(Request(s, 1), kTimeout).ok());
 }
 
 // A batched Attend gets the bits it gets alone: the batch cuts each request

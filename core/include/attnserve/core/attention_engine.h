@@ -126,9 +126,11 @@ class AttentionEngine {
   // batching), reading and writing each part's tensors where they are: as
   // Attend over the parts' batches in order, `shape.batch` ignored. Parts of
   // equal B get the same bits as each computed alone by Attend (but decode,
-  // which Attend may answer on the paged kernel); parts of unequal B may differ
-  // from that in the last bits. `options` must be AttendBatchable. Errors as
-  // for Attend, and INVALID_ARGUMENT naming the part whose spans do not fit.
+  // which Attend may answer on the paged kernel), and are computed one after
+  // the other when their lone tiling would pass the workspace limit together;
+  // parts of unequal B may differ from that in the last bits. `options` must be
+  // AttendBatchable. Errors as for Attend, and INVALID_ARGUMENT naming the part
+  // whose spans do not fit.
   virtual absl::Status AttendBatch(const AttentionShape& shape,
                                    const AttentionOptions& options,
                                    absl::Span<const AttendPart> parts) = 0;

@@ -73,7 +73,8 @@ struct StreamDependencies {
   RequestChecks checks;
   TransportOptions transport;
   // Cancels a stream whose next message has not arrived within
-  // transport.stream_idle_timeout of the read's start.
+  // transport.stream_idle_timeout of the read's start, or whose answer has not
+  // been taken within it (and SendAllowance) of the write's.
   TransferWatchdog* watchdog;
   // One line per request when not null (--access_log).
   AccessLog* access_log = nullptr;

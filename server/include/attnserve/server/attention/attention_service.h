@@ -82,7 +82,8 @@ class AttentionServiceImpl final {
     void Answer(const grpc::Status& status) {
       if (status.ok()) {
         if (send_watchdog != nullptr) {
-          send_ticket = send_watchdog->Watch(&context());
+          send_ticket =
+              send_watchdog->Watch(this, SendAllowance(wire_response.Length()));
         }
         FinishWithMessage(wire_response, status);
       } else {
@@ -241,9 +242,11 @@ class AttentionServiceImpl final {
   const std::shared_ptr<BytesPool> pool_;
   // Where the computes run and record.
   const ComputeContext compute_;
-  // Cancels unary calls whose request stops arriving.
+  // Cancels unary calls whose request stops arriving or whose answer is not
+  // taken.
   TransferWatchdog watchdog_;
-  // Cancels AttendStreams whose next message does not come.
+  // Cancels AttendStreams whose next message does not come or whose answer
+  // is not taken.
   TransferWatchdog stream_watchdog_;
   // The AttendStreams open, for EndStreams.
   OpenStreams open_streams_;

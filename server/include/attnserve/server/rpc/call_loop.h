@@ -93,8 +93,13 @@ class ServerCall {
   const std::string& peer() const;
 
   // True once gRPC has reported the call cancelled (by the client, a passed
-  // deadline or the server's shutdown). Thread-safe.
+  // deadline, the server's shutdown or CancelStalled). Thread-safe.
   bool cancelled() const;
+
+  // Cancels the call from the server's side, for a transfer that stalled
+  // (TransferWatchdog): OnCancel follows as for any cancel, but the call does
+  // not count as one its client reset (ResetGuard). Thread-safe.
+  void CancelStalled();
 
  protected:
   virtual void OnStart() = 0;

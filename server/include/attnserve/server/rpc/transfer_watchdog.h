@@ -3,24 +3,27 @@
 // declares a large message and stops sending would hold those bytes for as
 // long as the connection stays open. Likewise an answer is held until the
 // client has taken it (HTTP/2 flow control): a client that stops reading
-// would hold it as long. Each watched transfer gets `timeout`, from the start
-// of a read to its whole message or from the start of a write to its last
-// byte taken; past it the call is cancelled, which frees what was held (the
-// client sees its stream reset).
+// would hold it as long. Each watched transfer gets `timeout` (and an answer a
+// second more per MiB: SendAllowance), from the start of a read to its whole
+// message or from the start of a write to its last byte taken; past it the
+// call is cancelled, which frees what was held (the client sees CANCELLED or
+// its stream reset).
 //
 //   TransferWatchdog watchdog(absl::Seconds(30));
-//   const TransferWatchdog::Ticket ticket = watchdog.Watch(&context);
+//   const TransferWatchdog::Ticket ticket = watchdog.Watch(this);
 //   StartRead(&message);  // or StartWrite, or Finish with a message
 //   ...
 //   watchdog.Unwatch(ticket);  // first thing in OnReadDone (OnWriteDone,
 //                              // OnDone)
 //
-// Thread-safe. Owns one thread, joined by the destructor. A watched context
-// must stay valid until Unwatch returns; after it returns the watchdog never
-// touches the context again.
+// A stalled call is cancelled with ServerCall::CancelStalled, which its
+// client's reset count (ResetGuard) does not see. Thread-safe. Owns one
+// thread, joined by the destructor. A watched call must stay valid until
+// Unwatch returns; after it returns the watchdog never touches the call again.
 #ifndef ATTNSERVE_SERVER_RPC_TRANSFER_WATCHDOG_H_
 #define ATTNSERVE_SERVER_RPC_TRANSFER_WATCHDOG_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <thread>
@@ -28,9 +31,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "grpcpp/server_context.h"
+#include "attnserve/server/rpc/call_loop.h"
 
 namespace attnserve {
+
+// The time an answer of `bytes` may take beyond the timeout to be taken: a
+// second per MiB, so that a client reading at 1 MiB/s or more is never cut
+// off however large the answer (--max_message_bytes).
+inline absl::Duration SendAllowance(size_t bytes) {
+  return absl::Seconds(static_cast<double>(bytes) / (1 << 20));
+}
 
 class TransferWatchdog {
  public:
@@ -41,9 +51,11 @@ class TransferWatchdog {
   TransferWatchdog& operator=(const TransferWatchdog&) = delete;
   ~TransferWatchdog();
 
-  // Starts the clock of a call's read or write. A call may have several
-  // transfers watched at once (a stream's read and write).
-  Ticket Watch(grpc::ServerContextBase* context) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Starts the clock of a call's read or write: `timeout` plus `extra` (an
+  // answer's allowance for its size). A call may have several transfers
+  // watched at once (a stream's read and write).
+  Ticket Watch(ServerCall* call, absl::Duration extra = absl::ZeroDuration())
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Stops it (the transfer completed, or failed).
   void Unwatch(Ticket ticket) ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -52,7 +64,7 @@ class TransferWatchdog {
 
  private:
   struct Watched {
-    grpc::ServerContextBase* context;
+    ServerCall* call;
     absl::Time deadline;
   };
 

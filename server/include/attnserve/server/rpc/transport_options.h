@@ -35,14 +35,15 @@ struct TransportOptions {
   // GRPC_COMPRESS_GZIP or GRPC_COMPRESS_DEFLATE. Compression costs CPU and
   // saves little on dense float tensors (BENCHMARKS.md).
   grpc_compression_algorithm response_compression = GRPC_COMPRESS_NONE;
-  // How long a unary call's request may take to arrive after its headers;
-  // past it the call is cancelled, so a client that stops sending cannot make
-  // the server hold a partial message.
+  // How long a unary call's request may take to arrive after its headers, and
+  // its answer (a second more per MiB) to be taken by the client once sent;
+  // past it the call is cancelled, so a client that stops sending or reading
+  // cannot make the server hold a message.
   absl::Duration message_timeout = absl::Seconds(30);
   // How long an AttendStream may wait for its next whole message while a read
-  // is pending (its answers all written or being written); past it the
-  // stream is cancelled, so an idle or stalled stream cannot be held open
-  // forever.
+  // is pending (its answers all written or being written), and for an answer
+  // (a second more per MiB) to be taken; past it the stream is cancelled, so
+  // an idle, stalled or unread stream cannot be held open forever.
   absl::Duration stream_idle_timeout = absl::Minutes(5);
   // Threads that poll gRPC and run the handlers (parse, validate, serialise,
   // and calls too small to hand to an executor). 0: one per 8 of the cores the

@@ -203,21 +203,26 @@ TEST_F(ServiceTest, BatchesConcurrentAttendsAndSplitsTheirAnswers) {
 // lived, other connections' calls refused meanwhile).
 TEST_F(ServiceTest, AStreamWhoseAnswersAreNotTakenIsCancelled) {
   ServerOptions options = DefaultOptions();
-  options.transport.stream_idle_timeout = absl::Seconds(1);
+  // Held for at least 2 s, longer than the gauges' refresh period (1 s).
+  options.transport.stream_idle_timeout = absl::Seconds(2);
   Start(options);
   const ReferenceShape s = {2, 8, 8, 128, 256, 64, 64};  // 512 KiB answers
   std::unique_ptr<AttendSession> stream = client_->OpenAttendSession(kTimeout);
-  // Sends stop once the server stops reading (32 answers wait) and the
-  // window is full, until the stream is cancelled.
-  int sent = 0;
-  while (sent < 48 && stream->Send(Request(s, sent)).ok()) ++sent;
-  // 120 MB cannot fit the windows: a send failed once the stream was cancelled.
-  EXPECT_LT(sent, 48);
+  // Sends may block once the server stops reading (32 answers wait) and the
+  // window is full, until the stream is cancelled: they run on their own.
+  std::thread sender([&stream, &s] {
+    for (int i = 0; i < 48 && stream->Send(Request(s, i)).ok(); ++i) {
+    }
+  });
+  // The answers are held, then let go long before the stream's own deadline.
+  AwaitMetric("attnserve_inflight_bytes", 1);
+  EXPECT_GT(Metric("attnserve_inflight_bytes"), 0);
   const absl::Time by = absl::Now() + absl::Seconds(30);
   while (Metric("attnserve_inflight_bytes") != 0 && absl::Now() < by) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(Metric("attnserve_inflight_bytes"), 0) << sent << " sent";
+  EXPECT_EQ(Metric("attnserve_inflight_bytes"), 0);
+  sender.join();
   EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kCancelled);
 }
 

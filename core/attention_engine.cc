@@ -348,9 +348,9 @@ absl::Status AttentionEngineImpl::AttendBatch(
       std::all_of(parts.begin(), parts.end(), [&](const AttendPart& part) {
         return part.batch == parts.front().batch;
       });
+  AttentionShape alone = shape;  // One part, when they are alike.
+  alone.batch = parts.front().batch;
   if (alike) {
-    AttentionShape alone = shape;
-    alone.batch = parts.front().batch;
     tiling.batch = alone.batch;
     tiling.threads = TeamSize(AttentionFlops(alone));
   }
@@ -362,8 +362,6 @@ absl::Status AttentionEngineImpl::AttendBatch(
     if (!alike || parts.size() == 1) return fits;
     // The lone splits of many parts can take more scratch than the batch's
     // own would: each part is then computed alone, as it would be unbatched.
-    AttentionShape alone = shape;
-    alone.batch = parts.front().batch;
     for (const AttendPart& part : parts) {
       ATTNSERVE_RETURN_IF_ERROR(Attend(alone, options, part.query, part.key,
                                        part.value, part.outputs));

@@ -76,12 +76,7 @@ class CallSlot {
           arrived_ = true;
           cancel = cancel_waiting_;
         }
-        if (cancel) {
-          if (!cancelled_by_server_.load()) {
-            loop_->CallCancelled(context_, peer_);
-          }
-          handler_->OnCancel();
-        }
+        if (cancel) ReportCancel();
         break;
       case Op::kRead:
         handler_->OnReadDone(ok);
@@ -100,12 +95,7 @@ class CallSlot {
           cancel = arrived_;
           cancel_waiting_ = !arrived_;
         }
-        if (cancel) {
-          if (!cancelled_by_server_.load()) {
-            loop_->CallCancelled(context_, peer_);
-          }
-          handler_->OnCancel();
-        }
+        if (cancel) ReportCancel();
         break;
     }
     Release();
@@ -159,6 +149,13 @@ class CallSlot {
   static constexpr int kOps = 5;
 
   void* TagOf(Op op) { return &tags_[static_cast<int>(op)]; }
+
+  // A cancel the client (not the server's CancelStalled) made counts toward
+  // its connection's resets; the handler hears of every one.
+  void ReportCancel() {
+    if (!cancelled_by_server_.load()) loop_->CallCancelled(context_, peer_);
+    handler_->OnCancel();
+  }
 
   void Release() {
     if (pending_.fetch_sub(1) != 1) return;

@@ -179,6 +179,35 @@ class ServiceTest : public ::attnserve::testing::ServerFixture {
     return requests;
   }
 
+  // Sends every request before waiting for any answer; each answer's output
+  // bytes, in order, into `outputs`.
+  void SendAtOnce(const std::vector<v1::AttendRequest>& requests,
+                  std::vector<std::string>* outputs) {
+    std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
+    for (const v1::AttendRequest& request : requests) {
+      calls.push_back(client_->AttendFuture(request, kTimeout));
+    }
+    for (auto& call : calls) {
+      absl::StatusOr<v1::AttendResponse> response = call.get();
+      ASSERT_TRUE(response.ok()) << response.status();
+      outputs->push_back(response->output().data());
+    }
+  }
+
+  // Sends each request alone: it must match the reference, with the output
+  // bytes `outputs` holds for it.
+  void ExpectAloneGives(const ReferenceShape& s,
+                        const std::vector<v1::AttendRequest>& requests,
+                        const std::vector<std::string>& outputs) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      absl::StatusOr<v1::AttendResponse> alone =
+          client_->Attend(requests[i], kTimeout);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      ExpectMatchesReference(s, requests[i], *alone);
+      EXPECT_EQ(alone->output().data(), outputs[i]) << "request " << i;
+    }
+  }
+
   // The 8 requests of `rpc` ran in fewer compute calls than 8.
   void ExpectEightBatched(const std::string& rpc) {
     EXPECT_EQ(Metric(absl::StrCat("attnserve_compute_seconds_count{rpc=\"", rpc,
@@ -254,24 +283,10 @@ TEST_F(ServiceTest, BatchedAttendsGetTheBitsTheyGetAlone) {
   const ReferenceShape s = {1, 2, 2, 5, 513, 128, 128};
   const std::vector<v1::AttendRequest> requests =
       StartBatchingEight(s, /*causal=*/false);
-  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
-  for (const v1::AttendRequest& request : requests) {
-    calls.push_back(client_->AttendFuture(request, kTimeout));
-  }
   std::vector<std::string> batched;
-  for (auto& call : calls) {
-    absl::StatusOr<v1::AttendResponse> response = call.get();
-    ASSERT_TRUE(response.ok()) << response.status();
-    batched.push_back(response->output().data());
-  }
+  ASSERT_NO_FATAL_FAILURE(SendAtOnce(requests, &batched));
   ExpectEightBatched("Attend");
-  for (size_t i = 0; i < requests.size(); ++i) {
-    absl::StatusOr<v1::AttendResponse> alone =
-        client_->Attend(requests[i], kTimeout);
-    ASSERT_TRUE(alone.ok()) << alone.status();
-    ExpectMatchesReference(s, requests[i], *alone);
-    EXPECT_EQ(alone->output().data(), batched[i]) << "request " << i;
-  }
+  ExpectAloneGives(s, requests, batched);
 }
 
 // Decode (Lq = 1, no mask) is never batched: each request is computed alone,
@@ -281,25 +296,11 @@ TEST_F(ServiceTest, ConcurrentDecodeAttendsAreEachComputedAlone) {
   const ReferenceShape s = {1, 4, 2, 1, 300, 8, 8};
   const std::vector<v1::AttendRequest> requests =
       StartBatchingEight(s, /*causal=*/false);
-  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
-  for (const v1::AttendRequest& request : requests) {
-    calls.push_back(client_->AttendFuture(request, kTimeout));
-  }
   std::vector<std::string> concurrent;
-  for (auto& call : calls) {
-    absl::StatusOr<v1::AttendResponse> response = call.get();
-    ASSERT_TRUE(response.ok()) << response.status();
-    concurrent.push_back(response->output().data());
-  }
+  ASSERT_NO_FATAL_FAILURE(SendAtOnce(requests, &concurrent));
   EXPECT_EQ(Metric("attnserve_batch_size_count"), 8);
   EXPECT_EQ(Metric("attnserve_batch_size_sum"), 8);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    absl::StatusOr<v1::AttendResponse> alone =
-        client_->Attend(requests[i], kTimeout);
-    ASSERT_TRUE(alone.ok()) << alone.status();
-    ExpectMatchesReference(s, requests[i], *alone);
-    EXPECT_EQ(alone->output().data(), concurrent[i]) << "request " << i;
-  }
+  ExpectAloneGives(s, requests, concurrent);
 }
 
 // AttendStream's requests take the unary compute path: sent at once on one

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What dynamic batching buys under load (#5 item 2): one attnserve per
 # --max_batch value is started on loopback, then `attnctl bench` runs CLIENTS
-# closed-loop clients of the small Attend (1, 8, 128, 64) against each in turn,
+# closed-loop clients of one Attend shape (by default the small (1, 8, 128, 64);
+# --shape=B,H,Hkv,Lq,Lk,D picks another) against each in turn,
 # ROUNDS times, the servers taking turns so that the host's drift hits them
 # alike. Per server: the median req/s of the rounds (and their range), the
 # server's and the client's CPU time per request (from /proc and the shell's
@@ -9,7 +10,8 @@
 # the ratio of each server's median to the first's.
 #
 #   bench/batching_throughput.sh [--rounds=5] [--duration=4s] [--clients=64] \
-#       [--max_batch=1,32] [--attnserve=build/server/attnserve] [-- server flags]
+#       [--max_batch=1,32] [--shape=1,8,8,128,128,64] \
+#       [--attnserve=build/server/attnserve] [-- server flags]
 #
 # On a machine whose clients run elsewhere, point ATTNCTL at a wrapper that
 # runs attnctl there; the client CPU column then reads 0.
@@ -22,6 +24,7 @@ rounds=5
 duration=4s
 clients=64
 max_batches=1,32
+shape_text=1,8,8,128,128,64
 flags=()
 while (($#)); do
   case $1 in
@@ -29,14 +32,21 @@ while (($#)); do
     --duration=*) duration=${1#*=} ;;
     --clients=*) clients=${1#*=} ;;
     --max_batch=*) max_batches=${1#*=} ;;
+    --shape=*) shape_text=${1#*=} ;;
     --attnserve=*) attnserve=${1#*=} ;;
     --) shift; flags=("$@"); break ;;
     *) echo "usage: $0 [--rounds=N] [--duration=D] [--clients=N]" \
-         "[--max_batch=A,B,...] [--attnserve=BIN] [-- server flags]" >&2; exit 2 ;;
+         "[--max_batch=A,B,...] [--shape=B,H,Hkv,Lq,Lk,D] [--attnserve=BIN]" \
+         "[-- server flags]" >&2; exit 2 ;;
   esac
   shift
 done
 IFS=, read -r -a batches <<<"${max_batches}"
+IFS=, read -r -a dims <<<"${shape_text}"
+if ((${#dims[@]} != 6)); then
+  echo "--shape: expected six sizes B,H,Hkv,Lq,Lk,D, got '${shape_text}'" >&2
+  exit 2
+fi
 
 source "${root}/bench/servers_lib.sh"
 free_port() {
@@ -49,7 +59,8 @@ for batch in "${batches[@]}"; do
     "${flags[@]}"
 done
 
-shape=(--batch=1 --heads=8 --kv_heads=8 --query_len=128 --key_len=128 --key_dim=64 --value_dim=64)
+shape=(--batch="${dims[0]}" --heads="${dims[1]}" --kv_heads="${dims[2]}" --query_len="${dims[3]}"
+  --key_len="${dims[4]}" --key_dim="${dims[5]}" --value_dim="${dims[5]}")
 tick_hz=$(getconf CLK_TCK)
 for round in $(seq 1 "${rounds}"); do
   for i in "${!batches[@]}"; do
@@ -79,10 +90,11 @@ print(index, values.get("attnserve_batch_size_sum", 0), values.get("attnserve_ba
 EOF
 done
 
-python3 - "${workdir}/rounds" "${workdir}/metrics" "${tick_hz}" "${clients}" "${batches[@]}" <<'EOF'
+python3 - "${workdir}/rounds" "${workdir}/metrics" "${tick_hz}" "${clients}" "${shape_text}" \
+  "${batches[@]}" <<'EOF'
 import collections, json, re, statistics, sys
-rounds_path, metrics_path, hz, clients, batches = (
-    sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:])
+rounds_path, metrics_path, hz, clients, shape, batches = (
+    sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6:])
 
 def seconds(text):  # bash `times`: 0m1.234s
     minutes, secs = re.fullmatch(r"(\d+)m([\d.]+)s", text).groups()
@@ -103,7 +115,8 @@ for line in open(metrics_path):
     index, total, count = line.split()
     mean_batch[int(index)] = float(total) / float(count) if float(count) else 0.0
 
-print(f"{clients} clients, (1, 8, 128, 64), {len(rows[0])} rounds")
+print(f"{clients} clients, (B, H, Hkv, Lq, Lk, D) = ({shape.replace(',', ', ')}), "
+      f"{len(rows[0])} rounds")
 print("| max_batch | req/s, median (range) | server CPU us/req | client CPU us/req | mean batch |")
 print("|---:|---:|---:|---:|---:|")
 medians = []

@@ -22,6 +22,22 @@ grep -qE '^\| 4 \| [0-9,]+ \([0-9,]+-[0-9,]+\) \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|
   fail "batching_throughput.sh: no max_batch 4 row"
 grep -qE '^max_batch 4 / max_batch 1: [0-9.]+x$' <<<"${out}" ||
   fail "batching_throughput.sh: no ratio line"
+grep -qF '8 clients, (B, H, Hkv, Lq, Lk, D) = (1, 8, 8, 128, 128, 64), 1 rounds' <<<"${out}" ||
+  fail "batching_throughput.sh: no header naming the default shape"
+# Another shape: a few query rows over long keys, which the kernel splits by keys.
+out=$(timeout 120 "${source_dir}/bench/batching_throughput.sh" --rounds=1 --duration=1s \
+  --clients=4 --max_batch=1,4 --shape=1,2,2,8,1024,64 --attnserve="${attnserve}") ||
+  fail "batching_throughput.sh --shape: $out"
+echo "${out}"
+grep -qF '4 clients, (B, H, Hkv, Lq, Lk, D) = (1, 2, 2, 8, 1024, 64), 1 rounds' <<<"${out}" ||
+  fail "batching_throughput.sh --shape: no header naming the shape"
+grep -qE '^\| 4 \| [0-9,]+ \([0-9,]+-[0-9,]+\) \| [0-9]+ \| [0-9]+ \| [0-9.]+ \|$' <<<"${out}" ||
+  fail "batching_throughput.sh --shape: no max_batch 4 row"
+if out=$("${source_dir}/bench/batching_throughput.sh" --shape=1,2,3 2>&1); then
+  fail "batching_throughput.sh --shape=1,2,3 succeeded: $out"
+fi
+grep -qF "expected six sizes B,H,Hkv,Lq,Lk,D, got '1,2,3'" <<<"${out}" ||
+  fail "batching_throughput.sh --shape=1,2,3: $out"
 
 out=$(timeout 120 "${source_dir}/bench/loopback_latency.sh" --rounds=1 --requests=100 \
   "${attnserve}") || fail "loopback_latency.sh: $out"

@@ -268,6 +268,80 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// What dynamic batching computes: P requests of (1, H, Hkv, Lq, Lk, D), f32,
+// fused, by `how`: 0 AttendBatch (each part cut into the tiles and key splits
+// it would get alone, as the server's batches run), 1 one Attend of B = P over
+// one set of tensors (the one kernel call and its tiling of B = P, what
+// batches ran before they kept each part's bits), 2 P Attends one after the
+// other (no batching). FLOPS counts all P requests.
+void BM_AttendBatch(benchmark::State& state) {
+  const int64_t parts = state.range(0);
+  AttentionShape one;
+  one.heads = state.range(1);
+  one.kv_heads = state.range(2);
+  one.query_len = state.range(3);
+  one.key_len = state.range(4);
+  one.key_dim = one.value_dim = state.range(5);
+  const int64_t how = state.range(6);
+  EngineOptions engine_options;
+  engine_options.max_workspace_bytes = int64_t{4} << 30;
+  std::unique_ptr<AttentionEngine> engine =
+      AttentionEngine::Create(engine_options).value();
+  const AttentionOptions options;
+  AttentionShape all = one;
+  all.batch = parts;
+  const std::vector<float> query = Filled(all.QueryElements(), 0.01f);
+  const std::vector<float> key = Filled(all.KeyElements(), 0.02f);
+  const std::vector<float> value = Filled(all.ValueElements(), 0.03f);
+  std::vector<float> output = Filled(all.OutputElements(), 0.0f);
+  std::vector<AttendPart> batch;
+  for (int64_t p = 0; p < parts; ++p) {
+    const auto slice = [p](const std::vector<float>& v, int64_t n) {
+      return absl::MakeConstSpan(v).subspan(static_cast<size_t>(p * n),
+                                            static_cast<size_t>(n));
+    };
+    AttendPart part;
+    part.query = slice(query, one.QueryElements());
+    part.key = slice(key, one.KeyElements());
+    part.value = slice(value, one.ValueElements());
+    part.outputs.output = absl::MakeSpan(output).subspan(
+        static_cast<size_t>(p * one.OutputElements()),
+        static_cast<size_t>(one.OutputElements()));
+    batch.push_back(part);
+  }
+  for (auto _ : state) {
+    absl::Status status;
+    if (how == 0) {
+      status = engine->AttendBatch(one, options, batch);
+    } else if (how == 1) {
+      status = engine->Attend(all, options, query, key, value,
+                              absl::MakeSpan(output));
+    } else {
+      for (const AttendPart& part : batch) {
+        status.Update(engine->Attend(one, options, part.query, part.key,
+                                     part.value, part.outputs));
+      }
+    }
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(4.0 * parts * one.heads * one.query_len * one.key_len *
+                             static_cast<double>(one.key_dim),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+// The server benchmark's small Attend, whose parts are cut as the batch's
+// were; a few query rows over long keys, whose parts split their keys alone.
+BENCHMARK(BM_AttendBatch)
+    ->ArgNames({"P", "H", "Hkv", "Lq", "Lk", "D", "how"})
+    ->ArgsProduct({{32}, {8}, {8}, {128}, {128}, {64}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {2}, {2}, {64}, {1024}, {64}, {0, 1, 2}})
+    ->ArgsProduct({{8}, {8}, {2}, {16}, {4096}, {128}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // A causal self-attention of L tokens with a sliding window of W keys back
 // (W = 0: none, the full causal call; 4,096 is Mistral 7B's) and S sinks, on
 // the fused kernel, H 8 query heads over Hkv kv heads (2: groups of four, as
@@ -656,6 +730,23 @@ class RatioReporter : public benchmark::ConsoleReporter {
           "%-44s %6s %8.1f %8s %8s\n", shape.c_str(), kDtypes[a.at("dtype")],
           m.bytes / 1e9, stream > 0 ? Ratio(m.bytes / stream).c_str() : "n/a",
           f32 > 0 ? Ratio(f32 * element / (4.0 * m.bytes)).c_str() : "n/a");
+    }
+    std::printf("\n%-44s %-22s %9s %8s %9s\n",
+                "batched f32 (P × (1,H,Hkv,Lq,Lk,D))", "how", "GFLOP/s",
+                "/GEMM", "/one-by-one");
+    for (const auto& [name, m] : medians_) {
+      if (name.rfind("BM_AttendBatch/", 0) != 0) continue;
+      const std::map<std::string, int64_t> a = Args(name);
+      const char* const kHows[] = {"AttendBatch", "one Attend of B = P",
+                                   "P Attends one by one"};
+      const double alone = Lookup(name, "how", 2);
+      const std::string shape =
+          absl::StrCat(a.at("P"), " × (1,", a.at("H"), ",", a.at("Hkv"), ",",
+                       a.at("Lq"), ",", a.at("Lk"), ",", a.at("D"), ")");
+      std::printf("%-44s %-22s %9.1f %8s %9s\n", shape.c_str(),
+                  kHows[a.at("how")], m.flops / 1e9,
+                  gemm_f32 > 0 ? Ratio(m.flops / gemm_f32).c_str() : "n/a",
+                  alone > 0 ? Ratio(m.flops / alone).c_str() : "n/a");
     }
     std::printf("\n%-44s %6s %6s %8s %8s\n", "paged decode (S,H,Hkv,L,D)",
                 "cache", "keys", "GB/s", "KV/read");

@@ -229,6 +229,15 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "(rapid-reset floods).")
            .Register(*registry_)
            .Add({});
+  connections_shed_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_connections_shed_total")
+           .Help(
+               "Connections to the gRPC port closed as soon as accepted "
+               "because the process was out of file descriptors, or would "
+               "have kept fewer than 64 free (or an eighth of ulimit -n).")
+           .Register(*registry_)
+           .Add({});
   io_standby_events_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_standby_events_total")
@@ -380,6 +389,11 @@ void ServerMetrics::SetInflightMemory(int64_t held, int64_t limit,
 void ServerMetrics::SetResetClosures(int64_t closed) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(reset_closures_, closed, &reset_closures_seen_);
+}
+
+void ServerMetrics::SetConnectionsShed(int64_t shed) {
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(connections_shed_, shed, &connections_shed_seen_);
 }
 
 void ServerMetrics::SetIoStandbyEvents(int64_t events) {

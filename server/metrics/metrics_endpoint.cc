@@ -1,7 +1,5 @@
 #include "attnserve/server/metrics/metrics_endpoint.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -21,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/listen_socket.h"
 #include "prometheus/text_serializer.h"
 
 namespace attnserve {
@@ -28,6 +27,10 @@ namespace {
 
 // How often the loop wakes to close connections past their time.
 constexpr int kSweepMillis = 100;
+// Descriptors a scrape may not take: left for the process's files.
+constexpr int kDescriptorReserve = 16;
+// How long the listener rests when the process is out of descriptors.
+constexpr absl::Duration kOutOfDescriptorsPause = absl::Milliseconds(100);
 
 // An answer with a body (left out for HEAD), and the connection closed.
 std::string Answer(absl::string_view status, absl::string_view content_type,
@@ -102,15 +105,28 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
           Read(fd, it->second);
         }
       }
-      Sweep(absl::Now());
+      const absl::Time now = absl::Now();
+      if (resting_ && now >= rest_until_) {
+        resting_ = false;
+        Watch(listener_, EPOLLIN, EPOLL_CTL_ADD);
+      }
+      Sweep(now);
     }
   }
 
   void Accept() {
     while (true) {
-      const int fd =
-          accept4(listener_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or out of descriptors: later.
+      const int fd = shedder_.Accept(listener_);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors, even the shedder's spare: the listener stays
+          // readable, so it rests instead of waking the loop at once.
+          resting_ = true;
+          rest_until_ = absl::Now() + kOutOfDescriptorsPause;
+          epoll_ctl(epoll_, EPOLL_CTL_DEL, listener_, nullptr);
+        }
+        return;  // EAGAIN: later.
+      }
       if (static_cast<int>(connections_.size()) >= options_.max_connections) {
         // The oldest still sending its request goes: a scraper sends its
         // request at once, a connection held open does not.
@@ -128,10 +144,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
         }
         Close(oldest);
       }
-      epoll_event event{};
-      event.events = EPOLLIN | EPOLLRDHUP;
-      event.data.fd = fd;
-      if (epoll_ctl(epoll_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      if (!Watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD)) {
         close(fd);
         continue;
       }
@@ -207,10 +220,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     connection.in.shrink_to_fit();
     connection.answering = true;
     connection.deadline = absl::Now() + options_.write_timeout;
-    epoll_event event{};
-    event.events = EPOLLOUT;
-    event.data.fd = fd;
-    epoll_ctl(epoll_, EPOLL_CTL_MOD, fd, &event);
+    Watch(fd, EPOLLOUT, EPOLL_CTL_MOD);
     Send(fd, connection);
   }
 
@@ -238,6 +248,13 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     for (int fd : late) Close(fd);
   }
 
+  bool Watch(int fd, uint32_t events, int operation) {
+    epoll_event event{};
+    event.events = events;
+    event.data.fd = fd;
+    return epoll_ctl(epoll_, operation, fd, &event) == 0;
+  }
+
   void Close(int fd) {
     epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
     close(fd);
@@ -250,65 +267,23 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
   const int wake_;
   const std::shared_ptr<prometheus::Registry> registry_;
   const Options options_;
-  std::map<int, Connection> connections_;  // The loop's thread only.
+  // The loop's thread only.
+  std::map<int, Connection> connections_;
+  ConnectionShedder shedder_{kDescriptorReserve};
+  bool resting_ = false;  // The listener is out of epoll_ until rest_until_.
+  absl::Time rest_until_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
-
-// A listening, non-blocking socket on `host`:`port`, or the reason why not.
-absl::StatusOr<int> Listen(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                                   service.c_str(), &hints, &found);
-  if (resolved != 0) {
-    return absl::UnavailableError(gai_strerror(resolved));
-  }
-  std::string why = "no address";
-  int listener = -1;
-  for (const addrinfo* at = found; at != nullptr && listener < 0;
-       at = at->ai_next) {
-    const int fd =
-        socket(at->ai_family, at->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-               at->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    const int on = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    if (bind(fd, at->ai_addr, at->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-      why = std::strerror(errno);
-      close(fd);
-      continue;
-    }
-    listener = fd;
-  }
-  freeaddrinfo(found);
-  if (listener < 0) {
-    return absl::UnavailableError(why);
-  }
-  return listener;
-}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& host, int port,
     std::shared_ptr<prometheus::Registry> registry, const Options& options) {
-  absl::StatusOr<int> listener = Listen(host, port);
+  absl::StatusOr<int> listener = ListenTcp(host, port);
   if (!listener.ok()) return listener.status();
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  getsockname(*listener, reinterpret_cast<sockaddr*>(&bound), &length);
-  const int bound_port =
-      bound.ss_family == AF_INET6
-          ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
-          : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  const int bound_port = BoundPort(*listener);
   const int epoll = epoll_create1(EPOLL_CLOEXEC);
   const int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll < 0 || wake < 0) {

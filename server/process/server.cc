@@ -21,6 +21,7 @@
 #include "attnserve/server/rpc/access_log.h"
 #include "attnserve/server/rpc/call_gate.h"
 #include "attnserve/server/rpc/call_loop.h"
+#include "attnserve/server/rpc/connection_acceptor.h"
 #include "attnserve/server/rpc/credentials.h"
 #include "attnserve/server/rpc/health_service.h"
 #include "attnserve/server/rpc/memory_budget.h"
@@ -188,12 +189,26 @@ class AttnServerImpl final : public AttnServer {
     ATTNSERVE_ASSIGN_OR_RETURN(
         std::shared_ptr<grpc::ServerCredentials> credentials,
         ServerCredentialsFor(options.tls));
+    // The port is ours (connection_acceptor.h): bound here, without
+    // SO_REUSEPORT, so that a second server on a busy port fails instead of
+    // silently taking half the connections.
+    absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> acceptor =
+        ConnectionAcceptor::Listen(options.address, options.port);
+    if (!acceptor.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not listen on ", HostPort(options.address, options.port), ": ",
+          acceptor.status().message(),
+          " (--address and --port: an address of this machine, and a port "
+          "no other process listens on)"));
+    }
+    acceptor_ = *std::move(acceptor);
+    port_ = acceptor_->port();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(HostPort(options.address, options.port),
-                             credentials, &port_);
-    // Without this gRPC sets SO_REUSEPORT, and a second server on a busy port
-    // would start and silently take half the connections instead of failing.
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> handoff =
+        builder.experimental().AddExternalConnectionAcceptor(
+            grpc::ServerBuilder::experimental_type::ExternalConnectionType::
+                FROM_FD,
+            credentials);
     const TransportOptions& transport = options.transport;
     builder.SetMaxReceiveMessageSize(
         static_cast<int>(transport.max_message_bytes));
@@ -235,11 +250,13 @@ class AttnServerImpl final : public AttnServer {
     reflection_.AddTo(loop_);
     loop_.AddTo(builder);
     server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port_ == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "could not listen on ", HostPort(options.address, options.port),
-          ": the address is in use or not local to this machine"));
+    if (server_ == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("could not start the gRPC server on ",
+                       HostPort(options.address, options.port)));
     }
+    handoff_ = std::move(handoff);
+    acceptor_->Start(handoff_.get());
     loop_.Start(io_threads_, transport.io_spin,
                 [this](absl::Duration spun) { metrics_.IoSpun(spun); });
     trimmer_ = std::thread([this] { TrimMemory(); });
@@ -290,6 +307,8 @@ class AttnServerImpl final : public AttnServer {
             (loop_.live_calls() > 0 && absl::Now() < settle_by))) {
       absl::SleepFor(absl::Milliseconds(5));
     }
+    // gRPC's Shutdown would close its own listener first: ours closes here.
+    acceptor_->Stop();
     if (gate_.refused_closed() == 0) {
       server_->Shutdown(
           absl::ToChronoTime(loop_.live_calls() == 0 ? absl::Now() : deadline));
@@ -337,6 +356,7 @@ class AttnServerImpl final : public AttnServer {
       metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
+      metrics_.SetConnectionsShed(acceptor_->shed());
       metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {
         metrics_.SetAccessLogDropped(access_log_->dropped());
@@ -377,6 +397,10 @@ class AttnServerImpl final : public AttnServer {
        "grpc.health.v1.Health"}};
   int port_ = 0;
   CallLoop loop_;
+  // Destroyed after the server, which hands connections to handoff_ no more
+  // once shut down; the acceptor is stopped by then.
+  std::unique_ptr<ConnectionAcceptor> acceptor_;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> handoff_;
   std::unique_ptr<grpc::Server> server_;
   // Scrapes read metrics_.
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;

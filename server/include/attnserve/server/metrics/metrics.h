@@ -117,6 +117,9 @@ class ServerMetrics {
   // Connections shut down for resetting too many calls, since the start
   // (sampled each second).
   void SetResetClosures(int64_t closed);
+  // The gRPC port's connections closed unserved for want of file descriptors
+  // (ConnectionAcceptor::shed), as a running total.
+  void SetConnectionsShed(int64_t shed);
 
   // Events the call loop's standby thread handled since the start (sampled
   // each second).
@@ -167,12 +170,14 @@ class ServerMetrics {
   prometheus::Gauge* inflight_limit_bytes_ = nullptr;
   prometheus::Counter* inflight_refused_ = nullptr;
   prometheus::Counter* reset_closures_ = nullptr;
+  prometheus::Counter* connections_shed_ = nullptr;
   prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;
   // What the sampled counters have been brought up to.
   absl::Mutex sampled_mutex_;
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t connections_shed_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t io_standby_events_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t access_log_dropped_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;

@@ -11,6 +11,7 @@
 // IN CAPITALS> (ATTNSERVE_PORT=50051); a flag on the command line wins.
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/common/flags_help.h"
+#include "attnserve/common/listen_socket.h"
 #include "attnserve/common/log.h"
 #include "attnserve/core/attention_engine.h"
 #include "attnserve/server/process/termination_signals.h"
@@ -109,6 +111,10 @@ void KeepFreedMemoryForTheNextCalls() {
 }
 
 int main(int argc, char** argv) {
+  // Log lines go to stdout and stderr from any thread: when whatever reads
+  // them goes away (a log shipper restarting), their writes must fail with
+  // EPIPE, not kill the server with SIGPIPE. Set before any thread starts.
+  signal(SIGPIPE, SIG_IGN);
   PreferPassiveOpenMpThreads(argv);
   KeepFreedMemoryForTheNextCalls();
   attnserve::ConfigureUsage(
@@ -126,6 +132,9 @@ int main(int argc, char** argv) {
   }
   absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
   attnserve::TerminationSignals signals;
+  // Each connection takes a descriptor: a soft limit below the hard one (1,024
+  // under systemd's defaults) is no reason to refuse clients.
+  const int64_t descriptors = attnserve::RaiseDescriptorLimit();
   // Debian builds Abseil without NDEBUG, so every absl::Mutex acquisition
   // feeds a global lock-order graph (about 1 % of a busy server's CPU, under a
   // global lock). The test suite keeps the check; the served binary does not.
@@ -146,7 +155,10 @@ int main(int argc, char** argv) {
     return ExitCodeFor(server.status());
   }
   signals.Started();
-  attnserve::Log(attnserve::LogLevel::kInfo, (*server)->Describe());
+  attnserve::Log(
+      attnserve::LogLevel::kInfo,
+      absl::StrCat((*server)->Describe(), ", open files limit ",
+                   descriptors < 0 ? "none" : absl::StrCat(descriptors)));
   const std::vector<std::string>& weights = (*server)->startup_weights();
   attnserve::Log(
       attnserve::LogLevel::kInfo,

@@ -27,9 +27,9 @@ TerminationSignals::~TerminationSignals() {
     absl::MutexLock lock(&mutex_);
     stopping_ = true;
   }
-  // Wakes the watcher if no signal came (main returning on an error).
-  if (!arrived_.HasBeenNotified())
-    pthread_kill(watcher_.native_handle(), SIGTERM);
+  // Wakes the watcher, which waits for a first signal (main returning on an
+  // error) or a second one (the drain is over).
+  pthread_kill(watcher_.native_handle(), SIGTERM);
   watcher_.join();
 }
 
@@ -45,19 +45,22 @@ int TerminationSignals::Wait() {
 }
 
 void TerminationSignals::Watch() {
-  int signal_number = 0;
-  while (sigwait(&signals_, &signal_number) != 0) {
+  while (true) {
+    int signal_number = 0;
+    while (sigwait(&signals_, &signal_number) != 0) {
+    }
+    absl::MutexLock lock(&mutex_);
+    if (stopping_) return;
+    if (!started_ || received_ != 0) {
+      std::fprintf(stderr, "attnserve: signal %d during %s, exiting now\n",
+                   signal_number,
+                   started_ ? "the drain (a second signal)" : "start-up");
+      std::fflush(stderr);
+      _exit(128 + signal_number);
+    }
+    received_ = signal_number;
+    arrived_.Notify();
   }
-  absl::MutexLock lock(&mutex_);
-  if (stopping_) return;
-  if (!started_) {
-    std::fprintf(stderr, "attnserve: signal %d during start-up, exiting\n",
-                 signal_number);
-    std::fflush(stderr);
-    _exit(128 + signal_number);
-  }
-  received_ = signal_number;
-  arrived_.Notify();
 }
 
 }  // namespace attnserve

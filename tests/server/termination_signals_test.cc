@@ -1,6 +1,7 @@
 // TerminationSignals, each case in a child process (a signal is process-wide):
 // a signal during start-up ends the process at once with 128 + its number;
-// after Started, Wait returns it; without one, the destructor returns promptly.
+// after Started, Wait returns it, and a second one ends the process as one
+// during start-up does; without one, the destructor returns promptly.
 #include "attnserve/server/process/termination_signals.h"
 
 #include <signal.h>
@@ -72,6 +73,40 @@ TEST(TerminationSignalsTest, AnIgnoredHangUpStaysIgnored) {
   });
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// The drain has begun; an operator's second signal ends the process at once,
+// with 128 + its number, as a signal during start-up does.
+TEST(TerminationSignalsTest, ASecondSignalDuringTheDrainEndsTheProcessAtOnce) {
+  for (int second : {SIGINT, SIGTERM}) {
+    const int status = RunInChild([second] {
+      TerminationSignals signals;
+      signals.Started();
+      kill(getpid(), SIGTERM);
+      if (signals.Wait() != SIGTERM) return 1;
+      kill(getpid(), second);
+      // A drain that would go on for a minute.
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 0;
+    });
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + second);
+  }
+}
+
+// A drain that ends before a second signal: the destructor returns.
+TEST(TerminationSignalsTest, AfterOneSignalTheDestructorReturns) {
+  const int status = RunInChild([] {
+    {
+      TerminationSignals signals;
+      signals.Started();
+      kill(getpid(), SIGINT);
+      if (signals.Wait() != SIGINT) return 1;
+    }
+    return 7;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 7);
 }
 
 TEST(TerminationSignalsTest, WithoutASignalTheDestructorReturns) {

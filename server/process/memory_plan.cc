@@ -1,5 +1,6 @@
 #include "attnserve/server/process/memory_plan.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,6 +93,20 @@ MemoryLimit ReadMemoryLimit(const std::string& cgroup_root,
       limit = {*bytes, absl::StrCat("cgroup ", file)};
     }
   }
+  // The process's own limits bind too (a systemd LimitAS=, a batch
+  // scheduler's ulimit): past them malloc fails, and a failed allocation in
+  // protobuf's parse or gRPC's buffers ends the process.
+  const std::pair<int, const char*> rlimits[] = {
+      {RLIMIT_AS, "RLIMIT_AS (ulimit -v)"},
+      {RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)"}};
+  for (const auto& [resource, name] : rlimits) {
+    rlimit process{};
+    if (getrlimit(resource, &process) == 0 &&
+        process.rlim_cur != RLIM_INFINITY &&
+        process.rlim_cur < static_cast<rlim_t>(limit.bytes)) {
+      limit = {static_cast<int64_t>(process.rlim_cur), name};
+    }
+  }
   return limit;
 }
 
@@ -146,7 +161,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
         " bytes, expected at most the ", limit.bytes, " bytes of ",
         limit.source,
         ", and at least 1 MiB for calls in flight; lower the budgets or raise "
-        "the container's memory limit"));
+        "that limit"));
   }
   plan.transport_bytes = plan.max_inflight_bytes / 4;
   return plan;

@@ -18,7 +18,8 @@ expect_start_failure() {
   local pattern=$1 output status
   shift
   set +e
-  output=$(timeout 20 "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 "$@" 2>&1)
+  output=$(timeout 20 "${attnserve_prefix[@]+"${attnserve_prefix[@]}"}" "${attnserve}" \
+    --address=127.0.0.1 --port=0 --metrics_port=0 "$@" 2>&1)
   status=$?
   set -e
   [[ ${status} -ne 124 ]] || fail "attnserve $* hung in start-up: ${output}"
@@ -131,6 +132,25 @@ expected_status=2 expect_start_failure \
   --max_weights_bytes=$((1 << 60)) --max_inflight_bytes=1048576
 expected_status=2 expect_start_failure "max_inflight_bytes is -1, expected >= 0" \
   --max_inflight_bytes=-1
+# The process's own address-space limit binds too: under ulimit -v 400 MiB the default budgets
+# (a 256 MiB buffer pool, 256 MiB for the process) cannot fit, where planned from physical
+# memory they let large calls fail malloc and end the process. (Not under a sanitizer, whose
+# shadow memory needs terabytes of address space; ldd's output taken whole, as pipefail would
+# fail `ldd | grep -q` on SIGPIPE.)
+if [[ $(ldd "${attnserve}") == *lib[at]san* ]]; then
+  echo "skipped: ulimit -v under a sanitizer build"
+else
+  attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((400 << 10)))
+  expected_status=2 expect_start_failure \
+    "memory budgets do not fit the memory limit: .* bytes of RLIMIT_AS \(ulimit -v\)"
+  # With room, the budgets are planned from it.
+  attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((2 << 20)))
+  start_attnserve "${attnserve}" --drain_grace_seconds=0
+  grep -q "of a memory limit of 2147483648 (RLIMIT_AS (ulimit -v))" "${workdir}/server.log" ||
+    fail "budgets not planned from ulimit -v: $(cat "${workdir}/server.log")"
+  stop_attnserve
+  attnserve_prefix=()
+fi
 # The budget's share for calls in flight is said at start-up.
 start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --drain_grace_seconds=0
 grep -q "max_inflight_bytes=67108864 (16777216 for gRPC's buffers) of a memory limit of" \

@@ -39,14 +39,16 @@ struct MemoryOptions {
 // The memory the process may use, and where that figure comes from.
 struct MemoryLimit {
   int64_t bytes = 0;
-  // "cgroup /sys/fs/cgroup/memory.max" or "physical memory".
+  // "cgroup /sys/fs/cgroup/memory.max", "physical memory" or
+  // "RLIMIT_AS (ulimit -v)".
   std::string source;
 };
 
 // The tightest cgroup memory limit over the process's cgroup and its ancestors
 // (cgroup v2's memory.max, or v1's memory.limit_in_bytes) under `cgroup_root`,
 // as /proc/self/cgroup names them (`proc_self_cgroup`), or the machine's
-// physical memory when none is set.
+// physical memory when none is set; or the process's own RLIMIT_AS or
+// RLIMIT_DATA (ulimit -v, -d) where one is tighter still.
 MemoryLimit ReadMemoryLimit(
     const std::string& cgroup_root = "/sys/fs/cgroup",
     const std::string& proc_self_cgroup = "/proc/self/cgroup");

@@ -413,6 +413,8 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
     items.push_back(item);
   }
   const absl::Status computed = engine.AttendPaged(items, stop);
+  // The kernel is done with the pages (SessionStore::Drop).
+  for (Computing& c : computing) store.Drop(c.view);
   if (computed.code() == absl::StatusCode::kCancelled ||
       computed.code() == absl::StatusCode::kDeadlineExceeded) {
     // Stopped: the caller is gone or past its deadline; the appends stand.

@@ -140,6 +140,12 @@ SessionStore::Pin::~Pin() {
   session_->last_used = std::max(session_->last_used, absl::Now());
 }
 
+void SessionStore::Drop(View& view) {
+  absl::MutexLock lock(&mutex_);
+  view.data.clear();
+  view.pages.clear();
+}
+
 const SessionConfig& SessionStore::Pin::config() const {
   return session_->config;
 }

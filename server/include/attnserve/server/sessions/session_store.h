@@ -277,6 +277,13 @@ class SessionStore {
   // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
   absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);
 
+  // Drops `view`'s pages under the store's lock. An append writes into a
+  // page in place once its table alone holds it, which it learns from the
+  // page's use count: a relaxed read that orders nothing, so a step that read
+  // the page drops its view here, and the lock puts the append after the
+  // step's reads.
+  void Drop(View& view);
+
   // Checks that `layer` holds `expected_length` tokens (FAILED_PRECONDITION
   // naming both lengths otherwise), appends `append` if it has tokens (its
   // shapes checked against the session by the caller), and returns the view

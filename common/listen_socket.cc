@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace attnserve {
 namespace {
@@ -32,46 +33,108 @@ int64_t Ceiling(int reserve) {
   return soft - std::min<int64_t>(reserve, soft / 8);
 }
 
+// A listening socket of `family` bound to `address`, or -1 with errno.
+int ListenOn(int family, const sockaddr* address, socklen_t length,
+             bool dual_stack) {
+  const int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (family == AF_INET6) {
+    // IPv4 too on the wildcard, whatever net.ipv6.bindv6only says; a named
+    // IPv6 address only itself.
+    const int v6only = dual_stack ? 0 : 1;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+  }
+  if (bind(fd, address, length) != 0 || listen(fd, kBacklog) != 0) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
 }  // namespace
 
-absl::StatusOr<int> ListenTcp(const std::string& host, int port) {
+absl::StatusOr<std::vector<int>> ListenTcpAll(const std::string& host,
+                                              int port) {
+  if (IsWildcard(host)) {
+    // As gRPC binds its wildcard: one IPv6 socket that takes IPv4 too, or
+    // IPv4 alone on a machine without IPv6.
+    sockaddr_in6 any6{};
+    any6.sin6_family = AF_INET6;
+    any6.sin6_addr = in6addr_any;
+    any6.sin6_port = htons(static_cast<uint16_t>(port));
+    int fd = ListenOn(AF_INET6, reinterpret_cast<const sockaddr*>(&any6),
+                      sizeof(any6), /*dual_stack=*/true);
+    if (fd < 0 && errno != EADDRINUSE) {
+      sockaddr_in any4{};
+      any4.sin_family = AF_INET;
+      any4.sin_addr.s_addr = htonl(INADDR_ANY);
+      any4.sin_port = htons(static_cast<uint16_t>(port));
+      fd = ListenOn(AF_INET, reinterpret_cast<const sockaddr*>(&any4),
+                    sizeof(any4), /*dual_stack=*/false);
+    }
+    if (fd < 0) return absl::UnavailableError(std::strerror(errno));
+    return std::vector<int>{fd};
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                                   service.c_str(), &hints, &found);
+  const int resolved =
+      getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
   if (resolved != 0) {
     return absl::UnavailableError(gai_strerror(resolved));
   }
+  // Every address the name has (localhost: ::1 and 127.0.0.1), on one port:
+  // with port 0, the one the first bind got.
+  std::vector<int> listeners;
   std::string why = "no address";
-  int listener = -1;
-  for (const addrinfo* at = found; at != nullptr && listener < 0;
-       at = at->ai_next) {
+  bool busy = false;
+  for (const addrinfo* at = found; at != nullptr && !busy; at = at->ai_next) {
+    sockaddr_storage address{};
+    std::memcpy(&address, at->ai_addr, at->ai_addrlen);
+    if (!listeners.empty()) {
+      const auto chosen =
+          htons(static_cast<uint16_t>(BoundPort(listeners.front())));
+      if (address.ss_family == AF_INET6) {
+        reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = chosen;
+      } else {
+        reinterpret_cast<sockaddr_in*>(&address)->sin_port = chosen;
+      }
+    }
     const int fd =
-        socket(at->ai_family, at->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-               at->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
+        ListenOn(at->ai_family, reinterpret_cast<const sockaddr*>(&address),
+                 at->ai_addrlen, /*dual_stack=*/false);
+    if (fd >= 0) {
+      listeners.push_back(fd);
       continue;
     }
-    const int on = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    if (bind(fd, at->ai_addr, at->ai_addrlen) != 0 ||
-        listen(fd, kBacklog) != 0) {
-      why = std::strerror(errno);
-      close(fd);
-      continue;
-    }
-    listener = fd;
+    // An address not on this machine is passed over; a busy port fails
+    // start-up, as gRPC's does.
+    why = std::strerror(errno);
+    busy = errno == EADDRINUSE;
   }
   freeaddrinfo(found);
-  if (listener < 0) {
+  if (listeners.empty() || busy) {
+    for (const int fd : listeners) close(fd);
     return absl::UnavailableError(why);
   }
-  return listener;
+  return listeners;
+}
+
+absl::StatusOr<int> ListenTcp(const std::string& host, int port) {
+  absl::StatusOr<std::vector<int>> listeners = ListenTcpAll(host, port);
+  if (!listeners.ok()) return listeners.status();
+  for (size_t i = 1; i < listeners->size(); ++i) close((*listeners)[i]);
+  return listeners->front();
 }
 
 int BoundPort(int socket) {

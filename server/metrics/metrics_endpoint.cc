@@ -29,7 +29,8 @@ namespace {
 constexpr int kSweepMillis = 100;
 // Descriptors a scrape may not take: left for the process's files.
 constexpr int kDescriptorReserve = 16;
-// How long the listener rests when the process is out of descriptors.
+// How long the listener rests when the process is out of descriptors or the
+// kernel of memory for sockets.
 constexpr absl::Duration kOutOfDescriptorsPause = absl::Milliseconds(100);
 
 // An answer with a body (left out for HEAD), and the connection closed.
@@ -118,9 +119,11 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     while (true) {
       const int fd = shedder_.Accept(listener_);
       if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE) {
-          // Out of descriptors, even the shedder's spare: the listener stays
-          // readable, so it rests instead of waking the loop at once.
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+            errno == ENOMEM) {
+          // Out of descriptors (even the shedder's spare) or of kernel memory
+          // for sockets: the listener stays readable, so it rests instead of
+          // waking the loop at once.
           resting_ = true;
           rest_until_ = absl::Now() + kOutOfDescriptorsPause;
           epoll_ctl(epoll_, EPOLL_CTL_DEL, listener_, nullptr);

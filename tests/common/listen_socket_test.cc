@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 
 #include <cerrno>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -35,7 +37,7 @@ int Connect(int port) {
   return fd;
 }
 
-// Whether the server closed `fd` within 5 s (a read sees the end).
+// Whether the server closed `fd` within 5 s (a read sees the end or a reset).
 bool ClosedByServer(int fd) {
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
@@ -54,44 +56,84 @@ std::vector<int> FillDescriptors() {
   }
 }
 
-// Runs `server(listener, go)` in a child with a limit of 64 descriptors, once
-// the parent has made its connections: `client(port)` returns what the child
-// must also return (0) for the case to pass.
-void RunCase(const std::function<int(int listener)>& server,
-             const std::function<int(int port)>& client) {
+// The next connection on non-blocking `listener` within 5 s, served with one
+// byte: 0, or an error code.
+int ServeNext(ConnectionShedder& shedder, int listener) {
+  pollfd waiting{listener, POLLIN, 0};
+  if (poll(&waiting, 1, 5000) != 1) return 10;
+  const int fd = shedder.Accept(listener);
+  if (fd < 0) return 11;
+  return send(fd, "x", 1, MSG_NOSIGNAL) == 1 ? 0 : 12;
+}
+
+// Whether the server sent its one byte on `fd` within 5 s.
+bool Served(int fd) {
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  char byte = 0;
+  return recv(fd, &byte, 1, 0) == 1 && byte == 'x';
+}
+
+// A listener on 127.0.0.1 whose connections `server(listener, ready)` takes
+// in a child limited to 64 descriptors, and `client(port)` makes: the child
+// starts once `client` has returned, and `checks(port, wait)` goes on while
+// the child runs, with the listener still open, so that a connection the
+// child did not take is not closed by the parent's end. The child calls
+// `ready` when it will take one more connection; `wait` returns once it has.
+// `client`'s result and the child's must be 0.
+void RunCase(
+    const std::function<int(int listener, const std::function<void()>& ready)>&
+        server,
+    const std::function<int(int port)>& client,
+    const std::function<void(int port, const std::function<void()>& wait)>&
+        checks) {
   absl::StatusOr<int> listener = ListenTcp("127.0.0.1", 0);
   ASSERT_TRUE(listener.ok()) << listener.status();
   const int port = BoundPort(*listener);
   ASSERT_GT(port, 0);
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
+  int go[2];
+  int next[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(next), 0);
   const pid_t child = fork();
   if (child == 0) {
-    close(ready[1]);
+    close(go[1]);
+    close(next[0]);
     rlimit limit{64, 64};
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(90);
-    char go = 0;
-    if (read(ready[0], &go, 1) != 1) _exit(91);
-    _exit(server(*listener));
+    char byte = 0;
+    if (read(go[0], &byte, 1) != 1) _exit(91);
+    const int write_end = next[1];
+    _exit(server(*listener, [write_end] {
+      if (write(write_end, "n", 1) != 1) _exit(92);
+    }));
   }
-  close(ready[0]);
-  const int client_result = client(port);
-  ASSERT_EQ(write(ready[1], "g", 1), 1);
-  close(ready[1]);
+  close(go[0]);
+  close(next[1]);
+  EXPECT_EQ(client(port), 0);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  const int read_end = next[0];
+  checks(port, [read_end] {
+    pollfd readable{read_end, POLLIN, 0};
+    char byte = 0;
+    ASSERT_EQ(poll(&readable, 1, 5000), 1);
+    ASSERT_EQ(read(read_end, &byte, 1), 1);
+  });
+  close(next[0]);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   close(*listener);
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_EQ(client_result, 0);
 }
 
 TEST(ConnectionShedderTest, AtTheLimitTheSpareDescriptorShedsTheConnection) {
   std::vector<int> clients;
   RunCase(
-      [](int listener) {
+      [](int listener, const std::function<void()>& ready) {
         ConnectionShedder shedder(0);
-        const std::vector<int> taken = FillDescriptors();
+        std::vector<int> taken = FillDescriptors();
         if (taken.empty()) return 1;
         errno = 0;
         // Both queued connections are taken and closed; then none waits, and
@@ -100,24 +142,34 @@ TEST(ConnectionShedderTest, AtTheLimitTheSpareDescriptorShedsTheConnection) {
         if (shedder.Accept(listener) != -1) return 2;
         if (errno != EMFILE && errno != EAGAIN) return 3;
         if (shedder.shed() != 2) return 4;
-        // A descriptor comes free: the next connection is served.
-        close(taken.back());
-        return 0;
+        // Descriptors come free: the next connection is served.
+        for (int i = 0; i < 2; ++i) {
+          close(taken.back());
+          taken.pop_back();
+        }
+        ready();
+        return ServeNext(shedder, listener);
       },
       [&clients](int port) {
         for (int i = 0; i < 2; ++i) clients.push_back(Connect(port));
         return clients[0] >= 0 && clients[1] >= 0 ? 0 : 1;
+      },
+      [&clients](int port, const std::function<void()>& wait) {
+        for (int fd : clients) {
+          EXPECT_TRUE(ClosedByServer(fd));
+          close(fd);
+        }
+        wait();
+        const int next = Connect(port);
+        EXPECT_TRUE(Served(next));
+        close(next);
       });
-  for (int fd : clients) {
-    EXPECT_TRUE(ClosedByServer(fd));
-    close(fd);
-  }
 }
 
 TEST(ConnectionShedderTest, AConnectionThatWouldTakeTheReserveIsShed) {
-  std::vector<int> clients;
+  int first = -1;
   RunCase(
-      [](int listener) {
+      [](int listener, const std::function<void()>& ready) {
         // 64 descriptors, 8 of them (an eighth) kept free: fill to 57 open,
         // so that the next connection would be number 57, past the ceiling.
         ConnectionShedder shedder(16);
@@ -127,40 +179,82 @@ TEST(ConnectionShedderTest, AConnectionThatWouldTakeTheReserveIsShed) {
           taken.pop_back();
         }
         if (shedder.Accept(listener) != -1 || shedder.shed() != 1) return 2;
-        // With room again, the second connection is served.
+        // With room again, the next connection is served.
         for (int i = 0; i < 16 && !taken.empty(); ++i) {
           close(taken.back());
           taken.pop_back();
         }
-        return 0;
+        ready();
+        return ServeNext(shedder, listener);
       },
-      [&clients](int port) {
-        clients.push_back(Connect(port));
-        return clients[0] >= 0 ? 0 : 1;
+      [&first](int port) {
+        first = Connect(port);
+        return first >= 0 ? 0 : 1;
+      },
+      [&first](int port, const std::function<void()>& wait) {
+        EXPECT_TRUE(ClosedByServer(first));
+        close(first);
+        wait();
+        const int next = Connect(port);
+        EXPECT_TRUE(Served(next));
+        close(next);
       });
-  ASSERT_EQ(clients.size(), 1u);
-  EXPECT_TRUE(ClosedByServer(clients[0]));
-  close(clients[0]);
 }
 
 TEST(ConnectionShedderTest, BelowTheReserveConnectionsAreServed) {
-  std::vector<int> clients;
+  int client = -1;
   RunCase(
-      [](int listener) {
+      [](int listener, const std::function<void()>&) {
         ConnectionShedder shedder(16);
-        const int fd = shedder.Accept(listener);
-        if (fd < 0 || shedder.shed() != 0) return 2;
-        return send(fd, "x", 1, MSG_NOSIGNAL) == 1 ? 0 : 3;
+        const int result = ServeNext(shedder, listener);
+        return result == 0 && shedder.shed() == 0 ? 0 : 2;
       },
-      [&clients](int port) {
-        clients.push_back(Connect(port));
-        return clients[0] >= 0 ? 0 : 1;
+      [&client](int port) {
+        client = Connect(port);
+        return client >= 0 ? 0 : 1;
+      },
+      [&client](int, const std::function<void()>&) {
+        EXPECT_TRUE(Served(client));
+        close(client);
       });
-  ASSERT_EQ(clients.size(), 1u);
-  char byte = 0;
-  EXPECT_EQ(recv(clients[0], &byte, 1, 0), 1);
-  EXPECT_EQ(byte, 'x');
-  close(clients[0]);
+}
+
+// The wildcard takes IPv4 and, where the machine has IPv6, IPv6 too, as
+// gRPC's own listener did (--address=0.0.0.0 is the default).
+TEST(ListenTcpTest, TheWildcardTakesBothFamilies) {
+  for (const std::string wildcard : {"0.0.0.0", "::", ""}) {
+    absl::StatusOr<std::vector<int>> listeners = ListenTcpAll(wildcard, 0);
+    ASSERT_TRUE(listeners.ok()) << wildcard << ": " << listeners.status();
+    ASSERT_EQ(listeners->size(), 1u) << wildcard;
+    const int port = BoundPort(listeners->front());
+    const int v4 = Connect(port);
+    EXPECT_GE(v4, 0) << wildcard;
+    close(v4);
+    const int v6 = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 loopback6{};
+    loopback6.sin6_family = AF_INET6;
+    loopback6.sin6_addr = in6addr_loopback;
+    loopback6.sin6_port = htons(static_cast<uint16_t>(port));
+    if (v6 >= 0 && connect(v6, reinterpret_cast<const sockaddr*>(&loopback6),
+                           sizeof(loopback6)) != 0) {
+      // Refused is the defect; a machine without IPv6 says otherwise.
+      EXPECT_NE(errno, ECONNREFUSED) << wildcard << ": IPv6 not taken";
+    }
+    if (v6 >= 0) close(v6);
+    close(listeners->front());
+  }
+}
+
+// A name listens on each of its addresses, on one port.
+TEST(ListenTcpTest, ANameListensOnEachOfItsAddressesOnOnePort) {
+  absl::StatusOr<std::vector<int>> listeners = ListenTcpAll("localhost", 0);
+  ASSERT_TRUE(listeners.ok()) << listeners.status();
+  ASSERT_FALSE(listeners->empty());
+  const int port = BoundPort(listeners->front());
+  for (const int fd : *listeners) {
+    EXPECT_EQ(BoundPort(fd), port);
+    close(fd);
+  }
 }
 
 TEST(ListenTcpTest, ABusyPortIsRefusedWithTheSystemsReason) {
@@ -170,6 +264,11 @@ TEST(ListenTcpTest, ABusyPortIsRefusedWithTheSystemsReason) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(second.status().message(), "Address already in use");
   close(*first);
+  absl::StatusOr<int> any = ListenTcp("0.0.0.0", 0);
+  ASSERT_TRUE(any.ok()) << any.status();
+  absl::StatusOr<int> again = ListenTcp("::", BoundPort(*any));
+  EXPECT_EQ(again.status().message(), "Address already in use");
+  close(*any);
   absl::StatusOr<int> unknown = ListenTcp("no-such-host.invalid", 0);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable);
 }

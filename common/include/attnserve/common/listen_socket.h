@@ -17,14 +17,23 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace attnserve {
 
-// A listening, non-blocking, close-on-exec TCP socket on `host`:`port` (the
-// first of its addresses that binds; empty host: any; port 0: one the system
-// picks), or UNAVAILABLE with the system's reason.
+// Listening, non-blocking, close-on-exec TCP sockets on `host`:`port`, as gRPC
+// binds an address: the wildcard ("", "0.0.0.0" or "::") as one IPv6 socket
+// that takes IPv4 too (IPv4 alone without IPv6); a name or address, on each of
+// the addresses it resolves to that is on this machine (localhost: ::1 and
+// 127.0.0.1), all on one port (port 0: the one the system picks for the
+// first). UNAVAILABLE with the system's reason when none binds or the port is
+// in use.
+absl::StatusOr<std::vector<int>> ListenTcpAll(const std::string& host,
+                                              int port);
+
+// The first of ListenTcpAll's sockets (the others closed).
 absl::StatusOr<int> ListenTcp(const std::string& host, int port);
 
 // The port `socket` is bound to.

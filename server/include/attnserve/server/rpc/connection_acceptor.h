@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -27,8 +28,9 @@ class ConnectionAcceptor {
   // process: files, logs, /metrics (which leaves 16 itself), gRPC's own.
   static constexpr int kDescriptorReserve = 64;
 
-  // Listens on `host`:`port` (port 0: one the system picks); UNAVAILABLE with
-  // the system's reason when it cannot.
+  // Listens on `host`:`port` as ListenTcpAll does (the wildcard on IPv6 and
+  // IPv4, a name on each of its addresses; port 0: one the system picks);
+  // UNAVAILABLE with the system's reason when it cannot.
   static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> Listen(
       const std::string& host, int port);
 
@@ -42,7 +44,7 @@ class ConnectionAcceptor {
   // `server` (from the started grpc::Server's builder) outlives this.
   void Start(grpc::experimental::ExternalConnectionAcceptor* server);
 
-  // Closes the listening socket, after which connections are refused, and
+  // Closes the listening sockets, after which connections are refused, and
   // ends the thread. Idempotent.
   void Stop();
 
@@ -50,11 +52,17 @@ class ConnectionAcceptor {
   int64_t shed() const { return shedder_.shed(); }
 
  private:
-  ConnectionAcceptor(int listener, int wake, int epoll);
+  ConnectionAcceptor(std::vector<int> listeners, int wake, int epoll);
   void Loop(grpc::experimental::ExternalConnectionAcceptor* server);
+  // Adds the listeners to epoll_ (EPOLL_CTL_ADD) or takes them out (_DEL).
+  void WatchListeners(int operation);
+  // Hands `server` every connection waiting on `listener`; false when the
+  // process is out of descriptors, or the kernel of memory for sockets.
+  bool AcceptFrom(int listener,
+                  grpc::experimental::ExternalConnectionAcceptor* server);
 
   const int port_;
-  int listener_;
+  std::vector<int> listeners_;
   const int wake_;
   const int epoll_;
   ConnectionShedder shedder_{kDescriptorReserve};

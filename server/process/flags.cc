@@ -238,7 +238,8 @@ namespace attnserve {
 
 const char kUsage[] =
     "attnserve [FLAGS]: serves multi-head attention over gRPC until SIGINT, "
-    "SIGTERM or SIGHUP, then drains (a second signal exits at once). Every "
+    "SIGTERM or SIGHUP, then drains (a second SIGINT or SIGTERM exits at "
+    "once). Every "
     "flag also reads ATTNSERVE_<FLAG> from the "
     "environment (the command line wins). --help lists the flags, --version "
     "prints the version.";

@@ -51,6 +51,9 @@ void TerminationSignals::Watch() {
     }
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
+    // A hang-up can come twice (the terminal's, then the shell's to its
+    // jobs): only an operator's SIGINT or SIGTERM cuts a drain short.
+    if (received_ != 0 && signal_number == SIGHUP) continue;
     if (!started_ || received_ != 0) {
       std::fprintf(stderr, "attnserve: signal %d during %s, exiting now\n",
                    signal_number,

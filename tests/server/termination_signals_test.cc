@@ -94,6 +94,25 @@ TEST(TerminationSignalsTest, ASecondSignalDuringTheDrainEndsTheProcessAtOnce) {
   }
 }
 
+// A closed terminal can hang up twice (the terminal's, then the shell's to its
+// jobs): the second SIGHUP does not cut the drain short.
+TEST(TerminationSignalsTest, ASecondHangUpDoesNotCutTheDrainShort) {
+  const int status = RunInChild([] {
+    {
+      TerminationSignals signals;
+      signals.Started();
+      kill(getpid(), SIGHUP);
+      if (signals.Wait() != SIGHUP) return 1;
+      kill(getpid(), SIGHUP);
+      // The drain goes on a moment after the second hang-up.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return 7;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
 // A drain that ends before a second signal: the destructor returns.
 TEST(TerminationSignalsTest, AfterOneSignalTheDestructorReturns) {
   const int status = RunInChild([] {

@@ -3,8 +3,9 @@
 // watched by one thread from the first line of main: during start-up (loading
 // weights can take a while) a signal ends the process at once, with status 128
 // + the signal's number, as its default action would; once the server is up, it
-// starts the drain, and a second one during the drain ends the process at once
-// the same way (an operator's second Ctrl-C).
+// starts the drain, and a second SIGINT or SIGTERM during the drain ends the
+// process at once the same way (an operator's second Ctrl-C; a second SIGHUP
+// does not, as a closed terminal can send two).
 //
 //   TerminationSignals signals;  // before any other thread starts
 //   ... start the server ...

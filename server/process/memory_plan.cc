@@ -35,6 +35,21 @@ std::optional<int64_t> ReadLimitFile(const std::string& path) {
   return bytes;
 }
 
+// A "VmSize:"-style line of /proc/self/status, in bytes; 0 if absent.
+int64_t StatusBytes(absl::string_view field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, field)) continue;
+    absl::string_view rest = absl::StripAsciiWhitespace(
+        absl::string_view(line).substr(field.size()));
+    absl::ConsumeSuffix(&rest, " kB");
+    int64_t kib = 0;
+    return absl::SimpleAtoi(rest, &kib) ? kib * 1024 : 0;
+  }
+  return 0;
+}
+
 int64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);
@@ -95,17 +110,24 @@ MemoryLimit ReadMemoryLimit(const std::string& cgroup_root,
   }
   // The process's own limits bind too (a systemd LimitAS=, a batch
   // scheduler's ulimit): past them malloc fails, and a failed allocation in
-  // protobuf's parse or gRPC's buffers ends the process.
+  // protobuf's parse or gRPC's buffers ends the process. They count address
+  // space, not memory: what the process has mapped and not touched (thread
+  // stacks, allocator arenas) comes off them first.
+  const int64_t untouched =
+      std::max<int64_t>(0, StatusBytes("VmSize:") - StatusBytes("VmRSS:"));
   const std::pair<int, const char*> rlimits[] = {
       {RLIMIT_AS, "RLIMIT_AS (ulimit -v)"},
       {RLIMIT_DATA, "RLIMIT_DATA (ulimit -d)"}};
   for (const auto& [resource, name] : rlimits) {
     rlimit process{};
-    if (getrlimit(resource, &process) == 0 &&
-        process.rlim_cur != RLIM_INFINITY &&
-        process.rlim_cur < static_cast<rlim_t>(limit.bytes)) {
-      limit = {static_cast<int64_t>(process.rlim_cur), name};
+    if (getrlimit(resource, &process) != 0 ||
+        process.rlim_cur == RLIM_INFINITY ||
+        process.rlim_cur >= static_cast<rlim_t>(INT64_MAX)) {
+      continue;
     }
+    const int64_t usable = std::max<int64_t>(
+        0, static_cast<int64_t>(process.rlim_cur) - untouched);
+    if (usable < limit.bytes) limit = {usable, name};
   }
   return limit;
 }

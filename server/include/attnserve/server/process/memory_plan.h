@@ -48,7 +48,9 @@ struct MemoryLimit {
 // (cgroup v2's memory.max, or v1's memory.limit_in_bytes) under `cgroup_root`,
 // as /proc/self/cgroup names them (`proc_self_cgroup`), or the machine's
 // physical memory when none is set; or the process's own RLIMIT_AS or
-// RLIMIT_DATA (ulimit -v, -d) where one is tighter still.
+// RLIMIT_DATA (ulimit -v, -d) where one is tighter still, less the address
+// space the process has mapped but not touched (VmSize − VmRSS: thread
+// stacks, allocator arenas), which those limits count.
 MemoryLimit ReadMemoryLimit(
     const std::string& cgroup_root = "/sys/fs/cgroup",
     const std::string& proc_self_cgroup = "/proc/self/cgroup");

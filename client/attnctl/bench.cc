@@ -123,17 +123,19 @@ class StartGate {
  public:
   explicit StartGate(int parties) : missing_(parties) {}
 
-  // Waits for the other parties or for Abandon(); true if the measured phase
-  // is to run.
-  bool Arrive() {
+  // Waits for the other parties or for Abandon(); the time the last party
+  // arrived, when the measured phase starts for all of them alike, or nothing
+  // if it is not to run.
+  std::optional<absl::Time> Arrive() {
     absl::MutexLock lock(&mutex_);
-    --missing_;
+    if (--missing_ == 0) opened_ = absl::Now();
     mutex_.Await(absl::Condition(
         +[](StartGate* gate) {
           return gate->missing_ <= 0 || gate->abandoned_;
         },
         this));
-    return !abandoned_;
+    if (abandoned_) return std::nullopt;
+    return opened_;
   }
 
   // Releases everyone waiting, or to come, with Arrive() false.
@@ -146,6 +148,7 @@ class StartGate {
   absl::Mutex mutex_;
   int missing_ ABSL_GUARDED_BY(mutex_);
   bool abandoned_ ABSL_GUARDED_BY(mutex_) = false;
+  absl::Time opened_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Calls until `warmup_end`, waits at `gate` for every worker, then calls
@@ -157,8 +160,12 @@ void RunWorker(const LoopConfig& config, const Call& call,
     call().IgnoreError();
     ++tally.warmup_requests;
   }
-  if (!gate.Arrive()) return;
-  const absl::Time end = absl::Now() + config.duration;
+  // Every worker's phase, and the elapsed time, count from one instant: a
+  // worker's own clock read after the gate opened would end its phase late,
+  // and the report's elapsed time short of --duration.
+  const std::optional<absl::Time> opened = gate.Arrive();
+  if (!opened) return;
+  const absl::Time end = *opened + config.duration;
   while (absl::Now() < end &&
          issued.fetch_add(1, std::memory_order_relaxed) < config.requests) {
     const absl::Time start = absl::Now();
@@ -198,11 +205,10 @@ absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
       break;
     }
   }
-  const bool measure = gate.Arrive();
-  const absl::Time start = absl::Now();
+  const std::optional<absl::Time> start = gate.Arrive();
   for (std::thread& worker : workers) worker.join();
-  if (!measure) return started;
-  report.elapsed = absl::Now() - start;
+  if (!start) return started;
+  report.elapsed = absl::Now() - *start;
   for (const WorkerTally& tally : tallies) {
     report.latencies.Merge(tally.latencies);
     for (const auto& [code, count] : tally.errors) report.errors[code] += count;

@@ -198,8 +198,8 @@ class AttnServerImpl final : public AttnServer {
       return absl::UnavailableError(absl::StrCat(
           "could not listen on ", HostPort(options.address, options.port), ": ",
           acceptor.status().message(),
-          " (--address and --port: an address of this machine, and a port "
-          "no other process listens on)"));
+          "; expected an address of this machine and a port no other "
+          "process listens on"));
     }
     acceptor_ = *std::move(acceptor);
     port_ = acceptor_->port();

@@ -161,7 +161,8 @@ int64_t RaiseDescriptorLimit() {
 }
 
 ConnectionShedder::ConnectionShedder(int reserve)
-    : reserve_(reserve), spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+    : ceiling_(Ceiling(reserve)),
+      spare_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
 ConnectionShedder::~ConnectionShedder() {
   if (spare_ >= 0) close(spare_);
@@ -172,7 +173,7 @@ int ConnectionShedder::Accept(int listener) {
     const int fd =
         accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-      if (fd < Ceiling(reserve_)) return fd;
+      if (fd < ceiling_) return fd;
       close(fd);
       shed_.fetch_add(1, std::memory_order_relaxed);
       continue;

@@ -66,12 +66,34 @@ int ServeNext(ConnectionShedder& shedder, int listener) {
   return send(fd, "x", 1, MSG_NOSIGNAL) == 1 ? 0 : 12;
 }
 
+// Closes the last `count` of `taken` (the highest numbers).
+void CloseLast(std::vector<int>& taken, int count) {
+  for (int i = 0; i < count && !taken.empty(); ++i) {
+    close(taken.back());
+    taken.pop_back();
+  }
+}
+
 // Whether the server sent its one byte on `fd` within 5 s.
 bool Served(int fd) {
   timeval timeout{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   char byte = 0;
   return recv(fd, &byte, 1, 0) == 1 && byte == 'x';
+}
+
+// Each of `shed` is closed by the server; once the child is `wait`ed for, a
+// new connection to `port` is served.
+void ExpectShedThenNextServed(const std::vector<int>& shed, int port,
+                              const std::function<void()>& wait) {
+  for (const int fd : shed) {
+    EXPECT_TRUE(ClosedByServer(fd));
+    close(fd);
+  }
+  wait();
+  const int next = Connect(port);
+  EXPECT_TRUE(Served(next));
+  close(next);
 }
 
 // A listener on 127.0.0.1 whose connections `server(listener, ready)` takes
@@ -143,10 +165,7 @@ TEST(ConnectionShedderTest, AtTheLimitTheSpareDescriptorShedsTheConnection) {
         if (errno != EMFILE && errno != EAGAIN) return 3;
         if (shedder.shed() != 2) return 4;
         // Descriptors come free: the next connection is served.
-        for (int i = 0; i < 2; ++i) {
-          close(taken.back());
-          taken.pop_back();
-        }
+        CloseLast(taken, 2);
         ready();
         return ServeNext(shedder, listener);
       },
@@ -155,14 +174,7 @@ TEST(ConnectionShedderTest, AtTheLimitTheSpareDescriptorShedsTheConnection) {
         return clients[0] >= 0 && clients[1] >= 0 ? 0 : 1;
       },
       [&clients](int port, const std::function<void()>& wait) {
-        for (int fd : clients) {
-          EXPECT_TRUE(ClosedByServer(fd));
-          close(fd);
-        }
-        wait();
-        const int next = Connect(port);
-        EXPECT_TRUE(Served(next));
-        close(next);
+        ExpectShedThenNextServed(clients, port, wait);
       });
 }
 
@@ -174,16 +186,10 @@ TEST(ConnectionShedderTest, AConnectionThatWouldTakeTheReserveIsShed) {
         // so that the next connection would be number 57, past the ceiling.
         ConnectionShedder shedder(16);
         std::vector<int> taken = FillDescriptors();
-        for (int i = 0; i < 7 && !taken.empty(); ++i) {
-          close(taken.back());
-          taken.pop_back();
-        }
+        CloseLast(taken, 7);
         if (shedder.Accept(listener) != -1 || shedder.shed() != 1) return 2;
         // With room again, the next connection is served.
-        for (int i = 0; i < 16 && !taken.empty(); ++i) {
-          close(taken.back());
-          taken.pop_back();
-        }
+        CloseLast(taken, 16);
         ready();
         return ServeNext(shedder, listener);
       },
@@ -192,12 +198,7 @@ TEST(ConnectionShedderTest, AConnectionThatWouldTakeTheReserveIsShed) {
         return first >= 0 ? 0 : 1;
       },
       [&first](int port, const std::function<void()>& wait) {
-        EXPECT_TRUE(ClosedByServer(first));
-        close(first);
-        wait();
-        const int next = Connect(port);
-        EXPECT_TRUE(Served(next));
-        close(next);
+        ExpectShedThenNextServed({first}, port, wait);
       });
 }
 

@@ -46,7 +46,8 @@ int64_t RaiseDescriptorLimit();
 class ConnectionShedder {
  public:
   // `reserve`: descriptors left free for the rest of the process (at most an
-  // eighth of the soft limit).
+  // eighth of the soft limit, as it stands now: construct it after the limit
+  // is set).
   explicit ConnectionShedder(int reserve);
   ~ConnectionShedder();
   ConnectionShedder(const ConnectionShedder&) = delete;
@@ -68,7 +69,8 @@ class ConnectionShedder {
   // none could be taken.
   bool ShedWithSpare(int listener);
 
-  const int reserve_;
+  // Descriptors numbered from here on are shed: every lower one is taken.
+  const int64_t ceiling_;
   int spare_ = -1;
   std::atomic<int64_t> shed_{0};
 };

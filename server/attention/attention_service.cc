@@ -1,6 +1,7 @@
 #include "attnserve/server/attention/attention_service.h"
 
 #include <chrono>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -56,7 +57,13 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
 
   void Computed(const absl::Status& status) override {
     absl::Status answer = status;
-    if (answer.ok() && complete_) answer = complete_();
+    if (answer.ok() && complete_) {
+      try {
+        answer = complete_();
+      } catch (const std::bad_alloc&) {
+        answer = AllocationFailed("build the answer");
+      }
+    }
     service_->Finish(call_, answer, response_);
   }
 
@@ -613,7 +620,13 @@ void AttentionServiceImpl::SeedOutput(int64_t elements, v1::DType dtype,
                                       v1::Tensor* output) const {
   const size_t bytes =
       static_cast<size_t>(elements) * static_cast<size_t>(DTypeBytes(dtype));
-  if (bytes >= pool_->min_bytes()) *output->mutable_data() = pool_->Take(bytes);
+  if (bytes < pool_->min_bytes()) return;
+  try {
+    *output->mutable_data() = pool_->Take(bytes);
+  } catch (const std::bad_alloc&) {
+    // Unseeded, the compute allocates the output itself, where a failure is
+    // answered.
+  }
 }
 
 void AttentionServiceImpl::RecordWeightsHeld() const {
@@ -870,18 +883,28 @@ void AttentionServiceImpl::ServeModelInfer(
     const absl::Status held = call.handler->hold.Grow(typed_bytes);
     if (!held.ok()) return caller->Computed(held);
   }
+  // The translation packs typed contents into tensors: a copy of the inputs.
+  absl::Status translated;
+  try {
+    if (weight_set) {
+      absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
+          oip::MultiHeadRequestFrom(request, &native->outputs);
+      translated = mha.status();
+      if (mha.ok()) native->mha = *std::move(mha);
+    } else {
+      absl::StatusOr<v1::AttendRequest> attend =
+          oip::AttendRequestFrom(request, &native->outputs);
+      translated = attend.status();
+      if (attend.ok()) native->attend = *std::move(attend);
+    }
+  } catch (const std::bad_alloc&) {
+    translated = AllocationFailed("translate the inputs");
+  }
+  if (!translated.ok()) return caller->Computed(translated);
   if (weight_set) {
-    absl::StatusOr<v1::MultiHeadAttentionRequest> mha =
-        oip::MultiHeadRequestFrom(request, &native->outputs);
-    if (!mha.ok()) return caller->Computed(mha.status());
-    native->mha = *std::move(mha);
     return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
                                    std::move(caller));
   }
-  absl::StatusOr<v1::AttendRequest> attend =
-      oip::AttendRequestFrom(request, &native->outputs);
-  if (!attend.ok()) return caller->Computed(attend.status());
-  native->attend = *std::move(attend);
   StartAttend(call, native->attend, &native->attended, std::move(caller));
 }
 

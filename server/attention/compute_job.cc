@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "attnserve/common/flops.h"
 #include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/rpc/memory_budget.h"
 
 namespace attnserve {
 
@@ -134,9 +136,14 @@ void ComputeJob::Run(absl::Span<Job* const> batch) {
   const absl::Time started = absl::Now();
   // Only Attends share a key, so a batch of several is all Attends. A batch
   // (of calls small enough to batch) runs to its end.
-  const absl::Status status = live.size() == 1
-                                  ? live[0]->RunAlone()
-                                  : ComputeAttendBatch(*context_.engine, items);
+  absl::Status status;
+  try {
+    status = live.size() == 1 ? live[0]->RunAlone()
+                              : ComputeAttendBatch(*context_.engine, items);
+  } catch (const std::bad_alloc&) {
+    // What the compute made of the answers is dropped with them.
+    status = AllocationFailed("compute the answer");
+  }
   const absl::Duration elapsed = absl::Now() - started;
   // A batch may mix unary and streamed Attends: each RPC records its share.
   std::array<double, kRpcCount> flops{};

@@ -238,6 +238,16 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "have kept fewer than 64 free (or an eighth of ulimit -n).")
            .Register(*registry_)
            .Add({});
+  allocation_failures_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_allocation_failures_total")
+           .Help(
+               "Calls answered RESOURCE_EXHAUSTED because an allocation "
+               "failed although the memory budgets let them in: the machine "
+               "has less memory than max_inflight_bytes and kv_cache_bytes "
+               "assume.")
+           .Register(*registry_)
+           .Add({});
   io_standby_events_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_standby_events_total")
@@ -394,6 +404,11 @@ void ServerMetrics::SetResetClosures(int64_t closed) {
 void ServerMetrics::SetConnectionsShed(int64_t shed) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(connections_shed_, shed, &connections_shed_seen_);
+}
+
+void ServerMetrics::SetAllocationFailures(int64_t failures) {
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(allocation_failures_, failures, &allocation_failures_seen_);
 }
 
 void ServerMetrics::SetIoStandbyEvents(int64_t events) {

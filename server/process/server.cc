@@ -357,6 +357,7 @@ class AttnServerImpl final : public AttnServer {
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
       metrics_.SetConnectionsShed(acceptor_->shed());
+      metrics_.SetAllocationFailures(AllocationFailures());
       metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {
         metrics_.SetAccessLogDropped(access_log_->dropped());

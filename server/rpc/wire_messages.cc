@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/v1/attention.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -327,10 +329,9 @@ absl::Status SerializeError(const Message& message, const std::string& why) {
                                           " answer: ", why));
 }
 
-}  // namespace
-
-absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
-                       BytesPool* pool) {
+// ParseWire, but for a failed allocation, which it throws.
+absl::Status ParseWireOrThrow(grpc::ByteBuffer* wire, Message* message,
+                              BytesPool* pool) {
   const size_t bytes = wire->Length();
   // Cheap for a message of tensors: their bytes are skipped, not read. A
   // message this small holds fewer of either than their limits.
@@ -392,8 +393,9 @@ absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
       "string field that is not UTF-8)"));
 }
 
-absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
-                           const std::shared_ptr<BytesPool>& pool) {
+// SerializeWire, but for a failed allocation, which it throws.
+absl::Status SerializeWireOrThrow(Message* message, grpc::ByteBuffer* wire,
+                                  const std::shared_ptr<BytesPool>& pool) {
   if (pool == nullptr) {
     bool own_buffer = false;
     const grpc::Status status = grpc::SerializationTraits<Message>::Serialize(
@@ -472,6 +474,30 @@ absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
     return SerializeError(*message, "over 2 GiB");
   grpc::ByteBuffer(slices.data(), slices.size()).Swap(wire);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseWire(grpc::ByteBuffer* wire, Message* message,
+                       BytesPool* pool) {
+  const size_t bytes = wire->Length();
+  try {
+    return ParseWireOrThrow(wire, message, pool);
+  } catch (const std::bad_alloc&) {
+    wire->Clear();
+    return AllocationFailed(
+        absl::StrCat("parse the request's ", bytes, " bytes"));
+  }
+}
+
+absl::Status SerializeWire(Message* message, grpc::ByteBuffer* wire,
+                           const std::shared_ptr<BytesPool>& pool) {
+  try {
+    return SerializeWireOrThrow(message, wire, pool);
+  } catch (const std::bad_alloc&) {
+    return AllocationFailed(absl::StrCat(
+        "serialise the ", message->GetDescriptor()->full_name(), " answer"));
+  }
 }
 
 void GiveTensorBytes(Message* message, BytesPool* pool) {

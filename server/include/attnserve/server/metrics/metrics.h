@@ -120,6 +120,9 @@ class ServerMetrics {
   // The gRPC port's connections closed unserved for want of file descriptors
   // (ConnectionAcceptor::shed), as a running total.
   void SetConnectionsShed(int64_t shed);
+  // Allocations that failed within the budgets (AllocationFailures), as a
+  // running total.
+  void SetAllocationFailures(int64_t failures);
 
   // Events the call loop's standby thread handled since the start (sampled
   // each second).
@@ -171,6 +174,7 @@ class ServerMetrics {
   prometheus::Counter* inflight_refused_ = nullptr;
   prometheus::Counter* reset_closures_ = nullptr;
   prometheus::Counter* connections_shed_ = nullptr;
+  prometheus::Counter* allocation_failures_ = nullptr;
   prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;
   // What the sampled counters have been brought up to.
@@ -178,6 +182,7 @@ class ServerMetrics {
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t connections_shed_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  int64_t allocation_failures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t io_standby_events_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t access_log_dropped_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   prometheus::Counter* io_spin_seconds_ = nullptr;

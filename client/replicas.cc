@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/status_macros.h"
 #include "deadline.h"
 
 namespace attnserve {
@@ -222,7 +223,10 @@ absl::StatusOr<Session> Replicas::CreateSession(
       absl::StatusOr<v1::CreateSessionResponse> created =
           replica->CreateSession(request, Remaining(deadline));
       if (created.ok()) {
-        Session session(replica, created->session());
+        // A replica that took another id would break the placement by id.
+        ATTNSERVE_ASSIGN_OR_RETURN(
+            Session session, Session::FromServer(replica, created->session(),
+                                                 request.session_id()));
         session.replica_ = created->replica();
         session.address_ = address;
         session.replicas_ = this;
@@ -250,7 +254,9 @@ absl::StatusOr<Session> Replicas::AttachSession(absl::string_view address,
   absl::StatusOr<v1::GetSessionResponse> got =
       replica->GetSession(session_id, timeout);
   if (!got.ok()) return got.status();
-  Session session(replica, got->session());
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      Session session,
+      Session::FromServer(replica, got->session(), session_id));
   session.replica_ = got->replica();
   session.address_ = std::string(address);
   session.replicas_ = this;

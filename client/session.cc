@@ -73,6 +73,15 @@ absl::Status CheckServerInfo(const v1::SessionInfo& info) {
   return absl::OkStatus();
 }
 
+// A server's answer about session `id` that describes another one.
+absl::Status CheckSameSession(const v1::SessionInfo& info,
+                              absl::string_view id) {
+  if (info.session_id() == id) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the server answered a call on session ", id,
+                   " with session ", info.session_id()));
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> AppendedTokens(const StepInputs& inputs) {
@@ -115,14 +124,25 @@ Session Session::FromInfo(Client* client, const v1::SessionInfo& info) {
   return Session(client, info);
 }
 
+absl::StatusOr<Session> Session::FromServer(Client* client,
+                                            const v1::SessionInfo& info,
+                                            absl::string_view expected_id) {
+  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(info));
+  if (!expected_id.empty()) {
+    ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(info, expected_id));
+  }
+  return Session(client, info);
+}
+
 absl::StatusOr<Session> Session::Create(Client* client,
                                         const v1::CreateSessionRequest& request,
                                         absl::Duration timeout) {
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::CreateSessionResponse response,
                              client->CreateSession(request, timeout));
-  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response.session()));
-  Session session(client, response.session());
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      Session session,
+      FromServer(client, response.session(), request.session_id()));
   session.replica_ = response.replica();
   return session;
 }
@@ -133,8 +153,8 @@ absl::StatusOr<Session> Session::Attach(Client* client,
   if (client == nullptr) return absl::InvalidArgumentError("client is null");
   ATTNSERVE_ASSIGN_OR_RETURN(v1::GetSessionResponse response,
                              client->GetSession(session_id, timeout));
-  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response.session()));
-  Session session(client, response.session());
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      Session session, FromServer(client, response.session(), session_id));
   session.replica_ = response.replica();
   return session;
 }
@@ -296,6 +316,7 @@ absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
       client_->TruncateSession(request, timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
+  ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
   Adopt(response->session());
   return absl::OkStatus();
 }
@@ -317,6 +338,7 @@ absl::Status Session::Sync(absl::Duration timeout) {
       client_->GetSession(id(), timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
+  ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
   Adopt(response->session());
   return absl::OkStatus();
 }

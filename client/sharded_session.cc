@@ -206,6 +206,12 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   }
   lengths_[layer] = end;
 
+  for (size_t s = 0; s < parts.size(); ++s) {
+    if (!parts[s]->output) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", s, " answered a step with a query without an output"));
+    }
+  }
   const v1::Tensor& shape_of = *parts.back()->output;
   if (shape_of.shape_size() != 3) {
     return absl::InternalError("a shard's output is not [H, Tq, Dv]");

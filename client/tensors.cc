@@ -51,9 +51,15 @@ absl::StatusOr<std::vector<float>> FloatValues(const v1::Tensor& tensor) {
   }
   const uint64_t element_bytes = tensor.dtype() == v1::FLOAT32 ? 4 : 2;
   uint64_t elements = 1;
+  // The product of the dimensions other than 0 must fit too, whatever their
+  // order: [0, 2^62, 2^62] is no shape a file or an array can hold.
+  uint64_t spanned = 1;
   for (int64_t dim : tensor.shape()) {
-    if (dim < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
-                                          &elements)) {
+    const uint64_t size = static_cast<uint64_t>(dim);
+    if (dim < 0 || __builtin_mul_overflow(elements, size, &elements) ||
+        __builtin_mul_overflow(spanned, std::max<uint64_t>(size, 1),
+                               &spanned) ||
+        spanned > (uint64_t{1} << 62)) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor.shape has dimension ", dim,
                        ", expected a small non-negative size"));

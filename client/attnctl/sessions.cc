@@ -155,8 +155,10 @@ int RunStep(Client& client, const std::string& id) {
   for (const auto& [path, tensor] : files) {
     if (path.empty()) continue;
     if (!tensor->has_value()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "no tensor for ", path, ": the step had no query (--query)")));
+      // The query was checked above: the server left the tensor out.
+      return Fail(absl::InternalError(
+          absl::StrCat("no tensor for ", path,
+                       ": the server answered the step's query without it")));
     }
     const absl::Status written = WriteTensorFile(path, **tensor);
     if (!written.ok()) return Fail(written);

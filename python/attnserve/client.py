@@ -231,13 +231,29 @@ def _timing(response):
     return Timing(timing.queue_us, timing.compute_us, timing.server_us)
 
 
+def _answered(response, field):
+    """The float array of `response`'s tensor `field`, or AttnserveError INTERNAL naming it
+    when the server's tensor cannot be one (another dtype, a shape its bytes do not fill)."""
+    tensor = getattr(response, field)
+    try:
+        array = from_tensor(tensor)
+    except ValueError as error:
+        raise AttnserveError(grpc.StatusCode.INTERNAL,
+                             f"the server answered a {field} that cannot be read: "
+                             f"{error}") from None
+    if array.dtype == np.bool_:
+        raise AttnserveError(grpc.StatusCode.INTERNAL,
+                             f"the server answered a BOOL {field}, expected float values")
+    return array
+
+
 def _optional(response, field):
-    return from_tensor(getattr(response, field)) if response.HasField(field) else None
+    return _answered(response, field) if response.HasField(field) else None
 
 
 def _attend_result(response):
     """An AttendResponse as the AttendResult attend() and attend_stream() give."""
-    return AttendResult(from_tensor(response.output), _optional(response, "lse"),
+    return AttendResult(_answered(response, "output"), _optional(response, "lse"),
                         _optional(response, "weights"), _timing(response))
 
 
@@ -462,7 +478,7 @@ class Client:
         response = self.call("MultiHeadAttention", request, timeout,
                              also_retry_on=(grpc.StatusCode.FAILED_PRECONDITION,)
                              if pinned else ())
-        return MhaResult(from_tensor(response.output), _optional(response, "lse"),
+        return MhaResult(_answered(response, "output"), _optional(response, "lse"),
                          _optional(response, "weights"), response.weights_version,
                          _timing(response))
 
@@ -534,14 +550,15 @@ class Client:
             request.defaults.rope.interleaved = _flag(rope_interleaved, "rope_interleaved")
         response = self.call("CreateSession", request, timeout,
                              retryable=self._retry.retry_session_creation)
-        return Session(self, response.session, response.replica)
+        return Session(self, response.session, response.replica,
+                       expected_id=request.session_id)
 
     def session(self, session_id, timeout=None):
         """A Session for an existing id, with the lengths the server holds."""
         from attnserve.session import Session
         request = pb2.GetSessionRequest(session_id=session_id)
         response = self.call("GetSession", request, timeout)
-        return Session(self, response.session, response.replica)
+        return Session(self, response.session, response.replica, expected_id=session_id)
 
     def get_session(self, session_id, timeout=None):
         """The server's SessionInfo of `session_id`."""

@@ -3,8 +3,8 @@ import collections
 
 import grpc
 
-from attnserve.client import (_PRECISIONS, AttnserveError, _choice, _data_dtype, _flag,
-                              _integer, _optional, _real, _timing)
+from attnserve.client import (_PRECISIONS, _STATUS_CODES, AttnserveError, _choice,
+                              _data_dtype, _flag, _integer, _optional, _real, _timing)
 from attnserve.tensors import to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
 
@@ -26,7 +26,42 @@ class ReplicaGoneError(AttnserveError):
 
 
 def _code(number):
-    return next(code for code in grpc.StatusCode if code.value[0] == number)
+    """The grpc.StatusCode of an ErrorStatus.code; UNKNOWN for a number that is none."""
+    return _STATUS_CODES.get(number, grpc.StatusCode.UNKNOWN)
+
+
+# The most layers, heads or dimensions a session a server describes may have (the server's
+# own limits are far below): a broken server's num_layers of 2**40 would otherwise size
+# this client's lists by it.
+_MOST_PER_DIMENSION = 1 << 16
+
+
+def _checked_info(info, expected_id=None):
+    """`info`, a SessionInfo a server answered, or AttnserveError INTERNAL naming what in it
+    no session can have, or an id other than `expected_id` (when given)."""
+    dims = (info.num_layers, info.num_heads, info.num_kv_heads, info.key_dim, info.value_dim)
+    if (not all(1 <= d <= _MOST_PER_DIMENSION for d in dims)
+            or len(info.lengths) not in (0, info.num_layers)):
+        raise AttnserveError(
+            grpc.StatusCode.INTERNAL,
+            f"the server described session {info.session_id} with num_layers "
+            f"{info.num_layers}, {len(info.lengths)} lengths, heads {info.num_heads}/"
+            f"{info.num_kv_heads} and dims {info.key_dim}/{info.value_dim}, expected each 1 "
+            f"to {_MOST_PER_DIMENSION} and a length per layer")
+    if expected_id and info.session_id != expected_id:
+        raise AttnserveError(grpc.StatusCode.INTERNAL,
+                             f"the server answered a call on session {expected_id} with "
+                             f"session {info.session_id}")
+    return info
+
+
+def _one_result(response):
+    """The only StepResult of a one-step Step's response."""
+    if len(response.results) != 1:
+        raise AttnserveError(grpc.StatusCode.INTERNAL,
+                             f"the server answered {len(response.results)} results for 1 "
+                             f"step")
+    return response.results[0]
 
 
 def _step_options(scale=None, precision=None, return_lse=False, output_dtype=None):
@@ -64,9 +99,9 @@ class Session:
     session.
     """
 
-    def __init__(self, client, info, replica=None):
+    def __init__(self, client, info, replica=None, expected_id=None):
         self._client = client
-        self.info = info
+        self.info = _checked_info(info, expected_id)
         self.id = info.session_id
         self.lengths = list(info.lengths) or [0] * info.num_layers
         self._uncertain = [False] * len(self.lengths)
@@ -168,7 +203,7 @@ class Session:
         except AttnserveError as error:
             self._uncertain[layer] = True
             raise self._gone_or(error, bool(self.replica.incarnation)) from None
-        result = response.results[0]
+        result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)
             if (result.error.code == _FAILED_PRECONDITION
@@ -182,7 +217,13 @@ class Session:
 
     def _recover(self, layer, step, tokens, refusal, timeout):
         expected = step.expected_length
-        held = self._client.get_session(self.id, timeout).lengths[layer]
+        lengths = _checked_info(self._client.get_session(self.id, timeout), self.id).lengths
+        if len(lengths) != len(self.lengths):
+            raise AttnserveError(grpc.StatusCode.INTERNAL,
+                                 f"the server described session {self.id} with "
+                                 f"{len(lengths)} layers' lengths; it has "
+                                 f"{len(self.lengths)} layers")
+        held = lengths[layer]
         if held == expected:
             self._uncertain[layer] = False
             raise refusal
@@ -200,7 +241,7 @@ class Session:
                                 options=step.options)
         again.query.CopyFrom(step.query)
         response = self._client.call("Step", pb2.StepRequest(steps=[again]), timeout)
-        result = response.results[0]
+        result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             raise AttnserveError(_code(result.error.code), result.error.message)
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
@@ -246,6 +287,6 @@ class Session:
                 raise self._gone_or(error) from None
 
     def _adopt(self, info):
-        self.info = info
+        self.info = _checked_info(info, self.id)
         self.lengths = list(info.lengths)
         self._uncertain = [False] * len(self.lengths)

@@ -18,9 +18,9 @@ import time
 import grpc
 import numpy as np
 
-from attnserve.client import (AttendResult, AttnserveError, Timing, _integer, _seconds,
-                              attention_options)
-from attnserve.tensors import bfloat16_bits_to_float32, from_tensor
+from attnserve.client import (AttendResult, AttnserveError, Timing, _answered, _integer,
+                              _seconds, attention_options)
+from attnserve.tensors import bfloat16_bits_to_float32
 from attnserve.v1 import attention_pb2 as pb2
 
 
@@ -126,8 +126,17 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
-    outputs = np.stack([from_tensor(r.output).astype(np.float64) for r in responses])
-    lses = np.stack([from_tensor(r.lse).astype(np.float64) for r in responses])
+    parts = [_answered(r, "output") for r in responses]
+    lse_parts = [_answered(r, "lse") for r in responses]
+    if (any(p.shape != parts[0].shape for p in parts)
+            or any(p.shape != parts[0].shape[:-1] for p in lse_parts)):
+        raise AttnserveError(grpc.StatusCode.INTERNAL,
+                             f"the shards answered outputs of shapes "
+                             f"{[list(p.shape) for p in parts]} and lse of shapes "
+                             f"{[list(p.shape) for p in lse_parts]}, expected one [..., Dv] "
+                             f"and its [...]")
+    outputs = np.stack([p.astype(np.float64) for p in parts])
+    lses = np.stack([p.astype(np.float64) for p in lse_parts])
     with np.errstate(invalid="ignore", over="ignore"):
         lse = np.logaddexp.reduce(lses, axis=0)
         shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
@@ -136,6 +145,6 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     timing = Timing(max(r.timing.queue_us for r in responses),
                     max(r.timing.compute_us for r in responses),
                     max(r.timing.server_us for r in responses))
-    out_dtype = from_tensor(responses[0].output).dtype
+    out_dtype = parts[0].dtype
     return AttendResult(output.astype(out_dtype),
                         lse.astype(np.float32) if checked.return_lse else None, None, timing)

@@ -83,16 +83,23 @@ def to_tensor(array, dtype=None, what="array"):
 
 
 def from_tensor(tensor):
-    """The array a Tensor holds: float32, float16 or bool; BFLOAT16 widened to float32."""
-    name = pb2.DType.Name(tensor.dtype)
+    """The array a Tensor holds: float32, float16 or bool; BFLOAT16 widened to float32.
+    ValueError for a dtype that is none of those, a negative dimension, or a byte count
+    that is not the shape's."""
+    name = (pb2.DType.Name(tensor.dtype) if tensor.dtype in pb2.DType.values()
+            else str(tensor.dtype))
     if name not in _PACKED:
         raise ValueError(f"a tensor of dtype {name} cannot be read")
     shape = tuple(tensor.shape)
-    array = np.frombuffer(tensor.data, dtype=_PACKED[name])
-    if array.size != int(np.prod(shape, dtype=np.int64)):
+    if any(d < 0 for d in shape):
+        raise ValueError(f"a {name} tensor of shape {list(shape)}: a dimension is negative")
+    elements = 1
+    for d in shape:  # Python's integers: no wrap at 2**63.
+        elements *= d
+    if elements * np.dtype(_PACKED[name]).itemsize != len(tensor.data):
         raise ValueError(f"a {name} tensor of shape {list(shape)} holds {len(tensor.data)} "
                          f"bytes")
-    array = array.reshape(shape)
+    array = np.frombuffer(tensor.data, dtype=_PACKED[name]).reshape(shape)
     if name == "BFLOAT16":
         return bfloat16_bits_to_float32(array)
     if name == "BOOL":

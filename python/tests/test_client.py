@@ -655,6 +655,84 @@ def test_a_cancellation_from_the_server_is_retried():
         fake.stop(None)
 
 
+def test_a_broken_server_gets_attnserve_errors_not_crashes():
+    """Answers no attnserve gives: every one is an AttnserveError INTERNAL or UNKNOWN, never
+    a MemoryError, IndexError, StopIteration or NumPy's ValueError."""
+    from concurrent import futures
+    from attnserve.v1 import attention_pb2_grpc
+
+    def info(session_id, layers=1):
+        return attention_pb2.SessionInfo(session_id=session_id, num_layers=layers,
+                                         num_heads=1, num_kv_heads=1, key_dim=8,
+                                         value_dim=8)
+
+    class Broken(attention_pb2_grpc.AttentionServiceServicer):
+        steps = 0
+        attends = 0
+
+        def CreateSession(self, request, context):
+            if request.session_id == "a" * 32:
+                return attention_pb2.CreateSessionResponse(session=info("a" * 32, 1 << 40))
+            if request.session_id == "c" * 32:
+                return attention_pb2.CreateSessionResponse(session=info("e" * 32))
+            return attention_pb2.CreateSessionResponse(session=info("f" * 32))
+
+        def TruncateSession(self, request, context):
+            return attention_pb2.TruncateSessionResponse(session=info("e" * 32))
+
+        def Step(self, request, context):
+            Broken.steps += 1
+            if Broken.steps == 1:  # A code that is no gRPC status.
+                return attention_pb2.StepResponse(results=[attention_pb2.StepResult(
+                    error=attention_pb2.ErrorStatus(code=99, message="weird"))])
+            return attention_pb2.StepResponse()  # No result for the step.
+
+        def Attend(self, request, context):
+            Broken.attends += 1
+            tensors = [attention_pb2.Tensor(dtype=attention_pb2.BOOL, shape=[4],
+                                            data=bytes(4)),
+                       attention_pb2.Tensor(dtype=attention_pb2.FLOAT32, shape=[-1, -4],
+                                            data=bytes(16)),
+                       attention_pb2.Tensor(dtype=attention_pb2.FLOAT32, shape=[4, 1 << 62],
+                                            data=bytes(16)),
+                       attention_pb2.Tensor(dtype=99, shape=[4], data=bytes(16))]
+            return attention_pb2.AttendResponse(output=tensors[(Broken.attends - 1) % 4])
+
+    fake = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    attention_pb2_grpc.add_AttentionServiceServicer_to_server(Broken(), fake)
+    port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    try:
+        with attnserve.Client(f"127.0.0.1:{port}") as client:
+            shape = dict(num_layers=1, num_heads=1, key_dim=8)
+            for session_id, says in (("a" * 32, "expected each 1 to 65536"),
+                                     ("c" * 32, "with session eeee")):
+                with pytest.raises(attnserve.AttnserveError) as refused:
+                    client.create_session(session_id=session_id, **shape)
+                assert refused.value.code == grpc.StatusCode.INTERNAL
+                assert says in refused.value.message
+            session = client.create_session(**shape)
+            with pytest.raises(attnserve.AttnserveError) as refused:
+                session.truncate(0)
+            assert "answered a call on session ffff" in refused.value.message
+            assert session.id == "f" * 32
+            query = uniform(1, 1, 8)
+            with pytest.raises(attnserve.AttnserveError) as refused:
+                session.step(0, query=query)
+            assert refused.value.code == grpc.StatusCode.UNKNOWN
+            with pytest.raises(attnserve.AttnserveError) as refused:
+                session.step(0, query=query)
+            assert "0 results for 1 step" in refused.value.message
+            q = uniform(1, 1, 1, 8)
+            for says in ("BOOL output", "negative", "holds 16 bytes", "dtype 99"):
+                with pytest.raises(attnserve.AttnserveError) as refused:
+                    client.attend(q, q, q)
+                assert refused.value.code == grpc.StatusCode.INTERNAL
+                assert says in refused.value.message
+    finally:
+        fake.stop(None)
+
+
 def test_arrays_in_any_byte_order_and_bfloat16_bits_under_any_input_dtype(server):
     q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 5, 8), uniform(1, 2, 5, 8)
     with attnserve.Client(server.target) as client:

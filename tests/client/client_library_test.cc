@@ -20,6 +20,7 @@
 #include "attnserve/client/replicas.h"
 #include "attnserve/client/session.h"
 #include "attnserve/client/sharded_attention.h"
+#include "attnserve/client/sharded_session.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -127,10 +128,61 @@ TEST(ClientRetryTest, RetriesUnavailableAndResourceExhaustedWithBackoff) {
 }
 
 // A broken server: ListSessions pages that never end (its token repeats),
-// sessions described with 2^40 layers or negative heads.
+// sessions described with 2^40 layers or negative heads or under another id,
+// steps with a query answered without an output.
 class BrokenSessionService final
     : public v1::AttentionService::CallbackService {
  public:
+  // CreateSession of these ids answers 2^40 layers, or another session.
+  static inline const std::string kHugeId = std::string(32, 'a');
+  static inline const std::string kOtherId = std::string(32, 'c');
+
+  static void Describe(const std::string& id, v1::SessionInfo* info) {
+    info->set_session_id(id);
+    info->set_num_layers(id == kHugeId ? int64_t{1} << 40 : 1);
+    info->set_num_heads(1);
+    info->set_num_kv_heads(1);
+    info->set_key_dim(8);
+    info->set_value_dim(8);
+  }
+
+  grpc::ServerUnaryReactor* CreateSession(
+      grpc::CallbackServerContext* context,
+      const v1::CreateSessionRequest* request,
+      v1::CreateSessionResponse* response) override {
+    const std::string& id = request->session_id();
+    Describe(id.empty()       ? std::string(32, 'f')
+             : id == kOtherId ? std::string(32, 'e')
+                              : id,
+             response->mutable_session());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* TruncateSession(
+      grpc::CallbackServerContext* context,
+      const v1::TruncateSessionRequest* /*request*/,
+      v1::TruncateSessionResponse* response) override {
+    Describe(std::string(32, 'e'), response->mutable_session());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const v1::StepRequest* request,
+                                 v1::StepResponse* response) override {
+    for (const v1::SessionStep& step : request->steps()) {
+      response->add_results()->set_length(
+          step.expected_length() +
+          (step.key().shape_size() == 3 ? step.key().shape(1) : 0));
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
   grpc::ServerUnaryReactor* ListSessions(
       grpc::CallbackServerContext* context,
       const v1::ListSessionsRequest* /*request*/,
@@ -176,6 +228,64 @@ TEST(ClientBrokenServerTest, NeitherLoopsNorSizesAnythingByItsAnswers) {
     EXPECT_THAT(std::string(session.status().message()),
                 HasSubstr("expected each 1 to 65536"));
   }
+}
+
+// Every way a Session or a ShardedSession is made from a server's answer
+// checks it: Replicas' placement and attachment too (an answer of 2^40 layers
+// aborted the client there), and the id must be the one asked for.
+TEST(ClientBrokenServerTest, SessionsCheckEveryAnswerTheyAreMadeFrom) {
+  BrokenSessionService service;
+  FakeServer server(&service);
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(server.target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(1);
+  create.set_key_dim(8);
+  create.set_session_id(BrokenSessionService::kHugeId);
+  absl::StatusOr<Session> placed = (*replicas)->CreateSession(create, kTimeout);
+  EXPECT_EQ(placed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(placed.status().message()),
+              HasSubstr("expected each 1 to 65536"));
+  const std::string address = (*replicas)->addresses().at(0);
+  absl::StatusOr<Session> attached = (*replicas)->AttachSession(
+      address, BrokenSessionService::kHugeId, kTimeout);
+  EXPECT_EQ(attached.status().code(), absl::StatusCode::kInternal);
+  create.set_session_id(BrokenSessionService::kOtherId);
+  placed = (*replicas)->CreateSession(create, kTimeout);
+  EXPECT_EQ(placed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(placed.status().message()),
+              HasSubstr("with session eeee"));
+
+  std::unique_ptr<Client> client = Connect(server.target());
+  absl::StatusOr<Session> created =
+      Session::Create(client.get(), create, kTimeout);
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kInternal);
+  create.clear_session_id();  // The server's own id: any.
+  created = Session::Create(client.get(), create, kTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const absl::Status truncated = created->Truncate(0, kTimeout);
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(truncated.message()),
+              HasSubstr("answered a call on session ffff"));
+  EXPECT_EQ(created->id(), std::string(32, 'f'));
+
+  // A step with a query answered without an output.
+  create.set_max_tokens(16);
+  absl::StatusOr<ShardedSession> sharded =
+      ShardedSession::Create(replicas->get(), create, 8, kTimeout);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  StepInputs inputs;
+  inputs.layer = 0;
+  inputs.key = MakeFloat32Tensor({1, 2, 8}, RandomValues(16, 1));
+  inputs.value = MakeFloat32Tensor({1, 2, 8}, RandomValues(16, 2));
+  inputs.query = MakeFloat32Tensor({1, 1, 8}, RandomValues(8, 3));
+  const absl::StatusOr<StepOutput> stepped =
+      sharded->Step(std::move(inputs), kTimeout);
+  EXPECT_EQ(stepped.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(stepped.status().message()),
+              HasSubstr("without an output"));
 }
 
 TEST(ClientWaitForReadyTest, CallsWaitForAServerThatStartsLate) {

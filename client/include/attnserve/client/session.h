@@ -211,6 +211,12 @@ class Session {
   friend class Replicas;
 
   Session(Client* client, const v1::SessionInfo& info);
+  // A Session for `info` as a server answered it, or INTERNAL naming what in
+  // it no session can have (a num_layers of 2^40 would abort the client), or
+  // an id other than `expected_id` (when not empty).
+  static absl::StatusOr<Session> FromServer(Client* client,
+                                            const v1::SessionInfo& info,
+                                            absl::string_view expected_id);
   // Takes `info` as the server's word: lengths and metadata.
   void Adopt(const v1::SessionInfo& info);
   // `status`, from a call to this session's replica, as the replica-gone

@@ -1,6 +1,7 @@
 #include "attnserve/server/weights/weights_dir_watcher.h"
 
 #include <openssl/evp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <set>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/log.h"
@@ -16,58 +18,91 @@
 #include "attnserve/server/weights/weights_loader.h"
 #include "attnserve/server/weights/weights_validator.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace attnserve {
 namespace {
 
+using google::protobuf::internal::WireFormatLite;
+
 // What identifies a folder's state without reading it: where it resolves to,
-// and each entry's name, size and modification time.
+// and each entry's name, inode, size, modification time, mode and owner (a
+// file that could not be read is read again once chmod or chown fixed it).
 std::string Fingerprint(const std::string& folder) {
   std::error_code error;
   std::string print = std::filesystem::canonical(folder, error).string();
   std::set<std::string> entries;
   for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
-    std::error_code entry_error;
-    const auto size =
-        entry.is_regular_file(entry_error) ? entry.file_size(entry_error) : 0;
-    const auto modified = entry.last_write_time(entry_error);
-    entries.insert(absl::StrCat(entry.path().filename().string(), ":", size,
-                                ":", modified.time_since_epoch().count()));
+    struct stat status {};
+    // Through links, as the files are read (a volume's ..data links).
+    if (::stat(entry.path().c_str(), &status) != 0) {
+      entries.insert(absl::StrCat(entry.path().filename().string(), ":?"));
+      continue;
+    }
+    entries.insert(
+        absl::StrCat(entry.path().filename().string(), ":", status.st_ino, ":",
+                     S_ISREG(status.st_mode) ? status.st_size : 0, ":",
+                     status.st_mtim.tv_sec, ".", status.st_mtim.tv_nsec, ":",
+                     status.st_mode, ":", status.st_uid, ":", status.st_gid));
   }
   if (error) return "";  // Unreadable: never equal to a readable state.
   for (const std::string& entry : entries) absl::StrAppend(&print, "|", entry);
   return print;
 }
 
-// A protobuf output stream that feeds SHA-256 a buffer at a time.
-class Sha256Stream final : public google::protobuf::io::ZeroCopyOutputStream {
- public:
-  explicit Sha256Stream(EVP_MD_CTX* context) : context_(context) {}
-  ~Sha256Stream() override { Flush(); }
+void HashBytes(EVP_MD_CTX* context, const void* data, size_t size) {
+  EVP_DigestUpdate(context, data, size);
+}
 
-  bool Next(void** data, int* size) override {
-    Flush();
-    *data = buffer_;
-    *size = sizeof(buffer_);
-    pending_ = sizeof(buffer_);
-    return true;
+void HashVarint(EVP_MD_CTX* context, uint64_t value) {
+  uint8_t bytes[10];
+  const uint8_t* end =
+      google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(value,
+                                                                    bytes);
+  HashBytes(context, bytes, static_cast<size_t>(end - bytes));
+}
+
+void HashLengthDelimited(EVP_MD_CTX* context, int field_number,
+                         uint64_t length) {
+  HashVarint(context,
+             WireFormatLite::MakeTag(
+                 field_number, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+  HashVarint(context, length);
+}
+
+// Copies `field` (singular: a number, a bool or a message) of `from` into
+// `to`.
+absl::Status CopyScalarOrMessage(const google::protobuf::Message& from,
+                                 const google::protobuf::FieldDescriptor* field,
+                                 google::protobuf::Message* to) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection& in = *from.GetReflection();
+  const google::protobuf::Reflection& out = *to->GetReflection();
+  if (field->is_repeated()) {
+    return absl::InternalError(
+        absl::StrCat("weights field ", field->name(), " is repeated"));
   }
-  void BackUp(int count) override { pending_ -= count; }
-  int64_t ByteCount() const override { return hashed_ + pending_; }
-
- private:
-  void Flush() {
-    EVP_DigestUpdate(context_, buffer_, static_cast<size_t>(pending_));
-    hashed_ += pending_;
-    pending_ = 0;
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT64:
+      out.SetInt64(to, field, in.GetInt64(from, field));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_INT32:
+      out.SetInt32(to, field, in.GetInt32(from, field));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      out.SetFloat(to, field, in.GetFloat(from, field));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_BOOL:
+      out.SetBool(to, field, in.GetBool(from, field));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      out.MutableMessage(to, field)->CopyFrom(in.GetMessage(from, field));
+      return absl::OkStatus();
+    default:
+      return absl::InternalError(absl::StrCat("weights field ", field->name(),
+                                              " has a type the digest skips"));
   }
-
-  EVP_MD_CTX* const context_;
-  char buffer_[64 << 10];
-  int pending_ = 0;  // Bytes of buffer_ handed out and not backed up.
-  int64_t hashed_ = 0;
-};
+}
 
 std::string NameOf(const std::string& folder) {
   return std::filesystem::path(folder).filename().string();
@@ -76,20 +111,50 @@ std::string NameOf(const std::string& folder) {
 }  // namespace
 
 absl::StatusOr<int64_t> WeightsDigest(const v1::PutWeightsRequest& request) {
-  // The serialisation streams through the hash a buffer at a time: a set
-  // may be gigabytes, and is already held twice while it loads.
   const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(
       EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (context == nullptr ||
       EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1) {
     return absl::InternalError("cannot start a SHA-256 digest");
   }
-  {
-    Sha256Stream stream(context.get());
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    request.weights().SerializeToCodedStream(&coded);
+  // The bytes of the weights' deterministic serialisation, written out here:
+  // protobuf serialises no message over 2 GiB (it wrote nothing, and every
+  // set that large had the digest of nothing), and a set may be larger. Each
+  // tensor, in field order: its tag and length, its dtype and shape as
+  // protobuf serialises them, then its data's tag, length and bytes, hashed
+  // in place. Then the fields after the tensors (heads, RoPE), serialised.
+  const v1::ProjectionWeights& weights = request.weights();
+  const google::protobuf::Reflection& reflection = *weights.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection.ListFields(weights, &fields);  // In field-number order.
+  v1::ProjectionWeights rest;
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->message_type() != v1::Tensor::descriptor()) {
+      ATTNSERVE_RETURN_IF_ERROR(CopyScalarOrMessage(weights, field, &rest));
+      continue;
+    }
+    const auto& tensor =
+        static_cast<const v1::Tensor&>(reflection.GetMessage(weights, field));
+    v1::Tensor frame;
+    frame.set_dtype(tensor.dtype());
+    *frame.mutable_shape() = tensor.shape();
+    const std::string head = frame.SerializeAsString();
+    const uint64_t data = tensor.data().size();
+    const uint64_t data_field =
+        data == 0
+            ? 0
+            : 1 + google::protobuf::io::CodedOutputStream::VarintSize64(data) +
+                  data;
+    HashLengthDelimited(context.get(), field->number(),
+                        head.size() + data_field);
+    HashBytes(context.get(), head.data(), head.size());
+    if (data > 0) {
+      HashLengthDelimited(context.get(), v1::Tensor::kDataFieldNumber, data);
+      HashBytes(context.get(), tensor.data().data(), data);
+    }
   }
+  const std::string tail = rest.SerializeAsString();
+  HashBytes(context.get(), tail.data(), tail.size());
   unsigned char digest[EVP_MAX_MD_SIZE];
   if (EVP_DigestFinal_ex(context.get(), digest, nullptr) != 1) {
     return absl::InternalError("cannot finish a SHA-256 digest");
@@ -204,12 +269,18 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
     absl::StatusOr<WeightsDirListing> listing = WeightsFolders(directory_);
     if (!listing.ok()) {
       // The folder itself is unreadable (mid-update, or gone): keep every
-      // set as it is rather than deleting them all.
-      Log(LogLevel::kWarning,
-          absl::StrCat("attnserve: ", listing.status().message(),
-                       "; keeping the weights registered"));
-      changes.failed = 1;
+      // set as it is rather than deleting them all. Reported and counted
+      // once while it stays so, as a folder that fails to load is.
+      const std::string message(listing.status().message());
+      if (message != directory_failure_) {
+        Log(LogLevel::kWarning,
+            absl::StrCat("attnserve: ", message,
+                         "; keeping the weights registered"));
+        changes.failed = 1;
+        directory_failure_ = message;
+      }
     } else {
+      directory_failure_.clear();
       // An entry refused fails alone: a refused folder's set keeps its last
       // good version, and the other sets follow their folders.
       std::set<std::string> present(listing->refused_sets.begin(),
@@ -236,11 +307,9 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
           ++it;
           continue;
         }
-        // Deleted only if what the registry holds is what the folder gave.
-        const absl::StatusOr<WeightsRegistry::Entry> held =
-            registry_->Get(it->first);
-        if (held.ok() && held->version == it->second.version &&
-            registry_->Delete(it->first).ok()) {
+        // Deleted only if what the registry holds is what the folder gave
+        // (checked and deleted at once: a PutWeights since then stands).
+        if (registry_->Delete(it->first, it->second.version).ok()) {
           ++changes.removed;
         }
         it = seen_.erase(it);

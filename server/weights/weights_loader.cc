@@ -145,6 +145,9 @@ absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
       if (absl::Status inside = CheckStaysInside(root, entry.path());
           !inside.ok()) {
         listing.refused.push_back(inside);
+        // A link that dangles or leads out may be a set's folder mid-swap (its
+        // new target not there yet): its set keeps what it held.
+        listing.refused_sets.push_back(entry.path().filename().string());
         continue;
       }
       if (!entry.is_directory()) {
@@ -211,8 +214,12 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
           folder,
           [max_file_bytes](
               const std::string& path) -> absl::StatusOr<v1::Tensor> {
-            ATTNSERVE_ASSIGN_OR_RETURN(NpyArray array,
-                                       ReadNpyFile(path, max_file_bytes));
+            // A float64 file may be twice what its set holds once converted.
+            const int64_t most =
+                max_file_bytes > std::numeric_limits<int64_t>::max() / 2
+                    ? std::numeric_limits<int64_t>::max()
+                    : 2 * max_file_bytes;
+            ATTNSERVE_ASSIGN_OR_RETURN(NpyArray array, ReadNpyFile(path, most));
             return NpyToTensor(std::move(array), path);
           }));
   return request;

@@ -145,12 +145,17 @@ absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Get(
 }
 
 absl::StatusOr<WeightsRegistry::Entry> WeightsRegistry::Delete(
-    const std::string& name) {
+    const std::string& name, std::optional<int64_t> only_version) {
   absl::MutexLock lock(&mutex_);
   const auto it = entries_.find(name);
   if (it == entries_.end()) {
     return absl::NotFoundError(
         absl::StrCat("name '", name, "' is not registered"));
+  }
+  if (only_version && it->second.version != *only_version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weights '", name, "' are at version ", it->second.version,
+                     ", not ", *only_version, "; kept"));
   }
   Entry entry = std::move(it->second);
   entries_.erase(it);

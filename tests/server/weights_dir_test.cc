@@ -1,6 +1,7 @@
 // --weights_dir: folders of .npy files (float32 or float64) and a config.txt,
 // registered at start and matching the naive reference, and the start
 // failures that name a broken folder or a missing directory.
+#include <openssl/sha.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -20,6 +21,8 @@
 #include "attnserve/server/weights/weights_dir_watcher.h"
 #include "attnserve/server/weights/weights_registry.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "server/metrics_scrape.h"
@@ -577,6 +580,161 @@ TEST_F(WeightsDirTest, AFolderChangedDuringItsReadIsNotRegisteredFromIt) {
               HasSubstr("tiny: it changed while it was read"));
   EXPECT_EQ(reads, 3);
   EXPECT_FALSE(fresh.Get("tiny").ok());
+}
+
+// The watcher looks again at a folder whose files only changed mode or owner
+// (a file that could not be read until chmod fixed it, F3 of the 2026-12-06
+// audit: it stayed unread until touched), and a set folder's link swapped to
+// a target not there yet keeps its set (it was deleted, though the log said
+// kept), then follows the target once it comes.
+TEST_F(WeightsDirTest, AChmodIsLookedAtAndALinkMidSwapKeepsItsSet) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder(".tiny.1", "num_heads=2\nversion=1\n", MakeWeights(tiny, 950),
+              "<f4");
+  std::filesystem::create_directory_symlink(".tiny.1", root_ / "tiny");
+  if (HasFatalFailure()) return;
+  WeightsRegistry registry(int64_t{1} << 24);
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  int reads = 0;
+  watcher.SetAfterReadForTesting([&](const std::string&) { ++reads; });
+  ASSERT_TRUE(watcher.LoadAll().ok());
+  ASSERT_EQ(reads, 1);
+  watcher.Scan();
+  EXPECT_EQ(reads, 1);  // Unchanged: not read.
+  std::filesystem::permissions(
+      root_ / ".tiny.1" / "w_q.npy",
+      std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  WeightsDirWatcher::Changes scan = watcher.Scan();
+  EXPECT_EQ(reads, 2);
+  EXPECT_EQ(scan.registered, 0);  // The same weights: nothing new.
+
+  std::filesystem::create_directory_symlink(".tiny.2", root_ / ".tiny.link");
+  std::filesystem::rename(root_ / ".tiny.link", root_ / "tiny");
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.removed, 0);
+  EXPECT_EQ(scan.failed, 1);
+  ASSERT_TRUE(registry.Get("tiny").ok());
+  EXPECT_EQ(registry.Get("tiny")->version, 1);
+  WriteFolder(".tiny.2", "num_heads=2\nversion=2\n", MakeWeights(tiny, 951),
+              "<f4");
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.registered, 1);
+  EXPECT_EQ(registry.Get("tiny")->version, 2);
+  // A link out of weights_dir keeps the set too.
+  std::filesystem::create_directory_symlink(root_.parent_path(),
+                                            root_ / ".tiny.out");
+  std::filesystem::rename(root_ / ".tiny.out", root_ / "tiny");
+  scan = watcher.Scan();
+  EXPECT_EQ(scan.removed, 0);
+  EXPECT_EQ(registry.Get("tiny")->version, 2);
+}
+
+// weights_dir itself gone or not a folder is reported and counted once while
+// it stays so (it was at every look: 360 an hour at the default interval),
+// and again once it changes.
+TEST_F(WeightsDirTest, AFolderGoneIsCountedOnceWhileItStaysGone) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder("tiny", "num_heads=2\nversion=1\n", MakeWeights(tiny, 960),
+              "<f4");
+  if (HasFatalFailure()) return;
+  WeightsRegistry registry(int64_t{1} << 24);
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  ASSERT_TRUE(watcher.LoadAll().ok());
+  const std::filesystem::path away = root_.string() + ".away";
+  std::filesystem::rename(root_, away);
+  EXPECT_EQ(watcher.Scan().failed, 1);
+  EXPECT_EQ(watcher.Scan().failed, 0);
+  EXPECT_EQ(watcher.Scan().failed, 0);
+  WriteFile(root_, "a file now");
+  EXPECT_EQ(watcher.Scan().failed, 1);  // Another failure.
+  EXPECT_EQ(watcher.Scan().failed, 0);
+  std::filesystem::remove(root_);
+  std::filesystem::rename(away, root_);
+  EXPECT_EQ(watcher.Scan().failed, 0);
+  EXPECT_EQ(registry.Get("tiny")->version, 1);  // Kept throughout.
+  std::filesystem::rename(root_, away);
+  EXPECT_EQ(watcher.Scan().failed, 1);  // Gone again: reported again.
+  std::filesystem::rename(away, root_);
+}
+
+// A float64 file may be larger than --max_weights_bytes when the set it
+// converts into fits (it was refused as a file over the limit, though the
+// same weights were put by PutWeights).
+TEST_F(WeightsDirTest, AFloat64FileOverTheLimitLoadsWhenItsSetFits) {
+  // w_k [64, 256] dominates: 131 KB of float64, 65.5 KB once converted.
+  const ReferenceMhaShape lopsided{1, 1, 1, 1, 256, 1, 1, 64, 1};
+  WriteFolder("big", "num_heads=1\n", MakeWeights(lopsided, 970), "<f8");
+  if (HasFatalFailure()) return;
+  const int64_t file = static_cast<int64_t>(
+      std::filesystem::file_size(root_ / "big" / "w_k.npy"));
+  const int64_t limit = file * 3 / 4;
+  WeightsRegistry registry(limit);
+  WeightsDirWatcher watcher(root_.string(), limit, &registry, nullptr);
+  const absl::StatusOr<std::vector<std::string>> loaded = watcher.LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(registry.Get("big").ok());
+}
+
+// The version a folder's set gets from its contents is the first 56 bits of
+// the SHA-256 of the weights' deterministic serialisation, as every release
+// has derived it (replicas of two releases agree), computed without
+// serialising the message: protobuf serialises nothing over 2 GiB, and every
+// such set had the digest of nothing (the 2026-12-06 audit, F1), so a
+// changed set was never registered.
+int64_t Sha256Version(const std::string& bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+         digest);
+  int64_t version = 0;
+  for (int i = 0; i < 7; ++i) version = (version << 8) | digest[i];
+  return version > 0 ? version : 1;
+}
+
+TEST(WeightsDigestTest, IsTheSha256OfTheWeightsSerialisation) {
+  const ReferenceMhaShape shape{1, 2, 2, 8, 6, 4, 2, 4, 3};
+  for (const Biases biases : {Biases::kAll, Biases::kNone}) {
+    v1::PutWeightsRequest request;
+    *request.mutable_weights() = MakeWeights(shape, 980, biases);
+    if (biases == Biases::kAll) {
+      request.mutable_weights()->mutable_rope()->set_theta(500000.0f);
+      request.mutable_weights()->mutable_rope()->set_interleaved(true);
+    }
+    std::string serialised;
+    {
+      google::protobuf::io::StringOutputStream stream(&serialised);
+      google::protobuf::io::CodedOutputStream coded(&stream);
+      coded.SetSerializationDeterministic(true);
+      ASSERT_TRUE(request.weights().SerializeToCodedStream(&coded));
+    }
+    const absl::StatusOr<int64_t> digest = WeightsDigest(request);
+    ASSERT_TRUE(digest.ok()) << digest.status();
+    EXPECT_EQ(*digest, Sha256Version(serialised));
+  }
+}
+
+TEST(WeightsDigestTest, FollowsTheBytesOfASetOver2GiB) {
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer shadows each byte written with four: 10 GB for this one
+  // thread's hashing, which has no thread to check.
+  GTEST_SKIP() << "2 GiB of weights under ThreadSanitizer";
+#endif
+  v1::PutWeightsRequest request;
+  v1::Tensor& big = *request.mutable_weights()->mutable_w_k();
+  big.set_dtype(v1::FLOAT16);
+  big.add_shape(int64_t{1} << 15);
+  big.add_shape((int64_t{1} << 15) + 16);
+  big.mutable_data()->assign(
+      static_cast<size_t>(big.shape(0) * big.shape(1) * 2), '\1');
+  request.mutable_weights()->set_num_heads(1);
+  const absl::StatusOr<int64_t> before = WeightsDigest(request);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_NE(*before, Sha256Version(""));
+  (*big.mutable_data())[big.data().size() - 1] = '\2';
+  const absl::StatusOr<int64_t> after = WeightsDigest(request);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(*after, *before);
 }
 
 // A set refused for want of room in --max_weights_bytes is read again, its

@@ -1,15 +1,16 @@
 // Keeps the registry's weight sets in step with --weights_dir, so that every
 // replica mounting the same folder serves the same sets at the same versions.
 //
-// Every `interval` the watcher looks at each set folder's files (names, sizes,
-// modification times, where the folder resolves to: a Kubernetes volume
-// update swaps a symbolic link). A folder that changed is read again and
-// registered at its version (config.txt's `version=N`, else one derived from
-// its contents, so that replicas agree without being told): the new version
-// replaces the old atomically, and calls running keep the one they started
-// with. A folder that disappeared has its set deleted (unless a PutWeights
-// has replaced it since). A folder that no longer loads keeps its last good
-// version; the failure is counted and reported on stderr, once per change.
+// Every `interval` the watcher looks at each set folder's files (names,
+// inodes, sizes, modification times, modes, owners, where the folder resolves
+// to: a Kubernetes volume update swaps a symbolic link). A folder that changed
+// is read again and registered at its version (config.txt's `version=N`, else
+// one derived from its contents, so that replicas agree without being told):
+// the new version replaces the old atomically, and calls running keep the one
+// they started with. A folder that disappeared has its set deleted (unless a
+// PutWeights has replaced it since). A folder that no longer loads keeps its
+// last good version; the failure is counted and reported on stderr, once per
+// change.
 #ifndef ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_DIR_WATCHER_H_
 #define ATTNSERVE_SERVER_WEIGHTS_WEIGHTS_DIR_WATCHER_H_
 
@@ -97,6 +98,8 @@ class WeightsDirWatcher {
   std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mutex_);  // By set name.
   // The entries the last look refused (their messages).
   std::set<std::string> refused_seen_ ABSL_GUARDED_BY(mutex_);
+  // Why the last look could not read the folder itself; empty when it could.
+  std::string directory_failure_ ABSL_GUARDED_BY(mutex_);
   std::function<void(const std::string&)> after_read_ ABSL_GUARDED_BY(mutex_);
   absl::Notification stop_;
   std::thread thread_;

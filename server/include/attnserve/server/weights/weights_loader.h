@@ -35,8 +35,9 @@ v1::PutWeightsRequest DemoWeights();
 // naming it. Every entry, and everything in each folder, must be a folder or a
 // regular file, or a symbolic link resolving to one inside `directory`; a
 // set's file directly in `directory` is refused too. A folder refused for what
-// it holds is listed by its set's name in `refused_sets` (its set keeps its
-// last good version while the server runs).
+// it holds, or an entry refused as a link that dangles or leads out (a set's
+// folder swapped to a target not there yet), is listed by its name in
+// `refused_sets` (its set keeps its last good version while the server runs).
 struct WeightsDirListing {
   std::vector<std::string> folders;
   std::vector<absl::Status> refused;
@@ -46,9 +47,10 @@ struct WeightsDirListing {
 absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory);
 
 // Reads the weight set in `folder` (named by its last path component) as a
-// PutWeights request. Each file is refused over `max_file_bytes` (the
-// registry's max_weights_bytes) before it is read, and the whole set if its
-// files hold more than twice that (what float64 files could convert into).
+// PutWeights request. The set is refused before anything is read if its
+// files hold more than twice `max_file_bytes` (the registry's
+// max_weights_bytes: float64 files halve when converted), and so is each file
+// over twice it; the registry then checks what the set holds.
 absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
     const std::string& folder, int64_t max_file_bytes);
 

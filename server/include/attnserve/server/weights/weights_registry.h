@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,11 @@ class WeightsRegistry {
 
   // NOT_FOUND for an unknown name.
   absl::StatusOr<Entry> Get(const std::string& name) const;
-  absl::StatusOr<Entry> Delete(const std::string& name);
+  // With `only_version`, FAILED_PRECONDITION (and nothing deleted) when the
+  // set is at another version: a put since it was read stands.
+  absl::StatusOr<Entry> Delete(
+      const std::string& name,
+      std::optional<int64_t> only_version = std::nullopt);
 
   // A page of entries, sorted by name, and the registry's totals, read at one
   // instant.

@@ -177,6 +177,10 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
     {
       absl::MutexLock lock(&mutex_);
       writing_ = false;
+      // An OK answer, counted when it was resolved, that did not go out.
+      if (!ok && !slots_.front()->answer.has_error()) {
+        deps_.compute.metrics->AnswerNotDelivered(Rpc::kAttendStream);
+      }
       slots_.pop_front();
       if (!ok) broken_ = true;
       if (read_paused_ && !reading_done_) {
@@ -249,7 +253,24 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
 
   // Fills the slot's answer with `status` (keeping the response if OK), records
   // it, marks it ready.
-  void Resolve(Slot& slot, const absl::Status& status) {
+  void Resolve(Slot& slot, const absl::Status& computed) {
+    absl::Status status = computed;
+    bool broken;
+    {
+      absl::MutexLock lock(&mutex_);
+      broken = broken_;
+    }
+    if (status.ok() && (broken || cancelled())) {
+      // Computed for a client gone meanwhile: nothing will be written, so
+      // nothing is counted as sent.
+      status = DeadlineWithin(context(), kDeadlineSlack)
+                   ? absl::DeadlineExceededError(
+                         "the stream's deadline passed before the answer was "
+                         "written (its work was done)")
+                   : absl::CancelledError(
+                         "the stream ended before the answer was written "
+                         "(its work was done)");
+    }
     if (!status.ok()) {
       slot.answer.clear_response();
       slot.answer.mutable_error()->set_code(static_cast<int>(status.code()));

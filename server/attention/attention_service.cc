@@ -272,6 +272,11 @@ class AttentionServiceImpl::WireCall final
 
   void OnDone() override {
     if (send_ticket) service_->watchdog_.Unwatch(*send_ticket);
+    // An OK answer whose call then ended cancelled never reached its client
+    // whole (it stopped reading, reset the call, or its deadline passed).
+    if (answered_ok && cancelled()) {
+      service_->metrics_->AnswerNotDelivered(*answered_ok);
+    }
     GiveTensorBytes(&request, service_->pool_.get());
     GiveTensorBytes(&response, service_->pool_.get());
   }
@@ -363,6 +368,20 @@ void AttentionServiceImpl::Serve(Rpc rpc, WireCall<Request, Response>* handler,
 void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
                                   google::protobuf::Message* response) const {
   absl::Status answer = status;
+  // The client's deadline is no later than the server's: past it, the client
+  // has given up whether or not its cancel has arrived yet.
+  if (answer.ok() &&
+      (call.handler->cancelled() || DeadlinePassed(call.handler->context()))) {
+    // Computed for a caller gone meanwhile (a batch, or a compute that ran to
+    // its end): gRPC sends nothing now, so nothing is counted as sent.
+    answer = DeadlineWithin(call.handler->context(), kDeadlineSlack)
+                 ? absl::DeadlineExceededError(
+                       "the deadline passed before the answer was sent (its "
+                       "work was done)")
+                 : absl::CancelledError(
+                       "the call was cancelled before the answer was sent "
+                       "(its work was done)");
+  }
   if (answer.ok() && !IsComputeRpc(call.rpc)) {
     // An answer built here, not by a compute (whose memory the hold has
     // already): a ListSessions page may be max_message_bytes, held as the
@@ -383,6 +402,8 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
       answer.ok() ? static_cast<int64_t>(wire_response->Length()) : 0;
   metrics_->CallFinished(call.rpc, answer.code(), now - call.started,
                          response_bytes);
+  if (call.handler->on_finish) call.handler->on_finish(answer);
+  if (answer.ok()) call.handler->answered_ok = call.rpc;
   metrics_->SetBufferPoolBytes(pool_->held_bytes());
   if (access_log_ != nullptr) {
     AccessRecord record;
@@ -827,9 +848,26 @@ void AttentionServiceImpl::ServeModelInfer(
   }
   native->version =
       *model ? absl::StrCat((*model)->version) : std::string(oip::kSdpaVersion);
+  // The protocol's statistics take the call's final status, once answered
+  // (a call cancelled meanwhile fails): the version computed and the
+  // timing, once known.
+  struct Statistics {
+    std::string version;
+    int64_t queue_us = 0;
+    int64_t compute_us = 0;
+  };
+  auto statistics = std::make_shared<Statistics>();
+  statistics->version = native->version;
+  call.handler->on_finish = [this, model_name = request.model_name(),
+                             statistics, started = call.started](
+                                const absl::Status& final) {
+    const absl::Time now = absl::Now();
+    inference_statistics_.Record(model_name, statistics->version, final.ok(),
+                                 now - started, statistics->queue_us,
+                                 statistics->compute_us, now);
+  };
   // Once computed: the answer's tensors move into the protocol's response.
-  auto complete = [this, &request, response, native, weight_set,
-                   started = call.started]() {
+  auto complete = [&request, response, native, weight_set, statistics]() {
     v1::Tensor* output = weight_set ? native->mha_answer.mutable_output()
                                     : native->attended.mutable_output();
     v1::Tensor* lse = weight_set ? native->mha_answer.mutable_lse()
@@ -842,9 +880,9 @@ void AttentionServiceImpl::ServeModelInfer(
     if (weight_set) {
       native->version = absl::StrCat(native->mha_answer.weights_version());
     }
-    inference_statistics_.Record(request.model_name(), native->version, true,
-                                 absl::Now() - started, timing.queue_us(),
-                                 timing.compute_us(), absl::Now());
+    statistics->version = native->version;
+    statistics->queue_us = timing.queue_us();
+    statistics->compute_us = timing.compute_us();
     oip::FillInferResponse(request, native->version, native->outputs, output,
                            lse, weights, response);
     return absl::OkStatus();
@@ -853,29 +891,19 @@ void AttentionServiceImpl::ServeModelInfer(
   // as the protocol names its inputs.
   class InferCaller final : public ComputeCaller {
    public:
-    InferCaller(std::shared_ptr<UnaryCaller> unary,
-                std::function<void()> count_failure, bool weight_set)
-        : unary_(std::move(unary)),
-          count_failure_(std::move(count_failure)),
-          weight_set_(weight_set) {}
+    InferCaller(std::shared_ptr<UnaryCaller> unary, bool weight_set)
+        : unary_(std::move(unary)), weight_set_(weight_set) {}
     absl::Status StillWanted() const override { return unary_->StillWanted(); }
     void Computed(const absl::Status& status) override {
-      if (!status.ok()) count_failure_();
       unary_->Computed(oip::InProtocolNames(status, weight_set_));
     }
 
    private:
     const std::shared_ptr<UnaryCaller> unary_;
-    const std::function<void()> count_failure_;
     const bool weight_set_;
   };
   auto caller = std::make_shared<InferCaller>(
       std::make_shared<UnaryCaller>(this, call, response, std::move(complete)),
-      [this, &request, native, started = call.started] {
-        inference_statistics_.Record(request.model_name(), native->version,
-                                     false, absl::Now() - started, 0, 0,
-                                     absl::Now());
-      },
       weight_set);
   // The packed copy of typed contents is charged as the message was.
   if (const int64_t typed_bytes = oip::TypedContentsBytes(request);

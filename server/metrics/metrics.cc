@@ -127,9 +127,19 @@ ServerMetrics::ServerMetrics(const std::string& version,
           .Name("attnserve_response_bytes_total")
           .Help("Serialised bytes of successful responses sent, by RPC.")
           .Register(*registry_);
+  auto& not_delivered =
+      prometheus::BuildCounter()
+          .Name("attnserve_answers_not_delivered_total")
+          .Help(
+              "OK answers (counted in attnserve_requests_total and "
+              "attnserve_response_bytes_total when handed to gRPC) whose "
+              "call then ended cancelled before they reached the client: it "
+              "stopped reading, reset the call, or its deadline passed.")
+          .Register(*registry_);
   for (int r = 0; r < kRpcCount; ++r) {
     const Rpc rpc = static_cast<Rpc>(r);
     PerRpc& per = rpcs_[r];
+    per.not_delivered = &not_delivered.Add({{"rpc", RpcName(rpc)}});
     for (int code = 0; code < kStatusCodeCount; ++code) {
       per.requests[code] = &requests.Add(
           {{"rpc", RpcName(rpc)}, {"code", StatusCodeName(code)}});
@@ -368,6 +378,10 @@ void ServerMetrics::Computed(Rpc rpc, absl::Duration elapsed, double flops) {
   PerRpc& per = rpcs_[static_cast<int>(rpc)];
   per.compute->Observe(absl::ToDoubleSeconds(elapsed));
   per.flops->Increment(flops);
+}
+
+void ServerMetrics::AnswerNotDelivered(Rpc rpc) {
+  rpcs_[static_cast<int>(rpc)].not_delivered->Increment();
 }
 
 void ServerMetrics::ComputeStopped(Rpc rpc, absl::StatusCode code) {

@@ -289,6 +289,47 @@ TEST_F(ServiceTest, BatchedAttendsGetTheBitsTheyGetAlone) {
   ExpectAloneGives(s, requests, batched);
 }
 
+// A batch runs to its end, past the deadlines of some of its calls: those
+// answers reach no client, and are not counted as sent (until 2026-12-06 they
+// were counted OK, their bytes sent). Whatever the timing, the server's OK
+// answers less those counted not delivered are the client's OK answers.
+TEST_F(ServiceTest, AnswersPastTheirDeadlineAreCountedAsTheClientSawThem) {
+  const ReferenceShape s = {1, 2, 2, 2048, 4096, 64, 64};
+  const std::vector<v1::AttendRequest> requests =
+      StartBatchingEight(s, /*causal=*/false);
+  std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> calls;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    calls.push_back(client_->AttendFuture(
+        requests[i], i % 2 == 0 ? kTimeout : absl::Milliseconds(40 * i)));
+  }
+  std::map<absl::StatusCode, int> seen;
+  for (auto& call : calls) ++seen[call.get().status().code()];
+  const auto count = [this](const char* code) {
+    return std::max(0.0, Metric(absl::StrCat("attnserve_requests_total{code=\"",
+                                             code, "\",rpc=\"Attend\"}")));
+  };
+  const std::string not_delivered =
+      R"(attnserve_answers_not_delivered_total{rpc="Attend"})";
+  // Not delivered is known once gRPC ends each call, after its answer.
+  const absl::Time by = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < by &&
+         (count("OK") + count("DEADLINE_EXCEEDED") < 8 ||
+          count("OK") - Metric(not_delivered) != seen[absl::StatusCode::kOk])) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::printf(
+      "client: %d OK, %d DEADLINE_EXCEEDED; server: %.0f OK (%.0f "
+      "not delivered), %.0f DEADLINE_EXCEEDED\n",
+      seen[absl::StatusCode::kOk], seen[absl::StatusCode::kDeadlineExceeded],
+      count("OK"), Metric(not_delivered), count("DEADLINE_EXCEEDED"));
+  EXPECT_EQ(
+      seen[absl::StatusCode::kOk] + seen[absl::StatusCode::kDeadlineExceeded],
+      8);
+  EXPECT_EQ(count("OK") - Metric(not_delivered), seen[absl::StatusCode::kOk]);
+  EXPECT_EQ(count("DEADLINE_EXCEEDED") + Metric(not_delivered),
+            seen[absl::StatusCode::kDeadlineExceeded]);
+}
+
 // Decode (Lq = 1, no mask) is never batched: each request is computed alone,
 // on the paged kernel where its heads share kv heads, and gets the same bits
 // as the same request sent when nothing else is queued.

@@ -2,6 +2,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -71,6 +72,12 @@ class AttentionServiceImpl final {
     // The call's share of the memory budget: its message from arrival, then
     // its compute's memory too, until the answer has been sent (OnDone).
     MemoryBudget::Hold hold;
+    // Called by Finish with the call's final status (a ModelInfer of a
+    // model records the protocol's statistics there).
+    std::function<void(const absl::Status&)> on_finish;
+    // Set by Finish when it gave gRPC an OK answer: counted as not delivered
+    // if the call then ends cancelled (OnDone).
+    std::optional<Rpc> answered_ok;
 
     // Fills in what the access log says of the call's request and response:
     // the weights or session it named, the server's timing.

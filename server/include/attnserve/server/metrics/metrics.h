@@ -100,6 +100,9 @@ class ServerMetrics {
   // A running compute of `rpc` stopped early with `code` (DEADLINE_EXCEEDED:
   // its deadline passed; CANCELLED: its client went).
   void ComputeStopped(Rpc rpc, absl::StatusCode code);
+  // An OK answer of `rpc`, already counted, did not reach its client: the
+  // call ended cancelled after it was handed to gRPC.
+  void AnswerNotDelivered(Rpc rpc);
 
   // The registry now holds `sets` weight sets of `bytes` in all.
   void SetWeightsHeld(int64_t sets, int64_t bytes);
@@ -157,6 +160,7 @@ class ServerMetrics {
     std::array<prometheus::Counter*, 2> stopped{};
     prometheus::Counter* request_bytes = nullptr;
     prometheus::Counter* response_bytes = nullptr;
+    prometheus::Counter* not_delivered = nullptr;
   };
 
   std::shared_ptr<prometheus::Registry> registry_;

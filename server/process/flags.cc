@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/log.h"
@@ -304,11 +308,65 @@ constexpr FlagOption kFlags[] = {
 
 }  // namespace
 
-// argv with "--flag=value" for each ATTNSERVE_FLAG in the environment inserted
-// before the command line's own arguments, so that those win.
+namespace {
+
+// Adds the name `argument` sets ("--port=1" and "-port" set "port",
+// "--nodemo_weights" sets "demo_weights" too) to `names`; false if it is no
+// flag (a value, "-", "--").
+bool AddFlagName(absl::string_view argument, std::set<std::string>* names) {
+  if (!absl::ConsumePrefix(&argument, "--") &&
+      !absl::ConsumePrefix(&argument, "-")) {
+    return false;
+  }
+  const absl::string_view name = argument.substr(0, argument.find('='));
+  if (name.empty()) return false;
+  names->insert(std::string(name));
+  if (absl::StartsWith(name, "no")) names->insert(std::string(name.substr(2)));
+  return true;
+}
+
+// The flags the command line sets, in its own arguments and in the files its
+// --flagfile arguments name (one flag per line, as Abseil reads them).
+std::set<std::string> CommandLineFlags(int argc, char** argv) {
+  std::set<std::string> names;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view argument = argv[i];
+    if (argument == "--") break;
+    if (!AddFlagName(argument, &names)) continue;
+    absl::string_view files;
+    if (absl::StartsWith(argument, "--flagfile=") ||
+        absl::StartsWith(argument, "-flagfile=")) {
+      files = argument.substr(argument.find('=') + 1);
+    } else if ((argument == "--flagfile" || argument == "-flagfile") &&
+               i + 1 < argc) {
+      files = argv[++i];
+    }
+    for (absl::string_view file :
+         absl::StrSplit(files, ',', absl::SkipEmpty())) {
+      // Unreadable: Abseil's parse names it.
+      std::ifstream in{std::string(file)};
+      std::string line;
+      while (std::getline(in, line)) {
+        AddFlagName(absl::StripAsciiWhitespace(line), &names);
+      }
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+// argv with "--flag=value" for each ATTNSERVE_FLAG in the environment whose
+// flag the command line (or a --flagfile it names) does not set, inserted
+// before the command line's own arguments. A variable is ignored where the
+// command line sets its flag, so that one it overrides cannot stop the start
+// (Kubernetes' service links set ATTNSERVE_PORT=tcp://10.0.0.1:50051 in every
+// pod of a namespace with a Service named attnserve).
 std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
                                             std::vector<std::string>* storage) {
+  const std::set<std::string> set_here = CommandLineFlags(argc, argv);
   for (const FlagOption& entry : kFlags) {
+    if (set_here.count(entry.flag) > 0) continue;
     const char* value =
         std::getenv(("ATTNSERVE_" + absl::AsciiStrToUpper(entry.flag)).c_str());
     if (value != nullptr) {
@@ -319,6 +377,20 @@ std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
   for (std::string& argument : *storage) arguments.push_back(argument.data());
   for (int i = 1; i < argc; ++i) arguments.push_back(argv[i]);
   return arguments;
+}
+
+std::string WithEnvironmentNames(absl::string_view error,
+                                 const std::vector<std::string>& environment) {
+  for (const std::string& argument : environment) {
+    const absl::string_view flag =
+        absl::string_view(argument).substr(0, argument.find('='));
+    if (absl::StartsWith(error, absl::StrCat(flag, " "))) {
+      return absl::StrCat(error, " (from the environment's ATTNSERVE_",
+                          absl::AsciiStrToUpper(flag.substr(2)),
+                          "; a command-line ", flag, " replaces it)");
+    }
+  }
+  return std::string(error);
 }
 
 // `message` with each option it names ("scheduling.max_batch", or a field's

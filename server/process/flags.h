@@ -18,10 +18,17 @@ namespace attnserve {
 extern const char kUsage[];
 
 // argv with "--flag=value" for each ATTNSERVE_<FLAG> in the environment
-// inserted before the command line's own arguments, so that those win.
+// inserted before the command line's own arguments; a variable whose flag the
+// command line sets (itself, or in a file its --flagfile names) is ignored.
 // `storage` keeps the inserted strings.
 std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
                                             std::vector<std::string>* storage);
+
+// `error`, a flag's refusal ("--port is ..."), naming the environment
+// variable that gave the value when `environment` (ArgumentsWithEnvironment's
+// storage) holds it.
+std::string WithEnvironmentNames(absl::string_view error,
+                                 const std::vector<std::string>& environment);
 
 // The options the parsed flags set; INVALID_ARGUMENT for a flag value no
 // option can take (--attention_kernel, --io_spin_us out of range).

@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
       attnserve::ArgumentsWithEnvironment(argc, argv, &environment);
   if (const std::optional<std::string> error = attnserve::FlagArgumentsError(
           static_cast<int>(arguments.size()), arguments.data())) {
-    std::fprintf(stderr, "attnserve: %s\n", error->c_str());
+    std::fprintf(stderr, "attnserve: %s\n",
+                 attnserve::WithEnvironmentNames(*error, environment).c_str());
     return 2;
   }
   absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());

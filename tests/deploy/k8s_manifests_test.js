@@ -36,8 +36,10 @@ const MODEL_MODULES = {
 };
 
 // After SIGTERM attnserve keeps taking calls for --drain_grace_seconds, then lets work in
-// flight finish for at most this long (kShutdownGrace in server/process/server.cc) and exits.
-const IN_FLIGHT_GRACE_SECONDS = 30;
+// flight finish for at most 30 s (kShutdownGrace in server/process/server.cc), then gRPC's own
+// shutdown for at most about 7 s more (server.cc: 0.1-1 s settling, 0.2 s of held refusals, up
+// to 5 s for gRPC to stop taking calls, 0.1 s for its GOAWAY), and exits.
+const IN_FLIGHT_GRACE_SECONDS = 37;
 // attnserve's flag defaults (server/process/flags.cc: ServerOptions' own, but for --metrics_port
 // and --drain_grace_seconds), for flags the flag file leaves out.
 const FLAG_DEFAULTS = {

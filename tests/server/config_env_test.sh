@@ -40,6 +40,23 @@ line=$(startup_line ATTNSERVE_MAX_QUEUE=7 ATTNSERVE_EXECUTORS=2 ATTNSERVE_IO_THR
 line=$(startup_line ATTNSERVE_MAX_QUEUE=7 "${attnserve}" --max_queue=9)
 [[ ${line} == *"max_queue=9 "* ]] || fail "the command line must win: ${line}"
 
+# A variable whose flag the command line or its flag file sets is not read: Kubernetes' service
+# links put ATTNSERVE_PORT=tcp://IP:PORT in every pod of a namespace with a Service named
+# attnserve, and that value must not stop a server whose --port is given.
+line=$(startup_line ATTNSERVE_PORT=tcp://10.0.0.1:50051 ATTNSERVE_MAX_QUEUE=junk "${attnserve}" \
+  --max_queue=9)
+[[ ${line} == *"max_queue=9 "* ]] || fail "a replaced variable stopped the start: ${line}"
+printf -- '--max_queue=11\n' >"${workdir}/set.flags"
+line=$(startup_line ATTNSERVE_MAX_QUEUE=junk "${attnserve}" --flagfile="${workdir}/set.flags")
+[[ ${line} == *"max_queue=11 "* ]] || fail "a variable the flag file replaces was read: ${line}"
+set +e
+ATTNSERVE_PORT=tcp://10.0.0.1:50051 "${attnserve}" --metrics_port=0 >"${workdir}/bad.log" 2>&1
+status=$?
+set -e
+[[ ${status} -eq 2 ]] || fail "a bad ATTNSERVE_PORT exited ${status}"
+grep -q 'from the environment.s ATTNSERVE_PORT; a command-line --port replaces it' \
+  "${workdir}/bad.log" || fail "the error does not name the variable: $(cat "${workdir}/bad.log")"
+
 set +e
 ATTNSERVE_MAX_BATCH=0 "${attnserve}" --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
 status=$?

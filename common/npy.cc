@@ -336,25 +336,7 @@ std::string SerializeNpy(const NpyArray& array) {
 }
 
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array) {
-  const std::string bytes = SerializeNpy(array);
-  const int fd =
-      open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      close(fd);
-      return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (close(fd) != 0)
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteOutputFile(path, SerializeNpy(array));
 }
 
 }  // namespace attnserve

@@ -1,6 +1,7 @@
 #include "attnserve/proto/weights_folder.h"
 
 #include <filesystem>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,16 @@ absl::StatusOr<v1::ProjectionWeights> ReadWeightsFolderWith(
   for (const auto& [name, mutable_tensor] : files) {
     const std::string path = absl::StrCat(folder, "/", name, ".npy");
     const bool optional = name[0] == 'b';
-    if (optional && !std::filesystem::exists(path)) continue;
+    if (optional) {
+      // Absent only if no entry has the name: a link that loops or leads
+      // nowhere is read, and refused naming it (std::filesystem::exists
+      // threw on a loop, which ended attnctl).
+      std::error_code error;
+      if (std::filesystem::symlink_status(path, error).type() ==
+          std::filesystem::file_type::not_found) {
+        continue;
+      }
+    }
     ATTNSERVE_ASSIGN_OR_RETURN(*(weights.*mutable_tensor)(), read(path));
   }
   return weights;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
@@ -62,6 +63,26 @@ absl::StatusOr<std::string> ReadFlagFile(const char* flag,
   return text;
 }
 
+// ReadFlagFile of a PEM file: certificates, or (`key`) a private key. gRPC
+// takes any bytes and fails only when it connects, as UNAVAILABLE naming
+// neither the flag nor the file.
+absl::StatusOr<std::string> ReadPemFlagFile(const char* flag,
+                                            const std::string& path, bool key) {
+  absl::StatusOr<std::string> text = ReadFlagFile(flag, path);
+  if (!text.ok() || text->empty()) return text;
+  const bool pem =
+      key ? absl::StrContains(*text, "-----BEGIN ") &&
+                absl::StrContains(*text, "PRIVATE KEY-----")
+          : absl::StrContains(*text, "-----BEGIN CERTIFICATE-----");
+  if (!pem) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " file ", path, " holds no PEM ",
+                     key ? "private key (-----BEGIN ... PRIVATE KEY-----)"
+                         : "certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  return text;
+}
+
 }  // namespace
 
 int Fail(const absl::Status& status) {
@@ -101,6 +122,13 @@ absl::StatusOr<std::string> BearerTokenFromFlag() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
+  const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
+  // -inf would mean no deadline at all, inf a call that may wait forever.
+  if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout is ", absl::FormatDuration(timeout),
+                     ", expected a positive, finite duration (30s, 2m)"));
+  }
   const int64_t max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message_bytes <= 0 || max_message_bytes > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -123,13 +151,21 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
                     key = absl::GetFlag(FLAGS_tls_key),
                     server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (!ca.empty() || !cert.empty() || !key.empty() || !server_name.empty()) {
+    if (cert.empty() != key.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_cert and --tls_key go together (mutual TLS), or neither");
+    }
     TlsOptions tls;
-    absl::StatusOr<std::string> text = ReadFlagFile("tls_ca", ca);
+    absl::StatusOr<std::string> text = ReadPemFlagFile("tls_ca", ca, false);
     if (!text.ok()) return text.status();
     tls.root_certificates = *text;
-    if (!(text = ReadFlagFile("tls_cert", cert)).ok()) return text.status();
+    if (!(text = ReadPemFlagFile("tls_cert", cert, false)).ok()) {
+      return text.status();
+    }
     tls.client_certificate = *text;
-    if (!(text = ReadFlagFile("tls_key", key)).ok()) return text.status();
+    if (!(text = ReadPemFlagFile("tls_key", key, true)).ok()) {
+      return text.status();
+    }
     tls.client_private_key = *text;
     tls.server_name_override = server_name;
     options.tls = tls;

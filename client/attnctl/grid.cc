@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "attnserve/common/files.h"
 #include "attnserve/common/status_macros.h"
 #include "cli.h"
 #include "png.h"
@@ -26,12 +27,7 @@ namespace attnserve {
 namespace {
 
 absl::Status WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (file)
-    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (file) file.close();
-  if (!file) return absl::ErrnoToStatus(errno, "cannot write " + path);
-  return absl::OkStatus();
+  return WriteOutputFile(path, bytes);
 }
 
 // Checks --batch_index and --head against the query [B, H, Lq, Dk] and the

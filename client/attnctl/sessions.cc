@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/session.h"
+#include "attnserve/common/files.h"
 #include "cli.h"
 #include "request_flags.h"
 #include "tensor_io.h"
@@ -28,29 +29,11 @@ ABSL_DECLARE_FLAG(std::string, lse_out);
 namespace attnserve {
 namespace {
 
-// OK if a file can be written at `path` (named by `flag`): a folder there, or
-// a missing or unwritable folder to hold it, is refused before any call.
+// OK if a file can be written at `path` (named by `flag`), checked before a
+// step whose append stays whether or not its outputs are written: a folder,
+// FIFO, link to nothing, or a missing or unwritable folder is refused first.
 absl::Status CheckWritable(const char* flag, const std::string& path) {
-  std::error_code error;
-  const std::filesystem::path file(path);
-  if (std::filesystem::is_directory(file, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " is ", path, ", a folder, expected a file"));
-  }
-  const bool exists = std::filesystem::exists(file, error);
-  const std::filesystem::path folder =
-      file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  const bool writable = exists ? ::access(path.c_str(), W_OK) == 0
-                               : std::filesystem::is_directory(folder, error) &&
-                                     ::access(folder.c_str(), W_OK | X_OK) == 0;
-  if (!writable) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " is ", path, ", which cannot be written",
-                     exists ? ""
-                            : absl::StrCat(" (", folder.string(),
-                                           " is not a writable folder)")));
-  }
-  return absl::OkStatus();
+  return CheckOutputPath(flag, path);
 }
 
 constexpr char kSessionUsage[] =

@@ -92,6 +92,16 @@ expect_exit 2 "put NAME FOLDER" ctl weights put lonely
 expect_exit 2 "config.txt is missing" ctl weights put nothing "${workdir}/no_such_folder"
 expect_exit 2 "exclude each other" ctl mha --query_input=x.npy --weights_name=demo \
   --weights_dir=wset
+# A bias that is a link looping on itself is refused naming it (it ended attnctl, 2026-12-06),
+# an --output that is a FIFO is refused rather than waited on, and --timeout must be finite.
+mkdir looped && cp wset/* looped/ && rm -f looped/b_q.npy && ln -s b_q.npy looped/b_q.npy
+expect_exit 2 "b_q.npy" ctl weights put looped looped
+mkfifo out.fifo
+expect_exit 1 "out.fifo is a FIFO, expected a new or regular file" \
+  timeout 20 "${attnctl}" --target="${target}" attend --demo --output=out.fifo
+expect_exit 2 "--timeout is -inf, expected a positive, finite duration" ctl --timeout=-inf health
+echo not a certificate >garbage.pem
+expect_exit 2 "--tls_ca file garbage.pem holds no PEM certificate" ctl --tls_ca=garbage.pem health
 # A folder whose set cannot be described is unusable input, with or without --demo.
 mkdir flat && cp wset/* flat/
 /usr/bin/python3 -c "import numpy; numpy.save('flat/w_q.npy', numpy.zeros((1, 12, 12), numpy.float32))"

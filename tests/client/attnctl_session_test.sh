@@ -97,8 +97,16 @@ grep -q "^sessions=[0-9]* total_bytes=[0-9]* budget_bytes=[0-9]* identity_held_b
 expect_exit 2 "key and --value are needed together" ctl session step "${id}" --key=k2.npy
 expect_exit 2 "layer is 5" ctl session step "${id}" --layer=5 --demo
 # An output it could not write is refused before the step appends anything.
-expect_exit 2 "--output is /nonexistent/o.npy, which cannot be written" \
+expect_exit 2 "--output is /nonexistent/o.npy, in /nonexistent, not a writable folder" \
   ctl session step "${id}" --demo --tokens=1 --query_tokens=1 --output=/nonexistent/o.npy
+# A FIFO (whose open would wait for a reader after the append) and a link to nothing too.
+mkfifo out.fifo
+expect_exit 2 "--output is out.fifo, a FIFO" \
+  timeout 20 "${attnctl}" --target="${target}" session step "${id}" --demo --tokens=1 \
+  --query_tokens=1 --output=out.fifo
+ln -s nowhere/o.npy dangling.npy
+expect_exit 2 "--lse_out is dangling.npy, a symbolic link to nothing" \
+  ctl session step "${id}" --demo --tokens=1 --query_tokens=1 --lse_out=dangling.npy
 [[ $(ctl session get "${id}") == *" lengths=3,3 "* ]] || fail "a refused step appended"
 expect_exit 2 "truncate's LENGTH" ctl session truncate "${id}" four
 expect_exit 2 "session takes" ctl session frobnicate

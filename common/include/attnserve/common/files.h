@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve {
 
@@ -20,6 +22,22 @@ namespace attnserve {
 // content.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path,
                                             int64_t max_bytes);
+
+// OK if an output file can be written at `path`, which the option `flag`
+// names: a new file in a writable folder, a writable regular file (through
+// links), or a character device (/dev/null, /dev/stdout). INVALID_ARGUMENT
+// naming both for a folder, a FIFO or socket (whose open would wait for a
+// reader), a link to nothing, or a missing or unwritable folder. For checks
+// before a call whose effect stays (a session's step) when its outputs cannot
+// be written.
+absl::Status CheckOutputPath(absl::string_view flag, const std::string& path);
+
+// Writes `bytes` to `path` whole or not at all: a regular file (or a new one)
+// is written beside it and renamed over it, so a failed write leaves the old
+// file as it was; a character device is written directly. A FIFO or socket
+// is refused (INVALID_ARGUMENT) rather than waited on; other failures carry
+// their errno's code and name the path.
+absl::Status WriteOutputFile(const std::string& path, absl::string_view bytes);
 
 }  // namespace attnserve
 

@@ -60,7 +60,8 @@ int64_t NpyElementBytes(NpyDType dtype);
 // its shape), as numpy.save writes them: header padded to a multiple of 64.
 std::string SerializeNpy(const NpyArray& array);
 
-// Writes SerializeNpy(array) to `path`, replacing it. The errno's status if
+// Writes SerializeNpy(array) to `path`, replacing it whole or not at all
+// (WriteOutputFile: a FIFO is refused, not waited on). The errno's status if
 // the file cannot be written.
 absl::Status WriteNpyFile(const std::string& path, const NpyArray& array);
 

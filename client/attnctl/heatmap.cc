@@ -104,6 +104,14 @@ absl::StatusOr<HeatmapLayout> LayoutHeatmap(int64_t rows, int64_t columns,
   const int bottom = kPad + std::max(0, kGlyphHeight - cell);
   layout.width = layout.left + static_cast<int>(columns) * cell + right;
   layout.height = layout.top + static_cast<int>(rows) * cell + bottom;
+  // The labels' margins count too: the image, not only its cells, is bounded.
+  if (layout.width > kMaxHeatmapSide || layout.height > kMaxHeatmapSide) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", rows, " x ", columns, " grid of ", cell,
+                     "-pixel cells with its labels is ", layout.width, " x ",
+                     layout.height, " pixels, over ", kMaxHeatmapSide,
+                     " on a side; use a smaller --cell or fewer tokens"));
+  }
   layout.row_step = TickStep(cell, kGlyphHeight + 1);
   layout.column_step = TickStep(cell, column_label_width + 2);
   return layout;

@@ -134,7 +134,14 @@ TEST(LayoutHeatmapTest, RefusesEmptyGridsBadCellsAndHugeImages) {
   EXPECT_FALSE(LayoutHeatmap(4, 4, 0).ok());
   EXPECT_FALSE(LayoutHeatmap(4, 4, 65).ok());
   EXPECT_FALSE(LayoutHeatmap(4, 2049, 8).ok());
-  EXPECT_TRUE(LayoutHeatmap(4, 2048, 8).ok());
+  // The labels' margins count: 2,048 cells of 8 pixels fill the side alone
+  // (a 16412-pixel image was written, 2026-12-06).
+  EXPECT_FALSE(LayoutHeatmap(4, 2048, 8).ok());
+  EXPECT_FALSE(LayoutHeatmap(2048, 4, 8).ok());
+  const absl::StatusOr<HeatmapLayout> widest = LayoutHeatmap(2040, 2040, 8);
+  ASSERT_TRUE(widest.ok()) << widest.status();
+  EXPECT_LE(widest->width, kMaxHeatmapSide);
+  EXPECT_LE(widest->height, kMaxHeatmapSide);
 }
 
 TEST(ViridisColourTest, RunsFromPurpleToYellowThroughTheAnchors) {

@@ -78,6 +78,11 @@ absl::Status ShardedSession::EnsureShard(size_t index, absl::Time deadline) {
     absl::StatusOr<Session> shard =
         replicas_->CreateSession(request_, Remaining(deadline),
                                  spare ? holding : std::set<std::string>());
+    // The spares may all be down or draining (a rolling update): then any
+    // replica, a holder included.
+    if (!shard.ok() && spare && absl::IsUnavailable(shard.status())) {
+      shard = replicas_->CreateSession(request_, Remaining(deadline), {});
+    }
     if (!shard.ok()) {
       return absl::Status(shard.status().code(),
                           absl::StrCat("creating shard ", shards_.size(), ": ",
@@ -197,14 +202,23 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
       shards_[used - 1].Step(std::move(last), Remaining(deadline));
   for (auto& other : others) parts.push_back(other.get());
   parts.push_back(std::move(tail));
+  // What stands, whatever failed: the earlier shards are full, and the last
+  // one's Session knows whether its append landed. A step retried after a
+  // failure then never appends twice.
+  lengths_[layer] = static_cast<int64_t>(used - 1) * shard_tokens_ +
+                    shards_[used - 1].length(layer);
   for (size_t s = 0; s < parts.size(); ++s) {
     if (!parts[s].ok()) {
       return absl::Status(
           parts[s].status().code(),
-          absl::StrCat("shard ", s, ": ", parts[s].status().message()));
+          absl::StrCat(
+              "shard ", s, ": ", parts[s].status().message(),
+              lengths_[layer] == end
+                  ? absl::StrCat("; the step's append stands (lengths() is ",
+                                 end, "): send the query again alone")
+                  : std::string()));
     }
   }
-  lengths_[layer] = end;
 
   for (size_t s = 0; s < parts.size(); ++s) {
     if (!parts[s]->output) {

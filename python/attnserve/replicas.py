@@ -15,9 +15,10 @@ import concurrent.futures
 import os
 import socket
 
+import grpc
 import numpy as np
 
-from attnserve.client import Client, _data_dtype
+from attnserve.client import AttnserveError, Client, _data_dtype
 from attnserve.session import _layer, _step_options
 from attnserve.tensors import check_array
 
@@ -122,14 +123,14 @@ class Replicas:
         """A session (Client.create_session's options) on the first replica in rendezvous
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
         (draining or unreachable; the target is resolved again before giving up). Pinned."""
-        import grpc
-
-        from attnserve.client import AttnserveError
         session_id = session_id or random_session_id()
         asked, refusals = set(avoid), []
         for round_ in range(2):
             if round_:
-                self.refresh()
+                try:
+                    self.refresh()
+                except OSError:  # The name no longer resolves: the replicas known stand.
+                    break
             for address in self.rank(session_id):
                 if address in asked:
                     continue
@@ -180,8 +181,16 @@ class ShardedSession:
         while len(self.shards) <= index:
             holding = {shard.address for shard in self.shards}
             spare = any(a not in holding for a in self._replicas.addresses)
-            self.shards.append(self._replicas.create_session(
-                avoid=holding if spare else (), timeout=timeout, **self._options))
+            try:
+                shard = self._replicas.create_session(
+                    avoid=holding if spare else (), timeout=timeout, **self._options)
+            except AttnserveError as error:
+                # The spares may all be down or draining (a rolling update): then any
+                # replica, a holder included.
+                if not spare or error.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                shard = self._replicas.create_session(timeout=timeout, **self._options)
+            self.shards.append(shard)
 
     def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
              **options):
@@ -211,12 +220,14 @@ class ShardedSession:
             if to == end:
                 last_key, last_value = k, v
                 break
-            self.shards[shard].step(layer, key=k, value=v, timeout=timeout)
+            self.shards[shard].step(layer, key=k, value=v, timeout=timeout,
+                                    input_dtype=options.get("input_dtype"))
             self.lengths[layer] = at = to
         if query is None:
             if last_key is not None:
                 self.shards[used - 1].step(layer, key=last_key, value=last_value,
-                                           timeout=timeout)
+                                           timeout=timeout,
+                                           input_dtype=options.get("input_dtype"))
                 self.lengths[layer] = end
             return None, None, self.lengths[layer]
         if not used:
@@ -230,8 +241,19 @@ class ShardedSession:
             futures.append(pool.submit(self.shards[used - 1].step, layer, key=last_key,
                                        value=last_value, query=query, timeout=timeout,
                                        return_lse=True, **options))
-            parts = [future.result() for future in futures]  # the first error raises
-        self.lengths[layer] = end
+        # What stands, whatever failed: the earlier shards are full, and the last one's
+        # Session knows whether its append landed. A step retried after a failure then
+        # never appends twice.
+        self.lengths[layer] = ((used - 1) * self.shard_tokens
+                               + self.shards[used - 1].lengths[layer])
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            if self.lengths[layer] == end and isinstance(failed, AttnserveError):
+                failed.message = (f"{failed.message}; the step's append stands (lengths is "
+                                  f"{end}): send the query again alone")
+                failed.args = (f"{failed.code.name}: {failed.message}",)
+            raise failed
+        parts = [future.result() for future in futures]
         outputs = np.stack([np.asarray(p.output, dtype=np.float64) for p in parts])
         lses = np.stack([np.asarray(p.lse, dtype=np.float64) for p in parts])
         with np.errstate(invalid="ignore", over="ignore"):

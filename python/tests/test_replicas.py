@@ -169,6 +169,46 @@ def test_a_sharded_session_equals_the_reference(three):
         sharded.delete()
 
 
+def test_a_sharded_step_that_failed_half_way_is_not_appended_twice(three):
+    """A step whose query shard failed while its last shard appended: the append stands and
+    lengths says so (a retried step appended twice until 2026-12-06); the pieces cut at shard
+    boundaries keep the step's input_dtype; a shard is still made, on a holder, when the only
+    replica to spare is gone."""
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target) as replicas:
+        sharded = attnserve.ShardedSession(replicas, 4, num_layers=1, num_heads=H,
+                                           num_kv_heads=HKV, key_dim=D)
+        keys, values = uniform(HKV, 6, D), uniform(HKV, 6, D)
+        # Rounded to bfloat16 on every shard, the piece cut at the boundary too.
+        sharded.step(0, key=keys, value=values, input_dtype="bfloat16")
+        keys = attnserve.bfloat16_bits_to_float32(attnserve.float32_to_bfloat16_bits(keys))
+        values = attnserve.bfloat16_bits_to_float32(
+            attnserve.float32_to_bfloat16_bits(values))
+        by_target = {server.target: server for server in three}
+        first = by_target[sharded.shards[0].address]
+        k, v, q = uniform(HKV, 1, D), uniform(HKV, 1, D), uniform(H, 1, D)
+        first.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(attnserve.AttnserveError, match=r"append stands \(lengths is 7\)"):
+                sharded.step(0, key=k, value=v, query=q, timeout=1.5)
+        finally:
+            first.process.send_signal(signal.SIGCONT)
+        assert sharded.lengths == [7]
+        keys, values = np.concatenate([keys, k], 1), np.concatenate([values, v], 1)
+        output, _, length = sharded.step(0, query=q)
+        assert length == 7
+        np.testing.assert_allclose(output, expected_step(q, keys, values), atol=1e-5)
+
+        holding = {shard.address for shard in sharded.shards}
+        for server in three:
+            if server.target not in holding:
+                server.process.kill()
+                server.process.wait(30)
+        sharded.step(0, key=uniform(HKV, 2, D), value=uniform(HKV, 2, D))
+        assert len(sharded.shards) == 3 and sharded.shards[2].address in holding
+        assert sharded.lengths == [9]
+
+
 def test_a_fork_on_a_draining_replica_says_its_sessions_go_with_it():
     server = Server("--drain_grace_seconds=10", "--replica_name=py-draining")
     try:

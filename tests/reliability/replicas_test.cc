@@ -699,5 +699,92 @@ TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
   }
 }
 
+// A step whose query shard failed while its last shard appended: the append
+// stands and lengths() says so, so the query alone is sent again and nothing
+// is appended twice (it was, until 2026-12-06: the retried step appended its
+// token again, and the output was off by 0.3 with no error). And a shard is
+// still made when every replica to spare is down: on a holder.
+TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
+  StartReplicas({});
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  constexpr int64_t kHeads = 2, kDim = 8, kShard = 4;
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(kHeads);
+  create.set_key_dim(kDim);
+  create.set_dtype(v1::FLOAT32);
+  absl::StatusOr<ShardedSession> sharded =
+      ShardedSession::Create(replicas->get(), create, kShard, kTimeout);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  std::vector<std::vector<float>> keys(kHeads), values(kHeads);
+  const auto tensors = [&](int64_t tokens, uint64_t seed) {
+    const std::vector<float> k = RandomValues(kHeads * tokens * kDim, seed);
+    const std::vector<float> v = RandomValues(kHeads * tokens * kDim, seed + 1);
+    for (int64_t h = 0; h < kHeads; ++h) {
+      keys[h].insert(keys[h].end(), k.begin() + h * tokens * kDim,
+                     k.begin() + (h + 1) * tokens * kDim);
+      values[h].insert(values[h].end(), v.begin() + h * tokens * kDim,
+                       v.begin() + (h + 1) * tokens * kDim);
+    }
+    return std::make_pair(MakeFloat32Tensor({kHeads, tokens, kDim}, k),
+                          MakeFloat32Tensor({kHeads, tokens, kDim}, v));
+  };
+  {
+    auto [k, v] = tensors(6, 7000);  // Shards 0 and 1, on two replicas.
+    ASSERT_TRUE(sharded->Append(0, k, v, kTimeout).ok());
+  }
+  ASSERT_EQ(sharded->shards().size(), 2u);
+  const int first = IndexOf(sharded->shards()[0].address());
+  ASSERT_GE(first, 0);
+  replicas_[first]->Signal(SIGSTOP);
+  auto [k, v] = tensors(1, 7100);
+  const std::vector<float> query = RandomValues(kHeads * kDim, 7200);
+  const v1::Tensor q = MakeFloat32Tensor({kHeads, 1, kDim}, query);
+  v1::StepOptions options;
+  const absl::StatusOr<StepOutput> failed =
+      sharded->Attend(0, k, v, q, options, absl::Milliseconds(1500));
+  replicas_[first]->Signal(SIGCONT);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(
+      std::string(failed.status().message()),
+      ::testing::HasSubstr("the step's append stands (lengths() is 7)"));
+  EXPECT_EQ(sharded->length(0), 7);
+  StepInputs again;
+  again.layer = 0;
+  again.query = q;
+  const absl::StatusOr<StepOutput> answered =
+      sharded->Step(std::move(again), kTimeout);
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->length, 7);
+  std::vector<float> all_keys, all_values;
+  for (int64_t h = 0; h < kHeads; ++h) {
+    all_keys.insert(all_keys.end(), keys[h].begin(), keys[h].end());
+    all_values.insert(all_values.end(), values[h].begin(), values[h].end());
+  }
+  testing::ExpectNear("the step over 7 tokens", *FloatValues(*answered->output),
+                      ReferenceAttention({1, kHeads, kHeads, 1, 7, kDim, kDim},
+                                         query, all_keys, all_values)
+                          .output,
+                      testing::kOutputF32);
+
+  // The third replica, the one spare, goes: shard 2 goes on a holder.
+  std::set<int> holding;
+  for (const Session& shard : sharded->shards()) {
+    holding.insert(IndexOf(shard.address()));
+  }
+  for (int i = 0; i < kReplicas; ++i) {
+    if (holding.count(i) == 0) replicas_[i]->Signal(SIGKILL);
+  }
+  auto [k2, v2] = tensors(2, 7300);  // Tokens 7 and 8: shard 2 starts.
+  const absl::Status grown = sharded->Append(0, k2, v2, kTimeout);
+  ASSERT_TRUE(grown.ok()) << grown;
+  ASSERT_EQ(sharded->shards().size(), 3u);
+  EXPECT_EQ(holding.count(IndexOf(sharded->shards()[2].address())), 1u);
+  EXPECT_EQ(sharded->length(0), 9);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -35,7 +35,10 @@
 // (IsReplicaGone). A step whose tensors do not have the session's shapes is
 // refused before any shard is sent a piece; one that fails at a later shard
 // after earlier pieces were appended says how many of its tokens stand
-// (lengths() agrees): send the rest. Windows, sinks, ALiBi and RoPE are
+// (lengths() agrees): send the rest. One whose query failed at another shard
+// while the last shard appended says the append stands (lengths() agrees):
+// send the query alone. With every replica to spare down or draining, a new
+// shard goes on a replica holding one. Windows, sinks, ALiBi and RoPE are
 // refused at Create (a shard's positions start at 0). Not thread-safe; the
 // Replicas must outlive it.
 #ifndef ATTNSERVE_CLIENT_SHARDED_SESSION_H_

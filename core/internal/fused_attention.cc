@@ -78,16 +78,21 @@ absl::Status FusedRun::PackKeysAndValues(ScratchPool& pool) {
   // thread, some 20 us on a 2-vCPU VM.
   pack_in_tiles_ = g_.q_blocks == 1 && g_.splits == 1;
   if (pack_in_tiles_) return absl::OkStatus();
+  // f16 rows are widened on each thread's own part of one buffer, then
+  // narrowed. Allocated before the parallel region: a std::bad_alloc thrown
+  // inside one ends the process, outside it the call.
+  const size_t row =
+      g_.source == DataType::kFloat16
+          ? static_cast<size_t>(std::max(s_.key_dim, s_.value_dim))
+          : 0;
+  std::vector<float> widened(row * static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel
   {
-    // f16 rows are widened on the thread's own buffer, then narrowed.
-    std::vector<float> widened(
-        g_.source == DataType::kFloat16
-            ? static_cast<size_t>(std::max(s_.key_dim, s_.value_dim))
-            : 0);
+    float* const own =
+        widened.data() + row * static_cast<size_t>(omp_get_thread_num());
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < s_.batch; ++b) {
-      for (int64_t h = 0; h < s_.kv_heads; ++h) PackHead(b, h, widened.data());
+      for (int64_t h = 0; h < s_.kv_heads; ++h) PackHead(b, h, own);
     }
   }
   return absl::OkStatus();

@@ -326,9 +326,14 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       absl::MutexLock lock(&mutex_);
       computing_ -= computes_done;
       if (broken_) {
-        // The client is gone: drop answers as they become ready.
-        while (!writing_ && !slots_.empty() && slots_.front()->ready)
+        // The client is gone: drop answers as they become ready. An OK one
+        // was counted when it was resolved (before the stream broke).
+        while (!writing_ && !slots_.empty() && slots_.front()->ready) {
+          if (!slots_.front()->answer.has_error()) {
+            deps_.compute.metrics->AnswerNotDelivered(Rpc::kAttendStream);
+          }
           slots_.pop_front();
+        }
       } else if (!writing_ && !slots_.empty() && slots_.front()->ready) {
         writing_ = true;
         to_write = slots_.front().get();

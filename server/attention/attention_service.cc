@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attention_compute.h"
-#include "attnserve/server/rpc/memory_budget.h"
 
 namespace attnserve {
 
@@ -142,7 +142,8 @@ void ComputeJob::Run(absl::Span<Job* const> batch) {
                               : ComputeAttendBatch(*context_.engine, items);
   } catch (const std::bad_alloc&) {
     // What the compute made of the answers is dropped with them.
-    status = AllocationFailed("compute the answer");
+    status = AllocationFailed("compute the answer",
+                              static_cast<int64_t>(live.size()));
   }
   const absl::Duration elapsed = absl::Now() - started;
   // A batch may mix unary and streamed Attends: each RPC records its share.

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -311,44 +312,60 @@ constexpr FlagOption kFlags[] = {
 namespace {
 
 // Adds the name `argument` sets ("--port=1" and "-port" set "port",
-// "--nodemo_weights" sets "demo_weights" too) to `names`; false if it is no
-// flag (a value, "-", "--").
+// "--nodemo_weights" sets "demo_weights": "no" before a boolean flag's name)
+// to `names`; false if it is no flag (a value, "-", "--").
 bool AddFlagName(absl::string_view argument, std::set<std::string>* names) {
   if (!absl::ConsumePrefix(&argument, "--") &&
       !absl::ConsumePrefix(&argument, "-")) {
     return false;
   }
-  const absl::string_view name = argument.substr(0, argument.find('='));
+  absl::string_view name = argument.substr(0, argument.find('='));
   if (name.empty()) return false;
+  if (absl::StartsWith(name, "no")) {
+    const absl::CommandLineFlag* flag =
+        absl::FindCommandLineFlag(name.substr(2));
+    if (flag != nullptr && flag->IsOfType<bool>()) name.remove_prefix(2);
+  }
   names->insert(std::string(name));
-  if (absl::StartsWith(name, "no")) names->insert(std::string(name.substr(2)));
   return true;
 }
 
+// Adds the flags the files `files` ("a,b", as --flagfile takes them) set,
+// one per line as Abseil reads them, and those of the flag files they name
+// (to a depth of 8). An unreadable file adds nothing: Abseil's parse names
+// it.
+void AddFlagFileNames(absl::string_view files, int depth,
+                      std::set<std::string>* names) {
+  if (depth > 8) return;
+  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    std::ifstream in{std::string(file)};
+    std::string line;
+    while (std::getline(in, line)) {
+      const absl::string_view flag = absl::StripAsciiWhitespace(line);
+      if (!AddFlagName(flag, names)) continue;
+      for (const absl::string_view prefix : {"--flagfile=", "-flagfile="}) {
+        if (absl::StartsWith(flag, prefix)) {
+          AddFlagFileNames(flag.substr(prefix.size()), depth + 1, names);
+        }
+      }
+    }
+  }
+}
+
 // The flags the command line sets, in its own arguments and in the files its
-// --flagfile arguments name (one flag per line, as Abseil reads them).
+// --flagfile arguments name.
 std::set<std::string> CommandLineFlags(int argc, char** argv) {
   std::set<std::string> names;
   for (int i = 1; i < argc; ++i) {
     const absl::string_view argument = argv[i];
     if (argument == "--") break;
     if (!AddFlagName(argument, &names)) continue;
-    absl::string_view files;
     if (absl::StartsWith(argument, "--flagfile=") ||
         absl::StartsWith(argument, "-flagfile=")) {
-      files = argument.substr(argument.find('=') + 1);
+      AddFlagFileNames(argument.substr(argument.find('=') + 1), 0, &names);
     } else if ((argument == "--flagfile" || argument == "-flagfile") &&
                i + 1 < argc) {
-      files = argv[++i];
-    }
-    for (absl::string_view file :
-         absl::StrSplit(files, ',', absl::SkipEmpty())) {
-      // Unreadable: Abseil's parse names it.
-      std::ifstream in{std::string(file)};
-      std::string line;
-      while (std::getline(in, line)) {
-        AddFlagName(absl::StripAsciiWhitespace(line), &names);
-      }
+      AddFlagFileNames(argv[++i], 0, &names);
     }
   }
   return names;

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_engine.h"

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -177,23 +176,6 @@ void MemoryBudget::Release(int64_t bytes, const std::string& connection,
   held_ -= bytes;
   GiveBack(connections_, connection, bytes);
   GiveBack(addresses_, address, bytes);
-}
-
-namespace {
-std::atomic<int64_t> allocation_failures{0};
-}  // namespace
-
-absl::Status AllocationFailed(absl::string_view doing) {
-  allocation_failures.fetch_add(1, std::memory_order_relaxed);
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "the server could not allocate the memory to ", doing,
-      ": it has less free memory than its budgets (max_inflight_bytes, "
-      "kv_cache_bytes) allow for; retry after a backoff or on another "
-      "replica"));
-}
-
-int64_t AllocationFailures() {
-  return allocation_failures.load(std::memory_order_relaxed);
 }
 
 }  // namespace attnserve

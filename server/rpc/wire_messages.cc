@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "attnserve/server/rpc/memory_budget.h"
+#include "attnserve/common/allocation_failures.h"
 #include "attnserve/v1/attention.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -315,6 +315,13 @@ struct SentBytes {
   }
 };
 
+// Owns a SentBytes until a slice takes it: a failed allocation before then
+// gives its bytes back to the pool rather than leaking them.
+struct ReleaseSentBytes {
+  void operator()(SentBytes* sent) const { SentBytes::Release(sent); }
+};
+using SentBytesPtr = std::unique_ptr<SentBytes, ReleaseSentBytes>;
+
 void AppendVarint(uint64_t value, std::string* out) {
   while (value >= 0x80) {
     out->push_back(static_cast<char>(value | 0x80));
@@ -405,36 +412,44 @@ absl::Status SerializeWireOrThrow(Message* message, grpc::ByteBuffer* wire,
   }
   // Take the large tensors' data out, serialise the rest, then append each as
   // its Tensor field again holding only `data`, by reference.
-  std::vector<std::pair<int, SentBytes*>> sent;
+  std::vector<std::pair<int, SentBytesPtr>> sent;
   for (const auto& [number, tensor] : SetTensors(message)) {
     if (tensor->data().size() < pool->min_bytes()) continue;
-    sent.emplace_back(number,
-                      new SentBytes{std::move(*tensor->mutable_data()), pool});
+    sent.emplace_back(number, SentBytesPtr(new SentBytes{{}, pool}));
+    sent.back().second->bytes = std::move(*tensor->mutable_data());
   }
   // A bytes list with a large entry leaves whole (its order is its meaning)
   // and follows the rest, each entry as an occurrence of its field, the large
   // ones by reference.
-  std::vector<std::pair<int, std::vector<SentBytes*>>> lists;
+  std::vector<std::pair<int, std::vector<SentBytesPtr>>> lists;
+  size_t list_entries = 0;
   for (const auto& [number, list] : SetBytesLists(message)) {
     bool large = false;
     for (const std::string& entry : *list) {
       large = large || entry.size() >= pool->min_bytes();
     }
     if (!large) continue;
-    std::vector<SentBytes*> entries;
+    lists.emplace_back(number, std::vector<SentBytesPtr>());
+    std::vector<SentBytesPtr>& entries = lists.back().second;
+    entries.reserve(static_cast<size_t>(list->size()));
     for (std::string& entry : *list) {
-      entries.push_back(new SentBytes{std::move(entry), pool});
+      entries.emplace_back(new SentBytes{{}, pool});
+      entries.back()->bytes = std::move(entry);
     }
     list->Clear();
-    lists.emplace_back(number, std::move(entries));
+    list_entries += entries.size();
   }
   std::string head;
   const bool serialised = message->SerializeToString(&head);
   size_t total = head.size();
   std::vector<grpc::Slice> slices;
+  // Room for every slice first: a slice made takes its bytes' ownership,
+  // and nothing may throw after that.
+  slices.reserve(1 + 2 * list_entries + 2 * sent.size());
   slices.emplace_back(head);
-  for (const auto& [number, entries] : lists) {
-    for (SentBytes* entry : entries) {
+  for (auto& [number, entries] : lists) {
+    for (SentBytesPtr& owned : entries) {
+      SentBytes* const entry = owned.get();
       const size_t size = entry->bytes.size();
       std::string header;
       AppendVarint(WireFormatLite::MakeTag(
@@ -445,13 +460,12 @@ absl::Status SerializeWireOrThrow(Message* message, grpc::ByteBuffer* wire,
       slices.emplace_back(header);
       if (size > 0) {
         slices.emplace_back(entry->bytes.data(), size, &SentBytes::Release,
-                            entry);
-      } else {
-        SentBytes::Release(entry);
+                            owned.release());
       }
     }
   }
-  for (const auto& [number, bytes] : sent) {
+  for (auto& [number, owned] : sent) {
+    SentBytes* const bytes = owned.get();
     const size_t size = bytes->bytes.size();
     std::string inner;  // The data field's tag and length.
     AppendVarint(
@@ -467,7 +481,8 @@ absl::Status SerializeWireOrThrow(Message* message, grpc::ByteBuffer* wire,
     header += inner;
     total += header.size() + size;
     slices.emplace_back(header);
-    slices.emplace_back(bytes->bytes.data(), size, &SentBytes::Release, bytes);
+    slices.emplace_back(bytes->bytes.data(), size, &SentBytes::Release,
+                        owned.release());
   }
   if (!serialised ||
       total > static_cast<size_t>(std::numeric_limits<int>::max()))

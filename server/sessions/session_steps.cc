@@ -2,10 +2,15 @@
 
 #include <cmath>
 #include <memory>
+#include <new>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/flops.h"
 #include "attnserve/server/sessions/session_requests.h"
@@ -325,6 +330,91 @@ struct Computing {
   std::unique_ptr<OutputTensor> lse;
 };
 
+// What RunSteps does for one step: its append, then the item of its
+// attention, if it has a query. `appended` is set once the append landed.
+void PrepareStep(StepWork& work, SessionStore& store, v1::StepResult* result,
+                 std::optional<int64_t>* appended,
+                 std::vector<Computing>* computing,
+                 std::vector<PagedAttend>* items) {
+  int64_t length = 0;
+  const SessionConfig& config = work.pin.config();
+  std::vector<float> rotated_keys;
+  if (config.rope && work.append.tokens > 0) {
+    // The keys turned at the positions they will hold (a step expecting
+    // another length appends nothing).
+    const int64_t tokens = work.append.tokens;
+    rotated_keys.resize(
+        static_cast<size_t>(config.kv_heads * tokens * config.key_dim));
+    ConvertToFloat32(work.append.key_dtype, work.append.key,
+                     static_cast<int64_t>(rotated_keys.size()),
+                     rotated_keys.data());
+    for (int64_t h = 0; h < config.kv_heads; ++h) {
+      ApplyRotary(*config.rope, config.key_dim, 1,
+                  rotated_keys.data() + h * tokens * config.key_dim, tokens,
+                  config.key_dim, work.expected_length);
+    }
+    work.append.key = reinterpret_cast<const char*>(rotated_keys.data());
+    work.append.key_dtype = DataType::kFloat32;
+  }
+  absl::StatusOr<SessionStore::View> view = store.AppendAndView(
+      work.pin, work.layer, work.expected_length, work.append,
+      work.query == nullptr ? 0 : work.query_len, &length);
+  if (!view.ok()) {
+    // What the layer holds, so that a client retrying can tell whether its
+    // first attempt landed without asking GetSession.
+    if (view.status().code() != absl::StatusCode::kNotFound) {
+      result->set_length(length);
+    }
+    SetError(work.index, view.status(), result);
+    return;
+  }
+  *appended = view->length;
+  result->set_length(view->length);
+  if (work.query == nullptr) return;
+  Computing& c = computing->emplace_back();
+  c.index = work.index;
+  c.flops = StepFlops(config, work.query_len, view->length);
+  c.view = *std::move(view);
+  PagedAttend item;
+  item.layout = c.view.layout;
+  item.pages = c.view.data;
+  item.length = c.view.length;
+  item.heads = config.heads;
+  item.query_len = work.query_len;
+  item.query = FloatElements(*work.query, &c.query_storage);
+  if (config.rope) {
+    // Query row i stands at L − Tq + i; rotated in a copy of its own.
+    if (c.query_storage.empty()) {
+      c.query_storage.assign(item.query.begin(), item.query.end());
+    }
+    for (int64_t h = 0; h < config.heads; ++h) {
+      ApplyRotary(*config.rope, config.key_dim, 1,
+                  c.query_storage.data() + h * work.query_len * config.key_dim,
+                  work.query_len, config.key_dim,
+                  c.view.length - work.query_len);
+    }
+    item.query = c.query_storage;
+  }
+  item.scale = work.scale;
+  item.window_left = config.window_left;
+  item.num_sink_tokens = config.num_sink_tokens;
+  item.softcap = config.softcap.value_or(0.0f);
+  item.alibi_slopes = config.alibi_slopes;
+  item.precision = work.precision;
+  const int64_t output_shape[] = {config.heads, work.query_len,
+                                  config.value_dim};
+  c.output = std::make_unique<OutputTensor>(work.output_dtype, output_shape,
+                                            result->mutable_output());
+  item.output = c.output->values();
+  if (work.return_lse) {
+    const int64_t lse_shape[] = {config.heads, work.query_len};
+    c.lse = std::make_unique<OutputTensor>(v1::FLOAT32, lse_shape,
+                                           result->mutable_lse());
+    item.lse = c.lse->values();
+  }
+  items->push_back(item);
+}
+
 }  // namespace
 
 absl::Status RunSteps(StepCall& call, SessionStore& store,
@@ -335,82 +425,28 @@ absl::Status RunSteps(StepCall& call, SessionStore& store,
   std::vector<PagedAttend> items;
   for (StepWork& work : call.steps) {
     v1::StepResult* result = response->mutable_results(work.index);
-    int64_t length = 0;
-    const SessionConfig& config = work.pin.config();
-    std::vector<float> rotated_keys;
-    if (config.rope && work.append.tokens > 0) {
-      // The keys turned at the positions they will hold (a step expecting
-      // another length appends nothing).
-      const int64_t tokens = work.append.tokens;
-      rotated_keys.resize(
-          static_cast<size_t>(config.kv_heads * tokens * config.key_dim));
-      ConvertToFloat32(work.append.key_dtype, work.append.key,
-                       static_cast<int64_t>(rotated_keys.size()),
-                       rotated_keys.data());
-      for (int64_t h = 0; h < config.kv_heads; ++h) {
-        ApplyRotary(*config.rope, config.key_dim, 1,
-                    rotated_keys.data() + h * tokens * config.key_dim, tokens,
-                    config.key_dim, work.expected_length);
+    // A failed allocation fails this step alone, saying whether its append
+    // landed (one escaping failed the whole call, the appends standing
+    // without their lengths).
+    std::optional<int64_t> appended;
+    const size_t computing_before = computing.size();
+    try {
+      PrepareStep(work, store, result, &appended, &computing, &items);
+    } catch (const std::bad_alloc&) {
+      if (computing.size() > computing_before) {
+        store.Drop(computing.back().view);
+        computing.pop_back();
       }
-      work.append.key = reinterpret_cast<const char*>(rotated_keys.data());
-      work.append.key_dtype = DataType::kFloat32;
+      result->set_length(appended.value_or(work.expected_length));
+      SetError(work.index,
+               AllocationFailed(
+                   appended ? absl::StrCat("attend after the append (the "
+                                           "layer now holds ",
+                                           *appended, " tokens)")
+                            : std::string("prepare the step (nothing was "
+                                          "appended)")),
+               result);
     }
-    absl::StatusOr<SessionStore::View> view = store.AppendAndView(
-        work.pin, work.layer, work.expected_length, work.append,
-        work.query == nullptr ? 0 : work.query_len, &length);
-    if (!view.ok()) {
-      // What the layer holds, so that a client retrying can tell whether its
-      // first attempt landed without asking GetSession.
-      if (view.status().code() != absl::StatusCode::kNotFound) {
-        result->set_length(length);
-      }
-      SetError(work.index, view.status(), result);
-      continue;
-    }
-    result->set_length(view->length);
-    if (work.query == nullptr) continue;
-    Computing& c = computing.emplace_back();
-    c.index = work.index;
-    c.flops = StepFlops(config, work.query_len, view->length);
-    c.view = *std::move(view);
-    PagedAttend item;
-    item.layout = c.view.layout;
-    item.pages = c.view.data;
-    item.length = c.view.length;
-    item.heads = config.heads;
-    item.query_len = work.query_len;
-    item.query = FloatElements(*work.query, &c.query_storage);
-    if (config.rope) {
-      // Query row i stands at L − Tq + i; rotated in a copy of its own.
-      if (c.query_storage.empty()) {
-        c.query_storage.assign(item.query.begin(), item.query.end());
-      }
-      for (int64_t h = 0; h < config.heads; ++h) {
-        ApplyRotary(
-            *config.rope, config.key_dim, 1,
-            c.query_storage.data() + h * work.query_len * config.key_dim,
-            work.query_len, config.key_dim, c.view.length - work.query_len);
-      }
-      item.query = c.query_storage;
-    }
-    item.scale = work.scale;
-    item.window_left = config.window_left;
-    item.num_sink_tokens = config.num_sink_tokens;
-    item.softcap = config.softcap.value_or(0.0f);
-    item.alibi_slopes = config.alibi_slopes;
-    item.precision = work.precision;
-    const int64_t output_shape[] = {config.heads, work.query_len,
-                                    config.value_dim};
-    c.output = std::make_unique<OutputTensor>(work.output_dtype, output_shape,
-                                              result->mutable_output());
-    item.output = c.output->values();
-    if (work.return_lse) {
-      const int64_t lse_shape[] = {config.heads, work.query_len};
-      c.lse = std::make_unique<OutputTensor>(v1::FLOAT32, lse_shape,
-                                             result->mutable_lse());
-      item.lse = c.lse->values();
-    }
-    items.push_back(item);
   }
   const absl::Status computed = engine.AttendPaged(items, stop);
   // The kernel is done with the pages (SessionStore::Drop).

@@ -93,12 +93,25 @@ expect_exit 2 "config.txt is missing" ctl weights put nothing "${workdir}/no_suc
 expect_exit 2 "exclude each other" ctl mha --query_input=x.npy --weights_name=demo \
   --weights_dir=wset
 # A bias that is a link looping on itself is refused naming it (it ended attnctl, 2026-12-06),
-# an --output that is a FIFO is refused rather than waited on, and --timeout must be finite.
+# an --output FIFO no one reads fails rather than waits (one read, and /dev/stdout into a pipe,
+# are written), and --timeout must be finite.
 mkdir looped && cp wset/* looped/ && rm -f looped/b_q.npy && ln -s b_q.npy looped/b_q.npy
 expect_exit 2 "b_q.npy" ctl weights put looped looped
 mkfifo out.fifo
-expect_exit 1 "out.fifo is a FIFO, expected a new or regular file" \
+expect_exit 1 "cannot open out.fifo (a FIFO no one reads)" \
   timeout 20 "${attnctl}" --target="${target}" attend --demo --output=out.fifo
+timeout 30 cat out.fifo >fifo.npy &
+reader=$!
+wrote=""
+for _ in $(seq 1 50); do  # Until the reader has opened its end.
+  if ctl attend --demo --output=out.fifo >/dev/null 2>&1; then wrote=1; break; fi
+  sleep 0.1
+done
+[[ -n ${wrote} ]] || fail "a FIFO with a reader was not written"
+wait "${reader}"
+/usr/bin/python3 -c "import numpy; numpy.load('fifo.npy')" || fail "the FIFO's reader got no .npy"
+ctl attend --demo --output=/dev/stdout | cat >piped.bin || fail "--output=/dev/stdout into a pipe failed"
+grep -q NUMPY piped.bin || fail "--output=/dev/stdout into a pipe wrote no .npy"
 expect_exit 2 "--timeout is -inf, expected a positive, finite duration" ctl --timeout=-inf health
 echo not a certificate >garbage.pem
 expect_exit 2 "--tls_ca file garbage.pem holds no PEM certificate" ctl --tls_ca=garbage.pem health

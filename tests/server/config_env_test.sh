@@ -49,6 +49,10 @@ line=$(startup_line ATTNSERVE_PORT=tcp://10.0.0.1:50051 ATTNSERVE_MAX_QUEUE=junk
 printf -- '--max_queue=11\n' >"${workdir}/set.flags"
 line=$(startup_line ATTNSERVE_MAX_QUEUE=junk "${attnserve}" --flagfile="${workdir}/set.flags")
 [[ ${line} == *"max_queue=11 "* ]] || fail "a variable the flag file replaces was read: ${line}"
+printf -- '--max_queue=13\n' >"${workdir}/inner.flags"
+printf -- '--flagfile=%s\n' "${workdir}/inner.flags" >"${workdir}/outer.flags"
+line=$(startup_line ATTNSERVE_MAX_QUEUE=junk "${attnserve}" --flagfile="${workdir}/outer.flags")
+[[ ${line} == *"max_queue=13 "* ]] || fail "a variable a nested flag file replaces was read: ${line}"
 set +e
 ATTNSERVE_PORT=tcp://10.0.0.1:50051 "${attnserve}" --metrics_port=0 >"${workdir}/bad.log" 2>&1
 status=$?

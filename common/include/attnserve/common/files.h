@@ -25,18 +25,21 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path,
 
 // OK if an output file can be written at `path`, which the option `flag`
 // names: a new file in a writable folder, a writable regular file (through
-// links), or a character device (/dev/null, /dev/stdout). INVALID_ARGUMENT
-// naming both for a folder, a FIFO or socket (whose open would wait for a
-// reader), a link to nothing, or a missing or unwritable folder. For checks
-// before a call whose effect stays (a session's step) when its outputs cannot
-// be written.
+// links) in a writable folder, a character device, or a path under /dev/ or
+// /proc/ (/dev/stdout, whatever it is). INVALID_ARGUMENT naming both for a
+// folder, a FIFO or socket elsewhere, a link to nothing, or a folder that
+// cannot take the file. For checks before a call whose effect stays (a
+// session's step) when its outputs cannot be written.
 absl::Status CheckOutputPath(absl::string_view flag, const std::string& path);
 
-// Writes `bytes` to `path` whole or not at all: a regular file (or a new one)
-// is written beside it and renamed over it, so a failed write leaves the old
-// file as it was; a character device is written directly. A FIFO or socket
-// is refused (INVALID_ARGUMENT) rather than waited on; other failures carry
-// their errno's code and name the path.
+// Writes `bytes` to `path`. A regular file (or a new one) is written beside
+// it and renamed over it, whole or not at all (a failed write leaves the old
+// file as it was), keeping its mode and, where the writer may, its owner (a
+// hard link to it no longer shares it). A path under /dev/ or /proc/, a
+// character device or a FIFO is written in place (a FIFO no one reads fails
+// at once rather than waits). A socket or folder is refused
+// (INVALID_ARGUMENT); other failures carry their errno's code and name the
+// path.
 absl::Status WriteOutputFile(const std::string& path, absl::string_view bytes);
 
 }  // namespace attnserve

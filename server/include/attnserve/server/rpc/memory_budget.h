@@ -25,7 +25,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace attnserve {
@@ -120,15 +119,6 @@ class MemoryBudget {
 // "ipv6:[::1]:51234" -> "ipv6:[::1]"; a peer of another form is its own
 // address.
 std::string PeerAddress(const std::string& peer);
-
-// RESOURCE_EXHAUSTED for an allocation that failed although the budgets let
-// its call in (the machine short of the memory they assume, or a limit set
-// below them), naming what could not be done ("parse the request's 524288
-// bytes"), and counted in AllocationFailures.
-absl::Status AllocationFailed(absl::string_view doing);
-
-// How many allocations AllocationFailed has reported in this process.
-int64_t AllocationFailures();
 
 // What a stream costs the budget while it is open, whatever its messages:
 // gRPC's own state for a call and its HTTP/2 stream, measured at 15-16 KiB for

@@ -300,8 +300,8 @@ absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
   absl::StatusOr<v1::ForkSessionResponse> response =
       client_->ForkSession(request, timeout);
   if (!response.ok()) return ReplicaGoneOr(response.status());
-  ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
-  Session child(client_, response->session());
+  ATTNSERVE_ASSIGN_OR_RETURN(Session child,
+                             FromServer(client_, response->session(), ""));
   child.replica_ = response->replica();
   child.address_ = address_;
   child.replicas_ = replicas_;

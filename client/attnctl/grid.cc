@@ -26,10 +26,6 @@ ABSL_FLAG(int64_t, batch_index, 0, "grid: the batch item to draw.");
 namespace attnserve {
 namespace {
 
-absl::Status WriteFile(const std::string& path, const std::string& bytes) {
-  return WriteOutputFile(path, bytes);
-}
-
 // Checks --batch_index and --head against the query [B, H, Lq, Dk] and the
 // grid's size against the pictures' limits, before anything is sent.
 absl::Status CheckGridRequest(const v1::AttendRequest& request,
@@ -138,7 +134,7 @@ int RunGrid(Client& client) {
       bytes = absl::ResourceExhaustedError("libpng could not encode the PNG");
     }
     if (!bytes.ok()) return Fail(bytes.status());
-    const absl::Status written = WriteFile(path, *bytes);
+    const absl::Status written = WriteOutputFile(path, *bytes);
     if (!written.ok()) return Fail(written);
     std::printf("wrote %s %dx%d px, %zu bytes: %s\n", path.c_str(),
                 layout->width, layout->height, bytes->size(), what.c_str());

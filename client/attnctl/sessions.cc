@@ -29,13 +29,6 @@ ABSL_DECLARE_FLAG(std::string, lse_out);
 namespace attnserve {
 namespace {
 
-// OK if a file can be written at `path` (named by `flag`), checked before a
-// step whose append stays whether or not its outputs are written: a folder,
-// FIFO, link to nothing, or a missing or unwritable folder is refused first.
-absl::Status CheckWritable(const char* flag, const std::string& path) {
-  return CheckOutputPath(flag, path);
-}
-
 constexpr char kSessionUsage[] =
     "session takes create, step ID, fork ID [LENGTH], truncate ID LENGTH, "
     "get ID, delete ID, or list (the default)";
@@ -106,7 +99,9 @@ int RunStep(Client& client, const std::string& id) {
                        ", but the step has no query (--query, or --demo with "
                        "--query_tokens > 0) to answer it")));
     }
-    if (const absl::Status writable = CheckWritable(flag, path);
+    // Its append stands whether or not its outputs are written: a path that
+    // cannot take them is refused first.
+    if (const absl::Status writable = CheckOutputPath(flag, path);
         !writable.ok()) {
       return UsageError(writable);
     }

@@ -2,8 +2,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -59,6 +61,24 @@ absl::Status CheckGridRequest(const v1::AttendRequest& request,
   return absl::OkStatus();
 }
 
+// Whether `a` and `b`, both set, are one file: the same path once "." and
+// ".." and links are resolved, or (existing) the same inode.
+bool NameOneFile(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code error;
+  if (std::filesystem::equivalent(a, b, error)) return true;
+  // weakly_canonical leaves a relative path none of whose parts exist as it
+  // is: made absolute first.
+  const auto resolved = [&error](const std::string& path) {
+    return std::filesystem::weakly_canonical(
+        std::filesystem::absolute(path, error), error);
+  };
+  const std::filesystem::path first = resolved(a);
+  if (error) return a == b;
+  const std::filesystem::path second = resolved(b);
+  return error ? a == b : first == second;
+}
+
 }  // namespace
 
 absl::StatusOr<AttentionGrid> ExtractGrid(const v1::Tensor& weights,
@@ -97,6 +117,11 @@ int RunGrid(Client& client) {
   const int cell = absl::GetFlag(FLAGS_cell);
   if (png_path.empty() && svg_path.empty()) {
     return UsageError(absl::InvalidArgumentError("grid needs --png or --svg"));
+  }
+  if (NameOneFile(png_path, svg_path)) {
+    return UsageError(absl::InvalidArgumentError(
+        absl::StrCat("--png and --svg name one file, ", png_path,
+                     ": the SVG would overwrite the PNG; give each its own")));
   }
   absl::StatusOr<v1::AttendRequest> request =
       AttendRequestFromFlags(InputMode::kFilesOrDemo);

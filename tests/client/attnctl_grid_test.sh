@@ -56,6 +56,8 @@ ref png demo.png --lq 40 --lk 150 --cell 4
 # Bounds and usage.
 expect_exit 2 "needs --png or --svg" ctl grid --demo
 expect_exit 2 "inputs come from" ctl grid --png=x.png
+expect_exit 2 "--png and --svg name one file, same.out" ctl grid --demo --png=same.out \
+  --svg=./same.out
 expect_exit 2 "--head is 4, expected 0 to 3" ctl grid --demo --heads=4 --kv_heads=4 --head=4 \
   --png=x.png
 expect_exit 2 "--batch_index is 2, expected 0 to 1" ctl grid --demo --batch=2 --batch_index=2 \

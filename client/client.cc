@@ -374,6 +374,12 @@ absl::StatusOr<v1::DeleteSessionResponse> Client::DeleteSession(
     absl::string_view session_id, absl::Duration timeout, int* attempts) {
   v1::DeleteSessionRequest request;
   request.set_session_id(std::string(session_id));
+  return DeleteSession(request, timeout, attempts);
+}
+
+absl::StatusOr<v1::DeleteSessionResponse> Client::DeleteSession(
+    const v1::DeleteSessionRequest& request, absl::Duration timeout,
+    int* attempts) {
   return CallWithRetries(&v1::AttentionService::Stub::DeleteSession, request,
                          timeout, true, attempts);
 }
@@ -382,6 +388,11 @@ absl::StatusOr<v1::GetSessionResponse> Client::GetSession(
     absl::string_view session_id, absl::Duration timeout) {
   v1::GetSessionRequest request;
   request.set_session_id(std::string(session_id));
+  return GetSession(request, timeout);
+}
+
+absl::StatusOr<v1::GetSessionResponse> Client::GetSession(
+    const v1::GetSessionRequest& request, absl::Duration timeout) {
   return CallWithRetries(&v1::AttentionService::Stub::GetSession, request,
                          timeout, true);
 }

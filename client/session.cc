@@ -193,14 +193,9 @@ absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
   return std::move(retried[0]);
 }
 
-absl::Status Session::ReplicaGoneOr(absl::Status status,
-                                    bool incarnation_checked) const {
+absl::Status Session::ReplicaGoneOr(absl::Status status, bool restarted) const {
   if (status.ok() || replicas_ == nullptr) return status;
   const bool unreachable = absl::IsUnavailable(status);
-  // A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole
-  // only for that incarnation (a step's own refusals are in its result).
-  const bool restarted =
-      incarnation_checked && absl::IsFailedPrecondition(status);
   if (!unreachable && !restarted) return status;
   absl::Status gone = absl::AbortedError(absl::StrCat(
       "session ", id(), "'s replica ", replica_.name(), " (incarnation ",
@@ -212,6 +207,19 @@ absl::Status Session::ReplicaGoneOr(absl::Status status,
       "hook)"));
   gone.SetPayload(kReplicaGonePayload, absl::Cord(address_));
   return gone;
+}
+
+bool Session::RefusedForIncarnation(const absl::Status& status,
+                                    absl::Time deadline) const {
+  if (!absl::IsFailedPrecondition(status) || replica_.incarnation().empty() ||
+      replicas_ == nullptr) {
+    return false;
+  }
+  v1::GetSessionRequest request;
+  request.set_session_id(id());
+  request.set_replica_incarnation(replica_.incarnation());
+  return absl::IsFailedPrecondition(
+      client_->GetSession(request, Remaining(deadline)).status());
 }
 
 absl::Status Session::Rebuild(absl::Duration timeout) {
@@ -293,13 +301,18 @@ absl::StatusOr<StepOutput> Session::Attend(int64_t layer, v1::Tensor key,
 absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
                                       absl::Duration timeout,
                                       int64_t ttl_seconds) const {
+  const absl::Time deadline = absl::Now() + timeout;
   v1::ForkSessionRequest request;
   request.set_session_id(id());
   if (length) request.set_length(*length);
   request.set_ttl_seconds(ttl_seconds);
+  request.set_replica_incarnation(replica_.incarnation());
   absl::StatusOr<v1::ForkSessionResponse> response =
       client_->ForkSession(request, timeout);
-  if (!response.ok()) return ReplicaGoneOr(response.status());
+  if (!response.ok()) {
+    return ReplicaGoneOr(response.status(),
+                         RefusedForIncarnation(response.status(), deadline));
+  }
   ATTNSERVE_ASSIGN_OR_RETURN(Session child,
                              FromServer(client_, response->session(), ""));
   child.replica_ = response->replica();
@@ -309,12 +322,17 @@ absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
 }
 
 absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   v1::TruncateSessionRequest request;
   request.set_session_id(id());
   request.set_length(length);
+  request.set_replica_incarnation(replica_.incarnation());
   absl::StatusOr<v1::TruncateSessionResponse> response =
       client_->TruncateSession(request, timeout);
-  if (!response.ok()) return ReplicaGoneOr(response.status());
+  if (!response.ok()) {
+    return ReplicaGoneOr(response.status(),
+                         RefusedForIncarnation(response.status(), deadline));
+  }
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
   Adopt(response->session());
@@ -323,20 +341,32 @@ absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
 
 absl::Status Session::Delete(absl::Duration timeout) {
   int attempts = 0;
+  v1::DeleteSessionRequest request;
+  request.set_session_id(id());
+  request.set_replica_incarnation(replica_.incarnation());
   absl::StatusOr<v1::DeleteSessionResponse> response =
-      client_->DeleteSession(id(), timeout, &attempts);
+      client_->DeleteSession(request, timeout, &attempts);
+  // DeleteSession fails FAILED_PRECONDITION only for the incarnation.
   if (!response.ok() &&
       !(attempts > 1 && absl::IsNotFound(response.status()))) {
-    return ReplicaGoneOr(response.status());
+    return ReplicaGoneOr(response.status(),
+                         absl::IsFailedPrecondition(response.status()));
   }
   deleted_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Session::Sync(absl::Duration timeout) {
+  v1::GetSessionRequest request;
+  request.set_session_id(id());
+  request.set_replica_incarnation(replica_.incarnation());
   absl::StatusOr<v1::GetSessionResponse> response =
-      client_->GetSession(id(), timeout);
-  if (!response.ok()) return ReplicaGoneOr(response.status());
+      client_->GetSession(request, timeout);
+  // GetSession fails FAILED_PRECONDITION only for the incarnation.
+  if (!response.ok()) {
+    return ReplicaGoneOr(response.status(),
+                         absl::IsFailedPrecondition(response.status()));
+  }
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
   Adopt(response->session());
@@ -422,8 +452,12 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     for (const auto& [key, indices] : groups) {
       key.first->uncertain_[key.second] = true;
     }
+    // A Step call carrying an incarnation fails FAILED_PRECONDITION as a
+    // whole only for that incarnation (a step's own refusals are in its
+    // result).
     return steps[0].session->ReplicaGoneOr(
-        response.status(), !request.replica_incarnation().empty());
+        response.status(), !request.replica_incarnation().empty() &&
+                               absl::IsFailedPrecondition(response.status()));
   }
 
   StepManyResults results(n, absl::UnknownError("unset"));
@@ -522,6 +556,14 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
                                           " (and asking the server for the "
                                           "session's lengths failed: ",
                                           lookup_error.ToString(), ")"));
+      } else if (absl::IsNotFound(error) &&
+                 !session->replica_.incarnation().empty() &&
+                 !response->replica().incarnation().empty() &&
+                 response->replica().incarnation() !=
+                     session->replica_.incarnation()) {
+        // A call of sessions from several incarnations carries none: the
+        // answering process names its own.
+        error = session->ReplicaGoneOr(std::move(error), true);
       } else if (j < refused && landed_end && *landed_end != start) {
         error = absl::FailedPreconditionError(absl::StrCat(
             "session ", session->id(), " layer ", layer, " holds ", *landed_end,

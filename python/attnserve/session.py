@@ -136,14 +136,13 @@ class Session:
         self.rebuild(timeout)
         return self._step(layer, key, value, query, input_dtype, timeout, options)
 
-    def _gone_or(self, error, incarnation_checked=False):
+    def _gone_or(self, error, restarted=False):
         """`error` as a ReplicaGoneError when it says a pinned session's replica is gone:
-        UNAVAILABLE past the retries, or, for a Step call that carried the incarnation (which
-        fails FAILED_PRECONDITION as a whole only for that), a restarted replica."""
+        UNAVAILABLE past the retries, or `restarted` (the caller's reading of it: a restarted
+        replica's refusal of the incarnation the call carried)."""
         if self._replicas is None:
             return error
         unreachable = error.code == grpc.StatusCode.UNAVAILABLE
-        restarted = incarnation_checked and error.code == grpc.StatusCode.FAILED_PRECONDITION
         if not (unreachable or restarted):
             return error
         return ReplicaGoneError(
@@ -153,6 +152,26 @@ class Session:
             f"({error.message}); "
             f"create the session again elsewhere (rebuild(), or a rebuild_hook)",
             self.address)
+
+    def _refused_for_incarnation(self, error, timeout):
+        """Whether `error`, a ForkSession's or TruncateSession's that carried the incarnation,
+        is a restarted replica's refusal of it. Those answer FAILED_PRECONDITION for evicted
+        tokens too: a GetSession carrying the incarnation, which fails so for nothing else,
+        tells them apart."""
+        if (error.code != grpc.StatusCode.FAILED_PRECONDITION or not self.replica.incarnation
+                or self._replicas is None):
+            return False
+        try:
+            self._get(timeout)
+        except AttnserveError as probe:
+            return probe.code == grpc.StatusCode.FAILED_PRECONDITION
+        return False
+
+    def _get(self, timeout):
+        """GetSession of this session, carrying its incarnation."""
+        request = pb2.GetSessionRequest(session_id=self.id,
+                                        replica_incarnation=self.replica.incarnation)
+        return self._client.call("GetSession", request, timeout).session
 
     def rebuild(self, timeout=None):
         """Creates the session anew (same shape, a new id) on the next replica in rendezvous
@@ -202,7 +221,10 @@ class Session:
                 timeout)
         except AttnserveError as error:
             self._uncertain[layer] = True
-            raise self._gone_or(error, bool(self.replica.incarnation)) from None
+            # A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole only
+            # for that (a step's own refusals are in its result).
+            raise self._gone_or(error, bool(self.replica.incarnation) and
+                                error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
         result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)
@@ -217,7 +239,11 @@ class Session:
 
     def _recover(self, layer, step, tokens, refusal, timeout):
         expected = step.expected_length
-        lengths = _checked_info(self._client.get_session(self.id, timeout), self.id).lengths
+        try:
+            lengths = _checked_info(self._get(timeout), self.id).lengths
+        except AttnserveError as error:
+            raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
+                from None
         if len(lengths) != len(self.lengths):
             raise AttnserveError(grpc.StatusCode.INTERNAL,
                                  f"the server described session {self.id} with "
@@ -240,7 +266,9 @@ class Session:
         again = pb2.SessionStep(session_id=self.id, layer=layer, expected_length=held,
                                 options=step.options)
         again.query.CopyFrom(step.query)
-        response = self._client.call("Step", pb2.StepRequest(steps=[again]), timeout)
+        response = self._client.call(
+            "Step", pb2.StepRequest(steps=[again], replica_incarnation=self.replica.incarnation),
+            timeout)
         result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             raise AttnserveError(_code(result.error.code), result.error.message)
@@ -251,7 +279,8 @@ class Session:
         """A new session sharing this one's first `length` tokens of every layer (all when
         None); retried only with RetryPolicy.retry_session_creation."""
         request = pb2.ForkSessionRequest(session_id=self.id,
-                                         ttl_seconds=_integer(ttl_seconds, "ttl_seconds"))
+                                         ttl_seconds=_integer(ttl_seconds, "ttl_seconds"),
+                                         replica_incarnation=self.replica.incarnation)
         if length is not None:
             request.length = _integer(length, "length")
         try:
@@ -259,7 +288,7 @@ class Session:
                 "ForkSession", request, timeout,
                 retryable=self._client._retry.retry_session_creation)
         except AttnserveError as error:
-            raise self._gone_or(error) from None
+            raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
         child = Session(self._client, response.session, response.replica)
         child._pin(self._replicas, self.address, self._create_options)
         return child
@@ -267,24 +296,35 @@ class Session:
     def truncate(self, length, timeout=None):
         """Keeps every layer's first `length` tokens."""
         request = pb2.TruncateSessionRequest(session_id=self.id,
-                                             length=_integer(length, "length"))
+                                             length=_integer(length, "length"),
+                                             replica_incarnation=self.replica.incarnation)
         try:
-            self._adopt(self._client.call("TruncateSession", request, timeout).session)
+            info = self._client.call("TruncateSession", request, timeout).session
         except AttnserveError as error:
-            raise self._gone_or(error) from None
+            raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
+        self._adopt(info)
 
     def sync(self, timeout=None):
         """Takes the server's lengths (after a step given up, or another writer)."""
-        self._adopt(self._client.get_session(self.id, timeout))
+        try:
+            info = self._get(timeout)
+        except AttnserveError as error:
+            # GetSession fails FAILED_PRECONDITION only for the incarnation.
+            raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
+                from None
+        self._adopt(info)
 
     def delete(self, timeout=None):
         """Deletes the session; NOT_FOUND after a retried call counts as done."""
-        request = pb2.DeleteSessionRequest(session_id=self.id)
+        request = pb2.DeleteSessionRequest(session_id=self.id,
+                                           replica_incarnation=self.replica.incarnation)
         try:
             self._client.call_counting("DeleteSession", request, timeout)
         except AttnserveError as error:
             if error.code != grpc.StatusCode.NOT_FOUND or error.attempts < 2:
-                raise self._gone_or(error) from None
+                # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
+                raise self._gone_or(
+                    error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
 
     def _adopt(self, info):
         self.info = _checked_info(info, self.id)

@@ -1,7 +1,8 @@
 """attnserve.Replicas and ShardedSession against three live replicas: placement by rendezvous
 hashing (the same weights as the C++ library's), pinning, a killed replica told apart and
-rebuilt through the caller's hook, a restarted one refused by incarnation, and a sharded
-session equal to the float64 reference."""
+rebuilt through the caller's hook, a restarted one told by every call of a session (and the
+new session that took its id untouched), and a sharded session equal to the float64
+reference."""
 import signal
 import time
 
@@ -115,6 +116,41 @@ def test_sessions_are_pinned_told_gone_and_rebuilt(three):
             if address != victim:
                 for s in held:
                     decode(sessions[s], models[s])
+
+
+def test_a_restarted_replica_is_told_by_every_call_and_its_new_session_untouched():
+    first = Server("--replica_name=py-r")
+    second = None
+    try:
+        with attnserve.Replicas(f"ipv4:{first.target}",
+                                retry=attnserve.RetryPolicy(max_attempts=2)) as replicas:
+            stale = replicas.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                            key_dim=D)
+            model = Model()
+            k, v = model.append(3)
+            stale.step(0, key=k, value=v)
+            first.stop()
+            # The same name and address, another process; another caller takes the id.
+            second = Server("--replica_name=py-r", f"--port={first.port}")
+            grpc.channel_ready_future(replicas.client(first.target)._channel).result(10)
+            with attnserve.Client(second.target) as other:
+                taken = other.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                             key_dim=D, session_id=stale.id)
+                taken.step(0, key=uniform(HKV, 2, D), value=uniform(HKV, 2, D))
+                for call in (lambda: stale.truncate(1), stale.fork, stale.sync, stale.delete,
+                             lambda: decode(stale, model)):
+                    with pytest.raises(attnserve.ReplicaGoneError) as gone:
+                        call()
+                    assert gone.value.code == grpc.StatusCode.ABORTED
+                    assert "it restarted" in gone.value.message, gone.value.message
+                    assert "this is replica py-r" in gone.value.message
+                # The new session never saw the stale handle's calls.
+                assert list(other.get_session(stale.id).lengths) == [2]
+                assert len(other.list_sessions()) == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
 
 
 def test_a_sharded_session_refuses_positional_variants(three):

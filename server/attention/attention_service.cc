@@ -554,6 +554,7 @@ void AttentionServiceImpl::ServeStep(const Call& call,
     return Finish(call, steps.status(), response);
   }
   metrics_->StepsPerCall(request.steps_size());
+  DescribeReplica(sessions_->replica(), response->mutable_replica());
   const absl::Status held = HoldComputeMemory(call, steps->memory_bytes);
   if (!held.ok()) {
     response->Clear();
@@ -572,12 +573,22 @@ void AttentionServiceImpl::ServeStep(const Call& call,
       call.started, flops, response->mutable_timing(), std::move(compute)));
 }
 
+absl::Status AttentionServiceImpl::SameIncarnation(
+    absl::string_view requested) const {
+  return CheckReplicaIncarnation(requested, sessions_->replica(),
+                                 "the session is");
+}
+
 void AttentionServiceImpl::ServeForkSession(
     const Call& call, const v1::ForkSessionRequest& request,
     v1::ForkSessionResponse* response) {
   absl::StatusOr<ForkPlan> plan =
       ValidateForkSession(request, sessions_->options());
   if (!plan.ok()) return Finish(call, plan.status(), response);
+  if (absl::Status same = SameIncarnation(request.replica_incarnation());
+      !same.ok()) {
+    return Finish(call, same, response);
+  }
   absl::StatusOr<SessionDescription> forked = sessions_->Fork(
       Owner(call), request.session_id(), plan->length, plan->ttl);
   if (forked.ok()) {
@@ -590,7 +601,8 @@ void AttentionServiceImpl::ServeForkSession(
 void AttentionServiceImpl::ServeTruncateSession(
     const Call& call, const v1::TruncateSessionRequest& request,
     v1::TruncateSessionResponse* response) {
-  const absl::Status valid = ValidateTruncateSession(request);
+  absl::Status valid = ValidateTruncateSession(request);
+  if (valid.ok()) valid = SameIncarnation(request.replica_incarnation());
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<SessionDescription> truncated =
       sessions_->Truncate(Owner(call), request.session_id(), request.length());
@@ -601,8 +613,8 @@ void AttentionServiceImpl::ServeTruncateSession(
 void AttentionServiceImpl::ServeDeleteSession(
     const Call& call, const v1::DeleteSessionRequest& request,
     v1::DeleteSessionResponse* response) {
-  const absl::Status valid =
-      ValidateSessionId("session_id", request.session_id());
+  absl::Status valid = ValidateSessionId("session_id", request.session_id());
+  if (valid.ok()) valid = SameIncarnation(request.replica_incarnation());
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<SessionDescription> deleted =
       sessions_->Delete(Owner(call), request.session_id());
@@ -613,8 +625,8 @@ void AttentionServiceImpl::ServeDeleteSession(
 void AttentionServiceImpl::ServeGetSession(const Call& call,
                                            const v1::GetSessionRequest& request,
                                            v1::GetSessionResponse* response) {
-  const absl::Status valid =
-      ValidateSessionId("session_id", request.session_id());
+  absl::Status valid = ValidateSessionId("session_id", request.session_id());
+  if (valid.ok()) valid = SameIncarnation(request.replica_incarnation());
   if (!valid.ok()) return Finish(call, valid, response);
   absl::StatusOr<SessionDescription> got =
       sessions_->Get(Owner(call), request.session_id());

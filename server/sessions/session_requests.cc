@@ -243,6 +243,20 @@ absl::Status ValidateTruncateSession(
   return absl::OkStatus();
 }
 
+absl::Status CheckReplicaIncarnation(absl::string_view requested,
+                                     const ReplicaIdentity& replica,
+                                     absl::string_view what) {
+  if (requested.empty() || requested == replica.incarnation) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "replica_incarnation is ", EchoText(requested), ", but this is replica ",
+      replica.name, " incarnation ", replica.incarnation, ": ", what,
+      " another process's (this replica restarted since, and its sessions went "
+      "with it; or the call reached another replica: pin sessions to "
+      "theirs)"));
+}
+
 void DescribeReplica(const ReplicaIdentity& replica,
                      v1::ReplicaIdentity* message) {
   message->set_name(replica.name);

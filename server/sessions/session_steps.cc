@@ -222,20 +222,19 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
                      most, "; split the call"));
   }
   const ReplicaIdentity& replica = store.replica();
-  if (!request.replica_incarnation().empty() &&
-      request.replica_incarnation() != replica.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "replica_incarnation is ", EchoText(request.replica_incarnation()),
-        ", but this is replica ", replica.name, " incarnation ",
-        replica.incarnation,
-        ": the steps' sessions are another process's (this replica restarted "
-        "since they were created, and they went with it; or the call reached "
-        "another replica: pin sessions to theirs)"));
+  if (absl::Status same = CheckReplicaIncarnation(
+          request.replica_incarnation(), replica, "the steps' sessions are");
+      !same.ok()) {
+    return same;
   }
   StepCall call;
   call.steps.reserve(static_cast<size_t>(count));
   response->mutable_results()->Reserve(static_cast<int>(count));
-  int64_t response_bytes = kResponseOverheadBytes;
+  // The answering replica's identity, with its field and length tags.
+  int64_t response_bytes =
+      kResponseOverheadBytes +
+      static_cast<int64_t>(replica.name.size() + replica.incarnation.size()) +
+      16;
   std::vector<PagedAttend> sizes;  // The kernel's view of the queries' sizes.
   for (int i = 0; i < static_cast<int>(count); ++i) {
     const v1::SessionStep& step = request.steps(i);

@@ -515,6 +515,36 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   EXPECT_THAT(std::string(gone.message()), HasSubstr("it restarted"));
   EXPECT_THAT(std::string(gone.message()),
               HasSubstr(absl::StrCat("this is replica ", victim_name)));
+  // Every other call of a pinned session carries the incarnation and says
+  // so too (a fork or truncation, which a window may also refuse
+  // FAILED_PRECONDITION, asks GetSession to tell them apart).
+  const auto expect_restarted = [&](const absl::Status& status) {
+    EXPECT_TRUE(IsReplicaGone(status)) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("it restarted"));
+  };
+  expect_restarted(sessions[c].Truncate(1, kTimeout));
+  expect_restarted(sessions[c].Fork(std::nullopt, kTimeout).status());
+  expect_restarted(sessions[c].Sync(kTimeout));
+  expect_restarted(sessions[a].Delete(kTimeout));
+  EXPECT_FALSE(sessions[a].deleted());
+  // A StepMany of sessions from both incarnations carries none: the stale
+  // session's step is told gone, the new one's answered.
+  absl::StatusOr<Session> fresh =
+      Session::Create((*replicas)->client(victim), SmallSession(), kTimeout);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  SessionModel fresh_model;
+  auto [fresh_key, fresh_value] = fresh_model.Append(2, 7500);
+  auto [stale_key, stale_value] = models[a].Append(1, 7600);
+  std::vector<SessionStepInputs> mixed;
+  mixed.push_back({&*fresh, AppendInputs(0, fresh_key, fresh_value)});
+  mixed.push_back({&sessions[a], AppendInputs(0, stale_key, stale_value)});
+  absl::StatusOr<StepManyResults> stepped =
+      StepMany(std::move(mixed), kTimeout);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  ASSERT_EQ(stepped->size(), 2u);
+  EXPECT_TRUE((*stepped)[0].ok()) << (*stepped)[0].status();
+  EXPECT_EQ(fresh->length(0), 2);
+  expect_restarted((*stepped)[1].status());
   // Rebuilt by hand (no hook: the layers come back empty).
   ASSERT_TRUE(sessions[c].Rebuild(kTimeout).ok());
   EXPECT_EQ(sessions[c].length(0), 0);

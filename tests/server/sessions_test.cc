@@ -1105,6 +1105,100 @@ TEST_F(SessionsTest, SessionsNameTheirReplicaAndARestartIsTold) {
   EXPECT_LT(long_one.error_message().size(), 700u);
 }
 
+// A session id can come back after a restart (the caller chooses it, and the
+// removed ids' list died with the process): a stale handle carrying the old
+// incarnation must not fork, truncate, delete or look up the new session.
+TEST_F(SessionsTest,
+       AStaleHandleNeverReachesASessionThatTookItsIdAfterARestart) {
+  ServerOptions options = Options();
+  options.sessions.replica_name = "replica-b";
+  server_->Shutdown();
+  Start(options);
+  const std::string id = "00112233445566778899aabbccddeeff";
+  v1::CreateSessionRequest create = SmallSession();
+  create.set_session_id(id);
+  v1::CreateSessionResponse first;
+  ASSERT_TRUE(Create(create, &first).ok());
+  const std::string old_incarnation = first.replica().incarnation();
+
+  server_->Shutdown();
+  server_.reset();
+  Start(options);
+  v1::CreateSessionResponse second;
+  ASSERT_TRUE(Create(create, &second).ok());
+  const std::string incarnation = second.replica().incarnation();
+  ASSERT_NE(incarnation, old_incarnation);
+  // The new session holds tokens; the answer names the process.
+  v1::StepRequest append;
+  v1::SessionStep* step = append.add_steps();
+  step->set_session_id(id);
+  *step->mutable_key() = MakeFloat32Tensor({2, 3, 8}, RandomValues(48, 1));
+  *step->mutable_value() = MakeFloat32Tensor({2, 3, 8}, RandomValues(48, 2));
+  v1::StepResponse appended;
+  ASSERT_TRUE(Step(append, &appended).ok());
+  ASSERT_FALSE(appended.results(0).has_error());
+  EXPECT_EQ(appended.replica().name(), "replica-b");
+  EXPECT_EQ(appended.replica().incarnation(), incarnation);
+
+  const std::string refusal =
+      absl::StrCat("replica_incarnation is \"", old_incarnation,
+                   "\", but this is replica replica-b incarnation ",
+                   incarnation, ": the session is another process's");
+  v1::TruncateSessionRequest truncate;
+  truncate.set_session_id(id);
+  truncate.set_replica_incarnation(old_incarnation);
+  v1::TruncateSessionResponse truncated;
+  grpc::Status status =
+      stub_->TruncateSession(Context().get(), truncate, &truncated);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr(refusal));
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(id);
+  fork.set_replica_incarnation(old_incarnation);
+  v1::ForkSessionResponse forked;
+  status = stub_->ForkSession(Context().get(), fork, &forked);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr(refusal));
+  v1::DeleteSessionRequest del;
+  del.set_session_id(id);
+  del.set_replica_incarnation(old_incarnation);
+  v1::DeleteSessionResponse deleted;
+  status = stub_->DeleteSession(Context().get(), del, &deleted);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr(refusal));
+  v1::GetSessionRequest get;
+  get.set_session_id(id);
+  get.set_replica_incarnation(old_incarnation);
+  v1::GetSessionResponse got;
+  status = stub_->GetSession(Context().get(), get, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr(refusal));
+
+  // Untouched: still 3 tokens, no child; its own incarnation reaches it.
+  get.set_replica_incarnation(incarnation);
+  ASSERT_TRUE(stub_->GetSession(Context().get(), get, &got).ok());
+  ASSERT_EQ(got.session().lengths_size(), 1);
+  EXPECT_EQ(got.session().lengths(0), 3);
+  v1::ListSessionsResponse listed;
+  ASSERT_TRUE(
+      stub_->ListSessions(Context().get(), v1::ListSessionsRequest(), &listed)
+          .ok());
+  EXPECT_EQ(listed.sessions_size(), 1);
+  truncate.set_replica_incarnation(incarnation);
+  truncate.set_length(1);
+  ASSERT_TRUE(
+      stub_->TruncateSession(Context().get(), truncate, &truncated).ok());
+  EXPECT_EQ(truncated.session().lengths(0), 1);
+  fork.set_replica_incarnation(incarnation);
+  ASSERT_TRUE(stub_->ForkSession(Context().get(), fork, &forked).ok());
+  del.set_replica_incarnation(incarnation);
+  ASSERT_TRUE(stub_->DeleteSession(Context().get(), del, &deleted).ok());
+  // Empty: not checked.
+  del.set_session_id(forked.session().session_id());
+  del.clear_replica_incarnation();
+  EXPECT_TRUE(stub_->DeleteSession(Context().get(), del, &deleted).ok());
+}
+
 // A caller may choose the id (to place the session by its hash before it
 // knows the replica): it must look random, and be new.
 TEST_F(SessionsTest, ACallerChosenSessionIdIsUsedOnceAndChecked) {

@@ -217,8 +217,13 @@ class Client {
   absl::StatusOr<v1::DeleteSessionResponse> DeleteSession(
       absl::string_view session_id, absl::Duration timeout,
       int* attempts = nullptr);
+  absl::StatusOr<v1::DeleteSessionResponse> DeleteSession(
+      const v1::DeleteSessionRequest& request, absl::Duration timeout,
+      int* attempts = nullptr);
   absl::StatusOr<v1::GetSessionResponse> GetSession(
       absl::string_view session_id, absl::Duration timeout);
+  absl::StatusOr<v1::GetSessionResponse> GetSession(
+      const v1::GetSessionRequest& request, absl::Duration timeout);
   // The caller's sessions, by creation time: every page of them (the server
   // answers as many as fit in a message), in one response, within `timeout`.
   absl::StatusOr<v1::ListSessionsResponse> ListSessions(absl::Duration timeout);

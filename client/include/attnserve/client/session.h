@@ -220,12 +220,17 @@ class Session {
   // Takes `info` as the server's word: lengths and metadata.
   void Adopt(const v1::SessionInfo& info);
   // `status`, from a call to this session's replica, as the replica-gone
-  // error when it says the replica is: UNAVAILABLE past the retries, or (for
-  // a Step call that carried the incarnation, `incarnation_checked`) a
-  // restarted replica's refusal of it. Only for a pinned session; otherwise
-  // (and for other errors) `status` as is.
-  absl::Status ReplicaGoneOr(absl::Status status,
-                             bool incarnation_checked = false) const;
+  // error when it says the replica is: UNAVAILABLE past the retries, or
+  // `restarted` (the caller's reading of it: a restarted replica's refusal
+  // of the incarnation the call carried). Only for a pinned session;
+  // otherwise (and for other errors) `status` as is.
+  absl::Status ReplicaGoneOr(absl::Status status, bool restarted = false) const;
+  // Whether `status`, a ForkSession's or TruncateSession's that carried the
+  // incarnation, is a restarted replica's refusal of it. Those answer
+  // FAILED_PRECONDITION for evicted tokens too: a GetSession carrying the
+  // incarnation, which fails so for nothing else, tells them apart.
+  bool RefusedForIncarnation(const absl::Status& status,
+                             absl::Time deadline) const;
 
   Client* client_ = nullptr;
   v1::SessionInfo info_;

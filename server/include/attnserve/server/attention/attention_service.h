@@ -203,6 +203,8 @@ class AttentionServiceImpl final {
                           v1::CreateSessionResponse* response);
   void ServeStep(const Call& call, const v1::StepRequest& request,
                  v1::StepResponse* response);
+  // CheckReplicaIncarnation for one session's request.
+  absl::Status SameIncarnation(absl::string_view requested) const;
   void ServeForkSession(const Call& call, const v1::ForkSessionRequest& request,
                         v1::ForkSessionResponse* response);
   void ServeTruncateSession(const Call& call,

@@ -36,6 +36,14 @@ absl::StatusOr<ForkPlan> ValidateForkSession(
 
 absl::Status ValidateTruncateSession(const v1::TruncateSessionRequest& request);
 
+// FAILED_PRECONDITION naming both unless `requested` (a request's
+// replica_incarnation) is empty or `replica`'s incarnation: `what` ("the
+// session is", "the steps' sessions are") went with the process that created
+// it.
+absl::Status CheckReplicaIncarnation(absl::string_view requested,
+                                     const ReplicaIdentity& replica,
+                                     absl::string_view what);
+
 // The replica's identity as CreateSession, ForkSession and GetSession report
 // it.
 void DescribeReplica(const ReplicaIdentity& replica,

@@ -172,6 +172,14 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
       continue;
     }
     if (flag == nullptr) {
+      // "-5": a negative number where an argument was meant.
+      if (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
+          name[0] == '.') {
+        return absl::StrCat(
+            EchoText(argv[i]),
+            " reads as a flag, not a negative number: put it after \"--\" "
+            "(arguments after it are never flags)");
+      }
       return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
                           "; --help lists the flags");
     }

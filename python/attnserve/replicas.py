@@ -14,12 +14,13 @@ with a rebuild hook, recreates the session on the next replica and sends the ste
 import concurrent.futures
 import os
 import socket
+import threading
 
 import grpc
 import numpy as np
 
 from attnserve.client import AttnserveError, Client, _data_dtype
-from attnserve.session import _layer, _step_options
+from attnserve.session import _holding, _layer, _step_options
 from attnserve.tensors import check_array
 
 _MASK = (1 << 64) - 1
@@ -84,33 +85,47 @@ def _channel_target(address):
 
 
 class Replicas:
-    """One attnserve.Client per address of `target`; client_options go to each Client."""
+    """One attnserve.Client per address of `target`; client_options go to each Client.
+    Thread-safe, as the C++ Replicas is: one may be shared by every thread of a process."""
 
     def __init__(self, target, **client_options):
         self.target = target
         self._options = client_options
+        self._lock = threading.Lock()  # guards _clients, addresses and _closed
         self._clients = {}
+        self._closed = False
         self.addresses = []
         self.refresh()
 
     def refresh(self):
         """Resolves the target again: new addresses get Clients; addresses that left get no
-        new sessions (their Clients stay, for the sessions pinned to them)."""
-        addresses = resolve(self.target)
-        for address in addresses:
-            if address not in self._clients:
-                self._clients[address] = Client(_channel_target(address), **self._options)
-        self.addresses = addresses
+        new sessions (their Clients stay, for the sessions pinned to them). After close(),
+        nothing."""
+        addresses = resolve(self.target)  # outside the lock: DNS may take a while
+        with self._lock:
+            if self._closed:
+                return
+            for address in addresses:
+                if address not in self._clients:
+                    self._clients[address] = Client(_channel_target(address), **self._options)
+            self.addresses = addresses
 
     def client(self, address):
-        return self._clients.get(address)
+        with self._lock:
+            return self._clients.get(address)
 
     def rank(self, key):
         """The addresses by descending rendezvous weight for `key`."""
         return sorted(self.addresses, key=lambda a: rendezvous_weight(a, key), reverse=True)
 
     def close(self):
-        for client in self._clients.values():
+        """Closes every Client, once; sessions pinned to them fail CANCELLED after."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            clients = list(self._clients.values())
+        for client in clients:
             client.close()
 
     def __enter__(self):
@@ -136,7 +151,7 @@ class Replicas:
                     continue
                 asked.add(address)
                 try:
-                    session = self._clients[address].create_session(
+                    session = self.client(address).create_session(
                         session_id=session_id, timeout=timeout, **session_options)
                 except AttnserveError as error:
                     if error.code != grpc.StatusCode.UNAVAILABLE:
@@ -157,7 +172,8 @@ class ShardedSession:
     last appends and attends, the others attend alone) and merges outputs and lse exactly
     (float64). A query of more than one row is refused once the layer spans several shards.
     A window, sinks, ALiBi slopes or RoPE are refused (ValueError): each shard's positions
-    start at 0, so what depends on a key's position in the whole sequence would be wrong."""
+    start at 0, so what depends on a key's position in the whole sequence would be wrong.
+    One may be shared by threads: its calls run one at a time."""
 
     def __init__(self, replicas, shard_tokens, *, timeout=None, **session_options):
         if shard_tokens < 1:
@@ -176,6 +192,8 @@ class ShardedSession:
         self.shard_tokens = shard_tokens
         self.shards = [replicas.create_session(timeout=timeout, **self._options)]
         self.lengths = [0] * len(self.shards[0].lengths)
+        # Held through each step and delete: threads sharing one run them one at a time.
+        self._lock = threading.RLock()
 
     def _ensure(self, index, timeout):
         while len(self.shards) <= index:
@@ -195,74 +213,75 @@ class ShardedSession:
     def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
              **options):
         """As Session.step, over all the shards; returns (output, lse or None, length)."""
-        if (key is None) != (value is None):
-            raise ValueError("give key and value together, or neither")
-        layer = _layer(layer, len(self.lengths))
-        checked = dict(options)  # before any shard is sent a step
-        _data_dtype(checked.pop("input_dtype", None), "input_dtype")
-        _step_options(return_lse=return_lse, **checked)
-        self._check_inputs(key, value, query, options.get("input_dtype"))
-        start = self.lengths[layer]
-        tokens = 0 if key is None else np.asarray(key).shape[1]
-        end = start + tokens
-        used = 0 if end == 0 else (end - 1) // self.shard_tokens + 1
-        if query is not None and used > 1 and np.asarray(query).shape[1] != 1:
-            raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
-                             f"layer that spans {used} shards takes one")
-        if used:
-            self._ensure(used - 1, timeout)
-        last_key = last_value = None
-        at = start
-        while at < end:
-            shard = at // self.shard_tokens
-            to = min(end, (shard + 1) * self.shard_tokens)
-            k, v = key[:, at - start:to - start], value[:, at - start:to - start]
-            if to == end:
-                last_key, last_value = k, v
-                break
-            self.shards[shard].step(layer, key=k, value=v, timeout=timeout,
-                                    input_dtype=options.get("input_dtype"))
-            self.lengths[layer] = at = to
-        if query is None:
-            if last_key is not None:
-                self.shards[used - 1].step(layer, key=last_key, value=last_value,
-                                           timeout=timeout,
-                                           input_dtype=options.get("input_dtype"))
-                self.lengths[layer] = end
-            return None, None, self.lengths[layer]
-        if not used:
-            result = self.shards[0].step(layer, query=query, timeout=timeout,
-                                         return_lse=return_lse, **options)
-            return result.output, result.lse, result.length
-        options = dict(options, output_dtype="float32")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:
-            futures = [pool.submit(self.shards[s].step, layer, query=query, timeout=timeout,
-                                   return_lse=True, **options) for s in range(used - 1)]
-            futures.append(pool.submit(self.shards[used - 1].step, layer, key=last_key,
-                                       value=last_value, query=query, timeout=timeout,
-                                       return_lse=True, **options))
-        # What stands, whatever failed: the earlier shards are full, and the last one's
-        # Session knows whether its append landed. A step retried after a failure then
-        # never appends twice.
-        self.lengths[layer] = ((used - 1) * self.shard_tokens
-                               + self.shards[used - 1].lengths[layer])
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:
-            if self.lengths[layer] == end and isinstance(failed, AttnserveError):
-                failed.message = (f"{failed.message}; the step's append stands (lengths is "
-                                  f"{end}): send the query again alone")
-                failed.args = (f"{failed.code.name}: {failed.message}",)
-            raise failed
-        parts = [future.result() for future in futures]
-        outputs = np.stack([np.asarray(p.output, dtype=np.float64) for p in parts])
-        lses = np.stack([np.asarray(p.lse, dtype=np.float64) for p in parts])
-        with np.errstate(invalid="ignore", over="ignore"):
-            lse = np.logaddexp.reduce(lses, axis=0)
-            shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
-        output = np.einsum("s...,s...d->...d", shares, outputs)
-        output = np.where(np.isneginf(lse)[..., None], 0.0, output)
-        return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
-                end)
+        with _holding(self._lock, timeout, "the sharded session") as timeout:
+            if (key is None) != (value is None):
+                raise ValueError("give key and value together, or neither")
+            layer = _layer(layer, len(self.lengths))
+            checked = dict(options)  # before any shard is sent a step
+            _data_dtype(checked.pop("input_dtype", None), "input_dtype")
+            _step_options(return_lse=return_lse, **checked)
+            self._check_inputs(key, value, query, options.get("input_dtype"))
+            start = self.lengths[layer]
+            tokens = 0 if key is None else np.asarray(key).shape[1]
+            end = start + tokens
+            used = 0 if end == 0 else (end - 1) // self.shard_tokens + 1
+            if query is not None and used > 1 and np.asarray(query).shape[1] != 1:
+                raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
+                                 f"layer that spans {used} shards takes one")
+            if used:
+                self._ensure(used - 1, timeout)
+            last_key = last_value = None
+            at = start
+            while at < end:
+                shard = at // self.shard_tokens
+                to = min(end, (shard + 1) * self.shard_tokens)
+                k, v = key[:, at - start:to - start], value[:, at - start:to - start]
+                if to == end:
+                    last_key, last_value = k, v
+                    break
+                self.shards[shard].step(layer, key=k, value=v, timeout=timeout,
+                                        input_dtype=options.get("input_dtype"))
+                self.lengths[layer] = at = to
+            if query is None:
+                if last_key is not None:
+                    self.shards[used - 1].step(layer, key=last_key, value=last_value,
+                                               timeout=timeout,
+                                               input_dtype=options.get("input_dtype"))
+                    self.lengths[layer] = end
+                return None, None, self.lengths[layer]
+            if not used:
+                result = self.shards[0].step(layer, query=query, timeout=timeout,
+                                             return_lse=return_lse, **options)
+                return result.output, result.lse, result.length
+            options = dict(options, output_dtype="float32")
+            with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:
+                futures = [pool.submit(self.shards[s].step, layer, query=query, timeout=timeout,
+                                       return_lse=True, **options) for s in range(used - 1)]
+                futures.append(pool.submit(self.shards[used - 1].step, layer, key=last_key,
+                                           value=last_value, query=query, timeout=timeout,
+                                           return_lse=True, **options))
+            # What stands, whatever failed: the earlier shards are full, and the last one's
+            # Session knows whether its append landed. A step retried after a failure then
+            # never appends twice.
+            self.lengths[layer] = ((used - 1) * self.shard_tokens
+                                   + self.shards[used - 1].lengths[layer])
+            failed = next((f.exception() for f in futures if f.exception() is not None), None)
+            if failed is not None:
+                if self.lengths[layer] == end and isinstance(failed, AttnserveError):
+                    failed.message = (f"{failed.message}; the step's append stands (lengths is "
+                                      f"{end}): send the query again alone")
+                    failed.args = (f"{failed.code.name}: {failed.message}",)
+                raise failed
+            parts = [future.result() for future in futures]
+            outputs = np.stack([np.asarray(p.output, dtype=np.float64) for p in parts])
+            lses = np.stack([np.asarray(p.lse, dtype=np.float64) for p in parts])
+            with np.errstate(invalid="ignore", over="ignore"):
+                lse = np.logaddexp.reduce(lses, axis=0)
+                shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
+            output = np.einsum("s...,s...d->...d", shares, outputs)
+            output = np.where(np.isneginf(lse)[..., None], 0.0, output)
+            return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
+                    end)
 
     def _check_inputs(self, key, value, query, input_dtype):
         """Refuses (ValueError) what a shard would refuse, before any shard is sent a piece: a
@@ -286,5 +305,6 @@ class ShardedSession:
                              f"{np.asarray(value).shape[1]}, expected the same")
 
     def delete(self, timeout=None):
-        for shard in self.shards:
-            shard.delete(timeout)
+        with _holding(self._lock, timeout, "the sharded session") as timeout:
+            for shard in self.shards:
+                shard.delete(timeout)

@@ -1,5 +1,8 @@
 """attnserve.Session: a KV-cache session held by the server, from a decode loop's side."""
 import collections
+import contextlib
+import threading
+import time
 
 import grpc
 
@@ -75,6 +78,21 @@ def _step_options(scale=None, precision=None, return_lse=False, output_dtype=Non
     return options
 
 
+@contextlib.contextmanager
+def _holding(lock, timeout, what):
+    """Holds `lock` for one call on `what`, waiting for it within `timeout` (None: as long as
+    it takes); yields the timeout left after the wait."""
+    began = time.monotonic()
+    if not lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+        raise AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"{what} was busy with another thread's call for the whole "
+                             f"timeout of {timeout} s")
+    try:
+        yield None if timeout is None else max(timeout - (time.monotonic() - began), 0)
+    finally:
+        lock.release()
+
+
 def _layer(layer, num_layers):
     """`layer` checked against a session of `num_layers` layers -> int."""
     number = _integer(layer, "layer")
@@ -96,6 +114,9 @@ class Session:
     sent again alone over the same E + T tokens, which gives the lost output
     (StepResult.recovered). Any other length means another writer: AttnserveError
     FAILED_PRECONDITION naming both (sync() takes the server's lengths). One writer per
+    session: no other process, or other Session object of the same id. One Session object may
+    be shared by threads: its calls run one at a time, each waiting (within its timeout) for
+    the one before, so a step waits out another thread's rebuild and goes to the rebuilt
     session.
     """
 
@@ -105,6 +126,8 @@ class Session:
         self.id = info.session_id
         self.lengths = list(info.lengths) or [0] * info.num_layers
         self._uncertain = [False] * len(self.lengths)
+        # Held through each call: a rebuild swaps the id, lengths and replica at once.
+        self._lock = threading.RLock()
         # The process that holds it (ReplicaIdentity: name, incarnation), and where it is
         # pinned when attnserve.Replicas placed it.
         self.replica = replica if replica is not None else pb2.ReplicaIdentity()
@@ -117,6 +140,9 @@ class Session:
         # the session on the next replica and is sent again.
         self.rebuild_hook = None
 
+    def _alone(self, timeout):
+        return _holding(self._lock, timeout, f"session {self.id}")
+
     def _pin(self, replicas, address, create_options):
         self._replicas, self.address, self._create_options = replicas, address, create_options
 
@@ -128,13 +154,14 @@ class Session:
         ("f32", "bf16"), return_lse, output_dtype. Returns a StepResult; raises
         AttnserveError (ReplicaGoneError when a pinned session's replica is gone and there is
         no rebuild hook)."""
-        try:
+        with self._alone(timeout) as timeout:
+            try:
+                return self._step(layer, key, value, query, input_dtype, timeout, options)
+            except ReplicaGoneError:
+                if self.rebuild_hook is None or self._rebuilding:
+                    raise
+            self.rebuild(timeout)
             return self._step(layer, key, value, query, input_dtype, timeout, options)
-        except ReplicaGoneError:
-            if self.rebuild_hook is None or self._rebuilding:
-                raise
-        self.rebuild(timeout)
-        return self._step(layer, key, value, query, input_dtype, timeout, options)
 
     def _gone_or(self, error, restarted=False):
         """`error` as a ReplicaGoneError when it says a pinned session's replica is gone:
@@ -177,27 +204,28 @@ class Session:
         """Creates the session anew (same shape, a new id) on the next replica in rendezvous
         order other than its own, then runs rebuild_hook, if any, to restore the lengths it
         had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed."""
-        if self._replicas is None:
-            raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"session {self.id} was not placed by attnserve.Replicas, "
-                                 f"which alone can rebuild it on another replica")
-        lengths = list(self.lengths)
-        fresh = self._replicas.create_session(avoid={self.address}, timeout=timeout,
-                                              **self._create_options)
-        self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
-        self.lengths, self._uncertain = fresh.lengths, fresh._uncertain
-        self.replica, self.address = fresh.replica, fresh.address
-        if self.rebuild_hook is None:
-            return
-        self._rebuilding = True
-        try:
-            self.rebuild_hook(self, lengths, timeout)
-        finally:
-            self._rebuilding = False
-        if self.lengths != lengths:
-            raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"the rebuild hook left session {self.id} at lengths "
-                                 f"{self.lengths}; the lost session held {lengths}")
+        with self._alone(timeout) as timeout:
+            if self._replicas is None:
+                raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"session {self.id} was not placed by attnserve.Replicas, "
+                                     f"which alone can rebuild it on another replica")
+            lengths = list(self.lengths)
+            fresh = self._replicas.create_session(avoid={self.address}, timeout=timeout,
+                                                  **self._create_options)
+            self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
+            self.lengths, self._uncertain = fresh.lengths, fresh._uncertain
+            self.replica, self.address = fresh.replica, fresh.address
+            if self.rebuild_hook is None:
+                return
+            self._rebuilding = True
+            try:
+                self.rebuild_hook(self, lengths, timeout)
+            finally:
+                self._rebuilding = False
+            if self.lengths != lengths:
+                raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"the rebuild hook left session {self.id} at lengths "
+                                     f"{self.lengths}; the lost session held {lengths}")
 
     def _step(self, layer, key, value, query, input_dtype, timeout, options):
         if (key is None) != (value is None):
@@ -278,53 +306,57 @@ class Session:
     def fork(self, length=None, ttl_seconds=0, timeout=None):
         """A new session sharing this one's first `length` tokens of every layer (all when
         None); retried only with RetryPolicy.retry_session_creation."""
-        request = pb2.ForkSessionRequest(session_id=self.id,
-                                         ttl_seconds=_integer(ttl_seconds, "ttl_seconds"),
-                                         replica_incarnation=self.replica.incarnation)
-        if length is not None:
-            request.length = _integer(length, "length")
-        try:
-            response = self._client.call(
-                "ForkSession", request, timeout,
-                retryable=self._client._retry.retry_session_creation)
-        except AttnserveError as error:
-            raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
-        child = Session(self._client, response.session, response.replica)
-        child._pin(self._replicas, self.address, self._create_options)
-        return child
+        with self._alone(timeout) as timeout:
+            request = pb2.ForkSessionRequest(session_id=self.id,
+                                             ttl_seconds=_integer(ttl_seconds, "ttl_seconds"),
+                                             replica_incarnation=self.replica.incarnation)
+            if length is not None:
+                request.length = _integer(length, "length")
+            try:
+                response = self._client.call(
+                    "ForkSession", request, timeout,
+                    retryable=self._client._retry.retry_session_creation)
+            except AttnserveError as error:
+                raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
+            child = Session(self._client, response.session, response.replica)
+            child._pin(self._replicas, self.address, self._create_options)
+            return child
 
     def truncate(self, length, timeout=None):
         """Keeps every layer's first `length` tokens."""
-        request = pb2.TruncateSessionRequest(session_id=self.id,
-                                             length=_integer(length, "length"),
-                                             replica_incarnation=self.replica.incarnation)
-        try:
-            info = self._client.call("TruncateSession", request, timeout).session
-        except AttnserveError as error:
-            raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
-        self._adopt(info)
+        with self._alone(timeout) as timeout:
+            request = pb2.TruncateSessionRequest(session_id=self.id,
+                                                 length=_integer(length, "length"),
+                                                 replica_incarnation=self.replica.incarnation)
+            try:
+                info = self._client.call("TruncateSession", request, timeout).session
+            except AttnserveError as error:
+                raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
+            self._adopt(info)
 
     def sync(self, timeout=None):
         """Takes the server's lengths (after a step given up, or another writer)."""
-        try:
-            info = self._get(timeout)
-        except AttnserveError as error:
-            # GetSession fails FAILED_PRECONDITION only for the incarnation.
-            raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
-                from None
-        self._adopt(info)
+        with self._alone(timeout) as timeout:
+            try:
+                info = self._get(timeout)
+            except AttnserveError as error:
+                # GetSession fails FAILED_PRECONDITION only for the incarnation.
+                raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
+                    from None
+            self._adopt(info)
 
     def delete(self, timeout=None):
         """Deletes the session; NOT_FOUND after a retried call counts as done."""
-        request = pb2.DeleteSessionRequest(session_id=self.id,
-                                           replica_incarnation=self.replica.incarnation)
-        try:
-            self._client.call_counting("DeleteSession", request, timeout)
-        except AttnserveError as error:
-            if error.code != grpc.StatusCode.NOT_FOUND or error.attempts < 2:
-                # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
-                raise self._gone_or(
-                    error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
+        with self._alone(timeout) as timeout:
+            request = pb2.DeleteSessionRequest(session_id=self.id,
+                                               replica_incarnation=self.replica.incarnation)
+            try:
+                self._client.call_counting("DeleteSession", request, timeout)
+            except AttnserveError as error:
+                if error.code != grpc.StatusCode.NOT_FOUND or error.attempts < 2:
+                    # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
+                    raise self._gone_or(
+                        error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
 
     def _adopt(self, info):
         self.info = _checked_info(info, self.id)

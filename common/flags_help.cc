@@ -177,8 +177,8 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
           name[0] == '.') {
         return absl::StrCat(
             EchoText(argv[i]),
-            " reads as a flag, not a negative number: put it after \"--\" "
-            "(arguments after it are never flags)");
+            " is no flag; a negative number as an argument goes after \"--\", "
+            "after every flag");
       }
       return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
                           "; --help lists the flags");

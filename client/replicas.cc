@@ -232,7 +232,12 @@ absl::StatusOr<Session> Replicas::CreateSession(
         session.replicas_ = this;
         return session;
       }
-      if (!absl::IsUnavailable(created.status())) return created.status();
+      // A replica shutting down cancels the calls it holds: its sessions go
+      // with it, so the next replica is asked, as for one unreachable.
+      if (!absl::IsUnavailable(created.status()) &&
+          !absl::IsCancelled(created.status())) {
+        return created.status();
+      }
       refusals.push_back(
           absl::StrCat(address, ": ", created.status().message()));
     }

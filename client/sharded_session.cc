@@ -93,6 +93,52 @@ absl::Status ShardedSession::EnsureShard(size_t index, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::Status ShardedSession::CheckShards(int64_t layer) const {
+  const int64_t length = lengths_[layer];
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const int64_t before = static_cast<int64_t>(s) * shard_tokens_;
+    const int64_t want = std::clamp<int64_t>(length - before, 0, shard_tokens_);
+    const int64_t held = shards_[s].length(layer);
+    if (held != want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (session ", shards_[s].id(), " at ",
+          shards_[s].address(), ") holds ", held, " tokens of layer ", layer,
+          ", expected ", want, " of its ", length,
+          ": its session was lost (or rebuilt empty), and a sharded session "
+          "cannot get the tokens back; Delete() it and create a new one"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
+                                    int64_t layer, int64_t start, int64_t end,
+                                    bool has_query) {
+  int64_t stands = 0;
+  for (const Session& s : shards_) stands += s.length(layer);
+  lengths_[layer] = stands;
+  std::string told;
+  if (IsReplicaGone(error)) {
+    told =
+        "; the tokens the shard held went with its replica, and a sharded "
+        "session is not rebuilt: Delete() it and create a new one";
+  } else if (end > start && stands == end && has_query) {
+    told = absl::StrCat("; the step's append stands (length() is ", end,
+                        "): send the query again alone");
+  } else if (start < stands && stands < end) {
+    told = absl::StrCat("; the step's first ", stands - start,
+                        " tokens stand (length() is ", stands,
+                        "): send the rest, not the whole step again");
+  }
+  absl::Status failed(
+      error.code(), absl::StrCat("shard ", shard, ": ", error.message(), told));
+  error.ForEachPayload(
+      [&failed](absl::string_view url, const absl::Cord& payload) {
+        failed.SetPayload(url, payload);
+      });
+  return failed;
+}
+
 absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
                                                 absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -107,6 +153,7 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   // appends nothing anywhere (the server would refuse it only at the shard
   // holding its query, after the earlier pieces were appended).
   if (absl::Status valid = CheckInputs(inputs); !valid.ok()) return valid;
+  if (absl::Status held = CheckShards(layer); !held.ok()) return held;
   const int64_t start = lengths_[layer];
   const int64_t end = start + *appended;
   const int64_t query_rows = inputs.query && inputs.query->shape_size() == 3
@@ -147,12 +194,7 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
     if (absl::Status s = shards_[shard].Append(
             layer, std::move(key), std::move(value), Remaining(deadline));
         !s.ok()) {
-      return absl::Status(
-          s.code(),
-          absl::StrCat("appending to shard ", shard, " at token ", from, ": ",
-                       s.message(), "; the step's first ", from - start,
-                       " tokens stand (lengths() is ", from,
-                       "): send the rest, not the whole step again"));
+      return Failed(s, shard, layer, start, end, inputs.query.has_value());
     }
     lengths_[layer] = to;
     from = to;
@@ -162,7 +204,9 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
       const size_t shard = used - 1;
       absl::StatusOr<StepOutput> done =
           shards_[shard].Step(std::move(last), Remaining(deadline));
-      if (!done.ok()) return done.status();
+      if (!done.ok()) {
+        return Failed(done.status(), shard, layer, start, end, false);
+      }
       lengths_[layer] = end;
     }
     StepOutput output;
@@ -205,20 +249,12 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   // What stands, whatever failed: the earlier shards are full, and the last
   // one's Session knows whether its append landed. A step retried after a
   // failure then never appends twice.
-  lengths_[layer] = static_cast<int64_t>(used - 1) * shard_tokens_ +
-                    shards_[used - 1].length(layer);
   for (size_t s = 0; s < parts.size(); ++s) {
     if (!parts[s].ok()) {
-      return absl::Status(
-          parts[s].status().code(),
-          absl::StrCat(
-              "shard ", s, ": ", parts[s].status().message(),
-              lengths_[layer] == end
-                  ? absl::StrCat("; the step's append stands (lengths() is ",
-                                 end, "): send the query again alone")
-                  : std::string()));
+      return Failed(parts[s].status(), s, layer, start, end, true);
     }
   }
+  lengths_[layer] = end;
 
   for (size_t s = 0; s < parts.size(); ++s) {
     if (!parts[s]->output) {
@@ -311,6 +347,7 @@ absl::Status ShardedSession::Delete(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status first;
   for (Session& shard : shards_) {
+    if (shard.deleted()) continue;
     absl::Status deleted = shard.Delete(Remaining(deadline));
     if (first.ok()) first = deleted;
   }

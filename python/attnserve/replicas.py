@@ -15,12 +15,13 @@ import concurrent.futures
 import os
 import socket
 import threading
+import time
 
 import grpc
 import numpy as np
 
 from attnserve.client import AttnserveError, Client, _data_dtype
-from attnserve.session import _holding, _layer, _step_options
+from attnserve.session import ReplicaGoneError, _holding, _layer, _step_options
 from attnserve.tensors import check_array
 
 _MASK = (1 << 64) - 1
@@ -137,8 +138,10 @@ class Replicas:
     def create_session(self, *, avoid=(), timeout=None, session_id=None, **session_options):
         """A session (Client.create_session's options) on the first replica in rendezvous
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
-        (draining or unreachable; the target is resolved again before giving up). Pinned."""
+        (draining or unreachable; the target is resolved again before giving up) or CANCELLED
+        (shutting down), all within `timeout`. Pinned."""
         session_id = session_id or random_session_id()
+        deadline = None if timeout is None else time.monotonic() + timeout
         asked, refusals = set(avoid), []
         for round_ in range(2):
             if round_:
@@ -150,11 +153,15 @@ class Replicas:
                 if address in asked:
                     continue
                 asked.add(address)
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
                 try:
                     session = self.client(address).create_session(
-                        session_id=session_id, timeout=timeout, **session_options)
+                        session_id=session_id, timeout=left, **session_options)
                 except AttnserveError as error:
-                    if error.code != grpc.StatusCode.UNAVAILABLE:
+                    # A replica shutting down cancels the calls it holds: its sessions go
+                    # with it, so the next replica is asked, as for one unreachable.
+                    if error.code not in (grpc.StatusCode.UNAVAILABLE,
+                                          grpc.StatusCode.CANCELLED):
                         raise
                     refusals.append(f"{address}: {error.message}")
                     continue
@@ -212,8 +219,19 @@ class ShardedSession:
 
     def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
              **options):
-        """As Session.step, over all the shards; returns (output, lse or None, length)."""
+        """As Session.step, over all the shards; returns (output, lse or None, length).
+        `timeout` bounds the whole step. After a failure, lengths is what the shards hold,
+        and the error says what of the step stands: its first N tokens (send the rest, not
+        the whole step again), or its whole append with the query unanswered (send the query
+        again alone). A shard whose replica is gone took its tokens with it: the sharded
+        session is not rebuilt, and a step on a layer whose shards no longer hold what
+        lengths says is refused FAILED_PRECONDITION."""
         with _holding(self._lock, timeout, "the sharded session") as timeout:
+            deadline = None if timeout is None else time.monotonic() + timeout
+
+            def left():
+                return None if deadline is None else max(deadline - time.monotonic(), 0)
+
             if (key is None) != (value is None):
                 raise ValueError("give key and value together, or neither")
             layer = _layer(layer, len(self.lengths))
@@ -221,6 +239,7 @@ class ShardedSession:
             _data_dtype(checked.pop("input_dtype", None), "input_dtype")
             _step_options(return_lse=return_lse, **checked)
             self._check_inputs(key, value, query, options.get("input_dtype"))
+            self._check_shards(layer)
             start = self.lengths[layer]
             tokens = 0 if key is None else np.asarray(key).shape[1]
             end = start + tokens
@@ -229,7 +248,7 @@ class ShardedSession:
                 raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
                                  f"layer that spans {used} shards takes one")
             if used:
-                self._ensure(used - 1, timeout)
+                self._ensure(used - 1, left())
             last_key = last_value = None
             at = start
             while at < end:
@@ -239,39 +258,48 @@ class ShardedSession:
                 if to == end:
                     last_key, last_value = k, v
                     break
-                self.shards[shard].step(layer, key=k, value=v, timeout=timeout,
-                                        input_dtype=options.get("input_dtype"))
+                try:
+                    self.shards[shard].step(layer, key=k, value=v, timeout=left(),
+                                            input_dtype=options.get("input_dtype"))
+                except AttnserveError as error:
+                    raise self._failed(error, shard, layer, start, end, query is not None) \
+                        from None
                 self.lengths[layer] = at = to
             if query is None:
                 if last_key is not None:
-                    self.shards[used - 1].step(layer, key=last_key, value=last_value,
-                                               timeout=timeout,
-                                               input_dtype=options.get("input_dtype"))
+                    try:
+                        self.shards[used - 1].step(layer, key=last_key, value=last_value,
+                                                   timeout=left(),
+                                                   input_dtype=options.get("input_dtype"))
+                    except AttnserveError as error:
+                        raise self._failed(error, used - 1, layer, start, end, False) from None
                     self.lengths[layer] = end
                 return None, None, self.lengths[layer]
             if not used:
-                result = self.shards[0].step(layer, query=query, timeout=timeout,
+                result = self.shards[0].step(layer, query=query, timeout=left(),
                                              return_lse=return_lse, **options)
                 return result.output, result.lse, result.length
             options = dict(options, output_dtype="float32")
+            step_left = left()
             with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:
-                futures = [pool.submit(self.shards[s].step, layer, query=query, timeout=timeout,
-                                       return_lse=True, **options) for s in range(used - 1)]
+                futures = [pool.submit(self.shards[s].step, layer, query=query,
+                                       timeout=step_left, return_lse=True, **options)
+                           for s in range(used - 1)]
                 futures.append(pool.submit(self.shards[used - 1].step, layer, key=last_key,
-                                           value=last_value, query=query, timeout=timeout,
+                                           value=last_value, query=query, timeout=step_left,
                                            return_lse=True, **options))
             # What stands, whatever failed: the earlier shards are full, and the last one's
             # Session knows whether its append landed. A step retried after a failure then
             # never appends twice.
-            self.lengths[layer] = ((used - 1) * self.shard_tokens
-                                   + self.shards[used - 1].lengths[layer])
-            failed = next((f.exception() for f in futures if f.exception() is not None), None)
-            if failed is not None:
-                if self.lengths[layer] == end and isinstance(failed, AttnserveError):
-                    failed.message = (f"{failed.message}; the step's append stands (lengths is "
-                                      f"{end}): send the query again alone")
-                    failed.args = (f"{failed.code.name}: {failed.message}",)
+            for s, future in enumerate(futures):
+                failed = future.exception()
+                if failed is None:
+                    continue
+                if isinstance(failed, AttnserveError):
+                    raise self._failed(failed, s, layer, start, end, True) from None
+                self.lengths[layer] = sum(shard.lengths[layer] for shard in self.shards)
                 raise failed
+            self.lengths[layer] = end
             parts = [future.result() for future in futures]
             outputs = np.stack([np.asarray(p.output, dtype=np.float64) for p in parts])
             lses = np.stack([np.asarray(p.lse, dtype=np.float64) for p in parts])
@@ -282,6 +310,44 @@ class ShardedSession:
             output = np.where(np.isneginf(lse)[..., None], 0.0, output)
             return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
                     end)
+
+    def _check_shards(self, layer):
+        """FAILED_PRECONDITION unless every shard holds what lengths says of `layer`: the
+        shards before the last full, the rest empty."""
+        length = self.lengths[layer]
+        for s, shard in enumerate(self.shards):
+            want = min(max(length - s * self.shard_tokens, 0), self.shard_tokens)
+            if shard.lengths[layer] != want:
+                raise AttnserveError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"shard {s} (session {shard.id} at {shard.address}) holds "
+                    f"{shard.lengths[layer]} tokens of layer {layer}, expected {want} of its "
+                    f"{length}: its session was lost (or rebuilt empty), and a sharded session "
+                    f"cannot get the tokens back; delete() it and create a new one")
+
+    def _failed(self, error, shard, layer, start, end, has_query):
+        """`error`, from shard `shard` during a step of `layer` from `start` to `end` tokens,
+        after which lengths is what the shards hold; its message says what of the step
+        stands."""
+        stands = sum(s.lengths[layer] for s in self.shards)
+        self.lengths[layer] = stands
+        if isinstance(error, ReplicaGoneError):
+            told = ("; the tokens the shard held went with its replica, and a sharded session "
+                    "is not rebuilt: delete() it and create a new one")
+        elif end > start and stands == end and has_query:
+            told = f"; the step's append stands (lengths is {end}): send the query again alone"
+        elif start < stands < end:
+            told = (f"; the step's first {stands - start} tokens stand (lengths is {stands}): "
+                    f"send the rest, not the whole step again")
+        else:
+            told = ""
+        message = f"shard {shard}: {error.message}{told}"
+        if isinstance(error, ReplicaGoneError):
+            failed = ReplicaGoneError(message, error.address)
+        else:
+            failed = AttnserveError(error.code, message)
+        failed.attempts = error.attempts
+        return failed
 
     def _check_inputs(self, key, value, query, input_dtype):
         """Refuses (ValueError) what a shard would refuse, before any shard is sent a piece: a
@@ -305,6 +371,18 @@ class ShardedSession:
                              f"{np.asarray(value).shape[1]}, expected the same")
 
     def delete(self, timeout=None):
+        """Deletes every shard not yet deleted; raises the first error after trying them all
+        (a shard whose replica is gone does not keep the others alive)."""
         with _holding(self._lock, timeout, "the sharded session") as timeout:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            first = None
             for shard in self.shards:
-                shard.delete(timeout)
+                if shard.deleted:
+                    continue
+                try:
+                    shard.delete(None if deadline is None
+                                 else max(deadline - time.monotonic(), 0))
+                except AttnserveError as error:
+                    first = first or error
+            if first is not None:
+                raise first

@@ -126,6 +126,7 @@ class Session:
         self.id = info.session_id
         self.lengths = list(info.lengths) or [0] * info.num_layers
         self._uncertain = [False] * len(self.lengths)
+        self.deleted = False  # set by delete()
         # Held through each call: a rebuild swaps the id, lengths and replica at once.
         self._lock = threading.RLock()
         # The process that holds it (ReplicaIdentity: name, incarnation), and where it is
@@ -215,6 +216,7 @@ class Session:
             self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
             self.lengths, self._uncertain = fresh.lengths, fresh._uncertain
             self.replica, self.address = fresh.replica, fresh.address
+            self.deleted = False
             if self.rebuild_hook is None:
                 return
             self._rebuilding = True
@@ -357,6 +359,7 @@ class Session:
                     # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
                     raise self._gone_or(
                         error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
+            self.deleted = True
 
     def _adopt(self, info):
         self.info = _checked_info(info, self.id)

@@ -245,6 +245,65 @@ def test_a_sharded_step_that_failed_half_way_is_not_appended_twice(three):
         assert sharded.lengths == [9]
 
 
+def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_session(three):
+    """A prefill whose later shard failed says which of its tokens stand, and lengths agrees
+    (it said nothing, and the retried step appended them twice, until 2026-12-06); a shard
+    whose replica is gone says the sharded session is not rebuilt, and a shard rebuilt empty
+    by hand is refused rather than merged; delete() deletes every shard it can reach."""
+    target = "ipv4:" + ",".join(server.target for server in three)
+    by_target = {server.target: server for server in three}
+    with attnserve.Replicas(target) as replicas:
+        sharded = attnserve.ShardedSession(replicas, 4, num_layers=1, num_heads=H,
+                                           num_kv_heads=HKV, key_dim=D)
+        keys, values = uniform(HKV, 4, D), uniform(HKV, 4, D)
+        sharded.step(0, key=keys, value=values)
+        sharded._ensure(2, None)  # as a step that failed after making its shards leaves them
+        assert len({shard.address for shard in sharded.shards}) == 3
+        third = by_target[sharded.shards[2].address]
+        k, v = uniform(HKV, 5, D), uniform(HKV, 5, D)
+        third.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(attnserve.AttnserveError,
+                               match=r"^DEADLINE_EXCEEDED: shard 2: .*; the step's first 4 "
+                                     r"tokens stand \(lengths is 8\): send the rest"):
+                sharded.step(0, key=k, value=v, timeout=1.5)
+        finally:
+            third.process.send_signal(signal.SIGCONT)
+        assert sharded.lengths == [8]
+        sharded.step(0, key=k[:, 4:], value=v[:, 4:])  # the rest
+        keys, values = np.concatenate([keys, k], 1), np.concatenate([values, v], 1)
+        q = uniform(H, 1, D)
+        output, _, length = sharded.step(0, query=q)
+        assert length == 9 and [s.lengths[0] for s in sharded.shards] == [4, 4, 1]
+        np.testing.assert_allclose(output, expected_step(q, keys, values), atol=1e-5)
+
+        second = by_target[sharded.shards[1].address]
+        second.process.kill()
+        second.process.wait(30)
+        with pytest.raises(attnserve.ReplicaGoneError) as gone:
+            sharded.step(0, key=k[:, :1], value=v[:, :1], query=q, timeout=10)
+        assert gone.value.message.startswith("shard 1: ")
+        assert "a sharded session is not rebuilt: delete() it" in gone.value.message
+        assert "send the query again" not in gone.value.message
+        assert sharded.lengths == [10]
+        live = [sharded.shards[0], sharded.shards[2]]
+        for _ in range(2):  # the shard on the dead replica fails each time; the rest go
+            with pytest.raises(attnserve.ReplicaGoneError):
+                sharded.delete(timeout=10)
+            for shard in live:
+                assert shard.deleted
+                assert shard.id not in {info.session_id for info in
+                                        replicas.client(shard.address).list_sessions()}
+        # Rebuilt empty by hand, the shard no longer holds its tokens: refused, not merged.
+        sharded.shards[1].rebuild(timeout=10)
+        with pytest.raises(attnserve.AttnserveError,
+                           match=r"shard 1 \(session .*\) holds 0 tokens of layer 0, "
+                                 r"expected 4 of its 10"):
+            sharded.step(0, query=q)
+        sharded.delete(timeout=10)  # the rebuilt shard alone
+        assert sharded.shards[1].deleted
+
+
 def test_a_fork_on_a_draining_replica_says_its_sessions_go_with_it():
     server = Server("--drain_grace_seconds=10", "--replica_name=py-draining")
     try:

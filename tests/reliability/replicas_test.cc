@@ -733,7 +733,8 @@ TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
 // stands and lengths() says so, so the query alone is sent again and nothing
 // is appended twice (it was, until 2026-12-06: the retried step appended its
 // token again, and the output was off by 0.3 with no error). And a shard is
-// still made when every replica to spare is down: on a holder.
+// still made when every replica to spare is down: on a holder; and a shard
+// whose replica is gone ends the sharded session, which deletes the rest.
 TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
   StartReplicas({});
   if (HasFatalFailure()) return;
@@ -778,9 +779,8 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
       sharded->Attend(0, k, v, q, options, absl::Milliseconds(1500));
   replicas_[first]->Signal(SIGCONT);
   ASSERT_FALSE(failed.ok());
-  EXPECT_THAT(
-      std::string(failed.status().message()),
-      ::testing::HasSubstr("the step's append stands (lengths() is 7)"));
+  EXPECT_THAT(std::string(failed.status().message()),
+              ::testing::HasSubstr("the step's append stands (length() is 7)"));
   EXPECT_EQ(sharded->length(0), 7);
   StepInputs again;
   again.layer = 0;
@@ -814,6 +814,35 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
   ASSERT_EQ(sharded->shards().size(), 3u);
   EXPECT_EQ(holding.count(IndexOf(sharded->shards()[2].address())), 1u);
   EXPECT_EQ(sharded->length(0), 9);
+
+  // Shard 0's replica goes, and its tokens with it: the step says the
+  // sharded session is not rebuilt (not "send the query again"), and Delete
+  // deletes every shard it can reach, again and again.
+  const int lost = IndexOf(sharded->shards()[0].address());
+  replicas_[lost]->Signal(SIGKILL);
+  ASSERT_FALSE(replicas_[lost]->Wait(absl::Seconds(10)).ok());
+  auto [k3, v3] = tensors(1, 7400);
+  const absl::StatusOr<StepOutput> gone =
+      sharded->Attend(0, k3, v3, q, options, kTimeout);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_TRUE(IsReplicaGone(gone.status())) << gone.status();
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::StartsWith("shard 0: "));
+  EXPECT_THAT(std::string(gone.status().message()),
+              HasSubstr("a sharded session is not rebuilt: Delete() it"));
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::Not(HasSubstr("send the query again")));
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_TRUE(IsReplicaGone(sharded->Delete(kTimeout)));
+    for (const Session& shard : sharded->shards()) {
+      if (IndexOf(shard.address()) == lost) continue;
+      EXPECT_TRUE(shard.deleted());
+      EXPECT_TRUE(absl::IsNotFound((*replicas)
+                                       ->client(shard.address())
+                                       ->GetSession(shard.id(), kTimeout)
+                                       .status()));
+    }
+  }
 }
 
 }  // namespace

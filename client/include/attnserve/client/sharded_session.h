@@ -32,13 +32,16 @@
 //
 // Each shard keeps Session's retry rules (expected lengths, recovery of lost
 // answers); a shard whose replica is gone fails the step ABORTED
-// (IsReplicaGone). A step whose tensors do not have the session's shapes is
-// refused before any shard is sent a piece; one that fails at a later shard
-// after earlier pieces were appended says how many of its tokens stand
-// (lengths() agrees): send the rest. One whose query failed at another shard
-// while the last shard appended says the append stands (lengths() agrees):
-// send the query alone. With every replica to spare down or draining, a new
-// shard goes on a replica holding one. Windows, sinks, ALiBi and RoPE are
+// (IsReplicaGone), and with it the tokens it held: a sharded session is not
+// rebuilt, and a step on a layer whose shards no longer hold what length()
+// says (a shard's session lost, or rebuilt empty) is refused
+// FAILED_PRECONDITION. A step whose tensors do not have the session's shapes
+// is refused before any shard is sent a piece. After any other failure,
+// length() is what the shards hold and the error says what stands: the
+// step's first N tokens (send the rest, not the whole step again), or its
+// whole append with the query unanswered (send the query again alone). With
+// every replica to spare down or draining, a new shard goes on a replica
+// holding one. Windows, sinks, ALiBi and RoPE are
 // refused at Create (a shard's positions start at 0). Not thread-safe; the
 // Replicas must outlive it.
 #ifndef ATTNSERVE_CLIENT_SHARDED_SESSION_H_
@@ -86,7 +89,8 @@ class ShardedSession {
                                     const v1::StepOptions& options,
                                     absl::Duration timeout);
 
-  // Deletes every shard; the first error, after trying them all.
+  // Deletes every shard not yet deleted; the first error, after trying them
+  // all (a shard whose replica is gone does not keep the others alive).
   absl::Status Delete(absl::Duration timeout);
 
  private:
@@ -97,6 +101,14 @@ class ShardedSession {
   absl::Status CheckInputs(const StepInputs& inputs) const;
   // Creates shards until shard `index` exists.
   absl::Status EnsureShard(size_t index, absl::Time deadline);
+  // FAILED_PRECONDITION unless every shard holds what length(layer) says:
+  // the shards before the last full, the rest empty.
+  absl::Status CheckShards(int64_t layer) const;
+  // `error`, from shard `shard` during a step of `layer` from `start` to
+  // `end` tokens, after which length(layer) is what the shards hold; its
+  // message says what of the step stands.
+  absl::Status Failed(const absl::Status& error, size_t shard, int64_t layer,
+                      int64_t start, int64_t end, bool has_query);
 
   Replicas* replicas_;
   v1::CreateSessionRequest request_;

@@ -427,12 +427,20 @@ absl::StatusOr<AttendWork> ValidatePackedAttendRequest(
                      DimField("key", 1, "Hkv"), ")"));
   }
   const Options& o = request.options();
-  if (o.key_lengths_size() > 0 || o.has_attn_mask() ||
-      o.return_weights() != Options::NONE || o.query_positions_size() > 0 ||
-      o.key_positions_size() > 0) {
-    return absl::InvalidArgumentError(
-        "options.key_lengths, attn_mask, return_weights and positions do not "
-        "combine with packed sequences (cu_seqlens_q/k), expected none");
+  // Each sequence's lengths, mask and positions come from cu_seqlens.
+  const char* set = o.key_lengths_size() > 0 ? "options.key_lengths"
+                    : o.has_attn_mask()      ? "options.attn_mask"
+                    : o.return_weights() != Options::NONE
+                        ? "options.return_weights"
+                    : o.query_positions_size() > 0 ? "options.query_positions"
+                    : o.key_positions_size() > 0   ? "options.key_positions"
+                                                   : nullptr;
+  if (set != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        set,
+        " is set, expected it unset: options.key_lengths, attn_mask, "
+        "return_weights and positions do not combine with packed sequences "
+        "(cu_seqlens_q/k)"));
   }
   if (o.cu_seqlens_q_size() < 2 ||
       o.cu_seqlens_k_size() != o.cu_seqlens_q_size()) {

@@ -108,13 +108,22 @@ absl::StatusOr<int> ChoiceParameter(const std::string& name,
 absl::Status CheckFloatRange(const std::string& name,
                              const InferParameter& parameter) {
   const double value = parameter.double_param();
-  if (!std::isfinite(value) ||
-      std::abs(value) <= std::numeric_limits<float>::max()) {
-    return absl::OkStatus();  // Infinities and NaN are refused by name later.
+  // Infinities and NaN are refused by name later.
+  if (!std::isfinite(value)) return absl::OkStatus();
+  if (std::abs(value) > std::numeric_limits<float>::max()) {
+    return Invalid(absl::StrCat("parameter ", name, " is ", value,
+                                ", expected a finite number within float32's "
+                                "range (at most 3.4e38 in magnitude)"));
   }
-  return Invalid(absl::StrCat("parameter ", name, " is ", value,
-                              ", expected a finite number within float32's "
-                              "range (at most 3.4e38 in magnitude)"));
+  // A value float32 rounds to 0 would be refused (or taken as unset) as 0,
+  // a value the client did not send.
+  if (value != 0 && static_cast<float>(value) == 0) {
+    return Invalid(absl::StrCat(
+        "parameter ", name, " is ", value,
+        ", which float32 rounds to 0; expected 0 or a number of at least "
+        "1.4e-45 in magnitude"));
+  }
+  return absl::OkStatus();
 }
 
 // The request's parameters as options; LSE and WEIGHTS asked as outputs turn
@@ -614,6 +623,13 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
     Rename(&message, absl::StrCat(input, ".data has"),
            absl::StrCat("input ", input,
                         "'s data (raw_input_contents or contents) has"));
+  }
+  // And its datatype is the protocol's.
+  for (const auto& [native, protocol] : {std::pair{"FLOAT32", "FP32"},
+                                         {"BFLOAT16", "BF16"},
+                                         {"FLOAT16", "FP16"}}) {
+    Rename(&message, absl::StrCat("bytes of ", native, ")"),
+           absl::StrCat("bytes of ", protocol, ")"));
   }
   return absl::Status(status.code(), message);
 }

@@ -111,7 +111,9 @@ ABSL_FLAG(bool, accept_compressed_requests,
 ABSL_FLAG(int64_t, max_message_bytes, Defaults().transport.max_message_bytes,
           "Largest request or response message in bytes (at most 2147483647).");
 ABSL_FLAG(int64_t, max_elements, Defaults().limits.max_elements,
-          "Most elements of any one tensor.");
+          "Most elements of any one tensor a request carries (weights "
+          "excepted: max_weights_bytes bounds them), and of a session step's "
+          "output; an Attend's output is bounded by max_request_memory_bytes.");
 ABSL_FLAG(int64_t, max_request_memory_bytes,
           Defaults().limits.max_request_memory_bytes,
           "Most memory one request's compute may allocate (outputs, weights, "

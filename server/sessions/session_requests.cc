@@ -19,15 +19,6 @@ namespace {
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxHeadDim = 4096;
 
-// An id shown in a message: a hostile 1 MB string is cut short, on a UTF-8
-// character boundary (a message must stay UTF-8, or the whole response
-// holding it fails to serialise).
-std::string Quoted(const std::string& id) {
-  return id.size() <= 64 ? absl::StrCat("'", id, "'")
-                         : absl::StrCat("'", CutText(id, 64), "...' (",
-                                        id.size(), " bytes)");
-}
-
 absl::Status CheckRange(absl::string_view field, int64_t value, int64_t low,
                         int64_t high, absl::string_view why = "") {
   if (value >= low && value <= high) return absl::OkStatus();
@@ -96,7 +87,7 @@ absl::Status ValidateVariant(const v1::SessionDefaults& defaults,
 absl::Status ValidateSessionId(absl::string_view field, const std::string& id) {
   if (IsSessionId(id)) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(field, " is ", Quoted(id),
+      absl::StrCat(field, " is ", EchoText(id),
                    ", expected 32 lowercase hex digits (an id CreateSession "
                    "or ForkSession returned)"));
 }
@@ -105,7 +96,7 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
     const v1::CreateSessionRequest& request, const SessionOptions& options) {
   if (!request.session_id().empty() && !IsSessionId(request.session_id())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "session_id is ", Quoted(request.session_id()),
+        "session_id is ", EchoText(request.session_id()),
         ", expected empty (the server draws one) or 32 lowercase hex digits "
         "from a CSPRNG"));
   }
@@ -159,8 +150,9 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
     return s;
   }
   const int64_t ttl_cap = absl::ToInt64Seconds(options.session_ttl);
-  if (absl::Status s = CheckRange("ttl_seconds", request.ttl_seconds(), 0,
-                                  ttl_cap, " (session_ttl; 0 means it)");
+  if (absl::Status s =
+          CheckRange("ttl_seconds", request.ttl_seconds(), 0, ttl_cap,
+                     " (session_ttl_seconds; 0 means it)");
       !s.ok()) {
     return s;
   }
@@ -220,9 +212,10 @@ absl::StatusOr<ForkPlan> ValidateForkSession(
     }
     plan.length = request.length();
   }
-  if (absl::Status s = CheckRange("ttl_seconds", request.ttl_seconds(), 0,
-                                  absl::ToInt64Seconds(options.session_ttl),
-                                  " (session_ttl; 0 means the parent's)");
+  if (absl::Status s =
+          CheckRange("ttl_seconds", request.ttl_seconds(), 0,
+                     absl::ToInt64Seconds(options.session_ttl),
+                     " (session_ttl_seconds; 0 means the parent's)");
       !s.ok()) {
     return s;
   }
@@ -337,7 +330,7 @@ absl::Status ListSessionsPage(const SessionListing& listing,
                           &created_ns) ||
         !IsSessionId(id)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "page_token is ", Quoted(token),
+          "page_token is ", EchoText(token),
           ", expected empty or the next_page_token of a ListSessions answer"));
     }
     while (next < listing.sessions.size() &&

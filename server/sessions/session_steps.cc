@@ -55,7 +55,7 @@ void SetError(int index, const absl::Status& status, v1::StepResult* result) {
 
 absl::Status CheckDims(const std::string& field, const v1::Tensor& tensor,
                        int dim, const char* name, int64_t expected,
-                       const char* why) {
+                       absl::string_view why) {
   return CheckDimEquals(DimField(field, dim, name), tensor.shape(dim), expected,
                         why);
 }
@@ -101,6 +101,7 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
         !s.ok()) {
       return s;
     }
+    const std::string key_tokens = DimField(key, 1, "T");
     for (absl::Status s :
          {CheckElementLimit(key, step.key(), limits.max_elements),
           CheckElementLimit(value, step.value(), limits.max_elements),
@@ -111,7 +112,7 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
           CheckDims(value, step.value(), 0, "Hkv", config.kv_heads,
                     "the session's num_kv_heads"),
           CheckDims(value, step.value(), 1, "T", step.key().shape(1),
-                    "key.shape[1] (T)"),
+                    key_tokens),
           CheckDims(value, step.value(), 2, "Dv", config.value_dim,
                     "the session's value_dim")}) {
       if (!s.ok()) return s;
@@ -153,10 +154,11 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
     }
     const int64_t outputs = config.heads * work->query_len * config.value_dim;
     if (outputs > limits.max_elements) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(prefix, "the output [H, Tq, Dv] would hold ", outputs,
-                       " elements, over the limit of ", limits.max_elements,
-                       " (max_elements)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          DimField(query, 1, "Tq"), " is ", work->query_len,
+          ": the output [H, Tq, Dv] = [", config.heads, ", ", work->query_len,
+          ", ", config.value_dim, "] would hold ", outputs,
+          " elements, over the max_elements limit of ", limits.max_elements));
     }
   } else if (options.return_lse()) {
     return absl::InvalidArgumentError(

@@ -44,9 +44,11 @@ absl::Status CheckDimsAndBytes(absl::string_view field,
   const std::optional<int64_t> bytes =
       elements ? CheckedMultiply(*elements, element_bytes) : std::nullopt;
   if (!bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".shape is ", ShapeString(tensor),
-                     ", expected a product below 2^61 elements"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shape is ", ShapeString(tensor), ": its ",
+        v1::DType_Name(tensor.dtype()),
+        " data would pass 2^63 bytes; expected far fewer elements (the "
+        "server's max_elements caps each tensor)"));
   }
   if (static_cast<int64_t>(tensor.data().size()) != *bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -103,7 +105,9 @@ absl::Status CheckTensorOfRank(absl::string_view field,
   if (tensor.shape_size() < min_rank || tensor.shape_size() > max_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".shape is ", ShapeString(tensor), " with ", tensor.shape_size(),
-        " dimensions, expected ", min_rank, " to ", max_rank));
+        " dimensions, expected ",
+        min_rank == max_rank ? absl::StrCat(min_rank)
+                             : absl::StrCat(min_rank, " to ", max_rank)));
   }
   return CheckDimsAndBytes(field, tensor, {});
 }

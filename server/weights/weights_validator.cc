@@ -13,7 +13,7 @@ namespace {
 // An optional bias: absent, or a vector of `expected` elements.
 absl::Status CheckBias(const std::string& field, bool present,
                        const v1::Tensor& bias, int64_t expected,
-                       const char* why) {
+                       const std::string& why) {
   if (!present) return absl::OkStatus();
   ATTNSERVE_RETURN_IF_ERROR(
       CheckTensor(field, true, bias, kFloatDTypes, {"out"}));
@@ -22,7 +22,12 @@ absl::Status CheckBias(const std::string& field, bool present,
 }
 
 absl::StatusOr<int64_t> PerHead(const std::string& field, int64_t rows,
-                                int64_t heads, const char* heads_field) {
+                                int64_t heads, const std::string& heads_field) {
+  if (heads > rows) {
+    return absl::InvalidArgumentError(absl::StrCat(heads_field, " is ", heads,
+                                                   ", expected a divisor of ",
+                                                   rows, " (", field, ")"));
+  }
   if (rows % heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, " is ", rows, ", expected a multiple of ", heads,
@@ -61,31 +66,33 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
   s.kv_embed_dim = w.w_k().shape(1);
   ATTNSERVE_ASSIGN_OR_RETURN(
       s.key_dim, PerHead(DimField(f + "w_q", 0, "H·Dk"), w.w_q().shape(0),
-                         s.heads, "num_heads"));
+                         s.heads, f + "num_heads"));
   ATTNSERVE_RETURN_IF_ERROR(
       CheckDimEquals(DimField(f + "w_k", 0, "Hkv·Dk"), w.w_k().shape(0),
-                     s.kv_heads * s.key_dim, "num_kv_heads × Dk, Dk from w_q"));
+                     s.kv_heads * s.key_dim,
+                     absl::StrCat(f, "num_kv_heads × Dk, Dk from ", f, "w_q")));
   ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField(f + "w_v", 1, "Ekv"),
                                            w.w_v().shape(1), s.kv_embed_dim,
                                            DimField(f + "w_k", 1, "Ekv")));
   ATTNSERVE_ASSIGN_OR_RETURN(
       s.value_dim, PerHead(DimField(f + "w_v", 0, "Hkv·Dv"), w.w_v().shape(0),
-                           s.kv_heads, "num_kv_heads"));
+                           s.kv_heads, f + "num_kv_heads"));
   ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField(f + "w_o", 0, "E"),
                                            w.w_o().shape(0), s.embed_dim,
                                            DimField(f + "w_q", 1, "E")));
-  ATTNSERVE_RETURN_IF_ERROR(
-      CheckDimEquals(DimField(f + "w_o", 1, "H·Dv"), w.w_o().shape(1),
-                     s.heads * s.value_dim, "num_heads × Dv, Dv from w_v"));
+  ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(
+      DimField(f + "w_o", 1, "H·Dv"), w.w_o().shape(1), s.heads * s.value_dim,
+      absl::StrCat(f, "num_heads × Dv, Dv from ", f, "w_v")));
   ATTNSERVE_RETURN_IF_ERROR(CheckBias(f + "b_q", w.has_b_q(), w.b_q(),
-                                      s.heads * s.key_dim, "w_q.shape[0]"));
+                                      s.heads * s.key_dim, f + "w_q.shape[0]"));
   ATTNSERVE_RETURN_IF_ERROR(CheckBias(f + "b_k", w.has_b_k(), w.b_k(),
-                                      s.kv_heads * s.key_dim, "w_k.shape[0]"));
+                                      s.kv_heads * s.key_dim,
+                                      f + "w_k.shape[0]"));
   ATTNSERVE_RETURN_IF_ERROR(CheckBias(f + "b_v", w.has_b_v(), w.b_v(),
                                       s.kv_heads * s.value_dim,
-                                      "w_v.shape[0]"));
-  ATTNSERVE_RETURN_IF_ERROR(
-      CheckBias(f + "b_o", w.has_b_o(), w.b_o(), s.embed_dim, "E"));
+                                      f + "w_v.shape[0]"));
+  ATTNSERVE_RETURN_IF_ERROR(CheckBias(f + "b_o", w.has_b_o(), w.b_o(),
+                                      s.embed_dim, f + "w_q.shape[1] (E)"));
   if (w.has_rope()) {
     ATTNSERVE_RETURN_IF_ERROR(
         ValidateRotary(RotaryOf(w.rope()), s.key_dim, (f + "rope").c_str()));

@@ -115,21 +115,23 @@ std::vector<MalformedCase> TensorCases() {
              },
              kInvalid,
              {"query.shape is [1073741824, 1073741824, 1073741824, 8]",
-              "expected a product below 2^61 elements"}),
-      Attend("MaxInt64Dimension",
-             [](Request& r) { r.mutable_value()->set_shape(3, kInt64Max); },
-             kInvalid,
-             {"value.shape is [2, 2, 7, 9223372036854775807]", "below 2^61"}),
-      Attend("ByteCountOverflowsInt64",
-             [](Request& r) {
-               // 2^61 elements fit in int64; their 2^63 bytes of FLOAT32 do
-               // not.
-               r.mutable_key()->set_shape(0, int64_t{1} << 61);
-               for (int dim = 1; dim < 4; ++dim)
-                 r.mutable_key()->set_shape(dim, 1);
-             },
-             kInvalid,
-             {"key.shape is [2305843009213693952, 1, 1, 1]", "below 2^61"}),
+              "data would pass 2^63 bytes; expected far fewer elements"}),
+      Attend(
+          "MaxInt64Dimension",
+          [](Request& r) { r.mutable_value()->set_shape(3, kInt64Max); },
+          kInvalid,
+          {"value.shape is [2, 2, 7, 9223372036854775807]", "pass 2^63 bytes"}),
+      Attend(
+          "ByteCountOverflowsInt64",
+          [](Request& r) {
+            // 2^61 elements fit in int64; their 2^63 bytes of FLOAT32 do
+            // not.
+            r.mutable_key()->set_shape(0, int64_t{1} << 61);
+            for (int dim = 1; dim < 4; ++dim)
+              r.mutable_key()->set_shape(dim, 1);
+          },
+          kInvalid,
+          {"key.shape is [2305843009213693952, 1, 1, 1]", "pass 2^63 bytes"}),
       Attend("HugeClaimedDimensionWithoutData",
              [](Request& r) {
                r.mutable_key()->set_shape(2, 1000000000);

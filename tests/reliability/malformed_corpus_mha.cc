@@ -177,14 +177,14 @@ std::vector<MalformedCase> MultiHeadCases() {
           },
           kInvalid,
           {"weights.w_q.shape[0] (H·Dk) is 9, expected a multiple of 2 "
-           "(num_heads)"}),
+           "(weights.num_heads)"}),
       Mha("KeyProjectionRowsWrong",
           [](Request& r) {
             *r.mutable_weights()->mutable_w_k() = Float32({8, 6});
           },
           kInvalid,
-          {"weights.w_k.shape[0] (Hkv·Dk) is 8, expected 4 (num_kv_heads × Dk, "
-           "Dk from w_q)"}),
+          {"weights.w_k.shape[0] (Hkv·Dk) is 8, expected 4 "
+           "(weights.num_kv_heads × Dk, Dk from weights.w_q)"}),
       Mha("ValueProjectionEkvWrong",
           [](Request& r) {
             *r.mutable_weights()->mutable_w_v() = Float32({4, 5});
@@ -204,14 +204,15 @@ std::vector<MalformedCase> MultiHeadCases() {
             *r.mutable_weights()->mutable_w_o() = Float32({8, 6});
           },
           kInvalid,
-          {"weights.w_o.shape[1] (H·Dv) is 6, expected 8 (num_heads × Dv, Dv "
-           "from w_v)"}),
+          {"weights.w_o.shape[1] (H·Dv) is 6, expected 8 (weights.num_heads × "
+           "Dv, Dv from weights.w_v)"}),
       Mha("QueryBiasWrongLength",
           [](Request& r) {
             *r.mutable_weights()->mutable_b_q() = Float32({7});
           },
           kInvalid,
-          {"weights.b_q.shape[0] (out) is 7, expected 8 (w_q.shape[0])"}),
+          {"weights.b_q.shape[0] (out) is 7, expected 8 "
+           "(weights.w_q.shape[0])"}),
       Mha("OutputBiasRankTwo",
           [](Request& r) {
             *r.mutable_weights()->mutable_b_o() = Float32({1, 8});

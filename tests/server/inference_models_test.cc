@@ -87,6 +87,16 @@ TEST(InferenceModelsTest, ADoubleParameterPastFloatRangeIsNamedAsSent) {
                 HasSubstr(absl::StrCat("parameter ", name,
                                        " is 1e+300, expected a finite number "
                                        "within float32's range")));
+    // And one float rounds to 0, as itself, not as the 0 it would become.
+    (*request.mutable_parameters())[name].set_double_param(1e-300);
+    const absl::StatusOr<v1::AttendRequest> tiny =
+        AttendRequestFrom(request, &outputs);
+    EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(tiny.status().message(),
+                HasSubstr(absl::StrCat("parameter ", name,
+                                       " is 1e-300, which float32 rounds to "
+                                       "0; expected 0 or a number of at least "
+                                       "1.4e-45 in magnitude")));
   }
 }
 
@@ -118,6 +128,16 @@ TEST(InferenceModelsTest, MessagesRenameFieldsNotProse) {
   EXPECT_THAT(renamed.message(), HasSubstr("H / Hkv query heads"));
   EXPECT_THAT(renamed.message(), HasSubstr("VALUE.shape[3] (Dv)"));
   EXPECT_THAT(renamed.message(), Not(HasSubstr("QUERY heads")));
+  // A byte count names the protocol's datatype.
+  const absl::Status bytes = InProtocolNames(
+      absl::InvalidArgumentError("query.data has 31 bytes, expected 32 (8 "
+                                 "elements of shape [1, 1, 2, 4] x 4 bytes of "
+                                 "FLOAT32)"),
+      /*weight_set=*/false);
+  EXPECT_THAT(bytes.message(),
+              HasSubstr("input QUERY's data (raw_input_contents or contents) "
+                        "has 31 bytes, expected 32 (8 elements of shape [1, 1, "
+                        "2, 4] x 4 bytes of FP32)"));
 }
 
 // What attnserve does not offer is refused, naming it: tensor parameters

@@ -982,8 +982,8 @@ TEST_F(SessionsTest, AFailedStepFailsOnlyItsOwnResult) {
               HasSubstr("steps[3].query.shape[2] (Dk) is 16, expected 8 (the "
                         "session's key_dim)"));
   EXPECT_THAT(response.results(4).error().message(),
-              HasSubstr("steps[4].session_id is '" + std::string(63, 'a') +
-                        "...' (69 bytes)"));
+              HasSubstr("steps[4].session_id is \"" + std::string(63, 'a') +
+                        "\u00e9\u00e9\u00e9\", expected 32 lowercase hex"));
   EXPECT_EQ(response.results(5).error().code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   // Only step 0 computed: H 4, its 2 query rows at the bottom right of 4 keys
@@ -1443,8 +1443,8 @@ TEST_F(SessionsTest, CallerLimitsAndMalformedRequests) {
   *step->mutable_value() = MakeFloat32Tensor({2, 1, 8}, RandomValues(16, 6));
   ASSERT_TRUE(Step(request, &response).ok());
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("steps[0].session_id is 'xxxx"));
-  EXPECT_LT(response.results(0).error().message().size(), 300u);
+              HasSubstr("steps[0].session_id is \"xxxx"));
+  EXPECT_LT(response.results(0).error().message().size(), 500u);
   EXPECT_THAT(response.results(1).error().message(),
               HasSubstr("steps[1].layer is 2, expected 0 to 1"));
   EXPECT_THAT(response.results(2).error().message(),
@@ -1647,6 +1647,27 @@ TEST_F(SessionBudgetTest, StepTensorsAreBoundByMaxElements) {
                                        "max_elements limit of 100")));
     Truncate(model, 0);
   }
+  // And its output [H, Tq, Dv], named by the query's Tq: with Dv 32, three
+  // query rows of 2 x 8 make 2 x 3 x 32.
+  v1::CreateSessionRequest create = SmallSession();
+  create.set_num_kv_heads(1);
+  create.set_value_dim(32);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(Create(create, &created).ok());
+  v1::StepRequest request;
+  v1::SessionStep* step = request.add_steps();
+  step->set_session_id(created.session().session_id());
+  *step->mutable_key() = MakeFloat32Tensor({1, 3, 8}, RandomValues(24, 901));
+  *step->mutable_value() = MakeFloat32Tensor({1, 3, 32}, RandomValues(96, 902));
+  *step->mutable_query() = MakeFloat32Tensor({2, 3, 8}, RandomValues(48, 903));
+  v1::StepResponse response;
+  ASSERT_TRUE(Step(request, &response).ok());
+  EXPECT_EQ(response.results(0).error().code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(response.results(0).error().message(),
+              HasSubstr("steps[0].query.shape[1] (Tq) is 3: the output [H, Tq, "
+                        "Dv] = [2, 3, 32] would hold 192 elements, over the "
+                        "max_elements limit of 100"));
 }
 
 // An answer built without a compute (a ListSessions page) is held, as the

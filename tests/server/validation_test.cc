@@ -119,7 +119,7 @@ const std::vector<BadRequestCase>& BadRequestCases() {
            r.mutable_query()->set_shape(dim, int64_t{1} << 31);
        },
        absl::StatusCode::kInvalidArgument,
-       {"query.shape is [2147483648", "2^61"}},
+       {"query.shape is [2147483648", "data would pass 2^63 bytes"}},
       {"DataOneByteShort",
        [](v1::AttendRequest& r) {
          r.mutable_query()->mutable_data()->pop_back();
@@ -284,8 +284,7 @@ const std::vector<BadRequestCase>& BadRequestCases() {
              MakeFloat32Tensor({1, 4}, RandomValues(4, 3));
        },
        absl::StatusCode::kInvalidArgument,
-       {"options.alibi_slopes.shape is [1, 4] with 2 dimensions, expected 1 "
-        "to 1"}},
+       {"options.alibi_slopes.shape is [1, 4] with 2 dimensions, expected 1"}},
       {"AlibiSlopesInBf16",
        [](v1::AttendRequest& r) {
          v1::Tensor* slopes = r.mutable_options()->mutable_alibi_slopes();
@@ -360,7 +359,8 @@ const std::vector<BadRequestCase>& BadRequestCases() {
              v1::AttentionOptions::HEAD_MEAN);
        },
        absl::StatusCode::kInvalidArgument,
-       {"do not combine with packed sequences"}},
+       {"options.return_weights is set, expected it unset",
+        "do not combine with packed sequences"}},
       {"PositionsOnAttend",
        [](v1::AttendRequest& r) { r.mutable_options()->add_key_positions(0); },
        absl::StatusCode::kInvalidArgument,

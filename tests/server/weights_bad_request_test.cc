@@ -153,13 +153,22 @@ const std::vector<BadMhaCase>& BadMhaCases() {
          Reshape({9, 8}, r.mutable_weights()->mutable_w_q());
        },
        kInvalid,
-       {"weights.w_q.shape[0]", "is 9, expected a multiple of 4 (num_heads)"}},
+       {"weights.w_q.shape[0]",
+        "is 9, expected a multiple of 4 (weights.num_heads)"}},
+      {"HeadsBeyondQueryRows",
+       [](Mha& r) {
+         r.mutable_weights()->set_num_heads(int64_t{1} << 40);
+         r.mutable_weights()->set_num_kv_heads(1);
+       },
+       kInvalid,
+       {"weights.num_heads is 1099511627776, expected a divisor of 8 "
+        "(weights.w_q.shape[0] (H·Dk))"}},
       {"KeyRowsInconsistentWithQuery",
        [](Mha& r) {
          Reshape({6, 6}, r.mutable_weights()->mutable_w_k());
        },
        kInvalid,
-       {"weights.w_k.shape[0]", "is 6, expected 4 (num_kv_heads"}},
+       {"weights.w_k.shape[0]", "is 6, expected 4 (weights.num_kv_heads"}},
       {"ValueEmbedDimDiffersFromKey",
        [](Mha& r) {
          Reshape({6, 5}, r.mutable_weights()->mutable_w_v());
@@ -173,7 +182,7 @@ const std::vector<BadMhaCase>& BadMhaCases() {
        },
        kInvalid,
        {"weights.w_v.shape[0]",
-        "is 5, expected a multiple of 2 (num_kv_heads)"}},
+        "is 5, expected a multiple of 2 (weights.num_kv_heads)"}},
       {"OutputProjectionRowsNotEmbedDim",
        [](Mha& r) {
          Reshape({7, 12}, r.mutable_weights()->mutable_w_o());
@@ -190,7 +199,7 @@ const std::vector<BadMhaCase>& BadMhaCases() {
       {"QueryBiasWrongLength",
        [](Mha& r) { Reshape({7}, r.mutable_weights()->mutable_b_q()); },
        kInvalid,
-       {"weights.b_q.shape[0] (out) is 7, expected 8 (w_q.shape[0])"}},
+       {"weights.b_q.shape[0] (out) is 7, expected 8 (weights.w_q.shape[0])"}},
       {"OutputBiasRankTwo",
        [](Mha& r) {
          Reshape({1, 8}, r.mutable_weights()->mutable_b_o());
@@ -399,7 +408,8 @@ const std::vector<BadPutCase>& BadPutCases() {
       {"ValueBiasWrongLength",
        [](Put& r) { Reshape({5}, r.mutable_weights()->mutable_b_v()); },
        kInvalid,
-       {"weights.b_v.shape[0] (out) is 5, expected 6 (w_v.shape[0])"}},
+       {"weights.b_v.shape[0] (out) is 5, expected 6 "
+        "(weights.w_v.shape[0])"}},
       {"KeyBiasUnspecifiedDType",
        [](Put& r) {
          r.mutable_weights()->mutable_b_k()->set_dtype(v1::DTYPE_UNSPECIFIED);

@@ -500,12 +500,17 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
       } else {
         auto [it, inserted] = fetched.try_emplace(session, v1::SessionInfo());
         if (inserted) {
+          v1::GetSessionRequest get;
+          get.set_session_id(session->id());
+          get.set_replica_incarnation(session->replica_.incarnation());
           absl::StatusOr<v1::GetSessionResponse> info =
-              client->GetSession(session->id(), Remaining(deadline));
+              client->GetSession(get, Remaining(deadline));
           if (info.ok()) {
             it->second = info->session();
           } else {
-            it->second = info.status();
+            // GetSession fails FAILED_PRECONDITION only for the incarnation.
+            it->second = session->ReplicaGoneOr(
+                info.status(), absl::IsFailedPrecondition(info.status()));
           }
         }
         if (!it->second.ok()) {
@@ -599,6 +604,8 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
   // The lost answers' outputs: the same queries over the same tokens, with
   // nothing appended, so this call is safe to retry as it stands.
   v1::StepRequest again;
+  // The sessions' incarnation, when they agree, as the first call carried it.
+  again.set_replica_incarnation(request.replica_incarnation());
   for (const auto& [i, length] : recompute) {
     const v1::SessionStep& original = request.steps(static_cast<int>(i));
     v1::SessionStep* step = again.add_steps();
@@ -619,6 +626,8 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     const size_t i = recompute[r].first;
     absl::Status error;
     if (!answers.ok()) {
+      // Not told as the replica gone, even for another incarnation: a rebuild
+      // would send the step again, and its tokens, which landed, twice.
       error = answers.status();
     } else if (Failed(answers->results(static_cast<int>(r)))) {
       error = FromErrorStatus(answers->results(static_cast<int>(r)).error());

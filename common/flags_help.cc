@@ -172,13 +172,14 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
       continue;
     }
     if (flag == nullptr) {
-      // "-5": a negative number where an argument was meant.
-      if (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
-          name[0] == '.') {
-        return absl::StrCat(
-            EchoText(argv[i]),
-            " is no flag; a negative number as an argument goes after \"--\", "
-            "after every flag");
+      // "-5": a negative number where an argument was meant; no argument of
+      // attnctl's (lengths) or attnserve's (none) takes one.
+      if (absl::string_view(argv[i]).substr(0, 2) != "--" &&
+          (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
+           name[0] == '.')) {
+        return absl::StrCat(EchoText(argv[i]),
+                            " is no flag, and no argument takes a negative "
+                            "number; --help lists the flags and arguments");
       }
       return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
                           "; --help lists the flags");

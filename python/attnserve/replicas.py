@@ -15,13 +15,13 @@ import concurrent.futures
 import os
 import socket
 import threading
-import time
 
 import grpc
 import numpy as np
 
 from attnserve.client import AttnserveError, Client, _data_dtype
-from attnserve.session import ReplicaGoneError, _holding, _layer, _step_options
+from attnserve.session import (ReplicaGoneError, _deadline, _holding, _layer, _left,
+                               _step_options)
 from attnserve.tensors import check_array
 
 _MASK = (1 << 64) - 1
@@ -140,8 +140,11 @@ class Replicas:
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
         (draining or unreachable; the target is resolved again before giving up) or CANCELLED
         (shutting down), all within `timeout`. Pinned."""
+        if self._closed:
+            raise AttnserveError(grpc.StatusCode.CANCELLED,
+                                 f"CreateSession: the Replicas of {self.target} is closed")
         session_id = session_id or random_session_id()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         asked, refusals = set(avoid), []
         for round_ in range(2):
             if round_:
@@ -153,10 +156,9 @@ class Replicas:
                 if address in asked:
                     continue
                 asked.add(address)
-                left = None if deadline is None else max(deadline - time.monotonic(), 0)
                 try:
                     session = self.client(address).create_session(
-                        session_id=session_id, timeout=left, **session_options)
+                        session_id=session_id, timeout=_left(deadline), **session_options)
                 except AttnserveError as error:
                     # A replica shutting down cancels the calls it holds: its sessions go
                     # with it, so the next replica is asked, as for one unreachable.
@@ -202,19 +204,26 @@ class ShardedSession:
         # Held through each step and delete: threads sharing one run them one at a time.
         self._lock = threading.RLock()
 
-    def _ensure(self, index, timeout):
+    def _alone(self, timeout):
+        return _holding(self._lock, timeout, self._default_timeout(), "the sharded session")
+
+    def _default_timeout(self):
+        return self.shards[0]._client._timeout
+
+    def _ensure(self, index, deadline):
         while len(self.shards) <= index:
             holding = {shard.address for shard in self.shards}
             spare = any(a not in holding for a in self._replicas.addresses)
             try:
                 shard = self._replicas.create_session(
-                    avoid=holding if spare else (), timeout=timeout, **self._options)
+                    avoid=holding if spare else (), timeout=_left(deadline), **self._options)
             except AttnserveError as error:
                 # The spares may all be down or draining (a rolling update): then any
                 # replica, a holder included.
                 if not spare or error.code != grpc.StatusCode.UNAVAILABLE:
                     raise
-                shard = self._replicas.create_session(timeout=timeout, **self._options)
+                shard = self._replicas.create_session(timeout=_left(deadline),
+                                                      **self._options)
             self.shards.append(shard)
 
     def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
@@ -226,11 +235,11 @@ class ShardedSession:
         again alone). A shard whose replica is gone took its tokens with it: the sharded
         session is not rebuilt, and a step on a layer whose shards no longer hold what
         lengths says is refused FAILED_PRECONDITION."""
-        with _holding(self._lock, timeout, "the sharded session") as timeout:
-            deadline = None if timeout is None else time.monotonic() + timeout
+        with self._alone(timeout) as timeout:
+            deadline = _deadline(self._default_timeout() if timeout is None else timeout)
 
             def left():
-                return None if deadline is None else max(deadline - time.monotonic(), 0)
+                return _left(deadline)
 
             if (key is None) != (value is None):
                 raise ValueError("give key and value together, or neither")
@@ -248,7 +257,7 @@ class ShardedSession:
                 raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
                                  f"layer that spans {used} shards takes one")
             if used:
-                self._ensure(used - 1, left())
+                self._ensure(used - 1, deadline)
             last_key = last_value = None
             at = start
             while at < end:
@@ -371,18 +380,15 @@ class ShardedSession:
                              f"{np.asarray(value).shape[1]}, expected the same")
 
     def delete(self, timeout=None):
-        """Deletes every shard not yet deleted; raises the first error after trying them all
-        (a shard whose replica is gone does not keep the others alive)."""
-        with _holding(self._lock, timeout, "the sharded session") as timeout:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            first = None
-            for shard in self.shards:
-                if shard.deleted:
-                    continue
-                try:
-                    shard.delete(None if deadline is None
-                                 else max(deadline - time.monotonic(), 0))
-                except AttnserveError as error:
-                    first = first or error
-            if first is not None:
-                raise first
+        """Deletes every shard not yet deleted, all at once (a shard whose replica is gone or
+        hangs does not keep the others alive); raises the first error after trying them
+        all."""
+        with self._alone(timeout) as timeout:
+            left = [shard for shard in self.shards if not shard.deleted]
+            if not left:
+                return
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(left)) as pool:
+                futures = [pool.submit(shard.delete, timeout) for shard in left]
+            failed = next((f.exception() for f in futures if f.exception() is not None), None)
+            if failed is not None:
+                raise failed

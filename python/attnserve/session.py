@@ -7,7 +7,8 @@ import time
 import grpc
 
 from attnserve.client import (_PRECISIONS, _STATUS_CODES, AttnserveError, _choice,
-                              _data_dtype, _flag, _integer, _optional, _real, _timing)
+                              _data_dtype, _flag, _integer, _optional, _real, _seconds,
+                              _timing)
 from attnserve.tensors import to_tensor, wire_dtype
 from attnserve.v1 import attention_pb2 as pb2
 
@@ -79,18 +80,31 @@ def _step_options(scale=None, precision=None, return_lse=False, output_dtype=Non
 
 
 @contextlib.contextmanager
-def _holding(lock, timeout, what):
-    """Holds `lock` for one call on `what`, waiting for it within `timeout` (None: as long as
-    it takes); yields the timeout left after the wait."""
+def _holding(lock, timeout, default, what):
+    """Holds `lock` for one call on `what`, waiting for it within `timeout` (None: the
+    client's `default`, which the call then takes too); yields the timeout left after the
+    wait (None stays None)."""
+    if timeout is not None:
+        timeout = _seconds(timeout, "timeout")
     began = time.monotonic()
-    if not lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+    wait = default if timeout is None else timeout
+    if not lock.acquire(timeout=max(wait, 0)):
         raise AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{what} was busy with another thread's call for the whole "
-                             f"timeout of {timeout} s")
+                             f"timeout of {wait} s")
     try:
         yield None if timeout is None else max(timeout - (time.monotonic() - began), 0)
     finally:
         lock.release()
+
+
+def _left(deadline):
+    """The seconds left until `deadline` (time.monotonic()), or None for none."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0)
+
+
+def _deadline(timeout):
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _layer(layer, num_layers):
@@ -137,12 +151,13 @@ class Session:
         self._create_options = None
         self._rebuilding = False
         # fn(session, lengths, timeout): restores a rebuilt session's tokens (the caller's own
-        # prefill) up to lengths[layer]; with it, a step that finds the replica gone rebuilds
-        # the session on the next replica and is sent again.
+        # prefill) up to lengths[layer], stepping `session` (the new one, which this one
+        # becomes when the hook returns; from any threads); with it, a step that finds the
+        # replica gone rebuilds the session on the next replica and is sent again.
         self.rebuild_hook = None
 
     def _alone(self, timeout):
-        return _holding(self._lock, timeout, f"session {self.id}")
+        return _holding(self._lock, timeout, self._client._timeout, f"session {self.id}")
 
     def _pin(self, replicas, address, create_options):
         self._replicas, self.address, self._create_options = replicas, address, create_options
@@ -181,7 +196,7 @@ class Session:
             f"create the session again elsewhere (rebuild(), or a rebuild_hook)",
             self.address)
 
-    def _refused_for_incarnation(self, error, timeout):
+    def _refused_for_incarnation(self, error, deadline):
         """Whether `error`, a ForkSession's or TruncateSession's that carried the incarnation,
         is a restarted replica's refusal of it. Those answer FAILED_PRECONDITION for evicted
         tokens too: a GetSession carrying the incarnation, which fails so for nothing else,
@@ -190,7 +205,7 @@ class Session:
                 or self._replicas is None):
             return False
         try:
-            self._get(timeout)
+            self._get(_left(deadline))
         except AttnserveError as probe:
             return probe.code == grpc.StatusCode.FAILED_PRECONDITION
         return False
@@ -204,7 +219,10 @@ class Session:
     def rebuild(self, timeout=None):
         """Creates the session anew (same shape, a new id) on the next replica in rendezvous
         order other than its own, then runs rebuild_hook, if any, to restore the lengths it
-        had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed."""
+        had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed.
+        The hook is given the new session as a Session of its own, which it may step from
+        any thread; this one becomes it when the hook returns, and until then other threads'
+        calls on this one wait."""
         with self._alone(timeout) as timeout:
             if self._replicas is None:
                 raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -213,21 +231,27 @@ class Session:
             lengths = list(self.lengths)
             fresh = self._replicas.create_session(avoid={self.address}, timeout=timeout,
                                                   **self._create_options)
-            self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
-            self.lengths, self._uncertain = fresh.lengths, fresh._uncertain
-            self.replica, self.address = fresh.replica, fresh.address
-            self.deleted = False
             if self.rebuild_hook is None:
+                self._become(fresh)
                 return
             self._rebuilding = True
             try:
-                self.rebuild_hook(self, lengths, timeout)
+                self.rebuild_hook(fresh, lengths, timeout)
             finally:
                 self._rebuilding = False
+                self._become(fresh)
             if self.lengths != lengths:
                 raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"the rebuild hook left session {self.id} at lengths "
                                      f"{self.lengths}; the lost session held {lengths}")
+
+    def _become(self, fresh):
+        """Takes `fresh`'s server session as this one's."""
+        with fresh._lock:
+            self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
+            self.lengths, self._uncertain = list(fresh.lengths), list(fresh._uncertain)
+            self.replica, self.address = fresh.replica, fresh.address
+            self.deleted = fresh.deleted
 
     def _step(self, layer, key, value, query, input_dtype, timeout, options):
         if (key is None) != (value is None):
@@ -309,6 +333,7 @@ class Session:
         """A new session sharing this one's first `length` tokens of every layer (all when
         None); retried only with RetryPolicy.retry_session_creation."""
         with self._alone(timeout) as timeout:
+            deadline = _deadline(self._client._timeout if timeout is None else timeout)
             request = pb2.ForkSessionRequest(session_id=self.id,
                                              ttl_seconds=_integer(ttl_seconds, "ttl_seconds"),
                                              replica_incarnation=self.replica.incarnation)
@@ -319,7 +344,8 @@ class Session:
                     "ForkSession", request, timeout,
                     retryable=self._client._retry.retry_session_creation)
             except AttnserveError as error:
-                raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
+                raise self._gone_or(error, self._refused_for_incarnation(error, deadline)) \
+                    from None
             child = Session(self._client, response.session, response.replica)
             child._pin(self._replicas, self.address, self._create_options)
             return child
@@ -327,13 +353,15 @@ class Session:
     def truncate(self, length, timeout=None):
         """Keeps every layer's first `length` tokens."""
         with self._alone(timeout) as timeout:
+            deadline = _deadline(self._client._timeout if timeout is None else timeout)
             request = pb2.TruncateSessionRequest(session_id=self.id,
                                                  length=_integer(length, "length"),
                                                  replica_incarnation=self.replica.incarnation)
             try:
                 info = self._client.call("TruncateSession", request, timeout).session
             except AttnserveError as error:
-                raise self._gone_or(error, self._refused_for_incarnation(error, timeout)) from None
+                raise self._gone_or(error, self._refused_for_incarnation(error, deadline)) \
+                    from None
             self._adopt(info)
 
     def sync(self, timeout=None):

@@ -294,6 +294,19 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
                 assert shard.deleted
                 assert shard.id not in {info.session_id for info in
                                         replicas.client(shard.address).list_sessions()}
+        # A replica that hangs does not keep the others' shards alive either.
+        hung = attnserve.ShardedSession(replicas, 4, num_layers=1, num_heads=H,
+                                        num_kv_heads=HKV, key_dim=D)
+        hung.step(0, key=uniform(HKV, 6, D), value=uniform(HKV, 6, D))
+        stopped = by_target[hung.shards[0].address]
+        stopped.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(attnserve.AttnserveError):
+                hung.delete(timeout=2)
+        finally:
+            stopped.process.send_signal(signal.SIGCONT)
+        assert [shard.deleted for shard in hung.shards] == [False, True]
+        hung.delete(timeout=10)
         # Rebuilt empty by hand, the shard no longer holds its tokens: refused, not merged.
         sharded.shards[1].rebuild(timeout=10)
         with pytest.raises(attnserve.AttnserveError,

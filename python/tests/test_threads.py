@@ -1,6 +1,8 @@
 """The package shared by threads: one Session stepped from a thread per layer while its
-replica dies and a rebuild hook restores it, and Replicas refreshed and closed from many
-threads at once (thread switches forced every microsecond, as a loaded host makes them)."""
+replica dies and a rebuild hook restores it (from threads of its own, too), and Replicas
+refreshed and closed from many threads at once (thread switches forced every microsecond, as
+a loaded host makes them)."""
+import concurrent.futures
 import sys
 import threading
 import time
@@ -99,6 +101,43 @@ def test_a_thread_per_layer_waits_out_another_threads_rebuild():
             server.stop()
 
 
+def test_a_rebuild_hook_may_restore_the_layers_from_threads_of_its_own():
+    servers = [Server(f"--replica_name=h-{i}") for i in range(2)]
+    try:
+        with attnserve.Replicas("ipv4:" + ",".join(s.target for s in servers),
+                                retry=attnserve.RetryPolicy(max_attempts=2)) as replicas:
+            session = replicas.create_session(num_layers=2, num_heads=H, num_kv_heads=HKV,
+                                              key_dim=D)
+            rng = np.random.default_rng(32)
+            held = [rng.uniform(-1, 1, (HKV, 5, D)).astype(np.float32) for _ in range(2)]
+            for layer in range(2):
+                session.step(layer, key=held[layer], value=held[layer])
+            # Timeouts are checked before any wait.
+            for bad in ("5", True, float("inf"), float("nan")):
+                with pytest.raises(ValueError, match="timeout is"):
+                    session.step(0, query=np.zeros((H, 1, D), np.float32), timeout=bad)
+
+            def prefill(fresh, lengths, timeout):
+                with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+                    for future in [pool.submit(fresh.step, layer,
+                                               key=held[layer][:, :lengths[layer]],
+                                               value=held[layer][:, :lengths[layer]],
+                                               timeout=timeout)
+                                   for layer in range(2)]:
+                        future.result()
+
+            session.rebuild_hook = prefill
+            next(s for s in servers if s.target == session.address).process.kill()
+            q = rng.uniform(-1, 1, (H, 1, D)).astype(np.float32)
+            result = session.step(1, query=q, timeout=20)
+            assert session.lengths == [5, 5]
+            np.testing.assert_allclose(result.output, expected_step(q, held[1], held[1]),
+                                       atol=1e-5)
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def test_replicas_refreshed_and_closed_from_many_threads_make_each_client_once(
         monkeypatch, forced_switches):
     made = []
@@ -154,3 +193,6 @@ def test_replicas_refreshed_and_closed_from_many_threads_make_each_client_once(
         assert all(client._closed for client in other._clients.values())
     assert errors == []
     replicas.close()
+    with pytest.raises(attnserve.AttnserveError, match="is closed") as closed:
+        replicas.create_session(num_layers=1, num_heads=H, key_dim=D)
+    assert closed.value.code.name == "CANCELLED"

@@ -120,8 +120,8 @@ absl::Status CheckFloatRange(const std::string& name,
   if (value != 0 && static_cast<float>(value) == 0) {
     return Invalid(absl::StrCat(
         "parameter ", name, " is ", value,
-        ", which float32 rounds to 0; expected 0 or a number of at least "
-        "1.4e-45 in magnitude"));
+        ", which float32 rounds to 0; expected 0 or a number float32 holds "
+        "(from about 1e-45 in magnitude)"));
   }
   return absl::OkStatus();
 }

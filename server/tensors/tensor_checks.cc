@@ -47,8 +47,7 @@ absl::Status CheckDimsAndBytes(absl::string_view field,
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".shape is ", ShapeString(tensor), ": its ",
         v1::DType_Name(tensor.dtype()),
-        " data would pass 2^63 bytes; expected far fewer elements (the "
-        "server's max_elements caps each tensor)"));
+        " data would pass 2^63 bytes; expected far fewer elements"));
   }
   if (static_cast<int64_t>(tensor.data().size()) != *bytes) {
     return absl::InvalidArgumentError(absl::StrCat(

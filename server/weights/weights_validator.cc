@@ -75,8 +75,11 @@ absl::StatusOr<WeightsShape> ValidateProjectionWeights(
                                            w.w_v().shape(1), s.kv_embed_dim,
                                            DimField(f + "w_k", 1, "Ekv")));
   ATTNSERVE_ASSIGN_OR_RETURN(
-      s.value_dim, PerHead(DimField(f + "w_v", 0, "Hkv·Dv"), w.w_v().shape(0),
-                           s.kv_heads, f + "num_kv_heads"));
+      s.value_dim,
+      PerHead(DimField(f + "w_v", 0, "Hkv·Dv"), w.w_v().shape(0), s.kv_heads,
+              w.num_kv_heads() == 0
+                  ? absl::StrCat(f, "num_kv_heads (0: ", f, "num_heads)")
+                  : f + "num_kv_heads"));
   ATTNSERVE_RETURN_IF_ERROR(CheckDimEquals(DimField(f + "w_o", 0, "E"),
                                            w.w_o().shape(0), s.embed_dim,
                                            DimField(f + "w_q", 1, "E")));

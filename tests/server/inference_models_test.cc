@@ -95,8 +95,8 @@ TEST(InferenceModelsTest, ADoubleParameterPastFloatRangeIsNamedAsSent) {
     EXPECT_THAT(tiny.status().message(),
                 HasSubstr(absl::StrCat("parameter ", name,
                                        " is 1e-300, which float32 rounds to "
-                                       "0; expected 0 or a number of at least "
-                                       "1.4e-45 in magnitude")));
+                                       "0; expected 0 or a number float32 "
+                                       "holds")));
   }
 }
 

@@ -89,8 +89,8 @@ class ShardedSession {
                                     const v1::StepOptions& options,
                                     absl::Duration timeout);
 
-  // Deletes every shard not yet deleted; the first error, after trying them
-  // all (a shard whose replica is gone does not keep the others alive).
+  // Deletes every shard not yet deleted, all at once (a shard whose replica
+  // is gone or hangs does not keep the others alive); the first error.
   absl::Status Delete(absl::Duration timeout);
 
  private:

@@ -276,7 +276,11 @@ class Client:
                    ("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.lb_policy_name", "round_robin"),
                    ("grpc.keepalive_time_ms", 30000),
-                   ("grpc.keepalive_timeout_ms", 10000)]
+                   ("grpc.keepalive_timeout_ms", 10000),
+                   # A replica restarted at its address is reached within a couple of
+                   # seconds of listening, as with the C++ Client (client.cc says why).
+                   ("grpc.min_reconnect_backoff_ms", 1000),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
         if server_name_override:
             options.append(("grpc.ssl_target_name_override", server_name_override))
         if tls or root_certificates or certificate_chain:

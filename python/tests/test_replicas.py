@@ -3,6 +3,7 @@ hashing (the same weights as the C++ library's), pinning, a killed replica told 
 rebuilt through the caller's hook, a restarted one told by every call of a session (and the
 new session that took its id untouched), and a sharded session equal to the float64
 reference."""
+import os
 import signal
 import time
 
@@ -26,6 +27,27 @@ def uniform(*shape):
 def expected_step(q, keys, values):
     return reference_sdpa(q[None], keys[None], values[None], causal=True,
                           causal_alignment="BOTTOM_RIGHT")[0]
+
+
+def stop(server):
+    """SIGSTOP, then wait until every thread of the server has stopped: one running on
+    another CPU (the io thread spins) goes on until the signal reaches it, which on a loaded
+    VM can take long enough to answer the next call."""
+    server.process.send_signal(signal.SIGSTOP)
+    tasks = f"/proc/{server.process.pid}/task"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except OSError:  # a thread that ended meanwhile
+                pass
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"attnserve {server.target} did not stop within 10 s")
 
 
 @pytest.fixture()
@@ -223,7 +245,7 @@ def test_a_sharded_step_that_failed_half_way_is_not_appended_twice(three):
         by_target = {server.target: server for server in three}
         first = by_target[sharded.shards[0].address]
         k, v, q = uniform(HKV, 1, D), uniform(HKV, 1, D), uniform(H, 1, D)
-        first.process.send_signal(signal.SIGSTOP)
+        stop(first)
         try:
             with pytest.raises(attnserve.AttnserveError, match=r"append stands \(lengths is 7\)"):
                 sharded.step(0, key=k, value=v, query=q, timeout=1.5)
@@ -261,7 +283,7 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
         assert len({shard.address for shard in sharded.shards}) == 3
         third = by_target[sharded.shards[2].address]
         k, v = uniform(HKV, 5, D), uniform(HKV, 5, D)
-        third.process.send_signal(signal.SIGSTOP)
+        stop(third)
         try:
             with pytest.raises(attnserve.AttnserveError,
                                match=r"^DEADLINE_EXCEEDED: shard 2: .*; the step's first 4 "
@@ -299,7 +321,7 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
                                         num_kv_heads=HKV, key_dim=D)
         hung.step(0, key=uniform(HKV, 6, D), value=uniform(HKV, 6, D))
         stopped = by_target[hung.shards[0].address]
-        stopped.process.send_signal(signal.SIGSTOP)
+        stop(stopped)
         try:
             with pytest.raises(attnserve.AttnserveError):
                 hung.delete(timeout=2)

@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <string>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -115,8 +119,37 @@ absl::StatusOr<std::string> AttnserveProcess::ScrapeMetrics() const {
   return metrics;
 }
 
+namespace {
+
+// Whether every thread of `pid` shows stopped in /proc: a thread running on
+// another CPU (the io thread spins) goes on until SIGSTOP reaches it, which
+// on a loaded VM can take long enough to answer the next call.
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code error;
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)),
+                     std::istreambuf_iterator<char>());
+    const size_t name_end = text.rfind(')');
+    if (name_end == std::string::npos) continue;  // it ended meanwhile
+    const char state = name_end + 2 < text.size() ? text[name_end + 2] : '?';
+    if (state != 'T' && state != 't') return false;
+    any = true;
+  }
+  return any && !error;
+}
+
+}  // namespace
+
 void AttnserveProcess::Signal(int signal_number) const {
   kill(pid_, signal_number);
+  if (signal_number != SIGSTOP) return;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!AllThreadsStopped(pid_) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 }
 
 absl::StatusOr<int> AttnserveProcess::Wait(absl::Duration timeout) {

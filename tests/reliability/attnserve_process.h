@@ -44,6 +44,8 @@ class AttnserveProcess {
   // GET /metrics: the Prometheus text.
   absl::StatusOr<std::string> ScrapeMetrics() const;
 
+  // Sends `signal_number`; for SIGSTOP, returns once every thread has stopped
+  // (at most 10 s).
   void Signal(int signal_number) const;
 
   // Waits for the process to exit and returns its exit status;

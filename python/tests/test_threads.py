@@ -31,111 +31,112 @@ def forced_switches():
     sys.setswitchinterval(before)
 
 
-def test_a_thread_per_layer_waits_out_another_threads_rebuild():
+@pytest.fixture()
+def two():
+    """Two replicas, and Replicas over them with one retry."""
     servers = [Server(f"--replica_name=t-{i}") for i in range(2)]
     try:
         with attnserve.Replicas("ipv4:" + ",".join(s.target for s in servers),
                                 retry=attnserve.RetryPolicy(max_attempts=2)) as replicas:
-            session = replicas.create_session(num_layers=2, num_heads=H, num_kv_heads=HKV,
-                                              key_dim=D)
-            victim = next(s for s in servers if s.target == session.address)
-            survivor = next(s for s in servers if s is not victim)
-            rng = np.random.default_rng(31)
-            held = [rng.uniform(-1, 1, (HKV, 16, D)).astype(np.float32) for _ in range(2)]
-            guard = threading.Lock()
-            for layer in range(2):
-                session.step(layer, key=held[layer], value=held[layer])
-            rebuilds = []
-
-            def prefill(fresh, lengths, timeout):
-                rebuilds.append(lengths)
-                for layer, length in enumerate(lengths):
-                    with guard:
-                        tokens = held[layer][:, :length]
-                    fresh.step(layer, key=tokens, value=tokens, timeout=timeout)
-                    time.sleep(0.3)  # a prefill takes a while: the other thread comes
-
-            session.rebuild_hook = prefill
-            outcome = {}
-
-            def layer0():
-                for _ in range(60):
-                    k = rng.uniform(-1, 1, (HKV, 1, D)).astype(np.float32)
-                    session.step(0, key=k, value=k, timeout=20)
-                    with guard:
-                        held[0] = np.concatenate([held[0], k], 1)
-                    time.sleep(0.01)
-                    if rebuilds:
-                        break
-                outcome[0] = "ok"
-
-            def layer1():
-                time.sleep(0.4)  # while the replica dies and layer 0's step rebuilds
-                q = rng.uniform(-1, 1, (H, 1, D)).astype(np.float32)
-                k = rng.uniform(-1, 1, (HKV, 1, D)).astype(np.float32)
-                result = session.step(1, key=k, value=k, query=q, timeout=20)
-                with guard:
-                    held[1] = np.concatenate([held[1], k], 1)
-                outcome[1] = (result, q)
-
-            threads = [threading.Thread(target=layer0), threading.Thread(target=layer1)]
-            for thread in threads:
-                thread.start()
-            time.sleep(0.2)
-            victim.process.kill()
-            for thread in threads:
-                thread.join(60)
-            assert outcome.get(0) == "ok" and 1 in outcome, outcome
-            result, q = outcome[1]
-            assert result.length == held[1].shape[1] == 17
-            np.testing.assert_allclose(result.output, expected_step(q, held[1], held[1]),
-                                       atol=1e-5)
-            # Rebuilt once, on the survivor, and its layers hold what the client believes.
-            assert len(rebuilds) == 1 and session.address == survivor.target
-            assert len(replicas.client(survivor.target).list_sessions()) == 1
-            server_lengths = list(replicas.client(survivor.target).get_session(session.id)
-                                  .lengths)
-            assert server_lengths == session.lengths == [held[0].shape[1], 17]
+            yield servers, replicas
     finally:
         for server in servers:
             server.stop()
 
 
-def test_a_rebuild_hook_may_restore_the_layers_from_threads_of_its_own():
-    servers = [Server(f"--replica_name=h-{i}") for i in range(2)]
-    try:
-        with attnserve.Replicas("ipv4:" + ",".join(s.target for s in servers),
-                                retry=attnserve.RetryPolicy(max_attempts=2)) as replicas:
-            session = replicas.create_session(num_layers=2, num_heads=H, num_kv_heads=HKV,
-                                              key_dim=D)
-            rng = np.random.default_rng(32)
-            held = [rng.uniform(-1, 1, (HKV, 5, D)).astype(np.float32) for _ in range(2)]
-            for layer in range(2):
-                session.step(layer, key=held[layer], value=held[layer])
-            # Timeouts are checked before any wait.
-            for bad in ("5", True, float("inf"), float("nan")):
-                with pytest.raises(ValueError, match="timeout is"):
-                    session.step(0, query=np.zeros((H, 1, D), np.float32), timeout=bad)
+def test_a_thread_per_layer_waits_out_another_threads_rebuild(two):
+    servers, replicas = two
+    session = replicas.create_session(num_layers=2, num_heads=H, num_kv_heads=HKV,
+                                      key_dim=D)
+    victim = next(s for s in servers if s.target == session.address)
+    survivor = next(s for s in servers if s is not victim)
+    rng = np.random.default_rng(31)
+    held = [rng.uniform(-1, 1, (HKV, 16, D)).astype(np.float32) for _ in range(2)]
+    guard = threading.Lock()
+    for layer in range(2):
+        session.step(layer, key=held[layer], value=held[layer])
+    rebuilds = []
 
-            def prefill(fresh, lengths, timeout):
-                with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-                    for future in [pool.submit(fresh.step, layer,
-                                               key=held[layer][:, :lengths[layer]],
-                                               value=held[layer][:, :lengths[layer]],
-                                               timeout=timeout)
-                                   for layer in range(2)]:
-                        future.result()
+    def prefill(fresh, lengths, timeout):
+        rebuilds.append(lengths)
+        for layer, length in enumerate(lengths):
+            with guard:
+                tokens = held[layer][:, :length]
+            fresh.step(layer, key=tokens, value=tokens, timeout=timeout)
+            time.sleep(0.3)  # a prefill takes a while: the other thread comes
 
-            session.rebuild_hook = prefill
-            next(s for s in servers if s.target == session.address).process.kill()
-            q = rng.uniform(-1, 1, (H, 1, D)).astype(np.float32)
-            result = session.step(1, query=q, timeout=20)
-            assert session.lengths == [5, 5]
-            np.testing.assert_allclose(result.output, expected_step(q, held[1], held[1]),
-                                       atol=1e-5)
-    finally:
-        for server in servers:
-            server.stop()
+    session.rebuild_hook = prefill
+    outcome = {}
+
+    def layer0():
+        for _ in range(60):
+            k = rng.uniform(-1, 1, (HKV, 1, D)).astype(np.float32)
+            session.step(0, key=k, value=k, timeout=20)
+            with guard:
+                held[0] = np.concatenate([held[0], k], 1)
+            time.sleep(0.01)
+            if rebuilds:
+                break
+        outcome[0] = "ok"
+
+    def layer1():
+        time.sleep(0.4)  # while the replica dies and layer 0's step rebuilds
+        q = rng.uniform(-1, 1, (H, 1, D)).astype(np.float32)
+        k = rng.uniform(-1, 1, (HKV, 1, D)).astype(np.float32)
+        result = session.step(1, key=k, value=k, query=q, timeout=20)
+        with guard:
+            held[1] = np.concatenate([held[1], k], 1)
+        outcome[1] = (result, q)
+
+    threads = [threading.Thread(target=layer0), threading.Thread(target=layer1)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    victim.process.kill()
+    for thread in threads:
+        thread.join(60)
+    assert outcome.get(0) == "ok" and 1 in outcome, outcome
+    result, q = outcome[1]
+    assert result.length == held[1].shape[1] == 17
+    np.testing.assert_allclose(result.output, expected_step(q, held[1], held[1]),
+                               atol=1e-5)
+    # Rebuilt once, on the survivor, and its layers hold what the client believes.
+    assert len(rebuilds) == 1 and session.address == survivor.target
+    assert len(replicas.client(survivor.target).list_sessions()) == 1
+    server_lengths = list(replicas.client(survivor.target).get_session(session.id)
+                          .lengths)
+    assert server_lengths == session.lengths == [held[0].shape[1], 17]
+
+
+def test_a_rebuild_hook_may_restore_the_layers_from_threads_of_its_own(two):
+    servers, replicas = two
+    session = replicas.create_session(num_layers=2, num_heads=H, num_kv_heads=HKV,
+                                      key_dim=D)
+    rng = np.random.default_rng(32)
+    held = [rng.uniform(-1, 1, (HKV, 5, D)).astype(np.float32) for _ in range(2)]
+    for layer in range(2):
+        session.step(layer, key=held[layer], value=held[layer])
+    # Timeouts are checked before any wait.
+    for bad in ("5", True, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout is"):
+            session.step(0, query=np.zeros((H, 1, D), np.float32), timeout=bad)
+
+    def prefill(fresh, lengths, timeout):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            for future in [pool.submit(fresh.step, layer,
+                                       key=held[layer][:, :lengths[layer]],
+                                       value=held[layer][:, :lengths[layer]],
+                                       timeout=timeout)
+                           for layer in range(2)]:
+                future.result()
+
+    session.rebuild_hook = prefill
+    next(s for s in servers if s.target == session.address).process.kill()
+    q = rng.uniform(-1, 1, (H, 1, D)).astype(np.float32)
+    result = session.step(1, query=q, timeout=20)
+    assert session.lengths == [5, 5]
+    np.testing.assert_allclose(result.output, expected_step(q, held[1], held[1]),
+                               atol=1e-5)
 
 
 def test_replicas_refreshed_and_closed_from_many_threads_make_each_client_once(

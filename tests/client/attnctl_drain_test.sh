@@ -10,24 +10,26 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "${here}/../attnserve_process_lib.sh"
 attnctl=$(realpath "$2")
 
-start_attnserve "$(realpath "$1")" --drain_grace_seconds=1
+# A grace of 2 s: the health call below, a process of its own, must reach the server within it
+# on a loaded machine too.
+start_attnserve "$(realpath "$1")" --drain_grace_seconds=2
 target="127.0.0.1:${port}"
 
 timeout 60 "${attnctl}" --target="${target}" --timeout=10s bench --concurrency=8 \
-  --duration=5s --batch=1 --heads=4 --kv_heads=4 --query_len=64 --key_len=256 --key_dim=32 \
+  --duration=6s --batch=1 --heads=4 --kv_heads=4 --query_len=64 --key_len=256 --key_dim=32 \
   --value_dim=32 --json >"${workdir}/bench.json" 2>"${workdir}/bench.err" &
 bench_pid=$!
 cleanup_pids+=("${bench_pid}")
 sleep 1.5
 kill -TERM "${server_pid}"
-sleep 0.3
+sleep 0.2
 health=$(timeout 10 "${attnctl}" --target="${target}" --timeout=2s health 2>&1 || true)
 [[ ${health} == NOT_SERVING* ]] || fail "health during the drain grace: ${health}"
 
 wait_attnserve_exit
 wait "${bench_pid}" || true
 
-/usr/bin/python3 - "${workdir}/bench.json" <<'PY'
+/usr/bin/python3 - "${workdir}/bench.json" <<'PY' || fail "the load generator's report: $(tail -5 "${workdir}/bench.err")"
 import json, sys
 report = json.load(open(sys.argv[1]))
 errors = report["errors"]

@@ -585,43 +585,64 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
   EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
 }
 
+// Many callers leave while their calls wait behind a compute: none of those
+// calls is computed. The compute is LongRequest, held until the test cancels
+// it, and the deadlines (3 s) are far from the time the calls take to arrive,
+// so that a loaded machine cannot reorder them.
 TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   ServerOptions options = DefaultOptions();
   options.scheduling.max_batch = 1;
   Start(options);
-  auto slow = StartSlowRequest();
+  auto stub = v1::AttentionService::NewStub(client_->channel());
+  const v1::AttendRequest long_request = LongRequest();
+  grpc::ClientContext long_context;
+  long_context.set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(600));
+  v1::AttendResponse long_response;
+  std::promise<grpc::Status> long_answered;
+  stub->async()->Attend(&long_context, &long_request, &long_response,
+                        [&long_answered](grpc::Status status) {
+                          long_answered.set_value(status);
+                        });
+  std::future<grpc::Status> long_answer = long_answered.get_future();
+  const std::string dequeued =
+      R"(attnserve_queue_wait_seconds_count{rpc="Attend"})";
+  AwaitMetric(dequeued, 1);
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
   // Three that time out while queued...
   std::vector<std::future<absl::StatusOr<v1::AttendResponse>>> expiring;
   for (int i = 0; i < 3; ++i) {
-    expiring.push_back(client_->AttendFuture(small, absl::Milliseconds(60)));
+    expiring.push_back(client_->AttendFuture(small, absl::Seconds(3)));
   }
-  // ...and one whose caller cancels.
-  grpc::ClientContext context;
+  // ...and one whose caller cancels once all four wait.
+  grpc::ClientContext cancelled_context;
   v1::AttendResponse cancelled_response;
   std::promise<grpc::Status> cancelled;
-  auto stub = v1::AttentionService::NewStub(client_->channel());
   stub->async()->Attend(
-      &context, &small, &cancelled_response,
+      &cancelled_context, &small, &cancelled_response,
       [&cancelled](grpc::Status status) { cancelled.set_value(status); });
-  absl::SleepFor(absl::Milliseconds(30));
-  context.TryCancel();
+  AwaitMetric("attnserve_queue_depth", 4);
+  ASSERT_EQ(Metric("attnserve_queue_depth"), 4);
+  cancelled_context.TryCancel();
+  EXPECT_EQ(cancelled.get_future().get().error_code(),
+            grpc::StatusCode::CANCELLED);
   for (auto& answer : expiring) {
     EXPECT_EQ(answer.get().status().code(),
               absl::StatusCode::kDeadlineExceeded);
   }
-  EXPECT_EQ(cancelled.get_future().get().error_code(),
-            grpc::StatusCode::CANCELLED);
-  ASSERT_TRUE(slow.get().ok());
-  // The dropped requests leave the queue once the slow one is done.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})") < 5 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  // Only the slow request was computed.
-  EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"), 1);
-  EXPECT_EQ(Metric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})"), 5);
+  AwaitMetric(dequeued, 5);
+  EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
+  // All four left while the long compute still ran; then it is stopped.
+  EXPECT_EQ(long_answer.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout);
+  long_context.TryCancel();
+  EXPECT_EQ(long_answer.get().error_code(), grpc::StatusCode::CANCELLED);
+  // Only the long request was computed (its stop is counted once it ends).
+  const std::string computed =
+      R"(attnserve_compute_seconds_count{rpc="Attend"})";
+  AwaitMetric(computed, 1);
+  EXPECT_EQ(Metric(computed), 1);
+  EXPECT_EQ(Metric(dequeued), 5);
 }
 
 // A queued call whose caller cancels, or whose deadline passes, leaves the

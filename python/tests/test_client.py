@@ -1,7 +1,10 @@
 """attnserve (the Python package) against live servers, every answer checked against the
 float64 NumPy reference of examples/python (reference_sdpa, reference_mha)."""
 import os
+import re
+import threading
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -792,3 +795,42 @@ def test_packed_sequences_attend_within_themselves(server):
         expected = reference_sdpa(qs, ks, vs, causal=True, causal_alignment="bottom_right")
         np.testing.assert_allclose(result.output[cu_q[s]:cu_q[s + 1]],
                                    expected[0].transpose(1, 0, 2), atol=1e-5)
+
+
+def test_streams_closed_early_keep_their_connection_past_the_reset_cap():
+    # The server shuts down a connection whose client cancels more calls in a second than
+    # --max_client_resets_per_second (rapid-reset floods), unless its answers in that second
+    # outnumber them: streams a consumer stops reading after some answers are no flood.
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    running = Server("--max_client_resets_per_second=5", f"--metrics_port={metrics_port}",
+                     "--metrics_address=127.0.0.1")
+    try:
+        q = uniform(1, 1, 2, 8)
+        with attnserve.Client(running.target, retry=attnserve.RetryPolicy(max_attempts=1)) \
+                as client:
+            request = client.attend_request(q, q, q)
+            expected = reference_sdpa(q, q, q)
+            for _ in range(40):
+                more = threading.Event()
+
+                def requests():
+                    for _ in range(3):
+                        yield request
+                    more.wait(30)  # the stream stays open: the consumer's close cancels it
+
+                answers = client.attend_stream(requests(), timeout=30)
+                for _ in range(2):
+                    _, result = next(answers)
+                    np.testing.assert_allclose(result.output, expected, atol=1e-5)
+                answers.close()
+                more.set()
+            client.attend(q, q, q, timeout=30)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as page:
+            metrics = page.read().decode()
+        closed = re.search(r"^attnserve_reset_connections_closed_total (\S+)$", metrics, re.M)
+        assert float(closed[1]) == 0, "the client's connection was shut down as a flood"
+    finally:
+        running.stop()

@@ -82,6 +82,7 @@ class CallSlot {
         handler_->OnReadDone(ok);
         break;
       case Op::kWrite:
+        if (ok) loop_->CallAnswered(peer_);
         handler_->OnWriteDone(ok);
         break;
       case Op::kFinish:
@@ -94,6 +95,9 @@ class CallSlot {
           absl::MutexLock lock(&arrival_mutex_);
           cancel = arrived_;
           cancel_waiting_ = !arrived_;
+        } else {
+          // Only an arrived call ends uncancelled: the peer is set.
+          loop_->CallAnswered(peer_);
         }
         if (cancel) ReportCancel();
         break;
@@ -333,6 +337,10 @@ void CallLoop::CallCancelled(const grpc::GenericServerContext& context,
                              const std::string& peer) {
   if (reset_guard_ == nullptr || DeadlinePassed(context)) return;
   reset_guard_->ClientCancelled(peer);
+}
+
+void CallLoop::CallAnswered(const std::string& peer) {
+  if (reset_guard_ != nullptr) reset_guard_->Answered(peer);
 }
 
 void CallLoop::RequestCall() {

@@ -25,15 +25,21 @@ bool ResetGuard::ClientCancelled(const std::string& peer, absl::Time now) {
   if (max_per_second_ <= 0) return false;
   {
     absl::MutexLock lock(&mutex_);
-    // Windows of connections that went quiet are dropped as the map grows.
-    if (windows_.size() > 4096) {
+    // Windows of connections that went quiet are dropped as the map grows,
+    // at most once a second (each sweep reads every entry).
+    if (windows_.size() > 4096 && now - last_sweep_ >= absl::Seconds(1)) {
+      last_sweep_ = now;
       absl::erase_if(windows_, [now](const auto& entry) {
         return now - entry.second.start > absl::Seconds(2);
       });
     }
     Window& window = windows_[peer];
     if (now - window.start >= absl::Seconds(1)) window = Window{now};
-    if (++window.count <= max_per_second_ || window.closed) return false;
+    ++window.cancelled;
+    if (window.cancelled <= max_per_second_ ||
+        window.cancelled <= window.answered || window.closed) {
+      return false;
+    }
     window.closed = true;
     ++closed_;
   }
@@ -41,6 +47,17 @@ bool ResetGuard::ClientCancelled(const std::string& peer, absl::Time now) {
   // nothing left to close.
   ShutDownConnection(peer).IgnoreError();
   return true;
+}
+
+void ResetGuard::Answered(const std::string& peer, absl::Time now) {
+  if (max_per_second_ <= 0) return;
+  absl::MutexLock lock(&mutex_);
+  if (windows_.empty()) return;
+  const auto it = windows_.find(peer);
+  if (it == windows_.end() || now - it->second.start >= absl::Seconds(1)) {
+    return;
+  }
+  ++it->second.answered;
 }
 
 int64_t ResetGuard::closed() const {

@@ -259,5 +259,33 @@ TEST_F(CallLoopTest, ResetGuardShutsDownTheConnectionOfCancelledCalls) {
   EXPECT_TRUE(left_ready);
 }
 
+// A client answered more often than it cancels keeps its connection past the
+// cap: the loop reports answers to the guard too. Ten cancellations within a
+// second trip a cap of 3 without them; a machine too slow to make ten within
+// one tries again.
+TEST_F(CallLoopTest, ResetGuardKeepsAConnectionAnsweredMoreThanItCancels) {
+  Start(/*threads=*/2, /*resets_per_second=*/3);
+  const ResetGuard& guard = *guard_;
+  ASSERT_TRUE(Call(kEcho, absl::Seconds(30)).ok());
+  bool within_a_second = false;
+  for (int attempt = 0; attempt < 5 && !within_a_second; ++attempt) {
+    // A fresh second for the guard.
+    absl::SleepFor(absl::Milliseconds(1100));
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < 10; ++i) {
+      OpenAndCancelWatch();
+      // Three answers for each cancellation, so that an answer whose end the
+      // loop reports after the next cancellation does not matter.
+      for (int j = 0; j < 3; ++j) {
+        ASSERT_TRUE(Call(kEcho, absl::Seconds(30)).ok());
+      }
+    }
+    within_a_second = absl::Now() - start < absl::Milliseconds(900);
+  }
+  if (!within_a_second) GTEST_SKIP() << "no ten cancellations within a second";
+  EXPECT_EQ(guard.closed(), 0);
+  EXPECT_EQ(channel_->GetState(false), GRPC_CHANNEL_READY);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -2,13 +2,20 @@
 // streams and resets them at once (HEADERS + RST_STREAM, CVE-2023-44487) makes
 // the server create and tear down a call for each, at no cost to itself and
 // without a token. The guard counts, per connection, the calls its client
-// cancelled before they were answered; past `max_per_second` in one second it
-// shuts the connection's socket down, which ends every call on it.
+// cancelled before they were answered, and the answers it was sent; past
+// `max_per_second` cancellations in one second, and more of them than answers
+// in that second, it shuts the connection's socket down, which ends every call
+// on it. A client whose cancellations its answers outnumber is a busy one
+// giving some calls up (hedged requests, streams closed early), not a flood:
+// a flood that earns an answer for each reset is held to the pace at which
+// the server answers, which the stream limit and the budgets bound.
 //
 //   ResetGuard guard(200);
 //   // When a call ends cancelled, its deadline not passed, with the peer it
 //   // had on arrival (ServerCall::peer; gRPC forgets it once the call fails):
 //   guard.ClientCancelled(peer);
+//   // When a call ends answered, and for each message a stream sends:
+//   guard.Answered(peer);
 //
 // gRPC's public API cannot close a connection, so the socket is found among
 // the process's file descriptors by its remote address (ShutDownConnection).
@@ -38,19 +45,28 @@ class ResetGuard {
   bool ClientCancelled(const std::string& peer, absl::Time now = absl::Now())
       ABSL_LOCKS_EXCLUDED(mutex_);
 
+  // `peer` was sent an answer (a call's end, or a stream's message) at `now`.
+  // Counted only for a connection that has cancelled a call in the last
+  // second: the others need no count, nor an entry.
+  void Answered(const std::string& peer, absl::Time now = absl::Now())
+      ABSL_LOCKS_EXCLUDED(mutex_);
+
   // Connections shut down so far.
   int64_t closed() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // One connection's second, from its first cancellation.
   struct Window {
     absl::Time start;
-    int count = 0;
+    int cancelled = 0;
+    int64_t answered = 0;
     bool closed = false;
   };
 
   const int max_per_second_;
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<std::string, Window> windows_ ABSL_GUARDED_BY(mutex_);
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   int64_t closed_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 

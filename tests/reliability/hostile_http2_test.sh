@@ -55,7 +55,12 @@ start_server() {  # [--auth_token_file=FILE] FLAG...
     >"${workdir}/prober.log" 2>&1 &
   prober_pid=$!
   cleanup_pids+=("${prober_pid}")
-  sleep 0.5
+  # Until its first call has been answered (or failed), for up to 60 s.
+  for _ in $(seq 1 600); do
+    grep -q "^prober: calling" "${workdir}/prober.log" 2>/dev/null && break
+    kill -0 "${prober_pid}" 2>/dev/null || break
+    sleep 0.1
+  done
 }
 stop_server() {
   local status

@@ -13,6 +13,11 @@ import signal
 import sys
 import time
 
+# First, before the imports (grpc's takes a while on a loaded machine): a SIGTERM that came
+# before the handler would end the prober silently, as a failure.
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, sys.argv[2])
 import grpc  # noqa: E402
@@ -30,10 +35,8 @@ def main():
     request = attend_request(2, 8, 8)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = attention_pb2_grpc.AttentionServiceStub(channel)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     calls, retries, slowest, errors = 0, 0, 0.0, []
-    while not stopping:
+    while not stopping or calls == 0:
         started = time.monotonic()
         while True:
             try:
@@ -49,6 +52,8 @@ def main():
                 time.sleep(0.05)
         calls += 1
         slowest = max(slowest, time.monotonic() - started)
+        if calls == 1:
+            print("prober: calling", flush=True)  # what start_server waits for
         time.sleep(0.05)
     print(f"prober: {calls} small Attends, {retries} retried, slowest {slowest:.2f} s, "
           f"errors {errors[:3]}")

@@ -141,11 +141,13 @@ ABSL_FLAG(bool, portable_kernels, Defaults().engine.portable_kernels,
 ABSL_FLAG(
     int64_t, max_weights_bytes, Defaults().memory.max_weights_bytes,
     "Most bytes of registered weights the server holds; 0: a quarter of "
-    "the memory limit (the cgroup's, or physical memory), at most 4 GiB.");
+    "what the memory limit (the cgroup's, or physical memory) leaves after "
+    "256 MiB for the process and the buffer pool, at most 4 GiB.");
 ABSL_FLAG(int64_t, kv_cache_bytes, Defaults().memory.kv_cache_bytes,
           "Most bytes of KV-cache pages the sessions hold, never exceeded; "
-          "0: a quarter of the memory limit (the cgroup's, or physical "
-          "memory).");
+          "0: a quarter of what the memory limit (the cgroup's, or physical "
+          "memory) leaves after 256 MiB for the process and the buffer "
+          "pool.");
 ABSL_FLAG(std::string, kv_eviction, "lru",
           "Past --kv_cache_bytes or --max_sessions: \"lru\" evicts the "
           "least recently used sessions no step is using (their next call "
@@ -195,7 +197,8 @@ ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
 ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "
-          "fresh pages; 0 keeps none.");
+          "fresh pages; 0 keeps none. -1: an eighth of what the memory limit "
+          "leaves after 256 MiB for the process, at most 256 MiB.");
 ABSL_FLAG(bool, demo_weights, Defaults().demo_weights,
           "Register the built-in `demo` weight set (E=64, H=8) at start-up; "
           "turn off in production, where only your own sets should answer.");

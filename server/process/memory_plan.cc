@@ -134,40 +134,51 @@ MemoryLimit ReadMemoryLimit(const std::string& cgroup_root,
 
 absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                                       const MemoryLimit& limit) {
-  const int64_t buffer_pool_bytes = requested.buffer_pool_bytes;
   const int64_t max_inflight_bytes = requested.max_inflight_bytes;
   const std::pair<const char*, int64_t> budgets[] = {
       {"max_weights_bytes", requested.max_weights_bytes},
       {"kv_cache_bytes", requested.kv_cache_bytes},
-      {"buffer_pool_bytes", buffer_pool_bytes},
       {"max_inflight_bytes", max_inflight_bytes}};
   for (const auto& [name, value] : budgets) {
     if (value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " is ", value,
-                       ", expected >= 0 (0: derived from the memory "
-                       "limit where the flag says so)"));
+                       ", expected >= 0 (0: derived from the memory limit)"));
     }
+  }
+  if (requested.buffer_pool_bytes < 0 &&
+      requested.buffer_pool_bytes != kDerivedBufferPool) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer_pool_bytes is ", requested.buffer_pool_bytes,
+                     ", expected >= 0, or ", kDerivedBufferPool,
+                     " (derived from the memory limit)"));
   }
   MemoryPlan plan;
   plan.limit = limit;
-  plan.buffer_pool_bytes = buffer_pool_bytes;
+  // What the limit leaves after the process: the derived budgets' base.
+  const int64_t left =
+      std::max<int64_t>(0, limit.bytes - kProcessOverheadBytes);
+  plan.buffer_pool_bytes = requested.buffer_pool_bytes == kDerivedBufferPool
+                               ? std::min(int64_t{256} << 20, left / 8)
+                               : requested.buffer_pool_bytes;
+  const int64_t shared =
+      std::max<int64_t>(0, left - plan.buffer_pool_bytes) / 4;
   plan.max_weights_bytes = requested.max_weights_bytes > 0
                                ? requested.max_weights_bytes
-                               : std::min(int64_t{4} << 30, limit.bytes / 4);
+                               : std::min(int64_t{4} << 30, shared);
   plan.kv_cache_bytes =
-      requested.kv_cache_bytes > 0 ? requested.kv_cache_bytes : limit.bytes / 4;
+      requested.kv_cache_bytes > 0 ? requested.kv_cache_bytes : shared;
   // Sums in double: the flags may be anything up to 2^63.
   const double fixed = static_cast<double>(plan.max_weights_bytes) +
                        static_cast<double>(plan.kv_cache_bytes) +
-                       static_cast<double>(buffer_pool_bytes) +
+                       static_cast<double>(plan.buffer_pool_bytes) +
                        static_cast<double>(kProcessOverheadBytes);
   if (max_inflight_bytes > 0) {
     plan.max_inflight_bytes = max_inflight_bytes;
   } else {
-    const double left = static_cast<double>(limit.bytes) - fixed;
+    const double rest = static_cast<double>(limit.bytes) - fixed;
     plan.max_inflight_bytes =
-        left >= 4.0 ? static_cast<int64_t>(left * 0.75) : 0;
+        rest >= 4.0 ? static_cast<int64_t>(rest * 0.75) : 0;
   }
   const double total = fixed + static_cast<double>(plan.max_inflight_bytes);
   if (plan.max_inflight_bytes < (int64_t{1} << 20) ||
@@ -175,7 +186,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
     return absl::FailedPreconditionError(absl::StrCat(
         "the memory budgets do not fit the memory limit: max_weights_bytes ",
         plan.max_weights_bytes, " + kv_cache_bytes ", plan.kv_cache_bytes,
-        " + buffer_pool_bytes ", buffer_pool_bytes, " + max_inflight_bytes ",
+        " + buffer_pool_bytes ", plan.buffer_pool_bytes,
+        " + max_inflight_bytes ",
         max_inflight_bytes > 0 ? absl::StrCat(plan.max_inflight_bytes)
                                : std::string("(derived: none left)"),
         " + ", kProcessOverheadBytes,

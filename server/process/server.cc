@@ -428,6 +428,22 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   }
   ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
                              PlanMemory(requested.memory, ReadMemoryLimit()));
+  // A small memory limit plans budgets too small for the largest message:
+  // such a request is refused for the budget, every time.
+  const int64_t per_connection =
+      (memory.max_inflight_bytes - memory.transport_bytes) / 2;
+  if (per_connection < requested.transport.max_message_bytes) {
+    Log(LogLevel::kWarning,
+        absl::StrCat(
+            "attnserve: warning: one connection may hold ", per_connection,
+            " bytes of calls in flight (half of max_inflight_bytes ",
+            memory.max_inflight_bytes,
+            " less gRPC's quarter), less than a message of max_message_bytes ",
+            requested.transport.max_message_bytes,
+            ": requests that large are refused RESOURCE_EXHAUSTED; lower "
+            "--max_message_bytes, or raise --max_inflight_bytes or the "
+            "memory limit"));
+  }
   ServerOptions options = requested;
   // Executors share the compute threads (those the process may use, or
   // OMP_NUM_THREADS: a container's CPU limit through the entrypoint) unless

@@ -132,17 +132,30 @@ expected_status=2 expect_start_failure \
   --max_weights_bytes=$((1 << 60)) --max_inflight_bytes=1048576
 expected_status=2 expect_start_failure "max_inflight_bytes is -1, expected >= 0" \
   --max_inflight_bytes=-1
-# The process's own address-space limit binds too: under ulimit -v 400 MiB the default budgets
-# (a 256 MiB buffer pool, 256 MiB for the process) cannot fit, where planned from physical
-# memory they let large calls fail malloc and end the process. (Not under a sanitizer, whose
-# shadow memory needs terabytes of address space; ldd's output taken whole, as pipefail would
-# fail `ldd | grep -q` on SIGPIPE.)
+# The process's own address-space limit binds too: under ulimit -v 300 MiB nothing is left once
+# the process has its 256 MiB, where planned from physical memory the budgets let large calls
+# fail malloc and end the process. (Not under a sanitizer, whose shadow memory needs terabytes
+# of address space; ldd's output taken whole, as pipefail would fail `ldd | grep -q` on
+# SIGPIPE.)
 if [[ $(ldd "${attnserve}") == *lib[at]san* ]]; then
   echo "skipped: ulimit -v under a sanitizer build"
 else
-  attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((400 << 10)))
+  attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((300 << 10)))
   expected_status=2 expect_start_failure \
     "memory budgets do not fit the memory limit: .* bytes of RLIMIT_AS \(ulimit -v\)"
+  # A small limit plans small budgets (the buffer pool among them) and starts, saying that a
+  # message of --max_message_bytes cannot fit one connection's share (until 2026-12-06 every
+  # limit up to 1 GiB was refused: a fixed 256 MiB pool, weights and KV cache a quarter each of
+  # the whole limit).
+  attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((768 << 10)))
+  start_attnserve "${attnserve}" --drain_grace_seconds=0
+  grep -q "attnserve: warning: one connection may hold [0-9]* bytes of calls in flight .* less \
+than a message of max_message_bytes 67108864" "${workdir}/server.log" ||
+    fail "no warning of a message too large for the budget: $(cat "${workdir}/server.log")"
+  pool=$(sed -n 's/.* buffer_pool_bytes=\([0-9]*\) .*/\1/p' "${workdir}/server.log")
+  [[ -n ${pool} && ${pool} -gt 0 && ${pool} -lt $((96 << 20)) ]] ||
+    fail "the buffer pool not derived from ulimit -v 768 MiB: $(cat "${workdir}/server.log")"
+  stop_attnserve
   # With room, the budgets are planned from it.
   attnserve_prefix=(bash -c 'ulimit -v "$0" && exec "$@"' $((2 << 20)))
   start_attnserve "${attnserve}" --drain_grace_seconds=0

@@ -196,15 +196,57 @@ TEST(PlanMemoryTest, DerivesWhatIsLeftAtZero) {
   const MemoryLimit limit{int64_t{8} << 30, "cgroup x"};
   const absl::StatusOr<MemoryPlan> plan = Plan(0, 0, 256 * kMiB, 0, limit);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->max_weights_bytes, int64_t{2} << 30);  // a quarter
-  EXPECT_EQ(plan->kv_cache_bytes, int64_t{2} << 30);     // a quarter
-  // (8 GiB - 2 GiB - 2 GiB - 256 MiB - 256 MiB) * 3/4 = 2688 MiB
-  EXPECT_EQ(plan->max_inflight_bytes, 2688 * kMiB);
-  EXPECT_EQ(plan->transport_bytes, 672 * kMiB);
+  // A quarter of 8 GiB - 256 MiB (the process) - 256 MiB (the pool).
+  EXPECT_EQ(plan->max_weights_bytes, 1920 * kMiB);
+  EXPECT_EQ(plan->kv_cache_bytes, 1920 * kMiB);
+  // (8 GiB - 1920 MiB - 1920 MiB - 256 MiB - 256 MiB) * 3/4 = 2880 MiB
+  EXPECT_EQ(plan->max_inflight_bytes, 2880 * kMiB);
+  EXPECT_EQ(plan->transport_bytes, 720 * kMiB);
   const absl::StatusOr<MemoryPlan> big =
       Plan(0, 0, 0, 0, {int64_t{64} << 30, "physical memory"});
   EXPECT_EQ(big->max_weights_bytes, int64_t{4} << 30);  // at most 4 GiB
-  EXPECT_EQ(big->kv_cache_bytes, int64_t{16} << 30);
+  EXPECT_EQ(big->kv_cache_bytes, (int64_t{64} << 30) / 4 - 64 * kMiB);
+  EXPECT_EQ(big->buffer_pool_bytes, 0);
+}
+
+// The pool, left to derive, is an eighth of what the limit leaves after the
+// process, at most 256 MiB; the weights and KV cache a quarter of what the
+// pool leaves of that. A small container starts with small budgets (until
+// 2026-12-06 a fixed 256 MiB pool and budgets of a quarter of the whole
+// limit refused every limit up to 1 GiB, an audit found).
+TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
+  const absl::StatusOr<MemoryPlan> small =
+      Plan(0, 0, kDerivedBufferPool, 0, {512 * kMiB, "cgroup x"});
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->buffer_pool_bytes, 32 * kMiB);
+  EXPECT_EQ(small->max_weights_bytes, 56 * kMiB);
+  EXPECT_EQ(small->kv_cache_bytes, 56 * kMiB);
+  EXPECT_EQ(small->max_inflight_bytes, 84 * kMiB);
+  for (const int64_t mib : {320, 384, 768, 1024, 1100, 2048}) {
+    SCOPED_TRACE(mib);
+    const absl::StatusOr<MemoryPlan> plan =
+        Plan(0, 0, kDerivedBufferPool, 0, {mib * kMiB, "cgroup x"});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_LE(plan->max_weights_bytes + plan->kv_cache_bytes +
+                  plan->buffer_pool_bytes + plan->max_inflight_bytes +
+                  kProcessOverheadBytes,
+              mib * kMiB);
+    EXPECT_GT(plan->max_inflight_bytes, plan->kv_cache_bytes);
+  }
+  const absl::StatusOr<MemoryPlan> large =
+      Plan(0, 0, kDerivedBufferPool, 0, {int64_t{8} << 30, "cgroup x"});
+  EXPECT_EQ(large->buffer_pool_bytes, 256 * kMiB);  // at most 256 MiB
+  // 256 MiB leaves nothing once the process has its share.
+  const absl::StatusOr<MemoryPlan> none =
+      Plan(0, 0, kDerivedBufferPool, 0, {256 * kMiB, "cgroup x"});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("(derived: none left)"));
+  // -1 is the only negative pool.
+  const absl::StatusOr<MemoryPlan> negative =
+      Plan(0, 0, -2, 0, {int64_t{8} << 30, "cgroup x"});
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.status().message(),
+              HasSubstr("buffer_pool_bytes is -2, expected >= 0, or -1"));
 }
 
 TEST(PlanMemoryTest, RefusesBudgetsThatDoNotFit) {

@@ -12,15 +12,19 @@
 
 namespace attnserve {
 
+// MemoryOptions::buffer_pool_bytes when the pool is derived from the limit.
+inline constexpr int64_t kDerivedBufferPool = -1;
+
 // The memory budgets, as asked for (0: derived by PlanMemory).
 struct MemoryOptions {
   // The most bytes of registered weights the server holds (PutWeights,
-  // weights_dir, demo). 0: a quarter of the memory limit (the cgroup's, or
-  // physical memory), at most 4 GiB.
+  // weights_dir, demo). 0: a quarter of what the memory limit (the cgroup's,
+  // or physical memory) leaves after the process and the buffer pool, at most
+  // 4 GiB.
   int64_t max_weights_bytes = 0;
   // The most bytes of KV-cache pages the sessions hold (the store's hard
-  // budget). 0: a quarter of the memory limit (the cgroup's, or physical
-  // memory).
+  // budget). 0: a quarter of what the memory limit (the cgroup's, or physical
+  // memory) leaves after the process and the buffer pool.
   int64_t kv_cache_bytes = 0;
   // The memory that requests in flight may hold at once: a quarter for gRPC's
   // transport buffers (its ResourceQuota: connections and messages still
@@ -32,8 +36,9 @@ struct MemoryOptions {
   int64_t max_inflight_bytes = 0;
   // Memory kept between calls for requests' and responses' tensor bytes, so
   // that large tensors are read and written into pages already mapped; 0
-  // keeps none.
-  int64_t buffer_pool_bytes = int64_t{256} << 20;
+  // keeps none. -1: an eighth of what the memory limit leaves after the
+  // process, at most 256 MiB.
+  int64_t buffer_pool_bytes = kDerivedBufferPool;
 };
 
 // The memory the process may use, and where that figure comes from.
@@ -71,13 +76,16 @@ struct MemoryPlan {
   MemoryLimit limit;
 };
 
-// Fills in the budgets left at 0 (derived from `limit`) and checks that they
-// fit:
-// - max_weights_bytes 0: a quarter of the limit, at most 4 GiB;
-// - kv_cache_bytes 0: a quarter of the limit;
+// Fills in the budgets left to derive from `limit` and checks that they fit.
+// From what the limit leaves after kProcessOverheadBytes ("left"):
+// - buffer_pool_bytes kDerivedBufferPool: an eighth of left, at most 256 MiB;
+// - max_weights_bytes 0: a quarter of left less the pool, at most 4 GiB;
+// - kv_cache_bytes 0: a quarter of left less the pool;
 // - max_inflight_bytes 0: three quarters of what the limit leaves after the
 //   weights, the KV cache, the buffer pool and kProcessOverheadBytes (the
 //   last quarter is the allocator's slack and gRPC's overshoot of its quota).
+// A small limit thus gets small budgets, not a refusal: 512 MiB plans a pool
+// of 32 MiB, 56 MiB each of weights and KV cache, 84 MiB in flight.
 // FAILED_PRECONDITION, naming every term, when weights + KV cache + pool +
 // in-flight + kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a
 // negative budget.

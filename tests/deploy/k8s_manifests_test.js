@@ -54,7 +54,7 @@ const FLAG_DEFAULTS = {
   max_weights_bytes: "0",
   max_inflight_bytes: "0",
   kv_cache_bytes: "0",
-  buffer_pool_bytes: String(256 * 2 ** 20),
+  buffer_pool_bytes: "-1",
   drain_grace_seconds: "5",
   demo_weights: "true",
 };
@@ -345,9 +345,11 @@ const INVARIANTS = [
   ["memory limit holds weights + KV cache + pool + in-flight budget + 256 MiB, each set explicitly",
     (r) => {
       const flag = (name) => Number(r.flags()[name]);
-      // 0 derives a budget from the cgroup's limit at start-up; the manifests say theirs.
+      // 0 (-1 for the pool) derives a budget from the cgroup's limit at start-up; the
+      // manifests say theirs.
       const unset = ["max_weights_bytes", "kv_cache_bytes", "max_inflight_bytes"]
-          .filter((name) => !(flag(name) > 0));
+          .filter((name) => !(flag(name) > 0))
+          .concat(flag("buffer_pool_bytes") >= 0 ? [] : ["buffer_pool_bytes"]);
       if (unset.length) return [`${unset.join(", ")} not set in the flag file`];
       const needed = flag("max_weights_bytes") + flag("kv_cache_bytes") +
           flag("buffer_pool_bytes") + flag("max_inflight_bytes") + BASE_MEMORY_BYTES;

@@ -33,9 +33,10 @@ int64_t WeightSet::BytesFor(const WeightsShape& s,
   const bool qkv_bias = w.has_b_q() || w.has_b_k() || w.has_b_v();
   floats += (w.has_b_q() ? q : 0) + (w.has_b_k() ? k : 0) +
             (w.has_b_v() ? v : 0) + (w.has_b_o() ? s.embed_dim : 0);
-  if (s.embed_dim == s.kv_embed_dim) {
-    // The stacked copy for the fused projection, and its stacked bias.
-    floats += (q + k + v) * s.embed_dim + (qkv_bias ? q + k + v : 0);
+  if (s.embed_dim == s.kv_embed_dim && qkv_bias) {
+    // The stacked bias of the fused projection (the weights are stacked in
+    // place: one copy).
+    floats += q + k + v;
   }
   return floats * int64_t{sizeof(float)} + kWeightSetOverheadBytes;
 }
@@ -44,9 +45,23 @@ std::shared_ptr<const WeightSet> WeightSet::FromProto(
     const v1::ProjectionWeights& w, const WeightsShape& shape) {
   auto set = std::make_shared<WeightSet>();
   set->shape_ = shape;
-  set->w_q_ = ToVector(w.w_q());
-  set->w_k_ = ToVector(w.w_k());
-  set->w_v_ = ToVector(w.w_v());
+  const bool stacked = shape.embed_dim == shape.kv_embed_dim;
+  if (stacked) {
+    // Self-attention projects Q, K and V in one GEMM over the stacked rows:
+    // they are stored stacked, once, and each is a view of its rows.
+    const int64_t rows = shape.heads * shape.key_dim +
+                         shape.kv_heads * (shape.key_dim + shape.value_dim);
+    set->w_qkv_.reserve(static_cast<size_t>(rows * shape.embed_dim));
+    for (const v1::Tensor* part : {&w.w_q(), &w.w_k(), &w.w_v()}) {
+      std::vector<float> storage;
+      const absl::Span<const float> values = FloatElements(*part, &storage);
+      set->w_qkv_.insert(set->w_qkv_.end(), values.begin(), values.end());
+    }
+  } else {
+    set->w_q_ = ToVector(w.w_q());
+    set->w_k_ = ToVector(w.w_k());
+    set->w_v_ = ToVector(w.w_v());
+  }
   set->w_o_ = ToVector(w.w_o());
   if (w.has_b_q()) set->b_q_ = ToVector(w.b_q());
   if (w.has_b_k()) set->b_k_ = ToVector(w.b_k());
@@ -55,21 +70,27 @@ std::shared_ptr<const WeightSet> WeightSet::FromProto(
   set->has_bias_ = w.has_b_q() || w.has_b_k() || w.has_b_v() || w.has_b_o();
   ProjectionWeights& views = set->views_;
   if (w.has_rope()) views.rope = RotaryOf(w.rope());
-  views.w_q = View(set->w_q_);
-  views.w_k = View(set->w_k_);
-  views.w_v = View(set->w_v_);
+  if (stacked) {
+    const absl::Span<const float> all = View(set->w_qkv_);
+    const size_t q =
+        static_cast<size_t>(shape.heads * shape.key_dim * shape.embed_dim);
+    const size_t k =
+        static_cast<size_t>(shape.kv_heads * shape.key_dim * shape.embed_dim);
+    views.w_q = all.subspan(0, q);
+    views.w_k = all.subspan(q, k);
+    views.w_v = all.subspan(q + k);
+    views.w_qkv = all;
+  } else {
+    views.w_q = View(set->w_q_);
+    views.w_k = View(set->w_k_);
+    views.w_v = View(set->w_v_);
+  }
   views.w_o = View(set->w_o_);
   views.b_q = View(set->b_q_);
   views.b_k = View(set->b_k_);
   views.b_v = View(set->b_v_);
   views.b_o = View(set->b_o_);
-  if (shape.embed_dim == shape.kv_embed_dim) {
-    // Self-attention projects Q, K and V in one GEMM over the stacked rows.
-    for (const std::vector<float>* part :
-         {&set->w_q_, &set->w_k_, &set->w_v_}) {
-      set->w_qkv_.insert(set->w_qkv_.end(), part->begin(), part->end());
-    }
-    views.w_qkv = View(set->w_qkv_);
+  if (stacked) {
     if (w.has_b_q() || w.has_b_k() || w.has_b_v()) {
       const int64_t rows[3] = {shape.heads * shape.key_dim,
                                shape.kv_heads * shape.key_dim,

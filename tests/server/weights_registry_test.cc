@@ -106,6 +106,36 @@ TEST_F(WeightsRegistryTest, PutWeightsReturnsVersionAndBytesAndListIsSorted) {
             alpha->bytes() + list->weights(1).bytes() + zeta->bytes());
 }
 
+// A self-attention set holds each of its values once: Q, K and V stacked
+// for the fused projection are the only copy of them (until 2026-12-06 they
+// were held twice, and a set counted 1.75 times its values), plus the stacked
+// bias when it has biases.
+TEST_F(WeightsRegistryTest, ASelfAttentionSetHoldsItsValuesOnce) {
+  const auto elements = [](const v1::Tensor& tensor) {
+    int64_t n = 1;
+    for (const int64_t dim : tensor.shape()) n *= dim;
+    return n;
+  };
+  const v1::ProjectionWeights plain = MakeWeights(kSelfShape, 3, Biases::kNone);
+  absl::StatusOr<v1::PutWeightsResponse> put =
+      client_->PutWeights(PutRequest("plain", plain), kTimeout);
+  ASSERT_TRUE(put.ok()) << put.status();
+  const int64_t weights = elements(plain.w_q()) + elements(plain.w_k()) +
+                          elements(plain.w_v()) + elements(plain.w_o());
+  EXPECT_EQ(put->bytes(),
+            weights * int64_t{sizeof(float)} + kWeightSetOverheadBytes);
+  const v1::ProjectionWeights biased = MakeWeights(kSelfShape, 4);
+  put = client_->PutWeights(PutRequest("biased", biased), kTimeout);
+  ASSERT_TRUE(put.ok()) << put.status();
+  const int64_t biases = elements(biased.b_q()) + elements(biased.b_k()) +
+                         elements(biased.b_v()) + elements(biased.b_o());
+  const int64_t stacked_bias =
+      elements(biased.b_q()) + elements(biased.b_k()) + elements(biased.b_v());
+  EXPECT_EQ(put->bytes(),
+            (weights + biases + stacked_bias) * int64_t{sizeof(float)} +
+                kWeightSetOverheadBytes);
+}
+
 TEST_F(WeightsRegistryTest, WeightsNameMatchesReferenceAndReportsVersion) {
   const v1::ProjectionWeights self_weights = MakeWeights(kSelfShape, 11);
   const v1::ProjectionWeights cross_weights = MakeWeights(kCrossShape, 21);

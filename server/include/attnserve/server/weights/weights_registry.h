@@ -23,8 +23,9 @@
 
 namespace attnserve {
 
-// One immutable weight set, held as f32, with Q, K and V also stacked for a
-// fused projection when E == Ekv. Thread-safe (immutable).
+// One immutable weight set, held as f32; when E == Ekv, Q, K and V are held
+// stacked (once) for a fused projection, each a view of its rows.
+// Thread-safe (immutable).
 class WeightSet {
  public:
   // The bytes the set `weights` (validated, of `shape`) will hold, computed
@@ -43,6 +44,7 @@ class WeightSet {
 
  private:
   WeightsShape shape_;
+  // w_q_, w_k_ and w_v_ stay empty when they are stacked in w_qkv_.
   std::vector<float> w_q_, w_k_, w_v_, w_o_, b_q_, b_k_, b_v_, b_o_, w_qkv_,
       b_qkv_;
   ProjectionWeights views_;

@@ -182,9 +182,17 @@ absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
     return results.status();
   }
   if (absl::Status rebuilt = Rebuild(Remaining(deadline)); !rebuilt.ok()) {
-    return absl::Status(rebuilt.code(), absl::StrCat(results.status().message(),
-                                                     "; rebuilding it failed: ",
-                                                     rebuilt.message()));
+    // Still the replica-gone error (IsReplicaGone), the rebuild's own
+    // failure told: the caller may rebuild again.
+    absl::Status gone(
+        results.status().code(),
+        absl::StrCat(results.status().message(),
+                     "; rebuilding it failed: ", rebuilt.message()));
+    results.status().ForEachPayload(
+        [&gone](absl::string_view url, const absl::Cord& payload) {
+          gone.SetPayload(url, payload);
+        });
+    return gone;
   }
   steps.clear();
   steps.push_back({this, *std::move(again)});
@@ -244,26 +252,44 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
   ATTNSERVE_ASSIGN_OR_RETURN(
       Session fresh,
       replicas_->CreateSession(request, Remaining(deadline), {address_}));
+  if (rebuild_ != nullptr) {
+    // The hook restores the new session as a Session of its own: this one
+    // becomes it only once every layer holds what the lost one held, so that
+    // a failed restore leaves no step on a session missing tokens (it would
+    // attend over them without a word).
+    rebuilding_ = true;
+    fresh.rebuilding_ = true;
+    absl::Status restored = rebuild_(fresh, lengths, Remaining(deadline));
+    rebuilding_ = false;
+    fresh.rebuilding_ = false;
+    if (!restored.ok()) {
+      restored = absl::Status(
+          restored.code(),
+          absl::StrCat("the rebuild hook failed on session ", fresh.id(),
+                       " at ", fresh.address(), ": ", restored.message()));
+    }
+    for (size_t layer = 0; restored.ok() && layer < lengths.size(); ++layer) {
+      if (fresh.lengths_[layer] != lengths[layer]) {
+        restored = absl::FailedPreconditionError(
+            absl::StrCat("the rebuild hook left layer ", layer, " of session ",
+                         fresh.id(), " at ", fresh.lengths_[layer],
+                         " tokens; the lost session held ", lengths[layer]));
+      }
+    }
+    if (!restored.ok()) {
+      // Its pages go now, not at its TTL; this Session stays the lost one,
+      // whose next call fails as gone again (and rebuilds again).
+      fresh.Delete(std::min(Remaining(deadline), absl::Seconds(1)))
+          .IgnoreError();
+      return absl::Status(restored.code(),
+                          absl::StrCat(restored.message(),
+                                       " (deleted it; this session is still "
+                                       "the lost one, to rebuild again)"));
+    }
+  }
   RebuildHook hook = std::move(rebuild_);
   *this = std::move(fresh);
   rebuild_ = std::move(hook);
-  if (rebuild_ == nullptr) return absl::OkStatus();
-  rebuilding_ = true;
-  const absl::Status restored = rebuild_(*this, lengths, Remaining(deadline));
-  rebuilding_ = false;
-  if (!restored.ok()) {
-    return absl::Status(
-        restored.code(),
-        absl::StrCat("the rebuild hook failed on session ", id(), " at ",
-                     address_, ": ", restored.message()));
-  }
-  for (size_t layer = 0; layer < lengths.size(); ++layer) {
-    if (lengths_[layer] != lengths[layer]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the rebuild hook left layer ", layer, " of session ", id(), " at ",
-          lengths_[layer], " tokens; the lost session held ", lengths[layer]));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -346,9 +372,13 @@ absl::Status Session::Delete(absl::Duration timeout) {
   request.set_replica_incarnation(replica_.incarnation());
   absl::StatusOr<v1::DeleteSessionResponse> response =
       client_->DeleteSession(request, timeout, &attempts);
-  // DeleteSession fails FAILED_PRECONDITION only for the incarnation.
+  // NOT_FOUND counts as done after an attempt, of this call or an earlier
+  // one, that may have deleted the session without its answer arriving.
+  const bool maybe_deleted = attempts > 1 || delete_sent_;
   if (!response.ok() &&
-      !(attempts > 1 && absl::IsNotFound(response.status()))) {
+      !(maybe_deleted && absl::IsNotFound(response.status()))) {
+    delete_sent_ = true;
+    // DeleteSession fails FAILED_PRECONDITION only for the incarnation.
     return ReplicaGoneOr(response.status(),
                          absl::IsFailedPrecondition(response.status()));
   }

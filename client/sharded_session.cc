@@ -215,7 +215,10 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   }
   if (used == 0) {
     // No key anywhere: as one session, the query attends over nothing.
-    return shards_[0].Step(std::move(inputs), Remaining(deadline));
+    absl::StatusOr<StepOutput> empty =
+        shards_[0].Step(std::move(inputs), Remaining(deadline));
+    if (!empty.ok()) return Failed(empty.status(), 0, layer, start, end, true);
+    return empty;
   }
 
   // Every shard attends with the query, at once; the merge needs f32 outputs

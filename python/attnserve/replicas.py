@@ -285,8 +285,11 @@ class ShardedSession:
                     self.lengths[layer] = end
                 return None, None, self.lengths[layer]
             if not used:
-                result = self.shards[0].step(layer, query=query, timeout=left(),
-                                             return_lse=return_lse, **options)
+                try:
+                    result = self.shards[0].step(layer, query=query, timeout=left(),
+                                                 return_lse=return_lse, **options)
+                except AttnserveError as error:
+                    raise self._failed(error, 0, layer, start, end, True) from None
                 return result.output, result.lse, result.length
             options = dict(options, output_dtype="float32")
             step_left = left()

@@ -141,6 +141,9 @@ class Session:
         self.lengths = list(info.lengths) or [0] * info.num_layers
         self._uncertain = [False] * len(self.lengths)
         self.deleted = False  # set by delete()
+        # A delete() failed without an answer: it may have deleted the session, so a later
+        # one's NOT_FOUND counts as done.
+        self._delete_sent = False
         # Held through each call: a rebuild swaps the id, lengths and replica at once.
         self._lock = threading.RLock()
         # The process that holds it (ReplicaIdentity: name, incarnation), and where it is
@@ -173,10 +176,17 @@ class Session:
         with self._alone(timeout) as timeout:
             try:
                 return self._step(layer, key, value, query, input_dtype, timeout, options)
-            except ReplicaGoneError:
+            except ReplicaGoneError as error:
                 if self.rebuild_hook is None or self._rebuilding:
                     raise
-            self.rebuild(timeout)
+                gone = error
+            try:
+                self.rebuild(timeout)
+            except AttnserveError as error:
+                # Still the replica-gone error, the rebuild's own failure told: the caller
+                # may rebuild again.
+                raise ReplicaGoneError(f"{gone.message}; rebuilding it failed: {error.message}",
+                                       gone.address) from error
             return self._step(layer, key, value, query, input_dtype, timeout, options)
 
     def _gone_or(self, error, restarted=False):
@@ -221,8 +231,9 @@ class Session:
         order other than its own, then runs rebuild_hook, if any, to restore the lengths it
         had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed.
         The hook is given the new session as a Session of its own, which it may step from
-        any thread; this one becomes it when the hook returns, and until then other threads'
-        calls on this one wait."""
+        any thread; this one becomes it when the hook has restored every layer, and until then
+        other threads' calls on this one wait. If the hook raises or leaves other lengths, the
+        new session is deleted and this one stays the lost one, to rebuild again."""
         with self._alone(timeout) as timeout:
             if self._replicas is None:
                 raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -237,13 +248,23 @@ class Session:
             self._rebuilding = True
             try:
                 self.rebuild_hook(fresh, lengths, timeout)
+                if fresh.lengths != lengths:
+                    raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
+                                         f"the rebuild hook left session {fresh.id} at lengths "
+                                         f"{fresh.lengths}; the lost session held {lengths} "
+                                         f"(deleted it; this session is still the lost one, to "
+                                         f"rebuild again)")
+            except BaseException:
+                # A session missing tokens never becomes this one (its steps would attend
+                # without them, as a success); its pages go now, not at its TTL.
+                try:
+                    fresh.delete(timeout=1.0)
+                except AttnserveError:
+                    pass
+                raise
             finally:
                 self._rebuilding = False
-                self._become(fresh)
-            if self.lengths != lengths:
-                raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"the rebuild hook left session {self.id} at lengths "
-                                     f"{self.lengths}; the lost session held {lengths}")
+            self._become(fresh)
 
     def _become(self, fresh):
         """Takes `fresh`'s server session as this one's."""
@@ -252,6 +273,7 @@ class Session:
             self.lengths, self._uncertain = list(fresh.lengths), list(fresh._uncertain)
             self.replica, self.address = fresh.replica, fresh.address
             self.deleted = fresh.deleted
+            self._delete_sent = fresh._delete_sent
 
     def _step(self, layer, key, value, query, input_dtype, timeout, options):
         if (key is None) != (value is None):
@@ -376,14 +398,17 @@ class Session:
             self._adopt(info)
 
     def delete(self, timeout=None):
-        """Deletes the session; NOT_FOUND after a retried call counts as done."""
+        """Deletes the session; NOT_FOUND counts as done after an attempt whose answer was
+        lost (a retry of this call, or an earlier delete() that failed)."""
         with self._alone(timeout) as timeout:
             request = pb2.DeleteSessionRequest(session_id=self.id,
                                                replica_incarnation=self.replica.incarnation)
             try:
                 self._client.call_counting("DeleteSession", request, timeout)
             except AttnserveError as error:
-                if error.code != grpc.StatusCode.NOT_FOUND or error.attempts < 2:
+                maybe_deleted = error.attempts >= 2 or self._delete_sent
+                if error.code != grpc.StatusCode.NOT_FOUND or not maybe_deleted:
+                    self._delete_sent = True
                     # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
                     raise self._gone_or(
                         error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None

@@ -290,6 +290,34 @@ def test_a_session_from_prefill_to_delete(server):
     assert error.value.code == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_delete_whose_answer_was_lost_is_done_at_the_next(server, monkeypatch):
+    # The server deletes the session, and the answer is lost on its way (as a deadline that
+    # passes meanwhile): the next delete()'s NOT_FOUND counts as done. It was raised, every
+    # time, and `deleted` stayed False.
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=1, num_heads=2, num_kv_heads=2, key_dim=8)
+        sent = client.call_counting
+
+        def answer_lost(method, request, timeout=None, *args, **kwargs):
+            sent(method, request, timeout, *args, **kwargs)
+            raise attnserve.AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                           "Deadline Exceeded")
+
+        monkeypatch.setattr(client, "call_counting", answer_lost)
+        with pytest.raises(attnserve.AttnserveError) as lost:
+            session.delete()
+        assert lost.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and not session.deleted
+        monkeypatch.setattr(client, "call_counting", sent)
+        session.delete()
+        assert session.deleted
+        # Without a failed delete, NOT_FOUND is the answer.
+        other = client.create_session(num_layers=1, num_heads=2, num_kv_heads=2, key_dim=8)
+        client.session(other.id).delete()
+        with pytest.raises(attnserve.AttnserveError) as missing:
+            other.delete()
+        assert missing.value.code == grpc.StatusCode.NOT_FOUND and not other.deleted
+
+
 def test_a_step_whose_answer_was_lost_is_recovered(server):
     """The step lands but its answer is lost (the client sees UNAVAILABLE): sent again, the
     server refuses it (the layer no longer holds the expected length), and the session finds

@@ -123,6 +123,29 @@ def test_sessions_are_pinned_told_gone_and_rebuilt(three):
         assert gone.value.code == grpc.StatusCode.ABORTED
         assert "is gone, and the session with it: it is unreachable" in gone.value.message
 
+        # A hook that restores too little: the new session is deleted, and this one stays
+        # the lost one, its lengths as they were, still told gone (it used to become the
+        # half-restored session, whose next step attended without the missing tokens).
+        partial = []
+
+        def short(fresh, lengths, timeout):
+            partial.append(fresh)
+            fresh.step(0, key=models[b].keys[:, :lengths[0] - 1],
+                       value=models[b].values[:, :lengths[0] - 1], timeout=timeout)
+
+        sessions[b].rebuild_hook = short
+        lost_id, lost_lengths = sessions[b].id, list(sessions[b].lengths)
+        with pytest.raises(attnserve.ReplicaGoneError) as gone:
+            decode(sessions[b], models[b])
+        assert "rebuilding it failed: the rebuild hook left session" in gone.value.message
+        assert "this session is still the lost one" in gone.value.message
+        assert (sessions[b].id, sessions[b].lengths) == (lost_id, lost_lengths)
+        assert partial[0].deleted
+        with attnserve.Client(partial[0].address) as direct:
+            with pytest.raises(attnserve.AttnserveError) as missing:
+                direct.get_session(partial[0].id)
+        assert missing.value.code == grpc.StatusCode.NOT_FOUND
+
         calls = []
 
         def prefill(fresh, lengths, timeout):
@@ -316,6 +339,21 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
                 assert shard.deleted
                 assert shard.id not in {info.session_id for info in
                                         replicas.client(shard.address).list_sessions()}
+        # A query on a layer with no tokens asks shard 0 alone: a lost shard 0 is told the
+        # same way (it said "rebuild()" without the shard).
+        empty = attnserve.ShardedSession(replicas, 4, num_layers=2, num_heads=H,
+                                         num_kv_heads=HKV, key_dim=D)
+
+        def lost(*args, **kwargs):
+            raise attnserve.ReplicaGoneError("its replica is gone", empty.shards[0].address)
+
+        empty.shards[0].step = lost
+        with pytest.raises(attnserve.ReplicaGoneError) as told:
+            empty.step(1, query=q)
+        assert told.value.message.startswith("shard 0: its replica is gone")
+        assert "a sharded session is not rebuilt: delete() it" in told.value.message
+        del empty.shards[0].step
+        empty.delete()
         # A replica that hangs does not keep the others' shards alive either.
         hung = attnserve.ShardedSession(replicas, 4, num_layers=1, num_heads=H,
                                         num_kv_heads=HKV, key_dim=D)

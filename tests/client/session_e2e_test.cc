@@ -367,6 +367,33 @@ TEST_F(SessionE2eTest, ForkSharesThePrefixAndTruncateCuts) {
   EXPECT_EQ(child->Delete(kTimeout).code(), absl::StatusCode::kNotFound);
 }
 
+// A Delete that failed without an answer may have deleted the session: the
+// next Delete's NOT_FOUND then counts as done (until 2026-12-06 it was
+// returned, every time, and deleted() stayed false). Without such a failure
+// NOT_FOUND is the answer.
+TEST_F(SessionE2eTest, ADeleteWhoseAnswerWasLostIsDoneAtTheNext) {
+  Session session = NewSession();
+  // A deadline already passed: the call fails without an answer.
+  EXPECT_EQ(session.Delete(-absl::Seconds(1)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(session.deleted());
+  // What a lost answer leaves: the session deleted on the server.
+  absl::StatusOr<Session> other =
+      Session::Attach(client_.get(), session.id(), kTimeout);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(other->Delete(kTimeout).ok());
+  EXPECT_TRUE(session.Delete(kTimeout).ok());
+  EXPECT_TRUE(session.deleted());
+
+  Session never_sent = NewSession();
+  absl::StatusOr<Session> deleter =
+      Session::Attach(client_.get(), never_sent.id(), kTimeout);
+  ASSERT_TRUE(deleter.ok()) << deleter.status();
+  ASSERT_TRUE(deleter->Delete(kTimeout).ok());
+  EXPECT_EQ(never_sent.Delete(kTimeout).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(never_sent.deleted());
+}
+
 }  // namespace
 }  // namespace attnserve
 

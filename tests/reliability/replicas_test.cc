@@ -51,6 +51,7 @@ using ::attnserve::testing::MetricSum;
 using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceMhaShape;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kReplicas = 3;
@@ -473,6 +474,39 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   EXPECT_THAT(std::string(gone.message()),
               HasSubstr("is gone, and the session with it: it is unreachable"));
 
+  // A hook that restores too little: the new session is deleted, and the
+  // Session stays the lost one, its lengths as they were, still told gone
+  // (until 2026-12-06 it became the half-restored session, whose next step
+  // attended over the missing tokens as a success, and the session leaked).
+  std::string partial_id, partial_address;
+  const std::vector<int64_t> lengths_before = sessions[b].lengths();
+  const std::string old_id = sessions[b].id();
+  sessions[b].SetRebuild([&](Session& fresh,
+                             const std::vector<int64_t>& lengths,
+                             absl::Duration timeout) {
+    partial_id = fresh.id();
+    partial_address = fresh.address();
+    auto [key, value] = models[b].Tokens(0, lengths[0] - 1);
+    return fresh.Append(0, std::move(key), std::move(value), timeout);
+  });
+  gone = Decode(sessions[b], models[b], 7050);
+  EXPECT_TRUE(IsReplicaGone(gone)) << gone;
+  EXPECT_THAT(std::string(gone.message()),
+              AllOf(HasSubstr("rebuilding it failed: the rebuild hook left "
+                              "layer 0 of session "),
+                    HasSubstr("this session is still the lost one")));
+  EXPECT_EQ(sessions[b].id(), old_id);
+  EXPECT_EQ(sessions[b].lengths(), lengths_before);
+  ASSERT_FALSE(partial_id.empty());
+  v1::GetSessionRequest partial;
+  partial.set_session_id(partial_id);
+  EXPECT_EQ((*replicas)
+                ->client(partial_address)
+                ->GetSession(partial, kTimeout)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+
   // With a hook: rebuilt on the next replica from the caller's tokens, and
   // the step answered there.
   int rebuilds = 0;
@@ -483,7 +517,6 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
     auto [key, value] = models[b].Tokens(0, lengths[0]);
     return fresh.Append(0, std::move(key), std::move(value), timeout);
   });
-  const std::string old_id = sessions[b].id();
   absl::Status rebuilt = Decode(sessions[b], models[b], 7100);
   EXPECT_TRUE(rebuilt.ok()) << rebuilt;
   EXPECT_EQ(rebuilds, 1);
@@ -743,7 +776,7 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
   ASSERT_TRUE(replicas.ok()) << replicas.status();
   constexpr int64_t kHeads = 2, kDim = 8, kShard = 4;
   v1::CreateSessionRequest create;
-  create.set_num_layers(1);
+  create.set_num_layers(2);
   create.set_num_heads(kHeads);
   create.set_key_dim(kDim);
   create.set_dtype(v1::FLOAT32);
@@ -832,6 +865,19 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
               HasSubstr("a sharded session is not rebuilt: Delete() it"));
   EXPECT_THAT(std::string(gone.status().message()),
               ::testing::Not(HasSubstr("send the query again")));
+  // A query on a layer with no tokens asks shard 0 alone: told the same.
+  StepInputs empty;
+  empty.layer = 1;
+  empty.query = q;
+  empty.options = options;
+  const absl::StatusOr<StepOutput> nothing =
+      sharded->Step(std::move(empty), kTimeout);
+  ASSERT_FALSE(nothing.ok());
+  EXPECT_TRUE(IsReplicaGone(nothing.status())) << nothing.status();
+  EXPECT_THAT(
+      std::string(nothing.status().message()),
+      AllOf(::testing::StartsWith("shard 0: "),
+            HasSubstr("a sharded session is not rebuilt: Delete() it")));
   for (int round = 0; round < 2; ++round) {
     EXPECT_TRUE(IsReplicaGone(sharded->Delete(kTimeout)));
     for (const Session& shard : sharded->shards()) {

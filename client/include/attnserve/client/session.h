@@ -99,6 +99,8 @@ class Replicas;
 // every layer empty) and must hold `lengths[l]` tokens of layer l when the
 // hook returns OK, the same tokens the lost session held (the caller's own
 // prefill, through session.Append). Its calls may take at most `timeout`.
+// `session` is not the Session being rebuilt, which becomes it only after the
+// hook: a hook steps its argument, not a Session it captured.
 using RebuildHook = std::function<absl::Status(
     Session& session, const std::vector<int64_t>& lengths,
     absl::Duration timeout)>;
@@ -179,9 +181,9 @@ class Session {
                                int64_t ttl_seconds = 0) const;
   // Every layer keeps its first `length` tokens.
   absl::Status Truncate(int64_t length, absl::Duration timeout);
-  // Deletes the server's session. NOT_FOUND after a retried call counts as
-  // done (the first attempt deleted it); a Session once deleted refuses steps
-  // with FAILED_PRECONDITION.
+  // Deletes the server's session. NOT_FOUND counts as done after an attempt
+  // whose answer was lost (a retry of this call, or an earlier Delete that
+  // failed); a Session once deleted refuses steps with FAILED_PRECONDITION.
   absl::Status Delete(absl::Duration timeout);
   // Takes the server's lengths as they are (GetSession), clearing every
   // layer's uncertainty.
@@ -194,9 +196,13 @@ class Session {
   void SetRebuild(RebuildHook hook) { rebuild_ = std::move(hook); }
   // Creates the session anew (same shape and options, a new id) on the next
   // replica in rendezvous order, other than its own, and runs the rebuild
-  // hook, if any, to restore the lengths this client knew (FAILED_PRECONDITION
-  // if the hook leaves others; without a hook the layers stay empty).
-  // FAILED_PRECONDITION for a session Replicas did not place.
+  // hook, if any, on it (a Session of its own, not this one) to restore the
+  // lengths this client knew; this Session becomes it once it holds them.
+  // If the hook fails or leaves other lengths (FAILED_PRECONDITION), the new
+  // session is deleted and this one stays the lost one, to rebuild again.
+  // Without a hook the layers stay empty. FAILED_PRECONDITION for a session
+  // Replicas did not place. A lost session on a replica that was only
+  // unreachable keeps its pages there until its TTL.
   absl::Status Rebuild(absl::Duration timeout);
 
   // The SessionStep this session would send for `inputs` with
@@ -240,6 +246,9 @@ class Session {
   Replicas* replicas_ = nullptr;
   RebuildHook rebuild_;
   bool rebuilding_ = false;  // The hook runs: its calls do not rebuild.
+  // A Delete call failed without an answer: it may have deleted the session,
+  // so a later one's NOT_FOUND counts as done.
+  bool delete_sent_ = false;
   std::vector<int64_t> lengths_;
   std::vector<bool> uncertain_;
   bool deleted_ = false;

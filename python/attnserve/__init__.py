@@ -16,6 +16,17 @@ Errors are attnserve.AttnserveError, carrying the gRPC code and the server's mes
 bfloat16 travels from float32 values (input_dtype="bfloat16") or uint16 bit patterns, and
 comes back widened to float32 (attnserve.tensors).
 """
+import os
+
+# gRPC notices that a connection attempt succeeded only when something polls its socket;
+# calls that fail fast leave nothing polling between them but gRPC's backup poller, every 5 s
+# by default, so a replica restarted at its address stayed unreachable 4-16 s after it
+# listened. It polls every 100 ms instead (a poll that finds nothing costs microseconds),
+# unless the environment says otherwise; gRPC reads this when it starts, at the process's
+# first channel, so it applies when attnserve is imported before any channel is made.
+os.environ.setdefault("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100")
+
+# pylint: disable=wrong-import-position
 from attnserve.client import (AttendResult, AttnserveError, Client, MhaResult,
                               PutWeightsResult, RetryPolicy, Timing, attention_options)
 from attnserve.replicas import (Replicas, ShardedSession, random_session_id,

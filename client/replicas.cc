@@ -217,11 +217,19 @@ absl::StatusOr<Session> Replicas::CreateSession(
   // again, for the replicas that came meanwhile.
   for (int round = 0; round < 2; ++round) {
     if (round == 1 && !Refresh().ok()) break;
-    for (const std::string& address : Rank(request.session_id())) {
+    const std::vector<std::string> ranked = Rank(request.session_id());
+    size_t left = 0;
+    for (const std::string& address : ranked) left += asked.count(address) == 0;
+    for (const std::string& address : ranked) {
       if (!asked.insert(address).second) continue;
       Client* replica = client(address);
+      // Each replica left gets an equal share of the time left (the last
+      // all of it): one that hangs (stopped, swapping) does not take the
+      // whole deadline from the next.
+      const absl::Duration share = Remaining(deadline) / static_cast<int>(left);
+      --left;
       absl::StatusOr<v1::CreateSessionResponse> created =
-          replica->CreateSession(request, Remaining(deadline));
+          replica->CreateSession(request, share);
       if (created.ok()) {
         // A replica that took another id would break the placement by id.
         ATTNSERVE_ASSIGN_OR_RETURN(
@@ -233,9 +241,12 @@ absl::StatusOr<Session> Replicas::CreateSession(
         return session;
       }
       // A replica shutting down cancels the calls it holds: its sessions go
-      // with it, so the next replica is asked, as for one unreachable.
+      // with it, so the next replica is asked, as for one unreachable, or
+      // one that did not answer within its share.
+      const bool share_passed = absl::IsDeadlineExceeded(created.status()) &&
+                                Remaining(deadline) > absl::ZeroDuration();
       if (!absl::IsUnavailable(created.status()) &&
-          !absl::IsCancelled(created.status())) {
+          !absl::IsCancelled(created.status()) && !share_passed) {
         return created.status();
       }
       refusals.push_back(

@@ -19,7 +19,7 @@ import threading
 import grpc
 import numpy as np
 
-from attnserve.client import AttnserveError, Client, _data_dtype
+from attnserve.client import AttnserveError, Client, _data_dtype, _seconds
 from attnserve.session import (ReplicaGoneError, _deadline, _holding, _layer, _left,
                                _step_options)
 from attnserve.tensors import check_array
@@ -138,13 +138,16 @@ class Replicas:
     def create_session(self, *, avoid=(), timeout=None, session_id=None, **session_options):
         """A session (Client.create_session's options) on the first replica in rendezvous
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
-        (draining or unreachable; the target is resolved again before giving up) or CANCELLED
-        (shutting down), all within `timeout`. Pinned."""
+        (draining or unreachable; the target is resolved again before giving up), CANCELLED
+        (shutting down) or nothing within their share of `timeout` (an equal part of what is
+        left for each replica left to ask: a hung one does not take it all). Pinned."""
         if self._closed:
             raise AttnserveError(grpc.StatusCode.CANCELLED,
                                  f"CreateSession: the Replicas of {self.target} is closed")
         session_id = session_id or random_session_id()
-        deadline = _deadline(timeout)
+        # Shared between the replicas: without one, the clients' default.
+        deadline = _deadline(_seconds(timeout, "timeout") if timeout is not None
+                             else self._options.get("timeout", 30.0))
         asked, refusals = set(avoid), []
         for round_ in range(2):
             if round_:
@@ -152,18 +155,23 @@ class Replicas:
                     self.refresh()
                 except OSError:  # The name no longer resolves: the replicas known stand.
                     break
-            for address in self.rank(session_id):
-                if address in asked:
-                    continue
+            ranked = [address for address in self.rank(session_id) if address not in asked]
+            for left, address in zip(range(len(ranked), 0, -1), ranked):
                 asked.add(address)
                 try:
+                    # Each replica left gets an equal share of the time left (the last all
+                    # of it): one that hangs does not take the whole deadline from the next.
                     session = self.client(address).create_session(
-                        session_id=session_id, timeout=_left(deadline), **session_options)
+                        session_id=session_id, timeout=_left(deadline) / left,
+                        **session_options)
                 except AttnserveError as error:
                     # A replica shutting down cancels the calls it holds: its sessions go
-                    # with it, so the next replica is asked, as for one unreachable.
+                    # with it, so the next replica is asked, as for one unreachable, or one
+                    # that did not answer within its share.
+                    share_passed = (error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                                    and _left(deadline) > 0)
                     if error.code not in (grpc.StatusCode.UNAVAILABLE,
-                                          grpc.StatusCode.CANCELLED):
+                                          grpc.StatusCode.CANCELLED) and not share_passed:
                         raise
                     refusals.append(f"{address}: {error.message}")
                     continue

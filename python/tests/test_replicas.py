@@ -399,3 +399,28 @@ def test_a_fork_on_a_draining_replica_says_its_sessions_go_with_it():
                                 query=uniform(H, 1, D)).length == 4
     finally:
         server.stop()
+
+
+def test_a_hung_replica_gets_its_share_of_a_create_not_all_of_it(three):
+    # A stopped replica that is a session's first choice answers nothing: it is given an equal
+    # share of the time left (2 s of 6 s with three to ask), and the session goes to the next.
+    # It used to take the whole 6 s, and the create failed DEADLINE_EXCEEDED.
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target) as replicas:
+        hung = three[1]
+        session_id = attnserve.random_session_id()
+        while replicas.rank(session_id)[0] != hung.target:
+            session_id = attnserve.random_session_id()
+        for server in three:  # connected: a call to the stopped one waits, unanswered
+            replicas.client(server.target).list_sessions()
+        stop(hung)
+        try:
+            session = replicas.create_session(session_id=session_id, timeout=6, num_layers=1,
+                                              num_heads=H, num_kv_heads=HKV, key_dim=D)
+        finally:
+            hung.process.send_signal(signal.SIGCONT)
+        assert session.address != hung.target
+        model = Model()
+        k, v = model.append(3)
+        session.step(0, key=k, value=v)
+        decode(session, model)

@@ -622,6 +622,26 @@ TEST_F(ReplicasTest, ADrainingReplicaTakesNoNewSessionsButServesItsOwn) {
   EXPECT_EQ(*exit_status, 0);
   // After the drain the session is gone with its replica.
   EXPECT_TRUE(IsReplicaGone(Decode(*held, model, 920)));
+
+  // A hung replica (stopped) gets its share of the deadline, not all of it:
+  // a session whose first choice it is goes to the next (until 2026-12-06 the
+  // whole 6 s went to it, and the create failed DEADLINE_EXCEEDED).
+  const std::string hung = replicas_[1]->target();
+  v1::CreateSessionRequest request = SmallSession();
+  request.set_session_id(RandomSessionId());
+  for (int i = 0;
+       i < 1000 && (*replicas)->Rank(request.session_id())[0] != hung; ++i) {
+    request.set_session_id(RandomSessionId());
+  }
+  ASSERT_EQ((*replicas)->Rank(request.session_id())[0], hung);
+  replicas_[1]->Signal(SIGSTOP);
+  absl::StatusOr<Session> moved_on =
+      (*replicas)->CreateSession(request, absl::Seconds(6));
+  replicas_[1]->Signal(SIGCONT);
+  ASSERT_TRUE(moved_on.ok()) << moved_on.status();
+  EXPECT_NE(moved_on->address(), hung);
+  SessionModel moved_model;
+  EXPECT_TRUE(Decode(*moved_on, moved_model, 930).ok());
 }
 
 TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {

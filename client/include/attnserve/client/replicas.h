@@ -104,8 +104,10 @@ class Replicas {
   // Creates a session on the first replica in rendezvous order for its id
   // (`request.session_id`, drawn by RandomSessionId() when empty) that takes
   // it, skipping `avoid` and the replicas that answer UNAVAILABLE (draining
-  // or unreachable: the target is resolved again before giving up) or
-  // CANCELLED (shutting down). Any other error is returned as is. The Session
+  // or unreachable: the target is resolved again before giving up),
+  // CANCELLED (shutting down) or nothing within their share of `timeout` (an
+  // equal part of what is left for each replica left to ask, so that a hung
+  // one does not take it all). Any other error is returned as is. The Session
   // is pinned to that replica.
   absl::StatusOr<Session> CreateSession(
       v1::CreateSessionRequest request, absl::Duration timeout,

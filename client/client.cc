@@ -1,8 +1,7 @@
 #include "attnserve/client/client.h"
 
-#include <stdlib.h>
-
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <utility>

@@ -218,15 +218,20 @@ absl::StatusOr<Session> Replicas::CreateSession(
   for (int round = 0; round < 2; ++round) {
     if (round == 1 && !Refresh().ok()) break;
     const std::vector<std::string> ranked = Rank(request.session_id());
-    size_t left = 0;
-    for (const std::string& address : ranked) left += asked.count(address) == 0;
+    int left = 0;
+    for (const std::string& address : ranked) {
+      if (asked.count(address) == 0) ++left;
+    }
     for (const std::string& address : ranked) {
       if (!asked.insert(address).second) continue;
       Client* replica = client(address);
       // Each replica left gets an equal share of the time left (the last
-      // all of it): one that hangs (stopped, swapping) does not take the
-      // whole deadline from the next.
-      const absl::Duration share = Remaining(deadline) / static_cast<int>(left);
+      // all of it), at least 2 s (or what is left) however many there are:
+      // one that hangs (stopped, swapping) does not take the whole deadline
+      // from the next.
+      const absl::Duration share =
+          std::max(Remaining(deadline) / left,
+                   std::min(Remaining(deadline), absl::Seconds(2)));
       --left;
       absl::StatusOr<v1::CreateSessionResponse> created =
           replica->CreateSession(request, share);

@@ -279,8 +279,8 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
     if (!restored.ok()) {
       // Its pages go now, not at its TTL; this Session stays the lost one,
       // whose next call fails as gone again (and rebuilds again).
-      fresh.Delete(std::min(Remaining(deadline), absl::Seconds(1)))
-          .IgnoreError();
+      // Its own second: the hook may have failed on the deadline.
+      fresh.Delete(absl::Seconds(1)).IgnoreError();
       return absl::Status(restored.code(),
                           absl::StrCat(restored.message(),
                                        " (deleted it; this session is still "
@@ -377,7 +377,14 @@ absl::Status Session::Delete(absl::Duration timeout) {
   const bool maybe_deleted = attempts > 1 || delete_sent_;
   if (!response.ok() &&
       !(maybe_deleted && absl::IsNotFound(response.status()))) {
-    delete_sent_ = true;
+    // Only a failure without the server's answer may hide a deletion.
+    const absl::StatusCode code = response.status().code();
+    delete_sent_ = delete_sent_ ||
+                   code == absl::StatusCode::kDeadlineExceeded ||
+                   code == absl::StatusCode::kUnavailable ||
+                   code == absl::StatusCode::kCancelled ||
+                   code == absl::StatusCode::kUnknown ||
+                   code == absl::StatusCode::kInternal;
     // DeleteSession fails FAILED_PRECONDITION only for the incarnation.
     return ReplicaGoneOr(response.status(),
                          absl::IsFailedPrecondition(response.status()));

@@ -140,7 +140,8 @@ class Replicas:
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
         (draining or unreachable; the target is resolved again before giving up), CANCELLED
         (shutting down) or nothing within their share of `timeout` (an equal part of what is
-        left for each replica left to ask: a hung one does not take it all). Pinned."""
+        left for each replica left to ask, at least 2 s: a hung one does not take it all).
+        Pinned."""
         if self._closed:
             raise AttnserveError(grpc.StatusCode.CANCELLED,
                                  f"CreateSession: the Replicas of {self.target} is closed")
@@ -160,10 +161,11 @@ class Replicas:
                 asked.add(address)
                 try:
                     # Each replica left gets an equal share of the time left (the last all
-                    # of it): one that hangs does not take the whole deadline from the next.
+                    # of it), at least 2 s (or what is left) however many there are: one
+                    # that hangs does not take the whole deadline from the next.
+                    share = max(_left(deadline) / left, min(_left(deadline), 2.0))
                     session = self.client(address).create_session(
-                        session_id=session_id, timeout=_left(deadline) / left,
-                        **session_options)
+                        session_id=session_id, timeout=share, **session_options)
                 except AttnserveError as error:
                     # A replica shutting down cancels the calls it holds: its sessions go
                     # with it, so the next replica is asked, as for one unreachable, or one

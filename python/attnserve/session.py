@@ -29,6 +29,11 @@ class ReplicaGoneError(AttnserveError):
         self.address = address
 
 
+# Codes of a call that may have done its work without its answer arriving.
+_NO_ANSWER = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+              grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+
+
 def _code(number):
     """The grpc.StatusCode of an ErrorStatus.code; UNKNOWN for a number that is none."""
     return _STATUS_CODES.get(number, grpc.StatusCode.UNKNOWN)
@@ -408,7 +413,8 @@ class Session:
             except AttnserveError as error:
                 maybe_deleted = error.attempts >= 2 or self._delete_sent
                 if error.code != grpc.StatusCode.NOT_FOUND or not maybe_deleted:
-                    self._delete_sent = True
+                    # Only a failure without the server's answer may hide a deletion.
+                    self._delete_sent = self._delete_sent or error.code in _NO_ANSWER
                     # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
                     raise self._gone_or(
                         error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None

@@ -235,8 +235,9 @@ ServerMetrics::ServerMetrics(const std::string& version,
            .Name("attnserve_reset_connections_closed_total")
            .Help(
                "Connections shut down because their client cancelled more "
-               "calls in a second than max_client_resets_per_second, and "
-               "than it was answered in that second (rapid-reset floods).")
+               "calls in a second than max_client_resets_per_second plus the "
+               "answers it was sent in that second, or four times it "
+               "(rapid-reset floods).")
            .Register(*registry_)
            .Add({});
   connections_shed_ =

@@ -82,11 +82,11 @@ ABSL_FLAG(int, max_concurrent_streams,
 ABSL_FLAG(int, max_client_resets_per_second,
           Defaults().transport.max_client_resets_per_second,
           "Calls one connection's client may cancel in a second before the "
-          "server shuts that connection down (rapid-reset floods), unless it "
-          "was sent more answers than it cancelled in that second (a busy "
-          "client giving some calls up); calls whose deadline passed, or that "
-          "the server cancels for a stalled transfer, do not count. 0: no "
-          "limit.");
+          "server shuts that connection down (rapid-reset floods); a client "
+          "answered in that second (calls finished OK, stream messages) may "
+          "cancel as many more, up to four times this in all. Calls whose "
+          "deadline passed, or that the server cancels for a stalled "
+          "transfer, do not count. 0: no limit.");
 ABSL_FLAG(double, message_timeout_seconds,
           absl::ToDoubleSeconds(Defaults().transport.message_timeout),
           "How long a unary call's request may take to arrive after its call "

@@ -181,7 +181,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
         rest >= 4.0 ? static_cast<int64_t>(rest * 0.75) : 0;
   }
   const double total = fixed + static_cast<double>(plan.max_inflight_bytes);
-  if (plan.max_inflight_bytes < (int64_t{1} << 20) ||
+  // Derived, at least 32 MiB: below it nearly every call is refused for the
+  // budget while the server says it serves.
+  const int64_t least =
+      max_inflight_bytes > 0 ? int64_t{1} << 20 : kLeastDerivedInflightBytes;
+  if (plan.max_inflight_bytes < least ||
       total > static_cast<double>(limit.bytes)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the memory budgets do not fit the memory limit: max_weights_bytes ",
@@ -189,13 +193,14 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
         " + buffer_pool_bytes ", plan.buffer_pool_bytes,
         " + max_inflight_bytes ",
         max_inflight_bytes > 0 ? absl::StrCat(plan.max_inflight_bytes)
-                               : std::string("(derived: none left)"),
+        : plan.max_inflight_bytes > 0
+            ? absl::StrCat("(derived: ", plan.max_inflight_bytes, ")")
+            : std::string("(derived: none left)"),
         " + ", kProcessOverheadBytes,
         " for the process = ", static_cast<int64_t>(std::min(total, 9.2e18)),
         " bytes, expected at most the ", limit.bytes, " bytes of ",
-        limit.source,
-        ", and at least 1 MiB for calls in flight; lower the budgets or raise "
-        "that limit"));
+        limit.source, ", and at least ", least >> 20,
+        " MiB for calls in flight; lower the budgets or raise that limit"));
   }
   plan.transport_bytes = plan.max_inflight_bytes / 4;
   return plan;

@@ -95,7 +95,7 @@ class CallSlot {
           absl::MutexLock lock(&arrival_mutex_);
           cancel = arrived_;
           cancel_waiting_ = !arrived_;
-        } else {
+        } else if (finished_ok_.load()) {
           // Only an arrived call ends uncancelled: the peer is set.
           loop_->CallAnswered(peer_);
         }
@@ -136,6 +136,7 @@ class CallSlot {
   void Finish(const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
+    finished_ok_.store(status.ok());
     pending_.fetch_add(0);
     stream_.Finish(status, TagOf(Op::kFinish));
   }
@@ -144,6 +145,7 @@ class CallSlot {
                          const grpc::Status& status) {
     absl::ReaderMutexLock lock(&loop_->queue_mutex_);
     if (loop_->shut_down_) return;
+    finished_ok_.store(status.ok());
     pending_.fetch_add(0);
     stream_.WriteAndFinish(message, grpc::WriteOptions(), status,
                            TagOf(Op::kFinish));
@@ -183,6 +185,9 @@ class CallSlot {
   std::atomic<int> pending_{3};
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> cancelled_by_server_{false};  // CancelStalled.
+  // Finished OK: an answer, for the reset guard (a refusal costs a client
+  // nothing, and is none).
+  std::atomic<bool> finished_ok_{false};
   // gRPC may hand one thread the call's cancellation while another takes its
   // arrival: OnCancel then waits until OnStart has returned.
   absl::Mutex arrival_mutex_;

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
@@ -23,6 +24,7 @@ namespace attnserve {
 
 bool ResetGuard::ClientCancelled(const std::string& peer, absl::Time now) {
   if (max_per_second_ <= 0) return false;
+  last_cancel_us_.store(absl::ToUnixMicros(now), std::memory_order_relaxed);
   {
     absl::MutexLock lock(&mutex_);
     // Windows of connections that went quiet are dropped as the map grows,
@@ -36,8 +38,9 @@ bool ResetGuard::ClientCancelled(const std::string& peer, absl::Time now) {
     Window& window = windows_[peer];
     if (now - window.start >= absl::Seconds(1)) window = Window{now};
     ++window.cancelled;
-    if (window.cancelled <= max_per_second_ ||
-        window.cancelled <= window.answered || window.closed) {
+    const int64_t cap = max_per_second_;
+    if (window.cancelled <= std::min(cap + window.answered, 4 * cap) ||
+        window.closed) {
       return false;
     }
     window.closed = true;
@@ -50,9 +53,13 @@ bool ResetGuard::ClientCancelled(const std::string& peer, absl::Time now) {
 }
 
 void ResetGuard::Answered(const std::string& peer, absl::Time now) {
-  if (max_per_second_ <= 0) return;
+  if (max_per_second_ <= 0 ||
+      absl::ToUnixMicros(now) -
+              last_cancel_us_.load(std::memory_order_relaxed) >
+          1'000'000) {
+    return;
+  }
   absl::MutexLock lock(&mutex_);
-  if (windows_.empty()) return;
   const auto it = windows_.find(peer);
   if (it == windows_.end() || now - it->second.start >= absl::Seconds(1)) {
     return;

@@ -287,5 +287,31 @@ TEST_F(CallLoopTest, ResetGuardKeepsAConnectionAnsweredMoreThanItCancels) {
   EXPECT_EQ(channel_->GetState(false), GRPC_CHANNEL_READY);
 }
 
+// Refusals are no answers: a client paying for each reset with calls to a
+// method the server does not serve (UNIMPLEMENTED, no token needed) is cut
+// off at the cap, as one that only resets. (Counted as answers, three a reset
+// would have let ten resets through, under four times the cap.) A machine
+// too slow for four resets within a second tries again.
+TEST_F(CallLoopTest, ResetGuardCountsNoRefusalAsAnAnswer) {
+  Start(/*threads=*/2, /*resets_per_second=*/3);
+  const ResetGuard& guard = *guard_;
+  ASSERT_TRUE(Call(kEcho, absl::Seconds(30)).ok());
+  for (int attempt = 0; attempt < 5 && guard.closed() == 0; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(1100));  // A fresh second.
+    for (int i = 0; i < 10 && guard.closed() == 0; ++i) {
+      OpenAndCancelWatch();
+      for (int j = 0; j < 3 && guard.closed() == 0; ++j) {
+        // UNAVAILABLE once the guard has shut the connection down.
+        const grpc::StatusCode code =
+            Call("/no.Such/Method", absl::Seconds(30)).error_code();
+        EXPECT_TRUE(code == grpc::StatusCode::UNIMPLEMENTED ||
+                    code == grpc::StatusCode::UNAVAILABLE)
+            << code;
+      }
+    }
+  }
+  EXPECT_EQ(guard.closed(), 1);
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -222,7 +222,7 @@ TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
   EXPECT_EQ(small->max_weights_bytes, 56 * kMiB);
   EXPECT_EQ(small->kv_cache_bytes, 56 * kMiB);
   EXPECT_EQ(small->max_inflight_bytes, 84 * kMiB);
-  for (const int64_t mib : {320, 384, 768, 1024, 1100, 2048}) {
+  for (const int64_t mib : {384, 768, 1024, 1100, 2048}) {
     SCOPED_TRACE(mib);
     const absl::StatusOr<MemoryPlan> plan =
         Plan(0, 0, kDerivedBufferPool, 0, {mib * kMiB, "cgroup x"});
@@ -236,7 +236,17 @@ TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
   const absl::StatusOr<MemoryPlan> large =
       Plan(0, 0, kDerivedBufferPool, 0, {int64_t{8} << 30, "cgroup x"});
   EXPECT_EQ(large->buffer_pool_bytes, 256 * kMiB);  // at most 256 MiB
-  // 256 MiB leaves nothing once the process has its share.
+  // 320 MiB leaves 21 MiB in flight, too little to serve: refused, as 256
+  // MiB, which leaves nothing once the process has its share.
+  const absl::StatusOr<MemoryPlan> tight =
+      Plan(0, 0, kDerivedBufferPool, 0, {320 * kMiB, "cgroup x"});
+  EXPECT_EQ(tight.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(tight.status().message(),
+              AllOf(HasSubstr("max_inflight_bytes (derived: 22020096)"),
+                    HasSubstr("at least 32 MiB for calls in flight")));
+  // Set by a flag, less is taken.
+  EXPECT_TRUE(
+      Plan(0, 0, kDerivedBufferPool, 16 * kMiB, {320 * kMiB, "cgroup x"}).ok());
   const absl::StatusOr<MemoryPlan> none =
       Plan(0, 0, kDerivedBufferPool, 0, {256 * kMiB, "cgroup x"});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);

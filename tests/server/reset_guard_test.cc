@@ -106,53 +106,69 @@ TEST(ResetGuardTest, ClosesAConnectionPastItsCancellationsInASecond) {
   EXPECT_EQ(guard.closed(), 1);
 }
 
-// A client whose answers outnumber its cancellations in a second (hedged
-// requests, streams closed early) keeps its connection past the cap; answers
-// count from its first cancellation in the second, and only in that second.
-TEST(ResetGuardTest, AConnectionAnsweredMoreThanItCancelsIsKept) {
-  Connection connection(false);
-  const std::string peer =
-      absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
-  ResetGuard guard(3);
+// A client answered in a second (hedged requests, streams closed early) may
+// cancel the cap plus its answers, at most four times the cap; answers count
+// from its first cancellation in the second, and only in that second.
+TEST(ResetGuardTest, AConnectionMayCancelTheCapPlusItsAnswersUpToFourTimesIt) {
   const absl::Time start = absl::FromUnixSeconds(1000);
-  // Answers before any cancellation need no count.
-  for (int i = 0; i < 100; ++i) guard.Answered(peer, start);
-  EXPECT_FALSE(guard.ClientCancelled(peer, start));
-  for (int i = 0; i < 10; ++i) {
-    guard.Answered(peer, start + absl::Milliseconds(i));
+  {
+    Connection connection(false);
+    const std::string peer =
+        absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    ResetGuard guard(3);
+    // Answers before any cancellation need no count.
+    for (int i = 0; i < 100; ++i) guard.Answered(peer, start);
+    EXPECT_FALSE(guard.ClientCancelled(peer, start));
+    for (int i = 0; i < 2; ++i) {
+      guard.Answered(peer, start + absl::Milliseconds(i));
+    }
+    // Another connection's answers do not count for this one.
+    EXPECT_FALSE(guard.ClientCancelled("ipv4:127.0.0.1:1", start));
+    for (int i = 0; i < 10; ++i) guard.Answered("ipv4:127.0.0.1:1", start);
+    // 3 + 2 = 5 cancellations in all are allowed; the sixth is not.
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(
+          guard.ClientCancelled(peer, start + absl::Milliseconds(100 + i)));
+    }
+    EXPECT_FALSE(connection.ClientSeesTheEnd());
+    EXPECT_TRUE(guard.ClientCancelled(peer, start + absl::Milliseconds(200)));
+    EXPECT_TRUE(connection.ClientSeesTheEnd());
+    EXPECT_EQ(guard.closed(), 1);
   }
-  // Ten cancellations in all against ten answers: kept.
-  for (int i = 0; i < 9; ++i) {
-    EXPECT_FALSE(
-        guard.ClientCancelled(peer, start + absl::Milliseconds(100 + i)));
+  {
+    // However many answers, four times the cap is the most.
+    Connection connection(false);
+    const std::string peer =
+        absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    ResetGuard guard(3);
+    EXPECT_FALSE(guard.ClientCancelled(peer, start));
+    for (int i = 0; i < 1000; ++i) guard.Answered(peer, start);
+    for (int i = 0; i < 11; ++i)
+      EXPECT_FALSE(guard.ClientCancelled(peer, start));
+    EXPECT_FALSE(connection.ClientSeesTheEnd());
+    EXPECT_TRUE(guard.ClientCancelled(peer, start));
+    EXPECT_TRUE(connection.ClientSeesTheEnd());
   }
-  EXPECT_FALSE(connection.ClientSeesTheEnd());
-  // Another connection's answers do not count for this one.
-  EXPECT_FALSE(guard.ClientCancelled("ipv4:127.0.0.1:1", start));
-  for (int i = 0; i < 10; ++i) guard.Answered("ipv4:127.0.0.1:1", start);
-  // The eleventh outnumbers the answers.
-  EXPECT_TRUE(guard.ClientCancelled(peer, start + absl::Milliseconds(200)));
-  EXPECT_TRUE(connection.ClientSeesTheEnd());
-  EXPECT_EQ(guard.closed(), 1);
-
-  // The next second starts from nothing: the answers of the last one are
-  // gone, and so are answers a second after the window opened.
-  Connection next(false);
-  const std::string next_peer =
-      absl::StrCat("ipv4:127.0.0.1:", next.client_port);
-  EXPECT_FALSE(guard.ClientCancelled(next_peer, start));
-  for (int i = 0; i < 10; ++i) guard.Answered(next_peer, start);
-  for (int i = 0; i < 10; ++i) {
-    guard.Answered(next_peer, start + absl::Milliseconds(1500));
-  }
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_FALSE(
+  {
+    // The next second starts from nothing: the answers of the last one are
+    // gone, and so are answers a second after the window opened.
+    Connection next(false);
+    const std::string next_peer =
+        absl::StrCat("ipv4:127.0.0.1:", next.client_port);
+    ResetGuard guard(3);
+    EXPECT_FALSE(guard.ClientCancelled(next_peer, start));
+    for (int i = 0; i < 10; ++i) guard.Answered(next_peer, start);
+    for (int i = 0; i < 10; ++i) {
+      guard.Answered(next_peer, start + absl::Milliseconds(1500));
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(
+          guard.ClientCancelled(next_peer, start + absl::Milliseconds(1600)));
+    }
+    EXPECT_TRUE(
         guard.ClientCancelled(next_peer, start + absl::Milliseconds(1600)));
+    EXPECT_TRUE(next.ClientSeesTheEnd());
   }
-  EXPECT_TRUE(
-      guard.ClientCancelled(next_peer, start + absl::Milliseconds(1600)));
-  EXPECT_TRUE(next.ClientSeesTheEnd());
-  EXPECT_EQ(guard.closed(), 2);
 }
 
 TEST(ResetGuardTest, ZeroTurnsItOff) {

@@ -586,12 +586,15 @@ TEST_F(ServiceTest, FullQueueAnswersResourceExhaustedWithTheLimit) {
 }
 
 // Many callers leave while their calls wait behind a compute: none of those
-// calls is computed. The compute is LongRequest, held until the test cancels
-// it, and the deadlines (3 s) are far from the time the calls take to arrive,
-// so that a loaded machine cannot reorder them.
+// calls is computed. The compute is LongRequest on one thread, which the test
+// cancels once they have left, and the deadlines (3 s) are far from the time
+// the calls take to arrive, so that a loaded machine cannot reorder them.
 TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   ServerOptions options = DefaultOptions();
   options.scheduling.max_batch = 1;
+  // One thread: LongRequest then takes many seconds on any machine (2.2
+  // TFLOP), far past the deadlines below.
+  options.engine.num_threads = 1;
   Start(options);
   auto stub = v1::AttentionService::NewStub(client_->channel());
   const v1::AttendRequest long_request = LongRequest();

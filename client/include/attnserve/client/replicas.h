@@ -106,9 +106,9 @@ class Replicas {
   // it, skipping `avoid` and the replicas that answer UNAVAILABLE (draining
   // or unreachable: the target is resolved again before giving up),
   // CANCELLED (shutting down) or nothing within their share of `timeout` (an
-  // equal part of what is left for each replica left to ask, so that a hung
-  // one does not take it all). Any other error is returned as is. The Session
-  // is pinned to that replica.
+  // equal part of what is left for each replica left to ask, at least 2 s, so
+  // that a hung one does not take it all). Any other error is returned as is.
+  // The Session is pinned to that replica.
   absl::StatusOr<Session> CreateSession(
       v1::CreateSessionRequest request, absl::Duration timeout,
       const std::set<std::string>& avoid = {});

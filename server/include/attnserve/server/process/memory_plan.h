@@ -64,6 +64,10 @@ MemoryLimit ReadMemoryLimit(
 // state, thread stacks, the allocator's overhead.
 inline constexpr int64_t kProcessOverheadBytes = int64_t{256} << 20;
 
+// The least max_inflight_bytes a plan derives: a limit that leaves less for
+// calls in flight stops start-up (a flag may set less, down to 1 MiB).
+inline constexpr int64_t kLeastDerivedInflightBytes = int64_t{32} << 20;
+
 // The budgets that must fit in the memory limit together.
 struct MemoryPlan {
   int64_t max_weights_bytes = 0;

@@ -240,8 +240,8 @@ class CallLoop {
   // its deadline had passed.
   void CallCancelled(const grpc::GenericServerContext& context,
                      const std::string& peer);
-  // Tells the reset guard of an answer sent to `peer`: a call that ended
-  // uncancelled, or a message a stream wrote.
+  // Tells the reset guard of an answer sent to `peer`: a call that finished
+  // OK and ended uncancelled, or a message a stream wrote.
   void CallAnswered(const std::string& peer);
   // Makes the handler of a call from `peer` that has arrived, with what it
   // holds of the budget in `hold`: a refusal's if the budget is in use.

@@ -1,20 +1,22 @@
 // ResetGuard: the rapid-reset mitigation gRPC 1.51 lacks. A client that opens
 // streams and resets them at once (HEADERS + RST_STREAM, CVE-2023-44487) makes
 // the server create and tear down a call for each, at no cost to itself and
-// without a token. The guard counts, per connection, the calls its client
-// cancelled before they were answered, and the answers it was sent; past
-// `max_per_second` cancellations in one second, and more of them than answers
-// in that second, it shuts the connection's socket down, which ends every call
-// on it. A client whose cancellations its answers outnumber is a busy one
-// giving some calls up (hedged requests, streams closed early), not a flood:
-// a flood that earns an answer for each reset is held to the pace at which
-// the server answers, which the stream limit and the budgets bound.
+// without a token. The guard counts, per connection and second, the calls its
+// client cancelled before they were answered, and the answers it was sent
+// (calls finished OK, stream messages) from its first cancellation in the
+// second on. It shuts the connection's socket down, which ends every call on
+// it, once the cancellations pass `max_per_second` plus those answers, or
+// four times `max_per_second` whatever the answers. A busy client giving some
+// calls up (hedged requests, streams closed early) keeps its connection; a
+// flood that earns an answer for each reset (a health check each, say) is
+// still cut off at four times the cap.
 //
 //   ResetGuard guard(200);
 //   // When a call ends cancelled, its deadline not passed, with the peer it
 //   // had on arrival (ServerCall::peer; gRPC forgets it once the call fails):
 //   guard.ClientCancelled(peer);
-//   // When a call ends answered, and for each message a stream sends:
+//   // When a call ends having finished OK, and for each message a stream
+//   // sends:
 //   guard.Answered(peer);
 //
 // gRPC's public API cannot close a connection, so the socket is found among
@@ -22,6 +24,7 @@
 #ifndef ATTNSERVE_SERVER_RPC_RESET_GUARD_H_
 #define ATTNSERVE_SERVER_RPC_RESET_GUARD_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -45,7 +48,9 @@ class ResetGuard {
   bool ClientCancelled(const std::string& peer, absl::Time now = absl::Now())
       ABSL_LOCKS_EXCLUDED(mutex_);
 
-  // `peer` was sent an answer (a call's end, or a stream's message) at `now`.
+  // `peer` was sent an answer (a call that finished OK, or a stream's message)
+  // at `now`; refusals (UNIMPLEMENTED, UNAUTHENTICATED, the budget's) are not
+  // answers: they cost a client nothing.
   // Counted only for a connection that has cancelled a call in the last
   // second: the others need no count, nor an entry.
   void Answered(const std::string& peer, absl::Time now = absl::Now())
@@ -58,7 +63,7 @@ class ResetGuard {
   // One connection's second, from its first cancellation.
   struct Window {
     absl::Time start;
-    int cancelled = 0;
+    int64_t cancelled = 0;
     int64_t answered = 0;
     bool closed = false;
   };
@@ -67,6 +72,9 @@ class ResetGuard {
   mutable absl::Mutex mutex_;
   absl::flat_hash_map<std::string, Window> windows_ ABSL_GUARDED_BY(mutex_);
   absl::Time last_sweep_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  // When a call was last cancelled (Unix microseconds): no window is open a
+  // second after it, and Answered takes no lock.
+  std::atomic<int64_t> last_cancel_us_{0};
   int64_t closed_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 

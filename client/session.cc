@@ -257,11 +257,11 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
     // becomes it only once every layer holds what the lost one held, so that
     // a failed restore leaves no step on a session missing tokens (it would
     // attend over them without a word).
+    // (A hook that steps this Session, not its argument, must not rebuild
+    // again; `fresh` has no hook.)
     rebuilding_ = true;
-    fresh.rebuilding_ = true;
     absl::Status restored = rebuild_(fresh, lengths, Remaining(deadline));
     rebuilding_ = false;
-    fresh.rebuilding_ = false;
     if (!restored.ok()) {
       restored = absl::Status(
           restored.code(),

@@ -100,7 +100,7 @@ class AttnServerImpl final : public AttnServer {
         engine_(std::move(engine)),
         access_log_(std::move(access_log)),
         metrics_(ATTNSERVE_VERSION, engine_->runtime_info()),
-        budget_(memory.max_inflight_bytes - memory.transport_bytes),
+        budget_(memory.calls_bytes()),
         registry_(memory.max_weights_bytes),
         io_threads_(IoThreads(options, engine_->runtime_info())),
         sessions_(SessionsWithBudget(options.sessions, memory), &metrics_),
@@ -430,8 +430,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                              PlanMemory(requested.memory, ReadMemoryLimit()));
   // A small memory limit plans budgets too small for the largest message:
   // such a request is refused for the budget, every time.
-  const int64_t per_connection =
-      (memory.max_inflight_bytes - memory.transport_bytes) / 2;
+  const int64_t per_connection = memory.calls_bytes() / 2;
   if (per_connection < requested.transport.max_message_bytes) {
     Log(LogLevel::kWarning,
         absl::StrCat(

@@ -16,7 +16,7 @@ namespace {
 // A loopback TCP connection: the accepting end is this process's server side.
 struct Connection {
   int listener = -1, client = -1, server = -1;
-  int client_port = 0;
+  std::string peer;  // The client's end, as gRPC names a peer.
 
   explicit Connection(bool ipv6) {
     const int family = ipv6 ? AF_INET6 : AF_INET;
@@ -44,9 +44,11 @@ struct Connection {
     sockaddr_storage local{};
     socklen_t local_length = sizeof(local);
     getsockname(client, reinterpret_cast<sockaddr*>(&local), &local_length);
-    client_port =
+    const int client_port =
         ntohs(ipv6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
                    : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    peer = ipv6 ? absl::StrCat("ipv6:[::1]:", client_port)
+                : absl::StrCat("ipv4:127.0.0.1:", client_port);
   }
   ~Connection() {
     close(client);
@@ -65,9 +67,7 @@ TEST(ShutDownConnectionTest, EndsTheSocketWhoseRemoteEndIsThePeer) {
     Connection connection(ipv6);
     ASSERT_GE(connection.server, 0);
     EXPECT_FALSE(connection.ClientSeesTheEnd());
-    const std::string peer =
-        ipv6 ? absl::StrCat("ipv6:[::1]:", connection.client_port)
-             : absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    const std::string& peer = connection.peer;
     ASSERT_TRUE(ShutDownConnection(peer).ok()) << peer;
     EXPECT_TRUE(connection.ClientSeesTheEnd()) << peer;
   }
@@ -84,8 +84,7 @@ TEST(ShutDownConnectionTest, SaysWhatItCouldNotFind) {
 
 TEST(ResetGuardTest, ClosesAConnectionPastItsCancellationsInASecond) {
   Connection connection(false);
-  const std::string peer =
-      absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+  const std::string& peer = connection.peer;
   ResetGuard guard(3);
   const absl::Time start = absl::FromUnixSeconds(1000);
   // Three a second are allowed, second after second.
@@ -113,8 +112,7 @@ TEST(ResetGuardTest, AConnectionMayCancelTheCapPlusItsAnswersUpToFourTimesIt) {
   const absl::Time start = absl::FromUnixSeconds(1000);
   {
     Connection connection(false);
-    const std::string peer =
-        absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    const std::string& peer = connection.peer;
     ResetGuard guard(3);
     // Answers before any cancellation need no count.
     for (int i = 0; i < 100; ++i) guard.Answered(peer, start);
@@ -138,8 +136,7 @@ TEST(ResetGuardTest, AConnectionMayCancelTheCapPlusItsAnswersUpToFourTimesIt) {
   {
     // However many answers, four times the cap is the most.
     Connection connection(false);
-    const std::string peer =
-        absl::StrCat("ipv4:127.0.0.1:", connection.client_port);
+    const std::string& peer = connection.peer;
     ResetGuard guard(3);
     EXPECT_FALSE(guard.ClientCancelled(peer, start));
     for (int i = 0; i < 1000; ++i) guard.Answered(peer, start);
@@ -153,8 +150,7 @@ TEST(ResetGuardTest, AConnectionMayCancelTheCapPlusItsAnswersUpToFourTimesIt) {
     // The next second starts from nothing: the answers of the last one are
     // gone, and so are answers a second after the window opened.
     Connection next(false);
-    const std::string next_peer =
-        absl::StrCat("ipv4:127.0.0.1:", next.client_port);
+    const std::string& next_peer = next.peer;
     ResetGuard guard(3);
     EXPECT_FALSE(guard.ClientCancelled(next_peer, start));
     for (int i = 0; i < 10; ++i) guard.Answered(next_peer, start);

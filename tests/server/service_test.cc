@@ -95,6 +95,44 @@ v1::AttendRequest LongRequest() {
   return Request({1, 1, 1, 131072, 131072, 32, 32}, 998);
 }
 
+// An Attend sent at once with a deadline 600 s away, for the test to cancel:
+// its status comes through Wait().
+class CancellableAttend {
+ public:
+  CancellableAttend(const std::shared_ptr<grpc::Channel>& channel,
+                    v1::AttendRequest request)
+      : stub_(v1::AttentionService::NewStub(channel)),
+        request_(std::move(request)),
+        answer_(answered_.get_future()) {
+    context_.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(600));
+    stub_->async()->Attend(&context_, &request_, &response_,
+                           [this](grpc::Status status) {
+                             answered_.set_value(std::move(status));
+                           });
+  }
+  // The call's callback writes here: it must have run before this goes.
+  ~CancellableAttend() {
+    context_.TryCancel();
+    if (answer_.valid()) answer_.wait();
+  }
+
+  void Cancel() { context_.TryCancel(); }
+  bool Answered() const {
+    return answer_.wait_for(std::chrono::seconds(0)) ==
+           std::future_status::ready;
+  }
+  grpc::Status Wait() { return answer_.get(); }
+
+ private:
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  const v1::AttendRequest request_;
+  grpc::ClientContext context_;
+  v1::AttendResponse response_;
+  std::promise<grpc::Status> answered_;
+  std::future<grpc::Status> answer_;
+};
+
 class ServiceTest : public ::attnserve::testing::ServerFixture {
  protected:
   void SetUp() override {}  // Each test starts its own server.
@@ -596,18 +634,7 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   // TFLOP), far past the deadlines below.
   options.engine.num_threads = 1;
   Start(options);
-  auto stub = v1::AttentionService::NewStub(client_->channel());
-  const v1::AttendRequest long_request = LongRequest();
-  grpc::ClientContext long_context;
-  long_context.set_deadline(std::chrono::system_clock::now() +
-                            std::chrono::seconds(600));
-  v1::AttendResponse long_response;
-  std::promise<grpc::Status> long_answered;
-  stub->async()->Attend(&long_context, &long_request, &long_response,
-                        [&long_answered](grpc::Status status) {
-                          long_answered.set_value(status);
-                        });
-  std::future<grpc::Status> long_answer = long_answered.get_future();
+  CancellableAttend held(client_->channel(), LongRequest());
   const std::string dequeued =
       R"(attnserve_queue_wait_seconds_count{rpc="Attend"})";
   AwaitMetric(dequeued, 1);
@@ -618,17 +645,11 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
     expiring.push_back(client_->AttendFuture(small, absl::Seconds(3)));
   }
   // ...and one whose caller cancels once all four wait.
-  grpc::ClientContext cancelled_context;
-  v1::AttendResponse cancelled_response;
-  std::promise<grpc::Status> cancelled;
-  stub->async()->Attend(
-      &cancelled_context, &small, &cancelled_response,
-      [&cancelled](grpc::Status status) { cancelled.set_value(status); });
+  CancellableAttend cancelled(client_->channel(), small);
   AwaitMetric("attnserve_queue_depth", 4);
   ASSERT_EQ(Metric("attnserve_queue_depth"), 4);
-  cancelled_context.TryCancel();
-  EXPECT_EQ(cancelled.get_future().get().error_code(),
-            grpc::StatusCode::CANCELLED);
+  cancelled.Cancel();
+  EXPECT_EQ(cancelled.Wait().error_code(), grpc::StatusCode::CANCELLED);
   for (auto& answer : expiring) {
     EXPECT_EQ(answer.get().status().code(),
               absl::StatusCode::kDeadlineExceeded);
@@ -636,10 +657,9 @@ TEST_F(ServiceTest, QueuedRequestsWhoseCallerLeftAreNotComputed) {
   AwaitMetric(dequeued, 5);
   EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
   // All four left while the long compute still ran; then it is stopped.
-  EXPECT_EQ(long_answer.wait_for(std::chrono::seconds(0)),
-            std::future_status::timeout);
-  long_context.TryCancel();
-  EXPECT_EQ(long_answer.get().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_FALSE(held.Answered());
+  held.Cancel();
+  EXPECT_EQ(held.Wait().error_code(), grpc::StatusCode::CANCELLED);
   // Only the long request was computed (its stop is counted once it ends).
   const std::string computed =
       R"(attnserve_compute_seconds_count{rpc="Attend"})";
@@ -656,32 +676,15 @@ TEST_F(ServiceTest, AQueuedCallGivenUpFreesItsPlaceAtOnce) {
   options.scheduling.max_queue = 1;
   options.scheduling.max_batch = 1;
   Start(options);
-  auto stub = v1::AttentionService::NewStub(client_->channel());
   // The long request holds the only executor until it is cancelled.
-  const v1::AttendRequest long_request = LongRequest();
-  grpc::ClientContext long_context;
-  long_context.set_deadline(std::chrono::system_clock::now() +
-                            std::chrono::seconds(600));
-  v1::AttendResponse long_response;
-  std::promise<grpc::Status> long_answered;
-  stub->async()->Attend(&long_context, &long_request, &long_response,
-                        [&long_answered](grpc::Status status) {
-                          long_answered.set_value(status);
-                        });
-  std::future<grpc::Status> long_answer = long_answered.get_future();
+  CancellableAttend held(client_->channel(), LongRequest());
   AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 1);
   const v1::AttendRequest small = Request({1, 1, 1, 4, 4, 4, 4}, 5);
   // Cancelled while queued.
-  grpc::ClientContext cancelled_context;
-  v1::AttendResponse cancelled_response;
-  std::promise<grpc::Status> cancelled;
-  stub->async()->Attend(
-      &cancelled_context, &small, &cancelled_response,
-      [&cancelled](grpc::Status status) { cancelled.set_value(status); });
+  CancellableAttend cancelled(client_->channel(), small);
   AwaitMetric("attnserve_queue_depth", 1);
-  cancelled_context.TryCancel();
-  EXPECT_EQ(cancelled.get_future().get().error_code(),
-            grpc::StatusCode::CANCELLED);
+  cancelled.Cancel();
+  EXPECT_EQ(cancelled.Wait().error_code(), grpc::StatusCode::CANCELLED);
   AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 2);
   EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
   // Expired while queued.
@@ -691,12 +694,11 @@ TEST_F(ServiceTest, AQueuedCallGivenUpFreesItsPlaceAtOnce) {
   AwaitMetric(R"(attnserve_queue_wait_seconds_count{rpc="Attend"})", 3);
   EXPECT_EQ(Metric("attnserve_queue_depth"), 0);
   // Both went while the long compute ran; the next call takes the place.
-  EXPECT_EQ(long_answer.wait_for(std::chrono::seconds(0)),
-            std::future_status::timeout);
+  EXPECT_FALSE(held.Answered());
   auto next = client_->AttendFuture(small, kTimeout);
   AwaitMetric("attnserve_queue_depth", 1);
-  long_context.TryCancel();
-  EXPECT_EQ(long_answer.get().error_code(), grpc::StatusCode::CANCELLED);
+  held.Cancel();
+  EXPECT_EQ(held.Wait().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(next.get().ok());
   // None of the given-up calls was computed.
   EXPECT_EQ(Metric(R"(attnserve_compute_seconds_count{rpc="Attend"})"), 2);

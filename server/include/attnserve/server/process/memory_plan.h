@@ -78,6 +78,10 @@ struct MemoryPlan {
   // of connections and of messages still arriving.
   int64_t transport_bytes = 0;
   MemoryLimit limit;
+
+  // What calls may hold (the in-flight budget less gRPC's part), of which
+  // one connection may hold half.
+  int64_t calls_bytes() const { return max_inflight_bytes - transport_bytes; }
 };
 
 // Fills in the budgets left to derive from `limit` and checks that they fit.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -116,9 +117,9 @@ absl::StatusOr<LoopConfig> LoopConfigFromFlags() {
   return config;
 }
 
-// Where the workers and the main thread wait for each other between the
-// warm-up and the measured phase. Unlike absl::Barrier it can be opened before
-// everyone came, for workers that could not be started.
+// Where the threads and the main thread wait for each other: before the
+// warm-up, and between it and the measured phase. Unlike absl::Barrier it can
+// be opened before everyone came, for threads that could not be started.
 class StartGate {
  public:
   explicit StartGate(int parties) : missing_(parties) {}
@@ -151,11 +152,20 @@ class StartGate {
   absl::Time opened_ ABSL_GUARDED_BY(mutex_);
 };
 
-// Calls until `warmup_end`, waits at `gate` for every worker, then calls
-// until the measured phase ends.
-void RunWorker(const LoopConfig& config, const Call& call,
-               absl::Time warmup_end, StartGate& gate,
-               std::atomic<int64_t>& issued, WorkerTally& tally) {
+// Threads started beside the workers and ended before the first call: the
+// room they held (stack address space, a task each) is left for gRPC's own
+// threads, which it starts while calls run and cannot do without.
+constexpr int kSpareThreads = 8;
+
+// Waits at `launch` until every worker and spare thread exists, calls until
+// the warm-up ends, waits at `measure` for every worker, then calls until the
+// measured phase ends.
+void RunWorker(const LoopConfig& config, const Call& call, StartGate& launch,
+               StartGate& measure, std::atomic<int64_t>& issued,
+               WorkerTally& tally) {
+  const std::optional<absl::Time> launched = launch.Arrive();
+  if (!launched) return;
+  const absl::Time warmup_end = *launched + config.warmup;
   while (absl::Now() < warmup_end) {
     call().IgnoreError();
     ++tally.warmup_requests;
@@ -163,7 +173,7 @@ void RunWorker(const LoopConfig& config, const Call& call,
   // Every worker's phase, and the elapsed time, count from one instant: a
   // worker's own clock read after the gate opened would end its phase late,
   // and the report's elapsed time short of --duration.
-  const std::optional<absl::Time> opened = gate.Arrive();
+  const std::optional<absl::Time> opened = measure.Arrive();
   if (!opened) return;
   const absl::Time end = *opened + config.duration;
   while (absl::Now() < end &&
@@ -181,31 +191,45 @@ void RunWorker(const LoopConfig& config, const Call& call,
 }
 
 // Runs the closed loop; fills the measured fields of `report`.
-// RESOURCE_EXHAUSTED (nothing measured) if the system would not start every
-// worker thread.
+// RESOURCE_EXHAUSTED, with no call made, if the system would not start every
+// worker thread and the spares; the caller must then end the process without
+// shutting gRPC down (see RunBench).
 absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
                            BenchReport& report) {
   std::vector<WorkerTally> tallies(config.concurrency);
   std::atomic<int64_t> issued{0};
-  StartGate gate(config.concurrency + 1);
-  const absl::Time warmup_end = absl::Now() + config.warmup;
+  // No call is made until every thread exists: calls made while the system
+  // refuses threads would have gRPC refused its own too.
+  StartGate launch(config.concurrency + kSpareThreads + 1);
+  StartGate measure(config.concurrency + 1);
   std::vector<std::thread> workers;
+  std::vector<std::thread> spares;
   workers.reserve(config.concurrency);
+  spares.reserve(kSpareThreads);
   absl::Status started;
-  for (WorkerTally& tally : tallies) {
+  for (int i = 0; i < config.concurrency + kSpareThreads; ++i) {
     try {
-      workers.emplace_back(RunWorker, std::cref(config), std::cref(call),
-                           warmup_end, std::ref(gate), std::ref(issued),
-                           std::ref(tally));
+      if (i < config.concurrency) {
+        workers.emplace_back(RunWorker, std::cref(config), std::cref(call),
+                             std::ref(launch), std::ref(measure),
+                             std::ref(issued), std::ref(tallies[i]));
+      } else {
+        spares.emplace_back([&launch] { launch.Arrive(); });
+      }
     } catch (const std::system_error& error) {
       started = absl::ResourceExhaustedError(absl::StrCat(
           "started ", workers.size(), " of --concurrency=", config.concurrency,
-          " worker threads: ", error.what()));
-      gate.Abandon();
+          " worker threads and ", spares.size(), " of the ", kSpareThreads,
+          " spare ones that keep room for gRPC's own: ", error.what()));
+      launch.Abandon();
+      measure.Abandon();
       break;
     }
   }
-  const std::optional<absl::Time> start = gate.Arrive();
+  const bool launched = launch.Arrive().has_value();
+  for (std::thread& spare : spares) spare.join();
+  const std::optional<absl::Time> start =
+      launched ? measure.Arrive() : std::nullopt;
   for (std::thread& worker : workers) worker.join();
   if (!start) return started;
   report.elapsed = absl::Now() - *start;
@@ -580,7 +604,15 @@ int RunBench(Client& client) {
   report.warmup = config->warmup;
 
   const absl::Status ran = RunClosedLoop(*config, target.call, report);
-  if (!ran.ok()) return Fail(ran);
+  if (!ran.ok()) {
+    // While the system refused our threads it may have refused one of gRPC's
+    // (a timer thread the backup poller's timer asks for, say). gRPC 1.51
+    // counts such a thread before starting it, and its shutdown, at the
+    // channel's end, would wait forever for the one that never ran: end here.
+    const int exit_status = Fail(ran);
+    std::fflush(nullptr);
+    std::_Exit(exit_status);
+  }
   const std::string text = absl::GetFlag(FLAGS_json) ? FormatBenchJson(report)
                                                      : FormatBenchText(report);
   std::fputs(text.c_str(), stdout);

@@ -1,5 +1,5 @@
 // EchoText and EchoDims: client text in error messages stays bounded, cut on a
-// UTF-8 character boundary, with its length said.
+// UTF-8 character boundary, with its length said, and shows as text.
 #include "attnserve/common/echo.h"
 
 #include <string>
@@ -39,6 +39,21 @@ TEST(EchoTextTest, CutFallsOnACharacterBoundary) {
     EXPECT_NE(echoed.find("(" + std::to_string(text.size()) + " bytes)"),
               std::string::npos);
   }
+}
+
+TEST(EchoTextTest, ControlCharactersQuotesAndBackslashesAreEscaped) {
+  // A value that would print a fake log line and colour a terminal.
+  EXPECT_EQ(EchoText("x\nattnserve listening\x1b[31m\r\t\x7f"),
+            "\"x\\nattnserve listening\\x1b[31m\\r\\t\\x7f\"");
+  EXPECT_EQ(EchoText("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(EchoText(std::string("\0", 1)), "\"\\x00\"");
+  // UTF-8 is text, not escaped.
+  EXPECT_EQ(EchoText("é"), "\"é\"");
+  // The cut counts the text's own bytes, before escaping.
+  const std::string newlines(kMaxEchoBytes + 1, '\n');
+  std::string escaped;
+  for (size_t i = 0; i < kMaxEchoBytes; ++i) escaped += "\\n";
+  EXPECT_EQ(EchoText(newlines), "\"" + escaped + "…\" (257 bytes)");
 }
 
 TEST(EchoDimsTest, FewDimsInFullManyCounted) {

@@ -27,7 +27,9 @@ bool IsPlainName(absl::string_view name, size_t max_bytes);
 // `text`'s first `max_bytes` at most, cut on a UTF-8 character boundary.
 absl::string_view CutText(absl::string_view text, size_t max_bytes);
 
-// `text` in double quotes. Past kMaxEchoBytes it is cut on a UTF-8 character
+// `text` in double quotes, its control characters, quotes and backslashes
+// escaped as in C ("a\nb\x1b[31m"): a fake log line or a terminal's escape
+// sequence shows as text. Past kMaxEchoBytes it is cut on a UTF-8 character
 // boundary, and its length follows: "abc…" (70000 bytes).
 std::string EchoText(absl::string_view text);
 

@@ -1,6 +1,7 @@
 #include "attnserve/common/flags_help.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/files.h"
 #include "attnserve_build_info.h"
 
 namespace attnserve {
@@ -119,29 +121,51 @@ std::string HelpText(bool full) {
   return text;
 }
 
-std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
-  // Names --undefok lets through unknown (Abseil's parse then ignores them).
-  absl::flat_hash_set<std::string> undefined_ok;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
-      continue;
-    }
-    absl::string_view names;
-    if (absl::ConsumePrefix(&arg, "undefok=")) {
-      names = arg;
-    } else if (arg == "undefok" && i + 1 < argc) {
-      names = argv[i + 1];
-    } else {
-      continue;
-    }
-    for (absl::string_view name : absl::StrSplit(names, ',')) {
-      undefined_ok.insert(std::string(name));
+namespace {
+
+// The most a --flagfile may hold, and how deep flag files may name others.
+constexpr int64_t kMaxFlagFileBytes = 1 << 20;
+constexpr int kMaxFlagFileDepth = 8;
+
+std::optional<std::string> ArgumentsError(
+    const std::vector<absl::string_view>& args,
+    const absl::flat_hash_set<std::string>& undefined_ok, int depth);
+
+// The first error in the flag files `files` names ("a,b", as --flagfile takes
+// them): one that is not a regular file of at most kMaxFlagFileBytes, a line
+// Abseil's parse would refuse, or a flag whose value does not parse.
+std::optional<std::string> FlagFilesError(
+    absl::string_view files,
+    const absl::flat_hash_set<std::string>& undefined_ok, int depth) {
+  if (depth >= kMaxFlagFileDepth) {
+    return absl::StrCat("--flagfile ", EchoText(files),
+                        " nests flag files more than ", kMaxFlagFileDepth,
+                        " deep, expected at most ", kMaxFlagFileDepth,
+                        " (does a file name itself?)");
+  }
+  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
+    absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
+    if (!lines.ok()) return std::string(lines.status().message());
+    std::vector<absl::string_view> args(lines->begin(), lines->end());
+    if (std::optional<std::string> error =
+            ArgumentsError(args, undefined_ok, depth + 1)) {
+      // The innermost file is the one to mend; an error about a file names
+      // it already.
+      if (absl::StrContains(*error, "--flagfile")) return error;
+      return absl::StrCat(*error, " (in --flagfile ", EchoText(file), ")");
     }
   }
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
+  return std::nullopt;
+}
+
+// The first error in `args` (a command line without its program name, or a
+// flag file's lines).
+std::optional<std::string> ArgumentsError(
+    const std::vector<absl::string_view>& args,
+    const absl::flat_hash_set<std::string>& undefined_ok, int depth) {
+  const size_t argc = args.size();
+  for (size_t i = 0; i < argc; ++i) {
+    absl::string_view arg = args[i];
     if (arg == "--") break;
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
       continue;  // A command or its argument.
@@ -174,27 +198,34 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
     if (flag == nullptr) {
       // "-5": a negative number where an argument was meant; no argument of
       // attnctl's (lengths) or attnserve's (none) takes one.
-      if (absl::string_view(argv[i]).substr(0, 2) != "--" &&
+      if (args[i].substr(0, 2) != "--" &&
           (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
            name[0] == '.')) {
-        return absl::StrCat(EchoText(argv[i]),
+        return absl::StrCat(EchoText(args[i]),
                             " is no flag, and no argument takes a negative "
                             "number; --help lists the flags and arguments");
       }
       return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
                           "; --help lists the flags");
     }
-    if (IsAbseilFlag(*flag)) continue;  // --flagfile, --fromenv, ...
     absl::string_view value;
     if (equals != absl::string_view::npos) {
       value = arg.substr(equals + 1);
     } else if (flag->IsOfType<bool>()) {
       continue;
     } else if (i + 1 < argc) {
-      value = argv[++i];
+      value = args[++i];
     } else {
       return absl::StrCat("--", name, " needs a value");
     }
+    if (name == "flagfile") {
+      if (std::optional<std::string> error =
+              FlagFilesError(value, undefined_ok, depth)) {
+        return error;
+      }
+      continue;
+    }
+    if (IsAbseilFlag(*flag)) continue;  // --fromenv, --undefok, ...
     std::string error;
     if (flag->ParseFrom(value, &error)) continue;
     if (flag->IsOfType<bool>()) {
@@ -216,6 +247,57 @@ std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
                         expected, "; --help gives its range");
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
+  absl::StatusOr<std::string> text =
+      ReadRegularFile(std::string(file), kMaxFlagFileBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("--flagfile: ", text.status().message()));
+  }
+  std::vector<std::string> lines;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++number;
+    const absl::string_view stripped = absl::StripLeadingAsciiWhitespace(line);
+    if (stripped.empty() || stripped[0] == '#') continue;
+    if (stripped[0] != '-' || stripped == "--") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", number, " of --flagfile ", EchoText(file), " is ",
+          EchoText(line),
+          ", expected a flag (--name=value), a # comment or nothing"));
+    }
+    lines.emplace_back(stripped);
+  }
+  return lines;
+}
+
+std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
+  std::vector<absl::string_view> args(argv + std::min(argc, 1), argv + argc);
+  // Names --undefok lets through unknown (Abseil's parse then ignores them).
+  absl::flat_hash_set<std::string> undefined_ok;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;
+    }
+    absl::string_view names;
+    if (absl::ConsumePrefix(&arg, "undefok=")) {
+      names = arg;
+    } else if (arg == "undefok" && i + 1 < args.size()) {
+      names = args[i + 1];
+    } else {
+      continue;
+    }
+    for (absl::string_view name : absl::StrSplit(names, ',')) {
+      undefined_ok.insert(std::string(name));
+    }
+  }
+  return ArgumentsError(args, undefined_ok, 0);
 }
 
 std::optional<int> HandleHelpFlags(int argc, char** argv) {

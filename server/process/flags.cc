@@ -2,9 +2,9 @@
 // its default from the library's option structs.
 #include "flags.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
@@ -20,7 +20,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/flags_help.h"
 #include "attnserve/common/log.h"
+#include "attnserve/common/status_macros.h"
 
 namespace {
 
@@ -47,21 +49,22 @@ ABSL_FLAG(int, threads, Defaults().engine.num_threads,
           "OpenMP threads per executor, 0 to 4096; 0: OpenMP's threads "
           "(OMP_NUM_THREADS, else the cores the process may use) divided "
           "among the executors.");
-ABSL_FLAG(
-    int, executors, Defaults().scheduling.executors,
-    "Compute executors: requests computed at once, each on --threads threads.");
+ABSL_FLAG(int, executors, Defaults().scheduling.executors,
+          "Compute executors: requests computed at once, each on --threads "
+          "threads; 1 to 256.");
 ABSL_FLAG(
     int, io_threads, Defaults().transport.io_threads,
     "Threads that poll gRPC and run the handlers (parse, validate, "
-    "serialise, and calls too small to hand to an executor); 0: one per 8 "
-    "compute cores (--threads x --executors), at least 1, at most 8.");
+    "serialise, and calls too small to hand to an executor), 0 to 256; 0: "
+    "one per 8 compute cores (--threads x --executors), at least 1, at most "
+    "8.");
 ABSL_FLAG(int64_t, io_spin_us,
           absl::ToInt64Microseconds(Defaults().transport.io_spin),
           "While calls come within this many µs of each other, the first io "
           "thread keeps polling this long after each event instead of "
           "sleeping (not while a call computes on an executor), so that a "
           "client's next call is taken without a wake-up; costs up to a core "
-          "while they do. 0: never spins.");
+          "while they do. 0 to 1000000; 0: never spins.");
 ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
           "Requests waiting for an executor; past it new ones get "
           "RESOURCE_EXHAUSTED.");
@@ -78,7 +81,8 @@ ABSL_FLAG(int64_t, max_queue_delay_us,
 ABSL_FLAG(int, max_concurrent_streams,
           Defaults().transport.max_concurrent_streams,
           "HTTP/2 streams one connection may have open at once (advertised "
-          "in SETTINGS); a client past it waits for one to end.");
+          "in SETTINGS), at least 1; a client past it waits for one to "
+          "end.");
 ABSL_FLAG(int, max_client_resets_per_second,
           Defaults().transport.max_client_resets_per_second,
           "Calls one connection's client may cancel in a second before the "
@@ -179,13 +183,13 @@ ABSL_FLAG(double, session_ttl_seconds,
           absl::ToDoubleSeconds(Defaults().sessions.session_ttl),
           "Seconds without a Step, ForkSession or TruncateSession after which "
           "a session expires (GetSession and ListSessions only look); caps "
-          "and defaults CreateSession's ttl_seconds.");
+          "and defaults CreateSession's ttl_seconds. 1 to 1e9.");
 ABSL_FLAG(std::string, replica_name, "",
           "The name CreateSession reports as this replica's (with an "
           "incarnation drawn at start-up); empty: the host name, a "
           "Kubernetes pod's name. Up to 253 characters of [A-Za-z0-9._-].");
 ABSL_FLAG(int64_t, max_steps_per_call, Defaults().sessions.max_steps_per_call,
-          "Most session steps one Step call may carry.");
+          "Most session steps one Step call may carry, 1 to 65536.");
 ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
           "Memory that requests in flight may hold at once, from the "
           "transport's buffers (a quarter) through the queue and the compute "
@@ -210,8 +214,8 @@ ABSL_FLAG(std::string, weights_dir, Defaults().weights_dir,
 ABSL_FLAG(double, weights_reload_seconds,
           absl::ToDoubleSeconds(Defaults().weights_reload_interval),
           "Seconds between looks at --weights_dir for sets added, changed "
-          "(registered at their new version) or removed (deleted); 0: only at "
-          "start-up.");
+          "(registered at their new version) or removed (deleted): 0.1 to "
+          "1e9, or 0: only at start-up.");
 ABSL_FLAG(double, drain_grace_seconds, kDefaultDrainGraceSeconds,
           "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
           "new calls with UNAVAILABLE (0 to 3600); then queued and running "
@@ -339,15 +343,15 @@ bool AddFlagName(absl::string_view argument, std::set<std::string>* names) {
 
 // Adds the flags the files `files` ("a,b", as --flagfile takes them) set,
 // one per line as Abseil reads them, and those of the flag files they name
-// (to a depth of 8). An unreadable file adds nothing: Abseil's parse names
-// it.
+// (to a depth of 8). A file that cannot be read as one adds nothing:
+// FlagArgumentsError names it.
 void AddFlagFileNames(absl::string_view files, int depth,
                       std::set<std::string>* names) {
   if (depth > 8) return;
   for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
-    std::ifstream in{std::string(file)};
-    std::string line;
-    while (std::getline(in, line)) {
+    const absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
+    if (!lines.ok()) continue;
+    for (const std::string& line : *lines) {
       const absl::string_view flag = absl::StripAsciiWhitespace(line);
       if (!AddFlagName(flag, names)) continue;
       for (const absl::string_view prefix : {"--flagfile=", "-flagfile="}) {
@@ -405,27 +409,50 @@ std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
 
 std::string WithEnvironmentNames(absl::string_view error,
                                  const std::vector<std::string>& environment) {
+  // The flag the error names first ("--max_batch is 0", after a status code or
+  // not), if the environment gave it.
+  size_t first = absl::string_view::npos;
+  absl::string_view named;
   for (const std::string& argument : environment) {
     const absl::string_view flag =
         absl::string_view(argument).substr(0, argument.find('='));
-    if (absl::StartsWith(error, absl::StrCat(flag, " "))) {
-      return absl::StrCat(error, " (from the environment's ATTNSERVE_",
-                          absl::AsciiStrToUpper(flag.substr(2)),
-                          "; a command-line ", flag, " replaces it)");
+    for (size_t at = error.find(flag); at != absl::string_view::npos;
+         at = error.find(flag, at + 1)) {
+      const size_t end = at + flag.size();
+      const bool whole =
+          end == error.size() ||
+          !(absl::ascii_isalnum(static_cast<unsigned char>(error[end])) ||
+            error[end] == '_');
+      if (whole && at < first) {
+        first = at;
+        named = flag;
+      }
+      if (whole) break;
     }
   }
-  return std::string(error);
+  if (named.empty()) return std::string(error);
+  return absl::StrCat(error, " (from the environment's ATTNSERVE_",
+                      absl::AsciiStrToUpper(named.substr(2)),
+                      "; a command-line ", named, " replaces it)");
 }
 
 // `message` with each option it names ("scheduling.max_batch", or a field's
 // own name where that has an underscore, "max_weights_bytes") shown as its
-// flag ("--max_batch"). Names inside paths are left alone.
+// flag ("--max_batch"). A plain word ("address", "port") is an option only
+// where a refusal of it starts ("port is 70000"): elsewhere it is English,
+// as in the system's "Cannot assign requested address". Names inside paths
+// are left alone.
 std::string WithFlagNames(absl::string_view message) {
   absl::flat_hash_map<std::string, std::string> flags;
+  absl::flat_hash_map<std::string, std::string> plain_words;
   for (const FlagOption& entry : kFlags) {
     const std::string flag = absl::StrCat("--", entry.flag);
-    flags[entry.option] = flag;
     const absl::string_view option = entry.option;
+    if (!absl::StrContains(option, '.') && !absl::StrContains(option, '_')) {
+      plain_words[entry.option] = flag;
+      continue;
+    }
+    flags[entry.option] = flag;
     const absl::string_view field = option.substr(option.rfind('.') + 1);
     if (absl::StrContains(field, '_')) flags.emplace(std::string(field), flag);
   }
@@ -451,7 +478,12 @@ std::string WithFlagNames(absl::string_view message) {
     const bool in_path =
         (i > 0 && (message[i - 1] == '/' || message[i - 1] == '-')) ||
         (end < message.size() && message[end] == '/');
-    const auto found = flags.find(name);
+    auto found = flags.find(name);
+    if (found == flags.end() && trailing.empty() &&
+        absl::StartsWith(message.substr(end), " is ")) {
+      found = plain_words.find(name);
+      if (found == plain_words.end()) found = flags.end();
+    }
     if (found != flags.end() && !in_path) {
       absl::StrAppend(&out, found->second, trailing);
     } else {
@@ -461,6 +493,31 @@ std::string WithFlagNames(absl::string_view message) {
   }
   return out;
 }
+
+namespace {
+
+// The duration a flag of seconds gives, if NaN is refused there (naming the
+// flag), as absl::Seconds would take it for infinity. With a `range`, only
+// in it, which `expected` states; the library checks its own ranges of the
+// others.
+struct SecondsRange {
+  double min;
+  double max;
+  const char* expected;
+};
+absl::StatusOr<absl::Duration> SecondsFlag(
+    absl::string_view flag, double seconds,
+    std::optional<SecondsRange> range = std::nullopt) {
+  if (std::isnan(seconds) ||
+      (range && !(seconds >= range->min && seconds <= range->max))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " is ", seconds, ", expected ",
+                     range ? range->expected : "a number of seconds"));
+  }
+  return absl::Seconds(seconds);
+}
+
+}  // namespace
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   attnserve::ServerOptions options;
@@ -475,8 +532,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   } else if (kernel == "unfused") {
     engine.kernel = attnserve::AttentionKernel::kUnfused;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attention_kernel is \"", kernel, "\", expected fused or unfused"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--attention_kernel is ", EchoText(kernel),
+                     ", expected fused or unfused"));
   }
   engine.portable_kernels = absl::GetFlag(FLAGS_portable_kernels);
   attnserve::SchedulerOptions& scheduling = options.scheduling;
@@ -509,15 +567,19 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
         absl::StrCat("response_compression is ", EchoText(response_compression),
                      ", expected none, gzip or deflate"));
   }
-  transport.message_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_message_timeout_seconds));
-  transport.stream_idle_timeout =
-      absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_seconds));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      transport.message_timeout,
+      SecondsFlag("message_timeout_seconds",
+                  absl::GetFlag(FLAGS_message_timeout_seconds)));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      transport.stream_idle_timeout,
+      SecondsFlag("stream_idle_timeout_seconds",
+                  absl::GetFlag(FLAGS_stream_idle_timeout_seconds)));
   transport.io_threads = absl::GetFlag(FLAGS_io_threads);
   const int64_t io_spin_us = absl::GetFlag(FLAGS_io_spin_us);
   if (io_spin_us < 0 || io_spin_us > 1000000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("io_spin_us is ", io_spin_us, ", expected 0 to 1000000"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--io_spin_us is ", io_spin_us, ", expected 0 to 1000000"));
   }
   transport.io_spin = absl::Microseconds(io_spin_us);
   options.memory.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
@@ -531,7 +593,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     options.sessions.eviction = attnserve::EvictionPolicy::kNone;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "kv_eviction is \"", eviction, "\", expected lru or none"));
+        "--kv_eviction is ", EchoText(eviction), ", expected lru or none"));
   }
   options.sessions.page_tokens = absl::GetFlag(FLAGS_kv_page_tokens);
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
@@ -541,12 +603,11 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       absl::GetFlag(FLAGS_kv_cache_bytes_per_identity);
   options.sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.sessions.max_session_layers = absl::GetFlag(FLAGS_max_session_layers);
-  const double ttl = absl::GetFlag(FLAGS_session_ttl_seconds);
-  if (!(ttl >= 1 && ttl <= 1e9)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_ttl_seconds is ", ttl, ", expected 1 to 1e9"));
-  }
-  options.sessions.session_ttl = absl::Seconds(ttl);
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      options.sessions.session_ttl,
+      SecondsFlag("session_ttl_seconds",
+                  absl::GetFlag(FLAGS_session_ttl_seconds),
+                  SecondsRange{1, 1e9, "1 to 1e9"}));
   options.sessions.max_steps_per_call = absl::GetFlag(FLAGS_max_steps_per_call);
   options.sessions.replica_name = absl::GetFlag(FLAGS_replica_name);
   if (!attnserve::IsPlainName(options.sessions.replica_name, 253)) {
@@ -564,15 +625,24 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }
-  options.drain_grace = absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      options.drain_grace,
+      SecondsFlag("drain_grace_seconds",
+                  absl::GetFlag(FLAGS_drain_grace_seconds)));
   options.demo_weights = absl::GetFlag(FLAGS_demo_weights);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
   const double reload = absl::GetFlag(FLAGS_weights_reload_seconds);
-  if (!(reload >= 0 && reload <= 1e9)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weights_reload_seconds is ", reload, ", expected 0 to 1e9"));
+  if (reload != 0) {
+    // A look lists the folder and reads every set's config.txt: more often
+    // than ten times a second would keep a core busy for nothing.
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        options.weights_reload_interval,
+        SecondsFlag(
+            "weights_reload_seconds", reload,
+            SecondsRange{0.1, 1e9, "0 (only at start-up), or 0.1 to 1e9"}));
+  } else {
+    options.weights_reload_interval = absl::ZeroDuration();
   }
-  options.weights_reload_interval = absl::Seconds(reload);
   const std::string level = absl::GetFlag(FLAGS_log_level);
   const std::optional<LogLevel> log_level = ParseLogLevel(level);
   if (!log_level) {

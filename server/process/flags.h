@@ -24,9 +24,9 @@ extern const char kUsage[];
 std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
                                             std::vector<std::string>* storage);
 
-// `error`, a flag's refusal ("--port is ..."), naming the environment
-// variable that gave the value when `environment` (ArgumentsWithEnvironment's
-// storage) holds it.
+// `error`, a refusal naming flags ("--port is ..."), with the environment
+// variable that gave the first of them when `environment`
+// (ArgumentsWithEnvironment's storage) holds it.
 std::string WithEnvironmentNames(absl::string_view error,
                                  const std::vector<std::string>& environment);
 

@@ -43,10 +43,12 @@
 namespace {
 
 // 2 for a configuration that cannot work (a bad flag, budgets that do not fit
-// the memory limit), 1 for anything else (a port in use, an unreadable file).
+// the memory limit, weights over --max_weights_bytes, a file over its size
+// limit), 1 for anything else (a port in use, an unreadable file).
 int ExitCodeFor(const absl::Status& status) {
   return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kFailedPrecondition
+                 status.code() == absl::StatusCode::kFailedPrecondition ||
+                 status.code() == absl::StatusCode::kResourceExhausted
              ? 2
              : 1;
 }
@@ -144,15 +146,21 @@ int main(int argc, char** argv) {
   const absl::StatusOr<attnserve::ServerOptions> options =
       attnserve::OptionsFromFlags();
   if (!options.ok()) {
-    std::fprintf(stderr, "attnserve: %s\n",
-                 attnserve::WithFlagNames(options.status().ToString()).c_str());
+    std::fprintf(
+        stderr, "attnserve: %s\n",
+        attnserve::WithEnvironmentNames(
+            attnserve::WithFlagNames(options.status().ToString()), environment)
+            .c_str());
     return 2;
   }
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(*options);
   if (!server.ok()) {
-    std::fprintf(stderr, "attnserve: %s\n",
-                 attnserve::WithFlagNames(server.status().ToString()).c_str());
+    std::fprintf(
+        stderr, "attnserve: %s\n",
+        attnserve::WithEnvironmentNames(
+            attnserve::WithFlagNames(server.status().ToString()), environment)
+            .c_str());
     return ExitCodeFor(server.status());
   }
   signals.Started();

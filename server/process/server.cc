@@ -158,7 +158,10 @@ class AttnServerImpl final : public AttnServer {
       return absl::UnavailableError(
           absl::StrCat("could not serve metrics on ",
                        HostPort(MetricsAddress(options), *options.metrics_port),
-                       ": ", endpoint.status().message()));
+                       ": ", endpoint.status().message(),
+                       "; expected a metrics_address of this machine (or "
+                       "none: the address) and a metrics_port no other "
+                       "process listens on"));
     }
     metrics_endpoint_ = *std::move(endpoint);
     metrics_port_ = metrics_endpoint_->port();

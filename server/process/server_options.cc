@@ -3,7 +3,9 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "attnserve/server/rpc/wire_messages.h"
 
 namespace attnserve {
@@ -14,9 +16,38 @@ absl::Status OutOfRange(const char* name, int64_t value, const char* expected) {
       absl::StrCat(name, " is ", value, ", expected ", expected));
 }
 
+// Whether listening on `a` and `b` with one port could clash: the same
+// address, either every interface, or localhost and a loopback address.
+// Two other addresses are taken for two interfaces (a host name that turns
+// out to be one of them still fails at its bind, naming the port).
+bool AddressesMayOverlap(absl::string_view a, absl::string_view b) {
+  const auto unbracketed = [](absl::string_view address) {
+    absl::ConsumePrefix(&address, "[");
+    absl::ConsumeSuffix(&address, "]");
+    return address;
+  };
+  a = unbracketed(a);
+  b = unbracketed(b);
+  const auto any = [](absl::string_view address) {
+    return address == "0.0.0.0" || address == "::" || address == "*";
+  };
+  const auto loopback = [](absl::string_view address) {
+    return address == "localhost" || address == "::1" ||
+           absl::StartsWith(address, "127.");
+  };
+  return a == b || any(a) || any(b) || (a == "localhost" && loopback(b)) ||
+         (b == "localhost" && loopback(a));
+}
+
 }  // namespace
 
 absl::Status ValidateServerOptions(const ServerOptions& options) {
+  if (options.address.empty()) {
+    // gRPC would take it for every interface, unasked.
+    return absl::InvalidArgumentError(
+        "address is empty, expected a host name or an IP address (0.0.0.0 "
+        "or :: for every interface)");
+  }
   if (options.port < 0 || options.port > 65535) {
     return OutOfRange("port", options.port, "0 to 65535");
   }
@@ -149,11 +180,16 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   }
   if (options.metrics_port && *options.metrics_port != 0 &&
       *options.metrics_port == options.port &&
-      (options.metrics_address.empty() ||
-       options.metrics_address == options.address)) {
+      AddressesMayOverlap(options.address, options.metrics_address.empty()
+                                               ? options.address
+                                               : options.metrics_address)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port is ", *options.metrics_port,
-        ", the same as port on the same address; expected another port"));
+        ", the same as port, on addresses that may share interfaces (",
+        options.address, " and ",
+        options.metrics_address.empty() ? options.address
+                                        : options.metrics_address,
+        "); expected another port"));
   }
   // The memory budgets are checked by PlanMemory.
   return absl::OkStatus();

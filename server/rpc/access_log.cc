@@ -135,10 +135,27 @@ absl::StatusOr<std::unique_ptr<AccessLog>> AccessLog::Open(
   if (destination == "stderr") {
     return std::unique_ptr<AccessLog>(new AccessLog(STDERR_FILENO, false));
   }
-  const int fd = open(destination.c_str(),
-                      O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  // O_NONBLOCK: a FIFO no process reads would otherwise hold start-up until
+  // one came (ENXIO instead). Writes then block again: the writer thread
+  // waits for a slow reader while lines queue up to kMaxPendingBytes.
+  const int fd =
+      open(destination.c_str(),
+           O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0640);
   if (fd < 0) {
     const int error = errno;
+    if (error == ENXIO) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "access_log ", destination,
+          " is a FIFO no process reads; expected stdout, stderr, a file, or a "
+          "FIFO a reader has open"));
+    }
+    return absl::ErrnoToStatus(
+        error, absl::StrCat("access_log: cannot open ", destination));
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int error = errno;
+    close(fd);
     return absl::ErrnoToStatus(
         error, absl::StrCat("access_log: cannot open ", destination));
   }

@@ -61,4 +61,12 @@ bad_flag '--timeout is "abc", expected a duration (500ms, 30s, 2m, 1h30m)' --tim
 bad_flag '--timeout needs a value' health --timeout
 bad_flag '"-5" is no flag, and no argument takes a negative number' session truncate \
   00112233445566778899aabbccddeeff -5
+# A flag file's lines are checked as the command line's, and only a regular file is read (Abseil's
+# parse read /dev/zero without end).
+flags_file=$(mktemp)
+trap 'rm -f "${flags_file}"' EXIT
+printf -- '--timeout=abc\n' >"${flags_file}"
+bad_flag "--timeout is \"abc\", expected a duration (500ms, 30s, 2m, 1h30m); --help gives its \
+range (in --flagfile \"${flags_file}\")" --flagfile="${flags_file}" health
+bad_flag '--flagfile: /dev/zero is a device, expected a regular file' --flagfile=/dev/zero health
 echo "PASS"

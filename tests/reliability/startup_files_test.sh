@@ -115,6 +115,23 @@ head -c 5000 /dev/zero | tr '\0' 'x' >"${workdir}/token_long"
 expect_start_failure "token_long holds a token of 5000 bytes on line 1, expected at most 4096" \
   --auth_token_file="${workdir}/token_long"
 
+# An access log that is a FIFO no process reads stopped start-up before it listened, for as long
+# as no reader came (and a signal's "during start-up" was all it said).
+mkfifo "${workdir}/access_fifo"
+expected_status=2 expect_start_failure \
+  "access_log .*access_fifo is a FIFO no process reads; expected stdout, stderr, a file, or a FIFO a reader has open" \
+  --access_log="${workdir}/access_fifo"
+# With a reader, it is the log.
+cat "${workdir}/access_fifo" >"${workdir}/access_fifo.out" &
+reader=$!
+start_attnserve "${attnserve}" --access_log="${workdir}/access_fifo" --drain_grace_seconds=0
+stop_attnserve
+wait "${reader}" || fail "the access log's reader failed"
+# Weights over --max_weights_bytes are a configuration that cannot work: exit 2, as budgets that
+# do not fit the memory limit are.
+expected_status=2 expect_start_failure \
+  "RESOURCE_EXHAUSTED: weights 'demo' need [0-9]+ bytes, more than the whole --max_weights_bytes limit of 1" --max_weights_bytes=1
+
 # Kubernetes mounts a volume as ..<timestamp>/ with a ..data link to it and a link per entry.
 dir="${workdir}/k8s" && make_weights "${dir}/..2026_12_01/mounted" &&
   ln -s ..2026_12_01 "${dir}/..data" && ln -s ..data/mounted "${dir}/mounted"

@@ -65,8 +65,11 @@ set +e
 ATTNSERVE_MAX_BATCH=0 "${attnserve}" --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
 status=$?
 set -e
-[[ ${status} -ne 0 ]] || fail "max_batch=0 from the environment was accepted"
-grep -q "max_batch is 0, expected > 0" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+[[ ${status} -eq 2 ]] || fail "max_batch=0 from the environment exited ${status}, expected 2"
+# A value the library refuses names its variable too (until 2026-12-07 only a value of the wrong
+# type did).
+grep -q "max_batch is 0, expected > 0 (from the environment's ATTNSERVE_MAX_BATCH; a \
+command-line --max_batch replaces it)" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
 
 set +e
 "${attnserve}" --port=0 --metrics_port=0 --io_spin_us=-1 >"${workdir}/bad.log" 2>&1
@@ -114,6 +117,75 @@ bad_flag '--kv_cache_bytes_per_identity is -1, expected >= 0 (0: no cap)' \
   "${attnserve}" --kv_cache_bytes_per_identity=-1
 bad_flag '--max_sessions_per_identity is -5, expected >= 0 (0: no cap)' \
   ATTNSERVE_MAX_SESSIONS_PER_IDENTITY=-5 "${attnserve}"
+bad_flag '--kv_eviction is "bogus", expected lru or none (from the environment'"'"'s ATTNSERVE_KV_EVICTION' \
+  ATTNSERVE_KV_EVICTION=bogus "${attnserve}"
+# NaN is refused as such (absl::Seconds took it for infinity), and the weights folder is not
+# looked at more than ten times a second (1e-6 s kept half a core busy).
+bad_flag '--message_timeout_seconds is nan, expected a number of seconds' \
+  "${attnserve}" --message_timeout_seconds=nan
+bad_flag '--drain_grace_seconds is nan, expected a number of seconds' \
+  "${attnserve}" --drain_grace_seconds=nan
+bad_flag '--weights_reload_seconds is 1e-06, expected 0 (only at start-up), or 0.1 to 1e9' \
+  "${attnserve}" --weights_reload_seconds=1e-6
+# An empty --address listened on every interface.
+bad_flag '--address is empty, expected a host name or an IP address' "${attnserve}" --address=
+# A value is echoed as text: a newline or a terminal's escape sequence in it shows escaped.
+bad_flag '--kv_eviction is "x\nattnserve listening\x1b[31m", expected lru or none' \
+  "${attnserve}" --kv_eviction=$'x\nattnserve listening\e[31m'
+bad_flag '--attention_kernel is "fast", expected fused or unfused' \
+  "${attnserve}" --attention_kernel=fast
+# Flag files are checked as the command line is, and only regular files of at most 1 MiB are read
+# (Abseil's parse took a folder for an empty file, read /dev/zero without end, and waited on a
+# FIFO), nested at most 8 deep.
+printf -- '--max_queue=4\n' >"${workdir}/good.flags"
+printf -- '# a comment\n\n  --max_batch=abc\n' >"${workdir}/bad_value.flags"
+printf -- '--flagfile=%s\n' "${workdir}/bad_value.flags" >"${workdir}/outer_bad.flags"
+printf -- 'max_queue=3\n' >"${workdir}/no_flag.flags"
+printf -- '--flagfile=%s\n' "${workdir}/self.flags" >"${workdir}/self.flags"
+head -c $((1 << 20 | 1)) /dev/zero | tr '\0' '#' >"${workdir}/big.flags"
+mkfifo "${workdir}/fifo.flags"
+bad_flag '--max_batch is "abc", expected a 32-bit integer (-2147483648 to 2147483647); --help gives its range (in --flagfile "'"${workdir}"'/bad_value.flags")' \
+  "${attnserve}" --flagfile="${workdir}/good.flags,${workdir}/outer_bad.flags"
+bad_flag 'line 1 of --flagfile "'"${workdir}"'/no_flag.flags" is "max_queue=3", expected a flag' \
+  "${attnserve}" --flagfile="${workdir}/no_flag.flags"
+bad_flag 'nests flag files more than 8 deep' "${attnserve}" --flagfile="${workdir}/self.flags"
+bad_flag "--flagfile: ${workdir}/big.flags is 1048577 bytes, over the limit of 1048576 bytes" \
+  "${attnserve}" --flagfile="${workdir}/big.flags"
+bad_flag "--flagfile: ${workdir} is a folder, expected a regular file" \
+  "${attnserve}" --flagfile="${workdir}"
+bad_flag "--flagfile: ${workdir}/fifo.flags is a FIFO, expected a regular file" \
+  "${attnserve}" --flagfile="${workdir}/fifo.flags"
+bad_flag "--flagfile: /dev/zero is a device, expected a regular file" \
+  "${attnserve}" --flagfile=/dev/zero
+bad_flag "--flagfile: open ${workdir}/missing.flags: No such file or directory" \
+  "${attnserve}" --flagfile="${workdir}/missing.flags"
+line=$(startup_line "${attnserve}" --flagfile="${workdir}/good.flags")
+[[ ${line} == *"max_queue=4 "* ]] || fail "a good flag file not read: ${line}"
+
+# The gRPC and metrics ports on addresses that share an interface clash (until 2026-12-07 only
+# the same address string was caught, and the bind's failure blamed another process).
+port_clash() {  # METRICS_ADDRESS
+  set +e
+  "${attnserve}" --address=127.0.0.1 --port=1 --metrics_port=1 --metrics_address="$1" \
+    >"${workdir}/bad.log" 2>&1
+  status=$?
+  set -e
+  [[ ${status} -eq 2 ]] || fail "ports clashing on $1 exited ${status}: $(cat "${workdir}/bad.log")"
+  grep -qF -- "--metrics_port is 1, the same as port, on addresses that may share interfaces \
+(127.0.0.1 and $1); expected another port" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+}
+port_clash localhost
+port_clash 0.0.0.0
+port_clash 127.0.0.1
+# The system's own words are not taken for flag names ("Cannot assign requested --address").
+set +e
+"${attnserve}" --address=192.0.2.1 --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
+status=$?
+set -e
+[[ ${status} -eq 1 ]] || fail "an address not on this machine exited ${status}"
+grep -q "could not listen on 192.0.2.1:0: Cannot assign requested address; expected an \
+address of this machine" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+
 # What Abseil's parse takes stays taken: --undefok's names, a lone "-", "--=x" (the flags end).
 for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches" \
   "-" "--=x --not_a_flag"; do

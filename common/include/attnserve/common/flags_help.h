@@ -17,7 +17,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace attnserve {
@@ -57,9 +59,18 @@ std::optional<int> HandleHelpFlags(int argc, char** argv);
 // Returns the first error: "unknown flag --prot; --help lists the flags",
 // "--port is \"abc\", expected a 32-bit integer (-2147483648 to 2147483647)",
 // "--port needs a value". Values are set on the flags as they are checked, as
-// Abseil's parse then sets them again. Abseil's own flags (--flagfile, ...)
-// are left to its parse.
+// Abseil's parse then sets them again. The files --flagfile names are checked
+// the same way, line by line, and must be regular files of at most 1 MiB,
+// nested at most 8 deep (Abseil's parse would read a folder as an empty file,
+// /dev/zero without end, and wait on a FIFO for ever). Abseil's other flags
+// (--fromenv, --undefok, ...) are left to its parse.
 std::optional<std::string> FlagArgumentsError(int argc, char* const* argv);
+
+// The flag lines of the flag file `file` (one of --flagfile's), as Abseil's
+// parse takes them: leading whitespace stripped, blank lines and # comments
+// left out. An error naming --flagfile and the file if it is not a regular
+// file of at most 1 MiB, or has a line that is no flag.
+absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file);
 
 // The help text HandleHelpFlags prints: the usage message and, for each source
 // file defining flags, its flags with their help and defaults, wrapped at 80

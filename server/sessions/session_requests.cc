@@ -170,8 +170,8 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
   if (absl::Status s = ValidateVariant(request.defaults(), &config); !s.ok()) {
     return s;
   }
-  const int64_t page_bytes =
-      PageArena::Footprint(PageLayoutOf(config, options).PageBytes());
+  const PageLayout layout = PageLayoutOf(config, options);
+  const int64_t page_bytes = PageArena::Footprint(layout.PageBytes());
   // A session that could not hold its first page with its bookkeeping
   // could never take a token.
   const int64_t first_token = page_bytes + SessionBookkeepingBytes(config, 1);
@@ -188,7 +188,7 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
   }
   if (!over.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "one page of this session (", options.page_tokens,
+        "one page of this session (", layout.page_tokens,
         " tokens x num_kv_heads ", config.kv_heads, " x (key_dim ",
         config.key_dim, " + value_dim ", config.value_dim, ") x ",
         DataTypeBytes(config.dtype), " bytes) takes ", page_bytes, " bytes, ",

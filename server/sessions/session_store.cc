@@ -206,7 +206,11 @@ SessionStore::~SessionStore() { Clear(); }
 PageLayout PageLayoutOf(const SessionConfig& config,
                         const SessionOptions& options) {
   PageLayout layout;
-  layout.page_tokens = options.page_tokens;
+  // A session that may hold fewer tokens than a page has pages of that many:
+  // the rest of a page would never be written.
+  layout.page_tokens = config.max_tokens > 0
+                           ? std::min(options.page_tokens, config.max_tokens)
+                           : options.page_tokens;
   layout.kv_heads = config.kv_heads;
   layout.key_dim = config.key_dim;
   layout.value_dim = config.value_dim;

@@ -5,9 +5,11 @@
 // caps.
 #include "attnserve/server/sessions/session_store.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -394,6 +396,43 @@ TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {
                                    "included)"));
   EXPECT_TRUE(store.Get("alice", alices).ok());
   EXPECT_EQ(store.Totals().sessions, 2);
+}
+
+// A session that may hold fewer tokens than a page has pages of that many:
+// with --kv_page_tokens=4096 a 16-token session held a 2 MiB page for 8 KiB
+// of keys and values (an audit, 2026-12-07).
+TEST(SessionStorePagesTest, ASessionShorterThanAPageHasPagesOfItsLength) {
+  SessionOptions options;
+  options.page_tokens = 4096;
+  options.kv_cache_bytes = int64_t{1} << 30;
+  SessionStore store(options, nullptr);
+  SessionConfig config = Small();
+  config.key_dim = 64;
+  config.value_dim = 64;
+  const std::vector<float> values(64 * 16, 0.5f);
+  for (const auto& [max_tokens, bytes] :
+       {std::pair<int64_t, int64_t>{16, 16 * 128 * 4},
+        std::pair<int64_t, int64_t>{5000, 4096 * 128 * 4}}) {
+    SCOPED_TRACE(max_tokens);
+    config.max_tokens = max_tokens;
+    EXPECT_EQ(PageLayoutOf(config, options).page_tokens,
+              std::min<int64_t>(max_tokens, 4096));
+    absl::StatusOr<SessionDescription> session = store.Create("alice", config);
+    ASSERT_TRUE(session.ok()) << session.status();
+    absl::StatusOr<SessionStore::Pin> pin = store.Acquire("alice", session->id);
+    ASSERT_TRUE(pin.ok()) << pin.status();
+    KvAppend append;
+    append.tokens = 16;
+    append.key = reinterpret_cast<const char*>(values.data());
+    append.value = append.key;
+    int64_t length = 0;
+    ASSERT_TRUE(store.AppendAndView(*pin, 0, 0, append, 0, &length).ok());
+    const absl::StatusOr<SessionDescription> held =
+        store.Get("alice", session->id);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_EQ(held->lengths[0], 16);
+    EXPECT_EQ(held->bytes, bytes);
+  }
 }
 
 // A session whose first page fits a caller's share but not with the

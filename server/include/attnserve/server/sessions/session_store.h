@@ -156,7 +156,8 @@ int64_t SessionBookkeepingBytes(const SessionConfig& config,
                                 int64_t table_entries);
 
 // How the pages of a session of `config` are laid out in a store of
-// `options`.
+// `options`: pages of options.page_tokens tokens, or of config.max_tokens
+// where that is fewer.
 PageLayout PageLayoutOf(const SessionConfig& config,
                         const SessionOptions& options);
 

@@ -103,6 +103,12 @@ ABSL_FLAG(double, stream_idle_timeout_seconds,
           "for its client to take an answer (plus a second per MiB); past it "
           "the stream is cancelled (an idle, stalled or unread stream is not "
           "held open forever). At most 24 h.");
+ABSL_FLAG(double, max_connection_idle_seconds,
+          absl::ToDoubleSeconds(Defaults().transport.max_connection_idle),
+          "How long a connection with no call open may stay before the "
+          "server ends it (GOAWAY; a client's next call reconnects unseen), "
+          "so that abandoned connections and vanished peers give their "
+          "descriptors back. 0 (never) to 2073600 (24 days).");
 ABSL_FLAG(std::string, response_compression, "none",
           "Compress responses with gzip or deflate for clients that accept "
           "it (their grpc-accept-encoding), or none. Costs CPU and saves "
@@ -292,6 +298,7 @@ constexpr FlagOption kFlags[] = {
     {"response_compression", "transport.response_compression"},
     {"message_timeout_seconds", "transport.message_timeout"},
     {"stream_idle_timeout_seconds", "transport.stream_idle_timeout"},
+    {"max_connection_idle_seconds", "transport.max_connection_idle"},
     {"max_weights_bytes", "memory.max_weights_bytes"},
     {"max_inflight_bytes", "memory.max_inflight_bytes"},
     {"kv_cache_bytes", "memory.kv_cache_bytes"},
@@ -575,6 +582,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       transport.stream_idle_timeout,
       SecondsFlag("stream_idle_timeout_seconds",
                   absl::GetFlag(FLAGS_stream_idle_timeout_seconds)));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      transport.max_connection_idle,
+      SecondsFlag("max_connection_idle_seconds",
+                  absl::GetFlag(FLAGS_max_connection_idle_seconds)));
   transport.io_threads = absl::GetFlag(FLAGS_io_threads);
   const int64_t io_spin_us = absl::GetFlag(FLAGS_io_spin_us);
   if (io_spin_us < 0 || io_spin_us > 1000000) {

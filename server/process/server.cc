@@ -218,6 +218,11 @@ class AttnServerImpl final : public AttnServer {
         static_cast<int>(transport.max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                transport.max_concurrent_streams);
+    if (transport.max_connection_idle > absl::ZeroDuration()) {
+      builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                                 static_cast<int>(absl::ToInt64Milliseconds(
+                                     transport.max_connection_idle)));
+    }
     const bool compresses =
         transport.response_compression != GRPC_COMPRESS_NONE;
     if (!transport.accept_compressed_requests) {

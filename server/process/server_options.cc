@@ -80,6 +80,9 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
        absl::ZeroDuration(), false, absl::Seconds(10), "0 to 10s"},
       {"drain_grace", options.drain_grace, absl::ZeroDuration(), false,
        absl::Hours(1), "0 to 1h"},
+      // gRPC takes milliseconds as an int.
+      {"transport.max_connection_idle", transport.max_connection_idle,
+       absl::ZeroDuration(), false, absl::Hours(24 * 24), "0 (never) to 24d"},
   };
   for (const auto& d : durations) {
     const bool low_ok = d.positive_only ? d.value > d.low : d.value >= d.low;

@@ -127,6 +127,8 @@ bad_flag '--drain_grace_seconds is nan, expected a number of seconds' \
   "${attnserve}" --drain_grace_seconds=nan
 bad_flag '--weights_reload_seconds is 1e-06, expected 0 (only at start-up), or 0.1 to 1e9' \
   "${attnserve}" --weights_reload_seconds=1e-6
+bad_flag '--max_connection_idle_seconds is -1s, expected 0 (never) to 24d' \
+  "${attnserve}" --max_connection_idle_seconds=-1
 # An empty --address listened on every interface.
 bad_flag '--address is empty, expected a host name or an IP address' "${attnserve}" --address=
 # A value is echoed as text: a newline or a terminal's escape sequence in it shows escaped.

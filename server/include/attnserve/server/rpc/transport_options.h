@@ -45,6 +45,12 @@ struct TransportOptions {
   // (a second more per MiB) to be taken; past it the stream is cancelled, so
   // an idle, stalled or unread stream cannot be held open forever.
   absl::Duration stream_idle_timeout = absl::Minutes(5);
+  // How long a connection with no call open may stay before the server ends
+  // it with a GOAWAY (gRPC's max_connection_idle; a client's next call opens
+  // another, unseen by its caller): connections a client abandoned, or whose
+  // peer vanished without closing (the transport's keepalive first looks
+  // after two hours), give their descriptor and buffers back. Zero: never.
+  absl::Duration max_connection_idle = absl::Minutes(10);
   // Threads that poll gRPC and run the handlers (parse, validate, serialise,
   // and calls too small to hand to an executor). 0: one per 8 of the cores the
   // executors compute on, at least 1, at most 8. Each thread past the first

@@ -1,0 +1,81 @@
+"""Connections with no call open are closed after --max_connection_idle_seconds (gRPC's
+max_connection_idle: a GOAWAY, then the close), so that ones a client abandoned, or whose peer
+vanished without closing, give their descriptor back (before: held until the transport's
+keepalive looked, after two hours, or for ever). A connection with a stream open stays.
+
+usage: idle_connection_test.py PORT IDLE_SECONDS
+"""
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import h2.config  # noqa: E402
+import h2.connection  # noqa: E402
+import h2.events  # noqa: E402
+from raw_http2 import exit_with  # noqa: E402
+
+ATTEND_STREAM = "/attnserve.v1.AttentionService/AttendStream"
+
+
+def connect(port):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    return sock, conn
+
+
+def ended_within(sock, conn, seconds, goaway_ends=False):
+    """Seconds until the server closed the connection (or, with `goaway_ends`, sent GOAWAY), or
+    None if that did not come within `seconds` (the client answers the server's SETTINGS and
+    PINGs meanwhile)."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionError:
+            return time.monotonic() - started
+        if not data:
+            return time.monotonic() - started
+        for event in conn.receive_data(data):
+            if goaway_ends and isinstance(event, h2.events.ConnectionTerminated):
+                return time.monotonic() - started
+        pending = conn.data_to_send()
+        if pending:
+            sock.sendall(pending)
+    return None
+
+
+def main():
+    port, idle = int(sys.argv[1]), float(sys.argv[2])
+    failures = []
+    # A stream open (an AttendStream that sends nothing yet) keeps its connection.
+    busy_sock, busy = connect(port)
+    stream = busy.get_next_available_stream_id()
+    busy.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                               (":path", ATTEND_STREAM), (":authority", "localhost"),
+                               ("content-type", "application/grpc"), ("te", "trailers")])
+    busy_sock.sendall(busy.data_to_send())
+    idle_sock, quiet = connect(port)
+    ended = ended_within(idle_sock, quiet, idle + 10)
+    print(f"the idle connection was closed after {ended} s (limit {idle} s)")
+    if ended is None:
+        failures.append(f"a connection with no call open stayed open {idle + 10} s")
+    elif ended < idle * 0.5:
+        failures.append(f"a connection with no call open ended after {ended:.2f} s, "
+                        f"before the limit of {idle} s")
+    kept = ended_within(busy_sock, busy, 1, goaway_ends=True)
+    print(f"the connection with a stream open: {'kept' if kept is None else 'ended'}")
+    if kept is not None:
+        failures.append("a connection with a stream open was ended as idle")
+    idle_sock.close()
+    busy_sock.close()
+    exit_with(failures)
+
+
+if __name__ == "__main__":
+    main()

@@ -50,7 +50,11 @@ char* PageArena::Allocate(int64_t bytes) {
   char* block = slab->free.back();
   slab->free.pop_back();
   ++slab->used;
-  if (slab->free.empty()) open.erase(slab);
+  if (slab->free.empty()) {
+    open.erase(slab);
+    // No size stays keyed without a slab to offer (sizes are the clients').
+    if (open.empty()) with_free_.erase(bytes);
+  }
   return block;
 }
 
@@ -63,7 +67,11 @@ void PageArena::Free(char* block, int64_t bytes) {
   slab->free.push_back(block);
   --slab->used;
   if (slab->used == 0) {
-    with_free_[slab->page_bytes].erase(slab);
+    const auto open = with_free_.find(slab->page_bytes);
+    if (open != with_free_.end()) {
+      open->second.erase(slab);
+      if (open->second.empty()) with_free_.erase(open);
+    }
     munmap(slab->base, static_cast<size_t>(slab->bytes));
     mapped_ -= slab->bytes;
     slabs_.erase(it);
@@ -75,6 +83,11 @@ void PageArena::Free(char* block, int64_t bytes) {
 int64_t PageArena::mapped_bytes() const {
   absl::MutexLock lock(&mutex_);
   return mapped_;
+}
+
+int64_t PageArena::sizes_offered() const {
+  absl::MutexLock lock(&mutex_);
+  return static_cast<int64_t>(with_free_.size());
 }
 
 }  // namespace attnserve

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -48,6 +49,27 @@ TEST(PageArenaTest, BlocksAreWholeAlignedPagesFromSharedSlabs) {
   EXPECT_EQ(arena.mapped_bytes(), 3 * kMiB);
   arena.Free(big, 3 * kMiB);
   EXPECT_EQ(arena.mapped_bytes(), 0);
+}
+
+// A size keeps no entry once none of its slabs has a free block: an audit
+// found every size a session's shape had ever given kept one for good.
+TEST(PageArenaTest, NoSizeStaysKeyedWithoutAFreeBlock) {
+  PageArena arena;
+  std::vector<std::pair<char*, int64_t>> blocks;
+  for (int64_t pages = 1; pages <= 300; ++pages) {
+    const int64_t bytes = pages * 4096;
+    blocks.emplace_back(arena.Allocate(bytes), bytes);
+    ASSERT_NE(blocks.back().first, nullptr);
+  }
+  // Sizes up to 256 pages share 2 MiB slabs, with free blocks left over.
+  EXPECT_EQ(arena.sizes_offered(), 256);
+  for (const auto& [block, bytes] : blocks) arena.Free(block, bytes);
+  EXPECT_EQ(arena.sizes_offered(), 0);
+  EXPECT_EQ(arena.mapped_bytes(), 0);
+  // A slab's last free block taken: its size is offered no more.
+  char* whole = arena.Allocate(2 * kMiB);
+  EXPECT_EQ(arena.sizes_offered(), 0);
+  arena.Free(whole, 2 * kMiB);
 }
 
 TEST(PageArenaTest, FreedBlocksLeaveTheProcessAndAreReused) {

@@ -46,6 +46,10 @@ class PageArena {
   // Bytes of slabs mapped now.
   int64_t mapped_bytes() const ABSL_LOCKS_EXCLUDED(mutex_);
 
+  // Block sizes with a slab that has a free block now (each a map entry:
+  // sizes are the clients' to choose, through a session's shape).
+  int64_t sizes_offered() const ABSL_LOCKS_EXCLUDED(mutex_);
+
  private:
   struct Slab {
     char* base;

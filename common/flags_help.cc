@@ -149,9 +149,11 @@ std::optional<std::string> FlagFilesError(
     std::vector<absl::string_view> args(lines->begin(), lines->end());
     if (std::optional<std::string> error =
             ArgumentsError(args, undefined_ok, depth + 1)) {
-      // The innermost file is the one to mend; an error about a file names
-      // it already.
-      if (absl::StrContains(*error, "--flagfile")) return error;
+      // The innermost file that holds the error is the one to mend.
+      if (absl::StrContains(*error, "(in --flagfile ") ||
+          absl::StrContains(*error, "nests flag files")) {
+        return error;
+      }
       return absl::StrCat(*error, " (in --flagfile ", EchoText(file), ")");
     }
   }
@@ -275,28 +277,53 @@ absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
   return lines;
 }
 
-std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
-  std::vector<absl::string_view> args(argv + std::min(argc, 1), argv + argc);
-  // Names --undefok lets through unknown (Abseil's parse then ignores them).
-  absl::flat_hash_set<std::string> undefined_ok;
+namespace {
+
+// Adds the names --undefok lets through unknown (Abseil's parse ignores
+// them) in `args` and the flag files they name, at any place: Abseil reads
+// --undefok after the whole parse. Files that cannot be read add nothing
+// (ArgumentsError names them).
+void AddUndefinedOk(const std::vector<absl::string_view>& args, int depth,
+                    absl::flat_hash_set<std::string>* undefined_ok) {
+  if (depth >= kMaxFlagFileDepth) return;
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
     if (arg == "--") break;
     if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
       continue;
     }
-    absl::string_view names;
-    if (absl::ConsumePrefix(&arg, "undefok=")) {
-      names = arg;
-    } else if (arg == "undefok" && i + 1 < args.size()) {
-      names = args[i + 1];
-    } else {
+    const size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    if (name != "undefok" && name != "flagfile") continue;
+    absl::string_view value;
+    if (equals != absl::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    }
+    if (name == "undefok") {
+      for (absl::string_view ok : absl::StrSplit(value, ',')) {
+        undefined_ok->insert(std::string(ok));
+      }
       continue;
     }
-    for (absl::string_view name : absl::StrSplit(names, ',')) {
-      undefined_ok.insert(std::string(name));
+    for (absl::string_view file :
+         absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      const absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
+      if (!lines.ok()) continue;
+      AddUndefinedOk(
+          std::vector<absl::string_view>(lines->begin(), lines->end()),
+          depth + 1, undefined_ok);
     }
   }
+}
+
+}  // namespace
+
+std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
+  std::vector<absl::string_view> args(argv + std::min(argc, 1), argv + argc);
+  absl::flat_hash_set<std::string> undefined_ok;
+  AddUndefinedOk(args, 0, &undefined_ok);
   return ArgumentsError(args, undefined_ok, 0);
 }
 

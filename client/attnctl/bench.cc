@@ -20,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attnserve/client/session.h"
@@ -157,15 +158,15 @@ class StartGate {
 // threads, which it starts while calls run and cannot do without.
 constexpr int kSpareThreads = 8;
 
-// Waits at `launch` until every worker and spare thread exists, calls until
-// the warm-up ends, waits at `measure` for every worker, then calls until the
-// measured phase ends.
+// Waits at `launch` until every worker and spare thread exists, then for
+// `spares_ended`; calls until the warm-up ends, waits at `measure` for every
+// worker, then calls until the measured phase ends.
 void RunWorker(const LoopConfig& config, const Call& call, StartGate& launch,
-               StartGate& measure, std::atomic<int64_t>& issued,
-               WorkerTally& tally) {
-  const std::optional<absl::Time> launched = launch.Arrive();
-  if (!launched) return;
-  const absl::Time warmup_end = *launched + config.warmup;
+               const absl::Notification& spares_ended, StartGate& measure,
+               std::atomic<int64_t>& issued, WorkerTally& tally) {
+  if (!launch.Arrive()) return;
+  spares_ended.WaitForNotification();
+  const absl::Time warmup_end = absl::Now() + config.warmup;
   while (absl::Now() < warmup_end) {
     call().IgnoreError();
     ++tally.warmup_requests;
@@ -201,6 +202,7 @@ absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
   // No call is made until every thread exists: calls made while the system
   // refuses threads would have gRPC refused its own too.
   StartGate launch(config.concurrency + kSpareThreads + 1);
+  absl::Notification spares_ended;
   StartGate measure(config.concurrency + 1);
   std::vector<std::thread> workers;
   std::vector<std::thread> spares;
@@ -211,8 +213,9 @@ absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
     try {
       if (i < config.concurrency) {
         workers.emplace_back(RunWorker, std::cref(config), std::cref(call),
-                             std::ref(launch), std::ref(measure),
-                             std::ref(issued), std::ref(tallies[i]));
+                             std::ref(launch), std::cref(spares_ended),
+                             std::ref(measure), std::ref(issued),
+                             std::ref(tallies[i]));
       } else {
         spares.emplace_back([&launch] { launch.Arrive(); });
       }
@@ -228,6 +231,7 @@ absl::Status RunClosedLoop(const LoopConfig& config, const Call& call,
   }
   const bool launched = launch.Arrive().has_value();
   for (std::thread& spare : spares) spare.join();
+  spares_ended.Notify();
   const std::optional<absl::Time> start =
       launched ? measure.Arrive() : std::nullopt;
   for (std::thread& worker : workers) worker.join();

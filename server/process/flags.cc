@@ -2,12 +2,14 @@
 // its default from the library's option structs.
 #include "flags.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -16,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
@@ -416,39 +419,50 @@ std::vector<char*> ArgumentsWithEnvironment(int argc, char** argv,
 
 std::string WithEnvironmentNames(absl::string_view error,
                                  const std::vector<std::string>& environment) {
-  // The flag the error names first ("--max_batch is 0", after a status code or
-  // not), if the environment gave it.
-  size_t first = absl::string_view::npos;
-  absl::string_view named;
+  // Each flag the environment gave that the error names, in the order named.
+  std::vector<std::pair<size_t, absl::string_view>> named;
   for (const std::string& argument : environment) {
     const absl::string_view flag =
         absl::string_view(argument).substr(0, argument.find('='));
     for (size_t at = error.find(flag); at != absl::string_view::npos;
          at = error.find(flag, at + 1)) {
       const size_t end = at + flag.size();
-      const bool whole =
-          end == error.size() ||
+      if (end == error.size() ||
           !(absl::ascii_isalnum(static_cast<unsigned char>(error[end])) ||
-            error[end] == '_');
-      if (whole && at < first) {
-        first = at;
-        named = flag;
+            error[end] == '_')) {
+        named.emplace_back(at, flag);
+        break;
       }
-      if (whole) break;
     }
   }
   if (named.empty()) return std::string(error);
-  return absl::StrCat(error, " (from the environment's ATTNSERVE_",
-                      absl::AsciiStrToUpper(named.substr(2)),
-                      "; a command-line ", named, " replaces it)");
+  std::sort(named.begin(), named.end());
+  const auto variable = [](absl::string_view flag) {
+    return absl::StrCat("ATTNSERVE_", absl::AsciiStrToUpper(flag.substr(2)));
+  };
+  // "--max_batch is 0, ...": the refused flag, whatever else it names.
+  for (const auto& [at, flag] : named) {
+    if (absl::StartsWith(error.substr(at + flag.size()), " is ") &&
+        (at == 0 || error.substr(0, at).find(' ') == at - 1)) {
+      return absl::StrCat(error, " (from the environment's ", variable(flag),
+                          "; a command-line ", flag, " replaces it)");
+    }
+  }
+  std::vector<std::string> sources;
+  for (const auto& [at, flag] : named) {
+    sources.push_back(absl::StrCat(flag, " from ", variable(flag)));
+  }
+  return absl::StrCat(error,
+                      " (from the environment: ", absl::StrJoin(sources, ", "),
+                      "; a command-line flag replaces its variable)");
 }
 
 // `message` with each option it names ("scheduling.max_batch", or a field's
 // own name where that has an underscore, "max_weights_bytes") shown as its
 // flag ("--max_batch"). A plain word ("address", "port") is an option only
-// where a refusal of it starts ("port is 70000"): elsewhere it is English,
-// as in the system's "Cannot assign requested address". Names inside paths
-// are left alone.
+// where a refusal of it starts ("port is 70000") or in backquotes
+// ("`port`"): elsewhere it is English, as in the system's "Cannot assign
+// requested address". Names inside paths are left alone.
 std::string WithFlagNames(absl::string_view message) {
   absl::flat_hash_map<std::string, std::string> flags;
   absl::flat_hash_map<std::string, std::string> plain_words;
@@ -485,14 +499,24 @@ std::string WithFlagNames(absl::string_view message) {
     const bool in_path =
         (i > 0 && (message[i - 1] == '/' || message[i - 1] == '-')) ||
         (end < message.size() && message[end] == '/');
-    auto found = flags.find(name);
-    if (found == flags.end() && trailing.empty() &&
-        absl::StartsWith(message.substr(end), " is ")) {
-      found = plain_words.find(name);
-      if (found == plain_words.end()) found = flags.end();
+    const std::string* flag = nullptr;
+    if (const auto found = flags.find(name); found != flags.end()) {
+      flag = &found->second;
     }
-    if (found != flags.end() && !in_path) {
-      absl::StrAppend(&out, found->second, trailing);
+    // A plain word in backquotes: "`port`" shows as "--port".
+    const bool quoted = trailing.empty() && i > 0 && message[i - 1] == '`' &&
+                        end < message.size() && message[end] == '`';
+    if (flag == nullptr && trailing.empty() &&
+        (quoted || absl::StartsWith(message.substr(end), " is "))) {
+      if (const auto found = plain_words.find(name);
+          found != plain_words.end()) {
+        flag = &found->second;
+      }
+    }
+    if (flag != nullptr && !in_path) {
+      if (quoted) out.pop_back();  // The opening backquote.
+      absl::StrAppend(&out, *flag, trailing);
+      if (quoted) ++end;  // The closing one.
     } else {
       absl::StrAppend(&out, message.substr(i, end - i));
     }

@@ -159,9 +159,9 @@ class AttnServerImpl final : public AttnServer {
           absl::StrCat("could not serve metrics on ",
                        HostPort(MetricsAddress(options), *options.metrics_port),
                        ": ", endpoint.status().message(),
-                       "; expected a metrics_address of this machine (or "
-                       "none: the address) and a metrics_port no other "
-                       "process listens on"));
+                       "; expected metrics_address (or, if empty, `address`) "
+                       "to be one of this machine, and metrics_port one no "
+                       "other process listens on"));
     }
     metrics_endpoint_ = *std::move(endpoint);
     metrics_port_ = metrics_endpoint_->port();
@@ -202,8 +202,8 @@ class AttnServerImpl final : public AttnServer {
       return absl::UnavailableError(absl::StrCat(
           "could not listen on ", HostPort(options.address, options.port), ": ",
           acceptor.status().message(),
-          "; expected an address of this machine and a port no other "
-          "process listens on"));
+          "; expected `address` to be one of this machine, and `port` one no "
+          "other process listens on"));
     }
     acceptor_ = *std::move(acceptor);
     port_ = acceptor_->port();

@@ -1,11 +1,17 @@
 #include "attnserve/server/server_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cstring>
 #include <limits>
+#include <set>
+#include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "attnserve/server/rpc/wire_messages.h"
 
 namespace attnserve {
@@ -16,27 +22,53 @@ absl::Status OutOfRange(const char* name, int64_t value, const char* expected) {
       absl::StrCat(name, " is ", value, ", expected ", expected));
 }
 
-// Whether listening on `a` and `b` with one port could clash: the same
-// address, either every interface, or localhost and a loopback address.
-// Two other addresses are taken for two interfaces (a host name that turns
-// out to be one of them still fails at its bind, naming the port).
+// The addresses a listen on `address` binds, as 16-byte IPv6 ones (IPv4 as
+// ::ffff:a.b.c.d), or the name itself for a host name other than
+// localhost, whose addresses only its bind learns.
+std::set<std::string> BoundAddresses(absl::string_view address) {
+  std::string text = absl::AsciiStrToLower(address);
+  if (absl::StartsWith(text, "[") && absl::EndsWith(text, "]")) {
+    text = text.substr(1, text.size() - 2);
+  }
+  const auto v4 = [](const in_addr& ip) {
+    std::string bytes(16, '\0');
+    bytes[10] = bytes[11] = '\xff';
+    std::memcpy(&bytes[12], &ip, 4);
+    return bytes;
+  };
+  in_addr ip4;
+  in6_addr ip6;
+  if (text == "localhost") {
+    inet_pton(AF_INET, "127.0.0.1", &ip4);
+    inet_pton(AF_INET6, "::1", &ip6);
+    return {v4(ip4), std::string(reinterpret_cast<const char*>(&ip6), 16)};
+  }
+  if (inet_pton(AF_INET, text.c_str(), &ip4) == 1) return {v4(ip4)};
+  if (inet_pton(AF_INET6, text.c_str(), &ip6) == 1) {
+    return {std::string(reinterpret_cast<const char*>(&ip6), 16)};
+  }
+  return {text};
+}
+
+// Whether `bound` (BoundAddresses') is every interface: 0.0.0.0 or ::.
+bool IsEveryInterface(const std::set<std::string>& bound) {
+  return bound.count(std::string(16, '\0')) > 0 ||
+         bound.count(std::string("\0\0\0\0\0\0\0\0\0\0\xff\xff\0\0\0\0", 16)) >
+             0;
+}
+
+// Whether listening on `a` and `b` with one port could clash: addresses in
+// common (localhost is 127.0.0.1 and ::1; 0:0::1 is ::1) or either every
+// interface. Two host names are taken for two interfaces (if they are one,
+// the second bind fails, naming the port).
 bool AddressesMayOverlap(absl::string_view a, absl::string_view b) {
-  const auto unbracketed = [](absl::string_view address) {
-    absl::ConsumePrefix(&address, "[");
-    absl::ConsumeSuffix(&address, "]");
-    return address;
-  };
-  a = unbracketed(a);
-  b = unbracketed(b);
-  const auto any = [](absl::string_view address) {
-    return address == "0.0.0.0" || address == "::" || address == "*";
-  };
-  const auto loopback = [](absl::string_view address) {
-    return address == "localhost" || address == "::1" ||
-           absl::StartsWith(address, "127.");
-  };
-  return a == b || any(a) || any(b) || (a == "localhost" && loopback(b)) ||
-         (b == "localhost" && loopback(a));
+  const std::set<std::string> bound_a = BoundAddresses(a);
+  const std::set<std::string> bound_b = BoundAddresses(b);
+  if (IsEveryInterface(bound_a) || IsEveryInterface(bound_b)) return true;
+  for (const std::string& address : bound_a) {
+    if (bound_b.count(address) > 0) return true;
+  }
+  return false;
 }
 
 }  // namespace

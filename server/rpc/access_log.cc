@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -143,7 +144,9 @@ absl::StatusOr<std::unique_ptr<AccessLog>> AccessLog::Open(
            O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0640);
   if (fd < 0) {
     const int error = errno;
-    if (error == ENXIO) {
+    struct stat info;
+    if (error == ENXIO && stat(destination.c_str(), &info) == 0 &&
+        S_ISFIFO(info.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "access_log ", destination,
           " is a FIFO no process reads; expected stdout, stderr, a file, or a "

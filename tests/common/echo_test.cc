@@ -47,8 +47,16 @@ TEST(EchoTextTest, ControlCharactersQuotesAndBackslashesAreEscaped) {
             "\"x\\nattnserve listening\\x1b[31m\\r\\t\\x7f\"");
   EXPECT_EQ(EchoText("a\"b\\c"), "\"a\\\"b\\\\c\"");
   EXPECT_EQ(EchoText(std::string("\0", 1)), "\"\\x00\"");
-  // UTF-8 is text, not escaped.
+  // UTF-8 is text, not escaped, but for the characters that steer a terminal
+  // (C1 controls: U+009B is CSI) or reorder a line (bidirectional overrides).
   EXPECT_EQ(EchoText("é"), "\"é\"");
+  EXPECT_EQ(EchoText("a\xc2\x9b"
+                     "31mb\xe2\x80\xae"
+                     "c\xe2\x81\xa6"
+                     "d\xe2\x80\x8f"
+                     "e"),
+            "\"a\\u009b31mb\\u202ec\\u2066d\\u200fe\"");
+  EXPECT_EQ(EchoText("\xe2\x80\x94\xc2\xa0"), "\"\xe2\x80\x94\xc2\xa0\"");
   // The cut counts the text's own bytes, before escaping.
   const std::string newlines(kMaxEchoBytes + 1, '\n');
   std::string escaped;

@@ -179,14 +179,51 @@ port_clash() {  # METRICS_ADDRESS
 port_clash localhost
 port_clash 0.0.0.0
 port_clash 127.0.0.1
+port_clash '[::ffff:127.0.0.1]'
+port_clash 0:0:0:0:0:0:0:0
+# localhost is 127.0.0.1 and ::1 only: another loopback address may share the port number.
+free_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+timeout 20 "${attnserve}" --address=localhost --port="${free_port}" --metrics_address=127.0.0.2 \
+  --metrics_port="${free_port}" --drain_grace_seconds=0 >"${workdir}/apart.log" 2>&1 &
+apart=$!
+for _ in $(seq 1 100); do
+  grep -q "listening on" "${workdir}/apart.log" && break
+  kill -0 "${apart}" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q "listening on localhost:${free_port}, metrics on 127.0.0.2:${free_port}" \
+  "${workdir}/apart.log" || fail "localhost and 127.0.0.2 on one port: $(cat "${workdir}/apart.log")"
+kill -TERM "${apart}"
+wait "${apart}" || fail "attnserve exited non-zero after SIGTERM"
 # The system's own words are not taken for flag names ("Cannot assign requested --address").
 set +e
 "${attnserve}" --address=192.0.2.1 --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
 status=$?
 set -e
 [[ ${status} -eq 1 ]] || fail "an address not on this machine exited ${status}"
-grep -q "could not listen on 192.0.2.1:0: Cannot assign requested address; expected an \
-address of this machine" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+grep -q "could not listen on 192.0.2.1:0: Cannot assign requested address; expected --address \
+to be one of this machine, and --port one no other process listens on" "${workdir}/bad.log" ||
+  fail "$(cat "${workdir}/bad.log")"
+# A refusal that names flags the environment gave names their variables, whichever they are.
+set +e
+ATTNSERVE_ADDRESS=192.0.2.1 "${attnserve}" --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1
+set -e
+grep -q "one no other process listens on (from the environment: --address from \
+ATTNSERVE_ADDRESS; a command-line flag replaces its variable)" "${workdir}/bad.log" ||
+  fail "$(cat "${workdir}/bad.log")"
+set +e
+ATTNSERVE_BUFFER_POOL_BYTES=0 "${attnserve}" --port=0 --metrics_port=0 \
+  --max_weights_bytes=$((1 << 60)) >"${workdir}/bad.log" 2>&1
+set -e
+grep -q "lower the budgets or raise that limit (from the environment: --buffer_pool_bytes \
+from ATTNSERVE_BUFFER_POOL_BYTES; a command-line flag replaces its variable)" \
+  "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+# --undefok in a flag file lets through what it names anywhere, as Abseil reads it after the
+# whole parse.
+printf -- '--max_batches=3\n--undefok=max_batches\n' >"${workdir}/undefok.flags"
+"${attnserve}" --port=0 --metrics_port=0 --only_check_args --flagfile="${workdir}/undefok.flags" \
+  --nomax_batches >"${workdir}/ok.log" 2>&1 ||
+  fail "--undefok in a flag file was not taken: $(cat "${workdir}/ok.log")"
 
 # What Abseil's parse takes stays taken: --undefok's names, a lone "-", "--=x" (the flags end).
 for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches" \

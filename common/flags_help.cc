@@ -127,132 +127,10 @@ namespace {
 constexpr int64_t kMaxFlagFileBytes = 1 << 20;
 constexpr int kMaxFlagFileDepth = 8;
 
-std::optional<std::string> ArgumentsError(
-    const std::vector<absl::string_view>& args,
-    const absl::flat_hash_set<std::string>& undefined_ok, int depth);
-
-// The first error in the flag files `files` names ("a,b", as --flagfile takes
-// them): one that is not a regular file of at most kMaxFlagFileBytes, a line
-// Abseil's parse would refuse, or a flag whose value does not parse.
-std::optional<std::string> FlagFilesError(
-    absl::string_view files,
-    const absl::flat_hash_set<std::string>& undefined_ok, int depth) {
-  if (depth >= kMaxFlagFileDepth) {
-    return absl::StrCat("--flagfile ", EchoText(files),
-                        " nests flag files more than ", kMaxFlagFileDepth,
-                        " deep, expected at most ", kMaxFlagFileDepth,
-                        " (does a file name itself?)");
-  }
-  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
-    absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
-    if (!lines.ok()) return std::string(lines.status().message());
-    std::vector<absl::string_view> args(lines->begin(), lines->end());
-    if (std::optional<std::string> error =
-            ArgumentsError(args, undefined_ok, depth + 1)) {
-      // The innermost file that holds the error is the one to mend.
-      if (absl::StrContains(*error, "(in --flagfile ") ||
-          absl::StrContains(*error, "nests flag files")) {
-        return error;
-      }
-      return absl::StrCat(*error, " (in --flagfile ", EchoText(file), ")");
-    }
-  }
-  return std::nullopt;
-}
-
-// The first error in `args` (a command line without its program name, or a
-// flag file's lines).
-std::optional<std::string> ArgumentsError(
-    const std::vector<absl::string_view>& args,
-    const absl::flat_hash_set<std::string>& undefined_ok, int depth) {
-  const size_t argc = args.size();
-  for (size_t i = 0; i < argc; ++i) {
-    absl::string_view arg = args[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
-      continue;  // A command or its argument.
-    }
-    if (arg.empty()) continue;  // A lone "-": an argument, as Abseil takes it.
-    const size_t equals = arg.find('=');
-    const absl::string_view name = arg.substr(0, equals);
-    if (name.empty()) break;  // "--=x": Abseil ends the flags there.
-    // Abseil's usage flags, which its parse answers without registering them.
-    if (name == "help" || name == "helpfull" || name == "helpshort" ||
-        name == "helppackage" || name == "helpon" || name == "helpmatch" ||
-        name == "version" || name == "only_check_args") {
-      continue;
-    }
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && absl::StartsWith(name, "no")) {
-      // --nodemo_weights: a boolean flag's false.
-      absl::CommandLineFlag* negated =
-          absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>()) {
-        if (equals == absl::string_view::npos) continue;
-        return absl::StrCat("--", name, " takes no value");
-      }
-    }
-    if (flag == nullptr && (undefined_ok.contains(name) ||
-                            (absl::StartsWith(name, "no") &&
-                             undefined_ok.contains(name.substr(2))))) {
-      continue;
-    }
-    if (flag == nullptr) {
-      // "-5": a negative number where an argument was meant; no argument of
-      // attnctl's (lengths) or attnserve's (none) takes one.
-      if (args[i].substr(0, 2) != "--" &&
-          (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
-           name[0] == '.')) {
-        return absl::StrCat(EchoText(args[i]),
-                            " is no flag, and no argument takes a negative "
-                            "number; --help lists the flags and arguments");
-      }
-      return absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
-                          "; --help lists the flags");
-    }
-    absl::string_view value;
-    if (equals != absl::string_view::npos) {
-      value = arg.substr(equals + 1);
-    } else if (flag->IsOfType<bool>()) {
-      continue;
-    } else if (i + 1 < argc) {
-      value = args[++i];
-    } else {
-      return absl::StrCat("--", name, " needs a value");
-    }
-    if (name == "flagfile") {
-      if (std::optional<std::string> error =
-              FlagFilesError(value, undefined_ok, depth)) {
-        return error;
-      }
-      continue;
-    }
-    if (IsAbseilFlag(*flag)) continue;  // --fromenv, --undefok, ...
-    std::string error;
-    if (flag->ParseFrom(value, &error)) continue;
-    if (flag->IsOfType<bool>()) {
-      return absl::StrCat("--", name, " is ", EchoText(value),
-                          ", expected true or false");
-    }
-    std::string expected = "a value of its type";
-    if (flag->IsOfType<int>()) {
-      expected = "a 32-bit integer (-2147483648 to 2147483647)";
-    } else if (flag->IsOfType<int64_t>()) {
-      expected =
-          "a 64-bit integer (-9223372036854775808 to 9223372036854775807)";
-    } else if (flag->IsOfType<double>()) {
-      expected = "a number";
-    } else if (flag->IsOfType<absl::Duration>()) {
-      expected = "a duration (500ms, 30s, 2m, 1h30m)";
-    }
-    return absl::StrCat("--", name, " is ", EchoText(value), ", expected ",
-                        expected, "; --help gives its range");
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
+// The flag lines of the flag file `file`, as Abseil's parse takes them:
+// leading whitespace stripped, blank lines and # comments left out. An error
+// naming --flagfile and the file if it is not a regular file of at most
+// kMaxFlagFileBytes, or has a line that is no flag.
 absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
   absl::StatusOr<std::string> text =
       ReadRegularFile(std::string(file), kMaxFlagFileBytes);
@@ -277,54 +155,179 @@ absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
   return lines;
 }
 
-namespace {
-
-// Adds the names --undefok lets through unknown (Abseil's parse ignores
-// them) in `args` and the flag files they name, at any place: Abseil reads
-// --undefok after the whole parse. Files that cannot be read add nothing
-// (ArgumentsError names them).
-void AddUndefinedOk(const std::vector<absl::string_view>& args, int depth,
-                    absl::flat_hash_set<std::string>* undefined_ok) {
-  if (depth >= kMaxFlagFileDepth) return;
+// Appends `args` to `out`, each --flagfile replaced by its files' lines, from
+// `file` ("" for the command line) at `depth` files deep.
+absl::Status Expand(const std::vector<absl::string_view>& args,
+                    const std::string& file, int depth,
+                    std::vector<FlagArgument>* out) {
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+    if (arg == "--") {  // Arguments, not flags, from here on.
+      for (; i < args.size(); ++i) out->push_back({std::string(args[i]), file});
+      break;
+    }
+    const bool flag =
+        absl::ConsumePrefix(&arg, "--") || absl::ConsumePrefix(&arg, "-");
+    const size_t equals = arg.find('=');
+    if (!flag || arg.substr(0, equals) != "flagfile" ||
+        (equals == absl::string_view::npos && i + 1 == args.size())) {
+      out->push_back({std::string(args[i]), file});
       continue;
     }
+    const absl::string_view files =
+        equals != absl::string_view::npos ? arg.substr(equals + 1) : args[++i];
+    if (depth >= kMaxFlagFileDepth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--flagfile ", EchoText(files), " nests flag files more than ",
+          kMaxFlagFileDepth, " deep, expected at most ", kMaxFlagFileDepth,
+          " (does a file name itself?)"));
+    }
+    for (absl::string_view name :
+         absl::StrSplit(files, ',', absl::SkipEmpty())) {
+      absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(name);
+      if (!lines.ok()) {
+        if (file.empty()) return lines.status();
+        return absl::Status(
+            lines.status().code(),
+            absl::StrCat(lines.status().message(), " (in --flagfile ",
+                         EchoText(file), ")"));
+      }
+      const absl::Status expanded =
+          Expand(std::vector<absl::string_view>(lines->begin(), lines->end()),
+                 std::string(name), depth + 1, out);
+      if (!expanded.ok()) return expanded;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The first error in `args`, ExpandFlagFiles' (the file an error is in said
+// after it).
+std::optional<std::string> ArgumentsError(
+    const std::vector<FlagArgument>& args,
+    const absl::flat_hash_set<std::string>& undefined_ok) {
+  const auto in_file = [&args](size_t i, std::string error) {
+    if (args[i].file.empty()) return error;
+    return absl::StrCat(error, " (in --flagfile ", EchoText(args[i].file), ")");
+  };
+  const size_t argc = args.size();
+  for (size_t i = 0; i < argc; ++i) {
+    absl::string_view arg = args[i].text;
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;  // A command or its argument.
+    }
+    if (arg.empty()) continue;  // A lone "-": an argument, as Abseil takes it.
     const size_t equals = arg.find('=');
     const absl::string_view name = arg.substr(0, equals);
-    if (name != "undefok" && name != "flagfile") continue;
+    if (name.empty()) break;  // "--=x": Abseil ends the flags there.
+    // Abseil's usage flags, which its parse answers without registering them.
+    if (name == "help" || name == "helpfull" || name == "helpshort" ||
+        name == "helppackage" || name == "helpon" || name == "helpmatch" ||
+        name == "version" || name == "only_check_args") {
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      // --nodemo_weights: a boolean flag's false.
+      absl::CommandLineFlag* negated =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        if (equals == absl::string_view::npos) continue;
+        return in_file(i, absl::StrCat("--", name, " takes no value"));
+      }
+    }
+    if (flag == nullptr && (undefined_ok.contains(name) ||
+                            (absl::StartsWith(name, "no") &&
+                             undefined_ok.contains(name.substr(2))))) {
+      continue;
+    }
+    if (flag == nullptr) {
+      // "-5": a negative number where an argument was meant; no argument of
+      // attnctl's (lengths) or attnserve's (none) takes one.
+      if (args[i].text.substr(0, 2) != "--" &&
+          (absl::ascii_isdigit(static_cast<unsigned char>(name[0])) ||
+           name[0] == '.')) {
+        return in_file(
+            i, absl::StrCat(EchoText(args[i].text),
+                            " is no flag, and no argument takes a negative "
+                            "number; --help lists the flags and arguments"));
+      }
+      return in_file(
+          i, absl::StrCat("unknown flag ", EchoText(absl::StrCat("--", name)),
+                          "; --help lists the flags"));
+    }
     absl::string_view value;
     if (equals != absl::string_view::npos) {
       value = arg.substr(equals + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    }
-    if (name == "undefok") {
-      for (absl::string_view ok : absl::StrSplit(value, ',')) {
-        undefined_ok->insert(std::string(ok));
-      }
+    } else if (flag->IsOfType<bool>()) {
       continue;
+    } else if (i + 1 < argc && args[i + 1].file == args[i].file) {
+      value = args[++i].text;  // Within a file, as Abseil reads each alone.
+    } else {
+      return in_file(i, absl::StrCat("--", name, " needs a value"));
     }
-    for (absl::string_view file :
-         absl::StrSplit(value, ',', absl::SkipEmpty())) {
-      const absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
-      if (!lines.ok()) continue;
-      AddUndefinedOk(
-          std::vector<absl::string_view>(lines->begin(), lines->end()),
-          depth + 1, undefined_ok);
+    if (IsAbseilFlag(*flag)) continue;  // --fromenv, --undefok, ...
+    std::string error;
+    if (flag->ParseFrom(value, &error)) continue;
+    if (flag->IsOfType<bool>()) {
+      return in_file(i, absl::StrCat("--", name, " is ", EchoText(value),
+                                     ", expected true or false"));
     }
+    std::string expected = "a value of its type";
+    if (flag->IsOfType<int>()) {
+      expected = "a 32-bit integer (-2147483648 to 2147483647)";
+    } else if (flag->IsOfType<int64_t>()) {
+      expected =
+          "a 64-bit integer (-9223372036854775808 to 9223372036854775807)";
+    } else if (flag->IsOfType<double>()) {
+      expected = "a number";
+    } else if (flag->IsOfType<absl::Duration>()) {
+      expected = "a duration (500ms, 30s, 2m, 1h30m)";
+    }
+    return in_file(
+        i, absl::StrCat("--", name, " is ", EchoText(value), ", expected ",
+                        expected, "; --help gives its range"));
   }
+  return std::nullopt;
 }
 
 }  // namespace
 
+absl::StatusOr<std::vector<FlagArgument>> ExpandFlagFiles(
+    const std::vector<absl::string_view>& args) {
+  std::vector<FlagArgument> expanded;
+  const absl::Status status = Expand(args, "", 0, &expanded);
+  if (!status.ok()) return status;
+  return expanded;
+}
+
 std::optional<std::string> FlagArgumentsError(int argc, char* const* argv) {
-  std::vector<absl::string_view> args(argv + std::min(argc, 1), argv + argc);
+  const absl::StatusOr<std::vector<FlagArgument>> args = ExpandFlagFiles(
+      std::vector<absl::string_view>(argv + std::min(argc, 1), argv + argc));
+  if (!args.ok()) return std::string(args.status().message());
+  // Names --undefok lets through unknown (Abseil's parse ignores them),
+  // wherever it is: Abseil reads it after the whole parse.
   absl::flat_hash_set<std::string> undefined_ok;
-  AddUndefinedOk(args, 0, &undefined_ok);
-  return ArgumentsError(args, undefined_ok, 0);
+  for (size_t i = 0; i < args->size(); ++i) {
+    absl::string_view arg = (*args)[i].text;
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      continue;
+    }
+    absl::string_view names;
+    if (absl::ConsumePrefix(&arg, "undefok=")) {
+      names = arg;
+    } else if (arg == "undefok" && i + 1 < args->size()) {
+      names = (*args)[i + 1].text;
+    } else {
+      continue;
+    }
+    for (absl::string_view name : absl::StrSplit(names, ',')) {
+      undefined_ok.insert(std::string(name));
+    }
+  }
+  return ArgumentsError(*args, undefined_ok);
 }
 
 std::optional<int> HandleHelpFlags(int argc, char** argv) {

@@ -351,43 +351,25 @@ bool AddFlagName(absl::string_view argument, std::set<std::string>* names) {
   return true;
 }
 
-// Adds the flags the files `files` ("a,b", as --flagfile takes them) set,
-// one per line as Abseil reads them, and those of the flag files they name
-// (to a depth of 8). A file that cannot be read as one adds nothing:
+// The flags the command line sets, in its own arguments and in the files its
+// --flagfile arguments name. A flag file that cannot be read adds nothing:
 // FlagArgumentsError names it.
-void AddFlagFileNames(absl::string_view files, int depth,
-                      std::set<std::string>* names) {
-  if (depth > 8) return;
-  for (absl::string_view file : absl::StrSplit(files, ',', absl::SkipEmpty())) {
-    const absl::StatusOr<std::vector<std::string>> lines = ReadFlagFile(file);
-    if (!lines.ok()) continue;
-    for (const std::string& line : *lines) {
-      const absl::string_view flag = absl::StripAsciiWhitespace(line);
-      if (!AddFlagName(flag, names)) continue;
-      for (const absl::string_view prefix : {"--flagfile=", "-flagfile="}) {
-        if (absl::StartsWith(flag, prefix)) {
-          AddFlagFileNames(flag.substr(prefix.size()), depth + 1, names);
-        }
-      }
+std::set<std::string> CommandLineFlags(int argc, char** argv) {
+  const std::vector<absl::string_view> args(argv + 1, argv + argc);
+  absl::StatusOr<std::vector<FlagArgument>> arguments = ExpandFlagFiles(args);
+  if (!arguments.ok()) {
+    arguments.emplace();
+    for (const absl::string_view arg : args) {
+      arguments->push_back({std::string(arg), ""});
     }
   }
-}
-
-// The flags the command line sets, in its own arguments and in the files its
-// --flagfile arguments name.
-std::set<std::string> CommandLineFlags(int argc, char** argv) {
   std::set<std::string> names;
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view argument = argv[i];
-    if (argument == "--") break;
-    if (!AddFlagName(argument, &names)) continue;
-    if (absl::StartsWith(argument, "--flagfile=") ||
-        absl::StartsWith(argument, "-flagfile=")) {
-      AddFlagFileNames(argument.substr(argument.find('=') + 1), 0, &names);
-    } else if ((argument == "--flagfile" || argument == "-flagfile") &&
-               i + 1 < argc) {
-      AddFlagFileNames(argv[++i], 0, &names);
-    }
+  for (const FlagArgument& argument : *arguments) {
+    if (argument.text == "--") break;
+    AddFlagName(argument.file.empty()
+                    ? absl::string_view(argument.text)
+                    : absl::StripTrailingAsciiWhitespace(argument.text),
+                &names);
   }
   return names;
 }
@@ -440,10 +422,10 @@ std::string WithEnvironmentNames(absl::string_view error,
   const auto variable = [](absl::string_view flag) {
     return absl::StrCat("ATTNSERVE_", absl::AsciiStrToUpper(flag.substr(2)));
   };
-  // "--max_batch is 0, ...": the refused flag, whatever else it names.
+  // "[CODE: ]--max_batch is 0, ...": the refused flag, whatever else it names.
   for (const auto& [at, flag] : named) {
     if (absl::StartsWith(error.substr(at + flag.size()), " is ") &&
-        (at == 0 || error.substr(0, at).find(' ') == at - 1)) {
+        (at == 0 || absl::EndsWith(error.substr(0, at), ": "))) {
       return absl::StrCat(error, " (from the environment's ", variable(flag),
                           "; a command-line ", flag, " replaces it)");
     }

@@ -66,11 +66,22 @@ std::optional<int> HandleHelpFlags(int argc, char** argv);
 // (--fromenv, --undefok, ...) are left to its parse.
 std::optional<std::string> FlagArgumentsError(int argc, char* const* argv);
 
-// The flag lines of the flag file `file` (one of --flagfile's), as Abseil's
-// parse takes them: leading whitespace stripped, blank lines and # comments
-// left out. An error naming --flagfile and the file if it is not a regular
-// file of at most 1 MiB, or has a line that is no flag.
-absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file);
+// One argument of a command line, or a line of a flag file it names, with
+// that file's name as --flagfile gave it ("" for the command line).
+struct FlagArgument {
+  std::string text;
+  std::string file;
+};
+
+// `args` (a command line without its program name) with each --flagfile flag
+// replaced by its files' lines, as Abseil's parse takes them (leading
+// whitespace stripped, blank lines and # comments left out), those files'
+// own --flagfile flags likewise; a relative path is the working directory's.
+// An error naming --flagfile and the file if one is not a regular file of at
+// most 1 MiB or has a line that is no flag, or if files nest more than 8
+// deep.
+absl::StatusOr<std::vector<FlagArgument>> ExpandFlagFiles(
+    const std::vector<absl::string_view>& args);
 
 // The help text HandleHelpFlags prints: the usage message and, for each source
 // file defining flags, its flags with their help and defaults, wrapped at 80

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 
 namespace attnserve {
@@ -54,6 +55,14 @@ void TerminationSignals::Watch() {
     // A hang-up can come twice (the terminal's, then the shell's to its
     // jobs): only an operator's SIGINT or SIGTERM cuts a drain short.
     if (received_ != 0 && signal_number == SIGHUP) continue;
+    // One signal sent twice at once is one request: timeout(1), for one,
+    // sends it to its child and then to the child's process group, and a
+    // drain of a loaded server had ended in 143 on the second copy when the
+    // first had been taken in between (an ASan CI run, 2026-12-07).
+    if (received_ == signal_number &&
+        std::chrono::steady_clock::now() - received_at_ < kRepeatWindow) {
+      continue;
+    }
     if (!started_ || received_ != 0) {
       std::fprintf(stderr, "attnserve: signal %d during %s, exiting now\n",
                    signal_number,
@@ -62,6 +71,7 @@ void TerminationSignals::Watch() {
       _exit(128 + signal_number);
     }
     received_ = signal_number;
+    received_at_ = std::chrono::steady_clock::now();
     arrived_.Notify();
   }
 }

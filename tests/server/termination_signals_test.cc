@@ -1,7 +1,8 @@
 // TerminationSignals, each case in a child process (a signal is process-wide):
 // a signal during start-up ends the process at once with 128 + its number;
 // after Started, Wait returns it, and a second one ends the process as one
-// during start-up does; without one, the destructor returns promptly.
+// during start-up does, unless it is a copy of the first sent at once; without
+// one, the destructor returns promptly.
 #include "attnserve/server/process/termination_signals.h"
 
 #include <signal.h>
@@ -84,6 +85,9 @@ TEST(TerminationSignalsTest, ASecondSignalDuringTheDrainEndsTheProcessAtOnce) {
       signals.Started();
       kill(getpid(), SIGTERM);
       if (signals.Wait() != SIGTERM) return 1;
+      // Past the window in which a SIGTERM would be a copy of the first.
+      std::this_thread::sleep_for(TerminationSignals::kRepeatWindow +
+                                  std::chrono::milliseconds(100));
       kill(getpid(), second);
       // A drain that would go on for a minute.
       std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -111,6 +115,40 @@ TEST(TerminationSignalsTest, ASecondHangUpDoesNotCutTheDrainShort) {
   });
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+// timeout(1) sends its signal to the child and then to the child's process
+// group: a copy of the first signal at once does not cut the drain short
+// (CI's config_env_test ended in 143 so, 2026-12-07), while a different one,
+// an operator's Ctrl-C after a SIGTERM, does.
+TEST(TerminationSignalsTest,
+     ACopyOfTheFirstSignalAtOnceDoesNotCutTheDrainShort) {
+  const int status = RunInChild([] {
+    {
+      TerminationSignals signals;
+      signals.Started();
+      kill(getpid(), SIGTERM);
+      if (signals.Wait() != SIGTERM) return 1;
+      // Taken by the watcher after the first: not merged with it as pending.
+      kill(getpid(), SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 7;
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+
+  const int other = RunInChild([] {
+    TerminationSignals signals;
+    signals.Started();
+    kill(getpid(), SIGTERM);
+    if (signals.Wait() != SIGTERM) return 1;
+    kill(getpid(), SIGINT);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(other)) << other;
+  EXPECT_EQ(WEXITSTATUS(other), 128 + SIGINT);
 }
 
 // A drain that ends before a second signal: the destructor returns.

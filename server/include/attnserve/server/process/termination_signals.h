@@ -5,7 +5,9 @@
 // + the signal's number, as its default action would; once the server is up, it
 // starts the drain, and a second SIGINT or SIGTERM during the drain ends the
 // process at once the same way (an operator's second Ctrl-C; a second SIGHUP
-// does not, as a closed terminal can send two).
+// does not, as a closed terminal can send two, nor a copy of the first signal
+// within kRepeatWindow of it, as timeout(1) sends one to its child and then to
+// the child's process group).
 //
 //   TerminationSignals signals;  // before any other thread starts
 //   ... start the server ...
@@ -20,6 +22,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -30,6 +33,10 @@ namespace attnserve {
 
 class TerminationSignals {
  public:
+  // A signal equal to the first that arrives within this long of it is a copy
+  // of it, not an operator's second signal.
+  static constexpr std::chrono::milliseconds kRepeatWindow{250};
+
   TerminationSignals();
   TerminationSignals(const TerminationSignals&) = delete;
   TerminationSignals& operator=(const TerminationSignals&) = delete;
@@ -50,6 +57,7 @@ class TerminationSignals {
   bool started_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   int received_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::chrono::steady_clock::time_point received_at_ ABSL_GUARDED_BY(mutex_);
   absl::Notification arrived_;
   std::thread watcher_;
 };

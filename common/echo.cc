@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -31,27 +32,51 @@ absl::string_view CutText(absl::string_view text, size_t max_bytes) {
 
 namespace {
 
-// Whether the UTF-8 character at `text`'s start is one that steers how text
-// shows without being seen: a C1 control (U+0080-U+009F, which terminals
-// take as escape sequences) or a bidirectional mark, embedding, override or
-// isolate (U+200E-U+200F, U+202A-U+202E, U+2066-U+2069). Its code point, if
-// so.
-std::optional<uint32_t> InvisibleControl(absl::string_view text) {
+// Characters that steer how text shows without being seen: C1 controls
+// (U+0080-U+009F, which terminals take as escape sequences), the soft hyphen,
+// bidirectional marks, embeddings, overrides and isolates (U+061C, U+200E-F,
+// U+202A-E, U+2066-9), and the zero-width ones that make two names look alike
+// (U+180E, U+200B-D, U+2060-4, U+FEFF).
+constexpr struct {
+  uint32_t first;
+  uint32_t last;
+} kInvisible[] = {{0x80, 0x9F},     {0xAD, 0xAD},     {0x61C, 0x61C},
+                  {0x180E, 0x180E}, {0x200B, 0x200F}, {0x202A, 0x202E},
+                  {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}};
+
+// The code point of the well-formed two- or three-byte UTF-8 character at
+// `text`'s start, with its length; nullopt for anything else.
+std::optional<std::pair<uint32_t, size_t>> TwoOrThreeByteCharacter(
+    absl::string_view text) {
   const auto byte = [&text](size_t i) {
     return static_cast<unsigned char>(text[i]);
   };
-  if (text.size() >= 2 && byte(0) == 0xC2 && byte(1) >= 0x80 &&
-      byte(1) <= 0x9F) {
-    return byte(1);
+  const auto continuation = [&](size_t i) {
+    return i < text.size() && (byte(i) & 0xC0) == 0x80;
+  };
+  if (text.empty()) return std::nullopt;
+  if (byte(0) >= 0xC2 && byte(0) <= 0xDF && continuation(1)) {
+    return std::make_pair((uint32_t{byte(0)} & 0x1F) << 6 | (byte(1) & 0x3F),
+                          size_t{2});
   }
-  if (text.size() >= 3 && byte(0) == 0xE2) {
-    const uint32_t point =
-        0x2000 | (uint32_t{byte(1)} & 0x3F) << 6 | (uint32_t{byte(2)} & 0x3F);
-    if ((byte(1) == 0x80 || byte(1) == 0x81) && (byte(2) & 0xC0) == 0x80 &&
-        ((point >= 0x200E && point <= 0x200F) ||
-         (point >= 0x202A && point <= 0x202E) ||
-         (point >= 0x2066 && point <= 0x2069))) {
-      return point;
+  if ((byte(0) & 0xF0) == 0xE0 && continuation(1) && continuation(2)) {
+    const uint32_t point = (uint32_t{byte(0)} & 0x0F) << 12 |
+                           (uint32_t{byte(1)} & 0x3F) << 6 | (byte(2) & 0x3F);
+    if (point >= 0x800) return std::make_pair(point, size_t{3});
+  }
+  return std::nullopt;
+}
+
+// The code point of the character at `text`'s start and its length in bytes,
+// if it is one of kInvisible.
+std::optional<std::pair<uint32_t, size_t>> InvisibleControl(
+    absl::string_view text) {
+  const std::optional<std::pair<uint32_t, size_t>> character =
+      TwoOrThreeByteCharacter(text);
+  if (!character) return std::nullopt;
+  for (const auto& range : kInvisible) {
+    if (character->first >= range.first && character->first <= range.last) {
+      return character;
     }
   }
   return std::nullopt;
@@ -65,13 +90,13 @@ std::string Escaped(absl::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
-    if (const std::optional<uint32_t> point =
+    if (const std::optional<std::pair<uint32_t, size_t>> invisible =
             InvisibleControl(text.substr(i))) {
       out += "\\u";
       for (int shift = 12; shift >= 0; shift -= 4) {
-        out += kHex[(*point >> shift) & 0xF];
+        out += kHex[(invisible->first >> shift) & 0xF];
       }
-      i += *point < 0x100 ? 1 : 2;
+      i += invisible->second - 1;
       continue;
     }
     const char c = text[i];

@@ -57,6 +57,24 @@ TEST(EchoTextTest, ControlCharactersQuotesAndBackslashesAreEscaped) {
                      "e"),
             "\"a\\u009b31mb\\u202ec\\u2066d\\u200fe\"");
   EXPECT_EQ(EchoText("\xe2\x80\x94\xc2\xa0"), "\"\xe2\x80\x94\xc2\xa0\"");
+  // Zero-width and other invisible format characters, which make two names
+  // look alike (until 2026-12-07 they were echoed as they came): ZWSP, ZWNJ,
+  // ZWJ, the word joiner, BOM, soft hyphen, Arabic letter mark, Mongolian
+  // vowel separator.
+  EXPECT_EQ(EchoText("a\xe2\x80\x8b"
+                     "b\xe2\x80\x8c\xe2\x80\x8d"
+                     "c\xe2\x81\xa0\xe2\x81\xa4"
+                     "d\xef\xbb\xbf"
+                     "e\xc2\xad"
+                     "f\xd8\x9c"
+                     "g\xe1\xa0\x8e"),
+            "\"a\\u200bb\\u200c\\u200dc\\u2060\\u2064d\\ufeffe\\u00adf\\u061cg"
+            "\\u180e\"");
+  // Their neighbours, and characters cut short or ill-formed, pass as bytes.
+  EXPECT_EQ(EchoText("\xe2\x81\xa5\xe2\x80\x8a\xef\xbb\xbe\xd8\x9b"),
+            "\"\xe2\x81\xa5\xe2\x80\x8a\xef\xbb\xbe\xd8\x9b\"");
+  EXPECT_EQ(EchoText("\xe2\x80"), "\"\xe2\x80\"");
+  EXPECT_EQ(EchoText("\xc2"), "\"\xc2\"");
   // The cut counts the text's own bytes, before escaping.
   const std::string newlines(kMaxEchoBytes + 1, '\n');
   std::string escaped;

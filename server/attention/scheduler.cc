@@ -39,7 +39,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
     if (static_cast<int>(queue_.size()) >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the compute queue is full: ", queue_.size(),
-          " requests wait, the max_queue limit is ", options_.max_queue));
+          " requests wait, the max_queue limit is ", options_.max_queue,
+          "; every client's calls share it: retry after a backoff or on "
+          "another replica"));
     }
     job->enqueued_ = absl::Now();
     ++submitted_;

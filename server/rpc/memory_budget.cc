@@ -159,8 +159,10 @@ absl::Status MemoryBudget::Reserve(int64_t bytes, const std::string& connection,
     bound = absl::StrCat(
         heavy_bound, " bytes a client holding much may take them to (",
         own > limit_ / 16 ? absl::StrCat("this connection holds ", own)
-                          : absl::StrCat("this client's connections from ",
-                                         address, " hold ", own_address),
+                          : absl::StrCat("the connections from ", address,
+                                         " (this client's and any other's "
+                                         "at that address) hold ",
+                                         own_address),
         "; the last eighth of the ", limit_,
         " is kept for clients holding little)");
   }

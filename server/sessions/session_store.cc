@@ -336,17 +336,22 @@ absl::Status SessionStore::PlanRoomForSession(const std::string& owner,
     }
     return nullptr;
   };
-  const auto refused = [evict, keep](absl::string_view limit, int64_t value,
-                                     absl::string_view in_use) {
+  Account* const account = FindAccount(owner);
+  const auto refused = [&](absl::string_view limit, int64_t value,
+                           absl::string_view in_use) {
+    // A caller holding none is told so: deleting is not its remedy.
+    const size_t holds = account == nullptr ? 0 : account->lru.size();
     return absl::ResourceExhaustedError(absl::StrCat(
         limit, " ", value, " sessions",
         evict ? absl::StrCat(in_use, keep == nullptr
                                          ? ""
                                          : " (the session forked included)")
               : " and kv_eviction is none",
-        "; delete sessions you no longer need"));
+        holds > 0 ? "; delete sessions you no longer need"
+                  : "; this caller holds none: retry after a backoff (others' "
+                    "sessions end when deleted or idle past their ttl) or on "
+                    "another replica"));
   };
-  Account* const account = FindAccount(owner);
   const int64_t cap = options_.max_sessions_per_identity;
   while (cap > 0 && plan->Left(account) >= cap) {
     Session* victim = evict ? idle(*account) : nullptr;

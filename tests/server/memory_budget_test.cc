@@ -99,8 +99,9 @@ TEST(MemoryBudgetTest, ManyConnectionsFromOneAddressShareTheLastEighthRule) {
       } else {
         ++refused;
         EXPECT_THAT(hold.status().message(),
-                    AllOf(HasSubstr("this client's connections from "
-                                    "ipv4:10.0.0.7 hold"),
+                    AllOf(HasSubstr("the connections from ipv4:10.0.0.7 "
+                                    "(this client's and any other's at "
+                                    "that address) hold"),
                           HasSubstr("kept for clients holding little")));
       }
     }

@@ -136,7 +136,8 @@ TEST(SchedulerTest, RefusesJobsPastMaxQueueNamingTheLimit) {
       scheduler.Submit(std::make_unique<RecordingJob>(3, "", &batches, &mutex));
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(full.message()),
-              ::testing::HasSubstr("max_queue limit is 2"));
+              ::testing::HasSubstr("max_queue limit is 2; every client's calls "
+                                   "share it: retry after a backoff"));
   EXPECT_FALSE(scheduler.WaitIdle(absl::Milliseconds(10)));
   release.Notify();
   EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));

@@ -45,6 +45,7 @@ using ::attnserve::testing::RandomValues;
 using ::attnserve::testing::ReferenceAttention;
 using ::attnserve::testing::ReferenceOptions;
 using ::attnserve::testing::ReferenceShape;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -2025,6 +2026,36 @@ class SessionShareTest : public SessionBudgetTest {
     return listed;
   }
 };
+
+// At max_sessions without eviction, a caller holding none is not told to
+// delete its sessions (an audit of 2026-12-07: bob, holding none, was), and
+// one holding some is.
+TEST_F(SessionShareTest, AFullServerAdvisesEachCallerByWhatItHolds) {
+  ServerOptions options = Options();
+  options.sessions.eviction = EvictionPolicy::kNone;
+  options.sessions.max_sessions = 2;
+  StartWithTokens(options);
+  Small("alice-token");
+  Small("alice-token");
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(2);
+  create.set_key_dim(8);
+  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionResponse created;
+  const grpc::Status bobs = Create(create, &created, "bob-token");
+  EXPECT_EQ(bobs.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(bobs.error_message(),
+              AllOf(HasSubstr("max_sessions 2 sessions and kv_eviction is "
+                              "none; this caller holds none: retry after a "
+                              "backoff"),
+                    Not(HasSubstr("delete sessions"))));
+  const grpc::Status alices = Create(create, &created, "alice-token");
+  EXPECT_EQ(alices.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(alices.error_message(),
+              AllOf(HasSubstr("; delete sessions you no longer need"),
+                    Not(HasSubstr("holds none"))));
+}
 
 // One caller flooding a full cache evicts its own least recently used
 // sessions, not an older one of another caller's; the other caller's growth

@@ -425,6 +425,10 @@ class AttnServerImpl final : public AttnServer {
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mutex_) = false;
 };
 
+// Below this many messages of max_message_bytes in gRPC's quota, start-up
+// warns.
+constexpr int64_t kQuotaMessages = 4;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
@@ -448,6 +452,24 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
             " less gRPC's quarter), less than a message of max_message_bytes ",
             requested.transport.max_message_bytes,
             ": requests that large are refused RESOURCE_EXHAUSTED; lower "
+            "--max_message_bytes, or raise --max_inflight_bytes or the "
+            "memory limit"));
+  } else if (memory.transport_bytes <
+             kQuotaMessages * requested.transport.max_message_bytes) {
+    // gRPC's quota fills with messages still arriving, which the budget
+    // counts only once whole; under its pressure gRPC resets other clients'
+    // streams and closes idle connections. An audit of 2026-12-07: one client
+    // sending 24 messages at once, with the quota under three of them, failed
+    // a fifth of another client's calls; with it over twenty, none.
+    Log(LogLevel::kWarning,
+        absl::StrCat(
+            "attnserve: warning: gRPC's transport buffers may hold ",
+            memory.transport_bytes, " bytes (a quarter of max_inflight_bytes ",
+            memory.max_inflight_bytes, "), fewer than ", kQuotaMessages,
+            " messages of max_message_bytes ",
+            requested.transport.max_message_bytes,
+            ": one client sending several messages that large at once can "
+            "have gRPC reset or close other clients' calls; lower "
             "--max_message_bytes, or raise --max_inflight_bytes or the "
             "memory limit"));
   }

@@ -189,4 +189,17 @@ start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --drain_grace_
 grep -q "max_inflight_bytes=67108864 (16777216 for gRPC's buffers) of a memory limit of" \
   "${workdir}/server.log" || fail "no budget in the start-up line: $(cat "${workdir}/server.log")"
 stop_attnserve
+# gRPC's quota (a quarter of the budget) under four of the largest messages is warned of: one
+# client sending a few at once had gRPC reset or close other clients' calls (an audit, 2026-12-07).
+start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --max_message_bytes=$((8 << 20)) \
+  --drain_grace_seconds=0
+grep -q "attnserve: warning: gRPC's transport buffers may hold 16777216 bytes (a quarter of \
+max_inflight_bytes 67108864), fewer than 4 messages of max_message_bytes 8388608" \
+  "${workdir}/server.log" || fail "no warning of a small quota: $(cat "${workdir}/server.log")"
+stop_attnserve
+start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --max_message_bytes=$((4 << 20)) \
+  --drain_grace_seconds=0
+! grep -q "warning" "${workdir}/server.log" ||
+  fail "a warning with room for four messages: $(cat "${workdir}/server.log")"
+stop_attnserve
 echo "PASS"

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "attnserve/server/rpc/grpc_status.h"
 #include "attnserve/server/rpc/inflate.h"
+#include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/wire_messages.h"
 
 namespace attnserve {
@@ -224,6 +225,10 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       }
       if (cancelled) return absl::CancelledError("the stream was cancelled");
       return absl::OkStatus();
+    }
+
+    std::string client() const override {
+      return PeerAddress(stream_->context().peer());
     }
 
     void Computed(const absl::Status& status) override {

@@ -19,6 +19,7 @@
 #include "attnserve/server/metrics/metrics.h"
 #include "attnserve/server/rpc/grpc_status.h"
 #include "attnserve/server/rpc/inflate.h"
+#include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/wire_messages.h"
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/server/sessions/session_steps.h"
@@ -54,6 +55,10 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
     }
     if (cancelled) return absl::CancelledError("the call was cancelled");
     return absl::OkStatus();
+  }
+
+  std::string client() const override {
+    return PeerAddress(call_.handler->context().peer());
   }
 
   void Computed(const absl::Status& status) override {
@@ -907,6 +912,7 @@ void AttentionServiceImpl::ServeModelInfer(
     InferCaller(std::shared_ptr<UnaryCaller> unary, bool weight_set)
         : unary_(std::move(unary)), weight_set_(weight_set) {}
     absl::Status StillWanted() const override { return unary_->StillWanted(); }
+    std::string client() const override { return unary_->client(); }
     void Computed(const absl::Status& status) override {
       unary_->Computed(oip::InProtocolNames(status, weight_set_));
     }

@@ -24,7 +24,8 @@ ComputeJob::ComputeJob(const ComputeContext& context, Rpc rpc,
       caller_(std::move(caller)),
       call_started_(call_started),
       flops_(flops),
-      timing_(timing) {}
+      timing_(timing),
+      client_(caller_->client()) {}
 
 std::unique_ptr<ComputeJob> ComputeJob::ForAttend(
     const ComputeContext& context, Rpc rpc,
@@ -93,6 +94,12 @@ void ComputeJob::Drop() {
   // Abandoned for good: a cancel or a passed deadline does not undo itself.
   if (wanted.ok()) wanted = absl::CancelledError("the call was given up");
   caller_->Computed(wanted);
+}
+
+void ComputeJob::Displace(const absl::Status& why) {
+  // Refused, as by a full queue at Submit: no wait to observe.
+  context_.metrics->NotQueued();
+  caller_->Computed(why);
 }
 
 absl::Status ComputeJob::RunAlone() {

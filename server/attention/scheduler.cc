@@ -1,5 +1,6 @@
 #include "attnserve/server/attention/scheduler.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,19 +25,23 @@ Scheduler::~Scheduler() {
 
 absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
   std::vector<std::unique_ptr<Job>> dropped;
+  std::vector<std::pair<std::unique_ptr<Job>, absl::Status>> displaced;
   // Answered once the lock is let go, whatever becomes of `job`.
-  struct DropLater {
-    std::vector<std::unique_ptr<Job>>* jobs;
-    ~DropLater() {
-      for (const std::unique_ptr<Job>& job : *jobs) job->Drop();
+  struct AnswerLater {
+    std::vector<std::unique_ptr<Job>>* dropped;
+    std::vector<std::pair<std::unique_ptr<Job>, absl::Status>>* displaced;
+    ~AnswerLater() {
+      for (const std::unique_ptr<Job>& job : *dropped) job->Drop();
+      for (auto& [job, why] : *displaced) job->Displace(why);
     }
-  } drop_later{&dropped};
+  } answer_later{&dropped, &displaced};
   {
     absl::MutexLock lock(&mutex_);
     if (static_cast<int>(queue_.size()) >= options_.max_queue) {
       TakeAbandoned(&dropped);
     }
-    if (static_cast<int>(queue_.size()) >= options_.max_queue) {
+    if (static_cast<int>(queue_.size()) >= options_.max_queue &&
+        !DisplaceFor(job->client(), &displaced)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the compute queue is full: ", queue_.size(),
           " requests wait, the max_queue limit is ", options_.max_queue,
@@ -47,7 +52,7 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
     ++submitted_;
     if (!job->runs_inline() || !queue_.empty() ||
         running_ >= options_.executors || stopping_) {
-      queue_.push_back(std::move(job));
+      Enqueue(std::move(job));
       executor_jobs_.fetch_add(1, std::memory_order_release);
       return absl::OkStatus();
     }
@@ -61,10 +66,64 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
   return absl::OkStatus();
 }
 
+void Scheduler::Enqueue(std::unique_ptr<Job> job) {
+  ClientTurns& turns = clients_[job->client()];
+  ++turns.queued;
+  turns.last_turn = std::max(turns.last_turn, virtual_time_) + 1;
+  job->turn_ = turns.last_turn;
+  const auto at =
+      std::upper_bound(queue_.begin(), queue_.end(), job->turn_,
+                       [](uint64_t turn, const std::unique_ptr<Job>& queued) {
+                         return turn < queued->turn_;
+                       });
+  queue_.insert(at, std::move(job));
+}
+
+void Scheduler::LeftQueue(const Job& job) {
+  const auto found = clients_.find(job.client());
+  if (found == clients_.end()) return;
+  if (--found->second.queued <= 0) clients_.erase(found);
+}
+
+bool Scheduler::DisplaceFor(
+    const std::string& client,
+    std::vector<std::pair<std::unique_ptr<Job>, absl::Status>>* displaced) {
+  const auto own = clients_.find(client);
+  const int64_t holds = own == clients_.end() ? 0 : own->second.queued;
+  const std::string* heaviest = nullptr;
+  int64_t most = 0;
+  for (const auto& [name, turns] : clients_) {
+    if (turns.queued > most) {
+      most = turns.queued;
+      heaviest = &name;
+    }
+  }
+  if (heaviest == nullptr || most < holds + 2) return false;
+  // Its newest job: the last of its own in the queue.
+  for (auto it = queue_.end(); it != queue_.begin();) {
+    --it;
+    if ((*it)->client() != *heaviest) continue;
+    absl::Status why = absl::ResourceExhaustedError(absl::StrCat(
+        "the compute queue is full (the max_queue limit is ",
+        options_.max_queue,
+        ") and this client's calls held the most of its places, ", most,
+        ": this one, its newest, gave its place to another client's; retry "
+        "after a backoff or on another replica"));
+    std::unique_ptr<Job> job = std::move(*it);
+    queue_.erase(it);
+    LeftQueue(*job);  // May end `heaviest`.
+    executor_jobs_.fetch_sub(1, std::memory_order_release);
+    displaced->emplace_back(std::move(job), std::move(why));
+    return true;
+  }
+  return false;
+}
+
 void Scheduler::TakeAbandoned(std::vector<std::unique_ptr<Job>>* dropped) {
   const size_t before = dropped->size();
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->Abandoned()) {
+      LeftQueue(**it);
       dropped->push_back(std::move(*it));
       it = queue_.erase(it);
     } else {
@@ -144,6 +203,8 @@ std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
       if (queue_.empty() || queue_.front().get() != head) continue;
     }
     std::vector<std::unique_ptr<Job>> batch;
+    virtual_time_ = std::max(virtual_time_, head->turn_);
+    LeftQueue(*head);
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
     if (options_.max_batch > 1 && !key.empty()) {
@@ -151,6 +212,7 @@ std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
            it != queue_.end() &&
            static_cast<int>(batch.size()) < options_.max_batch;) {
         if ((*it)->batch_key() == batch.front()->batch_key()) {
+          LeftQueue(**it);
           batch.push_back(std::move(*it));
           it = queue_.erase(it);
         } else {

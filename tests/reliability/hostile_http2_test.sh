@@ -162,4 +162,8 @@ for scenario in streams addresses; do
     "${scenario}"
   stop_server
 done
+budget=$((256 << 20))
+start_server --max_inflight_bytes="${budget}" --max_queue=4 --executors=1
+run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" queue
+stop_server
 echo "PASS"

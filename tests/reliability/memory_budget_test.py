@@ -16,12 +16,16 @@ that must keep being answered meanwhile):
          the budget holds: the connections of one address together may not take it past seven
          eighths, so a client from another address (127.0.0.1) still opens streams and is
          answered.
+  queue: (the server at --max_queue=4 --executors=1) 16 Attends kept open from 127.0.0.2 fill
+         the compute queue; a client from 127.0.0.1 calling one Attend at a time is never
+         refused: the queue gives the flood's newest place to it and takes the clients in turns
+         (until 2026-12-07 one FIFO refused it as it refused the flood).
 
 Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
 budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
 
 usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES
-       large|unread|unread_timeout|streams|addresses
+       large|unread|unread_timeout|streams|addresses|queue
 """
 import collections
 import os
@@ -253,13 +257,66 @@ def addresses(port, failures):
         calls.close()
 
 
+def queue(port, failures):
+    """One client filling the compute queue does not refuse another address's calls."""
+    flood = Calls(port, source="127.0.0.2")
+    heavy = attend_request(8, 256, 64).SerializeToString()  # 1.5 MiB, ~130 MFLOP
+    innocent = {"ok": 0, "refused": [], "other": [], "slowest": 0.0}
+    done = threading.Event()
+
+    def call_one_at_a_time():
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = attention_pb2_grpc.AttentionServiceStub(channel)
+        small = attend_request(2, 16, 8)
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                stub.Attend(small, timeout=10)
+                innocent["ok"] += 1
+                innocent["slowest"] = max(innocent["slowest"], time.monotonic() - started)
+            except grpc.RpcError as error:
+                kind = ("refused" if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        else "other")
+                innocent[kind].append(f"{error.code().name}: {error.details()}")
+            time.sleep(0.02)
+        channel.close()
+
+    # The flood first, so that the queue is full before the other client's first call.
+    calls = [flood.start(ATTEND, heavy) for _ in range(16)]
+    flood.pump(0.5, until=lambda: False)
+    thread = threading.Thread(target=call_one_at_a_time)
+    thread.start()
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline and not flood.closed:
+        flood.pump(0.05, until=lambda: False)
+        for i, stream in enumerate(calls):
+            if flood.statuses[stream] is not None:
+                calls[i] = flood.start(ATTEND, heavy)
+    done.set()
+    thread.join()
+    statuses = collections.Counter(flood.statuses.values())
+    queue_full = sum(1 for stream, status in flood.statuses.items()
+                     if status == RESOURCE_EXHAUSTED and "compute queue is full"
+                     in flood.messages.get(stream, ""))
+    print(f"flood from 127.0.0.2: {dict(statuses)}, {queue_full} refused or displaced by the "
+          f"full queue; from 127.0.0.1 meanwhile: {innocent['ok']} answered, "
+          f"{len(innocent['refused'])} refused, {len(innocent['other'])} failed otherwise, "
+          f"the slowest answered in {innocent['slowest']:.3f} s")
+    if queue_full == 0:
+        failures.append(f"the flood never filled the queue: {dict(statuses)}")
+    if innocent["ok"] == 0 or innocent["refused"] or innocent["other"]:
+        failures.append(f"the other client: {innocent['ok']} answered, refused "
+                        f"{innocent['refused'][:3]}, failed {innocent['other'][:3]}")
+    flood.close()
+
+
 def main():
     port, pid, budget, scenario = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]),
                                    sys.argv[5])
     failures = []
     watch = RssWatch(pid)
     {"large": large, "unread": unread, "unread_timeout": unread_timeout, "streams": streams,
-     "addresses": addresses}[scenario](port, failures)
+     "addresses": addresses, "queue": queue}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "
           f"{budget / 2**20:.0f} MiB + {OVERHEAD_BYTES / 2**20:.0f} MiB overhead")

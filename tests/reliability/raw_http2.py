@@ -124,6 +124,7 @@ class Calls:
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.conn.initiate_connection()
         self.read_answers = read_answers
+        self.timeout_s = timeout_s
         self.statuses = {}
         self.messages = {}
         self.unsent = {}  # stream -> [bytes left to send, end_stream]
@@ -212,6 +213,9 @@ class Calls:
     def _flush(self):
         out = self.conn.data_to_send()
         if out:
+            # The whole timeout, not what pump's last wait left of it (a millisecond or less
+            # had a large message's sendall time out).
+            self.sock.settimeout(self.timeout_s)
             self.sock.sendall(out)
 
 

@@ -40,6 +40,10 @@ class ComputeCaller {
   // The compute's outcome, or why it never ran; with OK the response is
   // filled. The job touches neither the caller nor the response after this.
   virtual void Computed(const absl::Status& status) = 0;
+
+  // The client's address (PeerAddress of the call's peer), among whose the
+  // queue shares its turns and places; asked once, as the job is made.
+  virtual std::string client() const { return std::string(); }
 };
 
 // What every job computes with and records into; must outlive the jobs.
@@ -72,10 +76,12 @@ class ComputeJob final : public Job {
       double flops, v1::ServerTiming* timing, AloneCompute compute);
 
   const std::string& batch_key() const override { return batch_key_; }
+  const std::string& client() const override { return client_; }
   bool runs_inline() const override { return runs_inline_; }
   void Run(absl::Span<Job* const> batch) override;
   bool Abandoned() const override { return !caller_->StillWanted().ok(); }
   void Drop() override;
+  void Displace(const absl::Status& why) override;
 
   // Queues the job; if the queue is full, the caller gets RESOURCE_EXHAUSTED
   // at once.
@@ -105,6 +111,7 @@ class ComputeJob final : public Job {
   const v1::AttendRequest* attend_request_ = nullptr;
   v1::AttendResponse* attend_response_ = nullptr;
   std::string batch_key_;
+  const std::string client_;
   bool runs_inline_ = false;
 };
 

@@ -35,18 +35,21 @@ namespace {
 // Characters that steer how text shows without being seen: C1 controls
 // (U+0080-U+009F, which terminals take as escape sequences), the soft hyphen,
 // bidirectional marks, embeddings, overrides and isolates (U+061C, U+200E-F,
-// U+202A-E, U+2066-9), and the zero-width ones that make two names look alike
-// (U+180E, U+200B-D, U+2060-4, U+FEFF).
+// U+202A-E, U+2066-9), the line and paragraph separators (U+2028-9, a new
+// line to some viewers), and the zero-width ones that make two names look
+// alike (U+180E, U+200B-D, U+2060-4, variation selectors U+FE00-F, U+FEFF,
+// tags U+E0000-7F).
 constexpr struct {
   uint32_t first;
   uint32_t last;
-} kInvisible[] = {{0x80, 0x9F},     {0xAD, 0xAD},     {0x61C, 0x61C},
-                  {0x180E, 0x180E}, {0x200B, 0x200F}, {0x202A, 0x202E},
-                  {0x2060, 0x2064}, {0x2066, 0x2069}, {0xFEFF, 0xFEFF}};
+} kInvisible[] = {{0x80, 0x9F},     {0xAD, 0xAD},      {0x61C, 0x61C},
+                  {0x180E, 0x180E}, {0x200B, 0x200F},  {0x2028, 0x202E},
+                  {0x2060, 0x2064}, {0x2066, 0x2069},  {0xFE00, 0xFE0F},
+                  {0xFEFF, 0xFEFF}, {0xE0000, 0xE007F}};
 
-// The code point of the well-formed two- or three-byte UTF-8 character at
-// `text`'s start, with its length; nullopt for anything else.
-std::optional<std::pair<uint32_t, size_t>> TwoOrThreeByteCharacter(
+// The code point of the well-formed multi-byte UTF-8 character at `text`'s
+// start, with its length; nullopt for anything else.
+std::optional<std::pair<uint32_t, size_t>> MultiByteCharacter(
     absl::string_view text) {
   const auto byte = [&text](size_t i) {
     return static_cast<unsigned char>(text[i]);
@@ -64,6 +67,15 @@ std::optional<std::pair<uint32_t, size_t>> TwoOrThreeByteCharacter(
                            (uint32_t{byte(1)} & 0x3F) << 6 | (byte(2) & 0x3F);
     if (point >= 0x800) return std::make_pair(point, size_t{3});
   }
+  if (byte(0) >= 0xF0 && byte(0) <= 0xF4 && continuation(1) &&
+      continuation(2) && continuation(3)) {
+    const uint32_t point = (uint32_t{byte(0)} & 0x07) << 18 |
+                           (uint32_t{byte(1)} & 0x3F) << 12 |
+                           (uint32_t{byte(2)} & 0x3F) << 6 | (byte(3) & 0x3F);
+    if (point >= 0x10000 && point <= 0x10FFFF) {
+      return std::make_pair(point, size_t{4});
+    }
+  }
   return std::nullopt;
 }
 
@@ -72,7 +84,7 @@ std::optional<std::pair<uint32_t, size_t>> TwoOrThreeByteCharacter(
 std::optional<std::pair<uint32_t, size_t>> InvisibleControl(
     absl::string_view text) {
   const std::optional<std::pair<uint32_t, size_t>> character =
-      TwoOrThreeByteCharacter(text);
+      MultiByteCharacter(text);
   if (!character) return std::nullopt;
   for (const auto& range : kInvisible) {
     if (character->first >= range.first && character->first <= range.last) {
@@ -83,7 +95,8 @@ std::optional<std::pair<uint32_t, size_t>> InvisibleControl(
 }
 
 // `text` with its control characters, quotes and backslashes escaped as in
-// C, and the Unicode ones that steer a terminal or reorder a line as \uXXXX:
+// C, and the Unicode ones that steer a terminal or reorder a line as \uXXXX
+// (\UXXXXXXXX past U+FFFF):
 // a terminal or a log line shows them and is not steered by them.
 std::string Escaped(absl::string_view text) {
   constexpr char kHex[] = "0123456789abcdef";
@@ -92,8 +105,10 @@ std::string Escaped(absl::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     if (const std::optional<std::pair<uint32_t, size_t>> invisible =
             InvisibleControl(text.substr(i))) {
-      out += "\\u";
-      for (int shift = 12; shift >= 0; shift -= 4) {
+      // \uXXXX, or \UXXXXXXXX past the Basic Multilingual Plane.
+      const bool wide = invisible->first > 0xFFFF;
+      out += wide ? "\\U" : "\\u";
+      for (int shift = wide ? 28 : 12; shift >= 0; shift -= 4) {
         out += kHex[(invisible->first >> shift) & 0xF];
       }
       i += invisible->second - 1;

@@ -227,9 +227,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       return absl::OkStatus();
     }
 
-    std::string client() const override {
-      return PeerAddress(stream_->context().peer());
-    }
+    std::string client() const override { return PeerAddress(stream_->peer()); }
 
     void Computed(const absl::Status& status) override {
       stream_->Resolve(*slot_, status);

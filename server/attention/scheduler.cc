@@ -170,9 +170,13 @@ std::vector<std::unique_ptr<Job>> Scheduler::NextBatch() {
     Job* head = queue_.front().get();
     const std::string& key = head->batch_key();
     if (options_.max_batch > 1 && !key.empty() && !stopping_) {
-      // Wait for partners until the batch is full or the head has waited long
-      // enough.
-      const absl::Time deadline = head->enqueued() + options_.max_queue_delay;
+      // Wait for partners until the batch is full or any queued job has waited
+      // long enough: the executor does not idle while a job is overdue (a job
+      // whose turn comes before a waiting head's takes its place, and must not
+      // restart the wait of the job it passed).
+      absl::Time oldest = head->enqueued();
+      for (const auto& job : queue_) oldest = std::min(oldest, job->enqueued());
+      const absl::Time deadline = oldest + options_.max_queue_delay;
       // Stopping ends the wait: the batch runs with the partners it has (the
       // wait below would return at once, and spin, until the deadline).
       while (absl::Now() < deadline && !stopping_) {

@@ -69,8 +69,9 @@ ABSL_FLAG(int64_t, io_spin_us,
           "client's next call is taken without a wake-up; costs up to a core "
           "while they do. 0 to 1000000; 0: never spins.");
 ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
-          "Requests waiting for an executor; past it new ones get "
-          "RESOURCE_EXHAUSTED.");
+          "Requests waiting for an executor, taken in turns among client "
+          "addresses; past it new ones get RESOURCE_EXHAUSTED, or take the "
+          "newest place of an address holding at least two more.");
 ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
           "Most Attend requests (alike in shape and options, unary or "
           "streamed; not decode the paged kernel reads, Lq = 1) computed "
@@ -79,7 +80,8 @@ ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
 ABSL_FLAG(int64_t, max_queue_delay_us,
           absl::ToInt64Microseconds(Defaults().scheduling.max_queue_delay),
           "How long the first request of a possible batch waits for partners, "
-          "in µs, at most 10 s; 0 batches only what is already queued (no "
+          "in µs, never past the moment a queued request has waited that "
+          "long; at most 10 s; 0 batches only what is already queued (no "
           "added latency).");
 ABSL_FLAG(int, max_concurrent_streams,
           Defaults().transport.max_concurrent_streams,

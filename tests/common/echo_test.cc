@@ -70,6 +70,15 @@ TEST(EchoTextTest, ControlCharactersQuotesAndBackslashesAreEscaped) {
                      "g\xe1\xa0\x8e"),
             "\"a\\u200bb\\u200c\\u200dc\\u2060\\u2064d\\ufeffe\\u00adf\\u061cg"
             "\\u180e\"");
+  // Line and paragraph separators, variation selectors, tags (four bytes).
+  EXPECT_EQ(EchoText("a\xe2\x80\xa8"
+                     "b\xe2\x80\xa9"
+                     "c\xef\xb8\x8f"
+                     "d\xf3\xa0\x80\x81"
+                     "e"),
+            "\"a\\u2028b\\u2029c\\ufe0fd\\U000e0001e\"");
+  // Other four-byte characters are text: an emoji.
+  EXPECT_EQ(EchoText("\xf0\x9f\x98\x80"), "\"\xf0\x9f\x98\x80\"");
   // Their neighbours, and characters cut short or ill-formed, pass as bytes.
   EXPECT_EQ(EchoText("\xe2\x81\xa5\xe2\x80\x8a\xef\xbb\xbe\xd8\x9b"),
             "\"\xe2\x81\xa5\xe2\x80\x8a\xef\xbb\xbe\xd8\x9b\"");

@@ -199,7 +199,7 @@ max_inflight_bytes 67108864), fewer than 4 messages of max_message_bytes 8388608
 stop_attnserve
 start_attnserve "${attnserve}" --max_inflight_bytes=$((64 << 20)) --max_message_bytes=$((4 << 20)) \
   --drain_grace_seconds=0
-! grep -q "warning" "${workdir}/server.log" ||
+! grep -q "attnserve: warning" "${workdir}/server.log" ||
   fail "a warning with room for four messages: $(cat "${workdir}/server.log")"
 stop_attnserve
 echo "PASS"

@@ -143,22 +143,36 @@ TEST(SchedulerTest, RefusesJobsPastMaxQueueNamingTheLimit) {
   EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));
 }
 
-// A job of a client's: Run records its id, Displace the id and the message.
+// A job of a client's: Run records the ids of its batch and when, Displace
+// the id; `started`, if given, is notified as it starts running, before it
+// waits for `gate`.
 class ClientJob final : public Job {
  public:
   struct Log {
     absl::Mutex mutex;
     std::vector<std::string> events;
+    std::vector<absl::Time> times;
   };
   ClientJob(std::string client, int id, Log* log,
-            absl::Notification* gate = nullptr)
-      : client_(std::move(client)), id_(id), log_(log), gate_(gate) {}
+            absl::Notification* gate = nullptr,
+            absl::Notification* started = nullptr, std::string key = "")
+      : client_(std::move(client)),
+        id_(id),
+        log_(log),
+        gate_(gate),
+        started_(started),
+        key_(std::move(key)) {}
 
   const std::string& client() const override { return client_; }
-  void Run(absl::Span<Job* const> /*batch*/) override {
+  const std::string& batch_key() const override { return key_; }
+  void Run(absl::Span<Job* const> batch) override {
+    if (started_ != nullptr) started_->Notify();
     if (gate_ != nullptr) gate_->WaitForNotification();
     absl::MutexLock lock(&log_->mutex);
-    log_->events.push_back(client_ + std::to_string(id_));
+    for (Job* job : batch) {
+      log_->events.push_back(static_cast<ClientJob*>(job)->name());
+      log_->times.push_back(absl::Now());
+    }
   }
   void Displace(const absl::Status& why) override {
     EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted);
@@ -166,14 +180,19 @@ class ClientJob final : public Job {
                 ::testing::HasSubstr("this client's calls held the most of "
                                      "its places"));
     absl::MutexLock lock(&log_->mutex);
-    log_->events.push_back("displaced " + client_ + std::to_string(id_));
+    log_->events.push_back("displaced " + name());
+    log_->times.push_back(absl::Now());
   }
 
  private:
+  std::string name() const { return client_ + std::to_string(id_); }
+
   const std::string client_;
   const int id_;
   Log* const log_;
   absl::Notification* const gate_;
+  absl::Notification* const started_;
+  const std::string key_;
 };
 
 // One client's backlog does not hold another's calls behind it: the queue
@@ -183,12 +202,14 @@ class ClientJob final : public Job {
 TEST(SchedulerTest, ClientsTakeTurns) {
   ClientJob::Log log;
   absl::Notification gate;
+  absl::Notification started;
   {
     Scheduler scheduler(SchedulerOptions{});
     ASSERT_TRUE(
-        scheduler.Submit(std::make_unique<ClientJob>("a", 0, &log, &gate))
+        scheduler
+            .Submit(std::make_unique<ClientJob>("a", 0, &log, &gate, &started))
             .ok());
-    absl::SleepFor(absl::Milliseconds(50));  // a0 runs, held by the gate.
+    started.WaitForNotification();  // a0 runs, held by the gate.
     for (int id = 1; id <= 5; ++id) {
       ASSERT_TRUE(
           scheduler.Submit(std::make_unique<ClientJob>("a", id, &log)).ok());
@@ -208,14 +229,16 @@ TEST(SchedulerTest, ClientsTakeTurns) {
 TEST(SchedulerTest, AFullQueueGivesTheHeaviestClientsNewestPlaceAway) {
   ClientJob::Log log;
   absl::Notification gate;
+  absl::Notification started;
   SchedulerOptions options;
   options.max_queue = 4;
   {
     Scheduler scheduler(options);
     ASSERT_TRUE(
-        scheduler.Submit(std::make_unique<ClientJob>("a", 0, &log, &gate))
+        scheduler
+            .Submit(std::make_unique<ClientJob>("a", 0, &log, &gate, &started))
             .ok());
-    absl::SleepFor(absl::Milliseconds(50));  // a0 runs, held by the gate.
+    started.WaitForNotification();  // a0 runs, held by the gate.
     for (int id = 1; id <= 4; ++id) {
       ASSERT_TRUE(
           scheduler.Submit(std::make_unique<ClientJob>("a", id, &log)).ok());
@@ -240,6 +263,50 @@ TEST(SchedulerTest, AFullQueueGivesTheHeaviestClientsNewestPlaceAway) {
   }
   EXPECT_THAT(log.events, ElementsAre("displaced a4", "displaced a3", "a0",
                                       "a1", "b0", "a2", "b1"));
+}
+
+// A job whose turn comes before a head waiting for batch partners takes its
+// place, and waits only as long as the head had left: the executor does not
+// idle while a queued job is past max_queue_delay (a review of 2026-12-07:
+// the new head restarted the wait, and the job it passed waited half again).
+TEST(SchedulerTest, AJobTakingAWaitingHeadsPlaceDoesNotRestartItsWait) {
+  ClientJob::Log log;
+  absl::Notification gate;
+  absl::Notification started;
+  SchedulerOptions options;
+  options.max_batch = 2;
+  options.max_queue_delay = absl::Seconds(3);
+  Scheduler scheduler(options);
+  ASSERT_TRUE(
+      scheduler
+          .Submit(std::make_unique<ClientJob>("g", 0, &log, &gate, &started))
+          .ok());
+  started.WaitForNotification();
+  // a0 and a1 fill a batch; a2, of its own key, then waits for a partner.
+  for (int id = 0; id < 2; ++id) {
+    ASSERT_TRUE(scheduler
+                    .Submit(std::make_unique<ClientJob>("a", id, &log, nullptr,
+                                                        nullptr, "k"))
+                    .ok());
+  }
+  const absl::Time submitted = absl::Now();
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<ClientJob>("a", 2, &log, nullptr,
+                                                      nullptr, "k2"))
+                  .ok());
+  gate.Notify();
+  absl::SleepFor(absl::Milliseconds(1500));
+  // b's turn comes before a2's (a's last job's is later): b0 becomes the head.
+  ASSERT_TRUE(scheduler
+                  .Submit(std::make_unique<ClientJob>("b", 0, &log, nullptr,
+                                                      nullptr, "k3"))
+                  .ok());
+  ASSERT_TRUE(scheduler.WaitIdle(absl::Seconds(30)));
+  absl::MutexLock lock(&log.mutex);
+  ASSERT_THAT(log.events, ElementsAre("g0", "a0", "a1", "b0", "a2"));
+  // 3 s after it was queued; b0's own wait would have made it 4.5 s.
+  EXPECT_LT(log.times[4] - submitted, absl::Seconds(4))
+      << absl::FormatDuration(log.times[4] - submitted);
 }
 
 // A job its caller can give up: Run records its id, Drop records −id.

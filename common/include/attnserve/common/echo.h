@@ -30,9 +30,9 @@ absl::string_view CutText(absl::string_view text, size_t max_bytes);
 // `text` in double quotes, its control characters, quotes and backslashes
 // escaped as in C ("a\nb\x1b[31m"), and the Unicode characters that steer a
 // terminal, reorder a line or hide in a name (C1 controls, bidirectional
-// marks and overrides, zero-width ones) as \uXXXX: a fake log line, a
-// terminal's escape sequence or a look-alike name shows as text. Past
-// kMaxEchoBytes it is cut on a UTF-8 character boundary, and its length
+// marks and overrides, line separators, zero-width ones) as \uXXXX: a fake
+// log line, a terminal's escape sequence or a look-alike name shows as text.
+// Past kMaxEchoBytes it is cut on a UTF-8 character boundary, and its length
 // follows: "abc…" (70000 bytes).
 std::string EchoText(absl::string_view text);
 

@@ -31,8 +31,8 @@ absl::Status Scheduler::Submit(std::unique_ptr<Job> job) {
     std::vector<std::unique_ptr<Job>>* dropped;
     std::vector<std::pair<std::unique_ptr<Job>, absl::Status>>* displaced;
     ~AnswerLater() {
-      for (const std::unique_ptr<Job>& job : *dropped) job->Drop();
-      for (auto& [job, why] : *displaced) job->Displace(why);
+      for (const std::unique_ptr<Job>& gone : *dropped) gone->Drop();
+      for (auto& [passed, why] : *displaced) passed->Displace(why);
     }
   } answer_later{&dropped, &displaced};
   {

@@ -195,6 +195,18 @@ class ClientJob final : public Job {
   const std::string key_;
 };
 
+// Submits `client`'s job 0, which holds the executor until `gate` is
+// notified, and returns once it runs (`started` notified).
+void HoldTheExecutor(Scheduler& scheduler, const std::string& client,
+                     ClientJob::Log* log, absl::Notification* gate,
+                     absl::Notification* started) {
+  ASSERT_TRUE(
+      scheduler
+          .Submit(std::make_unique<ClientJob>(client, 0, log, gate, started))
+          .ok());
+  started->WaitForNotification();
+}
+
 // One client's backlog does not hold another's calls behind it: the queue
 // takes the clients' jobs in turns, each client's in arrival order (until
 // 2026-12-07 it was one FIFO: an audit's small calls waited 0.42 s behind a
@@ -205,11 +217,8 @@ TEST(SchedulerTest, ClientsTakeTurns) {
   absl::Notification started;
   {
     Scheduler scheduler(SchedulerOptions{});
-    ASSERT_TRUE(
-        scheduler
-            .Submit(std::make_unique<ClientJob>("a", 0, &log, &gate, &started))
-            .ok());
-    started.WaitForNotification();  // a0 runs, held by the gate.
+    ASSERT_NO_FATAL_FAILURE(
+        HoldTheExecutor(scheduler, "a", &log, &gate, &started));
     for (int id = 1; id <= 5; ++id) {
       ASSERT_TRUE(
           scheduler.Submit(std::make_unique<ClientJob>("a", id, &log)).ok());
@@ -234,11 +243,8 @@ TEST(SchedulerTest, AFullQueueGivesTheHeaviestClientsNewestPlaceAway) {
   options.max_queue = 4;
   {
     Scheduler scheduler(options);
-    ASSERT_TRUE(
-        scheduler
-            .Submit(std::make_unique<ClientJob>("a", 0, &log, &gate, &started))
-            .ok());
-    started.WaitForNotification();  // a0 runs, held by the gate.
+    ASSERT_NO_FATAL_FAILURE(
+        HoldTheExecutor(scheduler, "a", &log, &gate, &started));
     for (int id = 1; id <= 4; ++id) {
       ASSERT_TRUE(
           scheduler.Submit(std::make_unique<ClientJob>("a", id, &log)).ok());
@@ -277,11 +283,8 @@ TEST(SchedulerTest, AJobTakingAWaitingHeadsPlaceDoesNotRestartItsWait) {
   options.max_batch = 2;
   options.max_queue_delay = absl::Seconds(3);
   Scheduler scheduler(options);
-  ASSERT_TRUE(
-      scheduler
-          .Submit(std::make_unique<ClientJob>("g", 0, &log, &gate, &started))
-          .ok());
-  started.WaitForNotification();
+  ASSERT_NO_FATAL_FAILURE(
+      HoldTheExecutor(scheduler, "g", &log, &gate, &started));
   // a0 and a1 fill a batch; a2, of its own key, then waits for a partner.
   for (int id = 0; id < 2; ++id) {
     ASSERT_TRUE(scheduler

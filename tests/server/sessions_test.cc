@@ -1013,11 +1013,7 @@ TEST_F(SessionsTest, NotFoundSaysWhySoTheClientPrefillsAgain) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("was deleted"));
 
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   create.set_ttl_seconds(1);
   v1::CreateSessionResponse created;
   ASSERT_TRUE(Create(create, &created).ok());
@@ -1781,11 +1777,7 @@ TEST_F(SessionBudgetTest, WithoutEvictionPastTheBudgetIsRefused) {
   for (int i = 0; i < 3; ++i) {
     models.push_back(NewSession(1, 2, 2, 8, v1::FLOAT32));
   }
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   grpc::Status status = Create(create, &created);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -1917,11 +1909,7 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   auto client = stub_for(certs->client_cert, certs->client_key);
   auto other = stub_for(certs->other_cert, certs->other_key);
   auto impostor = stub_for(certs->impostor_cert, certs->impostor_key);
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   ASSERT_TRUE(
       client->CreateSession(Context("admin-token").get(), create, &created)
@@ -2037,11 +2025,7 @@ TEST_F(SessionShareTest, AFullServerAdvisesEachCallerByWhatItHolds) {
   StartWithTokens(options);
   Small("alice-token");
   Small("alice-token");
-  v1::CreateSessionRequest create;
-  create.set_num_layers(1);
-  create.set_num_heads(2);
-  create.set_key_dim(8);
-  create.set_dtype(v1::FLOAT32);
+  v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   const grpc::Status bobs = Create(create, &created, "bob-token");
   EXPECT_EQ(bobs.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);

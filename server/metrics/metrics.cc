@@ -249,6 +249,32 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "have kept fewer than 64 free (or an eighth of ulimit -n).")
            .Register(*registry_)
            .Add({});
+  connections_open_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_connections")
+           .Help("Connections to the gRPC port open now (sampled each second).")
+           .Register(*registry_)
+           .Add({});
+  connections_limit_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_connections_limit")
+           .Help("The most connections the gRPC port holds (max_connections).")
+           .Register(*registry_)
+           .Add({});
+  {
+    prometheus::Family<prometheus::Counter>& refused =
+        prometheus::BuildCounter()
+            .Name("attnserve_connections_refused_total")
+            .Help(
+                "Connections to the gRPC port closed as soon as accepted: "
+                "reason=\"max_connections\" when that many were open, "
+                "\"address_share\" when the connections from the client's "
+                "address were more than a sixteenth of it and seven eighths "
+                "were open.")
+            .Register(*registry_);
+    connections_refused_[0] = &refused.Add({{"reason", "max_connections"}});
+    connections_refused_[1] = &refused.Add({{"reason", "address_share"}});
+  }
   allocation_failures_ =
       &prometheus::BuildCounter()
            .Name("attnserve_allocation_failures_total")
@@ -419,6 +445,17 @@ void ServerMetrics::SetResetClosures(int64_t closed) {
 void ServerMetrics::SetConnectionsShed(int64_t shed) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(connections_shed_, shed, &connections_shed_seen_);
+}
+
+void ServerMetrics::SetConnections(int64_t open, int64_t max,
+                                   int64_t refused_full,
+                                   int64_t refused_share) {
+  connections_open_->Set(static_cast<double>(open));
+  connections_limit_->Set(static_cast<double>(max));
+  absl::MutexLock lock(&sampled_mutex_);
+  CatchUp(connections_refused_[0], refused_full, &connections_refused_seen_[0]);
+  CatchUp(connections_refused_[1], refused_share,
+          &connections_refused_seen_[1]);
 }
 
 void ServerMetrics::SetAllocationFailures(int64_t failures) {

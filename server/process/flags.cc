@@ -209,6 +209,14 @@ ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
           "weights, the KV cache (--kv_cache_bytes), the buffer pool and "
           "256 MiB for the process. Budgets that do not fit the limit stop "
           "start-up (exit 2).");
+ABSL_FLAG(int64_t, max_connections, Defaults().memory.max_connections,
+          "Most connections the gRPC port holds open at once, each planned at "
+          "32 KiB of the memory limit; past it a new connection is closed as "
+          "soon as accepted, and one from an address whose connections are "
+          "more than a sixteenth of it once seven eighths are open (the last "
+          "eighth stays for other clients). 0: a thirty-second of what the "
+          "memory limit leaves after 256 MiB for the process, in connections "
+          "of 32 KiB, at least 64.");
 ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "
@@ -306,6 +314,7 @@ constexpr FlagOption kFlags[] = {
     {"max_connection_idle_seconds", "transport.max_connection_idle"},
     {"max_weights_bytes", "memory.max_weights_bytes"},
     {"max_inflight_bytes", "memory.max_inflight_bytes"},
+    {"max_connections", "memory.max_connections"},
     {"kv_cache_bytes", "memory.kv_cache_bytes"},
     {"kv_eviction", "sessions.eviction"},
     {"kv_page_tokens", "sessions.page_tokens"},
@@ -603,6 +612,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   transport.io_spin = absl::Microseconds(io_spin_us);
   options.memory.max_weights_bytes = absl::GetFlag(FLAGS_max_weights_bytes);
   options.memory.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.memory.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.memory.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
   options.memory.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   const std::string eviction = absl::GetFlag(FLAGS_kv_eviction);

@@ -138,7 +138,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
   const std::pair<const char*, int64_t> budgets[] = {
       {"max_weights_bytes", requested.max_weights_bytes},
       {"kv_cache_bytes", requested.kv_cache_bytes},
-      {"max_inflight_bytes", max_inflight_bytes}};
+      {"max_inflight_bytes", max_inflight_bytes},
+      {"max_connections", requested.max_connections}};
   for (const auto& [name, value] : budgets) {
     if (value < 0) {
       return absl::InvalidArgumentError(
@@ -169,7 +170,28 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
   plan.kv_cache_bytes =
       requested.kv_cache_bytes > 0 ? requested.kv_cache_bytes : shared;
   // Sums in double: the flags may be anything up to 2^63.
-  const double fixed = static_cast<double>(plan.max_weights_bytes) +
+  const double others =
+      static_cast<double>(plan.max_weights_bytes) +
+      static_cast<double>(plan.kv_cache_bytes) +
+      static_cast<double>(plan.buffer_pool_bytes) +
+      static_cast<double>(kProcessOverheadBytes) +
+      static_cast<double>(std::max<int64_t>(0, max_inflight_bytes));
+  if (requested.max_connections > 0) {
+    plan.max_connections = requested.max_connections;
+  } else {
+    // A thirty-second of left, or what budgets all set leave of the limit.
+    double bytes = static_cast<double>(left / 32);
+    if (max_inflight_bytes > 0) {
+      bytes = std::min(bytes, static_cast<double>(limit.bytes) - others);
+    }
+    plan.max_connections =
+        std::max(kLeastDerivedConnections,
+                 static_cast<int64_t>(bytes) / kConnectionBytes);
+  }
+  const double connections_bytes =
+      static_cast<double>(plan.max_connections) * kConnectionBytes;
+  const double fixed = connections_bytes +
+                       static_cast<double>(plan.max_weights_bytes) +
                        static_cast<double>(plan.kv_cache_bytes) +
                        static_cast<double>(plan.buffer_pool_bytes) +
                        static_cast<double>(kProcessOverheadBytes);
@@ -190,7 +212,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
     return absl::FailedPreconditionError(absl::StrCat(
         "the memory budgets do not fit the memory limit: max_weights_bytes ",
         plan.max_weights_bytes, " + kv_cache_bytes ", plan.kv_cache_bytes,
-        " + buffer_pool_bytes ", plan.buffer_pool_bytes,
+        " + buffer_pool_bytes ", plan.buffer_pool_bytes, " + max_connections ",
+        plan.max_connections, " of ", kConnectionBytes, " bytes",
         " + max_inflight_bytes ",
         max_inflight_bytes > 0 ? absl::StrCat(plan.max_inflight_bytes)
         : plan.max_inflight_bytes > 0

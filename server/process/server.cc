@@ -197,7 +197,8 @@ class AttnServerImpl final : public AttnServer {
     // SO_REUSEPORT, so that a second server on a busy port fails instead of
     // silently taking half the connections.
     absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> acceptor =
-        ConnectionAcceptor::Listen(options.address, options.port);
+        ConnectionAcceptor::Listen(options.address, options.port,
+                                   memory_.max_connections);
     if (!acceptor.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "could not listen on ", HostPort(options.address, options.port), ": ",
@@ -366,6 +367,12 @@ class AttnServerImpl final : public AttnServer {
                                  budget_.refused());
       metrics_.SetResetClosures(reset_guard_.closed());
       metrics_.SetConnectionsShed(acceptor_->shed());
+      ConnectionTally& connections = acceptor_->tally();
+      connections.Sweep();
+      metrics_.SetConnections(
+          connections.open(), connections.max_connections(),
+          connections.refused(ConnectionTally::Verdict::kFull),
+          connections.refused(ConnectionTally::Verdict::kAddressShare));
       metrics_.SetAllocationFailures(AllocationFailures());
       metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {

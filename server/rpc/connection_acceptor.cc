@@ -1,10 +1,12 @@
 #include "attnserve/server/rpc/connection_acceptor.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,10 +23,144 @@ namespace {
 // the shedder's spare) or the kernel out of memory for sockets.
 constexpr int kRestMillis = 100;
 
+// How often a connection refused for ConnectionTally's rule is logged at most.
+constexpr absl::Duration kRefusalLogPeriod = absl::Seconds(10);
+
 }  // namespace
 
+ConnectionTally::ConnectionTally(int64_t max_connections,
+                                 absl::Duration sweep_interval)
+    : max_connections_(max_connections), sweep_interval_(sweep_interval) {}
+
+ConnectionTally::Verdict ConnectionTally::Admit(int fd,
+                                                const std::string& address) {
+  struct stat status {};
+  absl::MutexLock lock(&mutex_);
+  // A descriptor number taken again was closed since.
+  const auto reused = connections_.find(fd);
+  if (reused != connections_.end()) {
+    Forget(reused->second.address);
+    connections_.erase(reused);
+  }
+  Verdict verdict = Judge(address);
+  if (verdict != Verdict::kAdmitted) {
+    const absl::Time now = absl::Now();
+    if (now - swept_ >= sweep_interval_) {
+      swept_ = now;
+      SweepLocked();
+      verdict = Judge(address);
+    }
+  }
+  if (verdict == Verdict::kAdmitted && fstat(fd, &status) == 0) {
+    connections_[fd] =
+        Connection{static_cast<uint64_t>(status.st_dev),
+                   static_cast<uint64_t>(status.st_ino), address};
+    ++addresses_[address];
+  } else if (verdict == Verdict::kFull) {
+    ++refused_full_;
+  } else if (verdict == Verdict::kAddressShare) {
+    ++refused_share_;
+  }
+  return verdict;
+}
+
+ConnectionTally::Verdict ConnectionTally::Judge(
+    const std::string& address) const {
+  const int64_t open = static_cast<int64_t>(connections_.size());
+  if (open >= max_connections_) return Verdict::kFull;
+  const auto found = addresses_.find(address);
+  const int64_t own = found == addresses_.end() ? 0 : found->second;
+  if (own > max_connections_ / 16 &&
+      open >= max_connections_ - max_connections_ / 8) {
+    return Verdict::kAddressShare;
+  }
+  return Verdict::kAdmitted;
+}
+
+void ConnectionTally::Sweep() {
+  absl::MutexLock lock(&mutex_);
+  swept_ = absl::Now();
+  SweepLocked();
+}
+
+void ConnectionTally::SweepLocked() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    struct stat now {};
+    const bool same = fstat(it->first, &now) == 0 &&
+                      static_cast<uint64_t>(now.st_dev) == it->second.device &&
+                      static_cast<uint64_t>(now.st_ino) == it->second.inode;
+    if (same) {
+      ++it;
+    } else {
+      Forget(it->second.address);
+      connections_.erase(it++);
+    }
+  }
+}
+
+void ConnectionTally::Forget(const std::string& address) {
+  const auto found = addresses_.find(address);
+  if (found == addresses_.end()) return;
+  if (--found->second <= 0) addresses_.erase(found);
+}
+
+int64_t ConnectionTally::open() const {
+  absl::MutexLock lock(&mutex_);
+  return static_cast<int64_t>(connections_.size());
+}
+
+int64_t ConnectionTally::open_from(const std::string& address) const {
+  absl::MutexLock lock(&mutex_);
+  const auto found = addresses_.find(address);
+  return found == addresses_.end() ? 0 : found->second;
+}
+
+int64_t ConnectionTally::refused(Verdict why) const {
+  absl::MutexLock lock(&mutex_);
+  switch (why) {
+    case Verdict::kFull:
+      return refused_full_;
+    case Verdict::kAddressShare:
+      return refused_share_;
+    case Verdict::kAdmitted:
+      break;
+  }
+  return 0;
+}
+
+std::string SocketPeerAddress(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) {
+    return "unknown";
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  if (peer.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&peer);
+    if (inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text)) == nullptr) {
+      return "unknown";
+    }
+    return absl::StrCat("ipv4:", text);
+  }
+  if (peer.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&peer);
+    if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) {
+      if (inet_ntop(AF_INET, &v6->sin6_addr.s6_addr[12], text, sizeof(text)) ==
+          nullptr) {
+        return "unknown";
+      }
+      return absl::StrCat("ipv4:", text);
+    }
+    if (inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text)) == nullptr) {
+      return "unknown";
+    }
+    return absl::StrCat("ipv6:[", text, "]");
+  }
+  return "unknown";
+}
+
 absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::Listen(
-    const std::string& host, int port) {
+    const std::string& host, int port, int64_t max_connections) {
   absl::StatusOr<std::vector<int>> listeners = ListenTcpAll(host, port);
   if (!listeners.ok()) return listeners.status();
   const int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -36,16 +172,17 @@ absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::Listen(
     if (epoll >= 0) close(epoll);
     return absl::UnavailableError(why);
   }
-  return std::unique_ptr<ConnectionAcceptor>(
-      new ConnectionAcceptor(*std::move(listeners), wake, epoll));
+  return std::unique_ptr<ConnectionAcceptor>(new ConnectionAcceptor(
+      *std::move(listeners), wake, epoll, max_connections));
 }
 
 ConnectionAcceptor::ConnectionAcceptor(std::vector<int> listeners, int wake,
-                                       int epoll)
+                                       int epoll, int64_t max_connections)
     : port_(BoundPort(listeners.front())),
       listeners_(std::move(listeners)),
       wake_(wake),
-      epoll_(epoll) {
+      epoll_(epoll),
+      tally_(max_connections) {
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.fd = wake_;
@@ -137,6 +274,13 @@ bool ConnectionAcceptor::AcceptFrom(
       return errno != EMFILE && errno != ENFILE && errno != ENOBUFS &&
              errno != ENOMEM;
     }
+    const std::string address = SocketPeerAddress(fd);
+    const ConnectionTally::Verdict verdict = tally_.Admit(fd, address);
+    if (verdict != ConnectionTally::Verdict::kAdmitted) {
+      close(fd);
+      LogRefusal(verdict, address);
+      continue;
+    }
     // gRPC's own listener sets this on its connections.
     const int on = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
@@ -146,6 +290,30 @@ bool ConnectionAcceptor::AcceptFrom(
     connection.fd = fd;
     server->HandleNewConnection(&connection);  // It owns fd now.
   }
+}
+
+void ConnectionAcceptor::LogRefusal(ConnectionTally::Verdict verdict,
+                                    const std::string& address) {
+  ++refusals_unlogged_;
+  const absl::Time now = absl::Now();
+  if (now - refusal_logged_ < kRefusalLogPeriod) return;
+  refusal_logged_ = now;
+  const int64_t max = tally_.max_connections();
+  const std::string why =
+      verdict == ConnectionTally::Verdict::kFull
+          ? absl::StrCat("all ", max, " connections the server takes are open")
+          : absl::StrCat("the connections from ", address, " (",
+                         tally_.open_from(address),
+                         ") are more than a sixteenth of the ", max,
+                         " the server takes, and seven eighths are open: "
+                         "the last eighth is kept for other clients");
+  Log(LogLevel::kWarning,
+      absl::StrCat("attnserve: closed a connection from ", address,
+                   " as soon as accepted: ", why, " (max_connections); ",
+                   refusals_unlogged_,
+                   " closed so since the last such line, this one included "
+                   "(attnserve_connections_refused_total)"));
+  refusals_unlogged_ = 0;
 }
 
 }  // namespace attnserve

@@ -55,12 +55,15 @@ const FLAG_DEFAULTS = {
   max_inflight_bytes: "0",
   kv_cache_bytes: "0",
   buffer_pool_bytes: "-1",
+  max_connections: "0",
   drain_grace_seconds: "5",
   demo_weights: "true",
 };
 // Memory a replica needs beyond its flags' budgets: code, oneDNN and gRPC state
 // (kProcessOverheadBytes in server/include/attnserve/server/process/memory_plan.h).
 const BASE_MEMORY_BYTES = 256 * 2 ** 20;
+// What the memory plan counts for each connection --max_connections allows (kConnectionBytes).
+const CONNECTION_BYTES = 32 * 2 ** 10;
 const WILDCARD_ADDRESSES = ["0.0.0.0", "::", "[::]"];
 // A sessions profile (an HPA on Pods metrics) removes a pod only after load stayed low this
 // long: each removal drops the pod's sessions, which their clients rebuild elsewhere.
@@ -342,17 +345,20 @@ const INVARIANTS = [
     });
   }],
 
-  ["memory limit holds weights + KV cache + pool + in-flight budget + 256 MiB, each set explicitly",
+  ["memory limit holds weights + KV cache + pool + in-flight budget + connections + 256 MiB, " +
+    "each set explicitly",
     (r) => {
       const flag = (name) => Number(r.flags()[name]);
       // 0 (-1 for the pool) derives a budget from the cgroup's limit at start-up; the
       // manifests say theirs.
-      const unset = ["max_weights_bytes", "kv_cache_bytes", "max_inflight_bytes"]
+      const unset = ["max_weights_bytes", "kv_cache_bytes", "max_inflight_bytes",
+        "max_connections"]
           .filter((name) => !(flag(name) > 0))
           .concat(flag("buffer_pool_bytes") >= 0 ? [] : ["buffer_pool_bytes"]);
       if (unset.length) return [`${unset.join(", ")} not set in the flag file`];
       const needed = flag("max_weights_bytes") + flag("kv_cache_bytes") +
-          flag("buffer_pool_bytes") + flag("max_inflight_bytes") + BASE_MEMORY_BYTES;
+          flag("buffer_pool_bytes") + flag("max_inflight_bytes") +
+          flag("max_connections") * CONNECTION_BYTES + BASE_MEMORY_BYTES;
       const limit = quantity(r.container.resources.limits.memory);
       return limit >= needed ? [] : [`memory limit ${limit} B < ${needed} B the flags allow`];
     }],
@@ -788,6 +794,11 @@ const MUTATIONS = [
     (o) => replaceFlag(o, "kv_cache_bytes", memoryLimitOf(o))],
   ["KV-cache budget left to the default", "memory limit holds",
     (o) => replaceFlag(o, "kv_cache_bytes", "0")],
+  ["connections over the memory limit", "memory limit holds",
+    (o) => replaceFlag(o, "max_connections",
+        String(Math.ceil(memoryLimitOf(o) / (32 * 2 ** 10))))],
+  ["connections left to the default", "memory limit holds",
+    (o) => replaceFlag(o, "max_connections", "0")],
   ["demo weights in a rendering with its own Namespace", "registers no demo weights",
     (o) => {
       if (!find(o, "Namespace")) {

@@ -17,7 +17,8 @@
 #   with --response_compression=gzip alone: refused UNIMPLEMENTED, unread, bombs included;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
 #   (held until --message_timeout_seconds passes) and idle streams, with RSS bounded and a
-#   well-behaved client served meanwhile;
+#   well-behaved client served meanwhile; and --max_connections against one address's
+#   connection flood;
 # - rapid_reset_test.py: HEADERS + RST_STREAM on one connection: shut down past
 #   --max_client_resets_per_second (and 50,000 taken with the cap off), also with the server
 #   starved of CPU, RSS bounded and another client's Attends answered meanwhile.
@@ -165,5 +166,9 @@ done
 budget=$((256 << 20))
 start_server --max_inflight_bytes="${budget}" --max_queue=4 --executors=1
 run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" queue
+stop_server
+start_server --max_inflight_bytes="${budget}" --max_connections=64
+run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
+  connections
 stop_server
 echo "PASS"

@@ -20,14 +20,20 @@ that must keep being answered meanwhile):
          the compute queue; a client from 127.0.0.1 calling one Attend at a time is never
          refused: the queue gives the flood's newest place to it and takes the clients in turns
          (until 2026-12-07 one FIFO refused it as it refused the flood).
+  connections: (the server at --max_connections=64) 200 idle HTTP/2 connections from 127.0.0.2:
+         those past seven eighths of 64 are closed as soon as accepted, while clients from
+         127.0.0.1 and 127.0.0.3 still connect and are answered; once the flood's connections
+         close, 127.0.0.2 connects again. Until 2026-12-08 no limit held connections, 15 KiB of
+         the server's memory each when idle.
 
 Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
 budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
 
 usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES
-       large|unread|unread_timeout|streams|addresses|queue
+       large|unread|unread_timeout|streams|addresses|queue|connections
 """
 import collections
+import socket
 import os
 import sys
 import threading
@@ -310,13 +316,81 @@ def queue(port, failures):
     flood.close()
 
 
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def still_open(sock):
+    """Whether the server keeps `sock` open: its SETTINGS arrive and no end follows within
+    0.3 s."""
+    sock.settimeout(0.3)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return False
+    except socket.timeout:
+        return True
+    except OSError:  # reset
+        return False
+
+
+def connections(port, failures):
+    """One address's connections hold at most seven eighths of --max_connections (64)."""
+    limit = 64
+    flood = []
+    for _ in range(200):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                        source_address=("127.0.0.2", 0))
+        try:
+            sock.sendall(PREFACE)
+        except OSError:
+            pass  # closed at once, before the preface went
+        flood.append(sock)
+    kept = sum(still_open(sock) for sock in flood)
+    print(f"200 idle connections from 127.0.0.2 at max_connections {limit}: {kept} kept open, "
+          f"{200 - kept} closed at once")
+    # Seven eighths of 64 is 56, the prober's connection among them.
+    if not limit * 7 // 8 - 4 <= kept <= limit * 7 // 8:
+        failures.append(f"{kept} of the flood's connections kept, expected about "
+                        f"{limit * 7 // 8} (seven eighths of {limit}, less the prober's)")
+    # Other addresses meanwhile: a few connections each, and calls answered.
+    for source in ("127.0.0.1", "127.0.0.3"):
+        other = Calls(port, source=source)
+        attend = other.start(ATTEND, attend_request(1, 16, 8).SerializeToString())
+        other.pump(10, until=lambda: other.statuses[attend] is not None)
+        print(f"from {source} meanwhile: Attend {other.statuses[attend]}")
+        if other.statuses[attend] != OK:
+            failures.append(f"a client from {source} got Attend {other.statuses[attend]} "
+                            f"({other.messages.get(attend)}), expected OK")
+        other.close()
+    for sock in flood:
+        sock.close()
+    # The server learns of closed connections within a second (or at its next refusal).
+    deadline = time.monotonic() + 10
+    status = None
+    while time.monotonic() < deadline and status != OK:
+        try:
+            again = Calls(port, source="127.0.0.2")
+            attend = again.start(ATTEND, attend_request(1, 16, 8).SerializeToString())
+            again.pump(2, until=lambda: again.closed or again.statuses[attend] is not None)
+            status = again.statuses[attend]
+            again.close()
+        except OSError as error:  # closed at once
+            status = str(error)
+        if status != OK:
+            time.sleep(0.2)
+    print(f"from 127.0.0.2 once its connections closed: Attend {status}")
+    if status != OK:
+        failures.append(f"127.0.0.2 after closing its connections: Attend {status}, expected OK")
+
+
 def main():
     port, pid, budget, scenario = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]),
                                    sys.argv[5])
     failures = []
     watch = RssWatch(pid)
     {"large": large, "unread": unread, "unread_timeout": unread_timeout, "streams": streams,
-     "addresses": addresses, "queue": queue}[scenario](port, failures)
+     "addresses": addresses, "queue": queue,
+     "connections": connections}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "
           f"{budget / 2**20:.0f} MiB + {OVERHEAD_BYTES / 2**20:.0f} MiB overhead")

@@ -200,9 +200,11 @@ TEST(PlanMemoryTest, DerivesWhatIsLeftAtZero) {
   // A quarter of 8 GiB - 256 MiB (the process) - 256 MiB (the pool).
   EXPECT_EQ(plan->max_weights_bytes, 1920 * kMiB);
   EXPECT_EQ(plan->kv_cache_bytes, 1920 * kMiB);
-  // (8 GiB - 1920 MiB - 1920 MiB - 256 MiB - 256 MiB) * 3/4 = 2880 MiB
-  EXPECT_EQ(plan->max_inflight_bytes, 2880 * kMiB);
-  EXPECT_EQ(plan->transport_bytes, 720 * kMiB);
+  // A thirty-second of 8 GiB - 256 MiB: 248 MiB, 7936 connections of 32 KiB.
+  EXPECT_EQ(plan->max_connections, 7936);
+  // (8 GiB - 1920 MiB - 1920 MiB - 256 MiB - 256 MiB - 248 MiB) * 3/4
+  EXPECT_EQ(plan->max_inflight_bytes, 2694 * kMiB);
+  EXPECT_EQ(plan->transport_bytes, 2694 * kMiB / 4);
   const absl::StatusOr<MemoryPlan> big =
       Plan(0, 0, 0, 0, {int64_t{64} << 30, "physical memory"});
   EXPECT_EQ(big->max_weights_bytes, int64_t{4} << 30);  // at most 4 GiB
@@ -222,7 +224,8 @@ TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
   EXPECT_EQ(small->buffer_pool_bytes, 32 * kMiB);
   EXPECT_EQ(small->max_weights_bytes, 56 * kMiB);
   EXPECT_EQ(small->kv_cache_bytes, 56 * kMiB);
-  EXPECT_EQ(small->max_inflight_bytes, 84 * kMiB);
+  EXPECT_EQ(small->max_connections, 256);
+  EXPECT_EQ(small->max_inflight_bytes, 78 * kMiB);
   for (const int64_t mib : {384, 768, 1024, 1100, 2048}) {
     SCOPED_TRACE(mib);
     const absl::StatusOr<MemoryPlan> plan =
@@ -230,20 +233,22 @@ TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_LE(plan->max_weights_bytes + plan->kv_cache_bytes +
                   plan->buffer_pool_bytes + plan->max_inflight_bytes +
+                  plan->max_connections * kConnectionBytes +
                   kProcessOverheadBytes,
               mib * kMiB);
+    EXPECT_GE(plan->max_connections, kLeastDerivedConnections);
     EXPECT_GT(plan->max_inflight_bytes, plan->kv_cache_bytes);
   }
   const absl::StatusOr<MemoryPlan> large =
       Plan(0, 0, kDerivedBufferPool, 0, {int64_t{8} << 30, "cgroup x"});
   EXPECT_EQ(large->buffer_pool_bytes, 256 * kMiB);  // at most 256 MiB
-  // 320 MiB leaves 21 MiB in flight, too little to serve: refused, as 256
+  // 320 MiB leaves 19.5 MiB in flight, too little to serve: refused, as 256
   // MiB, which leaves nothing once the process has its share.
   const absl::StatusOr<MemoryPlan> tight =
       Plan(0, 0, kDerivedBufferPool, 0, {320 * kMiB, "cgroup x"});
   EXPECT_EQ(tight.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(tight.status().message(),
-              AllOf(HasSubstr("max_inflight_bytes (derived: 22020096)"),
+              AllOf(HasSubstr("max_inflight_bytes (derived: 20447232)"),
                     HasSubstr("at least 32 MiB for calls in flight")));
   // Set by a flag, less is taken.
   EXPECT_TRUE(
@@ -258,6 +263,37 @@ TEST(PlanMemoryTest, DerivesEveryBudgetForSmallLimitsToo) {
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(negative.status().message(),
               HasSubstr("buffer_pool_bytes is -2, expected >= 0, or -1"));
+}
+
+// Connections are planned at 32 KiB each: a thirty-second of what the limit
+// leaves after the process, or, with every other budget set, what those leave
+// (so that budgets which fit before connections were planned still fit), at
+// least 64; or as many as --max_connections says, which must fit too.
+TEST(PlanMemoryTest, PlansTheConnections) {
+  const MemoryLimit limit{int64_t{3} << 30, "cgroup x"};
+  // All set, 64 MiB left: 2048 connections rather than 2816 MiB / 32.
+  absl::StatusOr<MemoryPlan> plan =
+      Plan(512 * kMiB, 64 * kMiB, 128 * kMiB, 2048 * kMiB, limit);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->max_connections, 2048);
+  // Nothing left: the least.
+  plan = Plan(512 * kMiB, 64 * kMiB, 192 * kMiB, 2048 * kMiB, limit);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("max_connections 64 of 32768 bytes"));
+  MemoryOptions requested;
+  requested.max_connections = 100;
+  plan = PlanMemory(requested, limit);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->max_connections, 100);
+  requested.max_connections = int64_t{1} << 20;  // 32 GiB of connections
+  plan = PlanMemory(requested, limit);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("max_connections 1048576 of 32768 bytes"));
+  requested.max_connections = -1;
+  EXPECT_THAT(PlanMemory(requested, limit).status().message(),
+              HasSubstr("max_connections is -1, expected >= 0"));
 }
 
 TEST(PlanMemoryTest, RefusesBudgetsThatDoNotFit) {

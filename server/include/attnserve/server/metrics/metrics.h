@@ -123,6 +123,11 @@ class ServerMetrics {
   // The gRPC port's connections closed unserved for want of file descriptors
   // (ConnectionAcceptor::shed), as a running total.
   void SetConnectionsShed(int64_t shed);
+  // The gRPC port's connections: `open` of `max` (max_connections), and those
+  // closed unserved for that limit (`refused_full`) or for their address's
+  // share of it (`refused_share`) since the start (sampled each second).
+  void SetConnections(int64_t open, int64_t max, int64_t refused_full,
+                      int64_t refused_share);
   // Allocations that failed within the budgets (AllocationFailures), as a
   // running total.
   void SetAllocationFailures(int64_t failures);
@@ -178,6 +183,10 @@ class ServerMetrics {
   prometheus::Counter* inflight_refused_ = nullptr;
   prometheus::Counter* reset_closures_ = nullptr;
   prometheus::Counter* connections_shed_ = nullptr;
+  prometheus::Gauge* connections_open_ = nullptr;
+  prometheus::Gauge* connections_limit_ = nullptr;
+  // Refused for max_connections, and for the address's share of it.
+  std::array<prometheus::Counter*, 2> connections_refused_{};
   prometheus::Counter* allocation_failures_ = nullptr;
   prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;
@@ -186,6 +195,8 @@ class ServerMetrics {
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t reset_closures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t connections_shed_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
+  std::array<int64_t, 2> connections_refused_seen_
+      ABSL_GUARDED_BY(sampled_mutex_) = {0, 0};
   int64_t allocation_failures_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t io_standby_events_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;
   int64_t access_log_dropped_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;

@@ -39,7 +39,20 @@ struct MemoryOptions {
   // keeps none. -1: an eighth of what the memory limit leaves after the
   // process, at most 256 MiB.
   int64_t buffer_pool_bytes = kDerivedBufferPool;
+  // The most connections the gRPC port holds open at once (ConnectionTally's
+  // rule), each planned at kConnectionBytes. 0: as many as a thirty-second of
+  // what the memory limit leaves after the process pays for, at least
+  // kLeastDerivedConnections.
+  int64_t max_connections = 0;
 };
+
+// What one open connection is planned to hold: gRPC's state for an idle
+// HTTP/2 connection measured 15 KiB, the kernel's socket a few more, and its
+// read buffers under traffic come from gRPC's quota (transport_bytes).
+inline constexpr int64_t kConnectionBytes = int64_t{32} << 10;
+
+// The fewest connections a plan derives, whatever the limit.
+inline constexpr int64_t kLeastDerivedConnections = 64;
 
 // The memory the process may use, and where that figure comes from.
 struct MemoryLimit {
@@ -77,6 +90,7 @@ struct MemoryPlan {
   // The part of max_inflight_bytes given to gRPC's ResourceQuota: the buffers
   // of connections and of messages still arriving.
   int64_t transport_bytes = 0;
+  int64_t max_connections = 0;
   MemoryLimit limit;
 
   // What calls may hold (the in-flight budget less gRPC's part), of which
@@ -89,14 +103,17 @@ struct MemoryPlan {
 // - buffer_pool_bytes kDerivedBufferPool: an eighth of left, at most 256 MiB;
 // - max_weights_bytes 0: a quarter of left less the pool, at most 4 GiB;
 // - kv_cache_bytes 0: a quarter of left less the pool;
+// - max_connections 0: left / 32 / kConnectionBytes, at least
+//   kLeastDerivedConnections;
 // - max_inflight_bytes 0: three quarters of what the limit leaves after the
-//   weights, the KV cache, the buffer pool and kProcessOverheadBytes (the
-//   last quarter is the allocator's slack and gRPC's overshoot of its quota).
+//   weights, the KV cache, the buffer pool, the connections and
+//   kProcessOverheadBytes (the last quarter is the allocator's slack and
+//   gRPC's overshoot of its quota).
 // A small limit thus gets small budgets, not a refusal: 512 MiB plans a pool
-// of 32 MiB, 56 MiB each of weights and KV cache, 84 MiB in flight.
-// FAILED_PRECONDITION, naming every term, when weights + KV cache + pool +
-// in-flight + kProcessOverheadBytes exceed the limit; INVALID_ARGUMENT for a
-// negative budget.
+// of 32 MiB, 56 MiB each of weights and KV cache, 256 connections (8 MiB),
+// 78 MiB in flight. FAILED_PRECONDITION, naming every term, when weights + KV
+// cache + pool + connections + in-flight + kProcessOverheadBytes exceed the
+// limit; INVALID_ARGUMENT for a negative budget.
 absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                                       const MemoryLimit& limit);
 

@@ -5,7 +5,7 @@
 // open and /metrics looked healthy. This thread accepts instead, sheds what no
 // descriptor can take (ConnectionShedder) and hands each connection to the
 // gRPC server (ServerBuilder::experimental().AddExternalConnectionAcceptor),
-// which then serves it as one of its own.
+// which then serves it as one of its own, once ConnectionTally admits it.
 #ifndef ATTNSERVE_SERVER_RPC_CONNECTION_ACCEPTOR_H_
 #define ATTNSERVE_SERVER_RPC_CONNECTION_ACCEPTOR_H_
 
@@ -15,12 +15,89 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "attnserve/common/listen_socket.h"
 #include "grpcpp/server_builder.h"
 
 namespace attnserve {
+
+// The gRPC port's open connections, each counted for the client address it
+// comes from, and the rule a new one passes: at most `max_connections` open,
+// and an address whose connections are more than a sixteenth of that may not
+// take the count past seven eighths, so that the last eighth stays for other
+// clients (the memory budget's rule for calls in flight). An idle HTTP/2
+// connection holds 15 KiB of gRPC's memory and a few of the kernel's, in no
+// other budget: one client with 65,000 ports (or a few addresses) could
+// otherwise take a gigabyte. Clients behind one proxy or NAT share an address.
+//
+// A connection is gRPC's once admitted, and gRPC closes it: the tally knows
+// each by its descriptor and the socket's inode, and a connection whose
+// descriptor was closed (it names nothing now, or another file) is forgotten
+// at the next Sweep. Thread-safe.
+class ConnectionTally {
+ public:
+  enum class Verdict {
+    kAdmitted,
+    // max_connections are open.
+    kFull,
+    // The connections from the address hold more than a sixteenth, and seven
+    // eighths are open.
+    kAddressShare,
+  };
+
+  // `max_connections` > 0; Admit sweeps at most once per `sweep_interval`.
+  explicit ConnectionTally(
+      int64_t max_connections,
+      absl::Duration sweep_interval = absl::Milliseconds(100));
+  ConnectionTally(const ConnectionTally&) = delete;
+  ConnectionTally& operator=(const ConnectionTally&) = delete;
+
+  // Counts socket `fd` (open in this process) as a connection from `address`,
+  // or says why not (sweeping first when the counts would refuse it).
+  Verdict Admit(int fd, const std::string& address) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Forgets the connections whose descriptors were closed.
+  void Sweep() ABSL_LOCKS_EXCLUDED(mutex_);
+
+  int64_t max_connections() const { return max_connections_; }
+  // Connections counted open (as of the last Sweep).
+  int64_t open() const ABSL_LOCKS_EXCLUDED(mutex_);
+  int64_t open_from(const std::string& address) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Connections refused so far, for `why` (kFull or kAddressShare).
+  int64_t refused(Verdict why) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  struct Connection {
+    uint64_t device = 0;  // The socket's st_dev and st_ino.
+    uint64_t inode = 0;
+    std::string address;
+  };
+
+  Verdict Judge(const std::string& address) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Forget(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const int64_t max_connections_;
+  const absl::Duration sweep_interval_;
+  mutable absl::Mutex mutex_;
+  // Each open connection, by descriptor.
+  absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mutex_);
+  // How many each address has open.
+  absl::flat_hash_map<std::string, int64_t> addresses_ ABSL_GUARDED_BY(mutex_);
+  absl::Time swept_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
+  int64_t refused_full_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t refused_share_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// The client address of connected socket `fd` as gRPC names its peer without
+// the port ("ipv4:10.0.0.7", "ipv6:[2001:db8::7]"; an IPv4 address mapped
+// into IPv6 as IPv4), or "unknown".
+std::string SocketPeerAddress(int fd);
 
 class ConnectionAcceptor {
  public:
@@ -29,10 +106,11 @@ class ConnectionAcceptor {
   static constexpr int kDescriptorReserve = 64;
 
   // Listens on `host`:`port` as ListenTcpAll does (the wildcard on IPv6 and
-  // IPv4, a name on each of its addresses; port 0: one the system picks);
-  // UNAVAILABLE with the system's reason when it cannot.
+  // IPv4, a name on each of its addresses; port 0: one the system picks),
+  // to serve at most `max_connections` (> 0) at once as ConnectionTally
+  // rules; UNAVAILABLE with the system's reason when it cannot.
   static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> Listen(
-      const std::string& host, int port);
+      const std::string& host, int port, int64_t max_connections);
 
   ~ConnectionAcceptor();
   ConnectionAcceptor(const ConnectionAcceptor&) = delete;
@@ -50,9 +128,12 @@ class ConnectionAcceptor {
 
   // Connections closed unserved for want of descriptors.
   int64_t shed() const { return shedder_.shed(); }
+  // The connections open, and those closed unserved for its rule.
+  ConnectionTally& tally() { return tally_; }
 
  private:
-  ConnectionAcceptor(std::vector<int> listeners, int wake, int epoll);
+  ConnectionAcceptor(std::vector<int> listeners, int wake, int epoll,
+                     int64_t max_connections);
   void Loop(grpc::experimental::ExternalConnectionAcceptor* server);
   // Adds the listeners to epoll_ (EPOLL_CTL_ADD) or takes them out (_DEL).
   void WatchListeners(int operation);
@@ -60,12 +141,19 @@ class ConnectionAcceptor {
   // process is out of descriptors, or the kernel of memory for sockets.
   bool AcceptFrom(int listener,
                   grpc::experimental::ExternalConnectionAcceptor* server);
+  // Logs a connection closed for the tally's rule, at most once per ten
+  // seconds (with how many were closed so since). On the acceptor's thread.
+  void LogRefusal(ConnectionTally::Verdict verdict, const std::string& address);
 
   const int port_;
   std::vector<int> listeners_;
   const int wake_;
   const int epoll_;
   ConnectionShedder shedder_{kDescriptorReserve};
+  ConnectionTally tally_;
+  // LogRefusal's; the acceptor's thread alone touches them.
+  absl::Time refusal_logged_ = absl::InfinitePast();
+  int64_t refusals_unlogged_ = 0;
   absl::Mutex mutex_;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
   std::thread thread_;

@@ -214,9 +214,13 @@ ABSL_FLAG(int64_t, max_connections, Defaults().memory.max_connections,
           "32 KiB of the memory limit; past it a new connection is closed as "
           "soon as accepted, and one from an address whose connections are "
           "more than a sixteenth of it once seven eighths are open (the last "
-          "eighth stays for other clients). 0: a thirty-second of what the "
-          "memory limit leaves after 256 MiB for the process, in connections "
-          "of 32 KiB, at least 64.");
+          "eighth stays for other clients); such a connection from an "
+          "address holding at least two fewer than the address holding the "
+          "most takes the place of that address's newest instead (shut "
+          "down). 0: a thirty-second of what the memory limit leaves after "
+          "256 MiB for the process, in connections of 32 KiB, but at most "
+          "what the budgets set leave (an eighth of it when "
+          "--max_inflight_bytes is derived too), at least 64 where they fit.");
 ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "

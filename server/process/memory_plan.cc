@@ -179,14 +179,20 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
   if (requested.max_connections > 0) {
     plan.max_connections = requested.max_connections;
   } else {
-    // A thirty-second of left, or what budgets all set leave of the limit.
-    double bytes = static_cast<double>(left / 32);
-    if (max_inflight_bytes > 0) {
-      bytes = std::min(bytes, static_cast<double>(limit.bytes) - others);
+    // A thirty-second of left, but no more than what the budgets set leave
+    // (an eighth of it when the in-flight budget is derived from the rest),
+    // so that budgets which fit before connections were planned still fit.
+    const double rest =
+        std::max(0.0, static_cast<double>(limit.bytes) - others);
+    const double bytes = std::min(static_cast<double>(left / 32),
+                                  max_inflight_bytes > 0 ? rest : rest / 8);
+    plan.max_connections = static_cast<int64_t>(bytes) / kConnectionBytes;
+    if (plan.max_connections < kLeastDerivedConnections) {
+      // At least 64 where they fit, and one (which may not) where not.
+      plan.max_connections = std::max<int64_t>(
+          1, std::min(kLeastDerivedConnections,
+                      static_cast<int64_t>(rest) / kConnectionBytes));
     }
-    plan.max_connections =
-        std::max(kLeastDerivedConnections,
-                 static_cast<int64_t>(bytes) / kConnectionBytes);
   }
   const double connections_bytes =
       static_cast<double>(plan.max_connections) * kConnectionBytes;

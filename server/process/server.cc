@@ -150,6 +150,7 @@ class AttnServerImpl final : public AttnServer {
     // each second after): a utilisation over a limit of 0 would be NaN.
     metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                budget_.refused());
+    metrics_.SetConnections(0, memory_.max_connections, 0, 0, 0);
     if (!options.metrics_port) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
         MetricsEndpoint::Start(MetricsAddress(options), *options.metrics_port,
@@ -371,8 +372,9 @@ class AttnServerImpl final : public AttnServer {
       connections.Sweep();
       metrics_.SetConnections(
           connections.open(), connections.max_connections(),
-          connections.refused(ConnectionTally::Verdict::kFull),
-          connections.refused(ConnectionTally::Verdict::kAddressShare));
+          connections.count(ConnectionTally::Verdict::kFull),
+          connections.count(ConnectionTally::Verdict::kAddressShare),
+          connections.count(ConnectionTally::Verdict::kDisplaced));
       metrics_.SetAllocationFailures(AllocationFailures());
       metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {
@@ -479,6 +481,16 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
             "have gRPC reset or close other clients' calls; lower "
             "--max_message_bytes, or raise --max_inflight_bytes or the "
             "memory limit"));
+  }
+  if (requested.memory.max_connections == 0 &&
+      memory.max_connections < kLeastDerivedConnections) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("attnserve: warning: the memory budgets set leave room "
+                     "for ",
+                     memory.max_connections, " connections of ",
+                     kConnectionBytes,
+                     " bytes: more clients are closed as soon as they "
+                     "connect; set --max_connections, or lower a budget"));
   }
   ServerOptions options = requested;
   // Executors share the compute threads (those the process may use, or

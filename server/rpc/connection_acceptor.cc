@@ -33,15 +33,13 @@ ConnectionTally::ConnectionTally(int64_t max_connections,
     : max_connections_(max_connections), sweep_interval_(sweep_interval) {}
 
 ConnectionTally::Verdict ConnectionTally::Admit(int fd,
-                                                const std::string& address) {
+                                                const std::string& address,
+                                                std::string* displaced) {
   struct stat status {};
+  fstat(fd, &status);  // A socket just accepted: nothing to fail.
   absl::MutexLock lock(&mutex_);
   // A descriptor number taken again was closed since.
-  const auto reused = connections_.find(fd);
-  if (reused != connections_.end()) {
-    Forget(reused->second.address);
-    connections_.erase(reused);
-  }
+  if (connections_.contains(fd)) Forget(fd);
   Verdict verdict = Judge(address);
   if (verdict != Verdict::kAdmitted) {
     const absl::Time now = absl::Now();
@@ -51,15 +49,22 @@ ConnectionTally::Verdict ConnectionTally::Admit(int fd,
       verdict = Judge(address);
     }
   }
-  if (verdict == Verdict::kAdmitted && fstat(fd, &status) == 0) {
-    connections_[fd] =
-        Connection{static_cast<uint64_t>(status.st_dev),
-                   static_cast<uint64_t>(status.st_ino), address};
-    ++addresses_[address];
-  } else if (verdict == Verdict::kFull) {
-    ++refused_full_;
-  } else if (verdict == Verdict::kAddressShare) {
-    ++refused_share_;
+  if (verdict != Verdict::kAdmitted && Displace(address, displaced)) {
+    verdict = Verdict::kDisplaced;
+  }
+  switch (verdict) {
+    case Verdict::kAdmitted:
+    case Verdict::kDisplaced:
+      Add(fd, Connection{static_cast<uint64_t>(status.st_dev),
+                         static_cast<uint64_t>(status.st_ino), ++admissions_,
+                         address});
+      break;
+    case Verdict::kFull:
+      ++full_;
+      break;
+    case Verdict::kAddressShare:
+      ++address_share_;
+      break;
   }
   return verdict;
 }
@@ -68,13 +73,41 @@ ConnectionTally::Verdict ConnectionTally::Judge(
     const std::string& address) const {
   const int64_t open = static_cast<int64_t>(connections_.size());
   if (open >= max_connections_) return Verdict::kFull;
-  const auto found = addresses_.find(address);
-  const int64_t own = found == addresses_.end() ? 0 : found->second;
-  if (own > max_connections_ / 16 &&
+  if (OpenFrom(address) > max_connections_ / 16 &&
       open >= max_connections_ - max_connections_ / 8) {
     return Verdict::kAddressShare;
   }
   return Verdict::kAdmitted;
+}
+
+int64_t ConnectionTally::OpenFrom(const std::string& address) const {
+  const auto found = addresses_.find(address);
+  return found == addresses_.end() ? 0
+                                   : static_cast<int64_t>(found->second.size());
+}
+
+bool ConnectionTally::Displace(const std::string& address,
+                               std::string* displaced) {
+  const int64_t own = OpenFrom(address);
+  while (!by_count_.empty()) {
+    const auto& [most, heaviest] = *by_count_.rbegin();
+    if (heaviest == address || most < own + 2) return false;
+    if (displaced != nullptr) *displaced = heaviest;
+    const int fd = addresses_.at(heaviest).rbegin()->second;
+    const Connection& newest = connections_.at(fd);
+    struct stat status {};
+    const bool open = fstat(fd, &status) == 0 &&
+                      static_cast<uint64_t>(status.st_dev) == newest.device &&
+                      static_cast<uint64_t>(status.st_ino) == newest.inode;
+    // gRPC sees the socket end, as if its peer had gone, and closes it.
+    if (open) shutdown(fd, SHUT_RDWR);
+    Forget(fd);
+    if (open) {
+      ++displaced_;
+      return true;
+    }
+  }
+  return false;
 }
 
 void ConnectionTally::Sweep() {
@@ -84,24 +117,42 @@ void ConnectionTally::Sweep() {
 }
 
 void ConnectionTally::SweepLocked() {
-  for (auto it = connections_.begin(); it != connections_.end();) {
+  std::vector<int> closed;
+  for (const auto& [fd, connection] : connections_) {
     struct stat now {};
-    const bool same = fstat(it->first, &now) == 0 &&
-                      static_cast<uint64_t>(now.st_dev) == it->second.device &&
-                      static_cast<uint64_t>(now.st_ino) == it->second.inode;
-    if (same) {
-      ++it;
-    } else {
-      Forget(it->second.address);
-      connections_.erase(it++);
-    }
+    const bool same = fstat(fd, &now) == 0 &&
+                      static_cast<uint64_t>(now.st_dev) == connection.device &&
+                      static_cast<uint64_t>(now.st_ino) == connection.inode;
+    if (!same) closed.push_back(fd);
   }
+  for (const int fd : closed) Forget(fd);
 }
 
-void ConnectionTally::Forget(const std::string& address) {
-  const auto found = addresses_.find(address);
-  if (found == addresses_.end()) return;
-  if (--found->second <= 0) addresses_.erase(found);
+void ConnectionTally::Add(int fd, Connection connection) {
+  Admissions& admissions = addresses_[connection.address];
+  const int64_t before = static_cast<int64_t>(admissions.size());
+  if (before > 0) by_count_.erase({before, connection.address});
+  by_count_.insert({before + 1, connection.address});
+  admissions.emplace(connection.admitted, fd);
+  connections_.emplace(fd, std::move(connection));
+}
+
+void ConnectionTally::Forget(int fd) {
+  const auto found = connections_.find(fd);
+  if (found == connections_.end()) return;
+  const std::string& address = found->second.address;
+  const auto admissions = addresses_.find(address);
+  if (admissions != addresses_.end()) {
+    const int64_t before = static_cast<int64_t>(admissions->second.size());
+    by_count_.erase({before, address});
+    admissions->second.erase(found->second.admitted);
+    if (before > 1) {
+      by_count_.insert({before - 1, address});
+    } else {
+      addresses_.erase(admissions);
+    }
+  }
+  connections_.erase(found);
 }
 
 int64_t ConnectionTally::open() const {
@@ -111,17 +162,18 @@ int64_t ConnectionTally::open() const {
 
 int64_t ConnectionTally::open_from(const std::string& address) const {
   absl::MutexLock lock(&mutex_);
-  const auto found = addresses_.find(address);
-  return found == addresses_.end() ? 0 : found->second;
+  return OpenFrom(address);
 }
 
-int64_t ConnectionTally::refused(Verdict why) const {
+int64_t ConnectionTally::count(Verdict verdict) const {
   absl::MutexLock lock(&mutex_);
-  switch (why) {
+  switch (verdict) {
+    case Verdict::kDisplaced:
+      return displaced_;
     case Verdict::kFull:
-      return refused_full_;
+      return full_;
     case Verdict::kAddressShare:
-      return refused_share_;
+      return address_share_;
     case Verdict::kAdmitted:
       break;
   }
@@ -275,11 +327,17 @@ bool ConnectionAcceptor::AcceptFrom(
              errno != ENOMEM;
     }
     const std::string address = SocketPeerAddress(fd);
-    const ConnectionTally::Verdict verdict = tally_.Admit(fd, address);
-    if (verdict != ConnectionTally::Verdict::kAdmitted) {
+    std::string displaced;
+    const ConnectionTally::Verdict verdict =
+        tally_.Admit(fd, address, &displaced);
+    if (verdict == ConnectionTally::Verdict::kFull ||
+        verdict == ConnectionTally::Verdict::kAddressShare) {
       close(fd);
-      LogRefusal(verdict, address);
+      LogRefusal(verdict, address, displaced);
       continue;
+    }
+    if (verdict == ConnectionTally::Verdict::kDisplaced) {
+      LogRefusal(verdict, address, displaced);
     }
     // gRPC's own listener sets this on its connections.
     const int on = 1;
@@ -293,25 +351,42 @@ bool ConnectionAcceptor::AcceptFrom(
 }
 
 void ConnectionAcceptor::LogRefusal(ConnectionTally::Verdict verdict,
-                                    const std::string& address) {
+                                    const std::string& address,
+                                    const std::string& displaced) {
   ++refusals_unlogged_;
   const absl::Time now = absl::Now();
   if (now - refusal_logged_ < kRefusalLogPeriod) return;
   refusal_logged_ = now;
   const int64_t max = tally_.max_connections();
-  const std::string why =
-      verdict == ConnectionTally::Verdict::kFull
-          ? absl::StrCat("all ", max, " connections the server takes are open")
-          : absl::StrCat("the connections from ", address, " (",
-                         tally_.open_from(address),
-                         ") are more than a sixteenth of the ", max,
-                         " the server takes, and seven eighths are open: "
-                         "the last eighth is kept for other clients");
+  std::string what;
+  switch (verdict) {
+    case ConnectionTally::Verdict::kDisplaced:
+      what = absl::StrCat(
+          "shut down the newest connection from ", displaced, " (",
+          tally_.open_from(displaced), " open: the most of any address) for ",
+          "a new one from ", address, " (", tally_.open_from(address),
+          " open), the connections being at the limit for it");
+      break;
+    case ConnectionTally::Verdict::kFull:
+      what = absl::StrCat("closed a connection from ", address,
+                          " as soon as accepted: all ", max,
+                          " connections the server takes are open, and no "
+                          "address holds two more than it");
+      break;
+    default:
+      what = absl::StrCat(
+          "closed a connection from ", address,
+          " as soon as accepted: the connections from it (",
+          tally_.open_from(address), ") are more than a sixteenth of the ", max,
+          " the server takes and seven eighths are open (the last eighth is "
+          "kept for other clients), and no address holds two more than it");
+      break;
+  }
   Log(LogLevel::kWarning,
-      absl::StrCat("attnserve: closed a connection from ", address,
-                   " as soon as accepted: ", why, " (max_connections); ",
+      absl::StrCat("attnserve: ", what, " (max_connections ", max, "); ",
                    refusals_unlogged_,
-                   " closed so since the last such line, this one included "
+                   " connections refused or shut down so since the last such "
+                   "line, this one included "
                    "(attnserve_connections_refused_total)"));
   refusals_unlogged_ = 0;
 }

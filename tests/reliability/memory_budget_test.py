@@ -21,10 +21,11 @@ that must keep being answered meanwhile):
          refused: the queue gives the flood's newest place to it and takes the clients in turns
          (until 2026-12-07 one FIFO refused it as it refused the flood).
   connections: (the server at --max_connections=64) 200 idle HTTP/2 connections from 127.0.0.2:
-         those past seven eighths of 64 are closed as soon as accepted, while clients from
-         127.0.0.1 and 127.0.0.3 still connect and are answered; once the flood's connections
-         close, 127.0.0.2 connects again. Until 2026-12-08 no limit held connections, 15 KiB of
-         the server's memory each when idle.
+         those past seven eighths of 64 are closed as soon as accepted; 100 more from 127.0.0.3
+         fill the rest and take places from 127.0.0.2's; clients from 127.0.0.1 and 127.0.0.4
+         still connect (each in the place of a flood's newest connection) and are answered;
+         once the floods' connections close, 127.0.0.2 connects again. Until 2026-12-07 no
+         limit held connections, 15 KiB of the server's memory each when idle.
 
 Each scenario asserts the server's peak RSS stays under its RSS before the scenario plus the
 budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's count).
@@ -33,6 +34,7 @@ usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES
        large|unread|unread_timeout|streams|addresses|queue|connections
 """
 import collections
+import selectors
 import socket
 import os
 import sys
@@ -319,41 +321,71 @@ def queue(port, failures):
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
-def still_open(sock):
-    """Whether the server keeps `sock` open: its SETTINGS arrive and no end follows within
-    0.3 s."""
-    sock.settimeout(0.3)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return False
-    except socket.timeout:
-        return True
-    except OSError:  # reset
-        return False
-
-
-def connections(port, failures):
-    """One address's connections hold at most seven eighths of --max_connections (64)."""
-    limit = 64
-    flood = []
-    for _ in range(200):
+def open_idle(port, source, count):
+    """`count` connections from `source`, each sending HTTP/2's preface and SETTINGS."""
+    socks = []
+    for _ in range(count):
         sock = socket.create_connection(("127.0.0.1", port), timeout=5,
-                                        source_address=("127.0.0.2", 0))
+                                        source_address=(source, 0))
         try:
             sock.sendall(PREFACE)
         except OSError:
             pass  # closed at once, before the preface went
-        flood.append(sock)
-    kept = sum(still_open(sock) for sock in flood)
-    print(f"200 idle connections from 127.0.0.2 at max_connections {limit}: {kept} kept open, "
-          f"{200 - kept} closed at once")
+        socks.append(sock)
+    return socks
+
+
+def watch_states(states, seconds=1.0):
+    """Reads every socket in `states` (socket -> "new", "served" or "closed") for `seconds`:
+    one the server wrote to (its SETTINGS) is "served", one it ended is "closed"."""
+    selector = selectors.DefaultSelector()
+    for sock, state in states.items():
+        if state != "closed":
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+    deadline = time.monotonic() + seconds
+    while selector.get_map() and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                data = key.fileobj.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:  # reset
+                data = b""
+            if data:
+                states[key.fileobj] = "served"
+            else:
+                states[key.fileobj] = "closed"
+                selector.unregister(key.fileobj)
+    selector.close()
+
+
+def connections(port, failures):
+    """One address's connections hold at most seven eighths of --max_connections (64); a few
+    addresses filling it between them do not keep another out."""
+    limit = 64
+    states = {sock: "new" for sock in open_idle(port, "127.0.0.2", 200)}
+    watch_states(states)
+    first = collections.Counter(states.values())
+    print(f"200 idle connections from 127.0.0.2 at max_connections {limit}: {dict(first)}")
     # Seven eighths of 64 is 56, the prober's connection among them.
-    if not limit * 7 // 8 - 4 <= kept <= limit * 7 // 8:
-        failures.append(f"{kept} of the flood's connections kept, expected about "
-                        f"{limit * 7 // 8} (seven eighths of {limit}, less the prober's)")
-    # Other addresses meanwhile: a few connections each, and calls answered.
-    for source in ("127.0.0.1", "127.0.0.3"):
+    if not limit * 7 // 8 - 4 <= first["served"] <= limit * 7 // 8 or first["new"]:
+        failures.append(f"the flood's connections: {dict(first)}, expected about "
+                        f"{limit * 7 // 8} served (seven eighths of {limit}, less the prober's) "
+                        "and the rest closed at once")
+    # A second address fills the rest, and takes places from the first as it holds fewer.
+    second = open_idle(port, "127.0.0.3", 100)
+    states.update({sock: "new" for sock in second})
+    watch_states(states)
+    held = {source: sum(1 for sock, state in states.items() if state == "served"
+                        and sock.getsockname()[0] == source)
+            for source in ("127.0.0.2", "127.0.0.3")}
+    print(f"then 100 from 127.0.0.3: connections held {held}")
+    if sum(held.values()) > limit or held["127.0.0.3"] <= limit // 8:
+        failures.append(f"two floods hold {held}, expected at most {limit} together and "
+                        f"127.0.0.3 more than {limit // 8}")
+    # Other addresses meanwhile: calls answered, taking the place of a flood's connection.
+    for source in ("127.0.0.1", "127.0.0.4"):
         other = Calls(port, source=source)
         attend = other.start(ATTEND, attend_request(1, 16, 8).SerializeToString())
         other.pump(10, until=lambda: other.statuses[attend] is not None)
@@ -362,7 +394,7 @@ def connections(port, failures):
             failures.append(f"a client from {source} got Attend {other.statuses[attend]} "
                             f"({other.messages.get(attend)}), expected OK")
         other.close()
-    for sock in flood:
+    for sock in states:
         sock.close()
     # The server learns of closed connections within a second (or at its next refusal).
     deadline = time.monotonic() + 10

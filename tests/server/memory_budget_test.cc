@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -276,11 +277,25 @@ TEST(PlanMemoryTest, PlansTheConnections) {
       Plan(512 * kMiB, 64 * kMiB, 128 * kMiB, 2048 * kMiB, limit);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->max_connections, 2048);
-  // Nothing left: the least.
+  // 1 MiB left: 32 connections, fewer than the least where that does not fit.
+  plan = Plan(512 * kMiB, 64 * kMiB, 191 * kMiB, 2048 * kMiB, limit);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->max_connections, 32);
+  // Nothing left: one connection, which does not fit.
   plan = Plan(512 * kMiB, 64 * kMiB, 192 * kMiB, 2048 * kMiB, limit);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(plan.status().message(),
-              HasSubstr("max_connections 64 of 32768 bytes"));
+              HasSubstr("max_connections 1 of 32768 bytes"));
+  // The in-flight budget derived, set budgets leaving 80 MiB: connections take
+  // an eighth of it (10 MiB), the calls in flight three quarters of the rest.
+  plan = Plan(1024 * kMiB, 1584 * kMiB, 128 * kMiB, 0, limit);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->max_connections, 320);
+  EXPECT_EQ(plan->max_inflight_bytes, 70 * kMiB / 4 * 3);
+  // Budgets near 2^63 leave nothing, and nothing overflows on the way.
+  plan = Plan(std::numeric_limits<int64_t>::max(),
+              std::numeric_limits<int64_t>::max(), 0, 0, limit);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   MemoryOptions requested;
   requested.max_connections = 100;
   plan = PlanMemory(requested, limit);

@@ -41,8 +41,9 @@ struct MemoryOptions {
   int64_t buffer_pool_bytes = kDerivedBufferPool;
   // The most connections the gRPC port holds open at once (ConnectionTally's
   // rule), each planned at kConnectionBytes. 0: as many as a thirty-second of
-  // what the memory limit leaves after the process pays for, at least
-  // kLeastDerivedConnections.
+  // what the memory limit leaves after the process pays for, at most what the
+  // budgets set leave (PlanMemory), at least kLeastDerivedConnections where
+  // they fit.
   int64_t max_connections = 0;
 };
 
@@ -51,7 +52,7 @@ struct MemoryOptions {
 // read buffers under traffic come from gRPC's quota (transport_bytes).
 inline constexpr int64_t kConnectionBytes = int64_t{32} << 10;
 
-// The fewest connections a plan derives, whatever the limit.
+// The fewest connections a plan derives where the budgets leave room for them.
 inline constexpr int64_t kLeastDerivedConnections = 64;
 
 // The memory the process may use, and where that figure comes from.
@@ -103,8 +104,10 @@ struct MemoryPlan {
 // - buffer_pool_bytes kDerivedBufferPool: an eighth of left, at most 256 MiB;
 // - max_weights_bytes 0: a quarter of left less the pool, at most 4 GiB;
 // - kv_cache_bytes 0: a quarter of left less the pool;
-// - max_connections 0: left / 32 / kConnectionBytes, at least
-//   kLeastDerivedConnections;
+// - max_connections 0: left / 32 / kConnectionBytes, but at most what the
+//   other budgets set leave of the limit (an eighth of it when
+//   max_inflight_bytes is derived too); at least kLeastDerivedConnections
+//   where those fit, else as many as fit, at least one;
 // - max_inflight_bytes 0: three quarters of what the limit leaves after the
 //   weights, the KV cache, the buffer pool, the connections and
 //   kProcessOverheadBytes (the last quarter is the allocator's slack and

@@ -268,15 +268,12 @@ ServerMetrics::ServerMetrics(const std::string& version,
             .Help(
                 "Connections to the gRPC port closed as soon as accepted: "
                 "reason=\"max_connections\" when that many were open, "
-                "\"address_share\" when the connections from the client's "
-                "address were more than a sixteenth of it and seven eighths "
-                "were open; or shut down for another's: \"displaced\", the "
-                "newest of the address holding the most, for a connection "
-                "from an address holding at least two fewer.")
+                "\"address_share\" when past seven eighths of them were open "
+                "and the client's address held too many for the places left "
+                "(fewer than 4 F^2 / max_connections with F free).")
             .Register(*registry_);
     connections_refused_[0] = &refused.Add({{"reason", "max_connections"}});
     connections_refused_[1] = &refused.Add({{"reason", "address_share"}});
-    connections_refused_[2] = &refused.Add({{"reason", "displaced"}});
   }
   allocation_failures_ =
       &prometheus::BuildCounter()
@@ -451,15 +448,14 @@ void ServerMetrics::SetConnectionsShed(int64_t shed) {
 }
 
 void ServerMetrics::SetConnections(int64_t open, int64_t max,
-                                   int64_t refused_full, int64_t refused_share,
-                                   int64_t displaced) {
+                                   int64_t refused_full,
+                                   int64_t refused_share) {
   connections_open_->Set(static_cast<double>(open));
   connections_limit_->Set(static_cast<double>(max));
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(connections_refused_[0], refused_full, &connections_refused_seen_[0]);
   CatchUp(connections_refused_[1], refused_share,
           &connections_refused_seen_[1]);
-  CatchUp(connections_refused_[2], displaced, &connections_refused_seen_[2]);
 }
 
 void ServerMetrics::SetAllocationFailures(int64_t failures) {

@@ -212,12 +212,11 @@ ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
 ABSL_FLAG(int64_t, max_connections, Defaults().memory.max_connections,
           "Most connections the gRPC port holds open at once, each planned at "
           "32 KiB of the memory limit; past it a new connection is closed as "
-          "soon as accepted, and one from an address whose connections are "
-          "more than a sixteenth of it once seven eighths are open (the last "
-          "eighth stays for other clients); such a connection from an "
-          "address holding at least two fewer than the address holding the "
-          "most takes the place of that address's newest instead (shut "
-          "down). 0: a thirty-second of what the memory limit leaves after "
+          "soon as accepted, and past seven eighths of it one from an address "
+          "holding 4 F^2 / max_connections or more with F places free (a "
+          "sixteenth at seven eighths, the last places only for addresses "
+          "holding none). 0: a thirty-second of what the memory limit leaves "
+          "after "
           "256 MiB for the process, in connections of 32 KiB, but at most "
           "what the budgets set leave (an eighth of it when "
           "--max_inflight_bytes is derived too), at least 64 where they fit.");

@@ -150,7 +150,7 @@ class AttnServerImpl final : public AttnServer {
     // each second after): a utilisation over a limit of 0 would be NaN.
     metrics_.SetInflightMemory(budget_.held(), budget_.limit(),
                                budget_.refused());
-    metrics_.SetConnections(0, memory_.max_connections, 0, 0, 0);
+    metrics_.SetConnections(0, memory_.max_connections, 0, 0);
     if (!options.metrics_port) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
         MetricsEndpoint::Start(MetricsAddress(options), *options.metrics_port,
@@ -372,9 +372,8 @@ class AttnServerImpl final : public AttnServer {
       connections.Sweep();
       metrics_.SetConnections(
           connections.open(), connections.max_connections(),
-          connections.count(ConnectionTally::Verdict::kFull),
-          connections.count(ConnectionTally::Verdict::kAddressShare),
-          connections.count(ConnectionTally::Verdict::kDisplaced));
+          connections.refused(ConnectionTally::Verdict::kFull),
+          connections.refused(ConnectionTally::Verdict::kAddressShare));
       metrics_.SetAllocationFailures(AllocationFailures());
       metrics_.SetIoStandbyEvents(loop_.standby_events());
       if (access_log_ != nullptr) {

@@ -33,13 +33,12 @@ ConnectionTally::ConnectionTally(int64_t max_connections,
     : max_connections_(max_connections), sweep_interval_(sweep_interval) {}
 
 ConnectionTally::Verdict ConnectionTally::Admit(int fd,
-                                                const std::string& address,
-                                                std::string* displaced) {
+                                                const std::string& address) {
   struct stat status {};
   fstat(fd, &status);  // A socket just accepted: nothing to fail.
   absl::MutexLock lock(&mutex_);
   // A descriptor number taken again was closed since.
-  if (connections_.contains(fd)) Forget(fd);
+  Forget(fd);
   Verdict verdict = Judge(address);
   if (verdict != Verdict::kAdmitted) {
     const absl::Time now = absl::Now();
@@ -49,21 +48,18 @@ ConnectionTally::Verdict ConnectionTally::Admit(int fd,
       verdict = Judge(address);
     }
   }
-  if (verdict != Verdict::kAdmitted && Displace(address, displaced)) {
-    verdict = Verdict::kDisplaced;
-  }
   switch (verdict) {
     case Verdict::kAdmitted:
-    case Verdict::kDisplaced:
-      Add(fd, Connection{static_cast<uint64_t>(status.st_dev),
-                         static_cast<uint64_t>(status.st_ino), ++admissions_,
-                         address});
+      connections_[fd] =
+          Connection{static_cast<uint64_t>(status.st_dev),
+                     static_cast<uint64_t>(status.st_ino), address};
+      ++addresses_[address];
       break;
     case Verdict::kFull:
-      ++full_;
+      ++refused_full_;
       break;
     case Verdict::kAddressShare:
-      ++address_share_;
+      ++refused_share_;
       break;
   }
   return verdict;
@@ -73,41 +69,21 @@ ConnectionTally::Verdict ConnectionTally::Judge(
     const std::string& address) const {
   const int64_t open = static_cast<int64_t>(connections_.size());
   if (open >= max_connections_) return Verdict::kFull;
-  if (OpenFrom(address) > max_connections_ / 16 &&
-      open >= max_connections_ - max_connections_ / 8) {
-    return Verdict::kAddressShare;
+  if (open < max_connections_ - max_connections_ / 8) {
+    return Verdict::kAdmitted;
   }
-  return Verdict::kAdmitted;
+  // own < 4 F² / max, in doubles: F² may pass 2^63 for huge limits.
+  const double free = static_cast<double>(max_connections_ - open);
+  return static_cast<double>(OpenFrom(address)) *
+                     static_cast<double>(max_connections_) <
+                 4.0 * free * free
+             ? Verdict::kAdmitted
+             : Verdict::kAddressShare;
 }
 
 int64_t ConnectionTally::OpenFrom(const std::string& address) const {
   const auto found = addresses_.find(address);
-  return found == addresses_.end() ? 0
-                                   : static_cast<int64_t>(found->second.size());
-}
-
-bool ConnectionTally::Displace(const std::string& address,
-                               std::string* displaced) {
-  const int64_t own = OpenFrom(address);
-  while (!by_count_.empty()) {
-    const auto& [most, heaviest] = *by_count_.rbegin();
-    if (heaviest == address || most < own + 2) return false;
-    if (displaced != nullptr) *displaced = heaviest;
-    const int fd = addresses_.at(heaviest).rbegin()->second;
-    const Connection& newest = connections_.at(fd);
-    struct stat status {};
-    const bool open = fstat(fd, &status) == 0 &&
-                      static_cast<uint64_t>(status.st_dev) == newest.device &&
-                      static_cast<uint64_t>(status.st_ino) == newest.inode;
-    // gRPC sees the socket end, as if its peer had gone, and closes it.
-    if (open) shutdown(fd, SHUT_RDWR);
-    Forget(fd);
-    if (open) {
-      ++displaced_;
-      return true;
-    }
-  }
-  return false;
+  return found == addresses_.end() ? 0 : found->second;
 }
 
 void ConnectionTally::Sweep() {
@@ -128,29 +104,12 @@ void ConnectionTally::SweepLocked() {
   for (const int fd : closed) Forget(fd);
 }
 
-void ConnectionTally::Add(int fd, Connection connection) {
-  Admissions& admissions = addresses_[connection.address];
-  const int64_t before = static_cast<int64_t>(admissions.size());
-  if (before > 0) by_count_.erase({before, connection.address});
-  by_count_.insert({before + 1, connection.address});
-  admissions.emplace(connection.admitted, fd);
-  connections_.emplace(fd, std::move(connection));
-}
-
 void ConnectionTally::Forget(int fd) {
   const auto found = connections_.find(fd);
   if (found == connections_.end()) return;
-  const std::string& address = found->second.address;
-  const auto admissions = addresses_.find(address);
-  if (admissions != addresses_.end()) {
-    const int64_t before = static_cast<int64_t>(admissions->second.size());
-    by_count_.erase({before, address});
-    admissions->second.erase(found->second.admitted);
-    if (before > 1) {
-      by_count_.insert({before - 1, address});
-    } else {
-      addresses_.erase(admissions);
-    }
+  const auto address = addresses_.find(found->second.address);
+  if (address != addresses_.end() && --address->second <= 0) {
+    addresses_.erase(address);
   }
   connections_.erase(found);
 }
@@ -165,15 +124,13 @@ int64_t ConnectionTally::open_from(const std::string& address) const {
   return OpenFrom(address);
 }
 
-int64_t ConnectionTally::count(Verdict verdict) const {
+int64_t ConnectionTally::refused(Verdict why) const {
   absl::MutexLock lock(&mutex_);
-  switch (verdict) {
-    case Verdict::kDisplaced:
-      return displaced_;
+  switch (why) {
     case Verdict::kFull:
-      return full_;
+      return refused_full_;
     case Verdict::kAddressShare:
-      return address_share_;
+      return refused_share_;
     case Verdict::kAdmitted:
       break;
   }
@@ -327,17 +284,11 @@ bool ConnectionAcceptor::AcceptFrom(
              errno != ENOMEM;
     }
     const std::string address = SocketPeerAddress(fd);
-    std::string displaced;
-    const ConnectionTally::Verdict verdict =
-        tally_.Admit(fd, address, &displaced);
-    if (verdict == ConnectionTally::Verdict::kFull ||
-        verdict == ConnectionTally::Verdict::kAddressShare) {
+    const ConnectionTally::Verdict verdict = tally_.Admit(fd, address);
+    if (verdict != ConnectionTally::Verdict::kAdmitted) {
       close(fd);
-      LogRefusal(verdict, address, displaced);
+      LogRefusal(verdict, address);
       continue;
-    }
-    if (verdict == ConnectionTally::Verdict::kDisplaced) {
-      LogRefusal(verdict, address, displaced);
     }
     // gRPC's own listener sets this on its connections.
     const int on = 1;
@@ -351,42 +302,31 @@ bool ConnectionAcceptor::AcceptFrom(
 }
 
 void ConnectionAcceptor::LogRefusal(ConnectionTally::Verdict verdict,
-                                    const std::string& address,
-                                    const std::string& displaced) {
+                                    const std::string& address) {
   ++refusals_unlogged_;
   const absl::Time now = absl::Now();
   if (now - refusal_logged_ < kRefusalLogPeriod) return;
   refusal_logged_ = now;
   const int64_t max = tally_.max_connections();
-  std::string what;
-  switch (verdict) {
-    case ConnectionTally::Verdict::kDisplaced:
-      what = absl::StrCat(
-          "shut down the newest connection from ", displaced, " (",
-          tally_.open_from(displaced), " open: the most of any address) for ",
-          "a new one from ", address, " (", tally_.open_from(address),
-          " open), the connections being at the limit for it");
-      break;
-    case ConnectionTally::Verdict::kFull:
-      what = absl::StrCat("closed a connection from ", address,
-                          " as soon as accepted: all ", max,
-                          " connections the server takes are open, and no "
-                          "address holds two more than it");
-      break;
-    default:
-      what = absl::StrCat(
-          "closed a connection from ", address,
-          " as soon as accepted: the connections from it (",
-          tally_.open_from(address), ") are more than a sixteenth of the ", max,
-          " the server takes and seven eighths are open (the last eighth is "
-          "kept for other clients), and no address holds two more than it");
-      break;
-  }
+  const int64_t open = tally_.open();
+  const std::string why =
+      verdict == ConnectionTally::Verdict::kFull
+          ? absl::StrCat("all ", max, " connections the server takes are open")
+          : absl::StrCat(
+                open, " of the ", max,
+                " connections the server takes are open, past seven eighths, "
+                "and the connections from that address (",
+                tally_.open_from(address),
+                ") are too many for the places left: an address may hold "
+                "fewer than 4 F^2 / ",
+                max,
+                " with F places free, so that the last are kept for "
+                "clients holding few");
   Log(LogLevel::kWarning,
-      absl::StrCat("attnserve: ", what, " (max_connections ", max, "); ",
+      absl::StrCat("attnserve: closed a connection from ", address,
+                   " as soon as accepted: ", why, " (max_connections); ",
                    refusals_unlogged_,
-                   " connections refused or shut down so since the last such "
-                   "line, this one included "
+                   " closed so since the last such line, this one included "
                    "(attnserve_connections_refused_total)"));
   refusals_unlogged_ = 0;
 }

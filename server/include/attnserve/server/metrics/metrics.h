@@ -123,12 +123,11 @@ class ServerMetrics {
   // The gRPC port's connections closed unserved for want of file descriptors
   // (ConnectionAcceptor::shed), as a running total.
   void SetConnectionsShed(int64_t shed);
-  // The gRPC port's connections: `open` of `max` (max_connections), and since
-  // the start those closed unserved for that limit (`refused_full`) or for
-  // their address's share of it (`refused_share`), and those shut down for
-  // another address's (`displaced`) (sampled each second).
+  // The gRPC port's connections: `open` of `max` (max_connections), and those
+  // closed unserved for that limit (`refused_full`) or for their address's
+  // share of it (`refused_share`) since the start (sampled each second).
   void SetConnections(int64_t open, int64_t max, int64_t refused_full,
-                      int64_t refused_share, int64_t displaced);
+                      int64_t refused_share);
   // Allocations that failed within the budgets (AllocationFailures), as a
   // running total.
   void SetAllocationFailures(int64_t failures);
@@ -186,8 +185,8 @@ class ServerMetrics {
   prometheus::Counter* connections_shed_ = nullptr;
   prometheus::Gauge* connections_open_ = nullptr;
   prometheus::Gauge* connections_limit_ = nullptr;
-  // Refused for max_connections, for the address's share of it; displaced.
-  std::array<prometheus::Counter*, 3> connections_refused_{};
+  // Refused for max_connections, and for the address's share of it.
+  std::array<prometheus::Counter*, 2> connections_refused_{};
   prometheus::Counter* allocation_failures_ = nullptr;
   prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;

@@ -10,12 +10,9 @@
 #define ATTNSERVE_SERVER_RPC_CONNECTION_ACCEPTOR_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,16 +31,15 @@ namespace attnserve {
 // client with 65,000 ports (or a few addresses) could otherwise take a
 // gigabyte. So:
 // - at most `max_connections` are open;
-// - an address whose connections are more than a sixteenth of that may not
-//   take the count past seven eighths, so that the last eighth stays for
-//   other clients (the memory budget's rule for calls in flight);
-// - a connection those two would refuse takes the place of the newest
-//   connection of the address holding the most, when that address holds at
-//   least two more than its own: that connection is shut down (its client
-//   sees it end, as if the network dropped it, and reconnects). So a few
-//   addresses filling the tally between them cannot keep another client (a
-//   probe, a new replica) out; only as many addresses as there are places,
-//   one each, can.
+// - up to seven eighths open, any address takes a place (one client alone,
+//   or a proxy, may hold that many);
+// - past it, an address takes one of the F places still free only while it
+//   holds fewer than 4 F² / max_connections: a sixteenth at seven eighths,
+//   fewer as the places run out, and the last ones (F under half the square
+//   root of the limit) only for addresses holding none (a health probe, a
+//   new client). Filling the limit so takes about as many addresses as the
+//   square root of the limit (43 for 2,048), not the three that a flat share
+//   of a sixteenth would need.
 // Clients behind one proxy or NAT share an address.
 //
 // A connection is gRPC's once admitted, and gRPC closes it: the tally knows
@@ -54,13 +50,10 @@ class ConnectionTally {
  public:
   enum class Verdict {
     kAdmitted,
-    // Admitted in the place of another address's newest connection, which
-    // was shut down.
-    kDisplaced,
     // max_connections are open.
     kFull,
-    // The connections from the address hold more than a sixteenth, and seven
-    // eighths are open.
+    // Past seven eighths open, the connections from the address are too many
+    // for the places still free.
     kAddressShare,
   };
 
@@ -72,11 +65,8 @@ class ConnectionTally {
   ConnectionTally& operator=(const ConnectionTally&) = delete;
 
   // Counts socket `fd` (open in this process) as a connection from `address`,
-  // displacing another's if the rule above says so (sweeping first when the
-  // counts would refuse it; the address it shut down in `displaced` if not
-  // null), or says why not.
-  Verdict Admit(int fd, const std::string& address,
-                std::string* displaced = nullptr) ABSL_LOCKS_EXCLUDED(mutex_);
+  // or says why not (sweeping first when the counts would refuse it).
+  Verdict Admit(int fd, const std::string& address) ABSL_LOCKS_EXCLUDED(mutex_);
   // Forgets the connections whose descriptors were closed.
   void Sweep() ABSL_LOCKS_EXCLUDED(mutex_);
 
@@ -85,33 +75,22 @@ class ConnectionTally {
   int64_t open() const ABSL_LOCKS_EXCLUDED(mutex_);
   int64_t open_from(const std::string& address) const
       ABSL_LOCKS_EXCLUDED(mutex_);
-  // Connections refused (kFull, kAddressShare) or shut down for another
-  // (kDisplaced) so far.
-  int64_t count(Verdict verdict) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Connections refused so far, for `why` (kFull or kAddressShare).
+  int64_t refused(Verdict why) const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   struct Connection {
     uint64_t device = 0;  // The socket's st_dev and st_ino.
     uint64_t inode = 0;
-    uint64_t admitted = 0;  // Its place in the order of admission.
     std::string address;
   };
-  // An address's connections, by order of admission.
-  using Admissions = std::map<uint64_t, int>;
 
   // Whether the counts admit a connection from `address`, or why not.
   Verdict Judge(const std::string& address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   int64_t OpenFrom(const std::string& address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Shuts down the newest connection of the address holding the most, if it
-  // holds at least two more than `address` (named in `displaced` if not
-  // null); false if none qualifies.
-  bool Displace(const std::string& address, std::string* displaced)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // Counts `fd` open, or forgets it (it must be counted).
-  void Add(int fd, Connection connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void Forget(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const int64_t max_connections_;
@@ -119,16 +98,11 @@ class ConnectionTally {
   mutable absl::Mutex mutex_;
   // Each open connection, by descriptor.
   absl::flat_hash_map<int, Connection> connections_ ABSL_GUARDED_BY(mutex_);
-  // Each address's open connections.
-  absl::flat_hash_map<std::string, Admissions> addresses_
-      ABSL_GUARDED_BY(mutex_);
-  // The addresses by how many they have open, the most last.
-  std::set<std::pair<int64_t, std::string>> by_count_ ABSL_GUARDED_BY(mutex_);
-  uint64_t admissions_ ABSL_GUARDED_BY(mutex_) = 0;
+  // How many each address has open.
+  absl::flat_hash_map<std::string, int64_t> addresses_ ABSL_GUARDED_BY(mutex_);
   absl::Time swept_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
-  int64_t full_ ABSL_GUARDED_BY(mutex_) = 0;
-  int64_t address_share_ ABSL_GUARDED_BY(mutex_) = 0;
-  int64_t displaced_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t refused_full_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t refused_share_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 // The client address of connected socket `fd` as gRPC names its peer without
@@ -178,11 +152,10 @@ class ConnectionAcceptor {
   // process is out of descriptors, or the kernel of memory for sockets.
   bool AcceptFrom(int listener,
                   grpc::experimental::ExternalConnectionAcceptor* server);
-  // Logs a connection refused or displaced by the tally's rule (from
-  // `address`; `displaced`'s shut down), at most once per ten seconds, with
-  // how many were so since. On the acceptor's thread.
-  void LogRefusal(ConnectionTally::Verdict verdict, const std::string& address,
-                  const std::string& displaced);
+  // Logs a connection from `address` closed for the tally's rule, at most
+  // once per ten seconds (with how many were closed so since). On the
+  // acceptor's thread.
+  void LogRefusal(ConnectionTally::Verdict verdict, const std::string& address);
 
   const int port_;
   std::vector<int> listeners_;

@@ -269,8 +269,8 @@ ServerMetrics::ServerMetrics(const std::string& version,
                 "Connections to the gRPC port closed as soon as accepted: "
                 "reason=\"max_connections\" when that many were open, "
                 "\"address_share\" when past seven eighths of them were open "
-                "and the client's address held too many for the places left "
-                "(fewer than 4 F^2 / max_connections with F free).")
+                "and the client's address held too many for the places left: "
+                "4 F^2 / max_connections or more with F free.")
             .Register(*registry_);
     connections_refused_[0] = &refused.Add({{"reason", "max_connections"}});
     connections_refused_[1] = &refused.Add({{"reason", "address_share"}});

@@ -72,7 +72,7 @@ ConnectionTally::Verdict ConnectionTally::Judge(
   if (open < max_connections_ - max_connections_ / 8) {
     return Verdict::kAdmitted;
   }
-  // own < 4 F² / max, in doubles: F² may pass 2^63 for huge limits.
+  // own < 4 F² / max, in doubles: own × max may pass 2^63 for huge limits.
   const double free = static_cast<double>(max_connections_ - open);
   return static_cast<double>(OpenFrom(address)) *
                      static_cast<double>(max_connections_) <

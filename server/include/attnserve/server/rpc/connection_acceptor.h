@@ -35,7 +35,7 @@ namespace attnserve {
 //   or a proxy, may hold that many);
 // - past it, an address takes one of the F places still free only while it
 //   holds fewer than 4 F² / max_connections: a sixteenth at seven eighths,
-//   fewer as the places run out, and the last ones (F under half the square
+//   fewer as the places run out, and the last ones (F at most half the square
 //   root of the limit) only for addresses holding none (a health probe, a
 //   new client). Filling the limit so takes about as many addresses as the
 //   square root of the limit (43 for 2,048), not the three that a flat share

@@ -108,6 +108,12 @@ ABSL_FLAG(double, stream_idle_timeout_seconds,
           "for its client to take an answer (plus a second per MiB); past it "
           "the stream is cancelled (an idle, stalled or unread stream is not "
           "held open forever). At most 24 h.");
+ABSL_FLAG(double, handshake_timeout_seconds,
+          absl::ToDoubleSeconds(Defaults().transport.handshake_timeout),
+          "How long a new connection may take to finish its TLS handshake and "
+          "send HTTP/2's preface; past it the server closes it, so that "
+          "connections that never start hold no place under "
+          "--max_connections. At most 1 h.");
 ABSL_FLAG(double, max_connection_idle_seconds,
           absl::ToDoubleSeconds(Defaults().transport.max_connection_idle),
           "How long a connection with no call open may stay before the "
@@ -315,6 +321,7 @@ constexpr FlagOption kFlags[] = {
     {"message_timeout_seconds", "transport.message_timeout"},
     {"stream_idle_timeout_seconds", "transport.stream_idle_timeout"},
     {"max_connection_idle_seconds", "transport.max_connection_idle"},
+    {"handshake_timeout_seconds", "transport.handshake_timeout"},
     {"max_weights_bytes", "memory.max_weights_bytes"},
     {"max_inflight_bytes", "memory.max_inflight_bytes"},
     {"max_connections", "memory.max_connections"},
@@ -606,6 +613,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
       transport.max_connection_idle,
       SecondsFlag("max_connection_idle_seconds",
                   absl::GetFlag(FLAGS_max_connection_idle_seconds)));
+  ATTNSERVE_ASSIGN_OR_RETURN(
+      transport.handshake_timeout,
+      SecondsFlag("handshake_timeout_seconds",
+                  absl::GetFlag(FLAGS_handshake_timeout_seconds)));
   transport.io_threads = absl::GetFlag(FLAGS_io_threads);
   const int64_t io_spin_us = absl::GetFlag(FLAGS_io_spin_us);
   if (io_spin_us < 0 || io_spin_us > 1000000) {

@@ -220,6 +220,9 @@ class AttnServerImpl final : public AttnServer {
         static_cast<int>(transport.max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                                transport.max_concurrent_streams);
+    builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(
+                                   transport.handshake_timeout)));
     if (transport.max_connection_idle > absl::ZeroDuration()) {
       builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                                  static_cast<int>(absl::ToInt64Milliseconds(

@@ -115,6 +115,8 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
       // gRPC takes milliseconds as an int.
       {"transport.max_connection_idle", transport.max_connection_idle,
        absl::ZeroDuration(), false, absl::Hours(24 * 24), "0 (never) to 24d"},
+      {"transport.handshake_timeout", transport.handshake_timeout,
+       absl::ZeroDuration(), true, absl::Hours(1), "> 0 and at most 1h"},
   };
   for (const auto& d : durations) {
     const bool low_ok = d.positive_only ? d.value > d.low : d.value >= d.low;
@@ -256,6 +258,7 @@ std::string DescribeOptions(const ServerOptions& options,
       " max_elements=", options.limits.max_elements,
       " max_request_memory_bytes=", options.limits.max_request_memory_bytes,
       " max_concurrent_streams=", transport.max_concurrent_streams,
+      " handshake_timeout=", absl::FormatDuration(transport.handshake_timeout),
       " max_client_resets_per_second=", transport.max_client_resets_per_second,
       " compressed_requests=",
       transport.accept_compressed_requests ? "on" : "off",

@@ -12,7 +12,8 @@
 # - transport_limits_test.py: MAX_CONCURRENT_STREAMS advertised (the default, then a flag's),
 #   compressed requests refused unread, 40 million integers refused before their parse;
 # - idle_connection_test.py: a connection with no call open ends after
-#   --max_connection_idle_seconds, one with a stream open stays;
+#   --max_connection_idle_seconds, one with a stream open stays, one that never sends the
+#   preface ends after --handshake_timeout_seconds;
 # - compressed_requests_test.py (with --accept_compressed_requests): inflated with a bound;
 #   with --response_compression=gzip alone: refused UNIMPLEMENTED, unread, bombs included;
 # - memory_budget_test.py: --max_inflight_bytes against many large calls, answers never read
@@ -96,7 +97,10 @@ start_server --max_concurrent_streams=7
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 7
 stop_server
 start_server --max_connection_idle_seconds=1
-run "${here}/idle_connection_test.py" "${port}" 1
+run "${here}/idle_connection_test.py" "${port}" idle 1
+stop_server
+start_server --handshake_timeout_seconds=2
+run "${here}/idle_connection_test.py" "${port}" handshake 2
 stop_server
 start_server --accept_compressed_requests --max_message_bytes=$((4 << 20))
 run "${here}/compressed_requests_test.py" "${port}" "${server_pid}" "${stubs_dir}"

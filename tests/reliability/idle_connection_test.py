@@ -1,9 +1,15 @@
 """Connections with no call open are closed after --max_connection_idle_seconds (gRPC's
 max_connection_idle: a GOAWAY, then the close), so that ones a client abandoned, or whose peer
 vanished without closing, give their descriptor back (before: held until the transport's
-keepalive looked, after two hours, or for ever). A connection with a stream open stays.
+keepalive looked, after two hours, or for ever). A connection with a stream open stays. A
+connection that never sends HTTP/2's preface is closed after --handshake_timeout_seconds (before
+2026-12-07: gRPC's 120 s, a slowloris flood's connections holding their places under
+--max_connections that long).
 
-usage: idle_connection_test.py PORT IDLE_SECONDS
+usage: idle_connection_test.py PORT idle IDLE_SECONDS       (--max_connection_idle_seconds)
+       idle_connection_test.py PORT handshake SECONDS       (--handshake_timeout_seconds, with
+                                                             the idle limit far off: it ends a
+                                                             silent connection too)
 """
 import os
 import socket
@@ -50,8 +56,42 @@ def ended_within(sock, conn, seconds, goaway_ends=False):
     return None
 
 
+def silent_ended_within(port, seconds):
+    """Seconds until the server closed a connection that sends nothing, or None."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            try:
+                if not sock.recv(65536):
+                    return time.monotonic() - started
+            except socket.timeout:
+                continue
+            except ConnectionError:
+                return time.monotonic() - started
+        return None
+    finally:
+        sock.close()
+
+
+def handshake_timeout(port, handshake):
+    failures = []
+    ended = silent_ended_within(port, handshake + 10)
+    print(f"the connection that sent nothing was closed after {ended} s (limit {handshake} s)")
+    if ended is None:
+        failures.append(f"a connection that sent nothing stayed open {handshake + 10} s")
+    elif ended < handshake * 0.5:
+        failures.append(f"a connection that sent nothing ended after {ended:.2f} s, before the "
+                        f"limit of {handshake} s")
+    exit_with(failures)
+
+
 def main():
-    port, idle = int(sys.argv[1]), float(sys.argv[2])
+    port, mode, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    if mode == "handshake":
+        handshake_timeout(port, seconds)
+        return
+    idle = seconds
     failures = []
     # A stream open (an AttendStream that sends nothing yet) keeps its connection.
     busy_sock, busy = connect(port)

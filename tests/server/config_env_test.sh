@@ -131,6 +131,10 @@ bad_flag '--weights_reload_seconds is 1e-06, expected 0 (only at start-up), or 0
   "${attnserve}" --weights_reload_seconds=1e-6
 bad_flag '--max_connection_idle_seconds is -1s, expected 0 (never) to 24d' \
   "${attnserve}" --max_connection_idle_seconds=-1
+bad_flag '--handshake_timeout_seconds is 0, expected > 0 and at most 1h' \
+  "${attnserve}" --handshake_timeout_seconds=0
+bad_flag '--handshake_timeout_seconds is 2h, expected > 0 and at most 1h' \
+  "${attnserve}" --handshake_timeout_seconds=7200
 # An empty --address listened on every interface.
 bad_flag '--address is empty, expected a host name or an IP address' "${attnserve}" --address=
 # A value is echoed as text: a newline or a terminal's escape sequence in it shows escaped.

@@ -461,6 +461,10 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
        [](ServerOptions& o) {
          o.transport.stream_idle_timeout = absl::ZeroDuration();
        }},
+      {"handshake_timeout is 2h, expected > 0 and at most 1h",
+       [](ServerOptions& o) {
+         o.transport.handshake_timeout = absl::Hours(2);
+       }},
       {"metrics_port is 50051, the same as port",
        [](ServerOptions& o) {
          o.port = 50051;

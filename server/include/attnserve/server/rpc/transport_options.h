@@ -51,6 +51,11 @@ struct TransportOptions {
   // peer vanished without closing (the transport's keepalive first looks
   // after two hours), give their descriptor and buffers back. Zero: never.
   absl::Duration max_connection_idle = absl::Minutes(10);
+  // How long a new connection may take to finish its TLS handshake and send
+  // HTTP/2's preface and SETTINGS (gRPC's server handshake timeout, 120 s by
+  // default); past it the server closes it, so that connections which never
+  // start (a slowloris flood) give their place under max_connections back.
+  absl::Duration handshake_timeout = absl::Seconds(10);
   // Threads that poll gRPC and run the handlers (parse, validate, serialise,
   // and calls too small to hand to an executor). 0: one per 8 of the cores the
   // executors compute on, at least 1, at most 8. Each thread past the first

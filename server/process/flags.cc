@@ -215,17 +215,17 @@ ABSL_FLAG(int64_t, max_inflight_bytes, Defaults().memory.max_inflight_bytes,
           "weights, the KV cache (--kv_cache_bytes), the buffer pool and "
           "256 MiB for the process. Budgets that do not fit the limit stop "
           "start-up (exit 2).");
-ABSL_FLAG(int64_t, max_connections, Defaults().memory.max_connections,
-          "Most connections the gRPC port holds open at once, each planned at "
-          "32 KiB of the memory limit; past it a new connection is closed as "
-          "soon as accepted, and past seven eighths of it one from an address "
-          "holding 4 F^2 / max_connections or more with F places free (a "
-          "sixteenth at seven eighths, the last places only for addresses "
-          "holding none). 0: a thirty-second of what the memory limit leaves "
-          "after "
-          "256 MiB for the process, in connections of 32 KiB, but at most "
-          "what the budgets set leave (an eighth of it when "
-          "--max_inflight_bytes is derived too), at least 64 where they fit.");
+ABSL_FLAG(
+    int64_t, max_connections, Defaults().memory.max_connections,
+    "Most connections the gRPC port holds open at once, each planned at "
+    "32 KiB of the memory limit; past it a new connection is closed as "
+    "soon as accepted, and past seven eighths of it one from an address "
+    "holding 4 F^2 / max_connections or more with F places free (a "
+    "sixteenth at seven eighths, the last places only for addresses "
+    "holding none). 0: a thirty-second of what the memory limit leaves "
+    "after 256 MiB for the process, in connections of 32 KiB, but at most "
+    "what the budgets set leave (an eighth of it when "
+    "--max_inflight_bytes is derived too), at least 64 where they fit.");
 ABSL_FLAG(int64_t, buffer_pool_bytes, Defaults().memory.buffer_pool_bytes,
           "Memory kept between calls for tensor bytes (requests parsed into "
           "it, responses sent from it), so that large tensors do not fault in "

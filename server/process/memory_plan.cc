@@ -169,21 +169,21 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                                : std::min(int64_t{4} << 30, shared);
   plan.kv_cache_bytes =
       requested.kv_cache_bytes > 0 ? requested.kv_cache_bytes : shared;
-  // Sums in double: the flags may be anything up to 2^63.
-  const double others =
-      static_cast<double>(plan.max_weights_bytes) +
-      static_cast<double>(plan.kv_cache_bytes) +
-      static_cast<double>(plan.buffer_pool_bytes) +
-      static_cast<double>(kProcessOverheadBytes) +
-      static_cast<double>(std::max<int64_t>(0, max_inflight_bytes));
+  // Sums in double: the flags may be anything up to 2^63. What the budgets
+  // but the connections and the calls in flight take:
+  const double planned = static_cast<double>(plan.max_weights_bytes) +
+                         static_cast<double>(plan.kv_cache_bytes) +
+                         static_cast<double>(plan.buffer_pool_bytes) +
+                         static_cast<double>(kProcessOverheadBytes);
   if (requested.max_connections > 0) {
     plan.max_connections = requested.max_connections;
   } else {
     // A thirty-second of left, but no more than what the budgets set leave
     // (an eighth of it when the in-flight budget is derived from the rest),
     // so that budgets which fit before connections were planned still fit.
-    const double rest =
-        std::max(0.0, static_cast<double>(limit.bytes) - others);
+    const double rest = std::max(
+        0.0, static_cast<double>(limit.bytes) - planned -
+                 static_cast<double>(std::max<int64_t>(0, max_inflight_bytes)));
     const double bytes = std::min(static_cast<double>(left / 32),
                                   max_inflight_bytes > 0 ? rest : rest / 8);
     plan.max_connections = static_cast<int64_t>(bytes) / kConnectionBytes;
@@ -194,13 +194,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const MemoryOptions& requested,
                       static_cast<int64_t>(rest) / kConnectionBytes));
     }
   }
-  const double connections_bytes =
-      static_cast<double>(plan.max_connections) * kConnectionBytes;
-  const double fixed = connections_bytes +
-                       static_cast<double>(plan.max_weights_bytes) +
-                       static_cast<double>(plan.kv_cache_bytes) +
-                       static_cast<double>(plan.buffer_pool_bytes) +
-                       static_cast<double>(kProcessOverheadBytes);
+  const double fixed =
+      planned + static_cast<double>(plan.max_connections) * kConnectionBytes;
   if (max_inflight_bytes > 0) {
     plan.max_inflight_bytes = max_inflight_bytes;
   } else {

@@ -74,15 +74,20 @@ def silent_ended_within(port, seconds):
         sock.close()
 
 
+def check_ended(failures, what, ended, limit):
+    """Adds to `failures` unless `ended` (seconds, or None: not within limit + 10 s) is at least
+    half of `limit`."""
+    print(f"{what} was closed after {ended} s (limit {limit} s)")
+    if ended is None:
+        failures.append(f"{what} stayed open {limit + 10} s")
+    elif ended < limit * 0.5:
+        failures.append(f"{what} ended after {ended:.2f} s, before the limit of {limit} s")
+
+
 def handshake_timeout(port, handshake):
     failures = []
-    ended = silent_ended_within(port, handshake + 10)
-    print(f"the connection that sent nothing was closed after {ended} s (limit {handshake} s)")
-    if ended is None:
-        failures.append(f"a connection that sent nothing stayed open {handshake + 10} s")
-    elif ended < handshake * 0.5:
-        failures.append(f"a connection that sent nothing ended after {ended:.2f} s, before the "
-                        f"limit of {handshake} s")
+    check_ended(failures, "a connection that sent nothing",
+                silent_ended_within(port, handshake + 10), handshake)
     exit_with(failures)
 
 
@@ -101,13 +106,8 @@ def main():
                                ("content-type", "application/grpc"), ("te", "trailers")])
     busy_sock.sendall(busy.data_to_send())
     idle_sock, quiet = connect(port)
-    ended = ended_within(idle_sock, quiet, idle + 10)
-    print(f"the idle connection was closed after {ended} s (limit {idle} s)")
-    if ended is None:
-        failures.append(f"a connection with no call open stayed open {idle + 10} s")
-    elif ended < idle * 0.5:
-        failures.append(f"a connection with no call open ended after {ended:.2f} s, "
-                        f"before the limit of {idle} s")
+    check_ended(failures, "a connection with no call open",
+                ended_within(idle_sock, quiet, idle + 10), idle)
     kept = ended_within(busy_sock, busy, 1, goaway_ends=True)
     print(f"the connection with a stream open: {'kept' if kept is None else 'ended'}")
     if kept is not None:

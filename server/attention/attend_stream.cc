@@ -64,8 +64,7 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       registered_ = true;
       deps_.open_streams->Add(this);
     }
-    if (deps_.access_log != nullptr)
-      identity_ = deps_.gate->Identity(context());
+    identity_ = deps_.gate->Identity(context());
     Read();
   }
 
@@ -227,7 +226,9 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
       return absl::OkStatus();
     }
 
-    std::string client() const override { return PeerAddress(stream_->peer()); }
+    std::string client() const override {
+      return QueueClient(stream_->identity_, stream_->peer());
+    }
 
     void Computed(const absl::Status& status) override {
       stream_->Resolve(*slot_, status);
@@ -379,7 +380,8 @@ class AttendStreamCall final : public ServerCall, public OpenStreams::Stream {
   const StreamDependencies deps_;
   std::optional<CallGate::Ticket> held_;  // Set in OnStart only.
   bool registered_ = false;               // With open_streams; set in OnStart.
-  std::string identity_;  // The caller's, for the access log; set in OnStart.
+  std::string identity_;  // The caller's, for the queue and the access log;
+                          // set in OnStart.
   grpc::ByteBuffer incoming_;  // Only the read in flight touches it.
   TransferWatchdog::Ticket read_ticket_ = 0;   // The read in flight's.
   TransferWatchdog::Ticket write_ticket_ = 0;  // The write in flight's.

@@ -58,7 +58,7 @@ class AttentionServiceImpl::UnaryCaller final : public ComputeCaller {
   }
 
   std::string client() const override {
-    return PeerAddress(call_.handler->peer());
+    return QueueClient(service_->Owner(call_), call_.handler->peer());
   }
 
   void Computed(const absl::Status& status) override {

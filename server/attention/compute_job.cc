@@ -12,8 +12,14 @@
 #include "attnserve/common/flops.h"
 #include "attnserve/server/attention/attend_batch.h"
 #include "attnserve/server/attention/attention_compute.h"
+#include "attnserve/server/rpc/memory_budget.h"
 
 namespace attnserve {
+
+std::string QueueClient(std::string identity, const std::string& peer) {
+  if (!identity.empty()) return identity;
+  return PeerAddress(peer);
+}
 
 ComputeJob::ComputeJob(const ComputeContext& context, Rpc rpc,
                        std::shared_ptr<ComputeCaller> caller,

@@ -171,6 +171,12 @@ budget=$((256 << 20))
 start_server --max_inflight_bytes="${budget}" --max_queue=4 --executors=1
 run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" queue
 stop_server
+printf 'the-token\nflood-token\nother-token\n' >"${workdir}/tokens"
+start_server --max_inflight_bytes="${budget}" --max_queue=4 --executors=1 \
+  --auth_token_file="${workdir}/tokens"
+run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
+  queue_identities "${workdir}/tokens"
+stop_server
 start_server --max_inflight_bytes="${budget}" --max_connections=64
 run "${here}/memory_budget_test.py" "${port}" "${server_pid}" "${stubs_dir}" "${budget}" \
   connections

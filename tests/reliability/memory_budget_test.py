@@ -20,6 +20,12 @@ that must keep being answered meanwhile):
          the compute queue; a client from 127.0.0.1 calling one Attend at a time is never
          refused: the queue gives the flood's newest place to it and takes the clients in turns
          (until 2026-12-07 one FIFO refused it as it refused the flood).
+  queue_identities: (the server at --max_queue=4 --executors=1 --auth_token_file=TOKENS) the
+         same, with the flood and the other client both calling from 127.0.0.1, each with a
+         token of its own (TOKENS' second and third; the prober has the first), and every
+         other call of each an AttendStream of one message: the queue's
+         turns are the callers' identities, so the other client is never refused (until
+         2026-12-07 they were the addresses: both shared one, and its turns).
   connections: (the server at --max_connections=64) 200 idle HTTP/2 connections from 127.0.0.2:
          those past seven eighths of 64 are closed as soon as accepted; of 100 more from
          127.0.0.3 a few are kept, as the places left allow; clients from 127.0.0.1 and
@@ -32,6 +38,7 @@ budget plus OVERHEAD_BYTES (what gRPC and the allocator hold beyond the budget's
 
 usage: memory_budget_test.py PORT SERVER_PID STUBS_DIR BUDGET_BYTES
        large|unread|unread_timeout|streams|addresses|queue|connections
+       | queue_identities TOKENS_FILE
 """
 import collections
 import selectors
@@ -53,6 +60,7 @@ OK, CANCELLED, RESOURCE_EXHAUSTED = 0, 1, 8
 # raises the overhead for them.
 OVERHEAD_BYTES = int(os.environ.get("ATTNSERVE_RSS_OVERHEAD_BYTES", 64 << 20))
 ATTEND = "/attnserve.v1.AttentionService/Attend"
+ATTEND_STREAM = "/attnserve.v1.AttentionService/AttendStream"
 
 
 class RssWatch:
@@ -265,9 +273,18 @@ def addresses(port, failures):
         calls.close()
 
 
-def queue(port, failures):
-    """One client filling the compute queue does not refuse another address's calls."""
-    flood = Calls(port, source="127.0.0.2")
+def queue(port, failures, tokens=None):
+    """One client filling the compute queue does not refuse another's calls: with `tokens`
+    (the flood's and the other client's) both call from 127.0.0.1, told apart by their
+    tokens, and every other call of each is an AttendStream of one message; without, the
+    flood calls Attend from 127.0.0.2."""
+    if tokens:
+        flood_source, flood_headers = "127.0.0.1", [("authorization", f"Bearer {tokens[0]}")]
+        metadata = [("authorization", f"Bearer {tokens[1]}")]
+        paths = [ATTEND, ATTEND_STREAM]
+    else:
+        flood_source, flood_headers, metadata, paths = "127.0.0.2", [], [], [ATTEND]
+    flood = Calls(port, source=flood_source)
     heavy = attend_request(8, 256, 64).SerializeToString()  # 1.5 MiB, ~130 MFLOP
     innocent = {"ok": 0, "refused": [], "other": [], "slowest": 0.0}
     done = threading.Event()
@@ -276,10 +293,21 @@ def queue(port, failures):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = attention_pb2_grpc.AttentionServiceStub(channel)
         small = attend_request(2, 16, 8)
+        calls = 0
         while not done.is_set():
             started = time.monotonic()
+            calls += 1
             try:
-                stub.Attend(small, timeout=10)
+                if paths[calls % len(paths)] == ATTEND:
+                    stub.Attend(small, timeout=10, metadata=metadata)
+                else:
+                    answers = list(stub.AttendStream(iter([small]), timeout=10,
+                                                     metadata=metadata))
+                    if len(answers) != 1 or answers[0].HasField("error"):
+                        error = answers[0].error if answers else None
+                        kind = "refused" if error and error.code == RESOURCE_EXHAUSTED else "other"
+                        innocent[kind].append(f"AttendStream: {answers}"[:300])
+                        continue
                 innocent["ok"] += 1
                 innocent["slowest"] = max(innocent["slowest"], time.monotonic() - started)
             except grpc.RpcError as error:
@@ -290,7 +318,8 @@ def queue(port, failures):
         channel.close()
 
     # The flood first, so that the queue is full before the other client's first call.
-    calls = [flood.start(ATTEND, heavy) for _ in range(16)]
+    calls = [flood.start(paths[i % len(paths)], heavy, headers=flood_headers)
+             for i in range(16)]
     flood.pump(0.5, until=lambda: False)
     thread = threading.Thread(target=call_one_at_a_time)
     thread.start()
@@ -299,15 +328,15 @@ def queue(port, failures):
         flood.pump(0.05, until=lambda: False)
         for i, stream in enumerate(calls):
             if flood.statuses[stream] is not None:
-                calls[i] = flood.start(ATTEND, heavy)
+                calls[i] = flood.start(paths[i % len(paths)], heavy, headers=flood_headers)
     done.set()
     thread.join()
     statuses = collections.Counter(flood.statuses.values())
     queue_full = sum(1 for stream, status in flood.statuses.items()
                      if status == RESOURCE_EXHAUSTED and "compute queue is full"
                      in flood.messages.get(stream, ""))
-    print(f"flood from 127.0.0.2: {dict(statuses)}, {queue_full} refused or displaced by the "
-          f"full queue; from 127.0.0.1 meanwhile: {innocent['ok']} answered, "
+    print(f"flood from {flood_source}: {dict(statuses)}, {queue_full} refused or displaced by the "
+          f"full queue; from 127.0.0.1{' with another token' if tokens else ''} meanwhile: {innocent['ok']} answered, "
           f"{len(innocent['refused'])} refused, {len(innocent['other'])} failed otherwise, "
           f"the slowest answered in {innocent['slowest']:.3f} s")
     if queue_full == 0:
@@ -427,6 +456,8 @@ def main():
     watch = RssWatch(pid)
     {"large": large, "unread": unread, "unread_timeout": unread_timeout, "streams": streams,
      "addresses": addresses, "queue": queue,
+     "queue_identities": lambda port, failures: queue(
+         port, failures, tokens=open(sys.argv[6]).read().split()[1:3]),
      "connections": connections}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "

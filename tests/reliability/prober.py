@@ -31,7 +31,8 @@ def main():
     port = int(sys.argv[1])
     metadata = []
     if len(sys.argv) > 3:
-        metadata = [("authorization", "Bearer " + open(sys.argv[3]).read().strip())]
+        # The file's first token (a server's token file may hold several).
+        metadata = [("authorization", "Bearer " + open(sys.argv[3]).read().split()[0])]
     request = attend_request(2, 8, 8)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = attention_pb2_grpc.AttentionServiceStub(channel)

@@ -41,10 +41,18 @@ class ComputeCaller {
   // filled. The job touches neither the caller nor the response after this.
   virtual void Computed(const absl::Status& status) = 0;
 
-  // The client's address (PeerAddress of the call's peer), among whose the
-  // queue shares its turns and places; asked once, as the job is made.
+  // Who the caller is to the queue (QueueClient), among whom it shares its
+  // turns and places; asked once, as the job is made.
   virtual std::string client() const { return std::string(); }
 };
+
+// The name a caller's requests take their turns and places in the queue
+// under: its identity (CallGate::Identity: a token's or a client
+// certificate's) when it has one, so that callers behind one proxy or NAT are
+// apart and one caller's many addresses are one; else its address
+// (PeerAddress of `peer`). The two never meet: an identity starts "token:" or
+// "x509:", an address "ipv4:", "ipv6:" or "unix:".
+std::string QueueClient(std::string identity, const std::string& peer);
 
 // What every job computes with and records into; must outlive the jobs.
 struct ComputeContext {

@@ -42,8 +42,9 @@ class Job {
   // Jobs with the same non-empty key may run together; empty: always alone.
   virtual const std::string& batch_key() const { return no_key_; }
 
-  // The client the job is for (its address): the queue shares its turns and
-  // places among clients. Empty is a client too.
+  // The client the job is for (QueueClient: its identity, else its address):
+  // the queue shares its turns and places among clients. Empty is a client
+  // too.
   virtual const std::string& client() const { return no_key_; }
 
   // Whether the job may run on the submitting thread: a compute too short to

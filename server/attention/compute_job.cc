@@ -16,9 +16,9 @@
 
 namespace attnserve {
 
-std::string QueueClient(std::string identity, const std::string& peer) {
-  if (!identity.empty()) return identity;
-  return PeerAddress(peer);
+std::string QueueClient(const std::string& identity, const std::string& peer) {
+  if (identity.empty()) return PeerAddress(peer);
+  return absl::StrCat(identity, " at ", PeerAddress(peer));
 }
 
 ComputeJob::ComputeJob(const ComputeContext& context, Rpc rpc,

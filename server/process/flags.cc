@@ -70,9 +70,9 @@ ABSL_FLAG(int64_t, io_spin_us,
           "while they do. 0 to 1000000; 0: never spins.");
 ABSL_FLAG(int, max_queue, Defaults().scheduling.max_queue,
           "Requests waiting for an executor, taken in turns among clients "
-          "(a caller's token or client certificate, else its address); past "
-          "it new ones get RESOURCE_EXHAUSTED, or take the newest place of a "
-          "client holding at least two more.");
+          "(a caller's address, with its bearer token or client certificate "
+          "where it has one); past it new ones get RESOURCE_EXHAUSTED, or "
+          "take the newest place of a client holding at least two more.");
 ABSL_FLAG(int, max_batch, Defaults().scheduling.max_batch,
           "Most Attend requests (alike in shape and options, unary or "
           "streamed; not decode the paged kernel reads, Lq = 1) computed "

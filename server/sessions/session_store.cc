@@ -419,22 +419,24 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
                      cap, " bytes)"));
   }
   Account* const account = FindAccount(owner);
-  const auto would_hold = [&] {
-    return (account == nullptr ? 0 : account->bytes - plan->FreedBy(account)) +
-           bytes;
+  const auto holds = [&] {
+    return account == nullptr ? 0 : account->bytes - plan->FreedBy(account);
   };
+  const auto would_hold = [&] { return holds() + bytes; };
   const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
   const auto over_cap = [&] { return cap > 0 && would_hold() > cap; };
   const auto over_budget = [&] { return used - plan->freed + bytes > budget; };
   if (!over_cap() && !over_budget()) return absl::OkStatus();
   const std::string cap_full = absl::StrCat(
       "this caller's share of the KV cache (kv_cache_bytes_per_identity ", cap,
-      " bytes) is full (",
-      account == nullptr ? 0 : account->bytes - plan->FreedBy(account),
-      " bytes held; ", what, " needs ", bytes, " more)");
-  const std::string budget_full = absl::StrCat(
-      "the KV cache budget (kv_cache_bytes) of ", budget, " bytes is full (",
-      used - plan->freed, " bytes held; ", what, " needs ", bytes, " more)");
+      " bytes) is full (", holds(), " bytes held; ", what, " needs ", bytes,
+      " more)");
+  // Only the caller's own holding: the budget's total would tell one caller
+  // what the others hold (a review found it did, to the byte).
+  const std::string budget_full =
+      absl::StrCat("the KV cache budget (kv_cache_bytes) of ", budget,
+                   " bytes is full (this caller's sessions hold ", holds(),
+                   " bytes; ", what, " needs ", bytes, " more)");
   if (options_.eviction == EvictionPolicy::kNone) {
     return absl::ResourceExhaustedError(
         absl::StrCat(over_cap() ? cap_full : budget_full,
@@ -505,11 +507,9 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
     return absl::ResourceExhaustedError(absl::StrCat(
         budget_full,
         ", and evicting every session that may go for this caller would "
-        "free only ",
-        plan->freed,
-        " (the rest is this session's, shared with it, or in use by steps, "
-        "or another caller's holding less than this caller would); nothing "
-        "was evicted"));
+        "not make room (the rest is this session's, shared with it, or in "
+        "use by steps, or another caller's holding less than this caller "
+        "would); nothing was evicted"));
   }
   return absl::OkStatus();
 }
@@ -1046,8 +1046,8 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
       fresh.push_back(NewPage(layout));
       if (fresh.back() == nullptr) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("the system has no memory to map for KV-cache pages (",
-                         used_bytes_->load(), " bytes held of the budget of ",
+            absl::StrCat("the system has no memory to map for KV-cache pages "
+                         "(under the budget, kv_cache_bytes ",
                          options_.kv_cache_bytes, "); nothing was appended"));
       }
     }

@@ -21,11 +21,12 @@ that must keep being answered meanwhile):
          refused: the queue gives the flood's newest place to it and takes the clients in turns
          (until 2026-12-07 one FIFO refused it as it refused the flood).
   queue_identities: (the server at --max_queue=4 --executors=1 --auth_token_file=TOKENS) the
-         same, with the flood and the other client both calling from 127.0.0.1, each with a
-         token of its own (TOKENS' second and third; the prober has the first), and every
-         other call of each an AttendStream of one message: the queue's
-         turns are the callers' identities, so the other client is never refused (until
-         2026-12-07 they were the addresses: both shared one, and its turns).
+         same three times for 4 s each: the flood and the other client both from 127.0.0.1,
+         each with a token of its own (TOKENS' second and third; the prober has the first),
+         calling Attend, then AttendStream (one message a call); then the two with one token,
+         from 127.0.0.2 and 127.0.0.1: the queue's turns are the callers' addresses with their
+         identities, so the other client is never refused (until 2026-12-07 they were the
+         addresses alone: the first two refused it; keyed by identity alone, the third).
   connections: (the server at --max_connections=64) 200 idle HTTP/2 connections from 127.0.0.2:
          those past seven eighths of 64 are closed as soon as accepted; of 100 more from
          127.0.0.3 a few are kept, as the places left allow; clients from 127.0.0.1 and
@@ -273,18 +274,18 @@ def addresses(port, failures):
         calls.close()
 
 
-def queue(port, failures, tokens=None):
-    """One client filling the compute queue does not refuse another's calls: with `tokens`
-    (the flood's and the other client's) both call from 127.0.0.1, told apart by their
-    tokens, and every other call of each is an AttendStream of one message; without, the
-    flood calls Attend from 127.0.0.2."""
-    if tokens:
-        flood_source, flood_headers = "127.0.0.1", [("authorization", f"Bearer {tokens[0]}")]
-        metadata = [("authorization", f"Bearer {tokens[1]}")]
-        paths = [ATTEND, ATTEND_STREAM]
-    else:
-        flood_source, flood_headers, metadata, paths = "127.0.0.2", [], [], [ATTEND]
-    flood = Calls(port, source=flood_source)
+def queue(port, failures, flood_source="127.0.0.2", flood_token=None, other_token=None,
+          path=ATTEND):
+    """One client (calling `path` from `flood_source`, with `flood_token` if given) filling the
+    compute queue does not refuse another's calls (`path`, from 127.0.0.1, with `other_token`):
+    a call of the other's that arrives at a full queue, holding none of its places, takes the
+    flood's newest place, whose call is answered "gave its place" (a few in 4 s: most find a
+    place freed)."""
+    def bearer(token):
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    full = b"compute queue is full"
+    flood = Calls(port, source=flood_source, watch_for=full)
     heavy = attend_request(8, 256, 64).SerializeToString()  # 1.5 MiB, ~130 MFLOP
     innocent = {"ok": 0, "refused": [], "other": [], "slowest": 0.0}
     done = threading.Event()
@@ -293,16 +294,14 @@ def queue(port, failures, tokens=None):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         stub = attention_pb2_grpc.AttentionServiceStub(channel)
         small = attend_request(2, 16, 8)
-        calls = 0
         while not done.is_set():
             started = time.monotonic()
-            calls += 1
             try:
-                if paths[calls % len(paths)] == ATTEND:
-                    stub.Attend(small, timeout=10, metadata=metadata)
+                if path == ATTEND:
+                    stub.Attend(small, timeout=10, metadata=bearer(other_token))
                 else:
                     answers = list(stub.AttendStream(iter([small]), timeout=10,
-                                                     metadata=metadata))
+                                                     metadata=bearer(other_token)))
                     if len(answers) != 1 or answers[0].HasField("error"):
                         error = answers[0].error if answers else None
                         kind = "refused" if error and error.code == RESOURCE_EXHAUSTED else "other"
@@ -318,8 +317,7 @@ def queue(port, failures, tokens=None):
         channel.close()
 
     # The flood first, so that the queue is full before the other client's first call.
-    calls = [flood.start(paths[i % len(paths)], heavy, headers=flood_headers)
-             for i in range(16)]
+    calls = [flood.start(path, heavy, headers=bearer(flood_token)) for _ in range(16)]
     flood.pump(0.5, until=lambda: False)
     thread = threading.Thread(target=call_one_at_a_time)
     thread.start()
@@ -328,23 +326,40 @@ def queue(port, failures, tokens=None):
         flood.pump(0.05, until=lambda: False)
         for i, stream in enumerate(calls):
             if flood.statuses[stream] is not None:
-                calls[i] = flood.start(paths[i % len(paths)], heavy, headers=flood_headers)
+                calls[i] = flood.start(path, heavy, headers=bearer(flood_token))
     done.set()
     thread.join()
     statuses = collections.Counter(flood.statuses.values())
-    queue_full = sum(1 for stream, status in flood.statuses.items()
-                     if status == RESOURCE_EXHAUSTED and "compute queue is full"
-                     in flood.messages.get(stream, ""))
-    print(f"flood from {flood_source}: {dict(statuses)}, {queue_full} refused or displaced by the "
-          f"full queue; from 127.0.0.1{' with another token' if tokens else ''} meanwhile: {innocent['ok']} answered, "
-          f"{len(innocent['refused'])} refused, {len(innocent['other'])} failed otherwise, "
-          f"the slowest answered in {innocent['slowest']:.3f} s")
+    # A unary call's refusal is its status; an AttendStream's, its answer's error.
+    queue_full = len(flood.mentions) + sum(
+        1 for stream, status in flood.statuses.items()
+        if status == RESOURCE_EXHAUSTED and full.decode() in flood.messages.get(stream, ""))
+    displaced = sum(1 for message in flood.messages.values() if "gave its place" in message)
+    tokens = ("" if flood_token is None else
+              ", the two with one token" if flood_token == other_token else
+              ", each with its own token")
+    print(f"{path.rsplit('/', 1)[1]} from {flood_source} and 127.0.0.1{tokens}: the flood "
+          f"{dict(statuses)}, {queue_full} refused or displaced by the full queue"
+          f"{f' ({displaced} displaced)' if path == ATTEND else ''}; the other client "
+          f"{innocent['ok']} answered, {len(innocent['refused'])} refused, "
+          f"{len(innocent['other'])} failed otherwise, the slowest answered in "
+          f"{innocent['slowest']:.3f} s")
     if queue_full == 0:
-        failures.append(f"the flood never filled the queue: {dict(statuses)}")
+        failures.append(f"{path}: the flood never filled the queue: {dict(statuses)}")
     if innocent["ok"] == 0 or innocent["refused"] or innocent["other"]:
-        failures.append(f"the other client: {innocent['ok']} answered, refused "
+        failures.append(f"{path}: the other client: {innocent['ok']} answered, refused "
                         f"{innocent['refused'][:3]}, failed {innocent['other'][:3]}")
     flood.close()
+
+
+def queue_identities(port, failures):
+    """queue with tokens (TOKENS' second and third lines): the flood and the other client
+    both on 127.0.0.1 with a token each, on Attend and then on AttendStream; then the two
+    with one token from 127.0.0.2 and 127.0.0.1."""
+    flood_token, other_token = open(sys.argv[6]).read().split()[1:3]
+    for path in (ATTEND, ATTEND_STREAM):
+        queue(port, failures, "127.0.0.1", flood_token, other_token, path)
+    queue(port, failures, "127.0.0.2", flood_token, flood_token, ATTEND)
 
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -456,8 +471,7 @@ def main():
     watch = RssWatch(pid)
     {"large": large, "unread": unread, "unread_timeout": unread_timeout, "streams": streams,
      "addresses": addresses, "queue": queue,
-     "queue_identities": lambda port, failures: queue(
-         port, failures, tokens=open(sys.argv[6]).read().split()[1:3]),
+     "queue_identities": queue_identities,
      "connections": connections}[scenario](port, failures)
     base, peak = watch.finish()
     print(f"RSS {base / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB, budget "

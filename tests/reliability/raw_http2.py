@@ -115,10 +115,13 @@ class Calls:
         calls.pump(seconds=5)        # sends and receives for 5 s, or until every call ended
         calls.statuses[stream]       # grpc-status, "reset", or None while open
 
-    `source` is the loopback address the connection comes from (127.0.0.0/8).
+    `source` is the loopback address the connection comes from (127.0.0.0/8). With `watch_for`
+    (bytes), `mentions` holds the streams whose answer data held it within one DATA frame (an
+    AttendStream's answer naming an error); the data itself is not kept.
     """
 
-    def __init__(self, port, read_answers=True, timeout_s=30.0, source="127.0.0.1"):
+    def __init__(self, port, read_answers=True, timeout_s=30.0, source="127.0.0.1",
+                 watch_for=None):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s,
                                              source_address=(source, 0))
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -128,6 +131,8 @@ class Calls:
         self.statuses = {}
         self.messages = {}
         self.unsent = {}  # stream -> [bytes left to send, end_stream]
+        self.watch_for = watch_for
+        self.mentions = set()
         self.closed = False
         self._flush()
 
@@ -185,6 +190,8 @@ class Calls:
                 self.statuses[event.stream_id] = "reset"
             self.unsent.pop(event.stream_id, None)
         elif isinstance(event, h2.events.DataReceived) and self.read_answers:
+            if self.watch_for is not None and self.watch_for in event.data:
+                self.mentions.add(event.stream_id)
             self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.closed = True

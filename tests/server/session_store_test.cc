@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/v1/attention.pb.h"
@@ -215,6 +216,14 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
     EXPECT_THAT(std::string(status.message()),
                 ::testing::HasSubstr("another caller's holding less than "
                                      "this caller would"));
+    // It says what she holds, never the total, which would tell her bob's.
+    const int64_t hers = store.List("alice").held_bytes;
+    const int64_t all = hers + store.List("bob").held_bytes;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat(
+                    "(this caller's sessions hold ", hers, " bytes;")));
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::Not(::testing::HasSubstr(absl::StrCat(all))));
     // Another session of hers would take bob's place under max_sessions.
     const absl::Status created = store.Create("alice", Small()).status();
     EXPECT_EQ(created.code(), absl::StatusCode::kResourceExhausted) << created;

@@ -47,12 +47,13 @@ class ComputeCaller {
 };
 
 // The name a caller's requests take their turns and places in the queue
-// under: its identity (CallGate::Identity: a token's or a client
-// certificate's) when it has one, so that callers behind one proxy or NAT are
-// apart and one caller's many addresses are one; else its address
-// (PeerAddress of `peer`). The two never meet: an identity starts "token:" or
-// "x509:", an address "ipv4:", "ipv6:" or "unix:".
-std::string QueueClient(std::string identity, const std::string& peer);
+// under: its address (PeerAddress of `peer`), and its identity
+// (CallGate::Identity: a bearer token's or a client certificate's) when it has
+// one. So callers with identities of their own are apart behind one proxy or
+// NAT, and callers sharing one token are apart at their own addresses, as
+// callers without one are (keyed by identity alone, one holder of a shared
+// token filled the queue for every other, a review found).
+std::string QueueClient(const std::string& identity, const std::string& peer);
 
 // What every job computes with and records into; must outlive the jobs.
 struct ComputeContext {

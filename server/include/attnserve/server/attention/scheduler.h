@@ -42,7 +42,7 @@ class Job {
   // Jobs with the same non-empty key may run together; empty: always alone.
   virtual const std::string& batch_key() const { return no_key_; }
 
-  // The client the job is for (QueueClient: its identity, else its address):
+  // The client the job is for (QueueClient: its address and identity):
   // the queue shares its turns and places among clients. Empty is a client
   // too.
   virtual const std::string& client() const { return no_key_; }

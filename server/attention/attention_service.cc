@@ -437,8 +437,11 @@ void AttentionServiceImpl::ServeAttend(const Call& call,
 void AttentionServiceImpl::StartAttend(const Call& call,
                                        const v1::AttendRequest& request,
                                        v1::AttendResponse* response,
-                                       std::shared_ptr<ComputeCaller> caller) {
-  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, checks_);
+                                       std::shared_ptr<ComputeCaller> caller,
+                                       bool answer_carries_output) {
+  RequestChecks checks = checks_;
+  checks.response_carries_output = answer_carries_output;
+  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, checks);
   if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return caller->Computed(held);
@@ -459,7 +462,7 @@ void AttentionServiceImpl::ServeMultiHeadAttention(
 void AttentionServiceImpl::StartMultiHeadAttention(
     const Call& call, const v1::MultiHeadAttentionRequest& request,
     v1::MultiHeadAttentionResponse* response,
-    std::shared_ptr<ComputeCaller> caller) {
+    std::shared_ptr<ComputeCaller> caller, bool answer_carries_output) {
   absl::StatusOr<MultiHeadWeights> weights =
       ResolveMultiHeadWeights(request, *registry_);
   if (!weights.ok()) return caller->Computed(weights.status());
@@ -467,8 +470,10 @@ void AttentionServiceImpl::StartMultiHeadAttention(
     response->set_weights_version(weights->version);
   }
   const std::shared_ptr<const WeightSet> registered = weights->registered;
+  RequestChecks checks = checks_;
+  checks.response_carries_output = answer_carries_output;
   absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
-      request, weights->shape, weights->origin, checks_);
+      request, weights->shape, weights->origin, checks);
   if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return caller->Computed(held);
@@ -703,11 +708,12 @@ void AttentionServiceImpl::ServeServerLive(
   Finish(call, absl::OkStatus(), response);
 }
 
-// Ready while taking calls: a draining server's gate refuses the call itself.
+// Ready until the drain starts (Triton's, too, is not ready while it stops);
+// once the grace period ends the gate refuses the call itself.
 void AttentionServiceImpl::ServeServerReady(
     const Call& call, const inference::ServerReadyRequest& /*request*/,
     inference::ServerReadyResponse* response) {
-  response->set_ready(true);
+  response->set_ready(ready_.load());
   Finish(call, absl::OkStatus(), response);
 }
 
@@ -739,7 +745,8 @@ AttentionServiceImpl::FindModel(const std::string& name,
 void AttentionServiceImpl::ServeModelReady(
     const Call& call, const inference::ModelReadyRequest& request,
     inference::ModelReadyResponse* response) {
-  response->set_ready(FindModel(request.name(), request.version()).ok());
+  response->set_ready(ready_.load() &&
+                      FindModel(request.name(), request.version()).ok());
   Finish(call, absl::OkStatus(), response);
 }
 
@@ -950,9 +957,10 @@ void AttentionServiceImpl::ServeModelInfer(
   if (!translated.ok()) return caller->Computed(translated);
   if (weight_set) {
     return StartMultiHeadAttention(call, native->mha, &native->mha_answer,
-                                   std::move(caller));
+                                   std::move(caller), native->outputs.output);
   }
-  StartAttend(call, native->attend, &native->attended, std::move(caller));
+  StartAttend(call, native->attend, &native->attended, std::move(caller),
+              native->outputs.output);
 }
 
 }  // namespace attnserve

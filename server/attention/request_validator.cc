@@ -267,6 +267,7 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
                                int64_t output_elements,
                                const RequestChecks& checks) {
   const int64_t element_bytes = plan.output_dtype == v1::FLOAT32 ? 4 : 2;
+  if (!checks.response_carries_output) output_elements = 0;
   const int64_t weights_elements =
       plan.options.weights == AttentionWeightsMode::kPerHead
           ? s.WeightsElements()
@@ -290,8 +291,9 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
   }
   if (!bytes || *bytes > checks.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the response (output", weights_elements > 0 ? ", weights" : "",
-        plan.options.return_lse ? ", lse" : "", ", framing) would need ",
+        "the response (", checks.response_carries_output ? "output, " : "",
+        weights_elements > 0 ? "weights, " : "",
+        plan.options.return_lse ? "lse, " : "", "framing) would need ",
         bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
         ", over the server's max_message_bytes limit of ",
         checks.max_message_bytes));

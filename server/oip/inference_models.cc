@@ -394,18 +394,49 @@ absl::Status CheckRequest(const ModelInferRequest& request) {
                                 " bytes, expected at most ", kMaxInferIdBytes,
                                 " (the answer echoes it)"));
   }
-  for (const auto& input : request.inputs()) {
-    if (!input.parameters().empty()) {
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    const inference::ModelInferRequest::InferInputTensor& input =
+        request.inputs(i);
+    for (const auto& [name, parameter] : input.parameters()) {
+      // The byte count of the input's raw_input_contents entry, which
+      // KServe's and Triton's clients send with every binary input (a
+      // binding's framing that gRPC's does not need): checked, not used.
+      if (name == "binary_data_size") {
+        const int64_t entry_bytes =
+            request.raw_input_contents_size() > i
+                ? static_cast<int64_t>(request.raw_input_contents(i).size())
+                : -1;
+        if (parameter.parameter_choice_case() !=
+                inference::InferParameter::kInt64Param ||
+            parameter.int64_param() != entry_bytes) {
+          return Invalid(absl::StrCat(
+              "input ", EchoText(input.name()),
+              " has parameter binary_data_size, expected it an int64_param ",
+              entry_bytes < 0
+                  ? "of an input in raw_input_contents (this one is not)"
+                  : absl::StrCat("equal to its raw_input_contents entry's ",
+                                 entry_bytes, " bytes")));
+        }
+        continue;
+      }
       return Invalid(absl::StrCat(
-          "input ", EchoText(input.name()), " has parameter ",
-          EchoText(input.parameters().begin()->first),
-          ", expected none (attnserve reads inputs from the request: no "
-          "shared memory)"));
+          "input ", EchoText(input.name()), " has parameter ", EchoText(name),
+          ", expected none or binary_data_size (attnserve reads inputs from "
+          "the request: no shared memory)"));
     }
   }
   for (const auto& output : request.outputs()) {
     for (const auto& [name, parameter] : output.parameters()) {
-      if (name == "binary_data") continue;
+      if (name == "binary_data") {
+        if (parameter.parameter_choice_case() !=
+            inference::InferParameter::kBoolParam) {
+          return Invalid(absl::StrCat(
+              "output ", EchoText(output.name()),
+              " has parameter binary_data, expected a bool_param (attnserve "
+              "answers in raw_output_contents either way)"));
+        }
+        continue;
+      }
       return Invalid(absl::StrCat(
           "output ", EchoText(output.name()), " has parameter ", EchoText(name),
           ", expected none or binary_data (attnserve answers whole tensors "
@@ -630,6 +661,8 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
                                          {"FLOAT16", "FP16"}}) {
     Rename(&message, absl::StrCat("bytes of ", native, ")"),
            absl::StrCat("bytes of ", protocol, ")"));
+    Rename(&message, absl::StrCat("its ", native, " data"),
+           absl::StrCat("its ", protocol, " data"));
   }
   return absl::Status(status.code(), message);
 }

@@ -289,6 +289,7 @@ class AttnServerImpl final : public AttnServer {
     if (server_ == nullptr || shut_down_) return;
     shut_down_ = true;
     health_.SetServing(false);
+    service_.StopReady();
     // New sessions go to other replicas at once; the steps of the sessions
     // held here are served through the grace period.
     sessions_.StopCreating();

@@ -258,6 +258,20 @@ def main():
     check("infer_sdpa_bf16", response.outputs[0].datatype == "FP32" and error < 1e-5,
           f"{error:.2e}")
 
+    # As KServe's Python SDK sends NumPy inputs: each with its binary_data_size, and an
+    # output asked for with binary_data.
+    request = infer_request("sdpa", [("QUERY", "FP32", q), ("KEY", "FP32", k),
+                                     ("VALUE", "FP32", v)], outputs=("OUTPUT",))
+    for tensor, contents in zip(request.inputs, request.raw_input_contents):
+        tensor.parameters["binary_data_size"].int64_param = len(contents)
+    request.outputs[0].parameters["binary_data"].bool_param = True
+    error = np.abs(outputs_of(stub.ModelInfer(request))["OUTPUT"]
+                   - reference_sdpa(q, k, v)).max()
+    check("infer_sdpa_kserve_sdk_parameters", error < 1e-5, f"{error:.2e}")
+    request.inputs[2].parameters["binary_data_size"].int64_param += 1
+    expect_error("infer_binary_data_size_wrong", lambda: stub.ModelInfer(request),
+                 grpc.StatusCode.INVALID_ARGUMENT, "binary_data_size")
+
     # A weight set is a model: the demo set, at its version.
     version = demo.versions[0]
     x = uniform(2, 3, 64)

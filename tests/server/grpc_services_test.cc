@@ -2,12 +2,14 @@
 // (Check and Watch) and reflection — and its answer to methods it does not
 // serve.
 
+#include <array>
 #include <fstream>
 #include <future>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -80,15 +82,42 @@ TEST_F(GrpcServicesTest, WatchHearsServingThenNotServingThenEndsAtShutdown) {
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::SERVING);
 
+  auto inference = inference::GRPCInferenceService::NewStub(client_->channel());
+  // Whether the Open Inference Protocol says the server and `sdpa` are ready,
+  // and the server live.
+  const auto readiness = [&] {
+    grpc::ClientContext server_context, model_context, live_context;
+    inference::ServerReadyResponse server;
+    inference::ModelReadyRequest model_request;
+    model_request.set_name("sdpa");
+    inference::ModelReadyResponse model;
+    inference::ServerLiveResponse live;
+    EXPECT_TRUE(inference
+                    ->ServerReady(&server_context,
+                                  inference::ServerReadyRequest(), &server)
+                    .ok());
+    EXPECT_TRUE(
+        inference->ModelReady(&model_context, model_request, &model).ok());
+    EXPECT_TRUE(
+        inference
+            ->ServerLive(&live_context, inference::ServerLiveRequest(), &live)
+            .ok());
+    return std::tuple(server.ready(), model.ready(), live.live());
+  };
+  EXPECT_EQ(readiness(), std::tuple(true, true, true));
+
   std::thread shutdown([this] { server_->Shutdown(); });
   ASSERT_TRUE(watch->Read(&response));
   EXPECT_EQ(response.status(), HealthCheckResponse::NOT_SERVING);
-  // Heard at once: calls are still taken during the drain grace.
+  // Heard at once: calls are still taken during the drain grace, and the
+  // protocol's readiness has turned with health's (until 2026-12-07 it said
+  // ready until the gate closed), while the server is still live.
   EXPECT_TRUE(client_
                   ->Attend(::attnserve::testing::RandomAttendRequest(
                                {1, 1, 1, 2, 2, 2, 2}, 1),
                            kTimeout)
                   .ok());
+  EXPECT_EQ(readiness(), std::tuple(false, false, true));
   EXPECT_FALSE(watch->Read(&response));
   const grpc::Status ended = watch->Finish();
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE)
@@ -333,6 +362,47 @@ TEST_F(GrpcServicesTest, ASetNamedSdpaLeavesTheBuiltInModelAlone) {
 // ModelStatistics without a name answers every model in one message (the
 // protocol has no pages): past the message limit it is refused, not built
 // whole; one model by name is still answered.
+// A ModelInfer asking for WEIGHTS alone is sized without OUTPUT, which it does
+// not carry (until 2026-12-07 it was refused for both, an audit found).
+TEST_F(GrpcServicesTest, AnAnswerWithoutOutputIsSizedWithoutIt) {
+  ServerOptions options = DefaultOptions();
+  options.transport.max_message_bytes = 1 << 20;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  // WEIGHTS [1, 1, 512, 400]: 819,200 bytes; OUTPUT [1, 1, 512, 512]: 1 MiB.
+  inference::ModelInferRequest request;
+  request.set_model_name("sdpa");
+  for (const auto& [name, shape] :
+       {std::pair<const char*, std::array<int64_t, 4>>{"QUERY", {1, 1, 512, 1}},
+        {"KEY", {1, 1, 400, 1}},
+        {"VALUE", {1, 1, 400, 512}}}) {
+    auto* input = request.add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    for (int64_t d : shape) input->add_shape(d);
+    request.add_raw_input_contents(
+        std::string(4 * shape[0] * shape[1] * shape[2] * shape[3], '\0'));
+  }
+  auto stub = inference::GRPCInferenceService::NewStub(client_->channel());
+  request.add_outputs()->set_name("WEIGHTS");
+  inference::ModelInferResponse response;
+  std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+  grpc::Status status = stub->ModelInfer(context.get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.outputs_size(), 1);
+  EXPECT_EQ(response.outputs(0).name(), "WEIGHTS");
+  ASSERT_EQ(response.raw_output_contents_size(), 1);
+  EXPECT_EQ(response.raw_output_contents(0).size(), 512u * 400 * 4);
+
+  request.add_outputs()->set_name("OUTPUT");
+  context = ContextWithDeadline();
+  status = stub->ModelInfer(context.get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr("the response (output, weights, framing) "
+                                   "would need 1868800 bytes"));
+}
+
 TEST_F(GrpcServicesTest, ModelStatisticsOfEveryModelStopsAtTheMessageLimit) {
   ServerOptions options = DefaultOptions();
   options.transport.max_message_bytes = 4096;

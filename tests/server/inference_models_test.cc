@@ -138,6 +138,11 @@ TEST(InferenceModelsTest, MessagesRenameFieldsNotProse) {
               HasSubstr("input QUERY's data (raw_input_contents or contents) "
                         "has 31 bytes, expected 32 (8 elements of shape [1, 1, "
                         "2, 4] x 4 bytes of FP32)"));
+  const absl::Status huge = InProtocolNames(
+      absl::InvalidArgumentError("query.shape is [4611686018427387904, 4, 1, "
+                                 "1]: its FLOAT32 data would pass 2^63 bytes"),
+      /*weight_set=*/false);
+  EXPECT_THAT(huge.message(), HasSubstr(": its FP32 data would pass 2^63"));
 }
 
 // What attnserve does not offer is refused, naming it: tensor parameters
@@ -172,6 +177,72 @@ TEST(InferenceModelsTest, TensorParametersAndLongIdsAreRefusedByName) {
   refused = AttendRequestFrom(request, &outputs).status();
   EXPECT_THAT(refused.message(),
               HasSubstr("id is 513 bytes, expected at most 512"));
+}
+
+// KServe's and Triton's clients send each binary input with its byte count,
+// binary_data_size (their HTTP binding's framing): taken where it is an int64
+// equal to the input's raw_input_contents entry, and refused, naming it,
+// otherwise (until 2026-12-07 every such request was refused, an audit
+// found); an output's binary_data must be a bool.
+TEST(InferenceModelsTest, BinaryDataSizeIsTakenWhereItIsTheInputsBytes) {
+  RequestedOutputs outputs;
+  inference::ModelInferRequest request = SdpaRequest();
+  for (auto& input : *request.mutable_inputs()) {
+    (*input.mutable_parameters())["binary_data_size"].set_int64_param(4);
+  }
+  auto* output = request.add_outputs();
+  output->set_name("OUTPUT");
+  (*output->mutable_parameters())["binary_data"].set_bool_param(true);
+  {
+    inference::ModelInferRequest taken = request;  // Its bytes move out.
+    const absl::Status status = AttendRequestFrom(taken, &outputs).status();
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+  struct Case {
+    const char* what;
+    void (*mutate)(inference::ModelInferRequest&);
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"another count",
+       [](inference::ModelInferRequest& r) {
+         (*r.mutable_inputs(1)->mutable_parameters())["binary_data_size"]
+             .set_int64_param(5);
+       },
+       "input \"KEY\" has parameter binary_data_size, expected it an "
+       "int64_param equal to its raw_input_contents entry's 4 bytes"},
+      {"a string",
+       [](inference::ModelInferRequest& r) {
+         (*r.mutable_inputs(0)->mutable_parameters())["binary_data_size"]
+             .set_string_param("4");
+       },
+       "input \"QUERY\" has parameter binary_data_size, expected it an "
+       "int64_param equal to"},
+      {"typed contents",
+       [](inference::ModelInferRequest& r) {
+         r.clear_raw_input_contents();
+         for (auto& input : *r.mutable_inputs()) {
+           input.mutable_contents()->add_fp32_contents(0.5f);
+         }
+       },
+       "input \"QUERY\" has parameter binary_data_size, expected it an "
+       "int64_param of an input in raw_input_contents (this one is not)"},
+      {"binary_data as a string",
+       [](inference::ModelInferRequest& r) {
+         (*r.mutable_outputs(0)->mutable_parameters())["binary_data"]
+             .set_string_param("yes");
+       },
+       "output \"OUTPUT\" has parameter binary_data, expected a bool_param"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    inference::ModelInferRequest mutated = request;
+    c.mutate(mutated);
+    const absl::Status refused = AttendRequestFrom(mutated, &outputs).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(c.expected));
+  }
 }
 
 // Typed contents in another type's field are refused, naming both fields, not

@@ -2,6 +2,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_ATTENTION_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -56,6 +57,11 @@ class AttentionServiceImpl final {
   // messages and ends UNAVAILABLE once it has written the answers to those it
   // took.
   void EndStreams() { open_streams_.EndAll(); }
+
+  // The drain's start: the Open Inference Protocol's ServerReady and
+  // ModelReady answer false from now on (as gRPC's health turns NOT_SERVING),
+  // while calls are still taken through the grace period.
+  void StopReady() { ready_.store(false); }
 
  private:
   class UnaryCaller;
@@ -148,14 +154,18 @@ class AttentionServiceImpl final {
                    v1::AttendResponse* response);
   // Validate `request`, hold its compute's memory and submit the compute;
   // `caller` hears the outcome, a refusal included. The request and response
-  // must outlive the caller's Computed.
+  // must outlive the caller's Computed. Without `answer_carries_output` (a
+  // ModelInfer asking for other outputs alone) the answer's size is checked
+  // without the output.
   void StartAttend(const Call& call, const v1::AttendRequest& request,
                    v1::AttendResponse* response,
-                   std::shared_ptr<ComputeCaller> caller);
+                   std::shared_ptr<ComputeCaller> caller,
+                   bool answer_carries_output = true);
   void StartMultiHeadAttention(const Call& call,
                                const v1::MultiHeadAttentionRequest& request,
                                v1::MultiHeadAttentionResponse* response,
-                               std::shared_ptr<ComputeCaller> caller);
+                               std::shared_ptr<ComputeCaller> caller,
+                               bool answer_carries_output = true);
 
   // inference.GRPCInferenceService, the Open Inference Protocol
   // (inference_service.cc; models in oip/inference_models.h).
@@ -263,6 +273,8 @@ class AttentionServiceImpl final {
   AccessLog* const access_log_;
   // ModelInfer's calls by model, for ModelStatistics.
   oip::InferenceStatistics inference_statistics_;
+  // Until the drain starts (StopReady).
+  std::atomic<bool> ready_{true};
 };
 
 }  // namespace attnserve

@@ -42,6 +42,10 @@ struct RequestChecks {
   // (EngineOptions::max_workspace_bytes): a request over it is refused here
   // rather than after queueing. Required.
   const AttentionEngine* engine = nullptr;
+  // Whether the response carries the output: an Open Inference Protocol
+  // request may ask for its WEIGHTS or LSE alone, and the output (computed
+  // all the same) then counts in no message.
+  bool response_carries_output = true;
 };
 
 // Validated options whose data (mask, key lengths) still lives in the request:

@@ -512,6 +512,18 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
   ATTNSERVE_ASSIGN_OR_RETURN(std::vector<std::string> admin_tokens,
                              BearerTokensFor("weights_admin_token_file",
                                              options.weights_admin_token_file));
+  // Several tokens are several callers; without admin tokens each may
+  // replace or delete the weight sets the others use (an audit of tenant
+  // isolation, 2026-12-07, did so).
+  if (tokens.size() > 1 && admin_tokens.empty()) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("attnserve: warning: auth_token_file holds ",
+                     tokens.size(),
+                     " tokens and no weights_admin_token_file is set: any of "
+                     "them may put or delete any weight set, another's "
+                     "included; set --weights_admin_token_file to keep weight "
+                     "changes to its tokens' holders"));
+  }
   std::unique_ptr<AccessLog> access_log;
   if (!options.access_log.empty()) {
     ATTNSERVE_ASSIGN_OR_RETURN(access_log, AccessLog::Open(options.access_log));

@@ -140,6 +140,21 @@ start_attnserve "${attnserve}" --weights_dir="${dir}" --auth_token_file="${workd
   --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" --drain_grace_seconds=0
 grep -q "^attnserve weights: demo, mounted$" "${workdir}/server.log" ||
   fail "the Kubernetes-style folder did not load: $(cat "${workdir}/server.log")"
+! grep -q "attnserve: warning" "${workdir}/server.log" ||
+  fail "a warning with one token: $(cat "${workdir}/server.log")"
+stop_attnserve
+# Several tokens without admin tokens: each may change the others' weight sets, said at start-up
+# (an audit of tenant isolation, 2026-12-07); with admin tokens, not.
+printf 'token-1\ntoken-2\n' >"${workdir}/token_two"
+start_attnserve "${attnserve}" --auth_token_file="${workdir}/token_two" --drain_grace_seconds=0
+grep -q "attnserve: warning: auth_token_file holds 2 tokens and no weights_admin_token_file is \
+set: any of them may put or delete any weight set" "${workdir}/server.log" ||
+  fail "no warning of shared weight changes: $(cat "${workdir}/server.log")"
+stop_attnserve
+start_attnserve "${attnserve}" --auth_token_file="${workdir}/token_two" \
+  --weights_admin_token_file="${workdir}/token_ok" --drain_grace_seconds=0
+! grep -q "attnserve: warning" "${workdir}/server.log" ||
+  fail "a warning with admin tokens: $(cat "${workdir}/server.log")"
 stop_attnserve
 
 # Memory budgets that cannot fit the memory limit (here physical memory or the cgroup's, both

@@ -10,9 +10,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/status_macros.h"
+#include "attnserve/core/attention_types.h"
 
 namespace attnserve::oip {
 
@@ -168,7 +170,16 @@ absl::Status ApplyParameters(const ModelInferRequest& request,
     } else if (name == "softcap") {
       if (parameter.parameter_choice_case() == InferParameter::kDoubleParam) {
         ATTNSERVE_RETURN_IF_ERROR(CheckFloatRange(name, parameter));
-        options->set_softcap(static_cast<float>(parameter.double_param()));
+        // Refused here, as sent: the native check would name the float it
+        // became (1e-40 as 9.9999461e-41).
+        const double value = parameter.double_param();
+        if (std::isfinite(value) && value < kMinSoftcap) {
+          return Invalid(absl::StrCat(
+              "parameter softcap is ", value, ", expected a finite number >= ",
+              absl::StrFormat("%.9g", kMinSoftcap),
+              " (the smallest normal float), or absent for none"));
+        }
+        options->set_softcap(static_cast<float>(value));
       } else if (parameter.parameter_choice_case() ==
                  InferParameter::kInt64Param) {
         options->set_softcap(static_cast<float>(parameter.int64_param()));

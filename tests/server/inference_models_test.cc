@@ -100,6 +100,22 @@ TEST(InferenceModelsTest, ADoubleParameterPastFloatRangeIsNamedAsSent) {
   }
 }
 
+// A softcap under the smallest normal float is named as sent, not as the
+// float it would become (until 2026-12-07, 1e-40 as 9.9999461e-41).
+TEST(InferenceModelsTest, ASoftcapTooSmallIsNamedAsSent) {
+  for (const double softcap : {1e-40, -0.1, 0.0}) {
+    inference::ModelInferRequest request = SdpaRequest();
+    (*request.mutable_parameters())["softcap"].set_double_param(softcap);
+    RequestedOutputs outputs;
+    const absl::Status status = AttendRequestFrom(request, &outputs).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("parameter softcap is ", softcap,
+                                       ", expected a finite number >= "
+                                       "1.17549435e-38")));
+  }
+}
+
 // An empty KEY_LENGTHS would read as none at all.
 TEST(InferenceModelsTest, AnEmptyKeyLengthsIsRefused) {
   inference::ModelInferRequest request = SdpaRequest();

@@ -82,9 +82,12 @@ const CHECKS = [
     const container = containerOf(objects);
     const model = isvcOf(objects).spec.predictor.model;
     const failures = [];
-    if (model.storageUri && flag(container, "weights_dir") !== "/mnt/models") {
+    if (flag(container, "weights_dir") !== "/mnt/models") {
       failures.push("a storageUri is mounted at /mnt/models: --weights_dir must read it");
     }
+    // Without storage /mnt/models is missing, and attnserve exits on a --weights_dir it
+    // cannot read (a crash loop, a review found).
+    if (!model.storageUri) failures.push("no storageUri: --weights_dir=/mnt/models would be missing");
     if (flag(container, "demo_weights") !== "false") {
       failures.push("--demo_weights=false: only the model's own sets should answer");
     }
@@ -108,6 +111,11 @@ const CHECKS = [
     const failures = [];
     if (!context.runAsNonRoot) failures.push("runAsNonRoot");
     if (!context.readOnlyRootFilesystem) failures.push("readOnlyRootFilesystem");
+    // The restricted Pod Security Standard admits no container without one.
+    const seccomp = context.seccompProfile;
+    if (!seccomp || !["RuntimeDefault", "Localhost"].includes(seccomp.type)) {
+      failures.push("no RuntimeDefault or Localhost seccompProfile");
+    }
     if (context.runAsUser !== undefined && context.runAsUser !== dockerUid) {
       failures.push(`runAsUser ${context.runAsUser}, the image's is ${dockerUid}`);
     }
@@ -132,6 +140,8 @@ const MUTATIONS = [
   ["a REST protocol asked", "uses the runtime", (o) => { isvcOf(o).spec.predictor.model.protocolVersion = "v2"; }],
   ["a container field of the wrong type", "Kubernetes schema", (o) => { containerOf(o).ports[0].containerPort = "h2c"; }],
   ["root filesystem writable", "read-only", (o) => { containerOf(o).securityContext.readOnlyRootFilesystem = false; }],
+  ["no seccomp profile", "read-only", (o) => { delete containerOf(o).securityContext.seccompProfile; }],
+  ["no storageUri", "storage", (o) => { delete isvcOf(o).spec.predictor.model.storageUri; }],
 ];
 
 function evaluate(objects, dockerUid) {

@@ -114,11 +114,16 @@ def _integers(values, name):
     return [_integer(value, f"{name}[{i}]") for i, value in enumerate(values)]
 
 
+# The farthest deadline a call is given: gRPC's deadline overflows past about 4e9 s, and a
+# lock's wait past threading.TIMEOUT_MAX; 1e8 s (three years) waits as long as any longer one.
+_MAX_SECONDS = 1e8
+
+
 def _seconds(value, name):
-    """A finite number of seconds (a deadline's distance), as float."""
+    """A finite number of seconds (a deadline's distance), as float, at most _MAX_SECONDS."""
     if (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
             and np.isfinite(float(value))):
-        return float(value)
+        return min(float(value), _MAX_SECONDS)
     raise ValueError(f"{name} is {value!r}, expected a finite number of seconds")
 
 
@@ -286,6 +291,13 @@ class Client:
                    ("grpc.max_reconnect_backoff_ms", 500)]
         if server_name_override:
             options.append(("grpc.ssl_target_name_override", server_name_override))
+        if (private_key or server_name_override) and not (
+                tls or root_certificates or certificate_chain):
+            # Not a plaintext channel, on which a token would travel in clear.
+            raise ValueError(
+                f"{'private_key' if private_key else 'server_name_override'} is set without "
+                f"tls, root_certificates or certificate_chain: expected TLS options "
+                f"(certificate_chain with private_key for mutual TLS)")
         if tls or root_certificates or certificate_chain:
             credentials = grpc.ssl_channel_credentials(root_certificates, private_key,
                                                        certificate_chain)

@@ -179,20 +179,27 @@ class Session:
         AttnserveError (ReplicaGoneError when a pinned session's replica is gone and there is
         no rebuild hook)."""
         with self._alone(timeout) as timeout:
+            # One deadline for the step, its rebuild and its second sending (each once had
+            # the whole timeout: three times it in all, an audit found).
+            deadline = self._deadline(timeout)
             try:
-                return self._step(layer, key, value, query, input_dtype, timeout, options)
+                return self._step(layer, key, value, query, input_dtype, deadline, options)
             except ReplicaGoneError as error:
                 if self.rebuild_hook is None or self._rebuilding:
                     raise
                 gone = error
             try:
-                self.rebuild(timeout)
+                self.rebuild(_left(deadline))
             except AttnserveError as error:
                 # Still the replica-gone error, the rebuild's own failure told: the caller
                 # may rebuild again.
                 raise ReplicaGoneError(f"{gone.message}; rebuilding it failed: {error.message}",
                                        gone.address) from error
-            return self._step(layer, key, value, query, input_dtype, timeout, options)
+            return self._step(layer, key, value, query, input_dtype, deadline, options)
+
+    def _deadline(self, timeout):
+        """The time.monotonic() a call given `timeout` (None: the client's default) ends by."""
+        return time.monotonic() + (self._client._timeout if timeout is None else timeout)
 
     def _gone_or(self, error, restarted=False):
         """`error` as a ReplicaGoneError when it says a pinned session's replica is gone:
@@ -245,14 +252,15 @@ class Session:
                                      f"session {self.id} was not placed by attnserve.Replicas, "
                                      f"which alone can rebuild it on another replica")
             lengths = list(self.lengths)
-            fresh = self._replicas.create_session(avoid={self.address}, timeout=timeout,
+            deadline = self._deadline(timeout)
+            fresh = self._replicas.create_session(avoid={self.address}, timeout=_left(deadline),
                                                   **self._create_options)
             if self.rebuild_hook is None:
                 self._become(fresh)
                 return
             self._rebuilding = True
             try:
-                self.rebuild_hook(fresh, lengths, timeout)
+                self.rebuild_hook(fresh, lengths, _left(deadline))
                 if fresh.lengths != lengths:
                     raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
                                          f"the rebuild hook left session {fresh.id} at lengths "
@@ -280,7 +288,7 @@ class Session:
             self.deleted = fresh.deleted
             self._delete_sent = fresh._delete_sent
 
-    def _step(self, layer, key, value, query, input_dtype, timeout, options):
+    def _step(self, layer, key, value, query, input_dtype, deadline, options):
         if (key is None) != (value is None):
             raise ValueError("give key and value together, or neither")
         layer = _layer(layer, len(self.lengths))
@@ -299,7 +307,7 @@ class Session:
             response, attempts = self._client.call_counting(
                 "Step", pb2.StepRequest(steps=[step],
                                         replica_incarnation=self.replica.incarnation),
-                timeout)
+                _left(deadline))
         except AttnserveError as error:
             self._uncertain[layer] = True
             # A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole only
@@ -311,17 +319,17 @@ class Session:
             error = AttnserveError(_code(result.error.code), result.error.message)
             if (result.error.code == _FAILED_PRECONDITION
                     and (attempts > 1 or self._uncertain[layer])):
-                return self._recover(layer, step, tokens, error, timeout)
+                return self._recover(layer, step, tokens, error, deadline)
             raise error
         self._uncertain[layer] = False
         self.lengths[layer] = result.length
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
                           result.length, False, _timing(response))
 
-    def _recover(self, layer, step, tokens, refusal, timeout):
+    def _recover(self, layer, step, tokens, refusal, deadline):
         expected = step.expected_length
         try:
-            lengths = _checked_info(self._get(timeout), self.id).lengths
+            lengths = _checked_info(self._get(_left(deadline)), self.id).lengths
         except AttnserveError as error:
             raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
                 from None
@@ -349,7 +357,7 @@ class Session:
         again.query.CopyFrom(step.query)
         response = self._client.call(
             "Step", pb2.StepRequest(steps=[again], replica_incarnation=self.replica.incarnation),
-            timeout)
+            _left(deadline))
         result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             raise AttnserveError(_code(result.error.code), result.error.message)

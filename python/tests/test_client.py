@@ -351,6 +351,28 @@ def test_a_step_whose_answer_was_lost_is_recovered(server):
         assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
         session.sync()
         assert session.lengths == [6]
+
+        # The recovery keeps to the step's deadline: each call has what is left of it (until
+        # 2026-12-07 the GetSession and the query's second sending each had all of it).
+        client.call_counting = lose_the_answer
+        with pytest.raises(attnserve.AttnserveError):
+            session.step(0, key=k, value=v, query=q)
+        given, began = [], time.monotonic()
+
+        def slow(method, request, timeout=None, retryable=True):
+            given.append((method, timeout, time.monotonic() - began))
+            time.sleep(0.2)
+            return real(method, request, timeout, retryable)
+
+        client.call_counting = slow
+        client.call = lambda method, request, timeout=None, retryable=True, also_retry_on=(): \
+            slow(method, request, timeout, retryable)[0]
+        result = session.step(0, key=k, value=v, query=q, timeout=1.0)
+        del client.call
+        client.call_counting = real
+        assert result.recovered and [m for m, _, _ in given] == ["Step", "GetSession", "Step"]
+        for method, timeout, at in given:
+            assert timeout <= 1.0 - at + 0.01, (method, timeout, at)
         session.delete()
 
 
@@ -802,6 +824,20 @@ def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server)
         for bad in ("1", float("nan"), float("inf")):
             with pytest.raises(ValueError, match="expected a finite number of seconds"):
                 client.attend(q, q, q, timeout=bad)
+        # A finite timeout past gRPC's clock (about 4e9 s) waits as a long one, not failing at
+        # once (and a session's lock took it as an OverflowError).
+        client.attend(q, q, q, timeout=1e12)
+        session = client.create_session(num_layers=1, num_heads=1, key_dim=4)
+        session.step(0, key=q[0], value=q[0], query=q[0], timeout=1e12)
+        session.delete()
+    # TLS options without TLS would open a plaintext channel, the token in clear.
+    for options in ({"private_key": b"key"}, {"server_name_override": "name"}):
+        with pytest.raises(ValueError, match="without tls, root_certificates or "
+                           "certificate_chain"):
+            attnserve.Client(server.target, token="t", **options)
+    # bool takes nonzero as True (0.5 and 256 were sent as False).
+    assert attnserve.from_tensor(attnserve.to_tensor(
+        np.array([0.5, 2.0, -1.0, 256.0, 0.0]), "bool")).tolist() == [True] * 4 + [False]
 
 
 def test_packed_sequences_attend_within_themselves(server):

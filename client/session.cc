@@ -277,14 +277,25 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
       }
     }
     if (!restored.ok()) {
-      // Its pages go now, not at its TTL; this Session stays the lost one,
-      // whose next call fails as gone again (and rebuilds again).
-      // Its own second: the hook may have failed on the deadline.
-      fresh.Delete(absl::Seconds(1)).IgnoreError();
-      return absl::Status(restored.code(),
-                          absl::StrCat(restored.message(),
-                                       " (deleted it; this session is still "
-                                       "the lost one, to rebuild again)"));
+      // Its pages go now, not at its TTL, within what is left of the call's
+      // deadline (at most a second): a second of its own ran the call past
+      // its timeout when the hook failed on it, an audit found. This Session
+      // stays the lost one, whose next call fails as gone again (and
+      // rebuilds again).
+      // (With nothing left it is not sent: gRPC may still answer a call
+      // whose deadline has just passed.)
+      const absl::Duration left =
+          std::min(Remaining(deadline), absl::Seconds(1));
+      const bool deleted =
+          left > absl::ZeroDuration() && fresh.Delete(left).ok();
+      return absl::Status(
+          restored.code(),
+          absl::StrCat(restored.message(),
+                       deleted ? " (deleted it"
+                               : " (no time was left to "
+                                 "delete it: it goes at its TTL",
+                       "; this session is still the lost one, to rebuild "
+                       "again)"));
     }
   }
   RebuildHook hook = std::move(rebuild_);

@@ -103,6 +103,17 @@ def _holding(lock, timeout, default, what):
         lock.release()
 
 
+def _delete_within(session, deadline):
+    """Deletes `session` (a rebuild's that did not become the lost one) so that its pages go
+    now, not at its TTL, within what is left of `deadline` and at most a second (a second of
+    its own ran a step past its timeout when the hook failed on it); whether it was deleted."""
+    try:
+        session.delete(timeout=min(_left(deadline), 1.0))
+        return True
+    except AttnserveError:
+        return False
+
+
 def _left(deadline):
     """The seconds left until `deadline` (time.monotonic()), or None for none."""
     return None if deadline is None else max(deadline - time.monotonic(), 0)
@@ -261,22 +272,21 @@ class Session:
             self._rebuilding = True
             try:
                 self.rebuild_hook(fresh, lengths, _left(deadline))
-                if fresh.lengths != lengths:
-                    raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
-                                         f"the rebuild hook left session {fresh.id} at lengths "
-                                         f"{fresh.lengths}; the lost session held {lengths} "
-                                         f"(deleted it; this session is still the lost one, to "
-                                         f"rebuild again)")
             except BaseException:
-                # A session missing tokens never becomes this one (its steps would attend
-                # without them, as a success); its pages go now, not at its TTL.
-                try:
-                    fresh.delete(timeout=1.0)
-                except AttnserveError:
-                    pass
+                _delete_within(fresh, deadline)
                 raise
             finally:
                 self._rebuilding = False
+            if fresh.lengths != lengths:
+                # A session missing tokens never becomes this one (its steps would attend
+                # without them, as a success).
+                deleted = ("deleted it" if _delete_within(fresh, deadline)
+                           else "no time was left to delete it: it goes at its TTL")
+                raise AttnserveError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"the rebuild hook left session {fresh.id} at lengths {fresh.lengths}; the "
+                    f"lost session held {lengths} ({deleted}; this session is still the lost "
+                    f"one, to rebuild again)")
             self._become(fresh)
 
     def _become(self, fresh):

@@ -146,6 +146,23 @@ def test_sessions_are_pinned_told_gone_and_rebuilt(three):
                 direct.get_session(partial[0].id)
         assert missing.value.code == grpc.StatusCode.NOT_FOUND
 
+        # A hook that fails on the step's deadline: nothing is left to delete its session
+        # with, and the step keeps to its timeout (until 2026-12-07 the delete had a second
+        # of its own past it, an audit found).
+        waited = []
+
+        def wait_it_out(fresh, lengths, timeout):
+            waited.append(fresh)
+            time.sleep(timeout)
+            raise attnserve.AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED, "ran out of time")
+
+        sessions[b].rebuild_hook = wait_it_out
+        with pytest.raises(attnserve.ReplicaGoneError) as gone:
+            decode(sessions[b], models[b], timeout=1.0)
+        assert "rebuilding it failed: ran out of time" in gone.value.message
+        assert not waited[0].deleted and sessions[b].id == lost_id
+        waited[0].delete()
+
         calls, began = [], time.monotonic()
 
         def prefill(fresh, lengths, timeout):

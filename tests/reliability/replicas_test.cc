@@ -388,14 +388,15 @@ v1::CreateSessionRequest SmallSession() {
 
 // A decode step on `session` (one token, one query row), checked against
 // `model`.
-absl::Status Decode(Session& session, SessionModel& model, uint64_t seed) {
+absl::Status Decode(Session& session, SessionModel& model, uint64_t seed,
+                    absl::Duration timeout = kTimeout) {
   auto [key, value] = model.Append(1, seed);
   const std::vector<float> query =
       RandomValues(SessionModel::kHeads * SessionModel::kDim, seed + 2);
   absl::StatusOr<StepOutput> out = session.Attend(
       0, std::move(key), std::move(value),
       MakeFloat32Tensor({SessionModel::kHeads, 1, SessionModel::kDim}, query),
-      v1::StepOptions(), kTimeout);
+      v1::StepOptions(), timeout);
   if (!out.ok()) {
     model.length -= 1;
     for (size_t h = 0; h < SessionModel::kKvHeads; ++h) {
@@ -506,6 +507,31 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
                 .status()
                 .code(),
             absl::StatusCode::kNotFound);
+
+  // A hook that fails on the step's deadline: nothing is left to delete its
+  // session with, and the step keeps to its timeout (until 2026-12-07 the
+  // delete had a second of its own past it, an audit found).
+  std::string waited_id, waited_address;
+  sessions[b].SetRebuild(
+      [&](Session& fresh, const std::vector<int64_t>&, absl::Duration timeout) {
+        waited_id = fresh.id();
+        waited_address = fresh.address();
+        absl::SleepFor(timeout);
+        return absl::DeadlineExceededError("the hook ran out of time");
+      });
+  gone = Decode(sessions[b], models[b], 7070, absl::Seconds(1));
+  EXPECT_TRUE(IsReplicaGone(gone)) << gone;
+  EXPECT_THAT(std::string(gone.message()),
+              HasSubstr("the hook ran out of time (no time was left to delete "
+                        "it: it goes at its TTL; this session is still the "
+                        "lost one"));
+  EXPECT_EQ(sessions[b].id(), old_id);
+  v1::DeleteSessionRequest leftover;
+  leftover.set_session_id(waited_id);
+  EXPECT_TRUE((*replicas)
+                  ->client(waited_address)
+                  ->DeleteSession(leftover, kTimeout)
+                  .ok());
 
   // With a hook: rebuilt on the next replica from the caller's tokens, and
   // the step answered there.

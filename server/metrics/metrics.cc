@@ -84,9 +84,9 @@ ServerMetrics::ServerMetrics(const std::string& version,
   auto& requests = prometheus::BuildCounter()
                        .Name("attnserve_requests_total")
                        .Help(
-                           "Calls of attnserve.v1.AttentionService finished, "
-                           "by RPC and gRPC "
-                           "status code.")
+                           "Calls of attnserve.v1.AttentionService and "
+                           "inference.GRPCInferenceService finished, by RPC "
+                           "and gRPC status code.")
                        .Register(*registry_);
   auto& request_duration = prometheus::BuildHistogram()
                                .Name("attnserve_request_duration_seconds")

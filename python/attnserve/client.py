@@ -102,6 +102,13 @@ def _integer(value, name):
     raise ValueError(f"{name} is {value!r}, expected an integer")
 
 
+def _text(value, name):
+    """A str (a weight set's name, a session id), for the server to check its form."""
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{name} is {value!r}, expected a str")
+
+
 def _integers(values, name):
     """A sequence (list, tuple, 1-D array) of integers -> a list of int."""
     if isinstance(values, np.ndarray):
@@ -506,7 +513,7 @@ class Client:
         """Registers `weights` (as mha() takes them inline, RoPE included) under `name` ->
         PutWeightsResult (the new version, the bytes the server holds for them)."""
         request = pb2.PutWeightsRequest(
-            name=name, weights=_projection_weights(
+            name=_text(name, "name"), weights=_projection_weights(
                 weights, num_heads, num_kv_heads,
                 _rope(rope_theta, rotary_dim, rope_interleaved)))
         response = self.call("PutWeights", request, timeout,
@@ -522,7 +529,7 @@ class Client:
                                 lambda old, new: new > old, 1 << 24)
 
     def delete_weights(self, name, timeout=None):
-        self.call("DeleteWeights", pb2.DeleteWeightsRequest(name=name), timeout,
+        self.call("DeleteWeights", pb2.DeleteWeightsRequest(name=_text(name, "name")), timeout,
                   retryable=self._retry.retry_weight_changes)
 
     # ---- KV-cache sessions ------------------------------------------------------------------
@@ -549,7 +556,8 @@ class Client:
             key_dim=_integer(key_dim, "key_dim"), value_dim=_integer(value_dim, "value_dim"),
             dtype=wire_dtype(_data_dtype(dtype, "dtype")),
             max_tokens=_integer(max_tokens, "max_tokens"),
-            ttl_seconds=_integer(ttl_seconds, "ttl_seconds"), session_id=session_id or "")
+            ttl_seconds=_integer(ttl_seconds, "ttl_seconds"),
+            session_id="" if session_id is None else _text(session_id, "session_id"))
         if scale is not None:
             request.defaults.scale = _real(scale, "scale")
         if window_left is not None:
@@ -575,13 +583,13 @@ class Client:
     def session(self, session_id, timeout=None):
         """A Session for an existing id, with the lengths the server holds."""
         from attnserve.session import Session
-        request = pb2.GetSessionRequest(session_id=session_id)
+        request = pb2.GetSessionRequest(session_id=_text(session_id, "session_id"))
         response = self.call("GetSession", request, timeout)
         return Session(self, response.session, response.replica, expected_id=session_id)
 
     def get_session(self, session_id, timeout=None):
         """The server's SessionInfo of `session_id`."""
-        request = pb2.GetSessionRequest(session_id=session_id)
+        request = pb2.GetSessionRequest(session_id=_text(session_id, "session_id"))
         return self.call("GetSession", request, timeout).session
 
     def list_sessions(self, timeout=None):

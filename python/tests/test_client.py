@@ -466,6 +466,16 @@ def test_a_value_out_of_place_is_a_value_error_before_any_call(server):
                     attnserve.attention_options(**options)
         with pytest.raises(ValueError, match="input_dtype is 'bool'"):
             client.mha(uniform(1, 3, 8), weights_name="demo", input_dtype="bool")
+        # Names and ids that are not str, named (protobuf's TypeError named neither).
+        for call, message in (
+                (lambda: client.delete_weights(5), "name is 5, expected a str"),
+                (lambda: client.put_weights(5, None, num_heads=1), "name is 5"),
+                (lambda: client.create_session(num_layers=1, num_heads=1, key_dim=4,
+                                               session_id=123), "session_id is 123"),
+                (lambda: client.session(5), "session_id is 5, expected a str"),
+                (lambda: client.get_session(b"id"), "session_id is b'id'")):
+            with pytest.raises(ValueError, match=message):
+                call()
         with pytest.raises(ValueError, match="causal is 'yes'"):
             attnserve.sharded_attend([client], q, k, v, shards=2, causal="yes")
         with pytest.raises(ValueError, match=r"key_lengths\[0\] is 4.7"):

@@ -286,14 +286,17 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
       // whose deadline has just passed.)
       const absl::Duration left =
           std::min(Remaining(deadline), absl::Seconds(1));
-      const bool deleted =
-          left > absl::ZeroDuration() && fresh.Delete(left).ok();
+      std::string deleted = "no time was left to delete it: it goes at its TTL";
+      if (left > absl::ZeroDuration()) {
+        const absl::Status deletion = fresh.Delete(left);
+        deleted = deletion.ok()
+                      ? "deleted it"
+                      : absl::StrCat("deleting it failed (", deletion.message(),
+                                     "): it goes at its TTL");
+      }
       return absl::Status(
           restored.code(),
-          absl::StrCat(restored.message(),
-                       deleted ? " (deleted it"
-                               : " (no time was left to "
-                                 "delete it: it goes at its TTL",
+          absl::StrCat(restored.message(), " (", deleted,
                        "; this session is still the lost one, to rebuild "
                        "again)"));
     }

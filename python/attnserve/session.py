@@ -106,12 +106,15 @@ def _holding(lock, timeout, default, what):
 def _delete_within(session, deadline):
     """Deletes `session` (a rebuild's that did not become the lost one) so that its pages go
     now, not at its TTL, within what is left of `deadline` and at most a second (a second of
-    its own ran a step past its timeout when the hook failed on it); whether it was deleted."""
+    its own ran a step past its timeout when the hook failed on it); says what came of it."""
+    left = min(_left(deadline), 1.0)
+    if left <= 0:
+        return "no time was left to delete it: it goes at its TTL"
     try:
-        session.delete(timeout=min(_left(deadline), 1.0))
-        return True
-    except AttnserveError:
-        return False
+        session.delete(timeout=left)
+        return "deleted it"
+    except AttnserveError as error:
+        return f"deleting it failed ({error.message}): it goes at its TTL"
 
 
 def _left(deadline):
@@ -256,7 +259,8 @@ class Session:
         The hook is given the new session as a Session of its own, which it may step from
         any thread; this one becomes it when the hook has restored every layer, and until then
         other threads' calls on this one wait. If the hook raises or leaves other lengths, the
-        new session is deleted and this one stays the lost one, to rebuild again."""
+        new session is deleted (within what is left of `timeout`, else left to its TTL) and
+        this one stays the lost one, to rebuild again."""
         with self._alone(timeout) as timeout:
             if self._replicas is None:
                 raise AttnserveError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -272,6 +276,11 @@ class Session:
             self._rebuilding = True
             try:
                 self.rebuild_hook(fresh, lengths, _left(deadline))
+            except AttnserveError as error:
+                # Said as the C++ Session says it.
+                raise AttnserveError(
+                    error.code, f"{error.message} ({_delete_within(fresh, deadline)}; this "
+                    f"session is still the lost one, to rebuild again)") from error
             except BaseException:
                 _delete_within(fresh, deadline)
                 raise
@@ -280,8 +289,7 @@ class Session:
             if fresh.lengths != lengths:
                 # A session missing tokens never becomes this one (its steps would attend
                 # without them, as a success).
-                deleted = ("deleted it" if _delete_within(fresh, deadline)
-                           else "no time was left to delete it: it goes at its TTL")
+                deleted = _delete_within(fresh, deadline)
                 raise AttnserveError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"the rebuild hook left session {fresh.id} at lengths {fresh.lengths}; the "

@@ -78,8 +78,9 @@ def to_tensor(array, dtype=None, what="array"):
             array = bfloat16_bits_to_float32(array)
         elif name == "BFLOAT16" and array.dtype != np.uint16:
             array = float32_to_bfloat16_bits(array)
-        elif name == "BOOL":
-            # Nonzero is True (a cast to uint8 sent 0.5 as 0 and 256 as 0).
+        if name == "BOOL":
+            # Nonzero is True (a cast to uint8 sent 0.5 as 0 and 256 as 0), bfloat16 bits
+            # read as their values first.
             array = array.astype(np.bool_)
     data = np.ascontiguousarray(array, dtype=_PACKED[name]).tobytes()
     return pb2.Tensor(dtype=name, shape=array.shape, data=data)

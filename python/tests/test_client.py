@@ -848,6 +848,8 @@ def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server)
     # bool takes nonzero as True (0.5 and 256 were sent as False).
     assert attnserve.from_tensor(attnserve.to_tensor(
         np.array([0.5, 2.0, -1.0, 256.0, 0.0]), "bool")).tolist() == [True] * 4 + [False]
+    half = attnserve.float32_to_bfloat16_bits(np.array([0.5, 0.0], np.float32))
+    assert attnserve.from_tensor(attnserve.to_tensor(half, "bool")).tolist() == [True, False]
 
 
 def test_packed_sequences_attend_within_themselves(server):

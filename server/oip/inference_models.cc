@@ -243,6 +243,11 @@ absl::StatusOr<RequestedOutputs> OutputsAsked(const ModelInferRequest& request,
                                   " is not one of OUTPUT, LSE, WEIGHTS"));
     }
   }
+  // What the parameters ask but the list leaves out is neither computed nor
+  // counted in the answer's size (the weights were, and refused a request
+  // whose answer fit, a review found).
+  if (!asked.lse) options->set_return_lse(false);
+  if (!asked.weights) options->set_return_weights(v1::AttentionOptions::NONE);
   return asked;
 }
 

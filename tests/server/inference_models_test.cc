@@ -116,6 +116,31 @@ TEST(InferenceModelsTest, ASoftcapTooSmallIsNamedAsSent) {
   }
 }
 
+// With outputs listed, the parameters' lse and weights that the list leaves
+// out are not computed (nor counted in the answer's size).
+TEST(InferenceModelsTest, OutputsLeftOutOfTheListAreNotComputed) {
+  inference::ModelInferRequest request = SdpaRequest();
+  (*request.mutable_parameters())["return_lse"].set_bool_param(true);
+  (*request.mutable_parameters())["return_weights"].set_string_param(
+      "head_mean");
+  request.add_outputs()->set_name("OUTPUT");
+  inference::ModelInferRequest listed = request;
+  RequestedOutputs outputs;
+  absl::StatusOr<v1::AttendRequest> attend =
+      AttendRequestFrom(listed, &outputs);
+  ASSERT_TRUE(attend.ok()) << attend.status();
+  EXPECT_FALSE(attend->options().return_lse());
+  EXPECT_EQ(attend->options().return_weights(), v1::AttentionOptions::NONE);
+  EXPECT_TRUE(outputs.output && !outputs.lse && !outputs.weights);
+  // Listed, WEIGHTS keeps the parameter's kind.
+  request.add_outputs()->set_name("WEIGHTS");
+  attend = AttendRequestFrom(request, &outputs);
+  ASSERT_TRUE(attend.ok()) << attend.status();
+  EXPECT_FALSE(attend->options().return_lse());
+  EXPECT_EQ(attend->options().return_weights(),
+            v1::AttentionOptions::HEAD_MEAN);
+}
+
 // An empty KEY_LENGTHS would read as none at all.
 TEST(InferenceModelsTest, AnEmptyKeyLengthsIsRefused) {
   inference::ModelInferRequest request = SdpaRequest();

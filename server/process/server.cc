@@ -288,8 +288,11 @@ class AttnServerImpl final : public AttnServer {
     absl::MutexLock lock(&shutdown_mutex_);
     if (server_ == nullptr || shut_down_) return;
     shut_down_ = true;
-    health_.SetServing(false);
+    // Not ready before health says NOT_SERVING: a client that heard the
+    // watch must find readiness false too (the other order failed a test
+    // under a loaded build).
     service_.StopReady();
+    health_.SetServing(false);
     // New sessions go to other replicas at once; the steps of the sessions
     // held here are served through the grace period.
     sessions_.StopCreating();

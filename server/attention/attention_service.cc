@@ -427,6 +427,13 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
   call.handler->Answer(ToGrpcStatus(answer));
 }
 
+RequestChecks AttentionServiceImpl::ChecksFor(
+    bool answer_carries_output) const {
+  RequestChecks checks = checks_;
+  checks.response_carries_output = answer_carries_output;
+  return checks;
+}
+
 void AttentionServiceImpl::ServeAttend(const Call& call,
                                        const v1::AttendRequest& request,
                                        v1::AttendResponse* response) {
@@ -439,9 +446,8 @@ void AttentionServiceImpl::StartAttend(const Call& call,
                                        v1::AttendResponse* response,
                                        std::shared_ptr<ComputeCaller> caller,
                                        bool answer_carries_output) {
-  RequestChecks checks = checks_;
-  checks.response_carries_output = answer_carries_output;
-  absl::StatusOr<AttendWork> work = ValidateAttendRequest(request, checks);
+  absl::StatusOr<AttendWork> work =
+      ValidateAttendRequest(request, ChecksFor(answer_carries_output));
   if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return caller->Computed(held);
@@ -470,10 +476,9 @@ void AttentionServiceImpl::StartMultiHeadAttention(
     response->set_weights_version(weights->version);
   }
   const std::shared_ptr<const WeightSet> registered = weights->registered;
-  RequestChecks checks = checks_;
-  checks.response_carries_output = answer_carries_output;
-  absl::StatusOr<MultiHeadWork> work = ValidateMultiHeadRequest(
-      request, weights->shape, weights->origin, checks);
+  absl::StatusOr<MultiHeadWork> work =
+      ValidateMultiHeadRequest(request, weights->shape, weights->origin,
+                               ChecksFor(answer_carries_output));
   if (!work.ok()) return caller->Computed(work.status());
   const absl::Status held = HoldComputeMemory(call, work->memory_bytes);
   if (!held.ok()) return caller->Computed(held);

@@ -152,6 +152,8 @@ class AttentionServiceImpl final {
 
   void ServeAttend(const Call& call, const v1::AttendRequest& request,
                    v1::AttendResponse* response);
+  // The server's checks, for an answer that carries the output or not.
+  RequestChecks ChecksFor(bool answer_carries_output) const;
   // Validate `request`, hold its compute's memory and submit the compute;
   // `caller` hears the outcome, a refusal included. The request and response
   // must outlive the caller's Computed. Without `answer_carries_output` (a

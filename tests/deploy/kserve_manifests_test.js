@@ -71,9 +71,13 @@ const CHECKS = [
     if (String(h2c.containerPort) !== flag(container, "port")) {
       failures.push(`h2c is ${h2c.containerPort}, attnserve's --port ${flag(container, "port")}`);
     }
-    for (const probe of [container.readinessProbe, container.livenessProbe]) {
+    for (const name of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+      const probe = container[name];
       if (!probe || !probe.grpc || probe.grpc.port !== h2c.containerPort) {
-        failures.push("probes must be gRPC health checks on the h2c port");
+        failures.push(`${name} must be a gRPC health check on the h2c port`);
+      } else if (!probe.timeoutSeconds || probe.timeoutSeconds < 2) {
+        // Kubernetes' default is 1 s: a busy, throttled replica misses checks it answers.
+        failures.push(`${name} has timeoutSeconds ${probe.timeoutSeconds}, expected 2 or more`);
       }
     }
     return failures;
@@ -130,6 +134,10 @@ const MUTATIONS = [
   ["--port off the h2c port", "h2c", (o) => {
     containerOf(o).args = containerOf(o).args.map((a) => a.startsWith("--port=") ? "--port=9000" : a);
   }],
+  ["a liveness probe with Kubernetes' 1 s timeout", "h2c", (o) => {
+    delete containerOf(o).livenessProbe.timeoutSeconds;
+  }],
+  ["no startup probe", "h2c", (o) => { delete containerOf(o).startupProbe; }],
   ["an HTTP readiness probe", "h2c", (o) => {
     containerOf(o).readinessProbe = { httpGet: { path: "/", port: 8081 } };
   }],

@@ -210,9 +210,7 @@ absl::Status Session::ReplicaGoneOr(absl::Status status, bool restarted) const {
       replica_.incarnation(), ") at ", address_, " is gone, and the session ",
       "with it: ",
       unreachable ? "it is unreachable or draining" : "it restarted", " (",
-      status.message(),
-      "); create the session again elsewhere (Session::Rebuild, or a rebuild "
-      "hook)"));
+      status.message(), ")", kRebuildAdvice));
   gone.SetPayload(kReplicaGonePayload, absl::Cord(address_));
   return gone;
 }
@@ -389,7 +387,11 @@ absl::Status Session::Delete(absl::Duration timeout) {
   // NOT_FOUND counts as done after an attempt, of this call or an earlier
   // one, that may have deleted the session without its answer arriving.
   const bool maybe_deleted = attempts > 1 || delete_sent_;
-  if (!response.ok() &&
+  // DeleteSession fails FAILED_PRECONDITION only for the incarnation: the
+  // replica restarted, and the session went with the process that held it.
+  const bool restarted =
+      replicas_ != nullptr && absl::IsFailedPrecondition(response.status());
+  if (!response.ok() && !restarted &&
       !(maybe_deleted && absl::IsNotFound(response.status()))) {
     // Only a failure without the server's answer may hide a deletion.
     const absl::StatusCode code = response.status().code();
@@ -399,9 +401,7 @@ absl::Status Session::Delete(absl::Duration timeout) {
                    code == absl::StatusCode::kCancelled ||
                    code == absl::StatusCode::kUnknown ||
                    code == absl::StatusCode::kInternal;
-    // DeleteSession fails FAILED_PRECONDITION only for the incarnation.
-    return ReplicaGoneOr(response.status(),
-                         absl::IsFailedPrecondition(response.status()));
+    return ReplicaGoneOr(response.status(), false);
   }
   deleted_ = true;
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/tensors.h"
 #include "attnserve/common/status_macros.h"
@@ -71,17 +72,29 @@ absl::Status ShardedSession::EnsureShard(size_t index, absl::Time deadline) {
     std::set<std::string> holding;
     for (const Session& shard : shards_) holding.insert(shard.address());
     const std::vector<std::string> all = replicas_->addresses();
-    const bool spare =
-        std::any_of(all.begin(), all.end(), [&](const std::string& address) {
-          return holding.count(address) == 0;
-        });
-    absl::StatusOr<Session> shard =
-        replicas_->CreateSession(request_, Remaining(deadline),
-                                 spare ? holding : std::set<std::string>());
-    // The spares may all be down or draining (a rolling update): then any
-    // replica, a holder included.
-    if (!shard.ok() && spare && absl::IsUnavailable(shard.status())) {
+    std::set<std::string> spares;
+    for (const std::string& address : all) {
+      if (holding.count(address) == 0) spares.insert(address);
+    }
+    absl::StatusOr<Session> shard;
+    if (spares.empty()) {
       shard = replicas_->CreateSession(request_, Remaining(deadline), {});
+    } else {
+      // Half of what is left (at least 2 s, or what is left) for the spares:
+      // a hung one does not take the holders' turn too.
+      const absl::Duration share =
+          std::max(Remaining(deadline) / 2,
+                   std::min(Remaining(deadline), absl::Seconds(2)));
+      shard = replicas_->CreateSession(request_, share, holding);
+      // The spares may all be down, draining or hung (a rolling update):
+      // then a replica holding a shard.
+      const absl::StatusCode code = shard.status().code();
+      if ((code == absl::StatusCode::kUnavailable ||
+           code == absl::StatusCode::kCancelled ||
+           code == absl::StatusCode::kDeadlineExceeded) &&
+          Remaining(deadline) > absl::ZeroDuration()) {
+        shard = replicas_->CreateSession(request_, Remaining(deadline), spares);
+      }
     }
     if (!shard.ok()) {
       return absl::Status(shard.status().code(),
@@ -93,8 +106,20 @@ absl::Status ShardedSession::EnsureShard(size_t index, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::Status ShardedSession::CheckShards(int64_t layer) const {
+absl::Status ShardedSession::CheckShards(int64_t layer, int64_t end) const {
   const int64_t length = lengths_[layer];
+  for (const size_t s : lost_) {
+    const int64_t first = static_cast<int64_t>(s) * shard_tokens_;
+    if (std::max(length, end) > first) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " (session ", shards_[s].id(), " at ",
+          shards_[s].address(),
+          ") was lost with its replica, and with it layer ", layer,
+          "'s tokens from ", first,
+          ": a sharded session cannot get them back; Delete() it and create a "
+          "new one"));
+    }
+  }
   for (size_t s = 0; s < shards_.size(); ++s) {
     const int64_t before = static_cast<int64_t>(s) * shard_tokens_;
     const int64_t want = std::clamp<int64_t>(length - before, 0, shard_tokens_);
@@ -118,7 +143,11 @@ absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
   for (const Session& s : shards_) stands += s.length(layer);
   lengths_[layer] = stands;
   std::string told;
+  absl::string_view reason = error.message();
   if (IsReplicaGone(error)) {
+    // Not the Session's advice to rebuild it: an empty shard would be refused.
+    absl::ConsumeSuffix(&reason, kRebuildAdvice);
+    lost_.insert(shard);
     told =
         "; the tokens the shard held went with its replica, and a sharded "
         "session is not rebuilt: Delete() it and create a new one";
@@ -130,8 +159,8 @@ absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
                         " tokens stand (length() is ", stands,
                         "): send the rest, not the whole step again");
   }
-  absl::Status failed(
-      error.code(), absl::StrCat("shard ", shard, ": ", error.message(), told));
+  absl::Status failed(error.code(),
+                      absl::StrCat("shard ", shard, ": ", reason, told));
   error.ForEachPayload(
       [&failed](absl::string_view url, const absl::Cord& payload) {
         failed.SetPayload(url, payload);
@@ -153,9 +182,9 @@ absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
   // appends nothing anywhere (the server would refuse it only at the shard
   // holding its query, after the earlier pieces were appended).
   if (absl::Status valid = CheckInputs(inputs); !valid.ok()) return valid;
-  if (absl::Status held = CheckShards(layer); !held.ok()) return held;
   const int64_t start = lengths_[layer];
   const int64_t end = start + *appended;
+  if (absl::Status held = CheckShards(layer, end); !held.ok()) return held;
   const int64_t query_rows = inputs.query && inputs.query->shape_size() == 3
                                  ? inputs.query->shape(1)
                                  : 0;
@@ -349,17 +378,27 @@ absl::StatusOr<StepOutput> ShardedSession::Attend(
 absl::Status ShardedSession::Delete(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   // All at once: a shard whose replica hangs does not take the others' time.
-  std::vector<std::future<absl::Status>> deletes;
-  for (Session& shard : shards_) {
+  std::vector<std::pair<size_t, std::future<absl::Status>>> deletes;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    Session& shard = shards_[s];
     if (shard.deleted()) continue;
-    deletes.push_back(std::async(std::launch::async, [&shard, deadline] {
-      return shard.Delete(Remaining(deadline));
-    }));
+    deletes.emplace_back(s, std::async(std::launch::async, [&shard, deadline] {
+                           return shard.Delete(Remaining(deadline));
+                         }));
   }
   absl::Status first;
-  for (auto& deleted : deletes) {
+  for (auto& [s, deleted] : deletes) {
     absl::Status status = deleted.get();
-    if (first.ok()) first = std::move(status);
+    if (!first.ok() || status.ok()) continue;
+    // Which shard, without the Session's advice to rebuild it.
+    absl::string_view reason = status.message();
+    absl::ConsumeSuffix(&reason, kRebuildAdvice);
+    first =
+        absl::Status(status.code(), absl::StrCat("shard ", s, ": ", reason));
+    status.ForEachPayload(
+        [&first](absl::string_view url, const absl::Cord& payload) {
+          first.SetPayload(url, payload);
+        });
   }
   return first;
 }

@@ -124,6 +124,8 @@ def _integers(values, name):
 # The farthest deadline a call is given: gRPC's deadline overflows past about 4e9 s, and a
 # lock's wait past threading.TIMEOUT_MAX; 1e8 s (three years) waits as long as any longer one.
 _MAX_SECONDS = 1e8
+# The largest C int, gRPC's limit for a channel's message sizes.
+_MAX_INT32 = (1 << 31) - 1
 
 
 def _seconds(value, name):
@@ -284,6 +286,17 @@ class Client:
                  private_key=None, server_name_override=None, token=None,
                  retry=RetryPolicy(), compression=None, timeout=30.0,
                  max_message_bytes=64 << 20, wait_for_ready=False):
+        # gRPC takes a C int here: a larger one raised OverflowError naming nothing.
+        max_message_bytes = _integer(max_message_bytes, "max_message_bytes")
+        if not 1 <= max_message_bytes <= _MAX_INT32:
+            raise ValueError(f"max_message_bytes is {max_message_bytes}, expected 1 to "
+                             f"{_MAX_INT32}")
+        if not isinstance(retry, RetryPolicy):
+            raise ValueError(f"retry is {retry!r}, expected an attnserve.RetryPolicy "
+                             f"(RetryPolicy(max_attempts=1) retries nothing)")
+        if token is not None and not isinstance(token, str):
+            # bytes would be sent as "Bearer b'...'".
+            raise ValueError(f"token is of type {type(token).__name__}, expected a str")
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.lb_policy_name", "round_robin"),

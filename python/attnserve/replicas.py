@@ -19,12 +19,16 @@ import threading
 import grpc
 import numpy as np
 
-from attnserve.client import AttnserveError, Client, _data_dtype, _seconds
-from attnserve.session import (ReplicaGoneError, _deadline, _holding, _layer, _left,
-                               _step_options)
+from attnserve.client import AttnserveError, Client, _data_dtype, _integer, _seconds
+from attnserve.session import (_REBUILD_ADVICE, ReplicaGoneError, _deadline, _holding,
+                               _layer, _left, _step_options)
 from attnserve.tensors import check_array
 
 _MASK = (1 << 64) - 1
+# The codes on which creating a session moves on from a replica: unreachable or draining,
+# shutting down, or no answer within its share of the time.
+_PASSED_OVER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def rendezvous_weight(address, key):
@@ -69,8 +73,12 @@ def resolve(target):
             target[len("dns:"):] if target.startswith("dns:") else target)
         host, port = _split_host_port(name)
         addresses = []
-        for family, _, _, _, sockaddr in socket.getaddrinfo(host, port,
-                                                            type=socket.SOCK_STREAM):
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as error:  # Its own message names neither host nor target.
+            raise socket.gaierror(error.errno, f"target {target!r}: {host} does not "
+                                  f"resolve: {error.strerror}") from error
+        for family, _, _, _, sockaddr in found:
             ip = sockaddr[0]
             addresses.append(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
     addresses = sorted(set(addresses))
@@ -195,8 +203,18 @@ class ShardedSession:
     One may be shared by threads: its calls run one at a time."""
 
     def __init__(self, replicas, shard_tokens, *, timeout=None, **session_options):
-        if shard_tokens < 1:
-            raise ValueError(f"shard_tokens is {shard_tokens}, expected >= 1")
+        shard_tokens = _integer(shard_tokens, "shard_tokens")
+        max_tokens = session_options.get("max_tokens")
+        if max_tokens is not None and _integer(max_tokens, "max_tokens") <= 0:
+            max_tokens = None  # the servers' limit, as for a Session
+        if shard_tokens < 1 or (max_tokens is not None and shard_tokens > max_tokens):
+            limit = ("the servers' limit" if max_tokens is None
+                     else f"{max_tokens} (max_tokens)")
+            raise ValueError(f"shard_tokens is {shard_tokens}, expected 1 to {limit}")
+        if session_options.get("session_id") is not None:
+            # One id for every shard would collide on a replica holding two of them.
+            raise ValueError("session_id cannot be given for a sharded session: each shard "
+                             "draws its own")
         unset = {"window_left": -1, "num_sink_tokens": 0}  # and None for all four
         positional = [name for name in ("window_left", "num_sink_tokens", "alibi_slopes",
                                         "rope_theta")
@@ -211,6 +229,8 @@ class ShardedSession:
         self.shard_tokens = shard_tokens
         self.shards = [replicas.create_session(timeout=timeout, **self._options)]
         self.lengths = [0] * len(self.shards[0].lengths)
+        # The shards lost with their replicas, and their tokens with them.
+        self._lost = set()
         # Held through each step and delete: threads sharing one run them one at a time.
         self._lock = threading.RLock()
 
@@ -223,17 +243,31 @@ class ShardedSession:
     def _ensure(self, index, deadline):
         while len(self.shards) <= index:
             holding = {shard.address for shard in self.shards}
-            spare = any(a not in holding for a in self._replicas.addresses)
+            spares = {a for a in self._replicas.addresses if a not in holding}
             try:
-                shard = self._replicas.create_session(
-                    avoid=holding if spare else (), timeout=_left(deadline), **self._options)
+                if not spares:
+                    shard = self._replicas.create_session(timeout=_left(deadline),
+                                                          **self._options)
+                else:
+                    try:
+                        # Half of what is left (at least 2 s, or what is left) for the
+                        # spares: a hung one does not take the holders' turn too.
+                        left = _left(deadline)  # None: the clients' default
+                        share = None if left is None else max(left / 2, min(left, 2.0))
+                        shard = self._replicas.create_session(avoid=holding, timeout=share,
+                                                              **self._options)
+                    except AttnserveError as error:
+                        # The spares may all be down, draining or hung (a rolling update):
+                        # then a replica holding a shard.
+                        if error.code not in _PASSED_OVER or _left(deadline) == 0:
+                            raise
+                        shard = self._replicas.create_session(
+                            avoid=spares, timeout=_left(deadline), **self._options)
             except AttnserveError as error:
-                # The spares may all be down or draining (a rolling update): then any
-                # replica, a holder included.
-                if not spare or error.code != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                shard = self._replicas.create_session(timeout=_left(deadline),
-                                                      **self._options)
+                failed = AttnserveError(error.code,
+                                        f"creating shard {len(self.shards)}: {error.message}")
+                failed.attempts = error.attempts
+                raise failed from None
             self.shards.append(shard)
 
     def step(self, layer, key=None, value=None, query=None, *, timeout=None, return_lse=False,
@@ -258,10 +292,10 @@ class ShardedSession:
             _data_dtype(checked.pop("input_dtype", None), "input_dtype")
             _step_options(return_lse=return_lse, **checked)
             self._check_inputs(key, value, query, options.get("input_dtype"))
-            self._check_shards(layer)
             start = self.lengths[layer]
             tokens = 0 if key is None else np.asarray(key).shape[1]
             end = start + tokens
+            self._check_shards(layer, end)
             used = 0 if end == 0 else (end - 1) // self.shard_tokens + 1
             if query is not None and used > 1 and np.asarray(query).shape[1] != 1:
                 raise ValueError(f"query holds {np.asarray(query).shape[1]} rows; a step over a "
@@ -333,10 +367,20 @@ class ShardedSession:
             return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
                     end)
 
-    def _check_shards(self, layer):
-        """FAILED_PRECONDITION unless every shard holds what lengths says of `layer`: the
-        shards before the last full, the rest empty."""
+    def _check_shards(self, layer, end):
+        """FAILED_PRECONDITION unless every shard holds what lengths says of `layer` (the
+        shards before the last full, the rest empty) and none that the layer's tokens up to
+        `end` lie in was lost with its replica."""
         length = self.lengths[layer]
+        for s in sorted(self._lost):
+            if max(length, end) > s * self.shard_tokens:
+                shard = self.shards[s]
+                raise AttnserveError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"shard {s} (session {shard.id} at {shard.address}) was lost with its "
+                    f"replica, and with it layer {layer}'s tokens from "
+                    f"{s * self.shard_tokens}: a sharded session cannot get them back; "
+                    f"delete() it and create a new one")
         for s, shard in enumerate(self.shards):
             want = min(max(length - s * self.shard_tokens, 0), self.shard_tokens)
             if shard.lengths[layer] != want:
@@ -353,7 +397,11 @@ class ShardedSession:
         stands."""
         stands = sum(s.lengths[layer] for s in self.shards)
         self.lengths[layer] = stands
+        reason = error.message
         if isinstance(error, ReplicaGoneError):
+            # Not the Session's advice to rebuild it: an empty shard would be refused.
+            reason = reason.removesuffix(_REBUILD_ADVICE)
+            self._lost.add(shard)
             told = ("; the tokens the shard held went with its replica, and a sharded session "
                     "is not rebuilt: delete() it and create a new one")
         elif end > start and stands == end and has_query:
@@ -363,7 +411,7 @@ class ShardedSession:
                     f"send the rest, not the whole step again")
         else:
             told = ""
-        message = f"shard {shard}: {error.message}{told}"
+        message = f"shard {shard}: {reason}{told}"
         if isinstance(error, ReplicaGoneError):
             failed = ReplicaGoneError(message, error.address)
         else:
@@ -402,6 +450,17 @@ class ShardedSession:
                 return
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(left)) as pool:
                 futures = [pool.submit(shard.delete, timeout) for shard in left]
-            failed = next((f.exception() for f in futures if f.exception() is not None), None)
-            if failed is not None:
-                raise failed
+            for shard, future in zip(left, futures):
+                error = future.exception()
+                if error is None:
+                    continue
+                if not isinstance(error, AttnserveError):
+                    raise error
+                # Which shard, without the Session's advice to rebuild it.
+                message = (f"shard {self.shards.index(shard)}: "
+                           f"{error.message.removesuffix(_REBUILD_ADVICE)}")
+                failed = (ReplicaGoneError(message, error.address)
+                          if isinstance(error, ReplicaGoneError)
+                          else AttnserveError(error.code, message))
+                failed.attempts = error.attempts
+                raise failed from None

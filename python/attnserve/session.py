@@ -18,6 +18,9 @@ from attnserve.v1 import attention_pb2 as pb2
 StepResult = collections.namedtuple("StepResult", "output lse length recovered timing")
 
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+# How a ReplicaGoneError's message ends (a ShardedSession's shard leaves it out: it does not
+# rebuild).
+_REBUILD_ADVICE = "; create the session again elsewhere (rebuild(), or a rebuild_hook)"
 
 
 class ReplicaGoneError(AttnserveError):
@@ -228,8 +231,7 @@ class Session:
             f"session {self.id}'s replica {self.replica.name} (incarnation "
             f"{self.replica.incarnation}) at {self.address} is gone, and the session with "
             f"it: {'it is unreachable or draining' if unreachable else 'it restarted'} "
-            f"({error.message}); "
-            f"create the session again elsewhere (rebuild(), or a rebuild_hook)",
+            f"({error.message}){_REBUILD_ADVICE}",
             self.address)
 
     def _refused_for_incarnation(self, error, deadline):
@@ -373,12 +375,26 @@ class Session:
         again = pb2.SessionStep(session_id=self.id, layer=layer, expected_length=held,
                                 options=step.options)
         again.query.CopyFrom(step.query)
-        response = self._client.call(
-            "Step", pb2.StepRequest(steps=[again], replica_incarnation=self.replica.incarnation),
-            _left(deadline))
+
+        def landed(code, message):
+            # Said whatever failed, and never as the replica gone: a step sent again whole,
+            # or a rebuild, would append its tokens, which landed, a second time (the
+            # C++ Session says the same).
+            return AttnserveError(
+                code, f"the step had landed on an earlier attempt (its tokens are kept: "
+                f"layer {layer} holds {held}), but recomputing its lost output failed: "
+                f"{message}; send the query again alone")
+
+        try:
+            response = self._client.call(
+                "Step", pb2.StepRequest(steps=[again],
+                                        replica_incarnation=self.replica.incarnation),
+                _left(deadline))
+        except AttnserveError as error:
+            raise landed(error.code, error.message) from None
         result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
-            raise AttnserveError(_code(result.error.code), result.error.message)
+            raise landed(_code(result.error.code), result.error.message)
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
                           result.length, True, _timing(response))
 
@@ -430,7 +446,8 @@ class Session:
 
     def delete(self, timeout=None):
         """Deletes the session; NOT_FOUND counts as done after an attempt whose answer was
-        lost (a retry of this call, or an earlier delete() that failed)."""
+        lost (a retry of this call, or an earlier delete() that failed), and so does a pinned
+        session's replica that restarted (its sessions went with the process)."""
         with self._alone(timeout) as timeout:
             request = pb2.DeleteSessionRequest(session_id=self.id,
                                                replica_incarnation=self.replica.incarnation)
@@ -438,10 +455,14 @@ class Session:
                 self._client.call_counting("DeleteSession", request, timeout)
             except AttnserveError as error:
                 maybe_deleted = error.attempts >= 2 or self._delete_sent
-                if error.code != grpc.StatusCode.NOT_FOUND or not maybe_deleted:
+                # DeleteSession fails FAILED_PRECONDITION only for the incarnation: the
+                # replica restarted, and the session went with the process that held it.
+                restarted = (error.code == grpc.StatusCode.FAILED_PRECONDITION
+                             and self._replicas is not None)
+                if (error.code != grpc.StatusCode.NOT_FOUND or not maybe_deleted) \
+                        and not restarted:
                     # Only a failure without the server's answer may hide a deletion.
                     self._delete_sent = self._delete_sent or error.code in _NO_ANSWER
-                    # DeleteSession fails FAILED_PRECONDITION only for the incarnation.
                     raise self._gone_or(
                         error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
             self.deleted = True

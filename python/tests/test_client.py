@@ -373,6 +373,36 @@ def test_a_step_whose_answer_was_lost_is_recovered(server):
         assert result.recovered and [m for m, _, _ in given] == ["Step", "GetSession", "Step"]
         for method, timeout, at in given:
             assert timeout <= 1.0 - at + 0.01, (method, timeout, at)
+
+        # The step landed, and sending its query again alone fails: the error says the
+        # tokens are kept (it said only UNAVAILABLE, and a caller who sent the whole step
+        # again appended it twice, its later outputs wrong without an error).
+        client.call_counting = lose_the_answer
+        with pytest.raises(attnserve.AttnserveError):
+            session.step(0, key=k, value=v, query=q)
+        client.call_counting = real
+
+        asked = client.call
+
+        def unreachable(method, request, *args, **kwargs):  # the query's second sending
+            if method == "Step":
+                raise attnserve.AttnserveError(grpc.StatusCode.UNAVAILABLE,
+                                               "connection refused")
+            return asked(method, request, *args, **kwargs)
+
+        client.call = unreachable
+        with pytest.raises(attnserve.AttnserveError) as failed:
+            session.step(0, key=k, value=v, query=q)
+        del client.call
+        assert failed.value.code == grpc.StatusCode.UNAVAILABLE
+        assert ("the step had landed on an earlier attempt (its tokens are kept: layer 0 "
+                "holds 8), but recomputing its lost output failed: connection refused; send "
+                "the query again alone") in failed.value.message
+        assert session.lengths == [8]
+        keys = np.concatenate([keys, k, k], 1)  # the second and third sendings of k
+        values = np.concatenate([values, v, v], 1)
+        np.testing.assert_allclose(session.step(0, query=q).output,
+                                   expected_step(q, keys, values), atol=1e-5)
         session.delete()
 
 
@@ -476,6 +506,17 @@ def test_a_value_out_of_place_is_a_value_error_before_any_call(server):
                 (lambda: client.get_session(b"id"), "session_id is b'id'")):
             with pytest.raises(ValueError, match=message):
                 call()
+        # The Client's own arguments, before any channel is opened.
+        for options, message in ((dict(max_message_bytes=1 << 40),
+                                  "max_message_bytes is 1099511627776, expected 1 to "
+                                  "2147483647"),
+                                 (dict(max_message_bytes="64"), "max_message_bytes is '64'"),
+                                 (dict(retry=None), "retry is None, expected an attnserve"),
+                                 (dict(token=b"t"), "token is of type bytes, expected a str")):
+            with pytest.raises(ValueError, match=message):
+                attnserve.Client("127.0.0.1:1", **options)
+        with pytest.raises(ValueError, match="shard_tokens is '4', expected an integer"):
+            attnserve.ShardedSession(None, "4")
         with pytest.raises(ValueError, match="causal is 'yes'"):
             attnserve.sharded_attend([client], q, k, v, shards=2, causal="yes")
         with pytest.raises(ValueError, match=r"key_lengths\[0\] is 4.7"):

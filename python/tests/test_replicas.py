@@ -5,6 +5,7 @@ new session that took its id untouched), and a sharded session equal to the floa
 reference."""
 import os
 import signal
+import socket
 import time
 
 import grpc
@@ -68,6 +69,16 @@ def test_weights_and_targets_match_the_cpp_library():
     with pytest.raises(ValueError):
         resolve("ipv4:127.0.0.1")
     assert len(attnserve.random_session_id()) == 32
+
+
+def test_a_name_that_does_not_resolve_is_named(monkeypatch):
+    def no_such_name(host, port, **kwargs):  # as glibc answers, without asking a resolver
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    with pytest.raises(socket.gaierror, match="target 'dns:///db.invalid:1': db.invalid does "
+                                              "not resolve: Name or service not known"):
+        resolve("dns:///db.invalid:1")
 
 
 class Model:
@@ -204,13 +215,17 @@ def test_a_restarted_replica_is_told_by_every_call_and_its_new_session_untouched
                 taken = other.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
                                              key_dim=D, session_id=stale.id)
                 taken.step(0, key=uniform(HKV, 2, D), value=uniform(HKV, 2, D))
-                for call in (lambda: stale.truncate(1), stale.fork, stale.sync, stale.delete,
+                for call in (lambda: stale.truncate(1), stale.fork, stale.sync,
                              lambda: decode(stale, model)):
                     with pytest.raises(attnserve.ReplicaGoneError) as gone:
                         call()
                     assert gone.value.code == grpc.StatusCode.ABORTED
                     assert "it restarted" in gone.value.message, gone.value.message
                     assert "this is replica py-r" in gone.value.message
+                # A delete is done: the session went with the process that held it (it
+                # raised "create the session again elsewhere" every time until 2026-12-07).
+                stale.delete()
+                assert stale.deleted
                 # The new session never saw the stale handle's calls.
                 assert list(other.get_session(stale.id).lengths) == [2]
                 assert len(other.list_sessions()) == 1
@@ -312,6 +327,43 @@ def test_a_sharded_step_that_failed_half_way_is_not_appended_twice(three):
         assert sharded.lengths == [9]
 
 
+def test_a_new_shard_goes_to_a_holder_when_the_spares_hang(three):
+    # Both replicas to spare are stopped, their channels connected: they get half the step's
+    # time, and the shard goes on the replica holding shard 0 (the spares took it all, and
+    # the step failed DEADLINE_EXCEEDED, until 2026-12-07).
+    target = "ipv4:" + ",".join(server.target for server in three)
+    with attnserve.Replicas(target) as replicas:
+        for server in three:
+            replicas.client(server.target).list_sessions()
+        sharded = attnserve.ShardedSession(replicas, 2, num_layers=1, num_heads=H,
+                                           num_kv_heads=HKV, key_dim=D)
+        model = Model()
+        k, v = model.append(2)
+        sharded.step(0, key=k, value=v)
+        holder = sharded.shards[0].address
+        spares = [server for server in three if server.target != holder]
+        for server in spares:
+            stop(server)
+        try:
+            k, v = model.append(1)
+            q = uniform(H, 1, D)
+            output, _, length = sharded.step(0, key=k, value=v, query=q, timeout=8)
+        finally:
+            for server in spares:
+                server.process.send_signal(signal.SIGCONT)
+        assert length == 3 and sharded.shards[1].address == holder
+        np.testing.assert_allclose(output, expected_step(q, model.keys, model.values),
+                                   atol=1e-5)
+        sharded.delete()
+        # What a sharded session cannot take, as the C++ one refuses it.
+        for options, message in ((dict(session_id="a" * 32), "session_id cannot be given"),
+                                 (dict(max_tokens=4), r"shard_tokens is 8, expected 1 to 4 "
+                                                      r"\(max_tokens\)")):
+            with pytest.raises(ValueError, match=message):
+                attnserve.ShardedSession(replicas, 8, num_layers=1, num_heads=H,
+                                         num_kv_heads=HKV, key_dim=D, **options)
+
+
 def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_session(three):
     """A prefill whose later shard failed says which of its tokens stand, and lengths agrees
     (it said nothing, and the retried step appended them twice, until 2026-12-06); a shard
@@ -352,10 +404,20 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
         assert gone.value.message.startswith("shard 1: ")
         assert "a sharded session is not rebuilt: delete() it" in gone.value.message
         assert "send the query again" not in gone.value.message
+        # Not the Session's advice to rebuild the shard, which the next step would refuse.
+        assert "rebuild" not in gone.value.message.replace("is not rebuilt", "")
+        assert sharded.lengths == [10]
+        # Every later step touching the lost shard's tokens is refused, an append to the last
+        # shard alone too (it was taken, and the layer held a hole, until 2026-12-07).
+        for step in (dict(key=k[:, :1], value=v[:, :1]), dict(query=q)):
+            with pytest.raises(attnserve.AttnserveError,
+                               match=r"^FAILED_PRECONDITION: shard 1 \(session .*\) was lost "
+                                     r"with its replica, and with it layer 0's tokens from 4"):
+                sharded.step(0, **step)
         assert sharded.lengths == [10]
         live = [sharded.shards[0], sharded.shards[2]]
         for _ in range(2):  # the shard on the dead replica fails each time; the rest go
-            with pytest.raises(attnserve.ReplicaGoneError):
+            with pytest.raises(attnserve.ReplicaGoneError, match=r"^ABORTED: shard 1: "):
                 sharded.delete(timeout=10)
             for shard in live:
                 assert shard.deleted
@@ -389,14 +451,22 @@ def test_a_sharded_step_says_which_tokens_stand_and_a_lost_shard_ends_the_sessio
             stopped.process.send_signal(signal.SIGCONT)
         assert [shard.deleted for shard in hung.shards] == [False, True]
         hung.delete(timeout=10)
-        # Rebuilt empty by hand, the shard no longer holds its tokens: refused, not merged.
+        # Rebuilt empty by hand, the lost shard is still refused, not merged.
         sharded.shards[1].rebuild(timeout=10)
-        with pytest.raises(attnserve.AttnserveError,
-                           match=r"shard 1 \(session .*\) holds 0 tokens of layer 0, "
-                                 r"expected 4 of its 10"):
+        with pytest.raises(attnserve.AttnserveError, match=r"shard 1 \(session .*\) was lost"):
             sharded.step(0, query=q)
         sharded.delete(timeout=10)  # the rebuilt shard alone
         assert sharded.shards[1].deleted
+        # A shard rebuilt empty by hand before any step saw it lost: refused too.
+        rebuilt = attnserve.ShardedSession(replicas, 4, num_layers=1, num_heads=H,
+                                           num_kv_heads=HKV, key_dim=D)
+        rebuilt.step(0, key=uniform(HKV, 6, D), value=uniform(HKV, 6, D))
+        rebuilt.shards[1].rebuild(timeout=10)
+        with pytest.raises(attnserve.AttnserveError,
+                           match=r"shard 1 \(session .*\) holds 0 tokens of layer 0, "
+                                 r"expected 2 of its 6"):
+            rebuilt.step(0, query=q)
+        rebuilt.delete(timeout=10)
 
 
 def test_a_fork_on_a_draining_replica_says_its_sessions_go_with_it():

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -584,8 +585,6 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   expect_restarted(sessions[c].Truncate(1, kTimeout));
   expect_restarted(sessions[c].Fork(std::nullopt, kTimeout).status());
   expect_restarted(sessions[c].Sync(kTimeout));
-  expect_restarted(sessions[a].Delete(kTimeout));
-  EXPECT_FALSE(sessions[a].deleted());
   // A StepMany of sessions from both incarnations carries none: the stale
   // session's step is told gone, the new one's answered.
   absl::StatusOr<Session> fresh =
@@ -604,6 +603,13 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   EXPECT_TRUE((*stepped)[0].ok()) << (*stepped)[0].status();
   EXPECT_EQ(fresh->length(0), 2);
   expect_restarted((*stepped)[1].status());
+  // A delete is done: the session went with the process that held it (it
+  // said "create the session again elsewhere" every time until 2026-12-07),
+  // and the new process's session of another caller is untouched.
+  EXPECT_TRUE(sessions[a].Delete(kTimeout).ok());
+  EXPECT_TRUE(sessions[a].deleted());
+  EXPECT_TRUE(
+      (*replicas)->client(victim)->GetSession(fresh->id(), kTimeout).ok());
   // Rebuilt by hand (no hook: the layers come back empty).
   ASSERT_TRUE(sessions[c].Rebuild(kTimeout).ok());
   EXPECT_EQ(sessions[c].length(0), 0);
@@ -814,6 +820,92 @@ TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
 // token again, and the output was off by 0.3 with no error). And a shard is
 // still made when every replica to spare is down: on a holder; and a shard
 // whose replica is gone ends the sharded session, which deletes the rest.
+// Whether every thread of process `pid` has stopped (SIGSTOP reaches a thread
+// running on another CPU, the io thread spinning, only as it is scheduled).
+bool AllThreadsStopped(pid_t pid) {
+  int threads = 0;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(
+           absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t name_end = line.rfind(')');
+    if (name_end == std::string::npos || name_end + 2 >= line.size()) continue;
+    const char state = line[name_end + 2];
+    if (state != 'T' && state != 't') return false;
+    ++threads;
+  }
+  return threads > 0;
+}
+
+TEST_F(ReplicasTest, ANewShardGoesToAHolderWhenTheSparesHang) {
+  // Both replicas to spare stop answering (SIGSTOP), their channels
+  // connected: they get half the step's time, and the new shard goes on the
+  // replica holding shard 0 (they took it all, and the step failed
+  // DEADLINE_EXCEEDED, until 2026-12-07).
+  StartReplicas({});
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  for (const std::string& address : (*replicas)->addresses()) {
+    ASSERT_TRUE((*replicas)->client(address)->channel()->WaitForConnected(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(10))));
+  }
+  constexpr int64_t kHeads = 2, kDim = 8;
+  v1::CreateSessionRequest create;
+  create.set_num_layers(1);
+  create.set_num_heads(kHeads);
+  create.set_key_dim(kDim);
+  create.set_dtype(v1::FLOAT32);
+  absl::StatusOr<ShardedSession> sharded =
+      ShardedSession::Create(replicas->get(), create, 2, kTimeout);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  const std::vector<float> keys = RandomValues(kHeads * 3 * kDim, 8000);
+  const std::vector<float> values = RandomValues(kHeads * 3 * kDim, 8001);
+  // [H, 3, D] split as tokens 0-1 and token 2.
+  const auto tokens = [&](const std::vector<float>& all, int64_t from,
+                          int64_t to) {
+    std::vector<float> part;
+    for (int64_t h = 0; h < kHeads; ++h) {
+      part.insert(part.end(), all.begin() + (h * 3 + from) * kDim,
+                  all.begin() + (h * 3 + to) * kDim);
+    }
+    return MakeFloat32Tensor({kHeads, to - from, kDim}, part);
+  };
+  ASSERT_TRUE(
+      sharded->Append(0, tokens(keys, 0, 2), tokens(values, 0, 2), kTimeout)
+          .ok());
+  const std::string holder = sharded->shards()[0].address();
+  std::vector<int> spares;
+  for (int i = 0; i < kReplicas; ++i) {
+    if (replicas_[i]->target() != holder) spares.push_back(i);
+  }
+  for (const int i : spares) replicas_[i]->Signal(SIGSTOP);
+  for (const int i : spares) {
+    EXPECT_TRUE(
+        Eventually([&] { return AllThreadsStopped(replicas_[i]->pid()); },
+                   absl::Seconds(10)));
+  }
+  const std::vector<float> query = RandomValues(kHeads * kDim, 8002);
+  const absl::StatusOr<StepOutput> stepped =
+      sharded->Attend(0, tokens(keys, 2, 3), tokens(values, 2, 3),
+                      MakeFloat32Tensor({kHeads, 1, kDim}, query),
+                      v1::StepOptions(), absl::Seconds(8));
+  for (const int i : spares) replicas_[i]->Signal(SIGCONT);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  ASSERT_EQ(sharded->shards().size(), 2u);
+  EXPECT_EQ(sharded->shards()[1].address(), holder);
+  testing::ExpectNear("the step over 3 tokens on two shards",
+                      *FloatValues(*stepped->output),
+                      ReferenceAttention({1, kHeads, kHeads, 1, 3, kDim, kDim},
+                                         query, keys, values)
+                          .output,
+                      testing::kOutputF32);
+  EXPECT_TRUE(sharded->Delete(kTimeout).ok());
+}
+
 TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
   StartReplicas({});
   if (HasFatalFailure()) return;
@@ -911,6 +1003,23 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
               HasSubstr("a sharded session is not rebuilt: Delete() it"));
   EXPECT_THAT(std::string(gone.status().message()),
               ::testing::Not(HasSubstr("send the query again")));
+  // Not the Session's advice to rebuild the shard, which would be refused.
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::Not(HasSubstr("Session::Rebuild")));
+  // Every later step touching the lost shard's tokens is refused, an append
+  // to the last shard alone too (it was taken, the layer holding a hole,
+  // until 2026-12-07).
+  for (const bool with_query : {false, true}) {
+    auto [k4, v4] = tensors(1, 7500);
+    const absl::Status refused =
+        with_query ? sharded->Attend(0, k4, v4, q, options, kTimeout).status()
+                   : sharded->Append(0, k4, v4, kTimeout);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::MatchesRegex(
+                    "shard 0 \\(session .* at .*\\) was lost with its "
+                    "replica, and with it layer 0's tokens from 0: .*"));
+  }
   // A query on a layer with no tokens asks shard 0 alone: told the same.
   StepInputs empty;
   empty.layer = 1;
@@ -925,7 +1034,10 @@ TEST_F(ReplicasTest, AShardedStepThatFailedHalfWayIsNotAppendedTwice) {
       AllOf(::testing::StartsWith("shard 0: "),
             HasSubstr("a sharded session is not rebuilt: Delete() it")));
   for (int round = 0; round < 2; ++round) {
-    EXPECT_TRUE(IsReplicaGone(sharded->Delete(kTimeout)));
+    const absl::Status deleted = sharded->Delete(kTimeout);
+    EXPECT_TRUE(IsReplicaGone(deleted)) << deleted;
+    EXPECT_THAT(std::string(deleted.message()),
+                ::testing::StartsWith("shard 0: "));
     for (const Session& shard : sharded->shards()) {
       if (IndexOf(shard.address()) == lost) continue;
       EXPECT_TRUE(shard.deleted());

@@ -64,6 +64,11 @@ namespace attnserve {
 // returns when its replica is gone.
 inline constexpr absl::string_view kReplicaGonePayload =
     "attnserve.dev/replica-gone";
+// How that status's message ends: what to do with the session. A
+// ShardedSession's shard leaves it out (a sharded session is not rebuilt).
+inline constexpr absl::string_view kRebuildAdvice =
+    "; create the session again elsewhere (Session::Rebuild, or a rebuild "
+    "hook)";
 
 // Whether `status` says a session's replica is gone (its sessions with it):
 // the ABORTED status a pinned Session's calls return then.

@@ -183,7 +183,9 @@ class Session {
   absl::Status Truncate(int64_t length, absl::Duration timeout);
   // Deletes the server's session. NOT_FOUND counts as done after an attempt
   // whose answer was lost (a retry of this call, or an earlier Delete that
-  // failed); a Session once deleted refuses steps with FAILED_PRECONDITION.
+  // failed), and so does a pinned session's replica that restarted (its
+  // sessions went with the process); a Session once deleted refuses steps
+  // with FAILED_PRECONDITION.
   absl::Status Delete(absl::Duration timeout);
   // Takes the server's lengths as they are (GetSession), clearing every
   // layer's uncertainty.

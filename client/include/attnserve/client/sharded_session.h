@@ -33,21 +33,23 @@
 // Each shard keeps Session's retry rules (expected lengths, recovery of lost
 // answers); a shard whose replica is gone fails the step ABORTED
 // (IsReplicaGone), and with it the tokens it held: a sharded session is not
-// rebuilt, and a step on a layer whose shards no longer hold what length()
-// says (a shard's session lost, or rebuilt empty) is refused
+// rebuilt, and every later step on a layer with tokens in that shard (or
+// whose append would reach it), and on a layer whose shards no longer hold
+// what length() says (a shard rebuilt empty by hand), is refused
 // FAILED_PRECONDITION. A step whose tensors do not have the session's shapes
 // is refused before any shard is sent a piece. After any other failure,
 // length() is what the shards hold and the error says what stands: the
 // step's first N tokens (send the rest, not the whole step again), or its
 // whole append with the query unanswered (send the query again alone). With
-// every replica to spare down or draining, a new shard goes on a replica
-// holding one. Windows, sinks, ALiBi and RoPE are
+// every replica to spare down, draining or hung past half the time left, a
+// new shard goes on a replica holding one. Windows, sinks, ALiBi and RoPE are
 // refused at Create (a shard's positions start at 0). Not thread-safe; the
 // Replicas must outlive it.
 #ifndef ATTNSERVE_CLIENT_SHARDED_SESSION_H_
 #define ATTNSERVE_CLIENT_SHARDED_SESSION_H_
 
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -90,7 +92,8 @@ class ShardedSession {
                                     absl::Duration timeout);
 
   // Deletes every shard not yet deleted, all at once (a shard whose replica
-  // is gone or hangs does not keep the others alive); the first error.
+  // is gone or hangs does not keep the others alive); the first error, named
+  // by its shard.
   absl::Status Delete(absl::Duration timeout);
 
  private:
@@ -101,9 +104,10 @@ class ShardedSession {
   absl::Status CheckInputs(const StepInputs& inputs) const;
   // Creates shards until shard `index` exists.
   absl::Status EnsureShard(size_t index, absl::Time deadline);
-  // FAILED_PRECONDITION unless every shard holds what length(layer) says:
-  // the shards before the last full, the rest empty.
-  absl::Status CheckShards(int64_t layer) const;
+  // FAILED_PRECONDITION unless every shard holds what length(layer) says
+  // (the shards before the last full, the rest empty) and none that the
+  // layer's tokens up to `end` lie in was lost with its replica.
+  absl::Status CheckShards(int64_t layer, int64_t end) const;
   // `error`, from shard `shard` during a step of `layer` from `start` to
   // `end` tokens, after which length(layer) is what the shards hold; its
   // message says what of the step stands.
@@ -115,6 +119,7 @@ class ShardedSession {
   int64_t shard_tokens_;
   std::vector<Session> shards_;
   std::vector<int64_t> lengths_;  // Per layer, over all shards.
+  std::set<size_t> lost_;  // Shards lost with their replicas (and tokens).
 };
 
 }  // namespace attnserve

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -32,7 +33,11 @@ std::string Fingerprint(const std::string& folder) {
   std::error_code error;
   std::string print = std::filesystem::canonical(folder, error).string();
   std::set<std::string> entries;
-  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+  // Advanced with an error code: a listing that fails half way (an NFS
+  // volume's ESTALE) is unreadable, not an exception on the watcher's thread.
+  for (std::filesystem::directory_iterator it(folder, error), end;
+       !error && it != end; it.increment(error)) {
+    const std::filesystem::directory_entry& entry = *it;
     struct stat status {};
     // Through links, as the files are read (a volume's ..data links).
     if (::stat(entry.path().c_str(), &status) != 0) {
@@ -179,12 +184,16 @@ WeightsDirWatcher::~WeightsDirWatcher() {
 
 absl::Status WeightsDirWatcher::Register(const std::string& name,
                                          const std::string& folder,
-                                         const std::string& fingerprint) {
+                                         const std::string& fingerprint,
+                                         bool* put) {
+  *put = false;
   Seen& seen = seen_[name];
   seen.fingerprint = fingerprint;
   // Set again below if this read is refused for room; any other outcome
   // waits for the folder to change.
   seen.refused_for_room_at = -1;
+  // A name the registry would refuse is refused before its files are read.
+  ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", name));
   absl::StatusOr<v1::PutWeightsRequest> request =
       ReadWeightsFolder(folder, max_file_bytes_);
   if (!request.ok()) return request.status();
@@ -213,9 +222,9 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
   // run beside it, and the larger of the two is at least what the put met,
   // so a fall below it is never missed.
   const int64_t held_before = registry_->List("", 0).total_bytes;
-  const absl::Status put =
+  const absl::Status registered =
       PutWeightsInto(*registry_, *request, version).status();
-  if (absl::IsResourceExhausted(put)) {
+  if (absl::IsResourceExhausted(registered)) {
     // A set over the whole limit waits for its folder to change instead.
     const absl::StatusOr<WeightsShape> shape =
         ValidateProjectionWeights(request->weights(), "weights");
@@ -226,7 +235,8 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
         never_fits ? 0
                    : std::max(held_before, registry_->List("", 0).total_bytes);
   }
-  ATTNSERVE_RETURN_IF_ERROR(put);
+  ATTNSERVE_RETURN_IF_ERROR(registered);
+  *put = true;
   seen.version = version;
   seen.digest = digest;
   return absl::OkStatus();
@@ -244,7 +254,8 @@ absl::StatusOr<std::vector<std::string>> WeightsDirWatcher::LoadAll() {
     // read again (a few times: it is being updated).
     absl::Status status;
     for (int attempt = 0; attempt < 3; ++attempt) {
-      status = Register(NameOf(folder), folder, Fingerprint(folder));
+      bool put;
+      status = Register(NameOf(folder), folder, Fingerprint(folder), &put);
       if (!absl::IsUnavailable(status)) break;
     }
     if (!status.ok()) {
@@ -266,6 +277,41 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
   Changes changes;
   {
     absl::MutexLock lock(&mutex_);
+    try {
+      Look(changes);
+    } catch (const std::filesystem::filesystem_error& error) {
+      // The calls that can fail take an error code; one that throws all the
+      // same fails this look alone (it used to end the process), counted and
+      // reported as a folder that fails to load is, and the next look tries
+      // again.
+      ++changes.failed;
+      Log(LogLevel::kWarning,
+          absl::StrCat("attnserve: weights_dir ", directory_,
+                       " could not be looked at: ", error.what(),
+                       "; keeping the weights registered"));
+    } catch (const std::bad_alloc&) {
+      ++changes.failed;
+      Log(LogLevel::kWarning,
+          absl::StrCat("attnserve: weights_dir ", directory_,
+                       ": out of memory reading a set; keeping the weights "
+                       "registered"));
+    }
+  }
+  if (LogEnabled(LogLevel::kDebug)) {
+    Log(LogLevel::kDebug,
+        absl::StrCat("attnserve: weights_dir ", directory_,
+                     " looked at: ", changes.registered, " registered, ",
+                     changes.removed, " removed, ", changes.failed, " failed"));
+  }
+  if (on_change_ &&
+      (changes.registered > 0 || changes.removed > 0 || changes.failed > 0)) {
+    on_change_(changes);
+  }
+  return changes;
+}
+
+void WeightsDirWatcher::Look(Changes& changes) {
+  {
     absl::StatusOr<WeightsDirListing> listing = WeightsFolders(directory_);
     if (!listing.ok()) {
       // The folder itself is unreadable (mid-update, or gone): keep every
@@ -280,7 +326,11 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
         directory_failure_ = message;
       }
     } else {
-      directory_failure_.clear();
+      if (!directory_failure_.empty()) {
+        Log(LogLevel::kInfo, absl::StrCat("attnserve: weights_dir ", directory_,
+                                          " can be read again"));
+        directory_failure_.clear();
+      }
       // An entry refused fails alone: a refused folder's set keeps its last
       // good version, and the other sets follow their folders.
       std::set<std::string> present(listing->refused_sets.begin(),
@@ -325,7 +375,8 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
           continue;
         }
         const int64_t before = it == seen_.end() ? 0 : it->second.version;
-        const absl::Status status = Register(name, folder, fingerprint);
+        bool put;
+        const absl::Status status = Register(name, folder, fingerprint, &put);
         if (!status.ok()) {
           ++changes.failed;
           Log(LogLevel::kWarning,
@@ -333,23 +384,14 @@ WeightsDirWatcher::Changes WeightsDirWatcher::Scan() {
                            status.message(), "; keeping ",
                            before > 0 ? absl::StrCat("version ", before)
                                       : "it unregistered"));
-        } else if (seen_[name].version != before) {
+        } else if (put) {
+          // New weights under the same version count too: the registry's
+          // bytes and the metrics that show them moved.
           ++changes.registered;
         }
       }
     }
   }
-  if (LogEnabled(LogLevel::kDebug)) {
-    Log(LogLevel::kDebug,
-        absl::StrCat("attnserve: weights_dir ", directory_,
-                     " looked at: ", changes.registered, " registered, ",
-                     changes.removed, " removed, ", changes.failed, " failed"));
-  }
-  if (on_change_ &&
-      (changes.registered > 0 || changes.removed > 0 || changes.failed > 0)) {
-    on_change_(changes);
-  }
-  return changes;
 }
 
 }  // namespace attnserve

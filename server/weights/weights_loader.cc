@@ -140,7 +140,13 @@ absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
       std::filesystem::canonical(directory, error);
   WeightsDirListing listing;
   if (!error) {
-    for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+    // Every call here takes an error code: one that throws (as the range
+    // for's increment and directory_entry::is_directory() do, on ELOOP, EIO,
+    // an NFS volume's ESTALE, a link swapped after the check) would end the
+    // watcher's thread, and the process with it.
+    for (std::filesystem::directory_iterator it(root, error), end;
+         !error && it != end; it.increment(error)) {
+      const std::filesystem::directory_entry& entry = *it;
       if (entry.path().filename().string().rfind('.', 0) == 0) continue;
       if (absl::Status inside = CheckStaysInside(root, entry.path());
           !inside.ok()) {
@@ -150,7 +156,17 @@ absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
         listing.refused_sets.push_back(entry.path().filename().string());
         continue;
       }
-      if (!entry.is_directory()) {
+      std::error_code type_error;
+      const bool folder = entry.is_directory(type_error);
+      if (type_error) {
+        // Checked a moment ago: a link swapped since, or a file system
+        // error. Its set keeps what it held; the next look sees it again.
+        listing.refused.push_back(absl::InvalidArgumentError(absl::StrCat(
+            entry.path().string(), " cannot be read: ", type_error.message())));
+        listing.refused_sets.push_back(entry.path().filename().string());
+        continue;
+      }
+      if (!folder) {
         if (absl::Status file = CheckNotOneSet(directory, entry.path());
             !file.ok()) {
           listing.refused.push_back(file);
@@ -159,9 +175,10 @@ absl::StatusOr<WeightsDirListing> WeightsFolders(const std::string& directory) {
       }
       absl::Status held = absl::OkStatus();
       std::error_code folder_error;
-      for (const auto& file :
-           std::filesystem::directory_iterator(entry.path(), folder_error)) {
-        held = CheckStaysInside(root, file.path());
+      for (std::filesystem::directory_iterator file(entry.path(), folder_error),
+           files_end;
+           !folder_error && file != files_end; file.increment(folder_error)) {
+        held = CheckStaysInside(root, file->path());
         if (!held.ok()) break;
       }
       if (folder_error) {

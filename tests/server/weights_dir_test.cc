@@ -4,19 +4,25 @@
 #include <openssl/sha.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "attnserve/server/server.h"
 #include "attnserve/server/weights/weights_dir_watcher.h"
 #include "attnserve/server/weights/weights_registry.h"
@@ -628,6 +634,88 @@ TEST_F(WeightsDirTest, AChmodIsLookedAtAndALinkMidSwapKeepsItsSet) {
   scan = watcher.Scan();
   EXPECT_EQ(scan.removed, 0);
   EXPECT_EQ(registry.Get("tiny")->version, 2);
+}
+
+// A set's link swapped, over and over, between its folder and a loop: a
+// look may find it a folder when checked and a loop when its type is asked.
+// directory_entry::is_directory() threw filesystem_error there, on the
+// watcher's thread, and the process ended (until 2026-12-07); the entry is
+// now refused for that look and its set kept.
+TEST_F(WeightsDirTest, ALinkSwappedDuringALookNeverEndsTheProcess) {
+  const ReferenceMhaShape tiny{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  WriteFolder(".tiny.1", "num_heads=2\nversion=1\n", MakeWeights(tiny, 960),
+              "<f4");
+  if (HasFatalFailure()) return;
+  std::filesystem::create_directory_symlink(".tiny.1", root_ / "tiny");
+  WeightsRegistry registry(int64_t{1} << 24);
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  ASSERT_TRUE(watcher.LoadAll().ok());
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    std::error_code error;
+    for (int i = 0; i < 200000 && !stop; ++i) {
+      // "tiny" -> "tiny" is a loop; "tiny" -> ".tiny.1" the set.
+      const std::filesystem::path next = root_ / ".tiny.next";
+      std::filesystem::remove(next, error);
+      std::filesystem::create_directory_symlink(i % 2 ? ".tiny.1" : "tiny",
+                                                next, error);
+      std::filesystem::rename(next, root_ / "tiny", error);
+    }
+  });
+  int64_t looks = 0, refusals = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < until && looks < 20000) {
+    try {
+      const WeightsDirWatcher::Changes changes = watcher.Scan();
+      refusals += changes.failed;
+      EXPECT_EQ(changes.removed, 0);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "look " << looks << " threw: " << error.what();
+      break;
+    }
+    ++looks;
+  }
+  stop = true;
+  swapper.join();
+  std::filesystem::remove(root_ / "tiny");
+  std::filesystem::create_directory_symlink(".tiny.1", root_ / "tiny");
+  watcher.Scan();
+  ASSERT_TRUE(registry.Get("tiny").ok());
+  EXPECT_EQ(registry.Get("tiny")->version, 1);
+  std::cout << looks << " looks, " << refusals << " refused the link\n";
+}
+
+// A config.txt that keeps its version while the weights change: the set is
+// registered again, and counted (the registry's bytes, and the metrics that
+// show them, moved; until 2026-12-07 nothing counted it, so they were not
+// updated).
+TEST_F(WeightsDirTest, NewWeightsUnderTheSameVersionAreCounted) {
+  const ReferenceMhaShape small{1, 2, 2, 4, 4, 2, 2, 4, 4};
+  const ReferenceMhaShape large{1, 2, 2, 8, 8, 2, 2, 4, 4};
+  WriteFolder("kept", "num_heads=2\nversion=7\n", MakeWeights(small, 970),
+              "<f4");
+  if (HasFatalFailure()) return;
+  WeightsRegistry registry(int64_t{1} << 24);
+  WeightsDirWatcher watcher(root_.string(), int64_t{1} << 20, &registry,
+                            nullptr);
+  ASSERT_TRUE(watcher.LoadAll().ok());
+  const int64_t before = registry.List("", 0).total_bytes;
+  WriteFolder(".kept", "num_heads=2\nversion=7\n", MakeWeights(large, 971),
+              "<f4");
+  if (HasFatalFailure()) return;
+  std::filesystem::remove_all(root_ / "kept");
+  std::filesystem::rename(root_ / ".kept", root_ / "kept");
+  const WeightsDirWatcher::Changes changes = watcher.Scan();
+  EXPECT_EQ(changes.registered, 1);
+  EXPECT_EQ(registry.Get("kept")->version, 7);
+  EXPECT_GT(registry.List("", 0).total_bytes, before);
+  // Touched, the same weights: not registered again, not counted.
+  std::filesystem::last_write_time(
+      root_ / "kept" / "w_q.npy",
+      std::filesystem::last_write_time(root_ / "kept" / "w_q.npy") +
+          std::chrono::seconds(1));
+  EXPECT_EQ(watcher.Scan().registered, 0);
 }
 
 // weights_dir itself gone or not a folder is reported and counted once while

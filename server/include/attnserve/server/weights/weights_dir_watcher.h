@@ -36,9 +36,11 @@ class WeightsDirWatcher {
  public:
   // What a scan did.
   struct Changes {
-    int64_t registered = 0;  // Sets registered at a new version.
-    int64_t removed = 0;     // Sets deleted with their folder.
-    int64_t failed = 0;      // Changed folders that did not load.
+    // Sets registered: at a new version, or new weights under the same one
+    // (a config.txt that keeps its version), or over a PutWeights' set.
+    int64_t registered = 0;
+    int64_t removed = 0;  // Sets deleted with their folder.
+    int64_t failed = 0;   // Changed folders that did not load.
   };
 
   // Watches `directory` for `registry` (which must outlive the watcher),
@@ -85,10 +87,14 @@ class WeightsDirWatcher {
   };
 
   // Reads and registers the set in `folder` as `name`, remembering it as
-  // `fingerprint`. Returns the registration's outcome.
+  // `fingerprint`. Returns the registration's outcome; `*put` says whether
+  // the registry was written (not for a folder touched, its weights held).
   absl::Status Register(const std::string& name, const std::string& folder,
-                        const std::string& fingerprint)
+                        const std::string& fingerprint, bool* put)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Scan's look, under the lock; a file system error the look did not
+  // expect (one std::filesystem throws) fails it, keeping every set.
+  void Look(Changes& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const std::string directory_;
   const int64_t max_file_bytes_;

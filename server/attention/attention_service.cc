@@ -503,11 +503,17 @@ void AttentionServiceImpl::StartMultiHeadAttention(
                         flops, response->mutable_timing(), std::move(compute)));
 }
 
-void AttentionServiceImpl::ServePutWeights(const Call& call,
-                                           const v1::PutWeightsRequest& request,
-                                           v1::PutWeightsResponse* response) {
+void AttentionServiceImpl::ServePutWeights(
+    const Call& call, const v1::PutWeightsRequest& /*request*/,
+    v1::PutWeightsResponse* response) {
+  // The handler owns the request: its tensors' bytes are freed as the set is
+  // built, so that the two are held together for one tensor, not the set.
+  v1::PutWeightsRequest& request =
+      static_cast<WireCall<v1::PutWeightsRequest, v1::PutWeightsResponse>*>(
+          call.handler)
+          ->request;
   absl::StatusOr<v1::PutWeightsResponse> result =
-      PutWeightsInto(*registry_, request);
+      PutWeightsInto(*registry_, &request);
   if (result.ok()) *response = *std::move(result);
   RecordWeightsHeld();
   return Finish(call, result.status(), response);

@@ -223,7 +223,7 @@ absl::Status WeightsDirWatcher::Register(const std::string& name,
   // so a fall below it is never missed.
   const int64_t held_before = registry_->List("", 0).total_bytes;
   const absl::Status registered =
-      PutWeightsInto(*registry_, *request, version).status();
+      PutWeightsInto(*registry_, &*request, version).status();
   if (absl::IsResourceExhausted(registered)) {
     // A set over the whole limit waits for its folder to change instead.
     const absl::StatusOr<WeightsShape> shape =

@@ -1,5 +1,7 @@
 #include "attnserve/server/weights/weights_registry.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -22,6 +24,16 @@ absl::Span<const float> View(const std::vector<float>& values) {
   return values;
 }
 
+// Frees `tensor`'s bytes (when releasing), once they have been converted, and
+// hands them back to the system: the server's malloc keeps what is freed for
+// the next calls (main.cc), so without the trim the bytes would stay resident
+// beside the set being built.
+void Release(v1::Tensor* tensor) {
+  if (tensor == nullptr) return;
+  std::string().swap(*tensor->mutable_data());
+  malloc_trim(0);
+}
+
 }  // namespace
 
 int64_t WeightSet::BytesFor(const WeightsShape& s,
@@ -42,7 +54,23 @@ int64_t WeightSet::BytesFor(const WeightsShape& s,
 }
 
 std::shared_ptr<const WeightSet> WeightSet::FromProto(
-    const v1::ProjectionWeights& w, const WeightsShape& shape) {
+    const v1::ProjectionWeights& weights, const WeightsShape& shape) {
+  return Build(weights, shape, nullptr);
+}
+
+std::shared_ptr<const WeightSet> WeightSet::FromProto(
+    v1::ProjectionWeights* weights, const WeightsShape& shape) {
+  return Build(*weights, shape, weights);
+}
+
+std::shared_ptr<const WeightSet> WeightSet::Build(
+    const v1::ProjectionWeights& w, const WeightsShape& shape,
+    v1::ProjectionWeights* release) {
+  // The tensor of `release` matching `field` of w, or null.
+  const auto releasing =
+      [release](v1::Tensor* (v1::ProjectionWeights::*field)()) -> v1::Tensor* {
+    return release ? (release->*field)() : nullptr;
+  };
   auto set = std::make_shared<WeightSet>();
   set->shape_ = shape;
   const bool stacked = shape.embed_dim == shape.kv_embed_dim;
@@ -52,17 +80,31 @@ std::shared_ptr<const WeightSet> WeightSet::FromProto(
     const int64_t rows = shape.heads * shape.key_dim +
                          shape.kv_heads * (shape.key_dim + shape.value_dim);
     set->w_qkv_.reserve(static_cast<size_t>(rows * shape.embed_dim));
-    for (const v1::Tensor* part : {&w.w_q(), &w.w_k(), &w.w_v()}) {
-      std::vector<float> storage;
-      const absl::Span<const float> values = FloatElements(*part, &storage);
-      set->w_qkv_.insert(set->w_qkv_.end(), values.begin(), values.end());
+    // (The reserved rows take memory only as they are written, each part's
+    // bytes freed after it.)
+    using Field = v1::Tensor* (v1::ProjectionWeights::*)();
+    const std::pair<const v1::Tensor*, Field> parts[] = {
+        {&w.w_q(), &v1::ProjectionWeights::mutable_w_q},
+        {&w.w_k(), &v1::ProjectionWeights::mutable_w_k},
+        {&w.w_v(), &v1::ProjectionWeights::mutable_w_v}};
+    for (const auto& [part, field] : parts) {
+      {
+        std::vector<float> storage;
+        const absl::Span<const float> values = FloatElements(*part, &storage);
+        set->w_qkv_.insert(set->w_qkv_.end(), values.begin(), values.end());
+      }
+      Release(releasing(field));
     }
   } else {
     set->w_q_ = ToVector(w.w_q());
+    Release(releasing(&v1::ProjectionWeights::mutable_w_q));
     set->w_k_ = ToVector(w.w_k());
+    Release(releasing(&v1::ProjectionWeights::mutable_w_k));
     set->w_v_ = ToVector(w.w_v());
+    Release(releasing(&v1::ProjectionWeights::mutable_w_v));
   }
   set->w_o_ = ToVector(w.w_o());
+  Release(releasing(&v1::ProjectionWeights::mutable_w_o));
   if (w.has_b_q()) set->b_q_ = ToVector(w.b_q());
   if (w.has_b_k()) set->b_k_ = ToVector(w.b_k());
   if (w.has_b_v()) set->b_v_ = ToVector(w.b_v());
@@ -273,9 +315,13 @@ absl::Status ListWeightsPage(const WeightsRegistry& registry,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+namespace {
+
+// PutWeightsInto's work; `release`, if given, is `request` to empty once it
+// is accepted.
+absl::StatusOr<v1::PutWeightsResponse> PutWeights(
     WeightsRegistry& registry, const v1::PutWeightsRequest& request,
-    int64_t version) {
+    int64_t version, v1::PutWeightsRequest* release) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateWeightsName("name", request.name()));
   if (!request.has_weights()) {
     return absl::InvalidArgumentError(
@@ -289,11 +335,28 @@ absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
   ATTNSERVE_ASSIGN_OR_RETURN(
       const WeightsRegistry::Entry entry,
       registry.Put(request.name(),
-                   WeightSet::FromProto(request.weights(), shape), version));
+                   release != nullptr
+                       ? WeightSet::FromProto(release->mutable_weights(), shape)
+                       : WeightSet::FromProto(request.weights(), shape),
+                   version));
   v1::PutWeightsResponse response;
   response.set_version(entry.version);
   response.set_bytes(entry.weights->bytes());
   return response;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, const v1::PutWeightsRequest& request,
+    int64_t version) {
+  return PutWeights(registry, request, version, nullptr);
+}
+
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, v1::PutWeightsRequest* request,
+    int64_t version) {
+  return PutWeights(registry, *request, version, request);
 }
 
 }  // namespace attnserve

@@ -36,6 +36,11 @@ class WeightSet {
   // Converts validated proto weights.
   static std::shared_ptr<const WeightSet> FromProto(
       const v1::ProjectionWeights& weights, const WeightsShape& shape);
+  // The same, emptying each tensor of `weights` once it is converted, so that
+  // the proto's bytes and the set are held together for one tensor, not the
+  // whole set (a reload of a large set from weights_dir).
+  static std::shared_ptr<const WeightSet> FromProto(
+      v1::ProjectionWeights* weights, const WeightsShape& shape);
 
   const WeightsShape& shape() const { return shape_; }
   const ProjectionWeights& views() const { return views_; }
@@ -43,6 +48,11 @@ class WeightSet {
   bool has_bias() const { return has_bias_; }
 
  private:
+  // FromProto's conversion; `release`, if given, is `w` to empty as it goes.
+  static std::shared_ptr<const WeightSet> Build(const v1::ProjectionWeights& w,
+                                                const WeightsShape& shape,
+                                                v1::ProjectionWeights* release);
+
   WeightsShape shape_;
   // w_q_, w_k_ and w_v_ stay empty when they are stacked in w_qkv_.
   std::vector<float> w_q_, w_k_, w_v_, w_o_, b_q_, b_k_, b_v_, b_o_, w_qkv_,
@@ -137,6 +147,11 @@ absl::Status ListWeightsPage(const WeightsRegistry& registry,
 // `version` as for WeightsRegistry::Put.
 absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
     WeightsRegistry& registry, const v1::PutWeightsRequest& request,
+    int64_t version = 0);
+// The same, emptying `request`'s tensors as they are converted once it is
+// accepted (a request refused is left whole).
+absl::StatusOr<v1::PutWeightsResponse> PutWeightsInto(
+    WeightsRegistry& registry, v1::PutWeightsRequest* request,
     int64_t version = 0);
 
 }  // namespace attnserve

@@ -1,8 +1,22 @@
 #include "attnserve/common/log.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
-#include <cstdio>
+#include <cerrno>
+#include <cstdlib>
+#include <deque>
 #include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace attnserve {
 
@@ -11,6 +25,108 @@ namespace {
 std::atomic<int> min_level{static_cast<int>(LogLevel::kInfo)};
 
 constexpr const char* kNames[] = {"debug", "info", "warning", "error"};
+
+// The most bytes of lines waiting to be written; past it lines are dropped,
+// counted, and the count written once the reader takes lines again.
+constexpr size_t kMaxQueuedBytes = size_t{1} << 20;
+// How long the process's exit waits for the lines still queued.
+constexpr absl::Duration kExitFlush = absl::Seconds(2);
+
+// Held by every writer of stdout and stderr through the whole of a write.
+absl::Mutex& StandardStreams() {
+  static absl::Mutex* const mutex = new absl::Mutex();
+  return *mutex;
+}
+
+void WriteAll(int fd, absl::string_view text) {
+  WriteToStandardStream(fd, text);
+}
+
+// Lines are queued by the threads that log and written by one thread of
+// their own: a reader of stderr that stops reading (a stalled log shipper's
+// full pipe) blocks that thread alone, never a thread serving calls, as a
+// blocking write on the gRPC io thread did. Leaked on purpose: its thread
+// writes until the process ends.
+class Writer {
+ public:
+  static Writer& Get() {
+    static Writer* const writer = [] {
+      auto* created = new Writer();
+      std::atexit([] { Get().Flush(kExitFlush); });
+      return created;
+    }();
+    return *writer;
+  }
+
+  void Queue(int fd, std::string line) {
+    absl::MutexLock lock(&mutex_);
+    if (queued_bytes_ + line.size() > kMaxQueuedBytes) {
+      ++dropped_;
+      return;
+    }
+    queued_bytes_ += line.size();
+    queue_.emplace_back(fd, std::move(line));
+  }
+
+  // Waits until every line queued is written, for at most `limit`.
+  void Flush(absl::Duration limit) {
+    absl::MutexLock lock(&mutex_);
+    mutex_.AwaitWithTimeout(
+        absl::Condition(
+            +[](Writer* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mutex_) {
+              return w->queue_.empty() && !w->writing_;
+            },
+            this),
+        limit);
+  }
+
+ private:
+  Writer() {
+    std::thread([this] { Loop(); }).detach();
+  }
+
+  void Loop() {
+    // A reader that went away fails the write with EPIPE instead of killing
+    // the process with SIGPIPE: the signal stays blocked on this thread.
+    sigset_t pipe_signal;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+    while (true) {
+      std::deque<std::pair<int, std::string>> lines;
+      int64_t dropped;
+      {
+        absl::MutexLock lock(&mutex_);
+        mutex_.Await(absl::Condition(
+            +[](std::deque<std::pair<int, std::string>>* queue) {
+              return !queue->empty();
+            },
+            &queue_));
+        lines.swap(queue_);
+        queued_bytes_ = 0;
+        dropped = dropped_;
+        dropped_ = 0;
+        writing_ = true;
+      }
+      for (const auto& [fd, line] : lines) WriteAll(fd, line);
+      if (dropped > 0) {
+        WriteAll(STDERR_FILENO,
+                 absl::StrCat("attnserve: warning: ", dropped,
+                              " log lines dropped: the log's reader fell "
+                              "behind by more than ",
+                              kMaxQueuedBytes, " bytes\n"));
+      }
+      absl::MutexLock lock(&mutex_);
+      writing_ = false;
+    }
+  }
+
+  absl::Mutex mutex_;
+  std::deque<std::pair<int, std::string>> queue_ ABSL_GUARDED_BY(mutex_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
+};
 
 }  // namespace
 
@@ -35,12 +151,25 @@ bool LogEnabled(LogLevel level) {
 
 void Log(LogLevel level, absl::string_view line) {
   if (!LogEnabled(level)) return;
-  std::FILE* stream = level >= LogLevel::kWarning ? stderr : stdout;
-  // One fwrite of the whole line: stdio's lock keeps lines from interleaving.
-  std::string text(line);
-  text.push_back('\n');
-  std::fwrite(text.data(), 1, text.size(), stream);
-  std::fflush(stream);
+  // Whole lines, in order, by one thread: they never interleave.
+  Writer::Get().Queue(
+      level >= LogLevel::kWarning ? STDERR_FILENO : STDOUT_FILENO,
+      absl::StrCat(line, "\n"));
+}
+
+void FlushLog(absl::Duration limit) { Writer::Get().Flush(limit); }
+
+size_t WriteToStandardStream(int fd, absl::string_view text) {
+  absl::MutexLock lock(&StandardStreams());
+  while (!text.empty()) {
+    const ssize_t written = ::write(fd, text.data(), text.size());
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      break;  // EPIPE, a closed descriptor: the rest is lost.
+    }
+    text.remove_prefix(static_cast<size_t>(written));
+  }
+  return text.size();
 }
 
 }  // namespace attnserve

@@ -422,6 +422,10 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     record.response_bytes = response_bytes;
     record.server = now - call.started;
     call.handler->Describe(&record);
+    if (answer.ok() && call.handler->computed) {
+      record.queue_us = call.handler->computed->queue_us();
+      record.compute_us = call.handler->computed->compute_us();
+    }
     access_log_->Write(record);
   }
   call.handler->Answer(ToGrpcStatus(answer));
@@ -903,7 +907,8 @@ void AttentionServiceImpl::ServeModelInfer(
                                  statistics->compute_us, now);
   };
   // Once computed: the answer's tensors move into the protocol's response.
-  auto complete = [&request, response, native, weight_set, statistics]() {
+  auto complete = [&request, response, native, weight_set, statistics,
+                   handler = call.handler]() {
     v1::Tensor* output = weight_set ? native->mha_answer.mutable_output()
                                     : native->attended.mutable_output();
     v1::Tensor* lse = weight_set ? native->mha_answer.mutable_lse()
@@ -919,6 +924,7 @@ void AttentionServiceImpl::ServeModelInfer(
     statistics->version = native->version;
     statistics->queue_us = timing.queue_us();
     statistics->compute_us = timing.compute_us();
+    handler->computed = timing;
     oip::FillInferResponse(request, native->version, native->outputs, output,
                            lse, weights, response);
     return absl::OkStatus();

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "attnserve/common/flags_help.h"
 #include "attnserve/common/listen_socket.h"
 #include "attnserve/common/log.h"
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
       attnserve::ArgumentsWithEnvironment(argc, argv, &environment);
   if (const std::optional<std::string> error = attnserve::FlagArgumentsError(
           static_cast<int>(arguments.size()), arguments.data())) {
+    attnserve::FlushLog(absl::Seconds(2));
     std::fprintf(stderr, "attnserve: %s\n",
                  attnserve::WithEnvironmentNames(*error, environment).c_str());
     return 2;
@@ -146,6 +148,7 @@ int main(int argc, char** argv) {
   const absl::StatusOr<attnserve::ServerOptions> options =
       attnserve::OptionsFromFlags();
   if (!options.ok()) {
+    attnserve::FlushLog(absl::Seconds(2));
     std::fprintf(
         stderr, "attnserve: %s\n",
         attnserve::WithEnvironmentNames(
@@ -156,6 +159,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(*options);
   if (!server.ok()) {
+    attnserve::FlushLog(absl::Seconds(2));
     std::fprintf(
         stderr, "attnserve: %s\n",
         attnserve::WithEnvironmentNames(

@@ -24,6 +24,7 @@
 #include "attnserve/server/rpc/call_loop.h"
 #include "attnserve/server/rpc/connection_acceptor.h"
 #include "attnserve/server/rpc/credentials.h"
+#include "attnserve/server/rpc/grpc_log.h"
 #include "attnserve/server/rpc/health_service.h"
 #include "attnserve/server/rpc/memory_budget.h"
 #include "attnserve/server/rpc/reflection_service.h"
@@ -450,6 +451,7 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& requested) {
   ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
   SetLogLevel(requested.log_level);
+  RouteGrpcLogs();
   if (requested.log_level == LogLevel::kDebug) {
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
   }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/log.h"
 
 namespace attnserve {
 
@@ -216,18 +217,25 @@ void AccessLog::WriteLoop() {
       stopping = stopping_;
     }
     absl::string_view left = batch;
-    while (!left.empty()) {
-      const ssize_t written = ::write(fd_, left.data(), left.size());
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) {
-        // The rest of the batch is lost; count its lines.
-        int64_t lines = 0;
-        for (char c : left) lines += c == '\n';
-        absl::MutexLock lock(&mutex_);
-        dropped_ += lines;
-        break;
+    if (!owns_fd_) {
+      // stdout or stderr, which the server's log writes too: whole, under
+      // the lock its writer holds (a 4 MiB write to a pipe is not atomic, and
+      // a log line landed in the middle of a record).
+      left.remove_prefix(left.size() - WriteToStandardStream(fd_, left));
+    } else {
+      while (!left.empty()) {
+        const ssize_t written = ::write(fd_, left.data(), left.size());
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0) break;
+        left.remove_prefix(static_cast<size_t>(written));
       }
-      left.remove_prefix(static_cast<size_t>(written));
+    }
+    if (!left.empty()) {
+      // The rest of the batch is lost; count its lines.
+      int64_t lines = 0;
+      for (char c : left) lines += c == '\n';
+      absl::MutexLock lock(&mutex_);
+      dropped_ += lines;
     }
     if (stopping) {
       absl::MutexLock lock(&mutex_);

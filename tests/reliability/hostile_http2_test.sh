@@ -2,6 +2,8 @@
 # Traffic gRPC's own clients cannot make, through a raw HTTP/2 client (Debian's python3-h2,
 # raw_http2.py), against attnserve on a free loopback port, while a well-behaved client
 # (prober.py) calls a small Attend on its own connection and must be answered throughout:
+# - grpc_log_lines_test.py: gRPC core's lines quoting malformed headers are escaped (no forged
+#   log line) and at most one every 10 s from each place (no flood);
 # - far_deadline_test.py: a grpc-timeout past year 2262 means no deadline;
 # - unauthenticated_partial_test.py (with a token configured): partial messages from a caller
 #   without the token are refused on their headers, never buffered;
@@ -89,6 +91,7 @@ run() {
 }
 
 start_server
+run "${here}/grpc_log_lines_test.py" "${port}" "${workdir}/server.log"
 run "${here}/far_deadline_test.py" "${port}" "${stubs_dir}"
 run "${here}/transport_limits_test.py" "${port}" "${server_pid}" 256
 run "${here}/long_strings_test.py" "${port}" "${server_pid}" "${stubs_dir}"

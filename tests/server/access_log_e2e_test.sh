@@ -5,7 +5,8 @@
 # token, a refused call without the token) each leave one JSON line
 # (python3's json parses them) with their RPC, code, bytes, times, peer, the caller's identity
 # (its token's hash), weights and session, and no line holds the token or any tensor data. --log_level=warning leaves out the info lines
-# (the start-up line), debug adds gRPC's own, and an unknown level stops start-up (exit 2)
+# (the start-up line), debug adds gRPC's own (through the server's log), and an unknown level
+# stops start-up (exit 2)
 # naming the flag.
 #
 # usage: access_log_e2e_test.sh ATTNSERVE ATTNCTL
@@ -129,13 +130,14 @@ set -e
 [[ ! -s ${workdir}/quiet.log ]] ||
   fail "--log_level=warning still wrote: $(head -3 "${workdir}/quiet.log")"
 
-# --log_level=debug: gRPC's own debug lines ("D1202 05:01:41.799903676 ...") on stderr.
+# --log_level=debug: gRPC's own debug lines, through the server's log ('attnserve: grpc D
+# FILE:LINE "..."') on stdout.
 set +e
 timeout -s TERM 3 "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 \
   --log_level=debug >"${workdir}/debug.out" 2>"${workdir}/debug.err"
 set -e
-grep -qE '^D[0-9]{4} [0-9:.]+ ' "${workdir}/debug.err" ||
-  fail "--log_level=debug shows no gRPC debug line: $(head -3 "${workdir}/debug.err")"
+grep -qE '^attnserve: grpc D [a-z_0-9]+\.cc:[0-9]+ "' "${workdir}/debug.out" ||
+  fail "--log_level=debug shows no gRPC debug line: $(head -3 "${workdir}/debug.out")"
 grep -q "listening on" "${workdir}/debug.out" || fail "--log_level=debug lost the start-up line"
 
 set +e

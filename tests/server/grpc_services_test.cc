@@ -3,6 +3,7 @@
 // serve.
 
 #include <array>
+#include <cstdio>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -401,6 +403,57 @@ TEST_F(GrpcServicesTest, AnAnswerWithoutOutputIsSizedWithoutIt) {
   EXPECT_THAT(status.error_message(),
               ::testing::HasSubstr("the response (output, weights, framing) "
                                    "would need 1868800 bytes"));
+}
+
+// A ModelInfer's access-log line has its compute's times, as the native
+// calls' do (until 2026-12-07 they stayed in the native answer, an audit
+// found), and a weight set's names the set and the version computed.
+TEST_F(GrpcServicesTest, AModelInferLineInTheAccessLogHasItsTimes) {
+  const std::string path = ::testing::TempDir() + "/grpc_services_access.log";
+  std::remove(path.c_str());
+  ServerOptions options = DefaultOptions();
+  options.access_log = path;
+  StartServer(options);
+  if (HasFatalFailure()) return;
+  auto stub = inference::GRPCInferenceService::NewStub(client_->channel());
+  inference::ModelInferRequest sdpa;
+  sdpa.set_model_name("sdpa");
+  for (const char* name : {"QUERY", "KEY", "VALUE"}) {
+    auto* input = sdpa.add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    for (int64_t d : {1, 2, 4, 8}) input->add_shape(d);
+    sdpa.add_raw_input_contents(std::string(4 * 2 * 4 * 8, '\0'));
+  }
+  inference::ModelInferRequest demo;
+  demo.set_model_name("demo");
+  auto* input = demo.add_inputs();
+  input->set_name("INPUT");
+  input->set_datatype("FP32");
+  for (int64_t d : {1, 3, 64}) input->add_shape(d);
+  demo.add_raw_input_contents(std::string(4 * 3 * 64, '\0'));
+  for (const inference::ModelInferRequest* request : {&sdpa, &demo}) {
+    inference::ModelInferResponse response;
+    std::unique_ptr<grpc::ClientContext> context = ContextWithDeadline();
+    const grpc::Status status =
+        stub->ModelInfer(context.get(), *request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  server_.reset();  // Writes what is queued.
+  std::ifstream file(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(file, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const std::string& line : lines) {
+    SCOPED_TRACE(line);
+    EXPECT_THAT(line,
+                ::testing::HasSubstr(R"("rpc":"ModelInfer","code":"OK")"));
+    EXPECT_THAT(line, ::testing::HasSubstr(R"("queue_us":)"));
+    EXPECT_THAT(line, ::testing::HasSubstr(R"("compute_us":)"));
+  }
+  EXPECT_THAT(lines[1],
+              ::testing::HasSubstr(R"("weights":"demo","weights_version":1)"));
+  std::remove(path.c_str());
 }
 
 TEST_F(GrpcServicesTest, ModelStatisticsOfEveryModelStopsAtTheMessageLimit) {

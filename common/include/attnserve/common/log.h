@@ -1,5 +1,9 @@
 // The server's own log lines, by level (--log_level): debug and info lines to
-// stdout, warnings and errors to stderr, each written whole and flushed.
+// stdout, warnings and errors to stderr, each written whole, in order, by one
+// writer thread: a reader that stops reading (a full pipe) blocks that thread
+// alone, never the caller; past 1 MiB waiting, lines are dropped and counted
+// (a warning says how many once lines are taken again). The process's exit
+// waits up to 2 s for the lines still waiting.
 //
 //   Log(LogLevel::kWarning, absl::StrCat("attnserve: weights folder ", ...));
 //
@@ -8,9 +12,11 @@
 #ifndef ATTNSERVE_COMMON_LOG_H_
 #define ATTNSERVE_COMMON_LOG_H_
 
+#include <cstddef>
 #include <optional>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace attnserve {
 
@@ -25,8 +31,18 @@ const char* LogLevelName(LogLevel level);
 void SetLogLevel(LogLevel level);
 bool LogEnabled(LogLevel level);
 
-// Writes `line` and a newline if `level` is enabled.
+// Queues `line` and a newline for writing if `level` is enabled.
 void Log(LogLevel level, absl::string_view line);
+
+// Waits until the lines queued so far are written, for at most `limit`
+// (before writing to stdout or stderr otherwise, to keep the order).
+void FlushLog(absl::Duration limit);
+
+// Writes `text` whole to `fd` (stdout or stderr) under the lock that every
+// writer of those two holds through a write (the log's, the access log's), so
+// that their lines never interleave, even past a pipe's atomic size. Returns
+// the bytes not written (a reader gone: EPIPE).
+size_t WriteToStandardStream(int fd, absl::string_view text);
 
 }  // namespace attnserve
 

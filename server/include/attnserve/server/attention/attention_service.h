@@ -81,6 +81,9 @@ class AttentionServiceImpl final {
     // Called by Finish with the call's final status (a ModelInfer of a
     // model records the protocol's statistics there).
     std::function<void(const absl::Status&)> on_finish;
+    // The compute's timing where the response does not carry it (ModelInfer,
+    // whose native answer held it), for the access log.
+    std::optional<v1::ServerTiming> computed;
     // Set by Finish when it gave gRPC an OK answer: counted as not delivered
     // if the call then ends cancelled (OnDone).
     std::optional<Rpc> answered_ok;

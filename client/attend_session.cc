@@ -31,8 +31,8 @@ absl::Status AttendSession::Send(const v1::AttendRequest& request) {
 }
 
 absl::Status AttendSession::CloseSend() {
-  if (send_closed_) return absl::OkStatus();
-  send_closed_ = true;
+  // Once: a second WritesDone aborts in gRPC.
+  if (send_closed_.exchange(true)) return absl::OkStatus();
   if (!stream_->WritesDone()) {
     return absl::UnavailableError("the AttendStream broke; Finish says why");
   }
@@ -60,6 +60,10 @@ absl::Status AttendSession::Finish() {
   }
   finish_called_ = true;
   if (!ended_) {
+    // The server ends the stream once it has answered every request and
+    // knows no more come: without the close, this read waited for the
+    // call's deadline (or the server's idle timeout).
+    CloseSend().IgnoreError();
     v1::AttendStreamResponse unread;
     while (stream_->Read(&unread)) {
     }
@@ -70,7 +74,7 @@ absl::Status AttendSession::Finish() {
 
 void AttendSession::End(bool close_send) {
   ended_ = true;
-  if (close_send && !send_closed_) CloseSend().IgnoreError();
+  if (close_send) CloseSend().IgnoreError();
   final_status_ = FromGrpcStatus(stream_->Finish());
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "attnserve/proto/tensors.h"
 
 namespace attnserve::internal {
@@ -36,6 +37,19 @@ v1::Tensor Slice(const v1::Tensor& tensor, int dim, int64_t begin,
                  static_cast<size_t>((end - begin) * inner));
   }
   return slice;
+}
+
+absl::Status CheckOutputDtype(v1::DType dtype) {
+  if (dtype == v1::DTYPE_UNSPECIFIED || dtype == v1::FLOAT32 ||
+      dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "options.output_dtype is ",
+      v1::DType_IsValid(dtype) ? v1::DType_Name(dtype)
+                               : absl::StrCat(static_cast<int>(dtype)),
+      ", expected FLOAT32, BFLOAT16 or FLOAT16 (or unset: the "
+      "query's)"));
 }
 
 void MergeByLse(const std::vector<std::vector<float>>& outputs,

@@ -7,12 +7,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "attnserve/v1/attention.pb.h"
 
 namespace attnserve::internal {
 
 // `tensor` (its data of its shape) with dimension `dim` cut to [begin, end).
 v1::Tensor Slice(const v1::Tensor& tensor, int dim, int64_t begin, int64_t end);
+
+// OK for an output dtype a merged answer can be made in: unset (the query's),
+// FLOAT32, BFLOAT16 or FLOAT16; INVALID_ARGUMENT naming it otherwise (the
+// shards are asked for f32, so the server never sees it to refuse it).
+absl::Status CheckOutputDtype(v1::DType dtype);
 
 // Merges shards' outputs (`outputs[s]`, `rows` × `value_dim` floats) and lse
 // (`lses[s]`, `rows` floats) over disjoint key sets into the output and lse

@@ -75,6 +75,20 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
           "match their shapes");
     }
   }
+  // Key and value are cut along Lk together: they must agree up to it (a
+  // shorter value was read past its end, a longer one cut silently).
+  for (int d = 0; d < 3; ++d) {
+    if (request.value().shape(d) != request.key().shape(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "value.shape[", d, "] is ", request.value().shape(d), ", expected ",
+          request.key().shape(d), " (key.shape[", d, "])"));
+    }
+  }
+  if (absl::Status dtype =
+          internal::CheckOutputDtype(request.options().output_dtype());
+      !dtype.ok()) {
+    return dtype;
+  }
   if (clients == 0)
     return absl::InvalidArgumentError(
         "clients is empty, expected at least one");

@@ -358,7 +358,9 @@ absl::Status ShardedSession::CheckInputs(const StepInputs& inputs) const {
     ATTNSERVE_RETURN_IF_ERROR(
         check("query", *inputs.query, r.num_heads(), r.key_dim()));
   }
-  return absl::OkStatus();
+  // The shards answer f32, merged, then made the caller's dtype here: the
+  // server never sees it to refuse it.
+  return internal::CheckOutputDtype(inputs.options.output_dtype());
 }
 
 absl::Status ShardedSession::Append(int64_t layer, v1::Tensor key,

@@ -504,6 +504,48 @@ void ExpectClose(const v1::Tensor& actual, const v1::Tensor& expected,
 
 class ClientServerTest : public ::attnserve::testing::ServerFixture {};
 
+// What the client cuts itself is checked first, as the server would check it
+// whole (an audit found both answered before 2026-12-07): a value shorter
+// than the key along Lk (read past its end: std::out_of_range, the process
+// ended), or longer (cut silently); an output dtype the shards never see
+// (answered OK, its bytes f16 under the dtype's name).
+TEST_F(ClientServerTest, ShardedAttendRefusesWhatItWouldCutWrong) {
+  std::vector<Client*> replicas = {client_.get(), client_.get()};
+  for (const int64_t value_len : {3, 5}) {
+    v1::AttendRequest request = RandomRequest(1, 2, 1, 2, 4, 8, 8, 60);
+    *request.mutable_value() = MakeFloat32Tensor(
+        {1, 1, value_len, 8}, RandomValues(value_len * 8, 61));
+    const absl::Status refused =
+        ShardedAttend(replicas, request, 2, kTimeout).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr(absl::StrCat("value.shape[2] is ", value_len,
+                                       ", expected 4 (key.shape[2])")));
+  }
+  v1::AttendRequest request = RandomRequest(1, 2, 1, 2, 4, 8, 8, 62);
+  request.mutable_options()->set_output_dtype(v1::BOOL);
+  const absl::Status refused =
+      ShardedAttend(replicas, request, 2, kTimeout).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("options.output_dtype is BOOL, expected FLOAT32, "
+                        "BFLOAT16 or FLOAT16"));
+}
+
+// Finish without CloseSend tells the server no more requests come, and ends
+// once the answers are in: it waited for the stream's deadline until
+// 2026-12-07 (an audit found), the server waiting for more requests.
+TEST_F(ClientServerTest, FinishWithoutCloseSendEndsOnceAnswered) {
+  std::unique_ptr<AttendSession> session =
+      client_->OpenAttendSession(absl::Seconds(5));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(session->Send(RandomRequest(1, 2, 1, 2, 4, 8, 8, 70 + i)).ok());
+  }
+  EXPECT_TRUE(session->Finish().ok());
+  EXPECT_EQ(session->Send(RandomRequest(1, 2, 1, 2, 4, 8, 8, 72)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ClientServerTest, ShardedAttentionMergesExactly) {
   struct Case {
     const char* name;

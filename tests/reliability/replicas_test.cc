@@ -714,6 +714,21 @@ TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
     return std::make_pair(MakeFloat32Tensor({kKvHeads, tokens, kDim}, k),
                           MakeFloat32Tensor({kKvHeads, tokens, kDim}, v));
   };
+  {
+    // An output dtype the shards never see (they answer f32) is refused
+    // before any is sent a step (until 2026-12-07 it was answered with f16
+    // bytes under its name).
+    StepInputs bad_dtype;
+    bad_dtype.layer = 1;
+    bad_dtype.query =
+        MakeFloat32Tensor({kHeads, 1, kDim}, RandomValues(kHeads * kDim, 999));
+    bad_dtype.options.set_output_dtype(v1::BOOL);
+    const absl::Status refused =
+        sharded->Step(std::move(bad_dtype), kTimeout).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                HasSubstr("options.output_dtype is BOOL"));
+  }
   for (const int64_t chunk : {50, 50, 50, 30}) {
     auto [k, v] = append(chunk, 1000 + length);
     ASSERT_TRUE(one->Append(1, k, v, kTimeout).ok());

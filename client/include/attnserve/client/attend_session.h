@@ -17,6 +17,7 @@
 #ifndef ATTNSERVE_CLIENT_ATTEND_SESSION_H_
 #define ATTNSERVE_CLIENT_ATTEND_SESSION_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 
@@ -28,8 +29,13 @@ namespace attnserve {
 
 class Client;
 
-// An AttendStream call. One thread may Send while another Receives; each method
-// itself is not to be called from two threads at once.
+// An AttendStream call. One thread may Send (and CloseSend) while another
+// Receives; each method itself is not to be called from two threads at once.
+// Finish and the destructor end the call: call them once both sides are done
+// (after the sending thread's last Send or CloseSend and the receiving
+// thread's last Receive have returned), never while another thread is inside
+// Send or Receive (gRPC aborts on two reads at once, and the destructor frees
+// what those calls use).
 class AttendSession {
  public:
   AttendSession(const AttendSession&) = delete;
@@ -45,8 +51,11 @@ class AttendSession {
   // answered all of them and closed the stream OK; the stream's error if it
   // ended otherwise (its deadline, the server going away).
   absl::StatusOr<std::optional<v1::AttendStreamResponse>> Receive();
-  // Ends the call (answers not yet received are dropped) and returns its
-  // final status; FAILED_PRECONDITION if called before.
+  // Ends the call and returns its final status: tells the server no more
+  // requests come (if CloseSend was not called), then drops the answers not
+  // yet received as they arrive (the server answers every request it took
+  // before it ends the stream); FAILED_PRECONDITION if called before. To end
+  // a stream without waiting for those answers, destroy the session.
   absl::Status Finish();
 
  private:
@@ -64,7 +73,9 @@ class AttendSession {
   // `close_send` first tells the server no more requests come.
   void End(bool close_send);
 
-  bool send_closed_ = false;
+  // Set once by CloseSend (or Finish): the sending thread and the one that
+  // ends the call may both look at it.
+  std::atomic<bool> send_closed_{false};
   bool ended_ = false;          // The stream is finished; final_status_ set.
   bool finish_called_ = false;  // By the caller.
   absl::Status final_status_;

@@ -42,8 +42,11 @@ namespace attnserve {
 
 // Retries of the synchronous calls: UNAVAILABLE (no server took the call),
 // RESOURCE_EXHAUSTED (the server refused it before computing; never a message
-// over a max_message_bytes limit, the client's or the server's, which the same
-// call would meet again), CANCELLED (the
+// over a max_message_bytes limit as gRPC reports it, which the same call
+// would meet again; the server's own refusals for its limits (max_elements,
+// max_workspace_bytes, max_request_memory_bytes, a response over its message
+// limit, a call over half of max_inflight_bytes) are permanent too, but are
+// retried like its refusals for want of room now), CANCELLED (the
 // server's side cancelled it) and, for a MultiHeadAttention naming a
 // weights_version, FAILED_PRECONDITION, each as its switch below says, with
 // exponential backoff and jitter, and never past the call's deadline.
@@ -169,7 +172,10 @@ class Client {
   ~Client();
 
   // Asynchronous Attend: returns at once; `done` runs once, on a gRPC thread,
-  // with the result. No retries. `done` must not block for long.
+  // with the result. No retries. `done` must not block for long, and must not
+  // own the Client (a shared_ptr to it among its captures): the Client would
+  // then be destroyed on that gRPC thread, which gRPC 1.51 answers with a
+  // double free.
   void AttendAsync(
       v1::AttendRequest request, absl::Duration timeout,
       std::function<void(absl::StatusOr<v1::AttendResponse>)> done);

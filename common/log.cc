@@ -64,6 +64,8 @@ class Writer {
       ++dropped_;
       return;
     }
+    // Where lines were dropped, the count of them, in order.
+    if (dropped_ > 0) queue_.emplace_back(STDERR_FILENO, TakeDropped());
     queued_bytes_ += line.size();
     queue_.emplace_back(fd, std::move(line));
   }
@@ -94,7 +96,6 @@ class Writer {
     pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
     while (true) {
       std::deque<std::pair<int, std::string>> lines;
-      int64_t dropped;
       {
         absl::MutexLock lock(&mutex_);
         mutex_.Await(absl::Condition(
@@ -104,21 +105,27 @@ class Writer {
             &queue_));
         lines.swap(queue_);
         queued_bytes_ = 0;
-        dropped = dropped_;
-        dropped_ = 0;
         writing_ = true;
       }
       for (const auto& [fd, line] : lines) WriteAll(fd, line);
-      if (dropped > 0) {
-        WriteAll(STDERR_FILENO,
-                 absl::StrCat("attnserve: warning: ", dropped,
-                              " log lines dropped: the log's reader fell "
-                              "behind by more than ",
-                              kMaxQueuedBytes, " bytes\n"));
+      std::string dropped;
+      {
+        absl::MutexLock lock(&mutex_);
+        // Lines dropped after the last one queued: said now.
+        if (queue_.empty() && dropped_ > 0) dropped = TakeDropped();
       }
+      if (!dropped.empty()) WriteAll(STDERR_FILENO, dropped);
       absl::MutexLock lock(&mutex_);
       writing_ = false;
     }
+  }
+
+  // The line that says how many were dropped, the count cleared.
+  std::string TakeDropped() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return absl::StrCat("attnserve: warning: ", std::exchange(dropped_, 0),
+                        " log lines dropped: the log's reader fell behind by "
+                        "more than ",
+                        kMaxQueuedBytes, " bytes\n");
   }
 
   absl::Mutex mutex_;

@@ -2,7 +2,7 @@
 // stdout, warnings and errors to stderr, each written whole, in order, by one
 // writer thread: a reader that stops reading (a full pipe) blocks that thread
 // alone, never the caller; past 1 MiB waiting, lines are dropped and counted
-// (a warning says how many once lines are taken again). The process's exit
+// (a warning in their place says how many). The process's exit
 // waits up to 2 s for the lines still waiting.
 //
 //   Log(LogLevel::kWarning, absl::StrCat("attnserve: weights folder ", ...));

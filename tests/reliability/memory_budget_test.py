@@ -286,7 +286,10 @@ def queue(port, failures, flood_source="127.0.0.2", flood_token=None, other_toke
 
     full = b"compute queue is full"
     flood = Calls(port, source=flood_source, watch_for=full)
-    heavy = attend_request(8, 256, 64).SerializeToString()  # 1.5 MiB, ~130 MFLOP
+    # 1.5 MiB, ~540 MFLOP: the compute, not the io thread's parse, is what the flood waits on,
+    # so that it fills the queue under a sanitizer too (at (8, 256, 64), a quarter of the
+    # FLOPs, the AddressSanitizer build's streams never filled it).
+    heavy = attend_request(8, 1024, 16).SerializeToString()
     innocent = {"ok": 0, "refused": [], "other": [], "slowest": 0.0}
     done = threading.Event()
 

@@ -259,8 +259,9 @@ ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
           "its sessions.");
 ABSL_FLAG(std::string, log_level, LogLevelName(Defaults().log_level),
           "The server's own log lines to write: debug, info (the start-up "
-          "line, drains), warning (weights folders that failed to load) or "
-          "error; debug also turns on gRPC's debug logs.");
+          "line, drains), warning (weights folders that failed to load; "
+          "gRPC's own errors, escaped, at most one every 10 s from each "
+          "place) or error; debug also turns on gRPC's debug logs.");
 ABSL_FLAG(std::string, access_log, Defaults().access_log,
           "One JSON line per call (RPC, status, bytes, queue/compute/server "
           "time, peer, weights and session; no tensor data, no token) to "

@@ -136,6 +136,25 @@ absl::Status ShardedSession::CheckShards(int64_t layer, int64_t end) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// `error` named by its shard, without a Session's advice to rebuild it (a
+// sharded session is not rebuilt), `told` after it; its payloads kept.
+absl::Status OfShard(const absl::Status& error, size_t shard,
+                     absl::string_view told = "") {
+  absl::string_view reason = error.message();
+  absl::ConsumeSuffix(&reason, kRebuildAdvice);
+  absl::Status named(error.code(),
+                     absl::StrCat("shard ", shard, ": ", reason, told));
+  error.ForEachPayload(
+      [&named](absl::string_view url, const absl::Cord& payload) {
+        named.SetPayload(url, payload);
+      });
+  return named;
+}
+
+}  // namespace
+
 absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
                                     int64_t layer, int64_t start, int64_t end,
                                     bool has_query) {
@@ -143,10 +162,7 @@ absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
   for (const Session& s : shards_) stands += s.length(layer);
   lengths_[layer] = stands;
   std::string told;
-  absl::string_view reason = error.message();
   if (IsReplicaGone(error)) {
-    // Not the Session's advice to rebuild it: an empty shard would be refused.
-    absl::ConsumeSuffix(&reason, kRebuildAdvice);
     lost_.insert(shard);
     told =
         "; the tokens the shard held went with its replica, and a sharded "
@@ -159,13 +175,7 @@ absl::Status ShardedSession::Failed(const absl::Status& error, size_t shard,
                         " tokens stand (length() is ", stands,
                         "): send the rest, not the whole step again");
   }
-  absl::Status failed(error.code(),
-                      absl::StrCat("shard ", shard, ": ", reason, told));
-  error.ForEachPayload(
-      [&failed](absl::string_view url, const absl::Cord& payload) {
-        failed.SetPayload(url, payload);
-      });
-  return failed;
+  return OfShard(error, shard, told);
 }
 
 absl::StatusOr<StepOutput> ShardedSession::Step(StepInputs inputs,
@@ -391,16 +401,7 @@ absl::Status ShardedSession::Delete(absl::Duration timeout) {
   absl::Status first;
   for (auto& [s, deleted] : deletes) {
     absl::Status status = deleted.get();
-    if (!first.ok() || status.ok()) continue;
-    // Which shard, without the Session's advice to rebuild it.
-    absl::string_view reason = status.message();
-    absl::ConsumeSuffix(&reason, kRebuildAdvice);
-    first =
-        absl::Status(status.code(), absl::StrCat("shard ", s, ": ", reason));
-    status.ForEachPayload(
-        [&first](absl::string_view url, const absl::Cord& payload) {
-          first.SetPayload(url, payload);
-        });
+    if (first.ok() && !status.ok()) first = OfShard(status, s);
   }
   return first;
 }

@@ -38,10 +38,6 @@ absl::Mutex& StandardStreams() {
   return *mutex;
 }
 
-void WriteAll(int fd, absl::string_view text) {
-  WriteToStandardStream(fd, text);
-}
-
 // Lines are queued by the threads that log and written by one thread of
 // their own: a reader of stderr that stops reading (a stalled log shipper's
 // full pipe) blocks that thread alone, never a thread serving calls, as a
@@ -107,14 +103,14 @@ class Writer {
         queued_bytes_ = 0;
         writing_ = true;
       }
-      for (const auto& [fd, line] : lines) WriteAll(fd, line);
+      for (const auto& [fd, line] : lines) WriteToStandardStream(fd, line);
       std::string dropped;
       {
         absl::MutexLock lock(&mutex_);
         // Lines dropped after the last one queued: said now.
         if (queue_.empty() && dropped_ > 0) dropped = TakeDropped();
       }
-      if (!dropped.empty()) WriteAll(STDERR_FILENO, dropped);
+      if (!dropped.empty()) WriteToStandardStream(STDERR_FILENO, dropped);
       absl::MutexLock lock(&mutex_);
       writing_ = false;
     }

@@ -192,6 +192,16 @@ class Replicas:
                              + ("; ".join(refusals) or "no replica to ask besides those avoided"))
 
 
+def _of_shard(error, shard, told=""):
+    """`error` named by its shard, without a Session's advice to rebuild it (a sharded
+    session is not rebuilt), `told` after it; a ReplicaGoneError stays one."""
+    message = f"shard {shard}: {error.message.removesuffix(_REBUILD_ADVICE)}{told}"
+    named = (ReplicaGoneError(message, error.address) if isinstance(error, ReplicaGoneError)
+             else AttnserveError(error.code, message))
+    named.attempts = error.attempts
+    return named
+
+
 class ShardedSession:
     """One session over several replicas: shard s, an ordinary pinned Session, holds tokens
     [s·C, (s+1)·C) of every layer (C = shard_tokens), on a replica of its own while there is
@@ -397,10 +407,7 @@ class ShardedSession:
         stands."""
         stands = sum(s.lengths[layer] for s in self.shards)
         self.lengths[layer] = stands
-        reason = error.message
         if isinstance(error, ReplicaGoneError):
-            # Not the Session's advice to rebuild it: an empty shard would be refused.
-            reason = reason.removesuffix(_REBUILD_ADVICE)
             self._lost.add(shard)
             told = ("; the tokens the shard held went with its replica, and a sharded session "
                     "is not rebuilt: delete() it and create a new one")
@@ -411,13 +418,7 @@ class ShardedSession:
                     f"send the rest, not the whole step again")
         else:
             told = ""
-        message = f"shard {shard}: {reason}{told}"
-        if isinstance(error, ReplicaGoneError):
-            failed = ReplicaGoneError(message, error.address)
-        else:
-            failed = AttnserveError(error.code, message)
-        failed.attempts = error.attempts
-        return failed
+        return _of_shard(error, shard, told)
 
     def _check_inputs(self, key, value, query, input_dtype):
         """Refuses (ValueError) what a shard would refuse, before any shard is sent a piece: a
@@ -456,11 +457,4 @@ class ShardedSession:
                     continue
                 if not isinstance(error, AttnserveError):
                     raise error
-                # Which shard, without the Session's advice to rebuild it.
-                message = (f"shard {self.shards.index(shard)}: "
-                           f"{error.message.removesuffix(_REBUILD_ADVICE)}")
-                failed = (ReplicaGoneError(message, error.address)
-                          if isinstance(error, ReplicaGoneError)
-                          else AttnserveError(error.code, message))
-                failed.attempts = error.attempts
-                raise failed from None
+                raise _of_shard(error, self.shards.index(shard)) from None

@@ -91,6 +91,18 @@ bool OverMessageLimit(const grpc::Status& status) {
                            "Sent message larger than max"));
 }
 
+// Whether the server asked for no retry of the call (gRFC A6: a negative
+// grpc-retry-pushback-ms trailer): it refused for one of its limits on the
+// request's own size, which the same call would meet again.
+bool ServerSaysNeverRetry(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto found = trailers.find("grpc-retry-pushback-ms");
+  return found != trailers.end() &&
+         absl::StartsWith(
+             absl::string_view(found->second.data(), found->second.size()),
+             "-");
+}
+
 bool IsRetryable(const RetryPolicy& policy, const grpc::Status& status) {
   return (policy.retry_unavailable &&
           status.error_code() == grpc::StatusCode::UNAVAILABLE) ||
@@ -209,6 +221,7 @@ absl::StatusOr<Response> Client::CallWithRetries(
     if (attempts != nullptr) *attempts = attempt;
     if (status.ok()) return response;
     if (!retryable || attempt >= policy.max_attempts ||
+        ServerSaysNeverRetry(*context) ||
         !(IsRetryable(policy, status) ||
           (also_retried != grpc::StatusCode::OK &&
            status.error_code() == also_retried))) {

@@ -28,7 +28,9 @@ class AttnserveError(Exception):
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """Retries of a call that failed with one of `retry_on`: exponential backoff with jitter
-    (each wait drawn from [0.5, 1) of the backoff), never past the call's deadline.
+    (each wait drawn from [0.5, 1) of the backoff), never past the call's deadline, and never
+    after the server's trailer grpc-retry-pushback-ms: -1, which marks a refusal the same call
+    would meet again (a request over one of its limits on a request's own size).
     Weight puts and deletes are retried only with `retry_weight_changes`, session creates and
     forks only with `retry_session_creation` (a create whose answer was lost would leave a
     session nobody knows the id of); every other call is safe to repeat."""
@@ -46,6 +48,15 @@ class RetryPolicy:
     # client cancels none): gRPC 1.51 cancels a call that reaches a server as its shutdown
     # begins, before attnserve sees it, and a server past its drain's 30 s cancels what runs.
     retry_cancelled_by_server: bool = True
+
+
+def _server_says_never_retry(error):
+    """Whether the server asked for no retry of the failed call (gRFC A6: a negative
+    grpc-retry-pushback-ms trailer): it refused it for one of its limits on a request's own
+    size (max_elements, max_request_memory_bytes, ...), which the same call would meet again."""
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    return any(key == "grpc-retry-pushback-ms" and str(value).startswith("-")
+               for key, value in (trailers or ()))
 
 
 # The server's times for a call (ServerTiming), in microseconds: waiting for an executor,
@@ -389,6 +400,7 @@ class Client:
                                        and self._retry.retry_cancelled_by_server
                                        and not self._closed)
                 if (not retryable or attempt >= self._retry.max_attempts
+                        or _server_says_never_retry(error)
                         or (failure.code not in self._retry.retry_on
                             and failure.code not in also_retry_on
                             and not cancelled_by_server)):

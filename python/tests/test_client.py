@@ -759,6 +759,52 @@ def test_a_cancellation_from_the_server_is_retried():
         fake.stop(None)
 
 
+def test_a_refusal_the_server_marks_permanent_is_not_retried():
+    """A RESOURCE_EXHAUSTED with grpc-retry-pushback-ms: -1 (a limit on the request's own
+    size) is sent once; one without it (want of room now) is retried. Then a real server's
+    max_elements refusal, which carries the trailer."""
+    from concurrent import futures
+    from attnserve.v1 import attention_pb2_grpc
+
+    class Refuses(attention_pb2_grpc.AttentionServiceServicer):
+        calls = 0
+        pushback = None
+
+        def Attend(self, request, context):
+            Refuses.calls += 1
+            if Refuses.pushback is not None:
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", Refuses.pushback),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "refused")
+
+    fake = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    attention_pb2_grpc.add_AttentionServiceServicer_to_server(Refuses(), fake)
+    port = fake.add_insecure_port("127.0.0.1:0")
+    fake.start()
+    policy = attnserve.RetryPolicy(max_attempts=4, initial_backoff=0.001,
+                                   retry_on=(grpc.StatusCode.RESOURCE_EXHAUSTED,))
+    try:
+        with attnserve.Client(f"127.0.0.1:{port}", retry=policy) as client:
+            for pushback, attempts in ((None, 4), ("-1", 1)):
+                Refuses.calls, Refuses.pushback = 0, pushback
+                with pytest.raises(attnserve.AttnserveError) as refused:
+                    client.call("Attend", attention_pb2.AttendRequest())
+                assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert (refused.value.attempts, Refuses.calls) == (attempts, attempts)
+    finally:
+        fake.stop(None)
+    limited = Server("--max_elements=1000")
+    try:
+        with attnserve.Client(limited.target, retry=policy) as client:
+            q = uniform(1, 1, 4, 512)
+            with pytest.raises(attnserve.AttnserveError) as refused:
+                client.attend(q, q, q)
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "over the max_elements limit of 1000" in refused.value.message
+        assert refused.value.attempts == 1
+    finally:
+        limited.stop()
+
+
 def test_a_broken_server_gets_attnserve_errors_not_crashes():
     """Answers no attnserve gives: every one is an AttnserveError INTERNAL or UNKNOWN, never
     a MemoryError, IndexError, StopIteration or NumPy's ValueError."""

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 #include "attnserve/server/attention/attend_stream.h"
@@ -428,6 +429,7 @@ void AttentionServiceImpl::Finish(const Call& call, const absl::Status& status,
     }
     access_log_->Write(record);
   }
+  AddStatusTrailers(answer, call.handler->context());
   call.handler->Answer(ToGrpcStatus(answer));
 }
 
@@ -836,10 +838,10 @@ void AttentionServiceImpl::ServeModelStatistics(
       if (bytes > transport_.max_message_bytes - kFramingBytes) {
         return Finish(
             call,
-            absl::ResourceExhaustedError(absl::StrCat(
+            Permanent(absl::ResourceExhaustedError(absl::StrCat(
                 "the statistics of every model take more than the ",
                 "max_message_bytes limit of ", transport_.max_message_bytes,
-                " bytes; ask for one model by name (ListWeights lists them)")),
+                " bytes; ask for one model by name (ListWeights lists them)"))),
             response);
       }
     }

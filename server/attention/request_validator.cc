@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/checked_math.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_types.h"
 #include "attnserve/server/tensors/tensor_checks.h"
@@ -290,13 +291,13 @@ absl::Status CheckResponseSize(const AttentionShape& s, const OptionsPlan& plan,
     bytes.reset();
   }
   if (!bytes || *bytes > checks.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "the response (", checks.response_carries_output ? "output, " : "",
         weights_elements > 0 ? "weights, " : "",
         plan.options.return_lse ? "lse, " : "", "framing) would need ",
         bytes ? absl::StrCat(*bytes, " bytes") : std::string("over 2^63 bytes"),
         ", over the server's max_message_bytes limit of ",
-        checks.max_message_bytes));
+        checks.max_message_bytes)));
   }
   return absl::OkStatus();
 }
@@ -333,13 +334,13 @@ absl::StatusOr<int64_t> CheckRequestMemory(
   const double scratch_bytes = ScratchBytes(s, options, checks, half_inputs);
   if (scratch_bytes >
       static_cast<double>(checks.engine->options().max_workspace_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "attention for shape ", s.DebugString(), " needs ",
         scratch_bytes < 9e18 ? absl::StrCat(static_cast<int64_t>(scratch_bytes))
                              : std::string("more than 2^63"),
         " bytes of scratch, over the engine's workspace limit of ",
         checks.engine->options().max_workspace_bytes,
-        " bytes (max_workspace_bytes)"));
+        " bytes (max_workspace_bytes)")));
   }
   const double weights_elements =
       options.weights == AttentionWeightsMode::kPerHead
@@ -354,12 +355,12 @@ absl::StatusOr<int64_t> CheckRequestMemory(
                        scratch_bytes + extra_bytes;
   if (bytes <= static_cast<double>(checks.limits.max_request_memory_bytes))
     return static_cast<int64_t>(bytes);
-  return absl::ResourceExhaustedError(absl::StrCat(
+  return Permanent(absl::ResourceExhaustedError(absl::StrCat(
       "the request would allocate about ", static_cast<int64_t>(bytes),
       " bytes (outputs, weights, conversions, scratch), over the "
       "max_request_memory_bytes "
       "limit of ",
-      checks.limits.max_request_memory_bytes));
+      checks.limits.max_request_memory_bytes)));
 }
 
 // Whether query, key and value are all BFLOAT16 or all FLOAT16: what

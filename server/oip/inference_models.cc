@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_types.h"
 
@@ -680,7 +681,7 @@ absl::Status InProtocolNames(const absl::Status& status, bool weight_set) {
     Rename(&message, absl::StrCat("its ", native, " data"),
            absl::StrCat("its ", protocol, " data"));
   }
-  return absl::Status(status.code(), message);
+  return Reworded(status, message);
 }
 
 inference::ModelMetadataResponse SdpaMetadata() {

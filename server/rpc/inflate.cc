@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/refusals.h"
 #include "grpc/byte_buffer.h"
 #include "grpc/compression.h"
 
@@ -76,10 +77,10 @@ absl::Status InflateRequest(int64_t max_bytes, grpc::ByteBuffer* message) {
     }
   }
   if (static_cast<int64_t>(output.size()) > max_bytes) {
-    status = absl::ResourceExhaustedError(absl::StrCat(
+    status = Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "the ", encoding, "-compressed request inflates to more than ",
         max_bytes, " bytes, over the max_message_bytes limit (",
-        message->Length(), " bytes compressed)"));
+        message->Length(), " bytes compressed)")));
   } else if (result != Z_STREAM_END) {
     status = absl::InvalidArgumentError(absl::StrCat(
         "the request is not a whole ", encoding, " stream (", message->Length(),

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "attnserve/common/refusals.h"
 
 namespace attnserve {
 namespace {
@@ -140,11 +141,11 @@ absl::Status MemoryBudget::Reserve(int64_t bytes, const std::string& connection,
   }
   ++refused_;
   if (bytes > limit_ / 2) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "this call needs ", bytes, " bytes of memory (its message and its ",
         "compute), more than the ", limit_ / 2,
         " bytes one connection may hold: half of the ", limit_,
-        " bytes all calls in flight may hold (max_inflight_bytes)"));
+        " bytes all calls in flight may hold (max_inflight_bytes)")));
   }
   if (bytes > limit_ / 2 - own) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_types.h"
 #include "attnserve/server/sessions/page_arena.h"
@@ -187,12 +188,13 @@ absl::StatusOr<SessionConfig> ValidateCreateSession(
                         options.kv_cache_bytes_per_identity);
   }
   if (!over.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "one page of this session (", layout.page_tokens,
         " tokens x num_kv_heads ", config.kv_heads, " x (key_dim ",
         config.key_dim, " + value_dim ", config.value_dim, ") x ",
         DataTypeBytes(config.dtype), " bytes) takes ", page_bytes, " bytes, ",
-        first_token, " with the session's bookkeeping, over ", over, " bytes"));
+        first_token, " with the session's bookkeeping, over ", over,
+        " bytes")));
   }
   return config;
 }
@@ -352,10 +354,10 @@ absl::Status ListSessionsPage(const SessionListing& listing,
     const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
     if (used + bytes > room) {
       if (response->sessions_size() == 0) {
-        return absl::ResourceExhaustedError(absl::StrCat(
+        return Permanent(absl::ResourceExhaustedError(absl::StrCat(
             "session ", listing.sessions[next].id, " alone takes ", bytes,
             " bytes to describe, over the max_message_bytes limit of ",
-            max_message_bytes, "; ask GetSession"));
+            max_message_bytes, "; ask GetSession")));
       }
       break;
     }

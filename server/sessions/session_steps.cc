@@ -13,6 +13,7 @@
 #include "attnserve/common/allocation_failures.h"
 #include "attnserve/common/echo.h"
 #include "attnserve/common/flops.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/server/sessions/session_requests.h"
 #include "attnserve/server/tensors/tensor_checks.h"
 #include "attnserve/server/tensors/tensor_codec.h"
@@ -119,9 +120,9 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
     }
     const int64_t tokens = step.key().shape(1);
     if (tokens > config.max_tokens) {
-      return absl::ResourceExhaustedError(
+      return Permanent(absl::ResourceExhaustedError(
           absl::StrCat(DimField(key, 1, "T"), " is ", tokens,
-                       ", over the session's max_tokens ", config.max_tokens));
+                       ", over the session's max_tokens ", config.max_tokens)));
     }
     work->append.tokens = tokens;
     work->append.key = step.key().data().data();
@@ -148,17 +149,17 @@ absl::Status CheckStep(const v1::SessionStep& step, const std::string& prefix,
     work->query = &step.query();
     work->query_len = step.query().shape(1);
     if (work->query_len > config.max_tokens) {
-      return absl::ResourceExhaustedError(
+      return Permanent(absl::ResourceExhaustedError(
           absl::StrCat(DimField(query, 1, "Tq"), " is ", work->query_len,
-                       ", over the session's max_tokens ", config.max_tokens));
+                       ", over the session's max_tokens ", config.max_tokens)));
     }
     const int64_t outputs = config.heads * work->query_len * config.value_dim;
     if (outputs > limits.max_elements) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return Permanent(absl::ResourceExhaustedError(absl::StrCat(
           DimField(query, 1, "Tq"), " is ", work->query_len,
           ": the output [H, Tq, Dv] = [", config.heads, ", ", work->query_len,
           ", ", config.value_dim, "] would hold ", outputs,
-          " elements, over the max_elements limit of ", limits.max_elements));
+          " elements, over the max_elements limit of ", limits.max_elements)));
     }
   } else if (options.return_lse()) {
     return absl::InvalidArgumentError(
@@ -219,9 +220,9 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
         "steps is empty, expected 1 to ", most, " steps (max_steps_per_call)"));
   }
   if (count > most) {
-    return absl::ResourceExhaustedError(
+    return Permanent(absl::ResourceExhaustedError(
         absl::StrCat("steps holds ", count, " steps, over max_steps_per_call ",
-                     most, "; split the call"));
+                     most, "; split the call")));
   }
   const ReplicaIdentity& replica = store.replica();
   if (absl::Status same = CheckReplicaIncarnation(
@@ -295,26 +296,26 @@ absl::StatusOr<StepCall> PrepareSteps(const v1::StepRequest& request,
     call.steps.push_back(std::move(work));
   }
   if (response_bytes > limits.max_message_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "the response would take about ", response_bytes,
         " bytes, over the message limit of ", limits.max_message_bytes,
         " bytes (max_message_bytes); split the call or ask for fewer query "
-        "rows"));
+        "rows")));
   }
   const int64_t workspace = engine.PagedWorkspaceBytes(sizes);
   if (workspace > engine.options().max_workspace_bytes) {
-    return absl::ResourceExhaustedError(
+    return Permanent(absl::ResourceExhaustedError(
         absl::StrCat("the call's attention needs ", workspace,
                      " bytes of scratch, over the engine's workspace limit of ",
                      engine.options().max_workspace_bytes,
-                     " bytes (max_workspace_bytes); split the call"));
+                     " bytes (max_workspace_bytes); split the call")));
   }
   call.memory_bytes += workspace;
   if (call.memory_bytes > limits.max_request_memory_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "the call's compute would need ", call.memory_bytes,
         " bytes, over the limit of ", limits.max_request_memory_bytes,
-        " bytes (max_request_memory_bytes); split the call"));
+        " bytes (max_request_memory_bytes); split the call")));
   }
   return call;
 }

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/refusals.h"
 
 namespace attnserve {
 namespace {
@@ -405,18 +406,18 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
   const int64_t budget = options_.kv_cache_bytes;
   const int64_t cap = options_.kv_cache_bytes_per_identity;
   if (bytes > budget) {
-    return absl::ResourceExhaustedError(
+    return Permanent(absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", bytes,
                      " bytes, more than the whole KV cache budget "
                      "(kv_cache_bytes) of ",
-                     budget, " bytes"));
+                     budget, " bytes")));
   }
   if (cap > 0 && bytes > cap) {
-    return absl::ResourceExhaustedError(
+    return Permanent(absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", bytes,
                      " bytes, more than one caller may hold "
                      "(kv_cache_bytes_per_identity ",
-                     cap, " bytes)"));
+                     cap, " bytes)")));
   }
   Account* const account = FindAccount(owner);
   const auto holds = [&] {
@@ -1013,11 +1014,11 @@ absl::StatusOr<SessionStore::View> SessionStore::AppendAndView(
   }
   if (tokens > 0) {
     if (layer.length + tokens > session.config.max_tokens) {
-      return absl::ResourceExhaustedError(
+      return Permanent(absl::ResourceExhaustedError(
           absl::StrCat("session ", session.id, " layer ", layer_index,
                        " holds ", layer.length, " tokens; appending ", tokens,
                        " would pass its max_tokens ", session.config.max_tokens,
-                       "; nothing was appended"));
+                       "; nothing was appended")));
     }
     // A partly filled last page is written in place only if this table alone
     // holds it and no step reads it; else it is copied first. One that

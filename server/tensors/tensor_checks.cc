@@ -7,6 +7,7 @@
 #include "attnserve/common/checked_math.h"
 #include "attnserve/common/dtype.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 
@@ -123,10 +124,10 @@ absl::Status CheckElementLimit(absl::string_view field,
   const std::optional<int64_t> elements = CheckedProduct(
       absl::MakeConstSpan(tensor.shape().data(), tensor.shape_size()));
   if (elements && *elements <= max_elements) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
+  return Permanent(absl::ResourceExhaustedError(absl::StrCat(
       field, " has ",
       elements ? absl::StrCat(*elements) : std::string("over 2^63"),
-      " elements, over the max_elements limit of ", max_elements));
+      " elements, over the max_elements limit of ", max_elements)));
 }
 
 }  // namespace attnserve

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/npy.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/proto/tensors.h"
 #include "attnserve/proto/weights_folder.h"
@@ -217,11 +218,11 @@ absl::StatusOr<v1::PutWeightsRequest> ReadWeightsFolder(
           size, std::numeric_limits<int64_t>::max() / 16));
   }
   if (total / 2 > max_file_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return Permanent(absl::ResourceExhaustedError(absl::StrCat(
         "its .npy files hold ", total,
         " bytes, more than twice max_weights_bytes (", max_file_bytes,
         "), more than the registry could hold even from float64; nothing "
-        "was read"));
+        "was read")));
   }
   v1::PutWeightsRequest request;
   request.set_name(std::filesystem::path(folder).filename().string());

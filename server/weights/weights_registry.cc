@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/echo.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "attnserve/server/tensors/tensor_codec.h"
 
@@ -167,10 +168,10 @@ absl::Status WeightsRegistry::CheckCapacityLocked(const std::string& name,
       existing == entries_.end() ? 0 : existing->second.weights->bytes();
   if (total_bytes_ - freed + bytes <= max_total_bytes_) return absl::OkStatus();
   if (bytes > max_total_bytes_) {
-    return absl::ResourceExhaustedError(
+    return Permanent(absl::ResourceExhaustedError(
         absl::StrCat("weights '", name, "' need ", bytes,
                      " bytes, more than the whole max_weights_bytes limit of ",
-                     max_total_bytes_));
+                     max_total_bytes_)));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "weights '", name, "' need ", bytes, " bytes; the registry holds ",
@@ -297,10 +298,10 @@ absl::Status ListWeightsPage(const WeightsRegistry& registry,
     const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
     if (used + bytes > room) {
       if (response->weights_size() == 0) {
-        return absl::ResourceExhaustedError(absl::StrCat(
+        return Permanent(absl::ResourceExhaustedError(absl::StrCat(
             "weights '", name, "' alone take ", bytes,
             " bytes to describe, over the max_message_bytes limit of ",
-            max_message_bytes));
+            max_message_bytes)));
       }
       more = true;
       break;

@@ -504,6 +504,60 @@ void ExpectClose(const v1::Tensor& actual, const v1::Tensor& expected,
 
 class ClientServerTest : public ::attnserve::testing::ServerFixture {};
 
+// A refusal for one of the server's limits on a request's own size comes with
+// the trailer grpc-retry-pushback-ms: -1 (gRPC's "do not retry"), and the
+// client sends such a call once whatever its retry policy: until 2026-12-07
+// it sent it max_attempts times, each refused the same way.
+TEST_F(ClientServerTest, ARefusalTheSameCallWouldMeetAgainIsSentOnce) {
+  ServerOptions options = DefaultOptions();
+  options.limits.max_elements = 1000;
+  client_.reset();
+  server_.reset();
+  StartServer(options);
+  const std::string target = absl::StrCat("127.0.0.1:", server_->port());
+  v1::AttendRequest request;
+  const std::vector<float> values(2048, 0.5f);
+  *request.mutable_query() = MakeFloat32Tensor({1, 1, 4, 512}, values);
+  *request.mutable_key() = MakeFloat32Tensor({1, 1, 4, 512}, values);
+  *request.mutable_value() = MakeFloat32Tensor({1, 1, 4, 512}, values);
+  ClientOptions client_options;
+  client_options.retry.max_attempts = 5;
+  client_options.retry.initial_backoff = absl::Milliseconds(1);
+  ASSERT_TRUE(client_options.retry.retry_resource_exhausted);
+  int attempts = 0;
+  const absl::Status status = Connect(target, client_options)
+                                  ->Attend(request, kTimeout, &attempts)
+                                  .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("over the max_elements limit of 1000"));
+  EXPECT_EQ(attempts, 1);
+
+  // What any gRPC client sees: the trailer, and only on such a refusal.
+  const std::unique_ptr<v1::AttentionService::Stub> stub =
+      v1::AttentionService::NewStub(
+          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  const auto pushback = [&](const v1::AttendRequest& sent) {
+    grpc::ClientContext context;
+    v1::AttendResponse response;
+    (void)stub->Attend(&context, sent, &response);
+    const auto& trailers = context.GetServerTrailingMetadata();
+    const auto found = trailers.find("grpc-retry-pushback-ms");
+    return found == trailers.end()
+               ? std::string("none")
+               : std::string(found->second.data(), found->second.size());
+  };
+  EXPECT_EQ(pushback(request), "-1");
+  v1::AttendRequest small;
+  *small.mutable_query() = MakeFloat32Tensor({1, 1, 1, 4}, {1, 2, 3, 4});
+  *small.mutable_key() = MakeFloat32Tensor({1, 1, 1, 4}, {1, 2, 3, 4});
+  *small.mutable_value() = MakeFloat32Tensor({1, 1, 1, 4}, {1, 2, 3, 4});
+  EXPECT_EQ(pushback(small), "none");
+  v1::AttendRequest bad = small;
+  bad.mutable_key()->mutable_shape()->Set(3, 8);
+  EXPECT_EQ(pushback(bad), "none");  // INVALID_ARGUMENT: no retry anyway.
+}
+
 // What the client cuts itself is checked first, as the server would check it
 // whole (an audit found both answered before 2026-12-07): a value shorter
 // than the key along Lk (read past its end: std::out_of_range, the process

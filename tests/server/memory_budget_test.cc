@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/server/process/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -60,6 +61,10 @@ TEST(MemoryBudgetTest, OneConnectionMayHoldHalf) {
       huge.status().message(),
       HasSubstr("more than the 33554432 bytes one connection may hold"));
   EXPECT_EQ(budget.refused(), 3);
+  // Only a call over half the budget meets the same refusal whatever the
+  // others hold: it alone tells clients not to retry.
+  EXPECT_TRUE(IsPermanent(huge.status()));
+  EXPECT_FALSE(IsPermanent(more.status()));
 }
 
 TEST(MemoryBudgetTest, TheLastEighthIsKeptForConnectionsHoldingLittle) {
@@ -82,6 +87,8 @@ TEST(MemoryBudgetTest, TheLastEighthIsKeptForConnectionsHoldingLittle) {
   EXPECT_THAT(full.status().message(),
               AllOf(HasSubstr("calls in flight hold 67108864 of the 67108864"),
                     HasSubstr("retry after a backoff")));
+  EXPECT_FALSE(IsPermanent(full.status()));
+  EXPECT_FALSE(IsPermanent(heavy.status()));
 }
 
 TEST(MemoryBudgetTest, ManyConnectionsFromOneAddressShareTheLastEighthRule) {

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/refusals.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -138,6 +139,7 @@ TEST(SchedulerTest, RefusesJobsPastMaxQueueNamingTheLimit) {
   EXPECT_THAT(std::string(full.message()),
               ::testing::HasSubstr("max_queue limit is 2; every client's calls "
                                    "share it: retry after a backoff"));
+  EXPECT_FALSE(IsPermanent(full));  // Room comes as the queue drains.
   EXPECT_FALSE(scheduler.WaitIdle(absl::Milliseconds(10)));
   release.Notify();
   EXPECT_TRUE(scheduler.WaitIdle(absl::Seconds(10)));

@@ -41,15 +41,16 @@
 namespace attnserve {
 
 // Retries of the synchronous calls: UNAVAILABLE (no server took the call),
-// RESOURCE_EXHAUSTED (the server refused it before computing; never a message
-// over a max_message_bytes limit as gRPC reports it, which the same call
-// would meet again; the server's own refusals for its limits (max_elements,
-// max_workspace_bytes, max_request_memory_bytes, a response over its message
-// limit, a call over half of max_inflight_bytes) are permanent too, but are
-// retried like its refusals for want of room now), CANCELLED (the
-// server's side cancelled it) and, for a MultiHeadAttention naming a
-// weights_version, FAILED_PRECONDITION, each as its switch below says, with
-// exponential backoff and jitter, and never past the call's deadline.
+// RESOURCE_EXHAUSTED (the server refused it before computing, for want of room
+// now: never a message over a max_message_bytes limit as gRPC reports it, nor
+// a refusal the server marks as one the same call would meet again, for one of
+// its limits on a request's own size such as max_elements or
+// max_request_memory_bytes: it sends those with the trailer
+// grpc-retry-pushback-ms: -1, and no call is retried after that trailer),
+// CANCELLED (the server's side cancelled it) and, for a MultiHeadAttention
+// naming a weights_version, FAILED_PRECONDITION, each as its switch below
+// says, with exponential backoff and jitter, and never past the call's
+// deadline.
 // Attend, MultiHeadAttention and the read-only weights calls are idempotent;
 // PutWeights and DeleteWeights are retried only if `retry_weight_changes` is
 // set, since a retried put may register a second version.

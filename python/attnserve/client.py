@@ -329,6 +329,13 @@ class Client:
                 f"{'private_key' if private_key else 'server_name_override'} is set without "
                 f"tls, root_certificates or certificate_chain: expected TLS options "
                 f"(certificate_chain with private_key for mutual TLS)")
+        if bool(certificate_chain) != bool(private_key) and (
+                tls or root_certificates or certificate_chain):
+            # gRPC asserts on half a key pair: the whole process ended (SIGABRT).
+            raise ValueError(
+                f"{'certificate_chain' if certificate_chain else 'private_key'} is set without "
+                f"{'private_key' if certificate_chain else 'certificate_chain'}: expected both "
+                f"(mutual TLS) or neither")
         if tls or root_certificates or certificate_chain:
             credentials = grpc.ssl_channel_credentials(root_certificates, private_key,
                                                        certificate_chain)

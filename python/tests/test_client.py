@@ -932,6 +932,13 @@ def test_a_closed_client_fails_attnserve_errors_and_timeouts_are_numbers(server)
         with pytest.raises(ValueError, match="without tls, root_certificates or "
                            "certificate_chain"):
             attnserve.Client(server.target, token="t", **options)
+    # Half a client key pair: gRPC's assertion ended the whole process (SIGABRT).
+    for options, missing in (({"certificate_chain": b"chain"}, "private_key"),
+                             ({"tls": True, "private_key": b"key"}, "certificate_chain"),
+                             ({"root_certificates": b"ca", "private_key": b"key"},
+                              "certificate_chain")):
+        with pytest.raises(ValueError, match=f"is set without {missing}: expected both"):
+            attnserve.Client(server.target, **options)
     # bool takes nonzero as True (0.5 and 256 were sent as False).
     assert attnserve.from_tensor(attnserve.to_tensor(
         np.array([0.5, 2.0, -1.0, 256.0, 0.0]), "bool")).tolist() == [True] * 4 + [False]

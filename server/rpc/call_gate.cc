@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/sha.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <iterator>
 #include <optional>
@@ -52,33 +53,63 @@ std::optional<grpc::string_ref> BearerToken(
   return value.substr(kScheme.size());
 }
 
-// A client certificate's identity: its issuer's and its subject's names (DER),
-// hashed, so that one subject from two trusted CAs is two identities while a
-// re-issued certificate (another key, the same names) keeps its sessions.
-std::string CertificateIdentity(grpc::string_ref pem) {
+// The first 128 bits of the SHA-256 of `bytes`, in hex, after `prefix`.
+std::string HashedName(absl::string_view prefix, absl::string_view bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+         digest);
+  return absl::StrCat(prefix, absl::BytesToHexString(absl::string_view(
+                                  reinterpret_cast<const char*>(digest), 16)));
+}
+
+// Appends `length` DER bytes at `der` to `names`, after their length, so that
+// no two sequences of parts give the same text.
+void AppendPart(const unsigned char* der, int length, std::string* names) {
+  if (der == nullptr || length <= 0) {
+    absl::StrAppend(names, "-;");
+    return;
+  }
+  absl::StrAppend(names, length, ":",
+                  absl::string_view(reinterpret_cast<const char*>(der),
+                                    static_cast<size_t>(length)));
+}
+
+// A client certificate's identity, hashed from what names its holder and who
+// vouches for it: the issuer's name and key (the authority key identifier,
+// where the certificate has one), the subject's name, and its subject
+// alternative names (where SPIFFE and service meshes name a workload, often
+// under an empty subject). So one subject from two trusted CAs, even two of
+// the same name, is two identities, and so are two workloads whose names
+// differ only in their SANs, while a re-issued certificate (another key,
+// another validity, the same names from the same CA) keeps its sessions. A
+// certificate the server cannot read (gRPC verified it, so this is not
+// expected) is an identity of its own, by its PEM, never the namespace of
+// callers without one.
+std::string CertificateIdentity(absl::string_view pem) {
   BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
   BIO_free(bio);
   ERR_clear_error();
-  if (cert == nullptr) return "";
+  if (cert == nullptr) return HashedName("x509-pem:", pem);
   std::string names;
   for (const X509_NAME* name :
        {X509_get_issuer_name(cert), X509_get_subject_name(cert)}) {
     unsigned char* der = nullptr;
     const int length = i2d_X509_NAME(name, &der);
-    if (length > 0) {
-      absl::StrAppend(&names, length, ":",
-                      absl::string_view(reinterpret_cast<char*>(der),
-                                        static_cast<size_t>(length)));
-    }
+    AppendPart(der, length, &names);
     OPENSSL_free(der);
   }
+  const ASN1_OCTET_STRING* issuer_key = X509_get0_authority_key_id(cert);
+  AppendPart(
+      issuer_key == nullptr ? nullptr : ASN1_STRING_get0_data(issuer_key),
+      issuer_key == nullptr ? 0 : ASN1_STRING_length(issuer_key), &names);
+  const int san = X509_get_ext_by_NID(cert, NID_subject_alt_name, -1);
+  const ASN1_OCTET_STRING* sans =
+      san < 0 ? nullptr : X509_EXTENSION_get_data(X509_get_ext(cert, san));
+  AppendPart(sans == nullptr ? nullptr : ASN1_STRING_get0_data(sans),
+             sans == nullptr ? 0 : ASN1_STRING_length(sans), &names);
   X509_free(cert);
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(names.data()), names.size(),
-         digest);
-  return "x509:" + absl::BytesToHexString(absl::string_view(
-                       reinterpret_cast<const char*>(digest), 16));
+  return HashedName("x509:", names);
 }
 
 // Whether `presented` is one of `tokens`; every token compared, so the time
@@ -137,11 +168,8 @@ std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
   if (!bearer_tokens_.empty()) {
     const std::optional<grpc::string_ref> token = BearerToken(context);
     if (!token.has_value()) return "";
-    unsigned char digest[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(token->data()), token->size(),
-           digest);
-    return "token:" + absl::BytesToHexString(absl::string_view(
-                          reinterpret_cast<const char*>(digest), 16));
+    return HashedName("token:",
+                      absl::string_view(token->data(), token->size()));
   }
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
@@ -149,19 +177,24 @@ std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
       auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
   if (pem.empty()) return "";
   // Parsing a certificate takes a few hundred microseconds: each is parsed
-  // once while it is among the last kCachedCertificates seen.
-  const absl::string_view key(pem.front().data(), pem.front().size());
+  // once while it is among the last kCachedCertificates seen, kept by the
+  // SHA-256 of its PEM (a certificate may take 90 KB; its hash, 32 bytes).
+  const absl::string_view certificate(pem.front().data(), pem.front().size());
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(certificate.data()),
+         certificate.size(), digest);
+  const std::string key(reinterpret_cast<const char*>(digest), sizeof(digest));
   {
     absl::MutexLock lock(&certificates_mutex_);
     const auto found = certificate_identities_.find(key);
     if (found != certificate_identities_.end()) return found->second;
   }
-  std::string identity = CertificateIdentity(pem.front());
+  std::string identity = CertificateIdentity(certificate);
   absl::MutexLock lock(&certificates_mutex_);
   if (certificate_identities_.size() >= kCachedCertificates) {
     certificate_identities_.clear();
   }
-  certificate_identities_.emplace(std::string(key), identity);
+  certificate_identities_.emplace(key, identity);
   return identity;
 }
 

@@ -6,12 +6,14 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
+#include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 
@@ -62,6 +64,19 @@ std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
   return cert;
 }
 
+// An ASN.1 time as OpenSSL prints it ("Dec  7 16:33:42 2026 GMT").
+std::string ValidityTime(const ASN1_TIME* time) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()),
+                                                &BIO_free);
+  if (out == nullptr || ASN1_TIME_print(out.get(), time) != 1) {
+    ERR_clear_error();
+    return "an unreadable time";
+  }
+  char* text = nullptr;
+  const long length = BIO_get_mem_data(out.get(), &text);
+  return std::string(text, static_cast<size_t>(std::max(length, 0L)));
+}
+
 // How many certificates a PEM bundle holds, or an error naming the first
 // certificate block OpenSSL could not read (other blocks are skipped, as gRPC
 // skips them): gRPC would drop every certificate from a broken
@@ -101,6 +116,28 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
     return absl::InvalidArgumentError(absl::StrCat(
         "tls.cert_file: ", tls.cert_file,
         " holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+  }
+  // gRPC sends the chain up to its first unreadable block, silently: a
+  // client that needs the intermediates past it fails its handshake.
+  if (const absl::StatusOr<int> chain = CountCertificates(cert_pem);
+      !chain.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls.cert_file: ", tls.cert_file, ": ", chain.status().message()));
+  }
+  // A server whose certificate has expired is one no client can call.
+  if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls.cert_file: ", tls.cert_file, ": its certificate expired at ",
+        ValidityTime(X509_get0_notAfter(cert.get())),
+        "; put a current one in its place"));
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("tls.cert_file: ", tls.cert_file,
+                     ": its certificate is valid only from ",
+                     ValidityTime(X509_get0_notBefore(cert.get())),
+                     " (this machine's clock says it is earlier): clients "
+                     "refuse it until then"));
   }
   auto bio = ReadOnlyBio(key_pem);
   const std::unique_ptr<EVP_PKEY, KeyFree> key(

@@ -102,6 +102,34 @@ expect_start_failure "tls_client_ca: .*a.key holds no PEM certificate" \
 expect_start_failure "tls_client_ca: .*broken_bundle.crt: certificate 2 of the 3 .* is not readable" \
   --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" \
   --tls_client_ca="${workdir}/broken_bundle.crt"
+# And a broken block amid the server's chain: gRPC would send the chain up to it, and clients
+# needing the intermediates past it would fail their handshakes.
+cat "${workdir}/a.crt" - "${workdir}/b.crt" >"${workdir}/broken_chain.crt" <<'PEM'
+-----BEGIN CERTIFICATE-----
+bm90IGEgY2VydGlmaWNhdGU=
+-----END CERTIFICATE-----
+PEM
+expect_start_failure "tls_cert: .*broken_chain.crt: certificate 2 of the 3 .* is not readable" \
+  --tls_cert="${workdir}/broken_chain.crt" --tls_key="${workdir}/a.key"
+# A certificate past its notAfter (made with `openssl ca`, the one way to choose its dates in
+# OpenSSL 3.0) is refused, naming when it expired; one not valid yet only warns (clock skew).
+validity() {  # NAME START END: NAME.crt, self-signed, valid from START to END.
+  (cd "${workdir}" &&
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout "$1.key" -out "$1.csr" 2>/dev/null &&
+    rm -f index.txt && touch index.txt && echo 01 >serial &&
+    printf '[ca]\ndefault_ca=d\n[d]\ndatabase=index.txt\nnew_certs_dir=.\nserial=serial\ndefault_md=sha256\npolicy=p\n[p]\ncommonName=supplied\n' >ca.cnf &&
+    openssl ca -config ca.cnf -selfsign -keyfile "$1.key" -in "$1.csr" -startdate "$2" \
+      -enddate "$3" -batch -out "$1.crt" 2>/dev/null) || fail "openssl could not make $1.crt"
+}
+validity expired 20200101000000Z 20200102000000Z
+expect_start_failure "tls_cert: .*expired.crt: its certificate expired at Jan  2 00:00:00 2020 GMT" \
+  --tls_cert="${workdir}/expired.crt" --tls_key="${workdir}/expired.key"
+validity future 21000101000000Z 21000102000000Z
+start_attnserve "${attnserve}" --tls_cert="${workdir}/future.crt" --tls_key="${workdir}/future.key" \
+  --drain_grace_seconds=0
+stop_attnserve
+grep -q "future.crt: its certificate is valid only from Jan  1 00:00:00 2100 GMT" "${workdir}/server.log" ||
+  fail "a certificate not valid yet was not warned of"
 # An encrypted key is refused, never prompted for: with stdin a pipe nobody writes to (a FIFO
 # held open read-write, so it never ends), OpenSSL's default prompt would wait there.
 openssl pkey -in "${workdir}/a.key" -aes256 -passout pass:secret -out "${workdir}/encrypted.key"

@@ -1884,9 +1884,13 @@ TEST_F(SessionBudgetTest, EachTokenOwnsItsSessions) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
-// Under mutual TLS without tokens, each client certificate's issuer and
-// subject own its sessions: a certificate of the same subject from another
-// trusted CA is another identity, and an admin token (weights) changes no
+// Under mutual TLS without tokens, each client certificate's issuer (its name
+// and key), subject and subject alternative names own its sessions: a
+// certificate of the same subject from another trusted CA is another
+// identity, even from a CA of the same name (until 2026-12-07 that one was
+// the same), and so is each SPIFFE workload under an empty subject (until
+// 2026-12-07 they were all one); a certificate re-issued under the same names
+// by the same CA keeps the sessions; and an admin token (weights) changes no
 // certificate's identity.
 TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   std::optional<testing::TestCertificates> certs = testing::MakeCertificates();
@@ -1894,7 +1898,7 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   ServerOptions options = Options();
   options.tls = {certs->directory + "/server.crt",
                  certs->directory + "/server.key",
-                 certs->directory + "/both_cas.crt"};
+                 certs->directory + "/all_cas.crt"};
   const std::string admins = ::testing::TempDir() + "/certificate_admins";
   std::ofstream(admins) << "admin-token\n";
   options.weights_admin_token_file = admins;
@@ -1910,7 +1914,6 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   };
   auto client = stub_for(certs->client_cert, certs->client_key);
   auto other = stub_for(certs->other_cert, certs->other_key);
-  auto impostor = stub_for(certs->impostor_cert, certs->impostor_key);
   v1::CreateSessionRequest create = SmallSession();
   v1::CreateSessionResponse created;
   ASSERT_TRUE(
@@ -1927,9 +1930,28 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
   status = other->GetSession(Context().get(), get, &got);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
-  status = impostor->GetSession(Context().get(), get, &got);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+  for (const auto& [cert, key] :
+       {std::pair{certs->impostor_cert, certs->impostor_key},
+        {certs->twin_cert, certs->twin_key}}) {
+    status = stub_for(cert, key)->GetSession(Context().get(), get, &got);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(status.error_message(), HasSubstr("is unknown"));
+  }
+  EXPECT_TRUE(stub_for(certs->reissued_cert, certs->reissued_key)
+                  ->GetSession(Context().get(), get, &got)
+                  .ok());
+  auto workload_a = stub_for(certs->spiffe_a_cert, certs->spiffe_a_key);
+  auto workload_b = stub_for(certs->spiffe_b_cert, certs->spiffe_b_key);
+  v1::CreateSessionResponse workloads;
+  ASSERT_TRUE(
+      workload_a->CreateSession(Context().get(), create, &workloads).ok());
+  v1::GetSessionRequest get_workloads;
+  get_workloads.set_session_id(workloads.session().session_id());
+  EXPECT_TRUE(
+      workload_a->GetSession(Context().get(), get_workloads, &got).ok());
+  EXPECT_EQ(
+      workload_b->GetSession(Context().get(), get_workloads, &got).error_code(),
+      grpc::StatusCode::NOT_FOUND);
   v1::DeleteSessionRequest del;
   del.set_session_id(id);
   v1::DeleteSessionResponse deleted;
@@ -1941,6 +1963,11 @@ TEST_F(SessionBudgetTest, EachClientCertificateOwnsItsSessions) {
           .ok());
   EXPECT_EQ(listed.sessions_size(), 0);
   EXPECT_TRUE(client->DeleteSession(Context().get(), del, &deleted).ok());
+  ASSERT_TRUE(
+      workload_b
+          ->ListSessions(Context().get(), v1::ListSessionsRequest(), &listed)
+          .ok());
+  EXPECT_EQ(listed.sessions_size(), 0);
 }
 
 // A flood of creations and appends far past the budget and max_sessions:

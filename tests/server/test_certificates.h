@@ -24,9 +24,14 @@ namespace attnserve::testing {
 // server.crt, server.key, client.crt, client.key, other.crt, other.key); and
 // a second CA (second_ca.crt) with a client certificate of its own under the
 // first's subject, CN=client (impostor.crt, impostor.key), and both CAs in
-// one bundle (both_cas.crt). The
-// folder is removed with the last owner, so private keys do not pile up in the
-// temporary directory run after run.
+// one bundle (both_cas.crt); a third CA of the first's very name, CN=test-ca,
+// under another key (twin_ca.crt), with its own CN=client certificate
+// (twin.crt, twin.key), and all three CAs in one bundle (all_cas.crt); the
+// first CA's CN=client again under a new key (reissued.crt, reissued.key);
+// and two certificates of the first CA with an empty subject, each naming
+// its workload by a SPIFFE URI SAN alone, as service meshes do (spiffe_a.crt,
+// spiffe_b.crt and their keys). The folder is removed with the last owner,
+// so private keys do not pile up in the temporary directory run after run.
 struct TestCertificates {
   TestCertificates() = default;
   TestCertificates(const TestCertificates&) = delete;
@@ -42,6 +47,14 @@ struct TestCertificates {
         second_ca(std::move(other.second_ca)),
         impostor_cert(std::move(other.impostor_cert)),
         impostor_key(std::move(other.impostor_key)),
+        twin_cert(std::move(other.twin_cert)),
+        twin_key(std::move(other.twin_key)),
+        reissued_cert(std::move(other.reissued_cert)),
+        reissued_key(std::move(other.reissued_key)),
+        spiffe_a_cert(std::move(other.spiffe_a_cert)),
+        spiffe_a_key(std::move(other.spiffe_a_key)),
+        spiffe_b_cert(std::move(other.spiffe_b_cert)),
+        spiffe_b_key(std::move(other.spiffe_b_key)),
         directory(std::exchange(other.directory, std::string())) {}
   TestCertificates& operator=(TestCertificates&&) = delete;
   ~TestCertificates() {
@@ -53,6 +66,8 @@ struct TestCertificates {
   std::string ca, server_cert, server_key, client_cert, client_key;
   std::string other_cert, other_key;
   std::string second_ca, impostor_cert, impostor_key;
+  std::string twin_cert, twin_key, reissued_cert, reissued_key;
+  std::string spiffe_a_cert, spiffe_a_key, spiffe_b_cert, spiffe_b_key;
   std::string directory;
 };
 
@@ -87,7 +102,19 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "openssl x509 -req -in impostor.csr -CA second_ca.crt -CAkey "
       "second_ca.key -CAcreateserial -days 1 -extfile client.ext -out "
       "impostor.crt 2>/dev/null;",
-      "cat ca.crt second_ca.crt > both_cas.crt");
+      "cat ca.crt second_ca.crt > both_cas.crt;",
+      // sign NAME CA SUBJECT EXTENSIONS: NAME.crt and NAME.key.
+      "sign() { openssl req -newkey rsa:2048 -nodes -subj \"$3\" -keyout "
+      "$1.key -out $1.csr 2>/dev/null; printf \"$4\\n\" > $1.ext;",
+      "openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial "
+      "-days 1 -extfile $1.ext -out $1.crt 2>/dev/null; };",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+      "-keyout twin_ca.key -out twin_ca.crt 2>/dev/null;",
+      "sign twin twin_ca /CN=client subjectAltName=IP:127.0.0.1,DNS:localhost;",
+      "sign reissued ca /CN=client subjectAltName=IP:127.0.0.1,DNS:localhost;",
+      "sign spiffe_a ca / subjectAltName=URI:spiffe://test/ns/a/sa/tenant;",
+      "sign spiffe_b ca / subjectAltName=URI:spiffe://test/ns/b/sa/tenant;",
+      "cat ca.crt second_ca.crt twin_ca.crt > all_cas.crt");
   const std::string script_path = dir + ".sh";
   std::ofstream(script_path) << script << "\n";
   const int exit_status = std::system(("bash " + script_path).c_str());
@@ -106,6 +133,14 @@ inline std::optional<TestCertificates> MakeCertificates() {
   certs->second_ca = ReadFile(dir + "/second_ca.crt");
   certs->impostor_cert = ReadFile(dir + "/impostor.crt");
   certs->impostor_key = ReadFile(dir + "/impostor.key");
+  certs->twin_cert = ReadFile(dir + "/twin.crt");
+  certs->twin_key = ReadFile(dir + "/twin.key");
+  certs->reissued_cert = ReadFile(dir + "/reissued.crt");
+  certs->reissued_key = ReadFile(dir + "/reissued.key");
+  certs->spiffe_a_cert = ReadFile(dir + "/spiffe_a.crt");
+  certs->spiffe_a_key = ReadFile(dir + "/spiffe_a.key");
+  certs->spiffe_b_cert = ReadFile(dir + "/spiffe_b.crt");
+  certs->spiffe_b_key = ReadFile(dir + "/spiffe_b.key");
   return certs;
 }
 

@@ -68,9 +68,11 @@ class CallGate {
   // Who an admitted caller is: with bearer tokens, "token:" and the first 128
   // bits of the SHA-256 of its token (bearer or admin) in hex (the token
   // itself is never kept); else with a verified client certificate (mutual
-  // TLS), "x509:" and the first 128 bits of the SHA-256 of its issuer's and
-  // subject's names (one subject from two CAs is two identities), whatever
-  // admin token it carries; else "" (one namespace for every caller).
+  // TLS), "x509:" and the first 128 bits of the SHA-256 of its issuer's name
+  // and key identifier, its subject's name and its subject alternative names
+  // (one subject from two CAs is two identities, and two SPIFFE IDs under one
+  // subject are two), whatever admin token it carries; else "" (one namespace
+  // for every caller).
   std::string Identity(const grpc::ServerContextBase& context) const;
 
   // New calls get UNAVAILABLE from now on (the server is draining).
@@ -109,7 +111,7 @@ class CallGate {
   bool holding_ ABSL_GUARDED_BY(mutex_) = false;
   mutable Ticket next_ ABSL_GUARDED_BY(mutex_) = 0;
   mutable std::map<Ticket, std::function<void()>> held_ ABSL_GUARDED_BY(mutex_);
-  // Client certificates' identities, by their PEM.
+  // Client certificates' identities, by the SHA-256 of their PEM.
   mutable absl::Mutex certificates_mutex_;
   mutable absl::flat_hash_map<std::string, std::string> certificate_identities_
       ABSL_GUARDED_BY(certificates_mutex_);

@@ -12,6 +12,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -149,6 +150,17 @@ absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
           "line ", number, " of --flagfile ", EchoText(file), " is ",
           EchoText(line),
           ", expected a flag (--name=value), a # comment or nothing"));
+    }
+    // Abseil keeps what ends a line in the flag's value: "--access_log=
+    // stdout\r", from a file saved with CRLF line ends, logged to a file
+    // named "stdout\r".
+    if (absl::ascii_isspace(static_cast<unsigned char>(stripped.back()))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", number, " of --flagfile ", EchoText(file), " is ",
+          EchoText(line), ", which ends in white space",
+          stripped.back() == '\r' ? " (a carriage return: CRLF line ends)"
+                                   : "",
+          "; expected the line to end with the flag's value"));
     }
     lines.emplace_back(stripped);
   }
@@ -339,6 +351,13 @@ std::optional<int> HandleHelpFlags(int argc, char** argv) {
     }
     if (arg == "help" || arg == "helpshort" || arg == "helpfull") {
       const std::string text = HelpText(arg == "helpfull");
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return 0;
+    }
+    // Before the environment's flags are read: a variable no flag takes
+    // (Kubernetes' ATTNSERVE_PORT=tcp://...) must not stop --version.
+    if (arg == "version") {
+      const std::string text = VersionText();
       std::fwrite(text.data(), 1, text.size(), stdout);
       return 0;
     }

@@ -246,9 +246,10 @@ ABSL_FLAG(double, weights_reload_seconds,
           "(registered at their new version) or removed (deleted): 0.1 to "
           "1e9, or 0: only at start-up.");
 ABSL_FLAG(double, drain_grace_seconds, kDefaultDrainGraceSeconds,
-          "On SIGTERM: seconds between health turning NOT_SERVING and refusing "
-          "new calls with UNAVAILABLE (0 to 3600); then queued and running "
-          "work finishes and the process exits 0.");
+          "On SIGTERM, SIGINT or SIGHUP: seconds between health turning "
+          "NOT_SERVING and refusing new calls with UNAVAILABLE (0 to 3600); "
+          "then queued and running work has 30 s more to finish (what still "
+          "runs is cancelled) and the process exits 0.");
 ABSL_FLAG(std::string, tls_cert, Defaults().tls.cert_file,
           "PEM certificate chain for TLS; empty: plaintext.");
 ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,
@@ -395,6 +396,15 @@ std::set<std::string> CommandLineFlags(int argc, char** argv) {
                 &names);
   }
   return names;
+}
+
+// An address as the options take it: an IPv6 literal written as in a URL,
+// "[::1]", without its brackets (getaddrinfo knows no brackets).
+std::string WithoutBrackets(std::string address) {
+  if (address.size() >= 2 && address.front() == '[' && address.back() == ']') {
+    return address.substr(1, address.size() - 2);
+  }
+  return address;
 }
 
 }  // namespace
@@ -557,7 +567,7 @@ absl::StatusOr<absl::Duration> SecondsFlag(
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   attnserve::ServerOptions options;
-  options.address = absl::GetFlag(FLAGS_address);
+  options.address = WithoutBrackets(absl::GetFlag(FLAGS_address));
   options.port = absl::GetFlag(FLAGS_port);
   attnserve::EngineOptions& engine = options.engine;
   engine.num_threads = absl::GetFlag(FLAGS_threads);
@@ -666,7 +676,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.weights_admin_token_file =
       absl::GetFlag(FLAGS_weights_admin_token_file);
-  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.metrics_address =
+      WithoutBrackets(absl::GetFlag(FLAGS_metrics_address));
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }

@@ -29,14 +29,19 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/common/flags_help.h"
 #include "attnserve/common/listen_socket.h"
 #include "attnserve/common/log.h"
+#include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_engine.h"
+#include "attnserve/server/process/memory_plan.h"
 #include "attnserve/server/process/termination_signals.h"
 #include "attnserve/server/server.h"
+#include "attnserve/server/server_options.h"
 #include "flags.h"
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
@@ -65,6 +70,46 @@ std::string LibraryVersions() {
                       kProtobuf % 1000, ", Abseil ", ABSL_LTS_RELEASE_VERSION,
                       ", oneDNN ", onednn.onednn_version, " (",
                       onednn.threading, "), CPU ISA ", onednn.cpu_isa, "\n");
+}
+
+// Takes --only_check_args (and --noonly_check_args, =true, =false) out of
+// `arguments` and returns whether it was set. Abseil's own exits 0 inside the
+// parse, before any value is checked against its range or the memory plan:
+// --port=70000 passed.
+bool TakeOnlyCheckArgs(std::vector<char*>* arguments) {
+  bool only_check = false;
+  std::vector<char*> kept;
+  for (size_t i = 0; i < arguments->size(); ++i) {
+    absl::string_view name = (*arguments)[i];
+    if (i > 0 && name == "--") {
+      kept.insert(kept.end(), arguments->begin() + i, arguments->end());
+      break;
+    }
+    if (i > 0 &&
+        (absl::ConsumePrefix(&name, "--") || absl::ConsumePrefix(&name, "-"))) {
+      if (name == "only_check_args" || name == "only_check_args=true" ||
+          name == "only_check_args=1") {
+        only_check = true;
+        continue;
+      }
+      if (name == "noonly_check_args" || name == "only_check_args=false" ||
+          name == "only_check_args=0") {
+        only_check = false;
+        continue;
+      }
+    }
+    kept.push_back((*arguments)[i]);
+  }
+  *arguments = std::move(kept);
+  return only_check;
+}
+
+// With --only_check_args: the checks start-up makes before it opens anything,
+// the option values and the memory plan.
+absl::Status CheckOnly(const attnserve::ServerOptions& options) {
+  ATTNSERVE_RETURN_IF_ERROR(attnserve::ValidateServerOptions(options));
+  return attnserve::PlanMemory(options.memory, attnserve::ReadMemoryLimit())
+      .status();
 }
 
 }  // namespace
@@ -135,7 +180,19 @@ int main(int argc, char** argv) {
                  attnserve::WithEnvironmentNames(*error, environment).c_str());
     return 2;
   }
-  absl::ParseCommandLine(static_cast<int>(arguments.size()), arguments.data());
+  const bool only_check_args = TakeOnlyCheckArgs(&arguments);
+  const std::vector<char*> positional = absl::ParseCommandLine(
+      static_cast<int>(arguments.size()), arguments.data());
+  if (positional.size() > 1) {
+    // "--demo_weights false": the flag set to true, "false" left over.
+    attnserve::FlushLog(absl::Seconds(2));
+    std::fprintf(stderr,
+                 "attnserve: unexpected argument %s: attnserve takes flags "
+                 "only (--name=value; a boolean flag's value follows an "
+                 "=, as in --demo_weights=false)\n",
+                 attnserve::EchoText(positional[1]).c_str());
+    return 2;
+  }
   attnserve::TerminationSignals signals;
   // Each connection takes a descriptor: a soft limit below the hard one (1,024
   // under systemd's defaults) is no reason to refuse clients.
@@ -155,6 +212,16 @@ int main(int argc, char** argv) {
             attnserve::WithFlagNames(options.status().ToString()), environment)
             .c_str());
     return 2;
+  }
+  if (only_check_args) {
+    const absl::Status checked = CheckOnly(*options);
+    attnserve::FlushLog(absl::Seconds(2));
+    if (checked.ok()) return 0;
+    std::fprintf(stderr, "attnserve: %s\n",
+                 attnserve::WithEnvironmentNames(
+                     attnserve::WithFlagNames(checked.ToString()), environment)
+                     .c_str());
+    return ExitCodeFor(checked);
   }
   absl::StatusOr<std::unique_ptr<attnserve::AttnServer>> server =
       attnserve::AttnServer::Start(*options);

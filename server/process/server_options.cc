@@ -222,7 +222,7 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
                                                : options.metrics_address)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics_port is ", *options.metrics_port,
-        ", the same as port, on addresses that may share interfaces (",
+        ", the same as `port`, on addresses that may share interfaces (",
         options.address, " and ",
         options.metrics_address.empty() ? options.address
                                         : options.metrics_address,

@@ -151,6 +151,11 @@ printf -- '--flagfile=%s\n' "${workdir}/bad_value.flags" >"${workdir}/outer_bad.
 printf -- 'max_queue=3\n' >"${workdir}/no_flag.flags"
 printf -- '--flagfile=%s\n' "${workdir}/self.flags" >"${workdir}/self.flags"
 head -c $((1 << 20 | 1)) /dev/zero | tr '\0' '#' >"${workdir}/big.flags"
+# A line ending in white space: Abseil keeps it in the value, and --access_log=stdout from a file
+# saved with CRLF line ends logged to a file named "stdout\r" (until 2026-12-07).
+printf -- '--max_queue=4\n--access_log=stdout\r\n' >"${workdir}/crlf.flags"
+bad_flag "line 2 of --flagfile \"${workdir}/crlf.flags\" is \"--access_log=stdout\\r\", which ends in white space (a carriage return: CRLF line ends)" \
+  "${attnserve}" --flagfile="${workdir}/crlf.flags"
 mkfifo "${workdir}/fifo.flags"
 bad_flag '--max_batch is "abc", expected a 32-bit integer (-2147483648 to 2147483647); --help gives its range (in --flagfile "'"${workdir}"'/bad_value.flags")' \
   "${attnserve}" --flagfile="${workdir}/good.flags,${workdir}/outer_bad.flags"
@@ -172,20 +177,20 @@ line=$(startup_line "${attnserve}" --flagfile="${workdir}/good.flags")
 
 # The gRPC and metrics ports on addresses that share an interface clash (until 2026-12-07 only
 # the same address string was caught, and the bind's failure blamed another process).
-port_clash() {  # METRICS_ADDRESS
+port_clash() {  # METRICS_ADDRESS [AS_NAMED: without an IPv6 literal's brackets]
   set +e
   "${attnserve}" --address=127.0.0.1 --port=1 --metrics_port=1 --metrics_address="$1" \
     >"${workdir}/bad.log" 2>&1
   status=$?
   set -e
   [[ ${status} -eq 2 ]] || fail "ports clashing on $1 exited ${status}: $(cat "${workdir}/bad.log")"
-  grep -qF -- "--metrics_port is 1, the same as port, on addresses that may share interfaces \
-(127.0.0.1 and $1); expected another port" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
+  grep -qF -- "--metrics_port is 1, the same as --port, on addresses that may share interfaces \
+(127.0.0.1 and ${2:-$1}); expected another port" "${workdir}/bad.log" || fail "$(cat "${workdir}/bad.log")"
 }
 port_clash localhost
 port_clash 0.0.0.0
 port_clash 127.0.0.1
-port_clash '[::ffff:127.0.0.1]'
+port_clash '[::ffff:127.0.0.1]' ::ffff:127.0.0.1
 port_clash 0:0:0:0:0:0:0:0
 # localhost is 127.0.0.1 and ::1 only: another loopback address may share the port number.
 free_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -235,13 +240,62 @@ printf -- '--max_batches=3\n--undefok=max_batches\n' >"${workdir}/undefok.flags"
   --nomax_batches >"${workdir}/ok.log" 2>&1 ||
   fail "--undefok in a flag file was not taken: $(cat "${workdir}/ok.log")"
 
-# What Abseil's parse takes stays taken: --undefok's names, a lone "-", "--=x" (the flags end).
-for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches" \
-  "-" "--=x --not_a_flag"; do
+# What Abseil's parse takes stays taken: --undefok's names.
+for arguments in "--undefok=max_batches --max_batches=3" "--undefok=max_batches --nomax_batches"; do
   # shellcheck disable=SC2086 # the words of each case are separate arguments
   "${attnserve}" --port=0 --metrics_port=0 --only_check_args ${arguments} >"${workdir}/ok.log" 2>&1 ||
     fail "attnserve ${arguments} was refused: $(cat "${workdir}/ok.log")"
 done
+# But an argument that is no flag is refused: attnserve takes none, and "--demo_weights false"
+# (a space for the =) left the demo weights on, "false" ignored, until 2026-12-07. So are a
+# lone "-" and what follows "--" or "--=x", which end Abseil's flags.
+for arguments in "--demo_weights false" "serve" "-" "--=x --not_a_flag" "-- --port=1"; do
+  set +e
+  # shellcheck disable=SC2086 # the words of each case are separate arguments
+  "${attnserve}" --port=0 --metrics_port=0 ${arguments} >"${workdir}/bad.log" 2>&1
+  status=$?
+  set -e
+  [[ ${status} -eq 2 ]] && grep -q "unexpected argument .*: attnserve takes flags only" \
+    "${workdir}/bad.log" ||
+    fail "attnserve ${arguments} exited ${status}: $(cat "${workdir}/bad.log")"
+done
+# --only_check_args checks what start-up checks before it opens anything: Abseil's own exited 0
+# at once, --port=70000 and budgets that cannot fit included, until 2026-12-07.
+for arguments in "--port=70000" "--max_batch=0" "--max_inflight_bytes=1000"; do
+  set +e
+  # shellcheck disable=SC2086 # the words of each case are separate arguments
+  "${attnserve}" --metrics_port=0 --only_check_args ${arguments} >"${workdir}/bad.log" 2>&1
+  status=$?
+  set -e
+  [[ ${status} -eq 2 ]] && grep -qE "^attnserve: (INVALID_ARGUMENT|FAILED_PRECONDITION): .*--" "${workdir}/bad.log" ||
+    fail "--only_check_args ${arguments} exited ${status}: $(cat "${workdir}/bad.log")"
+done
+"${attnserve}" --port=0 --metrics_port=0 --only_check_args >"${workdir}/ok.log" 2>&1 ||
+  fail "--only_check_args refused the defaults: $(cat "${workdir}/ok.log")"
+# --version answers whatever the environment holds (Kubernetes' service link for a Service
+# named attnserve sets ATTNSERVE_PORT=tcp://...).
+ATTNSERVE_PORT=tcp://10.0.0.1:50051 "${attnserve}" --version >"${workdir}/ok.log" 2>&1 &&
+  grep -q "^attnserve " "${workdir}/ok.log" ||
+  fail "--version failed beside ATTNSERVE_PORT=tcp://...: $(cat "${workdir}/ok.log")"
+# An IPv6 literal in brackets, as a URL writes it, is the address (until 2026-12-07: "could not
+# listen on [[::1]]: Name or service not known").
+if grep -q "^00000000000000000000000000000001 " /proc/net/if_inet6 2>/dev/null; then
+  : >"${workdir}/v6.log"
+  "${attnserve}" --address=[::1] --port=0 --metrics_port=0 --drain_grace_seconds=0 \
+    >"${workdir}/v6.log" 2>&1 &
+  v6_pid=$!
+  for _ in $(seq 1 100); do
+    grep -q "listening on \[::1\]:" "${workdir}/v6.log" && break
+    kill -0 "${v6_pid}" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q "listening on \[::1\]:" "${workdir}/v6.log" ||
+    { kill "${v6_pid}" 2>/dev/null; fail "--address=[::1] did not start: $(cat "${workdir}/v6.log")"; }
+  kill -TERM "${v6_pid}"
+  wait "${v6_pid}" || fail "--address=[::1] did not exit 0 on SIGTERM"
+else
+  echo "no IPv6 loopback here: --address=[::1] not tried"
+fi
 
 line=$(startup_line "${attnserve}" --nodemo_weights)
 [[ ${line} == *"demo_weights=off "* ]] || fail "--nodemo_weights not in effect: ${line}"

@@ -465,7 +465,7 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
        [](ServerOptions& o) {
          o.transport.handshake_timeout = absl::Hours(2);
        }},
-      {"metrics_port is 50051, the same as port",
+      {"metrics_port is 50051, the same as `port`",
        [](ServerOptions& o) {
          o.port = 50051;
          o.metrics_port = 50051;

@@ -50,7 +50,8 @@ void ConfigureUsage(const ProgramUsage& usage);
 // If the command line (before any "--") holds --help, --helpshort or
 // --helpfull (with one dash or two), prints the usage message and the flags to
 // stdout and returns the exit status, 0; nullopt otherwise. --help and
-// --helpshort list the program's own flags, --helpfull Abseil's too.
+// --helpshort list the program's own flags, --helpfull Abseil's too. Likewise
+// --version, which prints the version text.
 std::optional<int> HandleHelpFlags(int argc, char** argv);
 
 // Checks each flag on the command line (before any "--") names a flag of the

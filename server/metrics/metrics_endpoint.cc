@@ -1,7 +1,9 @@
 #include "attnserve/server/metrics/metrics_endpoint.h"
 
+#include <linux/sockios.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,9 +19,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "attnserve/common/listen_socket.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/text_serializer.h"
 
 namespace attnserve {
@@ -32,6 +38,14 @@ constexpr int kDescriptorReserve = 16;
 // How long the listener rests when the process is out of descriptors or the
 // kernel of memory for sockets.
 constexpr absl::Duration kOutOfDescriptorsPause = absl::Milliseconds(100);
+// Connections taken from one listener's queue in one turn of the loop, so
+// that those taken are read (and a scrape among them answered) before a
+// flood's next ones can push them out.
+constexpr int kAcceptsPerTurn = 64;
+// What a connection may send after its request, read and dropped while its
+// answer drains: closing a socket with unread input resets the connection,
+// and the kernel drops the answer's unsent part.
+constexpr int64_t kMaxDiscardedBytes = 1 << 20;
 
 // An answer with a body (left out for HEAD), and the connection closed.
 std::string Answer(absl::string_view status, absl::string_view content_type,
@@ -43,17 +57,45 @@ std::string Answer(absl::string_view status, absl::string_view content_type,
                       head ? "" : body);
 }
 
+// Where a request's head ends (past its blank line), or npos. RFC 9112 lets a
+// server take a bare LF as a line's end.
+size_t HeadEnd(absl::string_view in) {
+  const size_t crlf = in.find("\r\n\r\n");
+  const size_t lf = in.find("\n\n");
+  if (crlf == absl::string_view::npos && lf == absl::string_view::npos) {
+    return absl::string_view::npos;
+  }
+  if (lf == absl::string_view::npos ||
+      (crlf != absl::string_view::npos && crlf + 1 <= lf)) {
+    return crlf + 4;
+  }
+  return lf + 2;
+}
+
 class EpollMetricsEndpoint final : public MetricsEndpoint {
  public:
-  EpollMetricsEndpoint(int listener, int port, int epoll, int wake,
-                       std::shared_ptr<prometheus::Registry> registry,
+  EpollMetricsEndpoint(std::vector<int> listeners, int port, int epoll,
+                       int wake, std::shared_ptr<prometheus::Registry> registry,
                        const Options& options)
-      : listener_(listener),
+      : listeners_(std::move(listeners)),
         port_(port),
         epoll_(epoll),
         wake_(wake),
         registry_(std::move(registry)),
-        options_(options) {
+        options_(options),
+        dropped_(prometheus::BuildCounter()
+                     .Name("attnserve_metrics_connections_dropped_total")
+                     .Help("Connections to /metrics closed unanswered: "
+                           "evicted (the oldest still sending a request when "
+                           "a new one needed its place), refused (the "
+                           "connection cap reached with none to evict), "
+                           "timed_out (no whole request within the request "
+                           "timeout, or an answer not read within the write "
+                           "timeout)")
+                     .Register(*registry_)),
+        evicted_(dropped_.Add({{"reason", "evicted"}})),
+        refused_(dropped_.Add({{"reason", "refused"}})),
+        timed_out_(dropped_.Add({{"reason", "timed_out"}})) {
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -65,7 +107,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     stopping_ = true;
     thread_.join();
     for (auto& [fd, connection] : connections_) close(fd);
-    close(listener_);
+    for (const int listener : listeners_) close(listener);
     close(wake_);
     close(epoll_);
   }
@@ -73,14 +115,28 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
   int port() const override { return port_; }
 
  private:
+  enum class State {
+    kReading,    // its request, not yet whole
+    kAnswering,  // the answer, not yet all handed to the kernel
+    kClosing,    // the answer handed over, sending shut: until the client
+                 // closes its side (what it sends meanwhile dropped)
+  };
+
   struct Connection {
     absl::Time accepted;
     absl::Time deadline;
+    State state = State::kReading;
     std::string in;
     std::string out;
     size_t sent = 0;
-    bool answering = false;
+    int64_t discarded = 0;
+    bool client_closed = false;
   };
+
+  bool IsListener(int fd) const {
+    return std::find(listeners_.begin(), listeners_.end(), fd) !=
+           listeners_.end();
+  }
 
   void Loop() {
     epoll_event events[64];
@@ -89,73 +145,102 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
       for (int i = 0; i < ready; ++i) {
         const int fd = events[i].data.fd;
         if (fd == wake_) return;
-        if (fd == listener_) {
-          Accept();
+        if (IsListener(fd)) {
+          Accept(fd);
           continue;
         }
         const auto it = connections_.find(fd);
         if (it == connections_.end()) continue;
+        Connection& connection = it->second;
         if ((events[i].events & (EPOLLERR | EPOLLHUP)) != 0 &&
-            (events[i].events & EPOLLIN) == 0) {
+            (events[i].events & EPOLLIN) == 0 &&
+            connection.state != State::kClosing) {
           Close(fd);
           continue;
         }
-        if (it->second.answering) {
-          Send(fd, it->second);
-        } else {
-          Read(fd, it->second);
+        switch (connection.state) {
+          case State::kReading:
+            Read(fd, connection);
+            break;
+          case State::kAnswering:
+            Send(fd, connection);
+            break;
+          case State::kClosing:
+            Discard(fd, connection);
+            break;
         }
       }
       const absl::Time now = absl::Now();
       if (resting_ && now >= rest_until_) {
         resting_ = false;
-        Watch(listener_, EPOLLIN, EPOLL_CTL_ADD);
+        for (const int listener : listeners_) {
+          Watch(listener, EPOLLIN, EPOLL_CTL_ADD);
+        }
       }
       Sweep(now);
     }
   }
 
-  void Accept() {
-    while (true) {
-      const int fd = shedder_.Accept(listener_);
+  void Accept(int listener) {
+    for (int taken = 0; taken < kAcceptsPerTurn; ++taken) {
+      const int fd = shedder_.Accept(listener);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
             errno == ENOMEM) {
           // Out of descriptors (even the shedder's spare) or of kernel memory
-          // for sockets: the listener stays readable, so it rests instead of
-          // waking the loop at once.
+          // for sockets: the listeners stay readable, so they rest instead
+          // of waking the loop at once.
           resting_ = true;
           rest_until_ = absl::Now() + kOutOfDescriptorsPause;
-          epoll_ctl(epoll_, EPOLL_CTL_DEL, listener_, nullptr);
+          for (const int other : listeners_) {
+            epoll_ctl(epoll_, EPOLL_CTL_DEL, other, nullptr);
+          }
         }
         return;  // EAGAIN: later.
       }
-      if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-        // The oldest still sending its request goes: a scraper sends its
-        // request at once, a connection held open does not.
-        int oldest = -1;
-        absl::Time oldest_at = absl::InfiniteFuture();
-        for (const auto& [other, connection] : connections_) {
-          if (!connection.answering && connection.accepted < oldest_at) {
-            oldest = other;
-            oldest_at = connection.accepted;
-          }
-        }
-        if (oldest < 0) {
-          close(fd);
-          continue;
-        }
-        Close(oldest);
+      const absl::Time now = absl::Now();
+      if (static_cast<int>(connections_.size()) >= options_.max_connections &&
+          !MakeRoom()) {
+        refused_.Increment();
+        close(fd);
+        continue;
       }
       if (!Watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD)) {
         close(fd);
         continue;
       }
-      const absl::Time now = absl::Now();
       Connection& connection = connections_[fd];
       connection.accepted = now;
       connection.deadline = now + options_.request_timeout;
+      // A scraper's request is most often there already: answered now, it
+      // holds no place a flood could take.
+      Read(fd, connection);
     }
+  }
+
+  // Closes one connection for a new one at the cap: one whose answer the
+  // client has all of (the kernel holds none of it unacknowledged), else the
+  // oldest still sending its request (each is read as soon as accepted, and
+  // a scraper sends its request at once). False if none may go: every one
+  // is being answered.
+  bool MakeRoom() {
+    int oldest = -1;
+    absl::Time oldest_at = absl::InfiniteFuture();
+    for (const auto& [fd, connection] : connections_) {
+      if (connection.state == State::kClosing && Unacknowledged(fd) == 0) {
+        Close(fd);
+        return true;
+      }
+      if (connection.state == State::kReading &&
+          connection.accepted < oldest_at) {
+        oldest = fd;
+        oldest_at = connection.accepted;
+      }
+    }
+    if (oldest < 0) return false;
+    evicted_.Increment();
+    Close(oldest);
+    return true;
   }
 
   void Read(int fd, Connection& connection) {
@@ -175,7 +260,10 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
         return;  // All read for now.
       }
       connection.in.append(buffer, static_cast<size_t>(n));
-      if (absl::StrContains(connection.in, "\r\n\r\n")) {
+      // Empty lines before the request line are passed over (RFC 9112).
+      const size_t first = connection.in.find_first_not_of("\r\n");
+      connection.in.erase(0, std::min(first, connection.in.size()));
+      if (HeadEnd(connection.in) != std::string::npos) {
         Respond(fd, connection);
         return;
       }
@@ -194,26 +282,39 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
 
   void Respond(int fd, Connection& connection) {
     const absl::string_view request = connection.in;
-    const absl::string_view line = request.substr(0, request.find("\r\n"));
-    const size_t method_end = line.find(' ');
-    const absl::string_view method = line.substr(0, method_end);
-    absl::string_view path = method_end == absl::string_view::npos
-                                 ? ""
-                                 : line.substr(method_end + 1);
-    path = path.substr(0, path.find(' '));
-    path = path.substr(0, path.find('?'));
-    const bool head = method == "HEAD";
-    if (path != "/metrics") {
-      connection.out = Answer("404 Not Found", "text/plain",
-                              "attnserve serves /metrics only\n", head);
-    } else if (method != "GET" && !head) {
-      connection.out = Answer("405 Method Not Allowed", "text/plain",
-                              "GET or HEAD\n", false, "Allow: GET, HEAD\r\n");
+    absl::string_view line = request.substr(0, request.find('\n'));
+    absl::ConsumeSuffix(&line, "\r");
+    // METHOD SP target SP HTTP-version, nothing more.
+    const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    const bool head = !parts.empty() && parts[0] == "HEAD";
+    if (parts.size() != 3 || parts[0].empty() || parts[1].empty() ||
+        !absl::StartsWith(parts[2], "HTTP/")) {
+      connection.out = Answer("400 Bad Request", "text/plain",
+                              "expected GET /metrics HTTP/1.1\n", false);
+    } else if (parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0") {
+      connection.out = Answer("505 HTTP Version Not Supported", "text/plain",
+                              "HTTP/1.1 or HTTP/1.0\n", head);
     } else {
-      const std::string body =
-          prometheus::TextSerializer().Serialize(registry_->Collect());
-      connection.out = Answer(
-          "200 OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
+      absl::string_view path = parts[1];
+      // The absolute form a proxy sends: http://host:port/metrics.
+      if (absl::ConsumePrefix(&path, "http://") ||
+          absl::ConsumePrefix(&path, "https://")) {
+        const size_t slash = path.find('/');
+        path = slash == absl::string_view::npos ? "/" : path.substr(slash);
+      }
+      path = path.substr(0, path.find('?'));
+      if (path != "/metrics") {
+        connection.out = Answer("404 Not Found", "text/plain",
+                                "attnserve serves /metrics only\n", head);
+      } else if (parts[0] != "GET" && !head) {
+        connection.out = Answer("405 Method Not Allowed", "text/plain",
+                                "GET or HEAD\n", false, "Allow: GET, HEAD\r\n");
+      } else {
+        const std::string body =
+            prometheus::TextSerializer().Serialize(registry_->Collect());
+        connection.out = Answer(
+            "200 OK", "text/plain; version=0.0.4; charset=utf-8", body, head);
+      }
     }
     StartSending(fd, connection);
   }
@@ -221,7 +322,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
   void StartSending(int fd, Connection& connection) {
     connection.in.clear();
     connection.in.shrink_to_fit();
-    connection.answering = true;
+    connection.state = State::kAnswering;
     connection.deadline = absl::Now() + options_.write_timeout;
     Watch(fd, EPOLLOUT, EPOLL_CTL_MOD);
     Send(fd, connection);
@@ -235,20 +336,82 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        break;
+        Close(fd);
+        return;
       }
       connection.sent += static_cast<size_t>(n);
     }
+    // All handed over: the FIN follows it. The connection stays until the
+    // client closes its side, or the write timeout.
+    connection.out.clear();
+    connection.out.shrink_to_fit();
     shutdown(fd, SHUT_WR);
-    Close(fd);
+    connection.state = State::kClosing;
+    Watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
+    Discard(fd, connection);
+  }
+
+  // Reads and drops what the client sends after its request (a body, more
+  // requests), until it closes its side.
+  void Discard(int fd, Connection& connection) {
+    char buffer[4096];
+    while (!connection.client_closed) {
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0) {
+        Close(fd);
+        return;
+      }
+      if (n == 0) {
+        connection.client_closed = true;
+        break;
+      }
+      connection.discarded += n;
+      if (connection.discarded > kMaxDiscardedBytes) {
+        Close(fd, /*reset=*/true);
+        return;
+      }
+    }
+    // Closed its side: nothing more to read, and epoll would report the end
+    // (and, both sides shut, a hang-up) at every wait. The sweep closes it
+    // once the answer is acknowledged, or resets it at the write timeout.
+    epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    if (Unacknowledged(fd) == 0) Close(fd);
+  }
+
+  // Bytes of the answer the kernel still holds, unsent or unacknowledged.
+  static int Unacknowledged(int fd) {
+    int bytes = 0;
+    if (ioctl(fd, SIOCOUTQ, &bytes) != 0) return 0;
+    return bytes;
   }
 
   void Sweep(absl::Time now) {
-    std::vector<int> late;
+    struct Done {
+      int fd;
+      bool reset;  // the answer not all read: dropped by the kernel now
+      bool timed_out;
+    };
+    std::vector<Done> done;
     for (const auto& [fd, connection] : connections_) {
-      if (connection.deadline < now) late.push_back(fd);
+      const bool late = connection.deadline < now;
+      const bool closing = connection.state == State::kClosing;
+      if (!late && !(closing && connection.client_closed)) continue;
+      const int held = closing ? Unacknowledged(fd) : 0;
+      if (!late && held > 0) continue;  // Its client still reading.
+      // An answer still held past its time is reset, so that the kernel
+      // drops it now instead of probing a client that never reads for
+      // minutes. One the client has read, but whose connection it holds
+      // open, ends with a plain close.
+      const bool unread = connection.state == State::kAnswering || held > 0;
+      done.push_back({fd, unread,
+                      late && (connection.state == State::kReading || unread)});
     }
-    for (int fd : late) Close(fd);
+    for (const Done& d : done) {
+      if (d.timed_out) timed_out_.Increment();
+      Close(d.fd, d.reset);
+    }
   }
 
   bool Watch(int fd, uint32_t events, int operation) {
@@ -258,22 +421,30 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     return epoll_ctl(epoll_, operation, fd, &event) == 0;
   }
 
-  void Close(int fd) {
+  void Close(int fd, bool reset = false) {
     epoll_ctl(epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    if (reset) {
+      const linger now{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
+    }
     close(fd);
     connections_.erase(fd);
   }
 
-  const int listener_;
+  const std::vector<int> listeners_;
   const int port_;
   const int epoll_;
   const int wake_;
   const std::shared_ptr<prometheus::Registry> registry_;
   const Options options_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Counter& evicted_;
+  prometheus::Counter& refused_;
+  prometheus::Counter& timed_out_;
   // The loop's thread only.
   std::map<int, Connection> connections_;
   ConnectionShedder shedder_{kDescriptorReserve};
-  bool resting_ = false;  // The listener is out of epoll_ until rest_until_.
+  bool resting_ = false;  // The listeners are out of epoll_ till rest_until_.
   absl::Time rest_until_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;
@@ -284,26 +455,31 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& host, int port,
     std::shared_ptr<prometheus::Registry> registry, const Options& options) {
-  absl::StatusOr<int> listener = ListenTcp(host, port);
-  if (!listener.ok()) return listener.status();
-  const int bound_port = BoundPort(*listener);
+  // Every address the host has, as gRPC's port does (localhost: 127.0.0.1
+  // and ::1).
+  absl::StatusOr<std::vector<int>> listeners = ListenTcpAll(host, port);
+  if (!listeners.ok()) return listeners.status();
+  const int bound_port = BoundPort(listeners->front());
   const int epoll = epoll_create1(EPOLL_CLOEXEC);
   const int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll < 0 || wake < 0) {
     const std::string why = std::strerror(errno);
-    close(*listener);
+    for (const int listener : *listeners) close(listener);
     if (epoll >= 0) close(epoll);
     if (wake >= 0) close(wake);
     return absl::UnavailableError(why);
   }
-  for (const int fd : {*listener, wake}) {
+  std::vector<int> watched = *listeners;
+  watched.push_back(wake);
+  for (const int fd : watched) {
     epoll_event event{};
     event.events = EPOLLIN;
     event.data.fd = fd;
     epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event);
   }
-  return std::unique_ptr<MetricsEndpoint>(new EpollMetricsEndpoint(
-      *listener, bound_port, epoll, wake, std::move(registry), options));
+  return std::unique_ptr<MetricsEndpoint>(
+      new EpollMetricsEndpoint(*std::move(listeners), bound_port, epoll, wake,
+                               std::move(registry), options));
 }
 
 }  // namespace attnserve

@@ -303,6 +303,25 @@ ServerMetrics::ServerMetrics(const std::string& version,
                "failed write.")
            .Register(*registry_)
            .Add({});
+  tls_expiry_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_tls_certificate_expiry_timestamp_seconds")
+           .Help(
+               "When the served TLS certificate (--tls_cert) expires, in "
+               "seconds since 1970; 0 without TLS. Renewed files are read "
+               "every --tls_reload_seconds.")
+           .Register(*registry_)
+           .Add({});
+  auto& tls_reloads =
+      prometheus::BuildCounter()
+          .Name("attnserve_tls_reloads_total")
+          .Help(
+              "Changed TLS files read again: replaced (served to new "
+              "connections from then on) or refused (a check failed; the "
+              "last good set stays served, and the log says why).")
+          .Register(*registry_);
+  tls_reloads_ = {&tls_reloads.Add({{"result", "replaced"}}),
+                  &tls_reloads.Add({{"result", "refused"}})};
   io_spin_seconds_ =
       &prometheus::BuildCounter()
            .Name("attnserve_io_spin_seconds_total")
@@ -471,6 +490,16 @@ void ServerMetrics::SetIoStandbyEvents(int64_t events) {
 void ServerMetrics::SetAccessLogDropped(int64_t dropped) {
   absl::MutexLock lock(&sampled_mutex_);
   CatchUp(access_log_dropped_, dropped, &access_log_dropped_seen_);
+}
+
+void ServerMetrics::SetTlsCertificateExpiry(absl::Time not_after) {
+  tls_expiry_->Set(not_after == absl::InfinitePast()
+                       ? 0.0
+                       : absl::ToDoubleSeconds(not_after - absl::UnixEpoch()));
+}
+
+void ServerMetrics::TlsReloaded(bool replaced) {
+  tls_reloads_[replaced ? 0 : 1]->Increment();
 }
 
 void ServerMetrics::SetBufferPoolBytes(int64_t bytes) {

@@ -258,6 +258,13 @@ ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
           "PEM CA bundle; when set, clients must present a certificate one of "
           "its CAs signed (mTLS), and a certificate's issuer and subject own "
           "its sessions.");
+ABSL_FLAG(double, tls_reload_seconds,
+          absl::ToDoubleSeconds(Defaults().tls.reload_interval),
+          "Seconds between reads of --tls_cert, --tls_key and --tls_client_ca "
+          "(renewed in place by cert-manager or a SPIFFE agent): a changed "
+          "set that passes the start-up checks is served to new connections; "
+          "one that fails them is logged and the last good set stays. 1 to "
+          "86400, or 0: only at start-up.");
 ABSL_FLAG(std::string, log_level, LogLevelName(Defaults().log_level),
           "The server's own log lines to write: debug, info (the start-up "
           "line, drains), warning (weights folders that failed to load; "
@@ -347,6 +354,7 @@ constexpr FlagOption kFlags[] = {
     {"tls_cert", "tls.cert_file"},
     {"tls_key", "tls.key_file"},
     {"tls_client_ca", "tls.client_ca_file"},
+    {"tls_reload_seconds", "tls.reload_interval"},
     {"auth_token_file", "auth_token_file"},
     {"weights_admin_token_file", "weights_admin_token_file"},
     {"log_level", "log_level"},
@@ -673,6 +681,17 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  if (const double tls_reload = absl::GetFlag(FLAGS_tls_reload_seconds);
+      tls_reload != 0) {
+    ATTNSERVE_ASSIGN_OR_RETURN(
+        options.tls.reload_interval,
+        SecondsFlag("tls_reload_seconds", tls_reload,
+                    SecondsRange{1, 86400,
+                                 "0 (only at start-up), or 1 to "
+                                 "86400"}));
+  } else {
+    options.tls.reload_interval = absl::ZeroDuration();
+  }
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.weights_admin_token_file =
       absl::GetFlag(FLAGS_weights_admin_token_file);

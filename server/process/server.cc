@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -192,9 +193,11 @@ class AttnServerImpl final : public AttnServer {
   ~AttnServerImpl() override { Shutdown(); }
 
   absl::Status Listen(const ServerOptions& options) {
-    ATTNSERVE_ASSIGN_OR_RETURN(
-        std::shared_ptr<grpc::ServerCredentials> credentials,
-        ServerCredentialsFor(options.tls));
+    ATTNSERVE_ASSIGN_OR_RETURN(tls_, TlsCredentials::Open(options.tls));
+    metrics_.SetTlsCertificateExpiry(tls_->not_after());
+    next_tls_reload_ = absl::Now() + options.tls.reload_interval;
+    const std::shared_ptr<grpc::ServerCredentials> credentials =
+        tls_->credentials();
     // The port is ours (connection_acceptor.h): bound here, without
     // SO_REUSEPORT, so that a second server on a busy port fails instead of
     // silently taking half the connections.
@@ -389,11 +392,52 @@ class AttnServerImpl final : public AttnServer {
       }
       // Idle sessions expire on time even when no call comes.
       sessions_.ExpireIdle(absl::Now());
+      if (tls_->tls() && options_.tls.reload_interval > absl::ZeroDuration() &&
+          absl::Now() >= next_tls_reload_) {
+        ReloadTls();
+        next_tls_reload_ = absl::Now() + options_.tls.reload_interval;
+      }
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
       malloc_trim(0);
     }
+  }
+
+  // Reads the TLS files again (TlsCredentials::Reload): a renewed set is
+  // served to new connections from now on; files that fail a check are
+  // logged (once while they stay as they are) and the served set stays.
+  void ReloadTls() {
+    const absl::StatusOr<bool> reloaded = tls_->Reload();
+    if (reloaded.ok()) {
+      tls_refusal_.clear();
+      if (!*reloaded) return;
+      metrics_.TlsReloaded(true);
+      metrics_.SetTlsCertificateExpiry(tls_->not_after());
+      Log(LogLevel::kInfo,
+          absl::StrCat("attnserve: TLS files changed: new connections get "
+                       "the certificate of ",
+                       options_.tls.cert_file, ", valid until ",
+                       absl::FormatTime(absl::RFC3339_sec, tls_->not_after(),
+                                        absl::UTCTimeZone())));
+      return;
+    }
+    metrics_.TlsReloaded(false);
+    // The options' names as the operator set them.
+    const std::string why =
+        absl::StrReplaceAll(reloaded.status().message(),
+                            {{"tls.cert_file", "--tls_cert"},
+                             {"tls.key_file", "--tls_key"},
+                             {"tls.client_ca_file", "--tls_client_ca"}});
+    if (why == tls_refusal_) return;
+    tls_refusal_ = why;
+    Log(LogLevel::kWarning,
+        absl::StrCat("attnserve: warning: TLS files changed but are not "
+                     "served (new connections keep the certificate valid "
+                     "until ",
+                     absl::FormatTime(absl::RFC3339_sec, tls_->not_after(),
+                                      absl::UTCTimeZone()),
+                     "): ", why));
   }
 
   // Declared in the order they are built; destroyed in reverse: the metrics
@@ -427,6 +471,11 @@ class AttnServerImpl final : public AttnServer {
   // once shut down; the acceptor is stopped by then.
   std::unique_ptr<ConnectionAcceptor> acceptor_;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> handoff_;
+  // The server's credentials read their copies of the TLS files until the
+  // server is gone: destroyed after it.
+  std::unique_ptr<TlsCredentials> tls_;
+  absl::Time next_tls_reload_;  // The trimmer's thread only.
+  std::string tls_refusal_;     // The last logged; the trimmer's only.
   std::unique_ptr<grpc::Server> server_;
   // Scrapes read metrics_.
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;

@@ -209,6 +209,11 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
         ", expected at least 1s"));
   }
   const ServerTlsOptions& tls = options.tls;
+  if (tls.reload_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls.reload_interval is ", absl::FormatDuration(tls.reload_interval),
+        ", expected zero (off) or positive"));
+  }
   if (tls.cert_file.empty() != tls.key_file.empty() ||
       (!tls.client_ca_file.empty() && tls.cert_file.empty())) {
     return absl::InvalidArgumentError(
@@ -274,7 +279,9 @@ std::string DescribeOptions(const ServerOptions& options,
       " drain_grace=", absl::FormatDuration(options.drain_grace), "; tls=",
       options.tls.cert_file.empty()
           ? "off"
-          : (options.tls.client_ca_file.empty() ? "on" : "mutual"),
+          : absl::StrCat(options.tls.client_ca_file.empty() ? "on" : "mutual",
+                         " tls_reload=",
+                         absl::FormatDuration(options.tls.reload_interval)),
       " auth_token=", options.auth_token_file.empty() ? "off" : "on",
       " weights_admin_token=",
       options.weights_admin_token_file.empty() ? "off" : "on",

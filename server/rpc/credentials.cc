@@ -1,21 +1,30 @@
 #include "attnserve/server/rpc/credentials.h"
 
+#include <fcntl.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <ctime>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
 #include "attnserve/common/log.h"
 #include "attnserve/common/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 
 namespace attnserve {
 namespace {
@@ -168,28 +177,156 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
   return absl::OkStatus();
 }
 
+// How often gRPC's file watcher reads the in-memory copies.
+constexpr unsigned int kWatchSeconds = 1;
+
+// "/proc/self/fd/N": a path any open() in this process resolves to `fd`'s
+// file as it is at that moment.
+std::string FdPath(int fd) { return absl::StrCat("/proc/self/fd/", fd); }
+
+// A new anonymous file in memory holding `text`, or -1 (errno set).
+int MemoryFile(const char* name, const std::string& text) {
+  const int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      errno = error;
+      return -1;
+    }
+    written += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+// Puts a new file holding `text` in descriptor `fd`, in one step (dup3).
+bool ReplaceMemoryFile(int fd, const char* name, const std::string& text) {
+  const int fresh = MemoryFile(name, text);
+  if (fresh < 0) return false;
+  const bool replaced = dup3(fresh, fd, O_CLOEXEC) == fd;
+  const int error = errno;
+  close(fresh);
+  errno = error;
+  return replaced;
+}
+
+// The notAfter of `pem`'s first certificate (CheckTlsFiles read it).
+absl::Time NotAfter(const std::string& pem) {
+  const std::unique_ptr<X509, X509Free> cert = FirstCertificate(pem);
+  tm time{};
+  if (cert == nullptr ||
+      ASN1_TIME_to_tm(X509_get0_notAfter(cert.get()), &time) != 1) {
+    ERR_clear_error();
+    return absl::InfinitePast();
+  }
+  return absl::FromTM(time, absl::UTCTimeZone());
+}
+
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+TlsCredentials::~TlsCredentials() {
+  // The file watcher may read the copies until the credentials go: those
+  // held by a gRPC server outlive this only after it has shut down.
+  credentials_.reset();
+  if (identity_fd_ >= 0) close(identity_fd_);
+  if (roots_fd_ >= 0) close(roots_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<TlsCredentials>> TlsCredentials::Open(
     const ServerTlsOptions& tls) {
-  if (tls.cert_file.empty()) return grpc::InsecureServerCredentials();
+  std::unique_ptr<TlsCredentials> opened(new TlsCredentials(tls));
+  if (tls.cert_file.empty()) {
+    opened->credentials_ = grpc::InsecureServerCredentials();
+    return opened;
+  }
+  std::string cert, key, roots;
+  absl::Time not_after;
+  ATTNSERVE_RETURN_IF_ERROR(
+      opened->ReadFiles(&cert, &key, &roots, &not_after).status());
+  const bool mutual = !tls.client_ca_file.empty();
+  opened->identity_fd_ = MemoryFile("tls.key_file", key + cert);
+  opened->roots_fd_ = mutual ? MemoryFile("tls.client_ca_file", roots) : -1;
+  if (opened->identity_fd_ < 0 || (mutual && opened->roots_fd_ < 0)) {
+    return absl::UnavailableError(absl::StrCat(
+        "could not keep a copy of the TLS files in memory (memfd_create): ",
+        std::strerror(errno)));
+  }
+  opened->cert_ = std::move(cert);
+  opened->key_ = std::move(key);
+  opened->roots_ = std::move(roots);
+  opened->not_after_ = not_after;
+  // The file watcher reads the copies at once, then each second. The key's
+  // path and the chain's are the one file: each reader takes its own blocks.
+  const std::string identity = FdPath(opened->identity_fd_);
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (mutual) {
+    provider =
+        std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+            identity, identity, FdPath(opened->roots_fd_), kWatchSeconds);
+  } else {
+    provider =
+        std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+            identity, identity, kWatchSeconds);
+  }
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (mutual) {
+    options.watch_root_certs();
+    options.set_cert_request_type(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  opened->credentials_ = grpc::experimental::TlsServerCredentials(options);
+  return opened;
+}
+
+absl::StatusOr<bool> TlsCredentials::ReadFiles(std::string* cert,
+                                               std::string* key,
+                                               std::string* roots,
+                                               absl::Time* not_after) {
+  const ServerTlsOptions& tls = options_;
   ATTNSERVE_ASSIGN_OR_RETURN(
-      std::string cert, ReadCredentialFile("tls.cert_file", tls.cert_file));
-  ATTNSERVE_ASSIGN_OR_RETURN(std::string key,
+      *cert, ReadCredentialFile("tls.cert_file", tls.cert_file));
+  ATTNSERVE_ASSIGN_OR_RETURN(*key,
                              ReadCredentialFile("tls.key_file", tls.key_file));
   const bool mutual = !tls.client_ca_file.empty();
-  grpc::SslServerCredentialsOptions ssl(
-      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   if (mutual) {
     ATTNSERVE_ASSIGN_OR_RETURN(
-        ssl.pem_root_certs,
-        ReadCredentialFile("tls.client_ca_file", tls.client_ca_file));
+        *roots, ReadCredentialFile("tls.client_ca_file", tls.client_ca_file));
   }
+  if (*cert == cert_ && *key == key_ && *roots == roots_) return false;
   ATTNSERVE_RETURN_IF_ERROR(
-      CheckTlsFiles(tls, cert, key, mutual ? &ssl.pem_root_certs : nullptr));
-  ssl.pem_key_cert_pairs.push_back({key, cert});
-  return grpc::SslServerCredentials(ssl);
+      CheckTlsFiles(tls, *cert, *key, mutual ? roots : nullptr));
+  *not_after = NotAfter(*cert);
+  return true;
+}
+
+absl::StatusOr<bool> TlsCredentials::Reload() {
+  if (!tls()) return false;
+  std::string cert, key, roots;
+  absl::Time not_after;
+  ATTNSERVE_ASSIGN_OR_RETURN(const bool changed,
+                             ReadFiles(&cert, &key, &roots, &not_after));
+  if (!changed) return false;
+  // Each copy replaced in one step, a new file put in the old one's
+  // descriptor, so that the watcher reads either whole.
+  if (!ReplaceMemoryFile(identity_fd_, "tls.key_file", key + cert) ||
+      (roots_fd_ >= 0 &&
+       !ReplaceMemoryFile(roots_fd_, "tls.client_ca_file", roots))) {
+    return absl::UnavailableError(
+        absl::StrCat("could not copy the renewed TLS files into memory: ",
+                     std::strerror(errno)));
+  }
+  cert_ = std::move(cert);
+  key_ = std::move(key);
+  roots_ = std::move(roots);
+  not_after_ = not_after;
+  return true;
 }
 
 absl::StatusOr<std::vector<std::string>> BearerTokensFor(

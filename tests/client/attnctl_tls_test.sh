@@ -42,7 +42,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [[ -n ${port} ]] || fail "attnserve did not report its port"
-grep -q "tls=mutual auth_token=on" server.log || fail "start-up line: $(head -1 server.log)"
+grep -q "tls=mutual tls_reload=1m auth_token=on" server.log || fail "start-up line: $(head -1 server.log)"
 
 ctl() {
   timeout 30 "${attnctl}" --target="127.0.0.1:${port}" --timeout=10s "$@"

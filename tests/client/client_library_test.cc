@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "reference/reference_attention.h"
 #include "server/free_port.h"
+#include "server/metrics_scrape.h"
 #include "server/server_fixture.h"
 #include "server/test_certificates.h"
 
@@ -475,6 +477,111 @@ TEST(ClientTlsTest, TlsAndMutualTls) {
   }
 }
 
+class ClientServerTest : public ::attnserve::testing::ServerFixture {};
+
+// The server's certificate (PEM) as a new TLS connection to `target` sees it,
+// with `client_cert` and `client_key` presented; "" if the call failed.
+std::string ServedCertificate(const std::string& target,
+                              const TestCertificates& certs,
+                              const std::string& client_cert,
+                              const std::string& client_key) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = certs.ca;
+  ssl.pem_cert_chain = client_cert;
+  ssl.pem_private_key = client_key;
+  // A channel of its own, with its own subchannel: a new handshake.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  const std::unique_ptr<v1::AttentionService::Stub> stub =
+      v1::AttentionService::NewStub(grpc::CreateCustomChannel(
+          target, grpc::SslCredentials(ssl), arguments));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ListWeightsResponse response;
+  if (!stub->ListWeights(&context, v1::ListWeightsRequest(), &response).ok()) {
+    return "";
+  }
+  const std::vector<grpc::string_ref> pem =
+      context.auth_context()->FindPropertyValues(
+          GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  return pem.empty() ? "" : std::string(pem.front().data(), pem.front().size());
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".new";
+  std::ofstream(temporary) << text;
+  std::filesystem::rename(temporary, path);
+}
+
+// Certificates renewed in place (cert-manager, a SPIFFE agent) are served to
+// new connections within --tls_reload_seconds, without a restart (which ends
+// every session): the server's own certificate and key, and the client CA
+// bundle. Files that fail a check (a key with another's certificate, as
+// between two writes; garbage) are not served: the last good set stays, and
+// each refusal is counted. Until 2026-12-07 the files were read once.
+TEST_F(ClientServerTest, RenewedCertificatesAreServedWithoutARestart) {
+  const std::optional<TestCertificates> certs = MakeCertificates();
+  ASSERT_TRUE(certs.has_value()) << "openssl could not make test certificates";
+  const std::string dir = certs->directory + "/served";
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/tls.crt", certs->server_cert);
+  WriteFile(dir + "/tls.key", certs->server_key);
+  WriteFile(dir + "/ca.crt", certs->ca);
+  ServerOptions options = DefaultOptions();
+  options.metrics_port = 0;
+  options.tls = {dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt",
+                 absl::Seconds(1)};
+  client_.reset();
+  server_.reset();
+  StartServer(options);
+  const std::string target = absl::StrCat("127.0.0.1:", server_->port());
+  const auto served = [&](const std::string& cert, const std::string& key) {
+    return ServedCertificate(target, *certs, cert, key);
+  };
+  // Waits up to 10 s for `wanted` to be what new connections get.
+  const auto eventually = [&](const std::string& wanted,
+                              const std::string& cert, const std::string& key) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    std::string got = served(cert, key);
+    while (got != wanted && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(200));
+      got = served(cert, key);
+    }
+    return got;
+  };
+  EXPECT_EQ(served(certs->client_cert, certs->client_key), certs->server_cert);
+  // The impostor's CA is not trusted yet.
+  EXPECT_EQ(served(certs->impostor_cert, certs->impostor_key), "");
+
+  // A key whose certificate has not been written yet: refused, the old pair
+  // stays served.
+  WriteFile(dir + "/tls.key", certs->reissued_key);
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_EQ(served(certs->client_cert, certs->client_key), certs->server_cert);
+  // Then its certificate: the new pair is served.
+  WriteFile(dir + "/tls.crt", certs->reissued_cert);
+  EXPECT_EQ(
+      eventually(certs->reissued_cert, certs->client_cert, certs->client_key),
+      certs->reissued_cert);
+  // Garbage in place of the certificate: not served.
+  WriteFile(dir + "/tls.crt", "-----BEGIN CERTIFICATE-----\nbm90\n");
+  absl::SleepFor(absl::Milliseconds(2500));
+  EXPECT_EQ(served(certs->client_cert, certs->client_key),
+            certs->reissued_cert);
+  WriteFile(dir + "/tls.crt", certs->reissued_cert);
+  // A second CA in the client bundle: its clients are let in.
+  WriteFile(dir + "/ca.crt", certs->ca + certs->second_ca);
+  EXPECT_EQ(eventually(certs->reissued_cert, certs->impostor_cert,
+                       certs->impostor_key),
+            certs->reissued_cert);
+  const std::map<std::string, double> samples = ::attnserve::testing::Samples(
+      ::attnserve::testing::Scrape(server_->metrics_port()));
+  EXPECT_EQ(samples.at("attnserve_tls_reloads_total{result=\"replaced\"}"), 2);
+  EXPECT_GE(samples.at("attnserve_tls_reloads_total{result=\"refused\"}"), 2);
+  EXPECT_GT(samples.at("attnserve_tls_certificate_expiry_timestamp_seconds"),
+            absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+}
+
 v1::AttendRequest RandomRequest(int64_t b, int64_t h, int64_t hkv, int64_t lq,
                                 int64_t lk, int64_t dk, int64_t dv,
                                 uint64_t seed) {
@@ -501,8 +608,6 @@ void ExpectClose(const v1::Tensor& actual, const v1::Tensor& expected,
     }
   }
 }
-
-class ClientServerTest : public ::attnserve::testing::ServerFixture {};
 
 // A refusal for one of the server's limits on a request's own size comes with
 // the trailer grpc-retry-pushback-ms: -1 (gRPC's "do not retry"), and the

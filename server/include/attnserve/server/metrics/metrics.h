@@ -140,6 +140,13 @@ class ServerMetrics {
   // start (sampled each second).
   void SetAccessLogDropped(int64_t dropped);
 
+  // The served TLS certificate expires at `not_after` (InfinitePast: no
+  // TLS).
+  void SetTlsCertificateExpiry(absl::Time not_after);
+  // Changed TLS files were read again: `replaced` the served set, or were
+  // refused by a check.
+  void TlsReloaded(bool replaced);
+
   // An io thread polled without an event for `spun` (--io_spin_us).
   void IoSpun(absl::Duration spun);
 
@@ -190,6 +197,9 @@ class ServerMetrics {
   prometheus::Counter* allocation_failures_ = nullptr;
   prometheus::Counter* io_standby_events_ = nullptr;
   prometheus::Counter* access_log_dropped_ = nullptr;
+  prometheus::Gauge* tls_expiry_ = nullptr;
+  // Changed TLS files: replaced, refused.
+  std::array<prometheus::Counter*, 2> tls_reloads_{};
   // What the sampled counters have been brought up to.
   absl::Mutex sampled_mutex_;
   int64_t inflight_refused_seen_ ABSL_GUARDED_BY(sampled_mutex_) = 0;

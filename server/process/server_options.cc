@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attnserve/common/echo.h"
 #include "attnserve/server/rpc/wire_messages.h"
 
 namespace attnserve {
@@ -71,6 +72,30 @@ bool AddressesMayOverlap(absl::string_view a, absl::string_view b) {
   return false;
 }
 
+// What is wrong with `address` as an address to listen on, written so that
+// no resolver could take it: a port in it, an IPv4 address out of range. ""
+// if nothing is (a host name is resolved only at the bind).
+std::string AddressMistake(absl::string_view address) {
+  if (absl::StrContains(address, ':')) {
+    in6_addr ip6;
+    if (inet_pton(AF_INET6, std::string(address).c_str(), &ip6) == 1) {
+      return "";
+    }
+    return "expected a host name or an IP address without a port (`port` "
+           "and metrics_port give it), an IPv6 one with or without [ ]";
+  }
+  if (!address.empty() &&
+      address.find_first_not_of("0123456789.") == absl::string_view::npos) {
+    in_addr ip4;
+    if (inet_pton(AF_INET, std::string(address).c_str(), &ip4) == 1) {
+      return "";
+    }
+    return "expected an IPv4 address (four numbers of 0 to 255) or a host "
+           "name";
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::Status ValidateServerOptions(const ServerOptions& options) {
@@ -79,6 +104,17 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "address is empty, expected a host name or an IP address (0.0.0.0 "
         "or :: for every interface)");
+  }
+  // A name that cannot be one would fail at the bind, exit 1, as if the
+  // network were not up yet: a supervisor would retry it forever.
+  for (const auto& [name, address] :
+       {std::pair<const char*, const std::string&>{"address", options.address},
+        {"metrics_address", options.metrics_address}}) {
+    const std::string mistake = AddressMistake(address);
+    if (!mistake.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " is ", EchoText(address), ", ", mistake));
+    }
   }
   if (options.port < 0 || options.port > 65535) {
     return OutOfRange("port", options.port, "0 to 65535");

@@ -259,6 +259,12 @@ for arguments in "--demo_weights false" "serve" "-" "--=x --not_a_flag" "-- --po
     "${workdir}/bad.log" ||
     fail "attnserve ${arguments} exited ${status}: $(cat "${workdir}/bad.log")"
 done
+# An address no resolver could take fails as a configuration (exit 2), not as a network not up
+# yet (exit 1, which a supervisor retries): until 2026-12-07 both exited 1 at the bind.
+bad_flag '--address is "127.0.0.1:5000", expected a host name or an IP address without a port (--port and --metrics_port give it)' \
+  "${attnserve}" --address=127.0.0.1:5000
+bad_flag '--metrics_address is "999.1.1.1", expected an IPv4 address' \
+  "${attnserve}" --metrics_address=999.1.1.1
 # --only_check_args checks what start-up checks before it opens anything: Abseil's own exited 0
 # at once, --port=70000 and budgets that cannot fit included, until 2026-12-07.
 for arguments in "--port=70000" "--max_batch=0" "--max_inflight_bytes=1000"; do

@@ -465,6 +465,13 @@ TEST(ServerStartTest, RejectsBadOptionsByName) {
        [](ServerOptions& o) {
          o.transport.handshake_timeout = absl::Hours(2);
        }},
+      {"address is \"127.0.0.1:50051\", expected a host name or an IP "
+       "address without a port",
+       [](ServerOptions& o) { o.address = "127.0.0.1:50051"; }},
+      {"metrics_address is \"10.0.0.300\", expected an IPv4 address",
+       [](ServerOptions& o) { o.metrics_address = "10.0.0.300"; }},
+      {"tls.reload_interval is -1s, expected zero (off) or positive",
+       [](ServerOptions& o) { o.tls.reload_interval = absl::Seconds(-1); }},
       {"metrics_port is 50051, the same as `port`",
        [](ServerOptions& o) {
          o.port = 50051;

@@ -1,7 +1,14 @@
 #include "attnserve/client/client.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <thread>
 #include <utility>
@@ -36,6 +43,52 @@ int64_t Milliseconds(absl::Duration duration) {
   return absl::ToInt64Milliseconds(duration);
 }
 
+// OpenSSL's passphrase callback, refusing: without one it would ask the
+// terminal for an encrypted key's passphrase.
+int NoPassphrase(char* /*buffer*/, int /*size*/, int /*rwflag*/,
+                 void* /*user*/) {
+  return 0;
+}
+
+// The client key pair as gRPC will use it. gRPC takes any bytes and fails
+// each connection's handshake instead, as UNAVAILABLE ("empty address list"),
+// naming neither the key nor the certificate: a network fault to the reader.
+absl::Status CheckClientKeyPair(const TlsOptions& tls) {
+  if (tls.client_certificate.empty()) return absl::OkStatus();
+  const auto bio = [](const std::string& pem) {
+    return std::unique_ptr<BIO, decltype(&BIO_free)>(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  };
+  const std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio(tls.client_certificate).get(), nullptr,
+                        NoPassphrase, nullptr),
+      &X509_free);
+  const std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(bio(tls.client_private_key).get(), nullptr,
+                              NoPassphrase, nullptr),
+      &EVP_PKEY_free);
+  const bool matches = cert != nullptr && key != nullptr &&
+                       X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(
+        "tls.client_certificate holds no PEM certificate (-----BEGIN "
+        "CERTIFICATE-----)");
+  }
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(
+        "tls.client_private_key holds no unencrypted PEM private key "
+        "(-----BEGIN PRIVATE KEY-----; an encrypted one has no passphrase to "
+        "open it)");
+  }
+  if (!matches) {
+    return absl::InvalidArgumentError(
+        "tls.client_private_key does not match tls.client_certificate (the "
+        "first certificate of the chain must be the key's)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptions(const ClientOptions& options) {
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,6 +121,7 @@ absl::Status ValidateOptions(const ClientOptions& options) {
         "tls.client_certificate and tls.client_private_key must be given "
         "together");
   }
+  if (options.tls) return CheckClientKeyPair(*options.tls);
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
 
@@ -173,7 +174,17 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlags() {
   absl::StatusOr<std::string> token = BearerTokenFromFlag();
   if (!token.ok()) return token.status();
   options.bearer_token = *std::move(token);
-  return Client::Connect(absl::GetFlag(FLAGS_target), options);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(absl::GetFlag(FLAGS_target), options);
+  if (client.ok()) return client;
+  // The library names its options; attnctl's user gave flags and files.
+  return absl::Status(
+      client.status().code(),
+      absl::StrReplaceAll(
+          client.status().message(),
+          {{"tls.client_private_key", absl::StrCat("--tls_key file ", key)},
+           {"tls.client_certificate",
+            absl::StrCat("--tls_cert file ", cert)}}));
 }
 
 int64_t MaxMessageBytes() { return absl::GetFlag(FLAGS_max_message_bytes); }

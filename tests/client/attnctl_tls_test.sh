@@ -80,6 +80,15 @@ folder=$(ctl --tls_ca=ca_folder --tls_cert=client.crt --tls_key=client.key healt
   fail "a CA that is a folder: ${folder}"
 empty=$(ctl --tls_ca=empty_ca --tls_cert=client.crt --tls_key=client.key health 2>&1)
 [[ $? -eq 2 && ${empty} == *"--tls_ca file empty_ca is empty"* ]] || fail "an empty CA: ${empty}"
+# A key that is not the certificate's, or an encrypted one: gRPC would take either and fail
+# every handshake as UNAVAILABLE "empty address list", naming neither (until 2026-12-07).
+mismatched=$(ctl --tls_ca=ca.crt --tls_cert=client.crt --tls_key=server.key health 2>&1)
+[[ $? -eq 2 && ${mismatched} == *"--tls_key file server.key does not match --tls_cert file client.crt"* ]] ||
+  fail "a key of another certificate: ${mismatched}"
+openssl pkey -in client.key -aes256 -passout pass:secret -out encrypted.key
+encrypted=$(ctl --tls_ca=ca.crt --tls_cert=client.crt --tls_key=encrypted.key health 2>&1 </dev/null)
+[[ $? -eq 2 && ${encrypted} == *"--tls_key file encrypted.key holds no unencrypted PEM private key"* ]] ||
+  fail "an encrypted key: ${encrypted}"
 set -e
 
 kill -TERM "${server_pid}"

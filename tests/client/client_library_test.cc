@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -474,6 +475,23 @@ TEST(ClientTlsTest, TlsAndMutualTls) {
     EXPECT_TRUE(Connect(mtls_server.target(), with_certificate)
                     ->Attend(v1::AttendRequest(), kTimeout)
                     .ok());
+  }
+  // A key pair gRPC would take, then fail every handshake with as
+  // UNAVAILABLE naming neither: refused at Connect (until 2026-12-07 not).
+  for (const auto& [cert, key, why] :
+       {std::tuple{certs->client_cert, certs->other_key,
+                   "tls.client_private_key does not match "
+                   "tls.client_certificate"},
+        {certs->client_cert, std::string("-----BEGIN PRIVATE KEY-----\n"),
+         "tls.client_private_key holds no unencrypted PEM private key"},
+        {certs->client_key, certs->client_key,
+         "tls.client_certificate holds no PEM certificate"}}) {
+    ClientOptions options;
+    options.tls = TlsOptions{certs->ca, cert, key, ""};
+    const absl::StatusOr<std::unique_ptr<Client>> client =
+        Client::Connect("127.0.0.1:1", options);
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(client.status().message()), HasSubstr(why));
   }
 }
 

@@ -87,7 +87,10 @@ struct RetryPolicy {
 };
 
 // TLS for the channel: server authentication, and client authentication (mTLS)
-// when a client certificate is given. All PEM text.
+// when a client certificate is given. All PEM text. Connect refuses a client
+// certificate without a readable certificate, a key that is encrypted or not
+// a key, or one that is not the certificate's (gRPC would take them and fail
+// every handshake, UNAVAILABLE).
 struct TlsOptions {
   std::string root_certificates;  // CA bundle; empty: gRPC's default roots.
   std::string client_certificate;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -106,6 +107,26 @@ absl::Status ValidateOptions(const ClientOptions& options) {
         "retry backoff must have initial_backoff > 0, max_backoff >= "
         "initial_backoff and "
         "backoff_multiplier >= 1");
+  }
+  // gRPC takes the two as a C int of milliseconds: an infinite or larger one
+  // became -1 ms (static_cast of INT64_MAX).
+  constexpr absl::Duration kMaxKeepalive =
+      absl::Milliseconds(std::numeric_limits<int>::max());
+  for (const auto& [name, value] :
+       {std::pair{"keepalive_time", options.keepalive_time},
+        {"keepalive_timeout", options.keepalive_timeout}}) {
+    if (value < absl::ZeroDuration() || value > kMaxKeepalive) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " is ", absl::FormatDuration(value), ", expected 0 to ",
+          absl::FormatDuration(kMaxKeepalive),
+          name == std::string("keepalive_time") ? " (0: no pings)" : ""));
+    }
+  }
+  if (options.keepalive_time > absl::ZeroDuration() &&
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "keepalive_timeout is 0 with keepalive_time set, expected how long a "
+        "ping's answer may take (10s by default)");
   }
   if (options.load_balancing_policy.empty() ||
       options.load_balancing_policy.find_first_not_of(

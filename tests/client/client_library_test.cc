@@ -431,6 +431,20 @@ TEST(ClientOptionsTest, SendsTheBearerTokenAndRejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Client::Connect("").status().code(),
             absl::StatusCode::kInvalidArgument);
+  // gRPC's keepalive is a C int of milliseconds: an infinite time became -1.
+  ClientOptions forever;
+  forever.keepalive_time = absl::InfiniteDuration();
+  EXPECT_THAT(
+      std::string(Client::Connect("localhost:1", forever).status().message()),
+      HasSubstr("keepalive_time is inf, expected 0 to"));
+  ClientOptions no_timeout;
+  no_timeout.keepalive_timeout = absl::ZeroDuration();
+  EXPECT_EQ(Client::Connect("localhost:1", no_timeout).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ClientOptions off;  // No pings: the timeout is not used.
+  off.keepalive_time = absl::ZeroDuration();
+  off.keepalive_timeout = absl::ZeroDuration();
+  EXPECT_TRUE(Client::Connect("localhost:1", off).ok());
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerTls(

@@ -129,7 +129,8 @@ struct ClientOptions {
   // before it refuses them. Applies to round_robin (pick_first ignores it).
   bool health_check = false;
   // HTTP/2 keepalive pings, so idle connections through proxies and NATs stay
-  // open and dead ones are noticed. Zero turns them off.
+  // open and dead ones are noticed. Zero turns them off; each at most
+  // 2^31 - 1 ms (gRPC's C int), and the timeout positive while pings are on.
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
   RetryPolicy retry;

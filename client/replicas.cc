@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -44,8 +46,8 @@ bool SplitHostPort(absl::string_view address, std::string* host,
 
 // The addresses `host`:`port` resolves to, as "a.b.c.d:port" and
 // "[v6]:port".
-absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host,
-                                                     const std::string& port) {
+absl::StatusOr<std::vector<std::string>> ResolveHostNow(
+    const std::string& host, const std::string& port) {
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -69,6 +71,36 @@ absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host,
   }
   freeaddrinfo(found);
   return addresses;
+}
+
+// ResolveHostNow by `deadline`. getaddrinfo has no deadline of its own (a
+// resolver that does not answer holds it for its timeouts, 10 s or more), so
+// with one it runs on a thread of its own, which a lookup past the deadline
+// leaves to finish alone, holding only its own copies.
+absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host,
+                                                     const std::string& port,
+                                                     absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return ResolveHostNow(host, port);
+  struct Lookup {
+    absl::Mutex mutex;
+    bool done ABSL_GUARDED_BY(mutex) = false;
+    absl::StatusOr<std::vector<std::string>> result ABSL_GUARDED_BY(mutex);
+  };
+  auto lookup = std::make_shared<Lookup>();
+  std::thread([lookup, host, port] {
+    absl::StatusOr<std::vector<std::string>> result =
+        ResolveHostNow(host, port);
+    absl::MutexLock lock(&lookup->mutex);
+    lookup->result = std::move(result);
+    lookup->done = true;
+  }).detach();
+  absl::MutexLock lock(&lookup->mutex);
+  if (!lookup->mutex.AwaitWithDeadline(absl::Condition(&lookup->done),
+                                       deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "resolving ", host, ":", port, " took past the call's deadline"));
+  }
+  return lookup->result;
 }
 
 // The gRPC target of one address.
@@ -128,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Replicas>> Replicas::Connect(
   return replicas;
 }
 
-absl::StatusOr<std::vector<std::string>> Replicas::Resolve() const {
+absl::StatusOr<std::vector<std::string>> Replicas::Resolve(
+    absl::Time deadline) const {
   absl::string_view rest = target_;
   std::vector<std::string> addresses;
   if (absl::ConsumePrefix(&rest, "ipv4:") ||
@@ -154,7 +187,8 @@ absl::StatusOr<std::vector<std::string>> Replicas::Resolve() const {
           "target ", target_,
           " is not ipv4:, ipv6:, unix:, dns:///host:port or host:port"));
     }
-    absl::StatusOr<std::vector<std::string>> resolved = ResolveHost(host, port);
+    absl::StatusOr<std::vector<std::string>> resolved =
+        ResolveHost(host, port, deadline);
     if (!resolved.ok()) return resolved.status();
     addresses = *std::move(resolved);
   }
@@ -168,8 +202,8 @@ absl::StatusOr<std::vector<std::string>> Replicas::Resolve() const {
   return addresses;
 }
 
-absl::Status Replicas::Refresh() {
-  absl::StatusOr<std::vector<std::string>> addresses = Resolve();
+absl::Status Replicas::Refresh(absl::Time deadline) {
+  absl::StatusOr<std::vector<std::string>> addresses = Resolve(deadline);
   if (!addresses.ok()) return addresses.status();
   absl::MutexLock lock(&mutex_);
   for (const std::string& address : *addresses) {
@@ -216,7 +250,7 @@ absl::StatusOr<Session> Replicas::CreateSession(
   // The ranking as resolved now, then once more after resolving the target
   // again, for the replicas that came meanwhile.
   for (int round = 0; round < 2; ++round) {
-    if (round == 1 && !Refresh().ok()) break;
+    if (round == 1 && !Refresh(deadline).ok()) break;
     const std::vector<std::string> ranked = Rank(request.session_id());
     int left = 0;
     for (const std::string& address : ranked) {

@@ -87,6 +87,27 @@ def resolve(target):
     return addresses
 
 
+def _resolve_within(target, timeout):
+    """resolve(target) within `timeout` seconds, on a thread of its own that a lookup past
+    them leaves to finish alone; TimeoutError past them."""
+    result = {}
+
+    def lookup():
+        try:
+            result["addresses"] = resolve(target)
+        except Exception as error:  # noqa: BLE001 -- raised in the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=lookup, name="attnserve-resolve", daemon=True)
+    thread.start()
+    thread.join(max(timeout, 0.0))
+    if thread.is_alive():
+        raise TimeoutError(f"resolving {target!r} took past the call's deadline")
+    if "error" in result:
+        raise result["error"]
+    return result["addresses"]
+
+
 def _channel_target(address):
     if address.startswith("unix:"):
         return address
@@ -106,11 +127,16 @@ class Replicas:
         self.addresses = []
         self.refresh()
 
-    def refresh(self):
+    def refresh(self, timeout=None):
         """Resolves the target again: new addresses get Clients; addresses that left get no
         new sessions (their Clients stay, for the sessions pinned to them). After close(),
-        nothing."""
-        addresses = resolve(self.target)  # outside the lock: DNS may take a while
+        nothing. With `timeout` (seconds), a resolution not answered by then raises
+        TimeoutError and changes nothing: getaddrinfo has no deadline of its own, and a
+        resolver that does not answer holds it for 10 s or more."""
+        if timeout is None:
+            addresses = resolve(self.target)  # outside the lock: DNS may take a while
+        else:
+            addresses = _resolve_within(self.target, timeout)
         with self._lock:
             if self._closed:
                 return
@@ -161,8 +187,8 @@ class Replicas:
         for round_ in range(2):
             if round_:
                 try:
-                    self.refresh()
-                except OSError:  # The name no longer resolves: the replicas known stand.
+                    self.refresh(timeout=_left(deadline))
+                except OSError:  # No answer in time, or none: the replicas known stand.
                     break
             ranked = [address for address in self.rank(session_id) if address not in asked]
             for left, address in zip(range(len(ranked), 0, -1), ranked):

@@ -81,6 +81,33 @@ def test_a_name_that_does_not_resolve_is_named(monkeypatch):
         resolve("dns:///db.invalid:1")
 
 
+def test_a_resolution_that_hangs_keeps_to_the_deadline(monkeypatch):
+    """getaddrinfo has no deadline: a resolver that does not answer held a refresh, and the
+    create_session that asked for it, for its own timeouts (10 s or more) past the call's."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    target = f"localhost:{free.getsockname()[1]}"  # nothing listens: UNAVAILABLE at once
+    free.close()
+    replicas = attnserve.Replicas(target, retry=attnserve.RetryPolicy(max_attempts=1))
+    real = socket.getaddrinfo
+
+    def hangs(*args, **kwargs):
+        time.sleep(4)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hangs)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"resolving '{target}' took past the call's"):
+        replicas.refresh(timeout=0.3)
+    assert time.monotonic() - start < 2
+    start = time.monotonic()
+    with pytest.raises(attnserve.AttnserveError) as refused:
+        replicas.create_session(num_layers=1, num_heads=1, key_dim=4, timeout=1.0)
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - start < 3
+    replicas.close()
+
+
 class Model:
     """What a session holds, as the test sent it."""
 

@@ -93,8 +93,9 @@ class Replicas {
 
   // Resolves the target again: new addresses get Clients; addresses that
   // left stop getting new sessions (their Clients stay, for the sessions
-  // pinned to them).
-  absl::Status Refresh();
+  // pinned to them). DEADLINE_EXCEEDED, with nothing changed, if the name's
+  // resolution has not answered by `deadline`.
+  absl::Status Refresh(absl::Time deadline = absl::InfiniteFuture());
 
   // The addresses the target resolved to at the last resolution, sorted.
   std::vector<std::string> addresses() const;
@@ -130,8 +131,10 @@ class Replicas {
   Replicas(std::string target, ClientOptions options)
       : target_(std::move(target)), options_(std::move(options)) {}
 
-  // The target's addresses now ("host:port" / "[v6]:port"), sorted.
-  absl::StatusOr<std::vector<std::string>> Resolve() const;
+  // The target's addresses now ("host:port" / "[v6]:port"), sorted, as
+  // resolved by `deadline`.
+  absl::StatusOr<std::vector<std::string>> Resolve(
+      absl::Time deadline = absl::InfiniteFuture()) const;
 
   const std::string target_;
   const ClientOptions options_;

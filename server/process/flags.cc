@@ -256,8 +256,8 @@ ABSL_FLAG(std::string, tls_key, Defaults().tls.key_file,
           "PEM private key for --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, Defaults().tls.client_ca_file,
           "PEM CA bundle; when set, clients must present a certificate one of "
-          "its CAs signed (mTLS), and a certificate's issuer and subject own "
-          "its sessions.");
+          "its CAs signed (mTLS), and a certificate's issuer (name and key), "
+          "subject and subject alternative names own its sessions.");
 ABSL_FLAG(double, tls_reload_seconds,
           absl::ToDoubleSeconds(Defaults().tls.reload_interval),
           "Seconds between reads of --tls_cert, --tls_key and --tls_client_ca "

@@ -8,8 +8,10 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <iterator>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -103,11 +105,31 @@ std::string CertificateIdentity(absl::string_view pem) {
   AppendPart(
       issuer_key == nullptr ? nullptr : ASN1_STRING_get0_data(issuer_key),
       issuer_key == nullptr ? 0 : ASN1_STRING_length(issuer_key), &names);
-  const int san = X509_get_ext_by_NID(cert, NID_subject_alt_name, -1);
-  const ASN1_OCTET_STRING* sans =
-      san < 0 ? nullptr : X509_EXTENSION_get_data(X509_get_ext(cert, san));
-  AppendPart(sans == nullptr ? nullptr : ASN1_STRING_get0_data(sans),
-             sans == nullptr ? 0 : ASN1_STRING_length(sans), &names);
+  // Each name alone, sorted and once: a certificate re-issued with its
+  // names in another order (another CSR template, an issuer that sorts) is
+  // the same holder.
+  GENERAL_NAMES* sans = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  std::vector<std::string> alternatives;
+  for (int i = 0; sans != nullptr && i < sk_GENERAL_NAME_num(sans); ++i) {
+    unsigned char* der = nullptr;
+    const int length = i2d_GENERAL_NAME(sk_GENERAL_NAME_value(sans, i), &der);
+    if (length > 0) {
+      alternatives.emplace_back(reinterpret_cast<const char*>(der),
+                                static_cast<size_t>(length));
+    }
+    OPENSSL_free(der);
+  }
+  GENERAL_NAMES_free(sans);
+  ERR_clear_error();
+  std::sort(alternatives.begin(), alternatives.end());
+  alternatives.erase(std::unique(alternatives.begin(), alternatives.end()),
+                     alternatives.end());
+  absl::StrAppend(&names, alternatives.size(), ";");
+  for (const std::string& name : alternatives) {
+    AppendPart(reinterpret_cast<const unsigned char*>(name.data()),
+               static_cast<int>(name.size()), &names);
+  }
   X509_free(cert);
   return HashedName("x509:", names);
 }

@@ -5,6 +5,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -91,11 +92,14 @@ std::string ValidityTime(const ASN1_TIME* time) {
 // skips them): gRPC would drop every certificate from a broken
 // block on, silently, and refuse those CAs' clients at their handshake.
 absl::StatusOr<int> CountCertificates(const std::string& pem) {
-  const std::string begin = "-----BEGIN CERTIFICATE-----";
   int blocks = 0;
-  for (size_t at = pem.find(begin); at != std::string::npos;
-       at = pem.find(begin, at + 1)) {
-    ++blocks;
+  // The header OpenSSL writes, and the old one it still reads.
+  for (const char* begin :
+       {"-----BEGIN CERTIFICATE-----", "-----BEGIN X509 CERTIFICATE-----"}) {
+    for (size_t at = pem.find(begin); at != std::string::npos;
+         at = pem.find(begin, at + 1)) {
+      ++blocks;
+    }
   }
   auto bio = ReadOnlyBio(pem);
   int read = 0;
@@ -114,12 +118,48 @@ absl::StatusOr<int> CountCertificates(const std::string& pem) {
   return read;
 }
 
+// The last OpenSSL error, as text ("ee key too small").
+std::string OpenSslError() {
+  const unsigned long error = ERR_peek_last_error();
+  ERR_clear_error();
+  const char* reason = ERR_reason_error_string(error);
+  return reason != nullptr ? reason : "an unknown error";
+}
+
+// Whether OpenSSL would serve `cert` with `key`, as gRPC's TLS builds its
+// handshaker: the system's security level (Debian's: RSA keys of 2048 bits
+// and more, no SHA-1 signatures) refuses some that parse and match. gRPC
+// would fail every handshake with them, unsaid.
+absl::Status CheckServable(const ServerTlsOptions& tls, X509* cert,
+                           EVP_PKEY* key) {
+  const std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> context(
+      SSL_CTX_new(TLS_server_method()), &SSL_CTX_free);
+  if (context == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("OpenSSL could not make a TLS context: ", OpenSslError()));
+  }
+  if (SSL_CTX_use_certificate(context.get(), cert) != 1 ||
+      SSL_CTX_use_PrivateKey(context.get(), key) != 1 ||
+      SSL_CTX_check_private_key(context.get()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls.cert_file: ", tls.cert_file,
+        ": OpenSSL will not serve its certificate with tls.key_file ",
+        tls.key_file, ": ", OpenSslError(),
+        " (the system's TLS security level refuses, e.g., RSA keys under "
+        "2048 bits and SHA-1 signatures)"));
+  }
+  ERR_clear_error();
+  return absl::OkStatus();
+}
+
 // The checks gRPC would make only when the first client connects (or, for a
-// mismatched key, by failing to listen without saying why).
+// mismatched key, by failing to listen without saying why). `served_until`:
+// at a reload, the served certificate's notAfter (InfinitePast at start-up).
 absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
                            const std::string& cert_pem,
                            const std::string& key_pem,
-                           const std::string* client_ca_pem) {
+                           const std::string* client_ca_pem,
+                           absl::Time served_until) {
   const std::unique_ptr<X509, X509Free> cert = FirstCertificate(cert_pem);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -141,10 +181,19 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
         "; put a current one in its place"));
   }
   if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0) {
+    const std::string from = ValidityTime(X509_get0_notBefore(cert.get()));
+    // A certificate still valid is not traded for one no client takes yet
+    // (a clock-skewed issuer, one staged early): it waits for its time.
+    if (served_until > absl::Now()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tls.cert_file: ", tls.cert_file,
+          ": its certificate is valid only from ", from,
+          " (this machine's clock says it is earlier); the one served stays "
+          "until then"));
+    }
     Log(LogLevel::kWarning,
-        absl::StrCat("tls.cert_file: ", tls.cert_file,
-                     ": its certificate is valid only from ",
-                     ValidityTime(X509_get0_notBefore(cert.get())),
+        absl::StrCat("attnserve: warning: --tls_cert ", tls.cert_file,
+                     ": its certificate is valid only from ", from,
                      " (this machine's clock says it is earlier): clients "
                      "refuse it until then"));
   }
@@ -164,6 +213,7 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
         " does not match the certificate in tls.cert_file ", tls.cert_file,
         " (the first certificate of the chain must be the key's)"));
   }
+  ATTNSERVE_RETURN_IF_ERROR(CheckServable(tls, cert.get(), key.get()));
   if (client_ca_pem != nullptr) {
     const absl::StatusOr<int> authorities = CountCertificates(*client_ca_pem);
     if (!authorities.ok() || *authorities == 0) {
@@ -301,7 +351,7 @@ absl::StatusOr<bool> TlsCredentials::ReadFiles(std::string* cert,
   }
   if (*cert == cert_ && *key == key_ && *roots == roots_) return false;
   ATTNSERVE_RETURN_IF_ERROR(
-      CheckTlsFiles(tls, *cert, *key, mutual ? roots : nullptr));
+      CheckTlsFiles(tls, *cert, *key, mutual ? roots : nullptr, not_after_));
   *not_after = NotAfter(*cert);
   return true;
 }

@@ -606,10 +606,21 @@ TEST_F(ClientServerTest, RenewedCertificatesAreServedWithoutARestart) {
   EXPECT_EQ(eventually(certs->reissued_cert, certs->impostor_cert,
                        certs->impostor_key),
             certs->reissued_cert);
+  // A pair that parses and matches but that OpenSSL will not serve (an
+  // RSA-1024 key), and one valid only from 2100: neither replaces the one
+  // served (until 2026-12-07 both did, and every handshake failed after).
+  for (const auto& [cert, key] : {std::pair{certs->weak_cert, certs->weak_key},
+                                  {certs->future_cert, certs->future_key}}) {
+    WriteFile(dir + "/tls.key", key);
+    WriteFile(dir + "/tls.crt", cert);
+    absl::SleepFor(absl::Milliseconds(2500));
+    EXPECT_EQ(served(certs->client_cert, certs->client_key),
+              certs->reissued_cert);
+  }
   const std::map<std::string, double> samples = ::attnserve::testing::Samples(
       ::attnserve::testing::Scrape(server_->metrics_port()));
   EXPECT_EQ(samples.at("attnserve_tls_reloads_total{result=\"replaced\"}"), 2);
-  EXPECT_GE(samples.at("attnserve_tls_reloads_total{result=\"refused\"}"), 2);
+  EXPECT_GE(samples.at("attnserve_tls_reloads_total{result=\"refused\"}"), 4);
   EXPECT_GT(samples.at("attnserve_tls_certificate_expiry_timestamp_seconds"),
             absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
 }

@@ -111,6 +111,18 @@ bm90IGEgY2VydGlmaWNhdGU=
 PEM
 expect_start_failure "tls_cert: .*broken_chain.crt: certificate 2 of the 3 .* is not readable" \
   --tls_cert="${workdir}/broken_chain.crt" --tls_key="${workdir}/a.key"
+# A key OpenSSL's security level will not serve (RSA-1024): gRPC listened, then failed every
+# handshake, unsaid (until 2026-12-07).
+openssl req -x509 -newkey rsa:1024 -nodes -days 2 -subj "/CN=weak" \
+  -keyout "${workdir}/weak.key" -out "${workdir}/weak.crt" 2>/dev/null
+expect_start_failure "tls_cert: .*weak.crt: OpenSSL will not serve its certificate with --tls_key .*weak.key: ee key too small" \
+  --tls_cert="${workdir}/weak.crt" --tls_key="${workdir}/weak.key"
+# A CA bundle in the old header OpenSSL still reads is taken (it was refused as unreadable).
+sed 's/BEGIN CERTIFICATE/BEGIN X509 CERTIFICATE/; s/END CERTIFICATE/END X509 CERTIFICATE/' \
+  "${workdir}/b.crt" | cat "${workdir}/a.crt" - >"${workdir}/old_header_bundle.crt"
+start_attnserve "${attnserve}" --tls_cert="${workdir}/a.crt" --tls_key="${workdir}/a.key" \
+  --tls_client_ca="${workdir}/old_header_bundle.crt" --drain_grace_seconds=0
+stop_attnserve
 # A certificate past its notAfter (made with `openssl ca`, the one way to choose its dates in
 # OpenSSL 3.0) is refused, naming when it expired; one not valid yet only warns (clock skew).
 validity() {  # NAME START END: NAME.crt, self-signed, valid from START to END.

@@ -30,8 +30,13 @@ namespace attnserve::testing {
 // first CA's CN=client again under a new key (reissued.crt, reissued.key);
 // and two certificates of the first CA with an empty subject, each naming
 // its workload by a SPIFFE URI SAN alone, as service meshes do (spiffe_a.crt,
-// spiffe_b.crt and their keys). The folder is removed with the last owner,
-// so private keys do not pile up in the temporary directory run after run.
+// spiffe_b.crt and their keys); the first CA's CN=client with its SANs in the
+// other order (reordered.crt, reordered.key); and, for the server's
+// certificate, an RSA-1024 one the first CA signed (weak.crt, weak.key),
+// which OpenSSL's default security level will not serve, and one valid only
+// from 2100 (future.crt, future.key). The folder is removed with the last
+// owner, so private keys do not pile up in the temporary directory run after
+// run.
 struct TestCertificates {
   TestCertificates() = default;
   TestCertificates(const TestCertificates&) = delete;
@@ -55,6 +60,12 @@ struct TestCertificates {
         spiffe_a_key(std::move(other.spiffe_a_key)),
         spiffe_b_cert(std::move(other.spiffe_b_cert)),
         spiffe_b_key(std::move(other.spiffe_b_key)),
+        reordered_cert(std::move(other.reordered_cert)),
+        reordered_key(std::move(other.reordered_key)),
+        weak_cert(std::move(other.weak_cert)),
+        weak_key(std::move(other.weak_key)),
+        future_cert(std::move(other.future_cert)),
+        future_key(std::move(other.future_key)),
         directory(std::exchange(other.directory, std::string())) {}
   TestCertificates& operator=(TestCertificates&&) = delete;
   ~TestCertificates() {
@@ -68,6 +79,8 @@ struct TestCertificates {
   std::string second_ca, impostor_cert, impostor_key;
   std::string twin_cert, twin_key, reissued_cert, reissued_key;
   std::string spiffe_a_cert, spiffe_a_key, spiffe_b_cert, spiffe_b_key;
+  std::string reordered_cert, reordered_key, weak_cert, weak_key;
+  std::string future_cert, future_key;
   std::string directory;
 };
 
@@ -114,6 +127,20 @@ inline std::optional<TestCertificates> MakeCertificates() {
       "sign reissued ca /CN=client subjectAltName=IP:127.0.0.1,DNS:localhost;",
       "sign spiffe_a ca / subjectAltName=URI:spiffe://test/ns/a/sa/tenant;",
       "sign spiffe_b ca / subjectAltName=URI:spiffe://test/ns/b/sa/tenant;",
+      "sign reordered ca /CN=client subjectAltName=DNS:localhost,IP:127.0.0.1;",
+      "openssl req -newkey rsa:1024 -nodes -subj /CN=weak -keyout weak.key "
+      "-out weak.csr 2>/dev/null;",
+      "openssl x509 -req -in weak.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+      "-days 1 -extfile server.ext -out weak.crt 2>/dev/null;",
+      // `openssl ca`, the one way to choose a certificate's dates in 3.0.
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=server -keyout future.key "
+      "-out future.csr 2>/dev/null; touch index.txt;",
+      "printf '[ca]\\ndefault_ca=d\\n[d]\\ndatabase=index.txt\\n"
+      "new_certs_dir=.\\nserial=ca.srl\\ndefault_md=sha256\\npolicy=p\\n"
+      "copy_extensions=none\\n[p]\\ncommonName=supplied\\n' > ca.cnf;",
+      "openssl ca -config ca.cnf -cert ca.crt -keyfile ca.key -in future.csr "
+      "-startdate 21000101000000Z -enddate 21000102000000Z -extfile "
+      "server.ext -batch -out future.crt 2>/dev/null;",
       "cat ca.crt second_ca.crt twin_ca.crt > all_cas.crt");
   const std::string script_path = dir + ".sh";
   std::ofstream(script_path) << script << "\n";
@@ -141,6 +168,12 @@ inline std::optional<TestCertificates> MakeCertificates() {
   certs->spiffe_a_key = ReadFile(dir + "/spiffe_a.key");
   certs->spiffe_b_cert = ReadFile(dir + "/spiffe_b.crt");
   certs->spiffe_b_key = ReadFile(dir + "/spiffe_b.key");
+  certs->reordered_cert = ReadFile(dir + "/reordered.crt");
+  certs->reordered_key = ReadFile(dir + "/reordered.key");
+  certs->weak_cert = ReadFile(dir + "/weak.crt");
+  certs->weak_key = ReadFile(dir + "/weak.key");
+  certs->future_cert = ReadFile(dir + "/future.crt");
+  certs->future_key = ReadFile(dir + "/future.key");
   return certs;
 }
 

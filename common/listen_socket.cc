@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,7 +99,16 @@ absl::StatusOr<std::vector<int>> ListenTcpAll(const std::string& host,
   std::vector<int> listeners;
   std::string why = "no address";
   bool busy = false;
+  // An address the resolver gives twice (the same line twice in /etc/hosts)
+  // is bound once: its second bind would find it busy.
+  std::set<std::string> bound;
   for (const addrinfo* at = found; at != nullptr && !busy; at = at->ai_next) {
+    if (!bound
+             .insert(std::string(reinterpret_cast<const char*>(at->ai_addr),
+                                 at->ai_addrlen))
+             .second) {
+      continue;
+    }
     sockaddr_storage address{};
     std::memcpy(&address, at->ai_addr, at->ai_addrlen);
     if (!listeners.empty()) {

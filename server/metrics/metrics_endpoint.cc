@@ -1,6 +1,8 @@
 #include "attnserve/server/metrics/metrics_endpoint.h"
 
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -42,6 +45,9 @@ constexpr absl::Duration kOutOfDescriptorsPause = absl::Milliseconds(100);
 // that those taken are read (and a scrape among them answered) before a
 // flood's next ones can push them out.
 constexpr int kAcceptsPerTurn = 64;
+// How long an answer may go unread before, at the connection cap, its
+// connection gives its place to a new one.
+constexpr absl::Duration kUnreadEvictable = absl::Seconds(1);
 // What a connection may send after its request, read and dropped while its
 // answer drains: closing a socket with unread input resets the connection,
 // and the kernel drops the answer's unsent part.
@@ -58,18 +64,15 @@ std::string Answer(absl::string_view status, absl::string_view content_type,
 }
 
 // Where a request's head ends (past its blank line), or npos. RFC 9112 lets a
-// server take a bare LF as a line's end.
+// server take a bare LF as a line's end (a CR before it ignored): the head
+// ends at the first LF followed by an empty line, "\n\n" or "\n\r\n".
 size_t HeadEnd(absl::string_view in) {
-  const size_t crlf = in.find("\r\n\r\n");
-  const size_t lf = in.find("\n\n");
-  if (crlf == absl::string_view::npos && lf == absl::string_view::npos) {
-    return absl::string_view::npos;
+  for (size_t at = in.find('\n'); at != absl::string_view::npos;
+       at = in.find('\n', at + 1)) {
+    if (in.substr(at + 1, 1) == "\n") return at + 2;
+    if (in.substr(at + 1, 2) == "\r\n") return at + 3;
   }
-  if (lf == absl::string_view::npos ||
-      (crlf != absl::string_view::npos && crlf + 1 <= lf)) {
-    return crlf + 4;
-  }
-  return lf + 2;
+  return absl::string_view::npos;
 }
 
 class EpollMetricsEndpoint final : public MetricsEndpoint {
@@ -124,9 +127,11 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
 
   struct Connection {
     absl::Time accepted;
+    absl::Time answering_since = absl::InfiniteFuture();
     absl::Time deadline;
     State state = State::kReading;
     std::string in;
+    size_t received = 0;  // Of the request, empty lines before it included.
     std::string out;
     size_t sent = 0;
     int64_t discarded = 0;
@@ -200,7 +205,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
       }
       const absl::Time now = absl::Now();
       if (static_cast<int>(connections_.size()) >= options_.max_connections &&
-          !MakeRoom()) {
+          !MakeRoom(now)) {
         refused_.Increment();
         close(fd);
         continue;
@@ -221,33 +226,54 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
   // Closes one connection for a new one at the cap: one whose answer the
   // client has all of (the kernel holds none of it unacknowledged), else the
   // oldest still sending its request (each is read as soon as accepted, and
-  // a scraper sends its request at once). False if none may go: every one
-  // is being answered.
-  bool MakeRoom() {
-    int oldest = -1;
-    absl::Time oldest_at = absl::InfiniteFuture();
+  // a scraper sends its request at once), else the one whose answer has gone
+  // unread longest, past kUnreadEvictable (reset: a scraper reads its answer
+  // within milliseconds). False if none may go.
+  bool MakeRoom(absl::Time now) {
+    int reading = -1, unread = -1;
+    absl::Time reading_since = absl::InfiniteFuture();
+    absl::Time unread_since = now - kUnreadEvictable;
     for (const auto& [fd, connection] : connections_) {
-      if (connection.state == State::kClosing && Unacknowledged(fd) == 0) {
+      if (connection.state == State::kReading) {
+        if (connection.accepted < reading_since) {
+          reading = fd;
+          reading_since = connection.accepted;
+        }
+        continue;
+      }
+      const int held = connection.state == State::kClosing
+                           ? Unacknowledged(fd)
+                           : std::numeric_limits<int>::max();
+      if (held == 0) {
         Close(fd);
         return true;
       }
-      if (connection.state == State::kReading &&
-          connection.accepted < oldest_at) {
-        oldest = fd;
-        oldest_at = connection.accepted;
+      if (connection.answering_since < unread_since) {
+        unread = fd;
+        unread_since = connection.answering_since;
       }
     }
-    if (oldest < 0) return false;
-    evicted_.Increment();
-    Close(oldest);
-    return true;
+    if (reading >= 0) {
+      evicted_.Increment();
+      Close(reading);
+      return true;
+    }
+    if (unread >= 0) {
+      evicted_.Increment();
+      Close(unread, /*reset=*/true);
+      return true;
+    }
+    return false;
   }
 
   void Read(int fd, Connection& connection) {
     char buffer[4096];
     while (true) {
-      const size_t room = static_cast<size_t>(options_.max_request_bytes) -
-                          connection.in.size();
+      // Every byte counts, the empty lines passed over too: a client
+      // streaming those kept this loop (the endpoint's one thread) reading
+      // for as long as it sent, an audit found.
+      const size_t room =
+          static_cast<size_t>(options_.max_request_bytes) - connection.received;
       const ssize_t n =
           recv(fd, buffer, std::min(sizeof(buffer), room), MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
@@ -259,6 +285,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
         if (errno == EINTR) continue;
         return;  // All read for now.
       }
+      connection.received += static_cast<size_t>(n);
       connection.in.append(buffer, static_cast<size_t>(n));
       // Empty lines before the request line are passed over (RFC 9112).
       const size_t first = connection.in.find_first_not_of("\r\n");
@@ -267,7 +294,7 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
         Respond(fd, connection);
         return;
       }
-      if (connection.in.size() >=
+      if (connection.received >=
           static_cast<size_t>(options_.max_request_bytes)) {
         connection.out =
             Answer("431 Request Header Fields Too Large", "text/plain",
@@ -297,8 +324,12 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     } else {
       absl::string_view path = parts[1];
       // The absolute form a proxy sends: http://host:port/metrics.
-      if (absl::ConsumePrefix(&path, "http://") ||
-          absl::ConsumePrefix(&path, "https://")) {
+      // Its scheme in any case (RFC 3986).
+      const size_t scheme_end = path.find("://");
+      if (scheme_end != absl::string_view::npos &&
+          (absl::EqualsIgnoreCase(path.substr(0, scheme_end), "http") ||
+           absl::EqualsIgnoreCase(path.substr(0, scheme_end), "https"))) {
+        path.remove_prefix(scheme_end + 3);
         const size_t slash = path.find('/');
         path = slash == absl::string_view::npos ? "/" : path.substr(slash);
       }
@@ -323,7 +354,8 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     connection.in.clear();
     connection.in.shrink_to_fit();
     connection.state = State::kAnswering;
-    connection.deadline = absl::Now() + options_.write_timeout;
+    connection.answering_since = absl::Now();
+    connection.deadline = connection.answering_since + options_.write_timeout;
     Watch(fd, EPOLLOUT, EPOLL_CTL_MOD);
     Send(fd, connection);
   }
@@ -380,8 +412,16 @@ class EpollMetricsEndpoint final : public MetricsEndpoint {
     if (Unacknowledged(fd) == 0) Close(fd);
   }
 
-  // Bytes of the answer the kernel still holds, unsent or unacknowledged.
+  // Bytes of the answer the kernel still holds, unsent or unacknowledged; 0
+  // once the connection is reset (in CLOSE the kernel still counts them, but
+  // will never send them).
   static int Unacknowledged(int fd) {
+    tcp_info info{};
+    socklen_t length = sizeof(info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+        info.tcpi_state == TCP_CLOSE) {
+      return 0;
+    }
     int bytes = 0;
     if (ioctl(fd, SIOCOUTQ, &bytes) != 0) return 0;
     return bytes;

@@ -30,15 +30,16 @@ using ::attnserve::testing::ConnectTo;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// A registry of 4,000 gauges: an exposition of about 300 KB, more than a
-// loopback connection buffers unread.
-std::shared_ptr<prometheus::Registry> LargeRegistry() {
+// A registry of `gauges` gauges: about 75 bytes each, so 4,000 make an
+// exposition of about 300 KB, more than a loopback connection buffers unread,
+// and 1,000 one the kernel takes whole at once.
+std::shared_ptr<prometheus::Registry> LargeRegistry(int gauges = 4000) {
   auto registry = std::make_shared<prometheus::Registry>();
   auto& family = prometheus::BuildGauge()
                      .Name("test_gauge")
                      .Help("A gauge per label value")
                      .Register(*registry);
-  for (int i = 0; i < 4000; ++i) {
+  for (int i = 0; i < gauges; ++i) {
     family.Add({{"series", absl::StrCat("value_number_", i)}}).Set(i);
   }
   return registry;
@@ -140,7 +141,9 @@ TEST_F(MetricsEndpointTest, ProxiesAndOddRequestLinesAreAnsweredByTheRfc) {
   for (const char* request :
        {"GET http://127.0.0.1:9090/metrics HTTP/1.1\r\nHost: a\r\n\r\n",
         "\r\nGET /metrics HTTP/1.1\r\nHost: a\r\n\r\n",
-        "GET /metrics HTTP/1.0\nHost: a\n\n"}) {
+        "GET /metrics HTTP/1.0\nHost: a\n\n",
+        "GET /metrics HTTP/1.1\nHost: a\n\r\n",
+        "GET HTTP://127.0.0.1:9090/metrics HTTP/1.1\r\n\r\n"}) {
     EXPECT_TRUE(WholeAnswer(Ask(request))) << request;
   }
   EXPECT_THAT(Ask("FOO/9\r\n\r\n"), StartsWith("HTTP/1.1 400 "));
@@ -202,6 +205,64 @@ TEST_F(MetricsEndpointTest, AnAnswerNobodyReadsIsDroppedAtTheWriteTimeout) {
   EXPECT_THAT(Ask("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n"),
               HasSubstr("attnserve_metrics_connections_dropped_total{reason="
                         "\"timed_out\"} 1"));
+}
+
+// A connection that opens with empty lines and never ends them is answered
+// 431 at max_request_bytes like any other: they were passed over uncounted,
+// and a client streaming them held the endpoint's one thread (every scrape)
+// for as long as it sent, an audit found.
+TEST_F(MetricsEndpointTest, EmptyLinesWithoutEndCountAgainstTheRequestLimit) {
+  Start();
+  std::string blank_lines;
+  for (int i = 0; i < 8192; ++i) blank_lines += "\r\n";
+  EXPECT_THAT(Ask(blank_lines), StartsWith("HTTP/1.1 431 "));
+}
+
+// Clients that shut their side, then reset, leave nothing behind: the kernel
+// kept counting their answers as unacknowledged, so until 2026-12-07 each
+// held its place until the write timeout and 256 of them refused every
+// scrape for 10 s while the attacker held nothing. And 256 that never read
+// their answers give their places, one per new connection, once those
+// answers have waited a second: until then they refused every scrape.
+TEST_F(MetricsEndpointTest, ResetAndUnreadAnswersGiveTheirPlaces) {
+  // Answers the kernel takes whole, so that the endpoint is past sending
+  // them when the resets come.
+  registry_ = LargeRegistry(1000);
+  Start();
+  const std::string get = "GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n";
+  const auto connect_small = [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int small = 2048;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(endpoint_->port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(
+        connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    EXPECT_EQ(send(fd, get.data(), get.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(get.size()));
+    return fd;
+  };
+  std::vector<int> resetting;
+  for (int i = 0; i < 270; ++i) {
+    resetting.push_back(connect_small());
+    shutdown(resetting.back(), SHUT_WR);
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  for (const int fd : resetting) {
+    const linger now{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
+    close(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(WholeAnswer(Ask(get)));
+
+  std::vector<int> unread;
+  for (int i = 0; i < 256; ++i) unread.push_back(connect_small());
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_TRUE(WholeAnswer(Ask(get)));
+  for (const int fd : unread) close(fd);
 }
 
 // A name with several addresses is served on each, as gRPC's port is: until

@@ -163,4 +163,9 @@ std::string EchoDims(absl::Span<const int64_t> dims, size_t max_dims) {
                       ", … ", dims.size(), " dimensions]");
 }
 
+std::optional<std::pair<uint32_t, size_t>> InvisibleCharacterAt(
+    absl::string_view text) {
+  return InvisibleControl(text);
+}
+
 }  // namespace attnserve

@@ -7,7 +7,9 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,13 +52,29 @@ size_t Utf8CharLength(absl::string_view text) {
   return length;
 }
 
-// `text` as a JSON string, quotes included: control characters escaped, valid
-// UTF-8 kept, any other byte as U+FFFD.
+// `text` as a JSON string, quotes included: control characters escaped, and
+// the Unicode ones that steer a terminal or reorder a line (EchoText's: C1
+// controls, bidirectional overrides, line separators, zero-width ones), so
+// that `tail` or `less` shows a name as it is; other valid UTF-8 kept, any
+// other byte as U+FFFD.
 void AppendJsonString(absl::string_view text, std::string* out) {
   out->push_back('"');
   size_t i = 0;
   while (i < text.size()) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (const std::optional<std::pair<uint32_t, size_t>> invisible =
+            InvisibleCharacterAt(text.substr(i))) {
+      uint32_t point = invisible->first;
+      if (point > 0xFFFF) {  // JSON's surrogate pair.
+        point -= 0x10000;
+        absl::StrAppendFormat(out, "\\u%04x\\u%04x", 0xD800 + (point >> 10),
+                              0xDC00 + (point & 0x3FF));
+      } else {
+        absl::StrAppendFormat(out, "\\u%04x", point);
+      }
+      i += invisible->second;
+      continue;
+    }
     if (c == '"' || c == '\\') {
       out->push_back('\\');
       out->push_back(static_cast<char>(c));

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -119,6 +120,29 @@ TEST(AccessLogLineTest, AnyBytesInClientTextStayValidJson) {
   for (const char c : text.substr(0, text.size() - 1)) {
     EXPECT_GE(static_cast<unsigned char>(c), 0x20);
   }
+}
+
+// Characters that steer a terminal or reorder a line (a C1 CSI, a
+// right-to-left override, a line separator, a zero-width space, a tag past
+// U+FFFF) are written as JSON escapes: the line shows them as text under
+// `tail` or `less` (until 2026-12-07 they went raw), and a JSON reader gets
+// them back whole.
+TEST(AccessLogLineTest, CharactersThatSteerATerminalAreEscaped) {
+  AccessRecord record = SomeRecord();
+  const std::string steering = std::string(
+                                   "a\xC2\x9B"
+                                   "31m") +
+                               "b\xE2\x80\xAE"
+                               "c\xE2\x80\xA8"
+                               "d\xE2\x80\x8B" +
+                               "e\xF3\xA0\x80\x81"
+                               "f";
+  record.weights = steering;
+  const std::string text = AccessLogLine(record);
+  EXPECT_THAT(text,
+              ::testing::HasSubstr("\"weights\":\"a\\u009b31mb\\u202ec\\u2028d"
+                                   "\\u200be\\udb40\\udc01f\""));
+  EXPECT_EQ(Parse(text)["weights"].get<std::string>(), steering);
 }
 
 TEST(AccessLogLineTest, ClientNamesAreCutToTheEchoBound) {

@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -35,6 +37,13 @@ absl::string_view CutText(absl::string_view text, size_t max_bytes);
 // Past kMaxEchoBytes it is cut on a UTF-8 character boundary, and its length
 // follows: "abc…" (70000 bytes).
 std::string EchoText(absl::string_view text);
+
+// If `text` starts with one of the Unicode characters EchoText escapes (C1
+// controls, bidirectional marks and overrides, line separators, zero-width
+// ones), its code point and its length in bytes; for a JSON writer that
+// escapes them too.
+std::optional<std::pair<uint32_t, size_t>> InvisibleCharacterAt(
+    absl::string_view text);
 
 // "[1, 2, 3]"; past `max_dims` dimensions, the first ones and their count:
 // "[1, 2, 3, 4, 5, 6, 7, 8, … 5000000 dimensions]".

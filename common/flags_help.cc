@@ -158,8 +158,7 @@ absl::StatusOr<std::vector<std::string>> ReadFlagFile(absl::string_view file) {
       return absl::InvalidArgumentError(absl::StrCat(
           "line ", number, " of --flagfile ", EchoText(file), " is ",
           EchoText(line), ", which ends in white space",
-          stripped.back() == '\r' ? " (a carriage return: CRLF line ends)"
-                                   : "",
+          stripped.back() == '\r' ? " (a carriage return: CRLF line ends)" : "",
           "; expected the line to end with the flag's value"));
     }
     lines.emplace_back(stripped);

@@ -562,11 +562,15 @@ struct SecondsRange {
 absl::StatusOr<absl::Duration> SecondsFlag(
     absl::string_view flag, double seconds,
     std::optional<SecondsRange> range = std::nullopt) {
+  // Past 1e12 s (31,700 years) absl::Seconds gives an infinite duration,
+  // which the options' own checks would name as "inf", not as typed.
   if (std::isnan(seconds) ||
-      (range && !(seconds >= range->min && seconds <= range->max))) {
+      (range && !(seconds >= range->min && seconds <= range->max)) ||
+      std::fabs(seconds) > 1e12) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, " is ", seconds, ", expected ",
-                     range ? range->expected : "a number of seconds"));
+                     range ? range->expected
+                           : "a number of seconds (--help gives its range)"));
   }
   return absl::Seconds(seconds);
 }
@@ -701,9 +705,9 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   }
   ATTNSERVE_ASSIGN_OR_RETURN(
-      options.drain_grace,
-      SecondsFlag("drain_grace_seconds",
-                  absl::GetFlag(FLAGS_drain_grace_seconds)));
+      options.drain_grace, SecondsFlag("drain_grace_seconds",
+                                       absl::GetFlag(FLAGS_drain_grace_seconds),
+                                       SecondsRange{0, 3600, "0 to 1h"}));
   options.demo_weights = absl::GetFlag(FLAGS_demo_weights);
   options.weights_dir = absl::GetFlag(FLAGS_weights_dir);
   const double reload = absl::GetFlag(FLAGS_weights_reload_seconds);

@@ -125,8 +125,13 @@ bad_flag '--kv_eviction is "bogus", expected lru or none (from the environment'"
 # looked at more than ten times a second (1e-6 s kept half a core busy).
 bad_flag '--message_timeout_seconds is nan, expected a number of seconds' \
   "${attnserve}" --message_timeout_seconds=nan
-bad_flag '--drain_grace_seconds is nan, expected a number of seconds' \
+bad_flag '--drain_grace_seconds is nan, expected 0 to 1h' \
   "${attnserve}" --drain_grace_seconds=nan
+# A number past what a duration holds is named as typed (it was "inf", its type's infinity).
+bad_flag '--drain_grace_seconds is 1e+30, expected 0 to 1h' \
+  "${attnserve}" --drain_grace_seconds=1e30
+bad_flag '--message_timeout_seconds is 1e+30, expected a number of seconds (--help gives its range)' \
+  "${attnserve}" --message_timeout_seconds=1e30
 bad_flag '--weights_reload_seconds is 1e-06, expected 0 (only at start-up), or 0.1 to 1e9' \
   "${attnserve}" --weights_reload_seconds=1e-6
 bad_flag '--max_connection_idle_seconds is -1s, expected 0 (never) to 24d' \

@@ -36,12 +36,9 @@
 #include "attnserve/common/flags_help.h"
 #include "attnserve/common/listen_socket.h"
 #include "attnserve/common/log.h"
-#include "attnserve/common/status_macros.h"
 #include "attnserve/core/attention_engine.h"
-#include "attnserve/server/process/memory_plan.h"
 #include "attnserve/server/process/termination_signals.h"
 #include "attnserve/server/server.h"
-#include "attnserve/server/server_options.h"
 #include "flags.h"
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
@@ -102,14 +99,6 @@ bool TakeOnlyCheckArgs(std::vector<char*>* arguments) {
   }
   *arguments = std::move(kept);
   return only_check;
-}
-
-// With --only_check_args: the checks start-up makes before it opens anything,
-// the option values and the memory plan.
-absl::Status CheckOnly(const attnserve::ServerOptions& options) {
-  ATTNSERVE_RETURN_IF_ERROR(attnserve::ValidateServerOptions(options));
-  return attnserve::PlanMemory(options.memory, attnserve::ReadMemoryLimit())
-      .status();
 }
 
 }  // namespace
@@ -214,7 +203,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (only_check_args) {
-    const absl::Status checked = CheckOnly(*options);
+    const absl::Status checked = attnserve::AttnServer::Check(*options);
     attnserve::FlushLog(absl::Seconds(2));
     if (checked.ok()) return 0;
     std::fprintf(stderr, "attnserve: %s\n",

@@ -409,6 +409,8 @@ class AttnServerImpl final : public AttnServer {
   // logged (once while they stay as they are) and the served set stays.
   void ReloadTls() {
     const absl::StatusOr<bool> reloaded = tls_->Reload();
+    const std::string served_until = absl::FormatTime(
+        absl::RFC3339_sec, tls_->not_after(), absl::UTCTimeZone());
     if (reloaded.ok()) {
       tls_refusal_.clear();
       if (!*reloaded) return;
@@ -417,9 +419,7 @@ class AttnServerImpl final : public AttnServer {
       Log(LogLevel::kInfo,
           absl::StrCat("attnserve: TLS files changed: new connections get "
                        "the certificate of ",
-                       options_.tls.cert_file, ", valid until ",
-                       absl::FormatTime(absl::RFC3339_sec, tls_->not_after(),
-                                        absl::UTCTimeZone())));
+                       options_.tls.cert_file, ", valid until ", served_until));
       return;
     }
     metrics_.TlsReloaded(false);
@@ -435,9 +435,7 @@ class AttnServerImpl final : public AttnServer {
         absl::StrCat("attnserve: warning: TLS files changed but are not "
                      "served (new connections keep the certificate valid "
                      "until ",
-                     absl::FormatTime(absl::RFC3339_sec, tls_->not_after(),
-                                      absl::UTCTimeZone()),
-                     "): ", why));
+                     served_until, "): ", why));
   }
 
   // Declared in the order they are built; destroyed in reverse: the metrics
@@ -494,18 +492,27 @@ class AttnServerImpl final : public AttnServer {
 // warns.
 constexpr int64_t kQuotaMessages = 4;
 
+// The options checked and the memory planned: what Start and Check share.
+absl::StatusOr<MemoryPlan> CheckedMemoryPlan(const ServerOptions& requested) {
+  ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
+  return PlanMemory(requested.memory, ReadMemoryLimit());
+}
+
 }  // namespace
+
+absl::Status AttnServer::Check(const ServerOptions& options) {
+  return CheckedMemoryPlan(options).status();
+}
 
 absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
     const ServerOptions& requested) {
-  ATTNSERVE_RETURN_IF_ERROR(ValidateServerOptions(requested));
+  ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
+                             CheckedMemoryPlan(requested));
   SetLogLevel(requested.log_level);
   RouteGrpcLogs();
   if (requested.log_level == LogLevel::kDebug) {
     gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
   }
-  ATTNSERVE_ASSIGN_OR_RETURN(const MemoryPlan memory,
-                             PlanMemory(requested.memory, ReadMemoryLimit()));
   // A small memory limit plans budgets too small for the largest message:
   // such a request is refused for the budget, every time.
   const int64_t per_connection = memory.calls_bytes() / 2;

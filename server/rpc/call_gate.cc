@@ -200,12 +200,9 @@ std::string CallGate::Identity(const grpc::ServerContextBase& context) const {
   if (pem.empty()) return "";
   // Parsing a certificate takes a few hundred microseconds: each is parsed
   // once while it is among the last kCachedCertificates seen, kept by the
-  // SHA-256 of its PEM (a certificate may take 90 KB; its hash, 32 bytes).
+  // hash of its PEM (a certificate may take 90 KB; its hash, 32 bytes).
   const absl::string_view certificate(pem.front().data(), pem.front().size());
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(certificate.data()),
-         certificate.size(), digest);
-  const std::string key(reinterpret_cast<const char*>(digest), sizeof(digest));
+  const std::string key = HashedName("", certificate);
   {
     absl::MutexLock lock(&certificates_mutex_);
     const auto found = certificate_identities_.find(key);

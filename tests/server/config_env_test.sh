@@ -95,6 +95,16 @@ grep -q "drain_grace_seconds is inf, expected 0 to 1h" "${workdir}/bad.log" ||
 
 # Values a flag's type cannot take, and unknown flags: exit 2 (a configuration that cannot work),
 # naming the flag and what it expects, not Abseil's exit 1.
+# Waits up to 10 s for PATTERN (grep's) in LOG, while process PID lives; fails if it never shows.
+wait_for_line() {  # PATTERN LOG PID
+  for _ in $(seq 1 100); do
+    grep -q "$1" "$2" && return 0
+    kill -0 "$3" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q "$1" "$2"
+}
+
 bad_flag() {  # EXPECTED_MESSAGE ARGUMENT...
   local expected=$1 status
   shift
@@ -204,11 +214,7 @@ free_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("12
 timeout 20 "${attnserve}" --address=localhost --port="${free_port}" --metrics_address=127.0.0.2 \
   --metrics_port="${free_port}" --drain_grace_seconds=0 >"${workdir}/apart.log" 2>&1 &
 apart=$!
-for _ in $(seq 1 100); do
-  grep -q "listening on" "${workdir}/apart.log" && break
-  kill -0 "${apart}" 2>/dev/null || break
-  sleep 0.1
-done
+wait_for_line "listening on" "${workdir}/apart.log" "${apart}" || true
 grep -q "listening on localhost:${free_port}, metrics on 127.0.0.2:${free_port}" \
   "${workdir}/apart.log" || fail "localhost and 127.0.0.2 on one port: $(cat "${workdir}/apart.log")"
 kill -TERM "${apart}"
@@ -295,12 +301,7 @@ if grep -q "^00000000000000000000000000000001 " /proc/net/if_inet6 2>/dev/null; 
   "${attnserve}" --address=[::1] --port=0 --metrics_port=0 --drain_grace_seconds=0 \
     >"${workdir}/v6.log" 2>&1 &
   v6_pid=$!
-  for _ in $(seq 1 100); do
-    grep -q "listening on \[::1\]:" "${workdir}/v6.log" && break
-    kill -0 "${v6_pid}" 2>/dev/null || break
-    sleep 0.1
-  done
-  grep -q "listening on \[::1\]:" "${workdir}/v6.log" ||
+  wait_for_line "listening on \[::1\]:" "${workdir}/v6.log" "${v6_pid}" ||
     { kill "${v6_pid}" 2>/dev/null; fail "--address=[::1] did not start: $(cat "${workdir}/v6.log")"; }
   kill -TERM "${v6_pid}"
   wait "${v6_pid}" || fail "--address=[::1] did not exit 0 on SIGTERM"

@@ -31,6 +31,11 @@ class AttnServer {
   static absl::StatusOr<std::unique_ptr<AttnServer>> Start(
       const ServerOptions& options);
 
+  // The checks Start makes before it builds or opens anything (the options'
+  // values and the memory plan), with the same errors: for a dry run
+  // (attnserve --only_check_args).
+  static absl::Status Check(const ServerOptions& options);
+
   virtual ~AttnServer() = default;
 
   // The port the server listens on.

@@ -111,7 +111,7 @@ class CallGate {
   bool holding_ ABSL_GUARDED_BY(mutex_) = false;
   mutable Ticket next_ ABSL_GUARDED_BY(mutex_) = 0;
   mutable std::map<Ticket, std::function<void()>> held_ ABSL_GUARDED_BY(mutex_);
-  // Client certificates' identities, by the SHA-256 of their PEM.
+  // Client certificates' identities, by the hash of their PEM (HashedName).
   mutable absl::Mutex certificates_mutex_;
   mutable absl::flat_hash_map<std::string, std::string> certificate_identities_
       ABSL_GUARDED_BY(certificates_mutex_);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attnserve/common/allocation_failures.h"
@@ -63,6 +64,8 @@ constexpr absl::Duration kSettleWait = absl::Seconds(1);
 
 // How often the server gives freed memory back to the system, if calls ended.
 constexpr absl::Duration kTrimPeriod = absl::Seconds(1);
+// How soon TLS files refused for the first time are read again.
+constexpr absl::Duration kTlsSettle = absl::Seconds(1);
 
 // Threads polling the call loop: --io_threads, or one per 8 of the cores the
 // compute spans (which follow OMP_NUM_THREADS, and so a container's CPU limit
@@ -195,7 +198,6 @@ class AttnServerImpl final : public AttnServer {
   absl::Status Listen(const ServerOptions& options) {
     ATTNSERVE_ASSIGN_OR_RETURN(tls_, TlsCredentials::Open(options.tls));
     metrics_.SetTlsCertificateExpiry(tls_->not_after());
-    next_tls_reload_ = absl::Now() + options.tls.reload_interval;
     const std::shared_ptr<grpc::ServerCredentials> credentials =
         tls_->credentials();
     // The port is ours (connection_acceptor.h): bound here, without
@@ -278,6 +280,12 @@ class AttnServerImpl final : public AttnServer {
     loop_.Start(io_threads_, transport.io_spin,
                 [this](absl::Duration spun) { metrics_.IoSpun(spun); });
     trimmer_ = std::thread([this] { TrimMemory(); });
+    if (tls_->tls() && options.tls.reload_interval > absl::ZeroDuration()) {
+      tls_reloader_ =
+          std::thread([this, interval = options.tls.reload_interval] {
+            ReloadTlsEvery(interval);
+          });
+    }
     if (watcher_ != nullptr &&
         options.weights_reload_interval > absl::ZeroDuration()) {
       watcher_->Start(options.weights_reload_interval);
@@ -356,6 +364,8 @@ class AttnServerImpl final : public AttnServer {
       stop_trimming_ = true;
     }
     if (trimmer_.joinable()) trimmer_.join();
+    stop_reloading_tls_.Notify();
+    if (tls_reloader_.joinable()) tls_reloader_.join();
   }
 
  private:
@@ -392,11 +402,6 @@ class AttnServerImpl final : public AttnServer {
       }
       // Idle sessions expire on time even when no call comes.
       sessions_.ExpireIdle(absl::Now());
-      if (tls_->tls() && options_.tls.reload_interval > absl::ZeroDuration() &&
-          absl::Now() >= next_tls_reload_) {
-        ReloadTls();
-        next_tls_reload_ = absl::Now() + options_.tls.reload_interval;
-      }
       const int64_t ended = loop_.calls_ended();
       if (ended == trimmed_at) continue;
       trimmed_at = ended;
@@ -404,23 +409,44 @@ class AttnServerImpl final : public AttnServer {
     }
   }
 
+  // Reads the TLS files every `interval` on a thread of their own: a file
+  // system that hangs a read holds the reloads up, not the trimmer's sampling
+  // and the sessions' expiry (they shared its thread until 2026-12-07). Files
+  // refused for the first time are read again after kTlsSettle: a pair
+  // rewritten in place, the key before its certificate, is caught half
+  // written by one reload in a few, and is then served a moment later
+  // instead of an interval later.
+  void ReloadTlsEvery(absl::Duration interval) {
+    bool refused_before = false;
+    absl::Duration wait = interval;
+    while (!stop_reloading_tls_.WaitForNotificationWithTimeout(wait)) {
+      // A refusal the next read may clear is logged once that read fails.
+      const bool refused =
+          !ReloadTls(/*log_refusal=*/refused_before || interval <= kTlsSettle);
+      wait = refused && !refused_before ? std::min(interval, kTlsSettle)
+                                        : interval;
+      refused_before = refused;
+    }
+  }
+
   // Reads the TLS files again (TlsCredentials::Reload): a renewed set is
   // served to new connections from now on; files that fail a check are
   // logged (once while they stay as they are) and the served set stays.
-  void ReloadTls() {
+  // False if they were refused.
+  bool ReloadTls(bool log_refusal) {
     const absl::StatusOr<bool> reloaded = tls_->Reload();
     const std::string served_until = absl::FormatTime(
         absl::RFC3339_sec, tls_->not_after(), absl::UTCTimeZone());
     if (reloaded.ok()) {
       tls_refusal_.clear();
-      if (!*reloaded) return;
+      if (!*reloaded) return true;
       metrics_.TlsReloaded(true);
       metrics_.SetTlsCertificateExpiry(tls_->not_after());
       Log(LogLevel::kInfo,
           absl::StrCat("attnserve: TLS files changed: new connections get "
                        "the certificate of ",
                        options_.tls.cert_file, ", valid until ", served_until));
-      return;
+      return true;
     }
     metrics_.TlsReloaded(false);
     // The options' names as the operator set them.
@@ -429,13 +455,14 @@ class AttnServerImpl final : public AttnServer {
                             {{"tls.cert_file", "--tls_cert"},
                              {"tls.key_file", "--tls_key"},
                              {"tls.client_ca_file", "--tls_client_ca"}});
-    if (why == tls_refusal_) return;
+    if (!log_refusal || why == tls_refusal_) return false;
     tls_refusal_ = why;
     Log(LogLevel::kWarning,
         absl::StrCat("attnserve: warning: TLS files changed but are not "
                      "served (new connections keep the certificate valid "
                      "until ",
                      served_until, "): ", why));
+    return false;
   }
 
   // Declared in the order they are built; destroyed in reverse: the metrics
@@ -472,8 +499,7 @@ class AttnServerImpl final : public AttnServer {
   // The server's credentials read their copies of the TLS files until the
   // server is gone: destroyed after it.
   std::unique_ptr<TlsCredentials> tls_;
-  absl::Time next_tls_reload_;  // The trimmer's thread only.
-  std::string tls_refusal_;     // The last logged; the trimmer's only.
+  std::string tls_refusal_;  // The last logged; tls_reloader_'s only.
   std::unique_ptr<grpc::Server> server_;
   // Scrapes read metrics_.
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
@@ -482,6 +508,8 @@ class AttnServerImpl final : public AttnServer {
   std::unique_ptr<WeightsDirWatcher> watcher_;
   int metrics_port_ = 0;
   std::thread trimmer_;
+  std::thread tls_reloader_;  // Without TLS or reloads, none.
+  absl::Notification stop_reloading_tls_;
   absl::Mutex trim_mutex_;
   bool stop_trimming_ ABSL_GUARDED_BY(trim_mutex_) = false;
   absl::Mutex shutdown_mutex_;

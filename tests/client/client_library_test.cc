@@ -625,6 +625,66 @@ TEST_F(ClientServerTest, RenewedCertificatesAreServedWithoutARestart) {
             absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
 }
 
+// A pair rewritten in place, the key first, may be read between the two
+// writes: the refused read is tried again a second later, not an interval
+// later, so the renewed pair is served about a second after its last write.
+// Until 2026-12-07 it waited for the next interval (here 6 s).
+TEST_F(ClientServerTest,
+       PairCaughtHalfWrittenIsServedASecondAfterItsLastWrite) {
+  const std::optional<TestCertificates> certs = MakeCertificates();
+  ASSERT_TRUE(certs.has_value()) << "openssl could not make test certificates";
+  const std::string dir = certs->directory + "/half";
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/tls.crt", certs->server_cert);
+  WriteFile(dir + "/tls.key", certs->server_key);
+  WriteFile(dir + "/ca.crt", certs->ca);
+  ServerOptions options = DefaultOptions();
+  options.metrics_port = 0;
+  options.tls = {dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt",
+                 absl::Seconds(6)};
+  client_.reset();
+  server_.reset();
+  StartServer(options);
+  const std::string target = absl::StrCat("127.0.0.1:", server_->port());
+  const auto refused = [&] {
+    const std::map<std::string, double> samples = ::attnserve::testing::Samples(
+        ::attnserve::testing::Scrape(server_->metrics_port()));
+    return samples.at("attnserve_tls_reloads_total{result=\"refused\"}");
+  };
+  // The key alone: the next reload refuses it. The certificate is written as
+  // soon as that refusal shows, before the read a second later; a trial
+  // where the poll saw the refusal too late to tell is tried once more, with
+  // the other pair.
+  const std::pair<std::string, std::string> pairs[] = {
+      {certs->reissued_cert, certs->reissued_key},
+      {certs->server_cert, certs->server_key}};
+  bool judged = false;
+  for (const auto& [cert, key] : pairs) {
+    const double before = refused();
+    WriteFile(dir + "/tls.key", key);
+    const absl::Time give_up = absl::Now() + absl::Seconds(15);
+    while (refused() == before && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_EQ(refused(), before + 1) << "no reload refused the lone key";
+    WriteFile(dir + "/tls.crt", cert);
+    const absl::Time written = absl::Now();
+    if (refused() != before + 1) continue;  // The second read came first.
+    std::string got;
+    while (absl::Now() < written + absl::Seconds(4)) {
+      got = ServedCertificate(target, *certs, certs->client_cert,
+                              certs->client_key);
+      if (got == cert) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    EXPECT_EQ(got, cert) << "the renewed pair was not served within 4 s of "
+                            "its last write (the reload interval is 6 s)";
+    judged = true;
+    break;
+  }
+  EXPECT_TRUE(judged) << "both trials saw the refusal too late to judge";
+}
+
 v1::AttendRequest RandomRequest(int64_t b, int64_t h, int64_t hkv, int64_t lq,
                                 int64_t lk, int64_t dk, int64_t dv,
                                 uint64_t seed) {

@@ -1,11 +1,5 @@
 #include "attnserve/client/client.h"
 
-#include <openssl/bio.h>
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
@@ -17,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/pem.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc_status.h"
 #include "grpcpp/grpcpp.h"
@@ -44,33 +39,13 @@ int64_t Milliseconds(absl::Duration duration) {
   return absl::ToInt64Milliseconds(duration);
 }
 
-// OpenSSL's passphrase callback, refusing: without one it would ask the
-// terminal for an encrypted key's passphrase.
-int NoPassphrase(char* /*buffer*/, int /*size*/, int /*rwflag*/,
-                 void* /*user*/) {
-  return 0;
-}
-
 // The client key pair as gRPC will use it. gRPC takes any bytes and fails
 // each connection's handshake instead, as UNAVAILABLE ("empty address list"),
 // naming neither the key nor the certificate: a network fault to the reader.
 absl::Status CheckClientKeyPair(const TlsOptions& tls) {
   if (tls.client_certificate.empty()) return absl::OkStatus();
-  const auto bio = [](const std::string& pem) {
-    return std::unique_ptr<BIO, decltype(&BIO_free)>(
-        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
-  };
-  const std::unique_ptr<X509, decltype(&X509_free)> cert(
-      PEM_read_bio_X509(bio(tls.client_certificate).get(), nullptr,
-                        NoPassphrase, nullptr),
-      &X509_free);
-  const std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      PEM_read_bio_PrivateKey(bio(tls.client_private_key).get(), nullptr,
-                              NoPassphrase, nullptr),
-      &EVP_PKEY_free);
-  const bool matches = cert != nullptr && key != nullptr &&
-                       X509_check_private_key(cert.get(), key.get()) == 1;
-  ERR_clear_error();
+  const pem::Certificate cert = pem::FirstCertificate(tls.client_certificate);
+  const pem::PrivateKey key = pem::UnencryptedKey(tls.client_private_key);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(
         "tls.client_certificate holds no PEM certificate (-----BEGIN "
@@ -82,7 +57,7 @@ absl::Status CheckClientKeyPair(const TlsOptions& tls) {
         "(-----BEGIN PRIVATE KEY-----; an encrypted one has no passphrase to "
         "open it)");
   }
-  if (!matches) {
+  if (!pem::KeyMatches(cert.get(), key.get())) {
     return absl::InvalidArgumentError(
         "tls.client_private_key does not match tls.client_certificate (the "
         "first certificate of the chain must be the key's)");

@@ -296,7 +296,9 @@ const char kUsage[] =
     "once). Every "
     "flag also reads ATTNSERVE_<FLAG> from the "
     "environment (the command line wins). --help lists the flags, --version "
-    "prints the version.";
+    "prints the version, --only_check_args makes every check start-up makes "
+    "to the flags (ranges, memory plan) and exits: 0, or 2 with the "
+    "refusal.";
 
 namespace {
 

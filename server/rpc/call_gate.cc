@@ -1,9 +1,7 @@
 #include "attnserve/server/rpc/call_gate.h"
 
-#include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
-#include <openssl/pem.h>
 #include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -18,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "attnserve/common/pem.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -88,11 +87,9 @@ void AppendPart(const unsigned char* der, int length, std::string* names) {
 // expected) is an identity of its own, by its PEM, never the namespace of
 // callers without one.
 std::string CertificateIdentity(absl::string_view pem) {
-  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
-  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
-  BIO_free(bio);
-  ERR_clear_error();
-  if (cert == nullptr) return HashedName("x509-pem:", pem);
+  const pem::Certificate leaf = pem::FirstCertificate(pem);
+  if (leaf == nullptr) return HashedName("x509-pem:", pem);
+  X509* const cert = leaf.get();
   std::string names;
   for (const X509_NAME* name :
        {X509_get_issuer_name(cert), X509_get_subject_name(cert)}) {
@@ -130,7 +127,6 @@ std::string CertificateIdentity(absl::string_view pem) {
     AppendPart(reinterpret_cast<const unsigned char*>(name.data()),
                static_cast<int>(name.size()), &names);
   }
-  X509_free(cert);
   return HashedName("x509:", names);
 }
 

@@ -22,6 +22,7 @@
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/files.h"
 #include "attnserve/common/log.h"
+#include "attnserve/common/pem.h"
 #include "attnserve/common/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -42,36 +43,6 @@ absl::StatusOr<std::string> ReadCredentialFile(const char* option,
                         absl::StrCat(option, ": ", text.status().message()));
   }
   return text;
-}
-
-struct BioFree {
-  void operator()(BIO* bio) const { BIO_free(bio); }
-};
-struct X509Free {
-  void operator()(X509* cert) const { X509_free(cert); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* key) const { EVP_PKEY_free(key); }
-};
-
-std::unique_ptr<BIO, BioFree> ReadOnlyBio(const std::string& pem) {
-  return std::unique_ptr<BIO, BioFree>(
-      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-}
-
-// OpenSSL's passphrase callback, refusing: without one it asks the terminal
-// (or stdin) for an encrypted key's passphrase and start-up waits there.
-int NoPassphrase(char* /*buffer*/, int /*size*/, int /*rwflag*/,
-                 void* /*user*/) {
-  return 0;
-}
-
-std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
-  auto bio = ReadOnlyBio(pem);
-  std::unique_ptr<X509, X509Free> cert(
-      PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
-  ERR_clear_error();
-  return cert;
 }
 
 // An ASN.1 time as OpenSSL prints it ("Dec  7 16:33:42 2026 GMT").
@@ -101,15 +72,9 @@ absl::StatusOr<int> CountCertificates(const std::string& pem) {
       ++blocks;
     }
   }
-  auto bio = ReadOnlyBio(pem);
+  const pem::Bio bio = pem::ReadOnly(pem);
   int read = 0;
-  while (true) {
-    std::unique_ptr<X509, X509Free> cert(
-        PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
-    if (cert == nullptr) break;
-    ++read;
-  }
-  ERR_clear_error();
+  while (pem::NextCertificate(bio.get()) != nullptr) ++read;
   if (read != blocks) {
     return absl::InvalidArgumentError(
         absl::StrCat("certificate ", read + 1, " of the ", blocks,
@@ -160,7 +125,7 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
                            const std::string& key_pem,
                            const std::string* client_ca_pem,
                            absl::Time served_until) {
-  const std::unique_ptr<X509, X509Free> cert = FirstCertificate(cert_pem);
+  const pem::Certificate cert = pem::FirstCertificate(cert_pem);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tls.cert_file: ", tls.cert_file,
@@ -197,17 +162,13 @@ absl::Status CheckTlsFiles(const ServerTlsOptions& tls,
                      " (this machine's clock says it is earlier): clients "
                      "refuse it until then"));
   }
-  auto bio = ReadOnlyBio(key_pem);
-  const std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr));
-  ERR_clear_error();
+  const pem::PrivateKey key = pem::UnencryptedKey(key_pem);
   if (key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tls.key_file: ", tls.key_file,
         " holds no unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"));
   }
-  if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    ERR_clear_error();
+  if (!pem::KeyMatches(cert.get(), key.get())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tls.key_file: ", tls.key_file,
         " does not match the certificate in tls.cert_file ", tls.cert_file,
@@ -266,7 +227,7 @@ bool ReplaceMemoryFile(int fd, const char* name, const std::string& text) {
 
 // The notAfter of `pem`'s first certificate (CheckTlsFiles read it).
 absl::Time NotAfter(const std::string& pem) {
-  const std::unique_ptr<X509, X509Free> cert = FirstCertificate(pem);
+  const pem::Certificate cert = pem::FirstCertificate(pem);
   tm time{};
   if (cert == nullptr ||
       ASN1_TIME_to_tm(X509_get0_notAfter(cert.get()), &time) != 1) {

@@ -356,4 +356,6 @@ for flag in address port threads io_threads io_spin_us executors max_queue max_b
   grep -q -- "-${flag} " <<<"${help}" || fail "--help does not document --${flag}"
 done
 grep -q "ATTNSERVE_" <<<"${help}" || fail "--help does not mention ATTNSERVE_ variables"
+# --only_check_args is taken before Abseil's parse, so no flag lists it: the usage line does.
+grep -q -- "--only_check_args" <<<"${help}" || fail "--help does not mention --only_check_args"
 echo PASS

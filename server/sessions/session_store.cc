@@ -58,6 +58,7 @@ struct SessionStore::Page {
     arena->Free(data, bytes);
     used_bytes->fetch_sub(bytes);
     pages->fetch_sub(1);
+    if (lingering != nullptr) lingering->fetch_sub(bytes);
   }
   Page(const Page&) = delete;
   Page& operator=(const Page&) = delete;
@@ -68,6 +69,10 @@ struct SessionStore::Page {
   // Session tables holding the page (guarded by the store's mutex); views
   // hold references without counting here.
   int tables = 0;
+  // Set (under the store's mutex) when the last table lets go of it while a
+  // step's view still reads it: its owner's Account::lingering, which counts
+  // it until it goes.
+  std::shared_ptr<std::atomic<int64_t>> lingering;
   const std::shared_ptr<std::atomic<int64_t>> used_bytes;
   const std::shared_ptr<std::atomic<int64_t>> pages;
 };
@@ -102,6 +107,18 @@ struct SessionStore::Account {
   // The pages its sessions' tables hold (each once: forks share pages only
   // with their own owner's sessions) and their bookkeeping.
   int64_t bytes = 0;
+  // Its pages no table holds any more but a step's view still reads (a last
+  // page replaced by its copy for the next step of the same call, pages
+  // truncated, deleted or outside the window meanwhile): memory the
+  // identity's steps keep in use, until the pages go. Until 2026-12-07 no
+  // share counted them, and one Step call of many one-token steps on a
+  // layer, each copying the last page, evicted other callers' sessions
+  // "for holding the most" while its own share looked empty.
+  std::shared_ptr<std::atomic<int64_t>> lingering =
+      std::make_shared<std::atomic<int64_t>>(0);
+
+  // What counts against the identity's share.
+  int64_t held() const { return bytes + lingering->load(); }
 };
 
 namespace {
@@ -249,7 +266,13 @@ void SessionStore::Touch(Session* session, absl::Time now) {
 
 SessionStore::Account* SessionStore::AccountOf(const std::string& owner) {
   std::unique_ptr<Account>& account = accounts_[owner];
-  if (account == nullptr) account = std::make_unique<Account>();
+  if (account == nullptr) {
+    account = std::make_unique<Account>();
+    // Pages of sessions it had before may still be read by steps.
+    if (auto left = lingering_without_account_.extract(owner)) {
+      account->lingering = std::move(left.mapped());
+    }
+  }
   return account.get();
 }
 
@@ -273,26 +296,24 @@ constexpr char kHeldTheMost[] =
 // evicts none.
 struct SessionStore::EvictionPlan {
   // Adds `session`, counting a page once every table holding it is a
-  // victim's: off its owner's share then, and off the budget only if no
-  // step's view holds it too (a step on a session deleted meanwhile, or on a
-  // fork sharing it), since only then is it freed; `reason` tells its owner
-  // why it went.
+  // victim's, and only if no step's view holds it too (a step on a session
+  // deleted meanwhile, or on a fork sharing it): only then is it freed, off
+  // the budget and off its owner's share (a page a view holds stays its
+  // owner's, Account::lingering); `reason` tells its owner why it went.
   void Add(Session* session, std::string reason) {
     victims.emplace_back(session, std::move(reason));
     chosen.insert(session);
     ++chosen_by[session->account];
-    int64_t untabled = session->bookkeeping_bytes;
     int64_t released = session->bookkeeping_bytes;
     for (const Session::Layer& layer : session->layers) {
       for (const std::shared_ptr<Page>& page : layer.pages) {
         if (page == nullptr || ++tables[page.get()] != page->tables) continue;
-        untabled += page->bytes;
         // Views are made under the store's mutex, held here: the count
         // only falls meanwhile, which frees more than counted.
         if (page.use_count() == page->tables) released += page->bytes;
       }
     }
-    freed_by[session->account] += untabled;
+    freed_by[session->account] += released;
     freed += released;
   }
   // Whether `session` may be chosen: no step is using it, it is not `keep`
@@ -421,23 +442,30 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
   }
   Account* const account = FindAccount(owner);
   const auto holds = [&] {
-    return account == nullptr ? 0 : account->bytes - plan->FreedBy(account);
+    return account == nullptr ? 0 : account->held() - plan->FreedBy(account);
   };
   const auto would_hold = [&] { return holds() + bytes; };
   const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
   const auto over_cap = [&] { return cap > 0 && would_hold() > cap; };
   const auto over_budget = [&] { return used - plan->freed + bytes > budget; };
   if (!over_cap() && !over_budget()) return absl::OkStatus();
+  const int64_t lingering = account == nullptr ? 0 : account->lingering->load();
+  const std::string read_by_steps =
+      lingering == 0
+          ? ""
+          : absl::StrCat(", ", lingering,
+                         " of them pages no session holds any more but that "
+                         "steps in flight still read");
   const std::string cap_full = absl::StrCat(
       "this caller's share of the KV cache (kv_cache_bytes_per_identity ", cap,
-      " bytes) is full (", holds(), " bytes held; ", what, " needs ", bytes,
-      " more)");
+      " bytes) is full (", holds(), " bytes held", read_by_steps, "; ", what,
+      " needs ", bytes, " more)");
   // Only the caller's own holding: the budget's total would tell one caller
   // what the others hold (a review found it did, to the byte).
   const std::string budget_full =
       absl::StrCat("the KV cache budget (kv_cache_bytes) of ", budget,
-                   " bytes is full (this caller's sessions hold ", holds(),
-                   " bytes; ", what, " needs ", bytes, " more)");
+                   " bytes is full (this caller holds ", holds(), " bytes",
+                   read_by_steps, "; ", what, " needs ", bytes, " more)");
   if (options_.eviction == EvictionPolicy::kNone) {
     return absl::ResourceExhaustedError(
         absl::StrCat(over_cap() ? cap_full : budget_full,
@@ -480,7 +508,7 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
     for (const auto& [name, holder] : accounts_) {
       const bool asking = holder.get() == account;
       holders.push(
-          {asking ? would_hold() : holder->bytes - plan->FreedBy(holder.get()),
+          {asking ? would_hold() : holder->held() - plan->FreedBy(holder.get()),
            asking, holder.get(), holder->lru.begin()});
     }
   }
@@ -501,7 +529,7 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
                            victim->owner == owner ? "" : kHeldTheMost));
     holder.holds = holder.asking
                        ? would_hold()
-                       : holder.account->bytes - plan->FreedBy(holder.account);
+                       : holder.account->held() - plan->FreedBy(holder.account);
     holders.push(holder);
   }
   if (over_budget()) {
@@ -539,7 +567,16 @@ void SessionStore::Hold(Account* account, const std::shared_ptr<Page>& page) {
 void SessionStore::Release(Account* account, std::shared_ptr<Page>* page) {
   if (*page == nullptr) return;  // Evicted.
   const int tables = (*page)->tables--;
-  if (tables == 1) account->bytes -= (*page)->bytes;
+  if (tables == 1) {
+    account->bytes -= (*page)->bytes;
+    // A step's view reads it still: its owner's until it goes. Views are
+    // made under the store's mutex, so the count can only fall meanwhile;
+    // the page's destructor, wherever the last view drops it, takes it off.
+    if (page->use_count() > 1) {
+      (*page)->lingering = account->lingering;
+      account->lingering->fetch_add((*page)->bytes);
+    }
+  }
   if (tables == 2) shared_bytes_ -= (*page)->bytes;
   page->reset();
 }
@@ -643,7 +680,12 @@ void SessionStore::Remove(const std::shared_ptr<Session>& removed,
   ChargeBookkeeping(session.get(), -session->bookkeeping_bytes);
   account->lru.erase(session->lru);
   session->account = nullptr;
-  if (account->lru.empty()) accounts_.erase(session->owner);
+  if (account->lru.empty()) {
+    if (account->lingering->load() > 0) {
+      lingering_without_account_[session->owner] = account->lingering;
+    }
+    accounts_.erase(session->owner);
+  }
   session->removed = true;
   session->removed_reason = reason;
   if (options_.max_tombstones > 0) {
@@ -682,6 +724,15 @@ void SessionStore::ExpireIdle(absl::Time now) {
   absl::MutexLock lock(&mutex_);
   last_expiry_ = absl::InfinitePast();
   MaybeExpire(now);
+  // Identities whose steps have dropped their last view since.
+  for (auto it = lingering_without_account_.begin();
+       it != lingering_without_account_.end();) {
+    if (it->second->load() == 0) {
+      lingering_without_account_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
   RecordTotals();
 }
 
@@ -889,7 +940,7 @@ SessionListing SessionStore::List(const std::string& owner) {
     }
   }
   const auto account = accounts_.find(owner);
-  if (account != accounts_.end()) listing.held_bytes = account->second->bytes;
+  if (account != accounts_.end()) listing.held_bytes = account->second->held();
   std::sort(listing.sessions.begin(), listing.sessions.end(),
             [](const SessionDescription& a, const SessionDescription& b) {
               return a.created != b.created ? a.created < b.created

@@ -221,7 +221,7 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
     const int64_t all = hers + store.List("bob").held_bytes;
     EXPECT_THAT(std::string(status.message()),
                 ::testing::HasSubstr(absl::StrCat(
-                    "(this caller's sessions hold ", hers, " bytes;")));
+                    "(this caller holds ", hers, " bytes;")));
     EXPECT_THAT(std::string(status.message()),
                 ::testing::Not(::testing::HasSubstr(absl::StrCat(all))));
     // Another session of hers would take bob's place under max_sessions.
@@ -405,6 +405,78 @@ TEST(SessionStoreFairnessTest, RefusedWorkEvictsNothing) {
                                    "included)"));
   EXPECT_TRUE(store.Get("alice", alices).ok());
   EXPECT_EQ(store.Totals().sessions, 2);
+}
+
+// One call's steps on one layer each copy its last page (the step before
+// still reads it), and the page replaced stays until the call is computed:
+// those pages count against the caller's share until they go. Until
+// 2026-12-07 they counted against no share, so such a call, its caller's
+// share looking nearly empty, evicted every session of a caller holding far
+// less than it did (an audit, 2026-12-07).
+TEST(SessionStoreFairnessTest, PagesOnlyAStepReadsCountAgainstItsCaller) {
+  SessionOptions options;
+  options.page_tokens = kPageTokens;
+  const int64_t record = 1024 + 48;
+  // 64 pages and room for bookkeeping; a caller may hold 16 pages.
+  options.kv_cache_bytes = 64 * 4096 + 8 * (record + 64 * 16);
+  options.kv_cache_bytes_per_identity = 16 * 4096 + 4 * (record + 64 * 16);
+  options.max_sessions = 8;
+  SessionStore store(options, nullptr);
+  std::vector<std::string> bobs;
+  for (int i = 0; i < 3; ++i) {
+    bobs.push_back(store.Create("bob", Small())->id);
+    ASSERT_TRUE(Append(store, "bob", bobs.back(), 32).ok());  // 4 pages.
+  }
+  const std::string alices = store.Create("alice", Small())->id;
+  ASSERT_TRUE(Append(store, "alice", alices, 4).ok());  // Half a page.
+  const int64_t alone = store.List("alice").held_bytes;
+
+  const std::vector<float> values(4, 0.25f);
+  KvAppend token;
+  token.tokens = 1;
+  token.key = reinterpret_cast<const char*>(values.data());
+  token.value = token.key;
+  {
+    absl::StatusOr<SessionStore::Pin> pin = store.Acquire("alice", alices);
+    ASSERT_TRUE(pin.ok()) << pin.status();
+    // One call: a step of one token at a time, each view kept.
+    std::vector<SessionStore::View> views;
+    absl::Status refused;
+    for (int step = 0; step < 64 && refused.ok(); ++step) {
+      int64_t length = 0;
+      absl::StatusOr<SessionStore::View> view =
+          store.AppendAndView(*pin, 0, pin->Length(0), token, 1, &length);
+      if (view.ok()) {
+        views.push_back(*std::move(view));
+      } else {
+        refused = view.status();
+      }
+    }
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::HasSubstr("kv_cache_bytes_per_identity"));
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::HasSubstr("steps in flight still read"));
+    EXPECT_LE(store.List("alice").held_bytes,
+              options.kv_cache_bytes_per_identity);
+    EXPECT_GT(store.List("alice").held_bytes, alone + 8 * 4096);
+    for (const std::string& id : bobs) {
+      EXPECT_TRUE(store.Get("bob", id).ok()) << "bob's " << id << " went";
+    }
+    // Her session deleted and another made under the same steps: the pages
+    // they read are still hers.
+    const int64_t read = store.List("alice").held_bytes - alone;
+    ASSERT_TRUE(store.Delete("alice", alices).ok());
+    const absl::StatusOr<SessionDescription> next =
+        store.Create("alice", Small());
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_GE(store.List("alice").held_bytes, read);
+    for (SessionStore::View& view : views) store.Drop(view);
+  }
+  // Once the steps are done, they are freed, and off her share.
+  store.ExpireIdle(absl::Now());
+  EXPECT_LT(store.List("alice").held_bytes, 4096);
+  EXPECT_EQ(store.Totals().used_bytes, 12 * 4096);
 }
 
 // A session that may hold fewer tokens than a page has pages of that many:

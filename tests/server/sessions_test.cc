@@ -1592,7 +1592,7 @@ TEST_F(SessionBudgetTest, ARefusedStepOrForkEvictsNothing) {
   EXPECT_EQ(response.results(0).error().code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(response.results(0).error().message(),
-              HasSubstr("(this caller's sessions hold 18592 bytes; the step "
+              HasSubstr("(this caller holds 18592 bytes; the step "
                         "needs 8224 more), and evicting every session that "
                         "may go for this caller would not make room"));
   EXPECT_EQ(response.results(0).length(), 48);

@@ -176,8 +176,9 @@ struct SessionDescription {
 // An owner's sessions, oldest first (then by id), and the bytes of the
 // distinct pages they reference (a page forks share counts once), read
 // together with what counts against the owner's share
-// (kv_cache_bytes_per_identity): those pages and the sessions' bookkeeping,
-// as its account holds them.
+// (kv_cache_bytes_per_identity): those pages, the sessions' bookkeeping, and
+// pages of the owner's that no session holds any more but steps in flight
+// still read.
 struct SessionListing {
   std::vector<SessionDescription> sessions;
   int64_t bytes = 0;
@@ -410,6 +411,11 @@ class SessionStore {
   // Each identity's sessions and what they hold, while it holds any.
   absl::flat_hash_map<std::string, std::unique_ptr<Account>> accounts_
       ABSL_GUARDED_BY(mutex_);
+  // Account::lingering of identities that hold no session now while steps
+  // still read pages of theirs: taken back by their next account, dropped
+  // by ExpireIdle once no view holds them.
+  absl::flat_hash_map<std::string, std::shared_ptr<std::atomic<int64_t>>>
+      lingering_without_account_ ABSL_GUARDED_BY(mutex_);
   absl::flat_hash_map<std::string, Tombstone> tombstones_
       ABSL_GUARDED_BY(mutex_);
   std::deque<std::string> tombstone_order_ ABSL_GUARDED_BY(mutex_);

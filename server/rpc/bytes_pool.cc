@@ -11,6 +11,7 @@ std::string BytesPool::Take(size_t size) {
     size_t best = held_.size();
     for (size_t i = 0; i < held_.size(); ++i) {
       if (held_[i].capacity() >= size &&
+          held_[i].capacity() - size <= size / kMostSpareFraction &&
           (best == held_.size() ||
            held_[i].capacity() < held_[best].capacity())) {
         best = i;

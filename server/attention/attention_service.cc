@@ -667,9 +667,8 @@ void AttentionServiceImpl::ServeGetSession(const Call& call,
 void AttentionServiceImpl::ServeListSessions(
     const Call& call, const v1::ListSessionsRequest& request,
     v1::ListSessionsResponse* response) {
-  const absl::Status listed =
-      ListSessionsPage(sessions_->List(Owner(call)), request,
-                       transport_.max_message_bytes, response);
+  const absl::Status listed = ListSessionsPage(
+      *sessions_, Owner(call), request, transport_.max_message_bytes, response);
   const SessionOptions& options = sessions_->options();
   response->set_budget_bytes(options.kv_cache_bytes);
   response->set_identity_budget_bytes(options.kv_cache_bytes_per_identity);

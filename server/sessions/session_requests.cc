@@ -1,6 +1,8 @@
 #include "attnserve/server/sessions/session_requests.h"
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -300,18 +302,12 @@ std::string PageToken(const SessionDescription& d) {
   return absl::StrCat(absl::ToUnixNanos(d.created), "-", d.id);
 }
 
-bool ListedBefore(const SessionDescription& d, int64_t created_ns,
-                  const std::string& id) {
-  const int64_t created = absl::ToUnixNanos(d.created);
-  return created != created_ns ? created < created_ns : d.id <= id;
-}
-
 // Room in a message for what is not a session: the totals, the token, tags.
 constexpr int64_t kListingOverheadBytes = 256;
 
 }  // namespace
 
-absl::Status ListSessionsPage(const SessionListing& listing,
+absl::Status ListSessionsPage(SessionStore& store, const std::string& owner,
                               const v1::ListSessionsRequest& request,
                               int64_t max_message_bytes,
                               v1::ListSessionsResponse* response) {
@@ -320,53 +316,59 @@ absl::Status ListSessionsPage(const SessionListing& listing,
         absl::StrCat("page_size is ", request.page_size(),
                      ", expected 0 (as many as fit) or more"));
   }
-  size_t next = 0;
+  std::optional<ListingPlace> after;
   if (!request.page_token().empty()) {
     const std::string& token = request.page_token();
     const size_t dash = token.find('-');
-    int64_t created_ns = 0;
-    const std::string id =
+    after.emplace();
+    after->id =
         dash == std::string::npos ? std::string() : token.substr(dash + 1);
     if (dash == std::string::npos ||
         !absl::SimpleAtoi(absl::string_view(token).substr(0, dash),
-                          &created_ns) ||
-        !IsSessionId(id)) {
+                          &after->created_ns) ||
+        !IsSessionId(after->id)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "page_token is ", EchoText(token),
           ", expected empty or the next_page_token of a ListSessions answer"));
     }
-    while (next < listing.sessions.size() &&
-           ListedBefore(listing.sessions[next], created_ns, id)) {
-      ++next;
-    }
+  }
+  const int64_t room = max_message_bytes - kListingOverheadBytes;
+  int64_t used = 0;
+  std::string last_token;  // Of the last session in the page.
+  bool more = false;       // A session past the page.
+  absl::Status status;
+  const SessionListing listing =
+      store.List(owner, after, [&](const SessionDescription& d) {
+        if (request.page_size() > 0 &&
+            response->sessions_size() >= request.page_size()) {
+          more = true;
+          return false;
+        }
+        v1::SessionInfo info;
+        DescribeSession(d, &info);
+        const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
+        if (used + bytes > room) {
+          if (response->sessions_size() == 0) {
+            status = Permanent(absl::ResourceExhaustedError(absl::StrCat(
+                "session ", d.id, " alone takes ", bytes,
+                " bytes to describe, over the max_message_bytes limit of ",
+                max_message_bytes, "; ask GetSession")));
+          }
+          more = true;
+          return false;
+        }
+        used += bytes;
+        *response->add_sessions() = std::move(info);
+        last_token = PageToken(d);
+        return true;
+      });
+  if (!status.ok()) {
+    response->clear_sessions();
+    return status;
   }
   response->set_total_bytes(listing.bytes);
   response->set_identity_held_bytes(listing.held_bytes);
-  const int64_t room = max_message_bytes - kListingOverheadBytes;
-  int64_t used = 0;
-  for (; next < listing.sessions.size(); ++next) {
-    if (request.page_size() > 0 &&
-        response->sessions_size() >= request.page_size()) {
-      break;
-    }
-    v1::SessionInfo info;
-    DescribeSession(listing.sessions[next], &info);
-    const int64_t bytes = static_cast<int64_t>(info.ByteSizeLong()) + 8;
-    if (used + bytes > room) {
-      if (response->sessions_size() == 0) {
-        return Permanent(absl::ResourceExhaustedError(absl::StrCat(
-            "session ", listing.sessions[next].id, " alone takes ", bytes,
-            " bytes to describe, over the max_message_bytes limit of ",
-            max_message_bytes, "; ask GetSession")));
-      }
-      break;
-    }
-    used += bytes;
-    *response->add_sessions() = std::move(info);
-  }
-  if (next < listing.sessions.size() && response->sessions_size() > 0) {
-    response->set_next_page_token(PageToken(listing.sessions[next - 1]));
-  }
+  if (more) response->set_next_page_token(last_token);
   return absl::OkStatus();
 }
 

@@ -107,6 +107,7 @@ struct SessionStore::Account {
   // The pages its sessions' tables hold (each once: forks share pages only
   // with their own owner's sessions) and their bookkeeping.
   int64_t bytes = 0;
+  int64_t bookkeeping = 0;  // Of bytes.
   // Its pages no table holds any more but a step's view still reads (a last
   // page replaced by its copy for the next step of the same call, pages
   // truncated, deleted or outside the window meanwhile): memory the
@@ -279,6 +280,7 @@ SessionStore::Account* SessionStore::AccountOf(const std::string& owner) {
 void SessionStore::ChargeBookkeeping(Session* session, int64_t bytes) {
   session->bookkeeping_bytes += bytes;
   session->account->bytes += bytes;
+  session->account->bookkeeping += bytes;
   bookkeeping_bytes_ += bytes;
 }
 
@@ -924,28 +926,69 @@ absl::StatusOr<SessionDescription> SessionStore::Get(const std::string& owner,
 }
 
 SessionListing SessionStore::List(const std::string& owner) {
+  std::vector<SessionDescription> sessions;
+  SessionListing listing =
+      List(owner, std::nullopt, [&sessions](const SessionDescription& d) {
+        sessions.push_back(d);
+        return true;
+      });
+  listing.sessions = std::move(sessions);
+  // The distinct pages again, from the tables: the account's count checked
+  // (session_store_test).
   absl::MutexLock lock(&mutex_);
-  MaybeExpire(absl::Now());
-  SessionListing listing;
+  int64_t bytes = 0;
   absl::flat_hash_set<const Page*> pages;
-  for (const auto& [id, session] : sessions_) {
-    if (session->owner != owner) continue;
-    listing.sessions.push_back(Describe(*session));
+  const Account* const account = FindAccount(owner);
+  for (const Session* session :
+       account == nullptr ? std::list<Session*>() : account->lru) {
     for (const Session::Layer& layer : session->layers) {
       for (const std::shared_ptr<Page>& page : layer.pages) {
         if (page != nullptr && pages.insert(page.get()).second) {
-          listing.bytes += page->bytes;
+          bytes += page->bytes;
         }
       }
     }
   }
-  const auto account = accounts_.find(owner);
-  if (account != accounts_.end()) listing.held_bytes = account->second->held();
-  std::sort(listing.sessions.begin(), listing.sessions.end(),
-            [](const SessionDescription& a, const SessionDescription& b) {
-              return a.created != b.created ? a.created < b.created
-                                            : a.id < b.id;
-            });
+  listing.bytes = bytes;
+  return listing;
+}
+
+SessionListing SessionStore::List(
+    const std::string& owner, const std::optional<ListingPlace>& after,
+    absl::FunctionRef<bool(const SessionDescription&)> take) {
+  absl::MutexLock lock(&mutex_);
+  MaybeExpire(absl::Now());
+  SessionListing listing;
+  const Account* const account = FindAccount(owner);
+  if (account == nullptr) return listing;
+  listing.bytes = account->bytes - account->bookkeeping;
+  listing.held_bytes = account->held();
+  struct Place {
+    int64_t created_ns;
+    const Session* session;
+  };
+  std::vector<Place> order;
+  order.reserve(account->lru.size());
+  for (const Session* session : account->lru) {
+    order.push_back({absl::ToUnixNanos(session->created), session});
+  }
+  const auto before = [](const Place& a, const Place& b) {
+    return a.created_ns != b.created_ns ? a.created_ns < b.created_ns
+                                        : a.session->id < b.session->id;
+  };
+  std::sort(order.begin(), order.end(), before);
+  auto next = order.begin();
+  if (after.has_value()) {
+    next = std::upper_bound(order.begin(), order.end(), *after,
+                            [](const ListingPlace& place, const Place& p) {
+                              return place.created_ns != p.created_ns
+                                         ? place.created_ns < p.created_ns
+                                         : place.id < p.session->id;
+                            });
+  }
+  for (; next != order.end(); ++next) {
+    if (!take(Describe(*next->session))) break;
+  }
   return listing;
 }
 

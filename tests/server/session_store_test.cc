@@ -121,6 +121,11 @@ TEST_P(SessionStoreAccountingTest, HeldBytesFollowEveryOperation) {
     int64_t pages = 0;
     for (const std::string& who : owners) {
       const SessionListing held = store.List(who);
+      // A page's totals come from the account, not from the tables.
+      const SessionListing paged = store.List(
+          who, std::nullopt, [](const SessionDescription&) { return false; });
+      ASSERT_EQ(paged.bytes, held.bytes) << "op " << op << " " << who;
+      ASSERT_EQ(paged.held_bytes, held.held_bytes) << "op " << op << " " << who;
       int64_t expected = held.bytes;
       for (const SessionDescription& session : held.sessions) {
         expected += Bookkeeping(session);
@@ -220,8 +225,8 @@ TEST(SessionStoreFairnessTest, NoCallerIsEvictedForOneThatWouldHoldMore) {
     const int64_t hers = store.List("alice").held_bytes;
     const int64_t all = hers + store.List("bob").held_bytes;
     EXPECT_THAT(std::string(status.message()),
-                ::testing::HasSubstr(absl::StrCat(
-                    "(this caller holds ", hers, " bytes;")));
+                ::testing::HasSubstr(
+                    absl::StrCat("(this caller holds ", hers, " bytes;")));
     EXPECT_THAT(std::string(status.message()),
                 ::testing::Not(::testing::HasSubstr(absl::StrCat(all))));
     // Another session of hers would take bob's place under max_sessions.

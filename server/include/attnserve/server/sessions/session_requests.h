@@ -52,10 +52,10 @@ void DescribeReplica(const ReplicaIdentity& replica,
 void DescribeSession(const SessionDescription& description,
                      v1::SessionInfo* info);
 
-// The page of `listing` that `request` asks for, in a message of at most
-// `max_message_bytes`: INVALID_ARGUMENT for a negative page_size or a
-// page_token no answer gave.
-absl::Status ListSessionsPage(const SessionListing& listing,
+// The page of `owner`'s sessions in `store` that `request` asks for, in a
+// message of at most `max_message_bytes`, with what they hold:
+// INVALID_ARGUMENT for a negative page_size or a page_token no answer gave.
+absl::Status ListSessionsPage(SessionStore& store, const std::string& owner,
                               const v1::ListSessionsRequest& request,
                               int64_t max_message_bytes,
                               v1::ListSessionsResponse* response);

@@ -185,6 +185,13 @@ struct SessionListing {
   int64_t held_bytes = 0;
 };
 
+// A place in a listing's order: a session's creation time (ns since the
+// epoch) and id.
+struct ListingPlace {
+  int64_t created_ns = 0;
+  std::string id;
+};
+
 // Tokens to append to one layer: key [Hkv, T, Dk] and value [Hkv, T, Dv],
 // packed, little-endian, in their own dtypes.
 struct KvAppend {
@@ -275,6 +282,15 @@ class SessionStore {
                                          const std::string& id);
   // `owner`'s sessions and what they hold.
   SessionListing List(const std::string& owner);
+  // What `owner`'s sessions hold (`sessions` left empty), and its sessions in
+  // the listing's order from the first after `after` (nullopt: the first),
+  // each described to `take`, under the store's lock, until it returns false.
+  // Only those described are copied: a page of a long listing costs its
+  // page, not the listing (until 2026-12-07 every call described every
+  // session of every caller's, under the lock).
+  SessionListing List(const std::string& owner,
+                      const std::optional<ListingPlace>& after,
+                      absl::FunctionRef<bool(const SessionDescription&)> take);
 
   // Pins `owner`'s session `id` for a step; NOT_FOUND as for Get.
   absl::StatusOr<Pin> Acquire(const std::string& owner, const std::string& id);

@@ -67,17 +67,39 @@ def sharded_attend(clients, query, key, value, shards, *, causal=False,
     if not clients:
         raise ValueError("sharded_attend needs at least one client")
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    if key.ndim != 4 or query.ndim != 4:
-        raise ValueError("query and key must be [B, H, L, D]")
+    if key.ndim != 4 or query.ndim != 4 or value.ndim != 4:
+        raise ValueError(f"query, key and value must be [B, H, L, D], got shapes "
+                         f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}")
+    # Key and value are cut along Lk together, and the mask and key_lengths per shard: what
+    # one call would refuse must be refused here, not cut to fit (until 2026-12-07 a longer
+    # value or mask was cut silently and a key length past Lk, or negative, clipped).
+    for d in range(3):
+        if value.shape[d] != key.shape[d]:
+            raise ValueError(f"value.shape[{d}] is {value.shape[d]}, expected "
+                             f"{key.shape[d]} (key.shape[{d}])")
     lq, lk = query.shape[2], key.shape[2]
+    full = (query.shape[0], query.shape[1], lq, lk)
     shards = _integer(shards, "shards")
     if not 1 <= shards <= lk:
         raise ValueError(f"shards is {shards}, expected 1 to Lk = {lk}")
     causal = checked.causal
     bottom_right = checked.causal_alignment == pb2.AttentionOptions.BOTTOM_RIGHT
     key_lengths = None if key_lengths is None else list(checked.key_lengths)
+    if key_lengths is not None:
+        if len(key_lengths) != full[0]:
+            raise ValueError(f"key_lengths holds {len(key_lengths)} lengths, expected B = "
+                             f"{full[0]}")
+        for b, length in enumerate(key_lengths):
+            if not 0 <= length <= lk:
+                raise ValueError(f"key_lengths[{b}] is {length}, expected 0 to {lk} (Lk)")
     mask = None if attn_mask is None else np.asarray(attn_mask)
     if mask is not None:
+        if (not 1 <= mask.ndim <= 4
+                or any(dim not in (1, whole) for dim, whole in
+                       zip(mask.shape, full[4 - mask.ndim:]))):
+            raise ValueError(f"attn_mask's shape is {list(mask.shape)}, expected rank 1 to "
+                             f"4, each dimension 1 or [B, H, Lq, Lk] = {list(full)} (aligned "
+                             f"right)")
         if mask.dtype == np.uint16:  # bfloat16 bits: their values, to combine with causality
             mask = bfloat16_bits_to_float32(mask)
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # rank 4, broadcastable

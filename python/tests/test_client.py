@@ -430,6 +430,24 @@ def test_sharded_attend_is_exact(server, alignment):
             attnserve.sharded_attend([one], q, k, v, shards=2, **positional)
 
 
+def test_sharded_attend_refuses_what_one_call_refuses(server):
+    """What is cut per shard is checked first, as one call checks it: a value longer than the
+    key, a mask longer than Lk and a key length past Lk or negative were cut or clipped to fit
+    until 2026-12-07, and answered (a negative length: every row 0)."""
+    q, k, v = uniform(1, 2, 3, 8), uniform(1, 2, 4, 8), uniform(1, 2, 4, 8)
+    with attnserve.Client(server.target) as client:
+        for bad, message in ((dict(value=uniform(1, 2, 8, 8)), r"value.shape\[2\] is 8, expected 4"),
+                             (dict(attn_mask=np.ones((3, 7), bool)), "attn_mask's shape is"),
+                             (dict(key_lengths=[9]), r"key_lengths\[0\] is 9, expected 0 to 4"),
+                             (dict(key_lengths=[-3]), r"key_lengths\[0\] is -3")):
+            options = dict(bad)
+            value = options.pop("value", v)
+            with pytest.raises(attnserve.AttnserveError):
+                client.attend(q, k, value, **options)
+            with pytest.raises(ValueError, match=message):
+                attnserve.sharded_attend([client], q, k, value, shards=2, **options)
+
+
 def test_sharded_attend_refuses_a_window_of_zero(server):
     """A window of 0 is a window (only -1 or None is unbounded): as position-dependent as any,
     refused, as are ALiBi slopes given as an array; what is no window at all still shards."""

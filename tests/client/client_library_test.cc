@@ -792,6 +792,18 @@ TEST_F(ClientServerTest, ShardedAttendRefusesWhatItWouldCutWrong) {
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr("options.output_dtype is BOOL, expected FLOAT32, "
                         "BFLOAT16 or FLOAT16"));
+  // A key length one call refuses is refused, not clipped per shard (a
+  // negative one made every row 0 until 2026-12-07).
+  for (const int64_t length : {-3, 5}) {
+    v1::AttendRequest bad = RandomRequest(1, 2, 1, 2, 4, 8, 8, 63);
+    bad.mutable_options()->add_key_lengths(length);
+    const absl::Status status =
+        ShardedAttend(replicas, bad, 2, kTimeout).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat("options.key_lengths[0] is ", length,
+                                       ", expected 0 to 4 (Lk)")));
+  }
 }
 
 // Finish without CloseSend tells the server no more requests come, and ends

@@ -1,8 +1,10 @@
 #include "attnserve/client/session.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,22 @@ void FillStep(const std::string& session_id, StepInputs&& inputs,
   if (inputs.value) *step->mutable_value() = std::move(*inputs.value);
   if (inputs.query) *step->mutable_query() = std::move(*inputs.query);
   *step->mutable_options() = std::move(inputs.options);
+}
+
+// The most lost steps a layer remembers (the oldest are forgotten).
+constexpr size_t kMostUnanswered = 16;
+
+// What `step` appends, as a hash of its key's and value's dtypes, shapes and
+// bytes: a step sent again is told from another of as many tokens.
+size_t StepDigest(const v1::SessionStep& step) {
+  size_t digest = 0;
+  const auto mix = [&digest](size_t part) { digest = digest * 1000003 ^ part; };
+  for (const v1::Tensor* tensor : {&step.key(), &step.value()}) {
+    mix(static_cast<size_t>(tensor->dtype()));
+    for (const int64_t dim : tensor->shape()) mix(static_cast<size_t>(dim));
+    mix(std::hash<std::string_view>()(tensor->data()));
+  }
+  return digest;
 }
 
 StepOutput OutputOf(v1::StepResult&& result) {
@@ -117,7 +135,7 @@ void Session::Adopt(const v1::SessionInfo& info) {
   if (lengths_.empty() && info.num_layers() > 0) {
     lengths_.assign(static_cast<size_t>(info.num_layers()), 0);
   }
-  uncertain_.assign(lengths_.size(), false);
+  unanswered_.assign(lengths_.size(), {});
 }
 
 Session Session::FromInfo(Client* client, const v1::SessionInfo& info) {
@@ -497,11 +515,21 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
                                                 response->results_size(),
                                                 " results for ", n, " steps"));
   }
+  // What each appending step appends, to tell it from another later.
+  std::vector<size_t> digests(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] > 0)
+      digests[i] = StepDigest(request.steps(static_cast<int>(i)));
+  }
   if (!response.ok()) {
-    // The steps may or may not have landed: the next step on these layers
-    // finds out (see session.h).
-    for (const auto& [key, indices] : groups) {
-      key.first->uncertain_[key.second] = true;
+    // The steps that append may or may not have landed: the next step on
+    // these layers finds out (see session.h).
+    for (size_t i = 0; i < n; ++i) {
+      if (tokens[i] == 0) continue;
+      std::vector<Session::Unanswered>& lost =
+          steps[i].session->unanswered_[steps[i].inputs.layer];
+      lost.push_back({expected[i], tokens[i], digests[i]});
+      if (lost.size() > kMostUnanswered) lost.erase(lost.begin());
     }
     // A Step call carrying an incarnation fails FAILED_PRECONDITION as a
     // whole only for that incarnation (a step's own refusals are in its
@@ -522,7 +550,8 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     Session* session = key.first;
     const int64_t layer = key.second;
     const int64_t start = expected[indices[0]];
-    const bool may_have_landed = attempts > 1 || session->uncertain_[layer];
+    const std::vector<Session::Unanswered>& lost = session->unanswered_[layer];
+    const bool may_have_landed = attempts > 1 || !lost.empty();
     const auto end_of = [&](size_t i) { return expected[i] + tokens[i]; };
 
     // The leading steps refused for their expected length, when an earlier
@@ -579,10 +608,52 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
       }
     }
 
+    // Who landed what the layer holds past `start`: these refused steps
+    // (sent more than once, or identical to a lost call's), a lost call's
+    // other steps, or either, which cannot be told.
+    enum class Landed { kNone, kThese, kLost, kEither };
+    Landed landed = Landed::kNone;
+    if (landed_end && *landed_end != start) {
+      const auto same_as_lost = [&](size_t i) {
+        return std::any_of(lost.begin(), lost.end(), [&](const auto& e) {
+          return e.expected == expected[i] && e.tokens == tokens[i] &&
+                 e.digest == digests[i];
+        });
+      };
+      const bool these =
+          last_landed.has_value() &&
+          std::all_of(indices.begin(), indices.begin() + *last_landed + 1,
+                      [&](size_t i) {
+                        return tokens[i] > 0 &&
+                               (attempts > 1 || same_as_lost(i));
+                      });
+      // A lost step in the span these would have filled, unlike them.
+      const bool other_lost =
+          std::any_of(lost.begin(), lost.end(), [&](const auto& e) {
+            return e.expected >= start && e.expected < *landed_end &&
+                   std::none_of(indices.begin(), indices.begin() + refused,
+                                [&](size_t i) {
+                                  return e.expected == expected[i] &&
+                                         e.tokens == tokens[i] &&
+                                         e.digest == digests[i];
+                                });
+          });
+      const bool lost_ends_there = std::any_of(
+          lost.begin(), lost.end(),
+          [&](const auto& e) { return e.expected + e.tokens == *landed_end; });
+      landed = these ? (other_lost ? Landed::kEither : Landed::kThese)
+               : lost_ends_there ? Landed::kLost
+                                 : Landed::kNone;
+    }
+
     int64_t final_length = session->lengths_[layer];
     // Whether this layer's length is now known from the server's word (a
     // server still at `start` had not taken the earlier attempt).
     bool known = landed_end.has_value() && *landed_end == start;
+    if (landed == Landed::kLost || landed == Landed::kEither) {
+      final_length = *landed_end;
+      known = true;
+    }
     const size_t first_recompute = recompute.size();
     for (size_t j = 0; j < indices.size(); ++j) {
       const size_t i = indices[j];
@@ -594,7 +665,7 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
         continue;
       }
       absl::Status error = FromErrorStatus(result.error());
-      if (j < refused && last_landed && j <= *last_landed) {
+      if (j < refused && landed == Landed::kThese && j <= *last_landed) {
         StepOutput output;
         output.length = end_of(i);
         output.recovered = true;
@@ -620,6 +691,24 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
         // A call of sessions from several incarnations carries none: the
         // answering process names its own.
         error = session->ReplicaGoneOr(std::move(error), true);
+      } else if (j < refused && landed == Landed::kLost) {
+        error = absl::FailedPreconditionError(absl::StrCat(
+            "an earlier call's steps on session ", session->id(), " layer ",
+            layer,
+            ", given up without their answer, had landed: the layer "
+            "holds ",
+            *landed_end,
+            " tokens, and the session now expects that; this step "
+            "was not appended (send it again if it follows them)"));
+      } else if (j < refused && landed == Landed::kEither) {
+        error = absl::FailedPreconditionError(absl::StrCat(
+            "session ", session->id(), " layer ", layer, " holds ", *landed_end,
+            " tokens: either this call's steps (sent more than once) or an "
+            "earlier call's of other keys and values, given up without their "
+            "answer, landed, and which cannot be told; the session now "
+            "expects ",
+            *landed_end, " (Truncate to ", start,
+            " and send the ones you want again)"));
       } else if (j < refused && landed_end && *landed_end != start) {
         error = absl::FailedPreconditionError(absl::StrCat(
             "session ", session->id(), " layer ", layer, " holds ", *landed_end,
@@ -631,7 +720,7 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
       results[i] = std::move(error);
     }
     session->lengths_[layer] = final_length;
-    if (known) session->uncertain_[layer] = false;
+    if (known) session->unanswered_[layer].clear();
     // A recomputed output is the lost one only if nothing was appended after
     // its step; otherwise the cache has moved past it.
     for (size_t r = first_recompute; r < recompute.size(); ++r) {

@@ -126,10 +126,9 @@ absl::Status Validate(const v1::AttendRequest& request, int shards,
   // server takes (a negative one: every row 0), where one call refuses it.
   for (int b = 0; b < options.key_lengths_size(); ++b) {
     if (options.key_lengths(b) < 0 || options.key_lengths(b) > full[3]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("options.key_lengths[", b, "] is ",
-                       options.key_lengths(b), ", expected 0 to ", full[3],
-                       " (Lk)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.key_lengths[", b, "] is ", options.key_lengths(b),
+          ", expected 0 to ", full[3], " (Lk)"));
     }
   }
   if (shards < 1 || shards > request.key().shape(2)) {

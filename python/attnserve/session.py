@@ -1,6 +1,7 @@
 """attnserve.Session: a KV-cache session held by the server, from a decode loop's side."""
 import collections
 import contextlib
+import hashlib
 import threading
 import time
 
@@ -35,6 +36,16 @@ class ReplicaGoneError(AttnserveError):
 # Codes of a call that may have done its work without its answer arriving.
 _NO_ANSWER = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
               grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+
+
+# The most steps whose answers were lost a layer remembers (the oldest are forgotten).
+_MOST_UNANSWERED = 16
+
+
+def _digest(step):
+    """What a step appends, as a digest of its key and value (their dtypes, shapes and bytes)."""
+    return hashlib.sha256(step.key.SerializeToString(deterministic=True)
+                          + step.value.SerializeToString(deterministic=True)).digest()
 
 
 def _code(number):
@@ -144,12 +155,18 @@ class Session:
     Every step sends that length as its expected_length, and the server appends nothing to a
     layer that holds another (FAILED_PRECONDITION), so a retried step cannot append twice:
     steps are retried like any idempotent call. When a step may have landed before (it was
-    sent more than once, or the last call on that layer failed without an answer) and is
-    refused, the session asks the server for the layer's length: E + T (T the step's tokens)
-    means it had landed, so the length is recorded and, if the step had a query, the query is
-    sent again alone over the same E + T tokens, which gives the lost output
-    (StepResult.recovered). Any other length means another writer: AttnserveError
-    FAILED_PRECONDITION naming both (sync() takes the server's lengths). One writer per
+    sent more than once, or an earlier call on that layer that appended tokens failed without
+    an answer) and is refused, the session asks the server for the layer's length. E + T (T
+    the step's tokens) means it had landed if this call sent it more than once or the lost
+    call appended the very same key and value: the length is recorded and, if the step had a
+    query, the query is sent again alone over the same E + T tokens, which gives the lost
+    output (StepResult.recovered). A length the lost call's own step explains (another key and
+    value, or this one a query alone) means that step landed, not this one: the length is
+    recorded and AttnserveError FAILED_PRECONDITION says so (send this step again if it
+    follows that one). Until 2026-12-07 a different step of the same T was taken for the one
+    that landed, and its query answered over the lost step's keys, as recovered. Any other
+    length means another writer: FAILED_PRECONDITION naming both (sync() takes the server's
+    lengths). One writer per
     session: no other process, or other Session object of the same id. One Session object may
     be shared by threads: its calls run one at a time, each waiting (within its timeout) for
     the one before, so a step waits out another thread's rebuild and goes to the rebuilt
@@ -161,7 +178,9 @@ class Session:
         self.info = _checked_info(info, expected_id)
         self.id = info.session_id
         self.lengths = list(info.lengths) or [0] * info.num_layers
-        self._uncertain = [False] * len(self.lengths)
+        # Per layer, (expected_length, tokens, digest) of each appending step whose call
+        # failed without an answer since its length was last known: any may have landed.
+        self._unanswered = [[] for _ in self.lengths]
         self.deleted = False  # set by delete()
         # A delete() failed without an answer: it may have deleted the session, so a later
         # one's NOT_FOUND counts as done.
@@ -303,7 +322,8 @@ class Session:
         """Takes `fresh`'s server session as this one's."""
         with fresh._lock:
             self._client, self.info, self.id = fresh._client, fresh.info, fresh.id
-            self.lengths, self._uncertain = list(fresh.lengths), list(fresh._uncertain)
+            self.lengths = list(fresh.lengths)
+            self._unanswered = [list(lost) for lost in fresh._unanswered]
             self.replica, self.address = fresh.replica, fresh.address
             self.deleted = fresh.deleted
             self._delete_sent = fresh._delete_sent
@@ -329,7 +349,10 @@ class Session:
                                         replica_incarnation=self.replica.incarnation),
                 _left(deadline))
         except AttnserveError as error:
-            self._uncertain[layer] = True
+            if tokens:  # A step that appends nothing cannot have changed the layer.
+                lost = self._unanswered[layer]
+                lost.append((expected, tokens, _digest(step)))
+                del lost[:-_MOST_UNANSWERED]
             # A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole only
             # for that (a step's own refusals are in its result).
             raise self._gone_or(error, bool(self.replica.incarnation) and
@@ -338,15 +361,15 @@ class Session:
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)
             if (result.error.code == _FAILED_PRECONDITION
-                    and (attempts > 1 or self._uncertain[layer])):
-                return self._recover(layer, step, tokens, error, deadline)
+                    and (attempts > 1 or self._unanswered[layer])):
+                return self._recover(layer, step, tokens, attempts, error, deadline)
             raise error
-        self._uncertain[layer] = False
+        self._unanswered[layer] = []
         self.lengths[layer] = result.length
         return StepResult(_optional(result, "output"), _optional(result, "lse"),
                           result.length, False, _timing(response))
 
-    def _recover(self, layer, step, tokens, refusal, deadline):
+    def _recover(self, layer, step, tokens, attempts, refusal, deadline):
         expected = step.expected_length
         try:
             lengths = _checked_info(self._get(_left(deadline)), self.id).lengths
@@ -359,17 +382,42 @@ class Session:
                                  f"{len(lengths)} layers' lengths; it has "
                                  f"{len(self.lengths)} layers")
         held = lengths[layer]
+        lost = self._unanswered[layer]
         if held == expected:
-            self._uncertain[layer] = False
+            self._unanswered[layer] = []
             raise refusal
-        if held != expected + tokens:
+        # What may have landed: this step, sent more than once or by the lost call with the
+        # same key and value; or a lost call's other step ending where the layer ends.
+        mine = tokens and expected + tokens == held and (
+            attempts > 1 or (expected, tokens, _digest(step)) in lost)
+        theirs = [(e, t) for e, t, d in lost if e + t == held
+                  and (not tokens or (e, t, d) != (expected, tokens, _digest(step)))]
+        if theirs:
+            self.lengths[layer] = held
+            self._unanswered[layer] = []
+            e, t = theirs[-1]
+            if mine:
+                raise AttnserveError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"layer {layer} of session {self.id} holds {held} tokens: either this "
+                    f"step (sent more than once) or an earlier one of {t} tokens sent at "
+                    f"length {e} and given up without its answer landed, and which cannot be "
+                    f"told; this session now expects {held} (truncate({expected}) and send "
+                    f"the one you want again)")
+            raise AttnserveError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"an earlier step on layer {layer} of session {self.id} ({t} tokens sent at "
+                f"length {e}), given up without its answer, had landed: the layer holds "
+                f"{held} tokens, and this session now expects that; this step was not "
+                f"appended (send it again if it follows that one)")
+        if not mine:
             raise AttnserveError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"layer {layer} of session {self.id} holds {held} tokens, expected "
                 f"{expected} before this step or {expected + tokens} after it: another "
                 f"writer changed the session (sync() takes the server's lengths)")
         self.lengths[layer] = held
-        self._uncertain[layer] = False
+        self._unanswered[layer] = []
         if not step.HasField("query"):
             return StepResult(None, None, held, True, None)
         again = pb2.SessionStep(session_id=self.id, layer=layer, expected_length=held,
@@ -470,4 +518,4 @@ class Session:
     def _adopt(self, info):
         self.info = _checked_info(info, self.id)
         self.lengths = list(info.lengths)
-        self._uncertain = [False] * len(self.lengths)
+        self._unanswered = [[] for _ in self.lengths]

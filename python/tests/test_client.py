@@ -430,6 +430,55 @@ def test_sharded_attend_is_exact(server, alignment):
             attnserve.sharded_attend([one], q, k, v, shards=2, **positional)
 
 
+def test_another_step_after_a_lost_answer_is_not_taken_for_the_lost_one(server):
+    """Step A lands but its answer is lost; the caller then sends a different step B of the
+    same length. The layer's E + T is A's doing: B is refused with FAILED_PRECONDITION saying
+    A landed, and the session takes the server's length. Until 2026-12-07 B was taken for A,
+    and B's query answered over A's keys, as recovered (an audit). A query alone after a lost
+    append is told the same, not that another writer changed the session."""
+    H, Hkv, D = 1, 1, 4
+    with attnserve.Client(server.target) as client:
+        session = client.create_session(num_layers=1, num_heads=H, num_kv_heads=Hkv,
+                                        key_dim=D)
+        session.step(0, key=uniform(Hkv, 3, D), value=uniform(Hkv, 3, D))
+        real = client.call_counting
+
+        def lose_the_answer(method, request, timeout=None, retryable=True):
+            real(method, request, timeout, retryable)
+            raise attnserve.AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED, "answer lost")
+
+        def lost_step(**step):
+            client.call_counting = lose_the_answer
+            try:
+                with pytest.raises(attnserve.AttnserveError):
+                    session.step(0, **step)
+            finally:
+                client.call_counting = real
+
+        a = dict(key=uniform(Hkv, 1, D), value=uniform(Hkv, 1, D), query=uniform(H, 1, D))
+        lost_step(**a)
+        assert session.lengths == [3]
+        b = dict(key=uniform(Hkv, 1, D), value=uniform(Hkv, 1, D), query=uniform(H, 1, D))
+        with pytest.raises(attnserve.AttnserveError) as refused:
+            session.step(0, **b)
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert ("an earlier step on layer 0 of session " in refused.value.message
+                and "(1 tokens sent at length 3), given up without its answer, had landed: "
+                "the layer holds 4 tokens" in refused.value.message)
+        assert session.lengths == [4]
+        assert session.step(0, **b).length == 5  # B, sent again after A, appends
+
+        lost_step(key=a["key"], value=a["value"])
+        with pytest.raises(attnserve.AttnserveError) as query_alone:
+            session.step(0, query=a["query"])
+        assert "given up without its answer, had landed" in query_alone.value.message
+        assert session.lengths == [6]
+        # The same step sent again is still the one recovered.
+        lost_step(**a)
+        result = session.step(0, **a)
+        assert result.recovered and result.length == 7
+
+
 def test_sharded_attend_refuses_what_one_call_refuses(server):
     """What is cut per shard is checked first, as one call checks it: a value longer than the
     key, a mask longer than Lk and a key length past Lk or negative were cut or clipped to fit

@@ -481,6 +481,47 @@ TEST_F(SessionNoRetryTest, AnotherWritersTokensAreNotTakenForOurs) {
   EXPECT_FALSE(session.uncertain(0));
 }
 
+// A step whose call failed without an answer had landed; the caller then
+// sends another step of as many tokens (other keys and values). The layer's
+// E + T is the lost step's doing: the new one is refused, saying so, and the
+// server's length is recorded. Until 2026-12-07 it was taken for the lost
+// one, its query answered over the lost step's keys as recovered (an audit
+// of the Python client, whose Session did the same). A query alone after a
+// lost append is told the same, not that another writer changed the layer.
+TEST_F(SessionNoRetryTest, AnotherStepAfterALostAnswerIsNotTakenForTheLostOne) {
+  Session session = NewSession();
+  service_.LoseAnswers("Step", 1);
+  EXPECT_FALSE(session.Step(Inputs(0, 2, 1), kTimeout).ok());
+  EXPECT_TRUE(session.uncertain(0));
+  StepInputs other = Inputs(0, 2, 1);
+  other.key = MakeFloat32Tensor({kKvHeads, 2, kKeyDim},
+                                std::vector<float>(kKvHeads * 2 * kKeyDim, 7));
+  absl::StatusOr<StepOutput> out = session.Step(other, kTimeout);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition)
+      << (out.ok() ? "recovered" : out.status().ToString());
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("an earlier call's steps on session"));
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("had landed: the layer holds 2 tokens"));
+  EXPECT_THAT(session.lengths(), ElementsAre(2, 0));
+  EXPECT_FALSE(session.uncertain(0));
+  out = session.Step(other, kTimeout);  // Sent again, after the lost one.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->length, 4);
+  EXPECT_FALSE(out->recovered);
+
+  service_.LoseAnswers("Step", 1);
+  EXPECT_FALSE(session.Step(Inputs(0, 1, 0), kTimeout).ok());
+  out = session.Step(Inputs(0, 0, 1), kTimeout);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.status().message(), HasSubstr("had landed"));
+  EXPECT_THAT(session.lengths(), ElementsAre(5, 0));
+  // A query alone whose answer is lost leaves nothing in doubt.
+  service_.LoseAnswers("Step", 1);
+  EXPECT_FALSE(session.Step(Inputs(0, 0, 1), kTimeout).ok());
+  EXPECT_FALSE(session.uncertain(0));
+}
+
 TEST_F(SessionTest, StepsOfOneLayerThatLandedTogetherRecoverAsAPrefix) {
   Session session = NewSession();
   service_.LoseAnswers("Step", 1);

@@ -27,17 +27,24 @@
 //   exactly E tokens, so a step is never appended twice.
 // - A retried step whose first attempt landed (its answer lost) comes back
 //   FAILED_PRECONDITION. When the step may have landed before (the call was
-//   sent more than once, or the previous call on that layer failed without an
-//   answer), the library asks the server for the session's lengths
-//   (GetSession) rather than reading the message: if the layer holds E + T
-//   (T the step's tokens), the step had landed, and the library records the
-//   new length and, if the step had a query, re-sends the query alone with
-//   expected_length E + T. The server attends over the same E + T tokens with
-//   the same bottom-right alignment, so the output and lse are those the lost
-//   answer held; StepOutput::recovered says it happened. If the layer holds
-//   E, the refusal had another cause and is returned as is; any other length
-//   means someone else changed the session: FAILED_PRECONDITION naming both
-//   lengths, and nothing is recorded (Sync() accepts the server's lengths).
+//   sent more than once, or an earlier call that appended to that layer
+//   failed without an answer), the library asks the server for the session's
+//   lengths (GetSession) rather than reading the message: if the layer holds
+//   E + T (T the step's tokens) and the step was sent more than once, or the
+//   lost call sent the very same key and value, the step had landed, and the
+//   library records the new length and, if the step had a query, re-sends the
+//   query alone with expected_length E + T. The server attends over the same E
+//   + T tokens with the same bottom-right alignment, so the output and lse are
+//   those the lost answer held; StepOutput::recovered says it happened. If the
+//   layer holds E, the refusal had another cause and is returned as is. If the
+//   lost call's own steps end where the layer ends (a step of other keys and
+//   values, or this one a query alone), they landed, not this one:
+//   FAILED_PRECONDITION saying so, and the server's length is recorded (send
+//   the step again if it follows them); until 2026-12-07 another step of the
+//   same T was taken for the lost one, its query answered over the lost
+//   step's keys as recovered. Any other length means someone else changed the
+//   session: FAILED_PRECONDITION naming both lengths, and nothing is recorded
+//   (Sync() accepts the server's lengths).
 // - Several steps of one layer in one StepMany call run in order (each
 //   expects the previous one's end); after a lost answer they landed as a
 //   prefix, found the same way. Only the last landed step's output can be
@@ -157,9 +164,9 @@ class Session {
   // holds as far as this client knows: the expected_length of its next step.
   int64_t length(int64_t layer) const { return lengths_.at(layer); }
   const std::vector<int64_t>& lengths() const { return lengths_; }
-  // Whether a call on `layer` failed without an answer since its length was
-  // last known (see the header comment).
-  bool uncertain(int64_t layer) const { return uncertain_.at(layer); }
+  // Whether a call appending to `layer` failed without an answer since its
+  // length was last known (see the header comment).
+  bool uncertain(int64_t layer) const { return !unanswered_.at(layer).empty(); }
   bool deleted() const { return deleted_; }
 
   // One step; its StepResult's error as the status if it failed.
@@ -252,7 +259,14 @@ class Session {
   // so a later one's NOT_FOUND counts as done.
   bool delete_sent_ = false;
   std::vector<int64_t> lengths_;
-  std::vector<bool> uncertain_;
+  // An appending step whose call failed without an answer since its layer's
+  // length was last known: any may have landed.
+  struct Unanswered {
+    int64_t expected;
+    int64_t tokens;
+    size_t digest;  // Of its key and value (StepDigest in session.cc).
+  };
+  std::vector<std::vector<Unanswered>> unanswered_;  // Per layer.
   bool deleted_ = false;
 };
 

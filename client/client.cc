@@ -11,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/pem.h"
+#include "attnserve/common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc_status.h"
 #include "grpcpp/grpcpp.h"
@@ -65,7 +67,38 @@ absl::Status CheckClientKeyPair(const TlsOptions& tls) {
   return absl::OkStatus();
 }
 
+// A bearer token an authorization header can carry and a server's token file
+// can hold. gRPC takes any bytes and fails every call, naming the header with
+// the token in it (the Python client's raw error showed the secret, an audit
+// found); a token read with its line's end matches nothing.
+absl::Status CheckBearerToken(const std::string& token) {
+  if (token.size() > kMaxBearerTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bearer_token is ", token.size(), " bytes, expected at most ",
+        kMaxBearerTokenBytes,
+        " (it goes in an HTTP header, which gRPC bounds at 8 KiB with the "
+        "others)"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bearer_token holds byte 0x", absl::Hex(c, absl::kZeroPad2),
+          " at offset ", i,
+          ", expected printable ASCII (a token read from a file keeps its "
+          "line's end: strip it)"));
+    }
+  }
+  if (!token.empty() && (token.front() == ' ' || token.back() == ' ')) {
+    return absl::InvalidArgumentError(
+        "bearer_token starts or ends with a space, which no token in a "
+        "server's token file does (its lines are stripped)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptions(const ClientOptions& options) {
+  ATTNSERVE_RETURN_IF_ERROR(CheckBearerToken(options.bearer_token));
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes is ", options.max_message_bytes, ", expected > 0"));

@@ -50,6 +50,29 @@ class RetryPolicy:
     retry_cancelled_by_server: bool = True
 
 
+# The longest token a server's token file holds (gRPC bounds a call's headers at 8 KiB).
+_MAX_TOKEN_BYTES = 4096
+
+
+def _check_token(token):
+    """ValueError, never showing the token, for one no authorization header can carry or no
+    server's token file holds: gRPC took it and failed every call with a raw ValueError
+    whose message held the secret (an audit found), and one read with its line's end
+    matches nothing."""
+    if len(token) > _MAX_TOKEN_BYTES:
+        raise ValueError(f"token is {len(token)} characters, expected at most "
+                         f"{_MAX_TOKEN_BYTES} (it goes in an HTTP header, which gRPC bounds "
+                         f"at 8 KiB with the others)")
+    for offset, char in enumerate(token):
+        if not " " <= char <= "~":
+            raise ValueError(f"token holds {ord(char):#04x} at offset {offset}, expected "
+                             f"printable ASCII (a token read from a file keeps its line's "
+                             f"end: strip it)")
+    if token != token.strip(" "):
+        raise ValueError("token starts or ends with a space, which no token in a server's "
+                         "token file does (its lines are stripped)")
+
+
 def _server_says_never_retry(error):
     """Whether the server asked for no retry of the failed call (gRFC A6: a negative
     grpc-retry-pushback-ms trailer): it refused it for one of its limits on a request's own
@@ -308,6 +331,8 @@ class Client:
         if token is not None and not isinstance(token, str):
             # bytes would be sent as "Bearer b'...'".
             raise ValueError(f"token is of type {type(token).__name__}, expected a str")
+        if token is not None:
+            _check_token(token)
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.lb_policy_name", "round_robin"),

@@ -579,9 +579,16 @@ def test_a_value_out_of_place_is_a_value_error_before_any_call(server):
                                   "2147483647"),
                                  (dict(max_message_bytes="64"), "max_message_bytes is '64'"),
                                  (dict(retry=None), "retry is None, expected an attnserve"),
-                                 (dict(token=b"t"), "token is of type bytes, expected a str")):
-            with pytest.raises(ValueError, match=message):
+                                 (dict(token=b"t"), "token is of type bytes, expected a str"),
+                                 # Refused without showing the token (gRPC's own ValueError
+                                 # held it, at every call).
+                                 (dict(token="s3cret\n"), "0x0a at offset 6"),
+                                 (dict(token="s3cr\u00e9t"), "0xe9 at offset 4"),
+                                 (dict(token="s3cret "), "starts or ends with a space"),
+                                 (dict(token="x" * 4097), "4097 characters, expected at most")):
+            with pytest.raises(ValueError, match=message) as refused:
                 attnserve.Client("127.0.0.1:1", **options)
+            assert "s3cr" not in str(refused.value)
         with pytest.raises(ValueError, match="shard_tokens is '4', expected an integer"):
             attnserve.ShardedSession(None, "4")
         with pytest.raises(ValueError, match="causal is 'yes'"):

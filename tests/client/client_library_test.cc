@@ -445,6 +445,23 @@ TEST(ClientOptionsTest, SendsTheBearerTokenAndRejectsBadOptions) {
   off.keepalive_time = absl::ZeroDuration();
   off.keepalive_timeout = absl::ZeroDuration();
   EXPECT_TRUE(Client::Connect("localhost:1", off).ok());
+  // A token no header can carry or no token file holds is refused without
+  // being shown.
+  for (const auto& [token, message] :
+       {std::pair<std::string, std::string>{"s3cret\n",
+                                            "byte 0x0a at offset 6"},
+        {"s3cr\xc3\xa9t", "byte 0xc3 at offset 4"},
+        {" s3cret", "starts or ends with a space"},
+        {std::string(4097, 'x'), "4097 bytes, expected at most 4096"}}) {
+    ClientOptions with_token;
+    with_token.bearer_token = token;
+    const absl::Status refused =
+        Client::Connect("localhost:1", with_token).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr(message));
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::Not(HasSubstr("s3cr")));
+  }
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerTls(

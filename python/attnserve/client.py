@@ -49,6 +49,34 @@ class RetryPolicy:
     # begins, before attnserve sees it, and a server past its drain's 30 s cancels what runs.
     retry_cancelled_by_server: bool = True
 
+    def __post_init__(self):
+        # Checked here, as the C++ ClientOptions are at Connect: a negative or NaN backoff,
+        # or a lone StatusCode as retry_on, raised a raw error at the first retry only.
+        if (not isinstance(self.max_attempts, numbers.Integral)
+                or isinstance(self.max_attempts, bool) or not 1 <= self.max_attempts <= 100):
+            raise ValueError(f"max_attempts is {self.max_attempts!r}, expected 1 to 100")
+        for name in ("initial_backoff", "max_backoff", "backoff_multiplier"):
+            value = getattr(self, name)
+            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                    or not np.isfinite(float(value))):
+                raise ValueError(f"{name} is {value!r}, expected a finite number")
+        if not 0 < self.initial_backoff <= self.max_backoff:
+            raise ValueError(f"initial_backoff is {self.initial_backoff!r} and max_backoff "
+                             f"{self.max_backoff!r}, expected 0 < initial_backoff <= "
+                             f"max_backoff")
+        if self.backoff_multiplier < 1:
+            raise ValueError(f"backoff_multiplier is {self.backoff_multiplier!r}, expected "
+                             f">= 1")
+        if (isinstance(self.retry_on, (grpc.StatusCode, str, bytes))
+                or not all(isinstance(code, grpc.StatusCode) for code in self.retry_on)):
+            raise ValueError(f"retry_on is {self.retry_on!r}, expected a tuple of "
+                             f"grpc.StatusCode, e.g. (grpc.StatusCode.UNAVAILABLE,)")
+        object.__setattr__(self, "retry_on", tuple(self.retry_on))
+        for name in ("retry_weight_changes", "retry_session_creation",
+                     "retry_weights_version", "retry_cancelled_by_server"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} is {getattr(self, name)!r}, expected True or False")
+
 
 # The longest token a server's token file holds (gRPC bounds a call's headers at 8 KiB).
 _MAX_TOKEN_BYTES = 4096
@@ -71,6 +99,14 @@ def _check_token(token):
     if token != token.strip(" "):
         raise ValueError("token starts or ends with a space, which no token in a server's "
                          "token file does (its lines are stripped)")
+
+
+def _over_message_limit(failure):
+    """Whether `failure` is gRPC's refusal of a message over a max_message_bytes limit, the
+    client's or the server's: the same call meets it again (retried until 2026-12-07 when
+    RESOURCE_EXHAUSTED was in retry_on, an audit found; the C++ Client never did)."""
+    return failure.code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(failure.message).startswith(
+        ("Received message larger than max", "Sent message larger than max"))
 
 
 def _server_says_never_retry(error):
@@ -432,7 +468,7 @@ class Client:
                                        and self._retry.retry_cancelled_by_server
                                        and not self._closed)
                 if (not retryable or attempt >= self._retry.max_attempts
-                        or _server_says_never_retry(error)
+                        or _server_says_never_retry(error) or _over_message_limit(failure)
                         or (failure.code not in self._retry.retry_on
                             and failure.code not in also_retry_on
                             and not cancelled_by_server)):

@@ -22,7 +22,8 @@ import numpy as np
 from attnserve.client import AttnserveError, Client, _data_dtype, _integer, _seconds
 from attnserve.session import (_REBUILD_ADVICE, ReplicaGoneError, _deadline, _holding,
                                _layer, _left, _step_options)
-from attnserve.tensors import check_array
+from attnserve.tensors import (bfloat16_bits_to_float32, check_array,
+                               float32_to_bfloat16_bits)
 
 _MASK = (1 << 64) - 1
 # The codes on which creating a session moves on from a replica: unreachable or draining,
@@ -328,6 +329,10 @@ class ShardedSession:
             _data_dtype(checked.pop("input_dtype", None), "input_dtype")
             _step_options(return_lse=return_lse, **checked)
             self._check_inputs(key, value, query, options.get("input_dtype"))
+            # Arrays from here: the pieces are slices (a nested list raised TypeError half
+            # way until 2026-12-07).
+            if key is not None:
+                key, value = np.asarray(key), np.asarray(value)
             start = self.lengths[layer]
             tokens = 0 if key is None else np.asarray(key).shape[1]
             end = start + tokens
@@ -371,6 +376,13 @@ class ShardedSession:
                 except AttnserveError as error:
                     raise self._failed(error, 0, layer, start, end, True) from None
                 return result.output, result.lse, result.length
+            # The shards answer float32 for the merge, which then answers as one session
+            # would: in output_dtype, else as the query travelled (until 2026-12-07 always
+            # float32, but for a layer without keys).
+            answered = _data_dtype(options.get("output_dtype"), "output_dtype") or \
+                _data_dtype(options.get("input_dtype"), "input_dtype") or \
+                {np.dtype(np.float16): "float16", np.dtype(np.uint16): "bfloat16"}.get(
+                    np.asarray(query).dtype, "float32")
             options = dict(options, output_dtype="float32")
             step_left = left()
             with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:
@@ -399,9 +411,12 @@ class ShardedSession:
                 lse = np.logaddexp.reduce(lses, axis=0)
                 shares = np.where(np.isneginf(lses), 0.0, np.exp(lses - lse[None]))
             output = np.einsum("s...,s...d->...d", shares, outputs)
-            output = np.where(np.isneginf(lse)[..., None], 0.0, output)
-            return (output.astype(np.float32), lse.astype(np.float32) if return_lse else None,
-                    end)
+            output = np.where(np.isneginf(lse)[..., None], 0.0, output).astype(np.float32)
+            if answered == "float16":
+                output = output.astype(np.float16)
+            elif answered == "bfloat16":  # bfloat16 values, widened as a session answers them
+                output = bfloat16_bits_to_float32(float32_to_bfloat16_bits(output))
+            return output, lse.astype(np.float32) if return_lse else None, end
 
     def _check_shards(self, layer, end):
         """FAILED_PRECONDITION unless every shard holds what lengths says of `layer` (the

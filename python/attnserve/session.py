@@ -101,18 +101,17 @@ def _step_options(scale=None, precision=None, return_lse=False, output_dtype=Non
 @contextlib.contextmanager
 def _holding(lock, timeout, default, what):
     """Holds `lock` for one call on `what`, waiting for it within `timeout` (None: the
-    client's `default`, which the call then takes too); yields the timeout left after the
-    wait (None stays None)."""
-    if timeout is not None:
-        timeout = _seconds(timeout, "timeout")
+    client's `default`); yields the timeout left after the wait, for the call: one deadline
+    bounds both (until 2026-12-07 a call given None waited up to the default, then had the
+    whole default again, an audit found)."""
+    wait = default if timeout is None else _seconds(timeout, "timeout")
     began = time.monotonic()
-    wait = default if timeout is None else timeout
     if not lock.acquire(timeout=max(wait, 0)):
         raise AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{what} was busy with another thread's call for the whole "
                              f"timeout of {wait} s")
     try:
-        yield None if timeout is None else max(timeout - (time.monotonic() - began), 0)
+        yield max(wait - (time.monotonic() - began), 0)
     finally:
         lock.release()
 
@@ -246,12 +245,14 @@ class Session:
         unreachable = error.code == grpc.StatusCode.UNAVAILABLE
         if not (unreachable or restarted):
             return error
-        return ReplicaGoneError(
+        gone = ReplicaGoneError(
             f"session {self.id}'s replica {self.replica.name} (incarnation "
             f"{self.replica.incarnation}) at {self.address} is gone, and the session with "
             f"it: {'it is unreachable or draining' if unreachable else 'it restarted'} "
             f"({error.message}){_REBUILD_ADVICE}",
             self.address)
+        gone.attempts = error.attempts  # Not 1: the calls the replica did not answer.
+        return gone
 
     def _refused_for_incarnation(self, error, deadline):
         """Whether `error`, a ForkSession's or TruncateSession's that carried the incarnation,

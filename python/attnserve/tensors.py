@@ -23,8 +23,11 @@ def float32_to_bfloat16_bits(values):
     NaN stays NaN."""
     values = np.asarray(values, dtype=np.float32)
     bits = values.view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)
+    # uint64 constants: NumPy casts a uint64 scalar (a 0-d array's) with a Python int to
+    # float64, which has no shifts (a scalar raised TypeError until 2026-12-07).
+    one, half, shift = np.uint64(1), np.uint64(0x7FFF), np.uint64(16)
+    rounded = (bits + half + ((bits >> shift) & one)) >> shift
+    return np.asarray(np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16))
 
 
 def bfloat16_bits_to_float32(bits):

@@ -128,6 +128,18 @@ def test_bfloat16_goes_from_float32_and_comes_back_widened(server):
     np.testing.assert_allclose(result.output, reference_sdpa(*rounded), atol=2 ** -7)
 
 
+def test_bfloat16_bits_of_scalars_and_zero_dimensional_arrays():
+    """A scalar or 0-d array rounds as an array does (each raised TypeError until 2026-12-07:
+    NumPy's casting of a uint64 scalar with a Python int)."""
+    for value in (1.0, np.float32(1.5), np.array(3.0), np.array(1.00390625, np.float32)):
+        bits = attnserve.float32_to_bfloat16_bits(value)
+        assert bits.shape == () and bits.dtype == np.uint16
+        assert bits == attnserve.float32_to_bfloat16_bits(np.atleast_1d(value))[0]
+    assert attnserve.float32_to_bfloat16_bits(1.00390625) == 0x3F80  # a tie, to even
+    tensor = attnserve.to_tensor(np.array(2.0, np.float32), "bfloat16")
+    assert list(tensor.shape) == [] and tensor.data == b"\x00\x40"
+
+
 def test_multi_head_attention_inline_and_registered(server):
     shapes = dict(w_q=(16, 16), w_k=(8, 16), w_v=(8, 16), w_o=(16, 16), b_q=(16,), b_k=(8,),
                   b_v=(8,), b_o=(16,))
@@ -875,8 +887,35 @@ def test_a_refusal_the_server_marks_permanent_is_not_retried():
         assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "over the max_elements limit of 1000" in refused.value.message
         assert refused.value.attempts == 1
+        # gRPC's own refusal of a message over a size limit is not retried either (it was
+        # until 2026-12-07, with RESOURCE_EXHAUSTED in retry_on).
+        with attnserve.Client(limited.target, retry=policy, max_message_bytes=4096) as client:
+            q = uniform(1, 1, 16, 64)
+            with pytest.raises(attnserve.AttnserveError) as too_large:
+                client.attend(q, q, q)
+        assert too_large.value.message.startswith("Sent message larger than max")
+        assert too_large.value.attempts == 1
     finally:
         limited.stop()
+
+
+def test_a_retry_policy_is_checked_when_made():
+    """Values no retry can use are a ValueError naming them at once (a negative or NaN
+    backoff, or a lone StatusCode as retry_on, raised a raw error at the first retry only,
+    until 2026-12-07)."""
+    for options, message in ((dict(max_attempts=0), "max_attempts is 0, expected 1 to 100"),
+                             (dict(max_attempts=2.5), "max_attempts is 2.5"),
+                             (dict(initial_backoff=-0.1), "expected 0 < initial_backoff"),
+                             (dict(initial_backoff=float("nan")), "initial_backoff is nan"),
+                             (dict(max_backoff=0.01), "expected 0 < initial_backoff <= "),
+                             (dict(backoff_multiplier=0.5), "backoff_multiplier is 0.5"),
+                             (dict(retry_on=grpc.StatusCode.UNAVAILABLE), "retry_on is"),
+                             (dict(retry_on=("UNAVAILABLE",)), "expected a tuple of grpc"),
+                             (dict(retry_session_creation="yes"), "retry_session_creation")):
+        with pytest.raises(ValueError, match=message):
+            attnserve.RetryPolicy(**options)
+    assert attnserve.RetryPolicy(retry_on=[grpc.StatusCode.UNAVAILABLE]).retry_on == (
+        grpc.StatusCode.UNAVAILABLE,)
 
 
 def test_a_broken_server_gets_attnserve_errors_not_crashes():

@@ -160,6 +160,7 @@ def test_sessions_are_pinned_told_gone_and_rebuilt(three):
             decode(sessions[a], models[a])
         assert gone.value.code == grpc.StatusCode.ABORTED
         assert "is gone, and the session with it: it is unreachable" in gone.value.message
+        assert gone.value.attempts == 2  # The unanswered calls' (it said 1 until 2026-12-07).
 
         # A hook that restores too little: the new session is deleted, and this one stays
         # the lost one, its lengths as they were, still told gone (it used to become the
@@ -311,6 +312,20 @@ def test_a_sharded_session_equals_the_reference(three):
                 sharded.step(0, **step)
         assert sharded.lengths == [keys.shape[1]]
         assert [s.lengths[0] for s in sharded.shards] == [16, 16, keys.shape[1] - 32]
+        # The merged answer in the dtype one session answers (float32 always until
+        # 2026-12-07); a key given as nested lists, as Session.step takes it.
+        q = uniform(4, 1, D)
+        for options, dtype in ((dict(output_dtype="float16"), np.float16),
+                               (dict(input_dtype="float16"), np.float16),
+                               (dict(output_dtype="bfloat16"), np.float32),
+                               (dict(), np.float32)):
+            output, _, _ = sharded.step(0, query=q, **options)
+            assert output.dtype == dtype, options
+            if options.get("output_dtype") == "bfloat16":
+                assert not np.any(output.view(np.uint32) & 0xFFFF)
+            np.testing.assert_allclose(output, expected_step(q, keys, values), atol=1e-2)
+        k, v = uniform(2, 1, D), uniform(2, 1, D)
+        assert sharded.step(0, key=k.tolist(), value=v.tolist())[2] == keys.shape[1] + 1
         sharded.delete()
 
 

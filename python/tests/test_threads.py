@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -197,3 +198,39 @@ def test_replicas_refreshed_and_closed_from_many_threads_make_each_client_once(
     with pytest.raises(attnserve.AttnserveError, match="is closed") as closed:
         replicas.create_session(num_layers=1, num_heads=H, key_dim=D)
     assert closed.value.code.name == "CANCELLED"
+
+
+def test_a_step_waiting_for_another_threads_keeps_to_the_default_timeout(server):
+    """A step given no timeout waits for the session's lock and then calls, all within the
+    client's default: until 2026-12-07 it waited up to the default and then had the whole
+    default again (a server slow to answer both: 3.9 s for a default of 2 s, an audit)."""
+    with attnserve.Client(server.target, timeout=2.0) as client:
+        session = client.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                         key_dim=D)
+        real = client.call_counting
+
+        def slow(method, request, timeout=None, retryable=True, also_retry_on=()):
+            time.sleep(timeout)  # A server that answers only at the deadline.
+            raise attnserve.AttnserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                           f"{method}: slow")
+
+        query = np.zeros((H, 1, D), np.float32)
+
+        def first():
+            with pytest.raises(attnserve.AttnserveError):
+                session.step(0, query=query)
+
+        client.call_counting = slow
+        try:
+            thread = threading.Thread(target=first)
+            thread.start()
+            time.sleep(0.3)
+            began = time.monotonic()
+            with pytest.raises(attnserve.AttnserveError):
+                session.step(0, query=query)
+            took = time.monotonic() - began
+            thread.join()
+        finally:
+            client.call_counting = real
+        assert took < 3.0, f"the second step took {took:.2f} s with a default of 2 s"
+        session.delete()

@@ -7,11 +7,13 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "attnserve/client/replicas.h"
 #include "attnserve/common/status_macros.h"
 #include "deadline.h"
+#include "grpcpp/grpcpp.h"
 
 namespace attnserve {
 
@@ -46,6 +48,11 @@ void FillStep(const std::string& session_id, StepInputs&& inputs,
 
 // The most lost steps a layer remembers (the oldest are forgotten).
 constexpr size_t kMostUnanswered = 16;
+
+// How long a pinned session's replica that stopped answering is waited for
+// before it is told gone: more than gRPC's reconnect backoff (at most 500 ms,
+// client.cc).
+constexpr absl::Duration kGoneProbe = absl::Seconds(1);
 
 // What `step` appends, as a hash of its key's and value's dtypes, shapes and
 // bytes: a step sent again is told from another of as many tokens.
@@ -219,10 +226,52 @@ absl::StatusOr<StepOutput> Session::Step(StepInputs inputs,
   return std::move(retried[0]);
 }
 
-absl::Status Session::ReplicaGoneOr(absl::Status status, bool restarted) const {
+absl::Status Session::ReplicaGoneOr(absl::Status status, bool restarted,
+                                    absl::Time deadline) const {
   if (status.ok() || replicas_ == nullptr) return status;
-  const bool unreachable = absl::IsUnavailable(status);
+  bool unreachable = absl::IsUnavailable(status);
   if (!unreachable && !restarted) return status;
+  // A draining replica's own refusal (of a new session or fork; of any call
+  // once its grace is over) says it goes, sessions and all: no probe.
+  const bool draining = absl::StrContains(status.message(), "is draining") ||
+                        absl::StrContains(status.message(), "shutting down");
+  if (unreachable && !restarted && !draining) {
+    // The retries span a fraction of a second, less than gRPC's reconnect
+    // backoff: until 2026-12-07 a blip of 0.6 s told a live session gone (an
+    // audit of the Python client, which did the same). A GetSession that
+    // waits for the replica to be reached, up to kGoneProbe and at most half
+    // of what is left (a rebuild needs the rest), tells a blip from a death.
+    const absl::Duration wait = std::min(
+        kGoneProbe, (deadline == absl::InfiniteFuture() ? kGoneProbe * 2
+                                                        : Remaining(deadline)) /
+                        2);
+    if (wait <= absl::ZeroDuration()) return status;  // No time to tell.
+    std::unique_ptr<grpc::ClientContext> context =
+        client_->NewContext(absl::Now() + wait);
+    context->set_wait_for_ready(true);
+    v1::GetSessionRequest request;
+    request.set_session_id(id());
+    request.set_replica_incarnation(replica_.incarnation());
+    v1::GetSessionResponse response;
+    const grpc::Status probed =
+        v1::AttentionService::NewStub(client_->channel())
+            ->GetSession(context.get(), request, &response);
+    if (probed.ok()) {
+      return absl::Status(
+          status.code(),
+          absl::StrCat(status.message(), " (the replica at ", address_,
+                       " answered again at once and holds session ", id(),
+                       ": send the call again)"));
+    }
+    // GetSession fails FAILED_PRECONDITION only for the incarnation.
+    restarted = probed.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    unreachable = !restarted;
+    if (probed.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        probed.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+        !restarted) {
+      return status;  // It answered: the replica is there.
+    }
+  }
   absl::Status gone = absl::AbortedError(absl::StrCat(
       "session ", id(), "'s replica ", replica_.name(), " (incarnation ",
       replica_.incarnation(), ") at ", address_, " is gone, and the session ",
@@ -367,7 +416,8 @@ absl::StatusOr<Session> Session::Fork(std::optional<int64_t> length,
       client_->ForkSession(request, timeout);
   if (!response.ok()) {
     return ReplicaGoneOr(response.status(),
-                         RefusedForIncarnation(response.status(), deadline));
+                         RefusedForIncarnation(response.status(), deadline),
+                         deadline);
   }
   ATTNSERVE_ASSIGN_OR_RETURN(Session child,
                              FromServer(client_, response->session(), ""));
@@ -387,7 +437,8 @@ absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
       client_->TruncateSession(request, timeout);
   if (!response.ok()) {
     return ReplicaGoneOr(response.status(),
-                         RefusedForIncarnation(response.status(), deadline));
+                         RefusedForIncarnation(response.status(), deadline),
+                         deadline);
   }
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
@@ -535,8 +586,10 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
     // whole only for that incarnation (a step's own refusals are in its
     // result).
     return steps[0].session->ReplicaGoneOr(
-        response.status(), !request.replica_incarnation().empty() &&
-                               absl::IsFailedPrecondition(response.status()));
+        response.status(),
+        !request.replica_incarnation().empty() &&
+            absl::IsFailedPrecondition(response.status()),
+        deadline);
   }
 
   StepManyResults results(n, absl::UnknownError("unset"));

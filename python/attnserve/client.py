@@ -432,6 +432,22 @@ class Client:
         AttnserveError."""
         return self.call_counting(method, request, timeout, retryable, also_retry_on)[0]
 
+    def call_when_reachable(self, method, request, timeout):
+        """One attempt of `method` that waits up to `timeout` for the channel to reach the
+        server (gRPC's wait_for_ready) rather than failing UNAVAILABLE at once: whether a
+        server that stopped answering does so again soon. Raises AttnserveError."""
+        if self._closed:
+            raise AttnserveError(grpc.StatusCode.CANCELLED, f"{method}: the client is closed")
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=_seconds(timeout, "timeout"), metadata=self._metadata,
+                compression=self._compression, wait_for_ready=True)
+        except ValueError:  # gRPC's for a channel closed meanwhile
+            raise AttnserveError(grpc.StatusCode.CANCELLED,
+                                 f"{method}: the client is closed") from None
+        except grpc.RpcError as error:
+            raise AttnserveError(error.code(), error.details()) from None
+
     def call_counting(self, method, request, timeout=None, retryable=True,
                       also_retry_on=()):
         """call(), returning (response, the number of attempts it took). An AttnserveError

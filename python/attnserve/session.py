@@ -38,6 +38,10 @@ _NO_ANSWER = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
               grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
+# How long a pinned session's replica that stopped answering is waited for before it is told
+# gone: more than gRPC's reconnect backoff (at most 0.5 s, client.py).
+_GONE_PROBE_SECONDS = 1.0
+
 # The most steps whose answers were lost a layer remembers (the oldest are forgotten).
 _MOST_UNANSWERED = 16
 
@@ -236,15 +240,48 @@ class Session:
         """The time.monotonic() a call given `timeout` (None: the client's default) ends by."""
         return time.monotonic() + (self._client._timeout if timeout is None else timeout)
 
-    def _gone_or(self, error, restarted=False):
+    def _gone_or(self, error, restarted=False, deadline=None):
         """`error` as a ReplicaGoneError when it says a pinned session's replica is gone:
-        UNAVAILABLE past the retries, or `restarted` (the caller's reading of it: a restarted
-        replica's refusal of the incarnation the call carried)."""
+        `restarted` (the caller's reading of it: a restarted replica's refusal of the
+        incarnation the call carried), or UNAVAILABLE past the retries and then no answer to
+        a GetSession that waits up to a second (at most half of what is left of `deadline`)
+        for the replica to be reached again, or a draining replica's UNAVAILABLE. The retries span a fraction of a second, less than gRPC's reconnect
+        backoff: until 2026-12-07 a blip of 0.6 s told a live session gone (and a rebuild
+        hook made it anew elsewhere), an audit found. A replica that answers leaves `error`
+        as it is, saying so."""
         if self._replicas is None:
             return error
         unreachable = error.code == grpc.StatusCode.UNAVAILABLE
         if not (unreachable or restarted):
             return error
+        # A draining replica's own refusal (of a new session or fork; of any call once its
+        # grace is over) says it goes, sessions and all: no probe.
+        draining = "is draining" in error.message or "shutting down" in error.message
+        if unreachable and not restarted and not draining:
+            # At most half the time left: a rebuild hook needs the rest.
+            wait = _GONE_PROBE_SECONDS if deadline is None else min(_GONE_PROBE_SECONDS,
+                                                                    _left(deadline) / 2)
+            if wait <= 0:
+                return error  # No time to tell a blip from a death: not told gone.
+            try:
+                self._client.call_when_reachable(
+                    "GetSession", pb2.GetSessionRequest(
+                        session_id=self.id, replica_incarnation=self.replica.incarnation),
+                    wait)
+            except AttnserveError as probed:
+                # GetSession fails FAILED_PRECONDITION only for the incarnation.
+                restarted = probed.code == grpc.StatusCode.FAILED_PRECONDITION
+                unreachable = not restarted
+                if probed.code not in (grpc.StatusCode.UNAVAILABLE,
+                                       grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       grpc.StatusCode.FAILED_PRECONDITION):
+                    return error  # It answered: the replica is there.
+            else:
+                answered = AttnserveError(
+                    error.code, f"{error.message} (the replica at {self.address} answered "
+                    f"again at once and holds session {self.id}: send the call again)")
+                answered.attempts = error.attempts
+                return answered
         gone = ReplicaGoneError(
             f"session {self.id}'s replica {self.replica.name} (incarnation "
             f"{self.replica.incarnation}) at {self.address} is gone, and the session with "
@@ -357,7 +394,8 @@ class Session:
             # A Step call carrying an incarnation fails FAILED_PRECONDITION as a whole only
             # for that (a step's own refusals are in its result).
             raise self._gone_or(error, bool(self.replica.incarnation) and
-                                error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
+                                error.code == grpc.StatusCode.FAILED_PRECONDITION,
+                                deadline) from None
         result = _one_result(response)
         if result.HasField("error") and result.error.code != 0:
             error = AttnserveError(_code(result.error.code), result.error.message)
@@ -375,8 +413,8 @@ class Session:
         try:
             lengths = _checked_info(self._get(_left(deadline)), self.id).lengths
         except AttnserveError as error:
-            raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
-                from None
+            raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION,
+                                deadline) from None
         if len(lengths) != len(self.lengths):
             raise AttnserveError(grpc.StatusCode.INTERNAL,
                                  f"the server described session {self.id} with "
@@ -462,8 +500,8 @@ class Session:
                     "ForkSession", request, timeout,
                     retryable=self._client._retry.retry_session_creation)
             except AttnserveError as error:
-                raise self._gone_or(error, self._refused_for_incarnation(error, deadline)) \
-                    from None
+                raise self._gone_or(error, self._refused_for_incarnation(error, deadline),
+                                    deadline) from None
             child = Session(self._client, response.session, response.replica)
             child._pin(self._replicas, self.address, self._create_options)
             return child
@@ -478,8 +516,8 @@ class Session:
             try:
                 info = self._client.call("TruncateSession", request, timeout).session
             except AttnserveError as error:
-                raise self._gone_or(error, self._refused_for_incarnation(error, deadline)) \
-                    from None
+                raise self._gone_or(error, self._refused_for_incarnation(error, deadline),
+                                    deadline) from None
             self._adopt(info)
 
     def sync(self, timeout=None):

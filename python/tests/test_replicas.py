@@ -263,6 +263,46 @@ def test_a_restarted_replica_is_told_by_every_call_and_its_new_session_untouched
             second.stop()
 
 
+def test_a_blip_shorter_than_the_reconnect_backoff_is_not_a_replica_gone():
+    """The retries of a pinned session's call span a fraction of a second, less than gRPC's
+    reconnect backoff: UNAVAILABLE past them is a replica gone only if a GetSession waiting
+    for the replica to be reached gets no answer either. Until 2026-12-07 a blip of 0.6 s
+    told a live session gone, and a rebuild hook made it anew elsewhere (an audit)."""
+    server = Server("--replica_name=py-blip")
+    try:
+        with attnserve.Replicas(f"ipv4:{server.target}") as replicas:
+            session = replicas.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                              key_dim=D)
+            model = Model()
+            k, v = model.append(3)
+            session.step(0, key=k, value=v)
+            rebuilt = []
+            session.rebuild_hook = lambda *args: rebuilt.append(args)
+            client = replicas.client(server.target)
+            real = client.call_counting
+
+            def blip(method, request, timeout=None, retryable=True, also_retry_on=()):
+                client.call_counting = real  # Over once the retries have failed.
+                failure = attnserve.AttnserveError(grpc.StatusCode.UNAVAILABLE,
+                                                   "Connection reset by peer")
+                failure.attempts = 3
+                raise failure
+
+            client.call_counting = blip
+            k, v = model.append(1)
+            with pytest.raises(attnserve.AttnserveError) as failed:
+                session.step(0, key=k, value=v, timeout=5)
+            assert not isinstance(failed.value, attnserve.ReplicaGoneError)
+            assert failed.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "answered again at once and holds session" in failed.value.message
+            assert failed.value.attempts == 3 and not rebuilt
+            # Sent again, the step goes to the same session.
+            assert session.step(0, key=k, value=v).length == 4
+            assert not rebuilt and session.address == server.target
+    finally:
+        server.stop()
+
+
 def test_a_sharded_session_refuses_positional_variants(three):
     target = "ipv4:" + ",".join(server.target for server in three)
     with attnserve.Replicas(target) as replicas:

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/client/client.h"
+#include "attnserve/client/replicas.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -64,7 +65,10 @@ class FakeSessionService final : public v1::AttentionService::CallbackService {
       const v1::CreateSessionRequest* request,
       v1::CreateSessionResponse* response) override {
     absl::MutexLock lock(&mutex_);
-    const std::string id = absl::StrCat("s", next_id_++);
+    // The id asked for (Replicas draws one), else one of its own.
+    const std::string id = request->session_id().empty()
+                               ? absl::StrCat("s", next_id_++)
+                               : request->session_id();
     sessions_[id] = {std::vector<int64_t>(request->num_layers(), 0), ""};
     *response->mutable_session() = InfoLocked(id);
     return Finish(context, "CreateSession");
@@ -520,6 +524,39 @@ TEST_F(SessionNoRetryTest, AnotherStepAfterALostAnswerIsNotTakenForTheLostOne) {
   service_.LoseAnswers("Step", 1);
   EXPECT_FALSE(session.Step(Inputs(0, 0, 1), kTimeout).ok());
   EXPECT_FALSE(session.uncertain(0));
+}
+
+// A pinned session's call that fails UNAVAILABLE past its retries (here its
+// only attempt) is its replica gone only if a GetSession waiting for the
+// replica to be reached gets no answer either: the retries span less than
+// gRPC's reconnect backoff, and until 2026-12-07 a blip of 0.6 s told a live
+// session gone (an audit of the Python client, which did the same).
+TEST_F(SessionNoRetryTest, ABlipIsNotAReplicaGone) {
+  ClientOptions options;
+  options.retry.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(absl::StrCat("ipv4:127.0.0.1:", port_), options);
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  v1::CreateSessionRequest request;
+  request.set_num_layers(1);
+  absl::StatusOr<Session> session =
+      (*replicas)->CreateSession(request, kTimeout);
+  ASSERT_TRUE(session.ok()) << session.status();
+  service_.LoseAnswers("Step", 1);  // The replica answers GetSession.
+  absl::StatusOr<StepOutput> out = session->Step(Inputs(0, 2, 0), kTimeout);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kUnavailable)
+      << out.status();
+  EXPECT_FALSE(IsReplicaGone(out.status()));
+  EXPECT_THAT(out.status().message(),
+              HasSubstr("answered again at once and holds session"));
+  out = session->Step(Inputs(0, 2, 0), kTimeout);  // Sent again: recovered.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->length, 2);
+  // A replica that does not answer the GetSession either is gone.
+  service_.LoseAnswers("Step", 1);
+  service_.LoseAnswers("GetSession", 1);
+  out = session->Step(Inputs(0, 1, 0), kTimeout);
+  EXPECT_TRUE(IsReplicaGone(out.status())) << out.status();
 }
 
 TEST_F(SessionTest, StepsOfOneLayerThatLandedTogetherRecoverAsAPrefix) {

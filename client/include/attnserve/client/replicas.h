@@ -29,8 +29,9 @@
 // the incarnation, so a replica that restarted refuses them instead of
 // answering NOT_FOUND.
 //
-// When a session's replica is gone (unreachable through the retries, or
-// restarted: another incarnation answers at its address), a step fails with
+// When a session's replica is gone (unreachable through the retries and then
+// unanswering a GetSession that waits a moment for it to be reached; draining;
+// or restarted: another incarnation answers at its address), a step fails with
 // ABORTED, saying so, and IsReplicaGone() is true of the status. With a
 // rebuild hook (Session::SetRebuild), the library instead creates the session
 // again on the next replica in rendezvous order, calls the hook to restore

@@ -235,11 +235,16 @@ class Session {
   // Takes `info` as the server's word: lengths and metadata.
   void Adopt(const v1::SessionInfo& info);
   // `status`, from a call to this session's replica, as the replica-gone
-  // error when it says the replica is: UNAVAILABLE past the retries, or
-  // `restarted` (the caller's reading of it: a restarted replica's refusal
-  // of the incarnation the call carried). Only for a pinned session;
-  // otherwise (and for other errors) `status` as is.
-  absl::Status ReplicaGoneOr(absl::Status status, bool restarted = false) const;
+  // error when it says the replica is: `restarted` (the caller's reading of
+  // it: a restarted replica's refusal of the incarnation the call carried);
+  // a draining replica's UNAVAILABLE; or UNAVAILABLE past the retries and no
+  // answer to a GetSession that waits up to a second (at most half of what
+  // is left until `deadline`; InfiniteFuture: a second) for the replica to be
+  // reached. Only for a pinned session; otherwise (and for other errors, and
+  // a replica that answers, which the message then says) `status` as is.
+  absl::Status ReplicaGoneOr(
+      absl::Status status, bool restarted = false,
+      absl::Time deadline = absl::InfiniteFuture()) const;
   // Whether `status`, a ForkSession's or TruncateSession's that carried the
   // incarnation, is a restarted replica's refusal of it. Those answer
   // FAILED_PRECONDITION for evicted tokens too: a GetSession carrying the

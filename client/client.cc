@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "attnserve/common/bearer_tokens.h"
 #include "attnserve/common/pem.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc_status.h"
@@ -308,7 +309,9 @@ absl::StatusOr<Response> Client::CallWithRetries(
         !(IsRetryable(policy, status) ||
           (also_retried != grpc::StatusCode::OK &&
            status.error_code() == also_retried))) {
-      return FromGrpcStatus(status);
+      // Marked so for Replicas: another replica would refuse it too.
+      return ServerSaysNeverRetry(*context) ? Permanent(FromGrpcStatus(status))
+                                            : FromGrpcStatus(status);
     }
     // Full backoff scaled by a jitter in [0.5, 1): spreads clients that failed
     // together.

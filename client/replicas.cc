@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "attnserve/common/refusals.h"
 #include "attnserve/common/status_macros.h"
 #include "deadline.h"
 
@@ -246,6 +247,7 @@ absl::StatusOr<Session> Replicas::CreateSession(
   const absl::Time deadline = absl::Now() + timeout;
   if (request.session_id().empty()) request.set_session_id(RandomSessionId());
   std::vector<std::string> refusals;
+  bool all_full = true;  // Every refusal a full replica's.
   std::set<std::string> asked = avoid;
   // The ranking as resolved now, then once more after resolving the target
   // again, for the replicas that came meanwhile.
@@ -281,21 +283,30 @@ absl::StatusOr<Session> Replicas::CreateSession(
       }
       // A replica shutting down cancels the calls it holds: its sessions go
       // with it, so the next replica is asked, as for one unreachable, or
-      // one that did not answer within its share.
+      // one that did not answer within its share, or one full (its session
+      // caps or KV cache; until 2026-12-07 the first full replica ended the
+      // create, an audit found), but not for a refusal of the request itself,
+      // which every replica would make.
       const bool share_passed = absl::IsDeadlineExceeded(created.status()) &&
                                 Remaining(deadline) > absl::ZeroDuration();
+      const bool full = absl::IsResourceExhausted(created.status()) &&
+                        !IsPermanent(created.status());
       if (!absl::IsUnavailable(created.status()) &&
-          !absl::IsCancelled(created.status()) && !share_passed) {
+          !absl::IsCancelled(created.status()) && !share_passed && !full) {
         return created.status();
       }
+      all_full = all_full && full;
       refusals.push_back(
           absl::StrCat(address, ": ", created.status().message()));
     }
   }
-  return absl::UnavailableError(absl::StrCat(
+  const std::string what = absl::StrCat(
       "no replica of ", target_, " took session ", request.session_id(),
       refusals.empty() ? " (no replica to ask besides those avoided)"
-                       : absl::StrCat(": ", absl::StrJoin(refusals, "; "))));
+                       : absl::StrCat(": ", absl::StrJoin(refusals, "; ")));
+  // Every replica full: the caller's backpressure, as one replica's was.
+  return !refusals.empty() && all_full ? absl::ResourceExhaustedError(what)
+                                       : absl::UnavailableError(what);
 }
 
 absl::StatusOr<Session> Replicas::AttachSession(absl::string_view address,

@@ -23,6 +23,9 @@ class AttnserveError(Exception):
         self.code = code
         self.message = message
         self.attempts = 1  # calls made before it was given up
+        # The server marked the refusal one the same request meets again (the trailer
+        # grpc-retry-pushback-ms: -1): another replica would refuse it too.
+        self.permanent = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,6 +483,7 @@ class Client:
             except grpc.RpcError as error:
                 failure = AttnserveError(error.code(), error.details())
                 failure.attempts = attempt
+                failure.permanent = _server_says_never_retry(error)
                 cancelled_by_server = (failure.code == grpc.StatusCode.CANCELLED
                                        and self._retry.retry_cancelled_by_server
                                        and not self._closed)

@@ -174,9 +174,11 @@ class Replicas:
         """A session (Client.create_session's options) on the first replica in rendezvous
         order for its id that takes it, skipping `avoid` and those answering UNAVAILABLE
         (draining or unreachable; the target is resolved again before giving up), CANCELLED
-        (shutting down) or nothing within their share of `timeout` (an equal part of what is
-        left for each replica left to ask, at least 2 s: a hung one does not take it all).
-        Pinned."""
+        (shutting down), RESOURCE_EXHAUSTED (full, but not a refusal of the request itself,
+        which every replica would make) or nothing within their share of `timeout` (an equal
+        part of what is left for each replica left to ask, at least 2 s: a hung one does not
+        take it all). Pinned. RESOURCE_EXHAUSTED if every replica asked was full, else
+        UNAVAILABLE, naming each refusal."""
         if self._closed:
             raise AttnserveError(grpc.StatusCode.CANCELLED,
                                  f"CreateSession: the Replicas of {self.target} is closed")
@@ -184,7 +186,7 @@ class Replicas:
         # Shared between the replicas: without one, the clients' default.
         deadline = _deadline(_seconds(timeout, "timeout") if timeout is not None
                              else self._options.get("timeout", 30.0))
-        asked, refusals = set(avoid), []
+        asked, refusals, all_full = set(avoid), [], True
         for round_ in range(2):
             if round_:
                 try:
@@ -204,17 +206,26 @@ class Replicas:
                 except AttnserveError as error:
                     # A replica shutting down cancels the calls it holds: its sessions go
                     # with it, so the next replica is asked, as for one unreachable, or one
-                    # that did not answer within its share.
+                    # that did not answer within its share, or one full (its session caps or
+                    # KV cache; until 2026-12-07 the first full replica ended the create),
+                    # but not for a refusal of the request itself, which every replica would
+                    # make.
                     share_passed = (error.code == grpc.StatusCode.DEADLINE_EXCEEDED
                                     and _left(deadline) > 0)
+                    full = (error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                            and not error.permanent)
                     if error.code not in (grpc.StatusCode.UNAVAILABLE,
-                                          grpc.StatusCode.CANCELLED) and not share_passed:
+                                          grpc.StatusCode.CANCELLED) \
+                            and not share_passed and not full:
                         raise
+                    all_full = all_full and full
                     refusals.append(f"{address}: {error.message}")
                     continue
                 session._pin(self, address, session_options)
                 return session
-        raise AttnserveError(grpc.StatusCode.UNAVAILABLE,
+        # Every replica full: the caller's backpressure, as one replica's was.
+        raise AttnserveError(grpc.StatusCode.RESOURCE_EXHAUSTED if refusals and all_full
+                             else grpc.StatusCode.UNAVAILABLE,
                              f"no replica of {self.target} took session {session_id}: "
                              + ("; ".join(refusals) or "no replica to ask besides those avoided"))
 

@@ -303,6 +303,41 @@ def test_a_blip_shorter_than_the_reconnect_backoff_is_not_a_replica_gone():
         server.stop()
 
 
+def test_a_full_replica_passes_the_session_to_the_next():
+    """A replica refusing a create for want of room (RESOURCE_EXHAUSTED: here max_sessions
+    with kv_eviction none) passes it to the next in rendezvous order; every replica full is
+    RESOURCE_EXHAUSTED naming each. A refusal of the request itself, which the server marks
+    and every replica would make, ends the create at once. Until 2026-12-07 the first full
+    replica ended it (an audit)."""
+    servers = [Server("--max_sessions=1", "--kv_eviction=none", "--kv_cache_bytes=4194304")
+               for _ in range(2)]
+    try:
+        target = "ipv4:" + ",".join(server.target for server in servers)
+        with attnserve.Replicas(target) as replicas:
+            held = [replicas.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                            key_dim=D) for _ in range(2)]
+            assert {session.address for session in held} == {s.target for s in servers}
+            with pytest.raises(attnserve.AttnserveError) as full:
+                replicas.create_session(num_layers=1, num_heads=H, num_kv_heads=HKV,
+                                        key_dim=D)
+            assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert full.value.message.startswith("no replica of ")
+            assert all(s.target in full.value.message for s in servers)
+            for session in held:
+                session.delete()
+            # A session whose first page passes the whole KV cache: refused by the first
+            # replica asked, for good.
+            with pytest.raises(attnserve.AttnserveError) as too_large:
+                replicas.create_session(num_layers=1, num_heads=64, key_dim=256,
+                                        max_tokens=4096)
+            assert too_large.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert too_large.value.permanent
+            assert not too_large.value.message.startswith("no replica of ")
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def test_a_sharded_session_refuses_positional_variants(three):
     target = "ipv4:" + ",".join(server.target for server in three)
     with attnserve.Replicas(target) as replicas:

@@ -676,6 +676,50 @@ TEST_F(ReplicasTest, ADrainingReplicaTakesNoNewSessionsButServesItsOwn) {
   EXPECT_TRUE(Decode(*moved_on, moved_model, 930).ok());
 }
 
+// A replica refusing a create for want of room (RESOURCE_EXHAUSTED: here
+// max_sessions with kv_eviction none) passes it to the next in rendezvous
+// order; every replica full is RESOURCE_EXHAUSTED naming each. A refusal of
+// the request itself (a page past the whole KV cache), which the server
+// marks and every replica would make, ends the create at once. Until
+// 2026-12-07 the first full replica ended it (an audit of the Python
+// client, whose Replicas did the same).
+TEST_F(ReplicasTest, AFullReplicaPassesTheSessionToTheNext) {
+  StartReplicas(
+      {"--max_sessions=1", "--kv_eviction=none", "--kv_cache_bytes=4194304"});
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<Replicas>> replicas =
+      Replicas::Connect(Target());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  std::vector<Session> held;
+  std::set<std::string> addresses;
+  for (int i = 0; i < kReplicas; ++i) {
+    absl::StatusOr<Session> session =
+        (*replicas)->CreateSession(SmallSession(), kTimeout);
+    ASSERT_TRUE(session.ok()) << session.status();
+    addresses.insert(session->address());
+    held.push_back(*std::move(session));
+  }
+  EXPECT_EQ(addresses.size(), static_cast<size_t>(kReplicas));
+  const absl::Status full =
+      (*replicas)->CreateSession(SmallSession(), kTimeout).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_THAT(std::string(full.message()), HasSubstr("no replica of "));
+  for (Session& session : held) {
+    ASSERT_TRUE(session.Delete(kTimeout).ok());
+  }
+  v1::CreateSessionRequest large = SmallSession();
+  large.set_num_heads(64);
+  large.set_num_kv_heads(64);
+  large.set_key_dim(256);
+  large.set_max_tokens(4096);  // Pages of 64 tokens: 8 MiB, past 4 MiB.
+  const absl::Status too_large =
+      (*replicas)->CreateSession(large, kTimeout).status();
+  EXPECT_EQ(too_large.code(), absl::StatusCode::kResourceExhausted)
+      << too_large;
+  EXPECT_THAT(std::string(too_large.message()),
+              ::testing::Not(HasSubstr("no replica of ")));
+}
+
 TEST_F(ReplicasTest, AShardedSessionAnswersAsOneSession) {
   StartReplicas({});
   if (HasFatalFailure()) return;

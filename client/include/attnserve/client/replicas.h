@@ -112,10 +112,13 @@ class Replicas {
   // (`request.session_id`, drawn by RandomSessionId() when empty) that takes
   // it, skipping `avoid` and the replicas that answer UNAVAILABLE (draining
   // or unreachable: the target is resolved again before giving up),
-  // CANCELLED (shutting down) or nothing within their share of `timeout` (an
-  // equal part of what is left for each replica left to ask, at least 2 s, so
-  // that a hung one does not take it all). Any other error is returned as is.
-  // The Session is pinned to that replica.
+  // CANCELLED (shutting down), RESOURCE_EXHAUSTED (full: its session caps or
+  // KV cache; not a refusal of the request itself, which the server marks
+  // and every replica would make) or nothing within their share of `timeout`
+  // (an equal part of what is left for each replica left to ask, at least
+  // 2 s, so that a hung one does not take it all). Any other error is
+  // returned as is; RESOURCE_EXHAUSTED if every replica asked was full, else
+  // UNAVAILABLE, naming each refusal. The Session is pinned to that replica.
   absl::StatusOr<Session> CreateSession(
       v1::CreateSessionRequest request, absl::Duration timeout,
       const std::set<std::string>& avoid = {});

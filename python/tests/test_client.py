@@ -240,6 +240,14 @@ def test_compression_both_ways(server):
     with attnserve.Client(server.target, compression="gzip") as client:
         out = client.attend(q, k, v).output
     np.testing.assert_allclose(out, reference_sdpa(q, k, v), atol=1e-5)
+    # A request inflating to megabytes (the server inflates into 64 KiB slices; zeros
+    # inflate past the end of their input), in both encodings.
+    q, k, v = uniform(1, 4, 32, 64), np.zeros((1, 4, 2048, 64), np.float32), \
+        uniform(1, 4, 2048, 64)
+    for encoding in ("gzip", "deflate"):
+        with attnserve.Client(server.target, compression=encoding) as client:
+            out = client.attend(q, k, v).output
+        np.testing.assert_allclose(out, reference_sdpa(q, k, v), atol=1e-5)
     with pytest.raises(ValueError, match="compression"):
         attnserve.Client(server.target, compression="zstd")
 

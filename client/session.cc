@@ -447,6 +447,7 @@ absl::Status Session::Truncate(int64_t length, absl::Duration timeout) {
 }
 
 absl::Status Session::Delete(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   int attempts = 0;
   v1::DeleteSessionRequest request;
   request.set_session_id(id());
@@ -470,13 +471,14 @@ absl::Status Session::Delete(absl::Duration timeout) {
                    code == absl::StatusCode::kCancelled ||
                    code == absl::StatusCode::kUnknown ||
                    code == absl::StatusCode::kInternal;
-    return ReplicaGoneOr(response.status(), false);
+    return ReplicaGoneOr(response.status(), false, deadline);
   }
   deleted_ = true;
   return absl::OkStatus();
 }
 
 absl::Status Session::Sync(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   v1::GetSessionRequest request;
   request.set_session_id(id());
   request.set_replica_incarnation(replica_.incarnation());
@@ -485,7 +487,8 @@ absl::Status Session::Sync(absl::Duration timeout) {
   // GetSession fails FAILED_PRECONDITION only for the incarnation.
   if (!response.ok()) {
     return ReplicaGoneOr(response.status(),
-                         absl::IsFailedPrecondition(response.status()));
+                         absl::IsFailedPrecondition(response.status()),
+                         deadline);
   }
   ATTNSERVE_RETURN_IF_ERROR(CheckServerInfo(response->session()));
   ATTNSERVE_RETURN_IF_ERROR(CheckSameSession(response->session(), id()));
@@ -575,12 +578,23 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
   if (!response.ok()) {
     // The steps that append may or may not have landed: the next step on
     // these layers finds out (see session.h).
+    std::map<LayerKey, size_t> added;
     for (size_t i = 0; i < n; ++i) {
       if (tokens[i] == 0) continue;
+      const LayerKey key{steps[i].session, steps[i].inputs.layer};
+      key.first->unanswered_[key.second].push_back(
+          {expected[i], tokens[i], digests[i]});
+      ++added[key];
+    }
+    // Earlier calls' oldest go past kMostUnanswered; this call's steps all
+    // stay (a chunked prefill's, sent again, recovers whole).
+    for (const auto& [key, count] : added) {
       std::vector<Session::Unanswered>& lost =
-          steps[i].session->unanswered_[steps[i].inputs.layer];
-      lost.push_back({expected[i], tokens[i], digests[i]});
-      if (lost.size() > kMostUnanswered) lost.erase(lost.begin());
+          key.first->unanswered_[key.second];
+      const size_t keep = std::max(kMostUnanswered, count);
+      if (lost.size() > keep) {
+        lost.erase(lost.begin(), lost.end() - static_cast<ptrdiff_t>(keep));
+      }
     }
     // A Step call carrying an incarnation fails FAILED_PRECONDITION as a
     // whole only for that incarnation (a step's own refusals are in its
@@ -643,7 +657,8 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
           } else {
             // GetSession fails FAILED_PRECONDITION only for the incarnation.
             it->second = session->ReplicaGoneOr(
-                info.status(), absl::IsFailedPrecondition(info.status()));
+                info.status(), absl::IsFailedPrecondition(info.status()),
+                deadline);
           }
         }
         if (!it->second.ok()) {
@@ -673,12 +688,13 @@ absl::StatusOr<StepManyResults> StepMany(std::vector<SessionStepInputs> steps,
                  e.digest == digests[i];
         });
       };
+      // Query-only steps among them appended nothing either way.
       const bool these =
           last_landed.has_value() &&
           std::all_of(indices.begin(), indices.begin() + *last_landed + 1,
                       [&](size_t i) {
-                        return tokens[i] > 0 &&
-                               (attempts > 1 || same_as_lost(i));
+                        return tokens[i] == 0 || attempts > 1 ||
+                               same_as_lost(i);
                       });
       // A lost step in the span these would have filled, unlike them.
       const bool other_lost =

@@ -60,8 +60,12 @@ class RetryPolicy:
             raise ValueError(f"max_attempts is {self.max_attempts!r}, expected 1 to 100")
         for name in ("initial_backoff", "max_backoff", "backoff_multiplier"):
             value = getattr(self, name)
-            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                    or not np.isfinite(float(value))):
+            try:
+                finite = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                          and bool(np.isfinite(float(value))))
+            except OverflowError:  # an int past any float
+                finite = False
+            if not finite:
                 raise ValueError(f"{name} is {value!r}, expected a finite number")
         if not 0 < self.initial_backoff <= self.max_backoff:
             raise ValueError(f"initial_backoff is {self.initial_backoff!r} and max_backoff "
@@ -70,11 +74,16 @@ class RetryPolicy:
         if self.backoff_multiplier < 1:
             raise ValueError(f"backoff_multiplier is {self.backoff_multiplier!r}, expected "
                              f">= 1")
-        if (isinstance(self.retry_on, (grpc.StatusCode, str, bytes))
-                or not all(isinstance(code, grpc.StatusCode) for code in self.retry_on)):
+        codes = None
+        if not isinstance(self.retry_on, (grpc.StatusCode, str, bytes)):
+            try:
+                codes = tuple(self.retry_on)  # once: a generator is read here alone
+            except TypeError:
+                pass
+        if codes is None or not all(isinstance(code, grpc.StatusCode) for code in codes):
             raise ValueError(f"retry_on is {self.retry_on!r}, expected a tuple of "
                              f"grpc.StatusCode, e.g. (grpc.StatusCode.UNAVAILABLE,)")
-        object.__setattr__(self, "retry_on", tuple(self.retry_on))
+        object.__setattr__(self, "retry_on", codes)
         for name in ("retry_weight_changes", "retry_session_creation",
                      "retry_weights_version", "retry_cancelled_by_server"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):

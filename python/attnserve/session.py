@@ -523,12 +523,13 @@ class Session:
     def sync(self, timeout=None):
         """Takes the server's lengths (after a step given up, or another writer)."""
         with self._alone(timeout) as timeout:
+            deadline = _deadline(timeout)
             try:
                 info = self._get(timeout)
             except AttnserveError as error:
                 # GetSession fails FAILED_PRECONDITION only for the incarnation.
-                raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION) \
-                    from None
+                raise self._gone_or(error, error.code == grpc.StatusCode.FAILED_PRECONDITION,
+                                    deadline) from None
             self._adopt(info)
 
     def delete(self, timeout=None):
@@ -536,6 +537,7 @@ class Session:
         lost (a retry of this call, or an earlier delete() that failed), and so does a pinned
         session's replica that restarted (its sessions went with the process)."""
         with self._alone(timeout) as timeout:
+            deadline = _deadline(timeout)
             request = pb2.DeleteSessionRequest(session_id=self.id,
                                                replica_incarnation=self.replica.incarnation)
             try:
@@ -551,7 +553,8 @@ class Session:
                     # Only a failure without the server's answer may hide a deletion.
                     self._delete_sent = self._delete_sent or error.code in _NO_ANSWER
                     raise self._gone_or(
-                        error, error.code == grpc.StatusCode.FAILED_PRECONDITION) from None
+                        error, error.code == grpc.StatusCode.FAILED_PRECONDITION,
+                        deadline) from None
             self.deleted = True
 
     def _adopt(self, info):

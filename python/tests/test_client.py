@@ -919,10 +919,16 @@ def test_a_retry_policy_is_checked_when_made():
                              (dict(backoff_multiplier=0.5), "backoff_multiplier is 0.5"),
                              (dict(retry_on=grpc.StatusCode.UNAVAILABLE), "retry_on is"),
                              (dict(retry_on=("UNAVAILABLE",)), "expected a tuple of grpc"),
+                             (dict(retry_on=5), "retry_on is 5"),
+                             (dict(max_backoff=10 ** 400), "max_backoff is"),
                              (dict(retry_session_creation="yes"), "retry_session_creation")):
         with pytest.raises(ValueError, match=message):
             attnserve.RetryPolicy(**options)
     assert attnserve.RetryPolicy(retry_on=[grpc.StatusCode.UNAVAILABLE]).retry_on == (
+        grpc.StatusCode.UNAVAILABLE,)
+    # A generator is read once, and kept as the tuple it gave.
+    assert attnserve.RetryPolicy(
+        retry_on=(code for code in [grpc.StatusCode.UNAVAILABLE])).retry_on == (
         grpc.StatusCode.UNAVAILABLE,)
 
 

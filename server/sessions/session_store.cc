@@ -344,6 +344,13 @@ struct SessionStore::EvictionPlan {
   int64_t freed = 0;
 };
 
+int64_t SessionStore::LingeringOf(const std::string& owner,
+                                  const Account* account) const {
+  if (account != nullptr) return account->lingering->load();
+  const auto found = lingering_without_account_.find(owner);
+  return found == lingering_without_account_.end() ? 0 : found->second->load();
+}
+
 SessionStore::Account* SessionStore::FindAccount(const std::string& owner) {
   const auto found = accounts_.find(owner);
   return found == accounts_.end() ? nullptr : found->second.get();
@@ -443,15 +450,17 @@ absl::Status SessionStore::PlanRoom(int64_t bytes, absl::string_view what,
                      cap, " bytes)")));
   }
   Account* const account = FindAccount(owner);
+  // Without an account (no session now), what its steps still read.
+  const int64_t lingering = LingeringOf(owner, account);
   const auto holds = [&] {
-    return account == nullptr ? 0 : account->held() - plan->FreedBy(account);
+    return account == nullptr ? lingering
+                              : account->held() - plan->FreedBy(account);
   };
   const auto would_hold = [&] { return holds() + bytes; };
   const int64_t used = used_bytes_->load() + bookkeeping_bytes_;
   const auto over_cap = [&] { return cap > 0 && would_hold() > cap; };
   const auto over_budget = [&] { return used - plan->freed + bytes > budget; };
   if (!over_cap() && !over_budget()) return absl::OkStatus();
-  const int64_t lingering = account == nullptr ? 0 : account->lingering->load();
   const std::string read_by_steps =
       lingering == 0
           ? ""
@@ -960,7 +969,10 @@ SessionListing SessionStore::List(
   MaybeExpire(absl::Now());
   SessionListing listing;
   const Account* const account = FindAccount(owner);
-  if (account == nullptr) return listing;
+  if (account == nullptr) {
+    listing.held_bytes = LingeringOf(owner, nullptr);
+    return listing;
+  }
   listing.bytes = account->bytes - account->bookkeeping;
   listing.held_bytes = account->held();
   struct Place {

@@ -584,6 +584,49 @@ TEST_F(SessionTest, StepsOfOneLayerThatLandedTogetherRecoverAsAPrefix) {
   EXPECT_EQ(service_.calls("GetSession"), 1);
 }
 
+// A query alone before the append it precedes, both landed on an attempt
+// whose answer was lost: the append is recovered (the query appended nothing
+// either way; a review of 2026-12-07 found the first form of the digest
+// check told both "another writer changed it").
+TEST_F(SessionTest, AQueryAloneBeforeALandedAppendDoesNotHideIt) {
+  Session session = NewSession();
+  service_.LoseAnswers("Step", 1);
+  std::vector<SessionStepInputs> steps;
+  steps.push_back({&session, Inputs(0, 0, 1)});
+  steps.push_back({&session, Inputs(0, 2, 0)});
+  absl::StatusOr<StepManyResults> results =
+      StepMany(std::move(steps), kTimeout);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_TRUE((*results)[1].ok()) << (*results)[1].status();
+  EXPECT_TRUE((*results)[1]->recovered);
+  EXPECT_EQ((*results)[1]->length, 2);
+  EXPECT_THAT(session.lengths(), ElementsAre(2, 0));
+  EXPECT_FALSE(session.uncertain(0));
+}
+
+// A lost call of more appending steps on one layer than a layer remembers
+// of earlier calls (16), sent again whole, recovers whole: the call's own
+// steps are never forgotten (a review of 2026-12-07 found the first form
+// kept the last 16, and told the rest "not appended").
+TEST_F(SessionNoRetryTest, ALostChunkedPrefillSentAgainRecoversWhole) {
+  Session session = NewSession();
+  const auto prefill = [&session] {
+    std::vector<SessionStepInputs> steps;
+    for (int i = 0; i < 20; ++i) steps.push_back({&session, Inputs(0, 1, 0)});
+    return steps;
+  };
+  service_.LoseAnswers("Step", 1);
+  EXPECT_FALSE(StepMany(prefill(), kTimeout).ok());
+  absl::StatusOr<StepManyResults> results = StepMany(prefill(), kTimeout);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE((*results)[i].ok()) << i << ": " << (*results)[i].status();
+    EXPECT_TRUE((*results)[i]->recovered);
+  }
+  EXPECT_THAT(session.lengths(), ElementsAre(20, 0));
+  EXPECT_THAT(service_.lengths(session.id()), ElementsAre(20, 0));
+}
+
 TEST_F(SessionTest, ForkTruncateAndDelete) {
   Session session = NewSession();
   ASSERT_TRUE(session.Append(0, Keys(6), Values(6), kTimeout).ok());

@@ -472,6 +472,7 @@ TEST(SessionStoreFairnessTest, PagesOnlyAStepReadsCountAgainstItsCaller) {
     // they read are still hers.
     const int64_t read = store.List("alice").held_bytes - alone;
     ASSERT_TRUE(store.Delete("alice", alices).ok());
+    EXPECT_GE(store.List("alice").held_bytes, read);  // Without a session too.
     const absl::StatusOr<SessionDescription> next =
         store.Create("alice", Small());
     ASSERT_TRUE(next.ok()) << next.status();

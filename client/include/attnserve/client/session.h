@@ -278,7 +278,7 @@ class Session {
 // Sends the steps of many sessions (all on one Client) in one Step call, in
 // order; a session may appear more than once (each of its steps then expects
 // the previous one's end). Returns the call's error if it failed as a whole
-// (every layer it touched is then uncertain), else one entry per step.
+// (every layer it appended to is then uncertain), else one entry per step.
 // Checks locally, before any call (INVALID_ARGUMENT, FAILED_PRECONDITION for
 // a deleted Session): every session non-null and on the same Client, layers
 // in range, key and value both or neither, rank 3 with one token count

@@ -353,6 +353,11 @@ class SessionStore {
   // `owner`'s account; null if it holds no session.
   Account* FindAccount(const std::string& owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The bytes of `owner`'s pages that no session holds but steps still read:
+  // its `account`'s (FindAccount), or, without one, those its last sessions
+  // left behind.
+  int64_t LingeringOf(const std::string& owner, const Account* account) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Adds to `plan` the idle sessions (other than `keep` and those chosen
   // already) that must go for one more session of `owner`'s: under
   // max_sessions_per_identity its own least recently used, under

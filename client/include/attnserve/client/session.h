@@ -55,6 +55,11 @@
 //   above finds out whether it had landed. To give up on it instead, call
 //   Sync() before the next step, which takes the server's lengths as they are.
 //
+// After a lost call, send the same steps again or Sync() first: a call
+// that changes them can be half taken. A lost [S1] that landed, then
+// [S1', S2] of other keys for S1': S1' is refused (the lost S1 explains the
+// layer), but S2 expects S1's end and is appended after S1's keys.
+//
 // This assumes one writer per session: the recovery cannot tell this
 // client's lost step from another writer's step of the same size. Not
 // thread-safe; a Session may move between threads. Destroying a Session does

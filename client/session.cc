@@ -4,6 +4,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <set>
 #include <string_view>
 #include <utility>
 
@@ -314,9 +315,22 @@ absl::Status Session::Rebuild(absl::Duration timeout) {
   request.set_max_tokens(info_.max_tokens());
   request.set_ttl_seconds(info_.ttl_seconds());
   *request.mutable_defaults() = info_.defaults();
-  ATTNSERVE_ASSIGN_OR_RETURN(
-      Session fresh,
-      replicas_->CreateSession(request, Remaining(deadline), {address_}));
+  absl::StatusOr<Session> created =
+      replicas_->CreateSession(request, Remaining(deadline), {address_});
+  if (absl::IsUnavailable(created.status()) &&
+      Remaining(deadline) > absl::ZeroDuration()) {
+    // No other replica took it: its own, which may have restarted (another
+    // incarnation at the address, there and empty). Until 2026-12-07 it was
+    // never asked, and a single replica's sessions could not be rebuilt.
+    std::set<std::string> others;
+    for (const std::string& address : replicas_->addresses()) {
+      if (address != address_) others.insert(address);
+    }
+    absl::StatusOr<Session> own =
+        replicas_->CreateSession(request, Remaining(deadline), others);
+    if (own.ok()) created = std::move(own);
+  }
+  ATTNSERVE_ASSIGN_OR_RETURN(Session fresh, std::move(created));
   if (rebuild_ != nullptr) {
     // The hook restores the new session as a Session of its own: this one
     // becomes it only once every layer holds what the lost one held, so that

@@ -313,7 +313,8 @@ class Session:
 
     def rebuild(self, timeout=None):
         """Creates the session anew (same shape, a new id) on the next replica in rendezvous
-        order other than its own, then runs rebuild_hook, if any, to restore the lengths it
+        order other than its own (its own if no other takes it: a replica that restarted is
+        there, empty), then runs rebuild_hook, if any, to restore the lengths it
         had (FAILED_PRECONDITION if it leaves others). Only for a session Replicas placed.
         The hook is given the new session as a Session of its own, which it may step from
         any thread; this one becomes it when the hook has restored every layer, and until then
@@ -327,8 +328,23 @@ class Session:
                                      f"which alone can rebuild it on another replica")
             lengths = list(self.lengths)
             deadline = self._deadline(timeout)
-            fresh = self._replicas.create_session(avoid={self.address}, timeout=_left(deadline),
-                                                  **self._create_options)
+            try:
+                fresh = self._replicas.create_session(avoid={self.address},
+                                                      timeout=_left(deadline),
+                                                      **self._create_options)
+            except AttnserveError as error:
+                # No other replica took it: its own, which may have restarted (another
+                # incarnation at the address, there and empty). Until 2026-12-07 it was never
+                # asked, and a single replica's sessions could not be rebuilt.
+                if error.code != grpc.StatusCode.UNAVAILABLE or _left(deadline) <= 0:
+                    raise
+                others = set(self._replicas.addresses) - {self.address}
+                try:
+                    fresh = self._replicas.create_session(avoid=others,
+                                                          timeout=_left(deadline),
+                                                          **self._create_options)
+                except AttnserveError:
+                    raise error from None
             if self.rebuild_hook is None:
                 self._become(fresh)
                 return

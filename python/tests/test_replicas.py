@@ -235,6 +235,8 @@ def test_a_restarted_replica_is_told_by_every_call_and_its_new_session_untouched
             model = Model()
             k, v = model.append(3)
             stale.step(0, key=k, value=v)
+            second_stale = replicas.create_session(num_layers=1, num_heads=H,
+                                                   num_kv_heads=HKV, key_dim=D)
             first.stop()
             # The same name and address, another process; another caller takes the id.
             second = Server("--replica_name=py-r", f"--port={first.port}")
@@ -254,6 +256,14 @@ def test_a_restarted_replica_is_told_by_every_call_and_its_new_session_untouched
                 # raised "create the session again elsewhere" every time until 2026-12-07).
                 stale.delete()
                 assert stale.deleted
+                # The only replica, restarted, is there and empty: a rebuild makes the
+                # session anew on it (it was never asked until 2026-12-07, and a single
+                # replica's sessions could not be rebuilt).
+                lost_id = second_stale.id
+                second_stale.rebuild(timeout=10)
+                assert second_stale.address == first.target and second_stale.id != lost_id
+                assert second_stale.lengths == [0]
+                second_stale.delete()
                 # The new session never saw the stale handle's calls.
                 assert list(other.get_session(stale.id).lengths) == [2]
                 assert len(other.list_sessions()) == 1

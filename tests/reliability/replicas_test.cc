@@ -613,6 +613,32 @@ TEST_F(ReplicasTest, SessionsArePinnedToldGoneAndRebuilt) {
   // Rebuilt by hand (no hook: the layers come back empty).
   ASSERT_TRUE(sessions[c].Rebuild(kTimeout).ok());
   EXPECT_EQ(sessions[c].length(0), 0);
+
+  // With no other replica to take it, a rebuild asks the session's own
+  // (until 2026-12-07 never: a single replica's sessions, their replica
+  // restarted, could not be rebuilt).
+  v1::CreateSessionRequest on_victim = SmallSession();
+  on_victim.set_session_id(RandomSessionId());
+  for (int i = 0;
+       i < 1000 && (*replicas)->Rank(on_victim.session_id())[0] != victim;
+       ++i) {
+    on_victim.set_session_id(RandomSessionId());
+  }
+  absl::StatusOr<Session> last =
+      (*replicas)->CreateSession(on_victim, kTimeout);
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(last->address(), victim);
+  for (int i = 0; i < kReplicas; ++i) {
+    if (i == victim_index) continue;
+    replicas_[i]->Signal(SIGKILL);
+    EXPECT_FALSE(absl::IsDeadlineExceeded(
+        replicas_[i]->Wait(absl::Seconds(10)).status()));  // Killed, gone.
+  }
+  const std::string before = last->id();
+  const absl::Status rebuilt_there = last->Rebuild(kTimeout);
+  ASSERT_TRUE(rebuilt_there.ok()) << rebuilt_there;
+  EXPECT_EQ(last->address(), victim);
+  EXPECT_NE(last->id(), before);
 }
 
 TEST_F(ReplicasTest, ADrainingReplicaTakesNoNewSessionsButServesItsOwn) {

@@ -209,7 +209,8 @@ class Session {
   // (IsReplicaGone) and Rebuild() is the caller's to call.
   void SetRebuild(RebuildHook hook) { rebuild_ = std::move(hook); }
   // Creates the session anew (same shape and options, a new id) on the next
-  // replica in rendezvous order, other than its own, and runs the rebuild
+  // replica in rendezvous order, other than its own (its own if no other
+  // takes it: one that restarted is there, empty), and runs the rebuild
   // hook, if any, on it (a Session of its own, not this one) to restore the
   // lengths this client knew; this Session becomes it once it holds them.
   // If the hook fails or leaves other lengths (FAILED_PRECONDITION), the new

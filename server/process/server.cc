@@ -584,6 +584,25 @@ absl::StatusOr<std::unique_ptr<AttnServer>> AttnServer::Start(
                      " bytes: more clients are closed as soon as they "
                      "connect; set --max_connections, or lower a budget"));
   }
+  // A caller's share past the whole: the cap never binds, and one caller may
+  // fill the cache (as without one), which its setter cannot have meant.
+  const SessionOptions& sessions = requested.sessions;
+  if (sessions.kv_cache_bytes_per_identity > memory.kv_cache_bytes) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("attnserve: warning: kv_cache_bytes_per_identity ",
+                     sessions.kv_cache_bytes_per_identity,
+                     " is more than the whole KV cache (kv_cache_bytes ",
+                     memory.kv_cache_bytes,
+                     "): it never binds, and one caller may fill the cache; "
+                     "lower it (0: no share)"));
+  }
+  if (sessions.max_sessions_per_identity > sessions.max_sessions) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("attnserve: warning: max_sessions_per_identity ",
+                     sessions.max_sessions_per_identity,
+                     " is more than max_sessions ", sessions.max_sessions,
+                     ": it never binds; lower it (0: no cap)"));
+  }
   ServerOptions options = requested;
   // Executors share the compute threads (those the process may use, or
   // OMP_NUM_THREADS: a container's CPU limit through the entrypoint) unless

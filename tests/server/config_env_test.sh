@@ -221,6 +221,19 @@ kill -TERM "${apart}"
 status=0
 wait "${apart}" || status=$?
 [[ ${status} -eq 0 ]] || fail "attnserve exited ${status} after SIGTERM: $(cat "${workdir}/apart.log")"
+# Caps per caller past the whole never bind: start-up says so, and serves.
+timeout 20 "${attnserve}" --address=127.0.0.1 --port=0 --metrics_port=0 --drain_grace_seconds=0 \
+  --kv_cache_bytes=1048576 --kv_cache_bytes_per_identity=2097152 --max_sessions=8 \
+  --max_sessions_per_identity=9 >"${workdir}/caps.log" 2>&1 &
+caps=$!
+wait_for_line "listening on" "${workdir}/caps.log" "${caps}" || true
+kill -TERM "${caps}" 2>/dev/null || true
+wait "${caps}" || true
+grep -q "warning: kv_cache_bytes_per_identity 2097152 is more than the whole KV cache \
+(kv_cache_bytes 1048576): it never binds" "${workdir}/caps.log" ||
+  fail "no warning for a share past the KV cache: $(cat "${workdir}/caps.log")"
+grep -q "warning: max_sessions_per_identity 9 is more than max_sessions 8" "${workdir}/caps.log" ||
+  fail "no warning for a session cap past max_sessions: $(cat "${workdir}/caps.log")"
 # The system's own words are not taken for flag names ("Cannot assign requested --address").
 set +e
 "${attnserve}" --address=192.0.2.1 --port=0 --metrics_port=0 >"${workdir}/bad.log" 2>&1

@@ -304,14 +304,13 @@ absl::StatusOr<Response> Client::CallWithRetries(
         ((*stub_).*method)(context.get(), request, &response);
     if (attempts != nullptr) *attempts = attempt;
     if (status.ok()) return response;
-    if (!retryable || attempt >= policy.max_attempts ||
-        ServerSaysNeverRetry(*context) ||
+    const bool never = ServerSaysNeverRetry(*context);
+    if (!retryable || attempt >= policy.max_attempts || never ||
         !(IsRetryable(policy, status) ||
           (also_retried != grpc::StatusCode::OK &&
            status.error_code() == also_retried))) {
       // Marked so for Replicas: another replica would refuse it too.
-      return ServerSaysNeverRetry(*context) ? Permanent(FromGrpcStatus(status))
-                                            : FromGrpcStatus(status);
+      return never ? Permanent(FromGrpcStatus(status)) : FromGrpcStatus(status);
     }
     // Full backoff scaled by a jitter in [0.5, 1): spreads clients that failed
     // together.

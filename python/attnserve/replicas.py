@@ -22,7 +22,7 @@ import numpy as np
 from attnserve.client import AttnserveError, Client, _data_dtype, _integer, _seconds
 from attnserve.session import (_REBUILD_ADVICE, ReplicaGoneError, _deadline, _holding,
                                _layer, _left, _step_options)
-from attnserve.tensors import (bfloat16_bits_to_float32, check_array,
+from attnserve.tensors import (_DEFAULT_WIRE, bfloat16_bits_to_float32, check_array,
                                float32_to_bfloat16_bits)
 
 _MASK = (1 << 64) - 1
@@ -392,8 +392,7 @@ class ShardedSession:
             # float32, but for a layer without keys).
             answered = _data_dtype(options.get("output_dtype"), "output_dtype") or \
                 _data_dtype(options.get("input_dtype"), "input_dtype") or \
-                {np.dtype(np.float16): "float16", np.dtype(np.uint16): "bfloat16"}.get(
-                    np.asarray(query).dtype, "float32")
+                _DEFAULT_WIRE.get(np.asarray(query).dtype, "FLOAT32").lower()
             options = dict(options, output_dtype="float32")
             step_left = left()
             with concurrent.futures.ThreadPoolExecutor(max_workers=used) as pool:

@@ -443,10 +443,9 @@ class Session:
             raise refusal
         # What may have landed: this step, sent more than once or by the lost call with the
         # same key and value; or a lost call's other step ending where the layer ends.
-        mine = tokens and expected + tokens == held and (
-            attempts > 1 or (expected, tokens, _digest(step)) in lost)
-        theirs = [(e, t) for e, t, d in lost if e + t == held
-                  and (not tokens or (e, t, d) != (expected, tokens, _digest(step)))]
+        this = (expected, tokens, _digest(step)) if tokens else None  # hashed once
+        mine = tokens and expected + tokens == held and (attempts > 1 or this in lost)
+        theirs = [(e, t) for e, t, d in lost if e + t == held and (e, t, d) != this]
         if theirs:
             self.lengths[layer] = held
             self._unanswered[layer] = []

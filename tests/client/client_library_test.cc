@@ -562,6 +562,22 @@ void WriteFile(const std::string& path, const std::string& text) {
   std::filesystem::rename(temporary, path);
 }
 
+// Writes `certs`' server pair and CA bundle into the folder `name` of theirs,
+// and sets `options` to serve them, reading them again every `reload` (and
+// to serve metrics). Returns the folder.
+std::string ServeTlsFiles(const TestCertificates& certs,
+                          const std::string& name, absl::Duration reload,
+                          ServerOptions* options) {
+  const std::string dir = certs.directory + "/" + name;
+  std::filesystem::create_directories(dir);
+  WriteFile(dir + "/tls.crt", certs.server_cert);
+  WriteFile(dir + "/tls.key", certs.server_key);
+  WriteFile(dir + "/ca.crt", certs.ca);
+  options->metrics_port = 0;
+  options->tls = {dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt", reload};
+  return dir;
+}
+
 // Certificates renewed in place (cert-manager, a SPIFFE agent) are served to
 // new connections within --tls_reload_seconds, without a restart (which ends
 // every session): the server's own certificate and key, and the client CA
@@ -571,15 +587,9 @@ void WriteFile(const std::string& path, const std::string& text) {
 TEST_F(ClientServerTest, RenewedCertificatesAreServedWithoutARestart) {
   const std::optional<TestCertificates> certs = MakeCertificates();
   ASSERT_TRUE(certs.has_value()) << "openssl could not make test certificates";
-  const std::string dir = certs->directory + "/served";
-  std::filesystem::create_directories(dir);
-  WriteFile(dir + "/tls.crt", certs->server_cert);
-  WriteFile(dir + "/tls.key", certs->server_key);
-  WriteFile(dir + "/ca.crt", certs->ca);
   ServerOptions options = DefaultOptions();
-  options.metrics_port = 0;
-  options.tls = {dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt",
-                 absl::Seconds(1)};
+  const std::string dir =
+      ServeTlsFiles(*certs, "served", absl::Seconds(1), &options);
   client_.reset();
   server_.reset();
   StartServer(options);
@@ -650,15 +660,9 @@ TEST_F(ClientServerTest,
        PairCaughtHalfWrittenIsServedASecondAfterItsLastWrite) {
   const std::optional<TestCertificates> certs = MakeCertificates();
   ASSERT_TRUE(certs.has_value()) << "openssl could not make test certificates";
-  const std::string dir = certs->directory + "/half";
-  std::filesystem::create_directories(dir);
-  WriteFile(dir + "/tls.crt", certs->server_cert);
-  WriteFile(dir + "/tls.key", certs->server_key);
-  WriteFile(dir + "/ca.crt", certs->ca);
   ServerOptions options = DefaultOptions();
-  options.metrics_port = 0;
-  options.tls = {dir + "/tls.crt", dir + "/tls.key", dir + "/ca.crt",
-                 absl::Seconds(6)};
+  const std::string dir =
+      ServeTlsFiles(*certs, "half", absl::Seconds(6), &options);
   client_.reset();
   server_.reset();
   StartServer(options);
